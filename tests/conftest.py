@@ -1,0 +1,24 @@
+"""Shared fixtures: every test gets its own flywheel root and a clean settings cache."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from pipelines.config import get_settings
+
+os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+
+
+@pytest.fixture
+def flywheel_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    for key in list(os.environ):
+        if key.startswith("FLYWHEEL_"):
+            monkeypatch.delenv(key)
+    root = tmp_path / "flywheel"
+    monkeypatch.setenv("FLYWHEEL_ROOT", str(root))
+    get_settings.cache_clear()
+    yield root
+    get_settings.cache_clear()

@@ -1,0 +1,103 @@
+from __future__ import annotations
+
+import copy
+import itertools
+import json
+from datetime import date
+
+import jsonschema
+import orjson
+import pytest
+
+from pipelines.logs.generator import GeneratorConfig, Kind, TrafficGenerator
+from pipelines.logs.schema import SCHEMA_FILE, Reason, check_line, json_schema, teacher_call
+from pipelines.logs.tools import TOOL_NAMES, TOOLS, argument_errors
+
+
+@pytest.fixture(scope="module")
+def good_record() -> dict:
+    gen = TrafficGenerator(GeneratorConfig(seed=11, records=50, bad_share=0.0, end_date=date(2026, 11, 1)))
+    for _, line, _ in gen.lines():
+        record = orjson.loads(line)
+        if teacher_call(record) is not None:
+            return record
+    raise AssertionError("no tool call generated")
+
+
+def test_committed_json_schema_matches_the_model() -> None:
+    assert json.loads(SCHEMA_FILE.read_text()) == json_schema(), "run `flywheel logs schema --write`"
+
+
+def test_json_schema_file_accepts_generated_good_records() -> None:
+    validator = jsonschema.Draft202012Validator(json.loads(SCHEMA_FILE.read_text()))
+    gen = TrafficGenerator(GeneratorConfig(seed=3, records=200, bad_share=0.0, end_date=date(2026, 11, 1)))
+    for _, line, _ in gen.lines():
+        assert not list(validator.iter_errors(orjson.loads(line)))
+
+
+def test_every_tool_has_a_strict_openai_function_schema() -> None:
+    assert len(TOOL_NAMES) == 15 and len(set(TOOL_NAMES)) == 15
+    for tool in TOOLS:
+        params = tool["function"]["parameters"]
+        jsonschema.Draft202012Validator.check_schema(params)
+        assert params["additionalProperties"] is False
+        assert set(params["required"]) <= set(params["properties"])
+
+
+def test_argument_errors_explain_what_is_wrong() -> None:
+    assert argument_errors("get_order", {"order_id": "ORD-0000000001"}) == []
+    assert "required" in argument_errors("get_order", {})[0]
+    assert "debug" in argument_errors("get_order", {"order_id": "ORD-0000000001", "debug": 1})[0]
+    assert argument_errors("refund_all", {}) == ["unknown tool 'refund_all'"]
+
+
+def _mutated(record: dict, mutate) -> bytes:
+    twin = copy.deepcopy(record)
+    mutate(twin)
+    return orjson.dumps(twin)
+
+
+def _set_call(name: str, arguments: str):
+    def mutate(r: dict) -> None:
+        r["response"]["choices"][0]["message"]["tool_calls"][0]["function"].update(name=name, arguments=arguments)
+    return mutate
+
+
+@pytest.mark.parametrize(("mutate", "reason"), [
+    (lambda r: r.pop("customer_id"), Reason.SCHEMA_VIOLATION),
+    (lambda r: r.update(latency_ms="slow"), Reason.SCHEMA_VIOLATION),
+    (lambda r: r.update(workload_id="marketing"), Reason.SCHEMA_VIOLATION),
+    (lambda r: r.update(timestamp="yesterday"), Reason.SCHEMA_VIOLATION),
+    (lambda r: r["request"].update(messages=[]), Reason.SCHEMA_VIOLATION),
+    (_set_call("teleport", "{}"), Reason.UNKNOWN_TOOL),
+    (_set_call("get_dispute", '{"dispute_id": "PP-D-1234567"}'), Reason.UNKNOWN_TOOL),  # not offered
+    (lambda r: r.update(latency_ms=-5.0), Reason.IMPOSSIBLE_VALUE),
+    (lambda r: r.update(latency_ms=10_000_000.0), Reason.IMPOSSIBLE_VALUE),
+    (lambda r: r.update(retrieval_latency_ms=r["latency_ms"] + 1), Reason.IMPOSSIBLE_VALUE),
+])
+def test_check_line_names_the_reason(good_record: dict, mutate, reason: Reason) -> None:
+    assert check_line(orjson.dumps(good_record)).ok
+    verdict = check_line(_mutated(good_record, mutate))
+    assert verdict.reason is reason, verdict.detail
+    assert verdict.detail
+
+
+def test_invalid_arguments_are_caught(good_record: dict) -> None:
+    name = teacher_call(good_record)["name"]
+    for arguments in ("{not json", '{"surprise": true}'):
+        verdict = check_line(_mutated(good_record, _set_call(name, arguments)))
+        assert verdict.reason is Reason.INVALID_ARGUMENTS
+        assert name in verdict.detail
+
+
+@pytest.mark.parametrize("line", [b"", b"{", b"[1, 2]", b"null", b'"text"', b"\xff\xfe"])
+def test_garbage_is_bad_json(line: bytes) -> None:
+    assert check_line(line).reason is Reason.BAD_JSON
+
+
+def test_abstention_is_a_valid_turn() -> None:
+    gen = TrafficGenerator(GeneratorConfig(seed=5, records=2000, bad_share=0.0, end_date=date(2026, 11, 1)))
+    abstained = [orjson.loads(l) for _, l, k in itertools.islice(gen.lines(), 2000)
+                 if b'"finish_reason":"stop"' in l]
+    assert abstained, "the generator must produce turns where no tool fits"
+    assert all(check_line(orjson.dumps(r)).ok and teacher_call(r) is None for r in abstained)
