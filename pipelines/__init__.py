@@ -1,0 +1,3 @@
+"""Commerce Flywheel: the platform package."""
+
+__version__ = "0.1.0"

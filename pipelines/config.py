@@ -65,6 +65,7 @@ class SparkSettings(_Section):
             "spark.sql.shuffle.partitions": "8",
             "spark.sql.session.timeZone": "UTC",
             "spark.ui.enabled": "false",
+            "spark.ui.showConsoleProgress": "false",
         }
     )
     rapids: bool = False

@@ -1,0 +1,39 @@
+"""Thin client for Spark: one session per process, configured only from `Settings.spark`.
+
+Locally the master is `local[*]` bound to 127.0.0.1; on a cluster the same job runs under
+spark-submit against the configured master and the session picks the submitted configuration up.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING
+
+from pipelines.config import Settings
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+
+def get_spark(settings: Settings) -> SparkSession:
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    os.environ.setdefault("PYSPARK_PYTHON", os.sys.executable)
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder.appName(settings.spark.app_name)
+    if not os.environ.get("SPARK_SUBMITTED"):  # spark-submit already set the master
+        builder = builder.master(str(settings.spark.master))
+    conf = {
+        "spark.driver.bindAddress": "127.0.0.1" if settings.is_local else "0.0.0.0",
+        "spark.driver.host": "127.0.0.1" if settings.is_local else os.environ.get("SPARK_DRIVER_HOST", ""),
+        "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
+        "spark.sql.sources.partitionOverwriteMode": "dynamic",
+        "spark.driver.memory": "2g",
+        **settings.spark.effective_conf(),
+    }
+    for key, value in conf.items():
+        if value:
+            builder = builder.config(key, value)
+    session = builder.getOrCreate()
+    session.sparkContext.setLogLevel("ERROR")
+    return session

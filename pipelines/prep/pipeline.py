@@ -1,0 +1,185 @@
+"""Prep wiring: read a window of raw partitions, run the nodes, write the zones and the manifest.
+
+Every raw line ends in exactly one place (clean example, quarantine with a reason, or removed as a
+duplicate of a kept record, which is also listed in quarantine with reason `duplicate`);
+`input = clean + quarantined + duplicates` is checked on every run and written to the manifest.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+from pipelines import __version__
+from pipelines.config import REPO_ROOT, Settings
+from pipelines.logs.tools import TOOLSET_VERSION
+from pipelines.prep import nodes
+from pipelines.prep.redact import PII_TYPES
+from pipelines.storage import glob, remove, write_json
+from pipelines.window import DateWindow
+
+VAL_SHARE = 0.1
+TEST_SHARE = 0.1
+
+
+class PrepError(RuntimeError):
+    """Prep cannot produce a dataset for this window; the message says why."""
+
+
+class CountMismatch(PrepError):
+    """Records were lost or invented between input and outputs."""
+
+
+@dataclass
+class PrepResult:
+    window: str
+    run_id: str
+    input_records: int
+    clean: int
+    quarantined: int
+    duplicates: int
+    examples_by_split: dict[str, int]
+    reasons: dict[str, int]
+    redactions: dict[str, int]
+    manifest_uri: str
+    message: str
+    seconds: float = 0.0
+    outputs: dict[str, str] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def zone_paths(settings: Settings) -> dict[str, str]:
+    curated, quarantine = settings.zone("curated"), settings.zone("quarantine")
+    return {
+        "examples": f"{curated}/examples",
+        "clean_logs": f"{curated}/clean_logs",
+        "quarantine": f"{quarantine}/records",
+        "manifests": f"{curated}/manifests",
+        "staging": f"{curated}/_staging",
+    }
+
+
+def raw_files_for(settings: Settings, window: DateWindow) -> list[str]:
+    raw = settings.zone("raw")
+    files: list[str] = []
+    for day in window.days():
+        for pattern in ("*.jsonl", "*.jsonl.gz"):
+            files.extend(glob(f"{raw}/dt={day.isoformat()}/{pattern}"))
+    return files
+
+
+def code_version() -> str:
+    try:
+        sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True,
+                             text=True, timeout=5, check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        sha = "unknown"
+    return f"{__version__}+{sha}"
+
+
+def run_prep(settings: Settings, window: DateWindow, spark: Any = None, run_id: str | None = None) -> PrepResult:
+    """Prepare the raw partitions of `window`; replace that window's outputs; return the counts."""
+    from pyspark.sql import functions as F
+
+    from pipelines.clients.spark import get_spark
+
+    started = time.perf_counter()
+    run_id = run_id or f"prep-{window.label}-{uuid.uuid4().hex[:8]}"
+    files = raw_files_for(settings, window)
+    if not files:
+        raise PrepError(f"no raw partitions for {window} under {settings.zone('raw')}: ingest the window first")
+    spark = spark or get_spark(settings)
+    paths = zone_paths(settings)
+    staging = f"{paths['staging']}/{run_id}"
+
+    lines = spark.read.text(files).withColumn("source_file", F.input_file_name())
+    non_blank = lines.filter(F.trim("value") != "")
+    nodes.prepare(non_blank).write.mode("overwrite").parquet(staging)
+    prepared = spark.read.parquet(staging)
+    input_records = non_blank.count()
+
+    status_counts = {r["status"]: r["n"] for r in prepared.groupBy("status").agg(F.count("*").alias("n")).collect()}
+    if sum(status_counts.values()) != input_records:
+        raise CountMismatch(f"prepare returned {sum(status_counts.values())} rows for {input_records} input lines")
+
+    clean = prepared.filter("status = 'clean'")
+    marked = nodes.mark_duplicates(clean).persist()
+    kept = marked.filter("duplicate_of IS NULL")
+    duplicates = marked.filter("duplicate_of IS NOT NULL")
+    examples = nodes.assign_splits(kept, VAL_SHARE, TEST_SHARE, salt="flywheel").persist()
+
+    for name in ("examples", "clean_logs", "quarantine"):
+        _clear_window(paths[name], window)
+    examples.select(*nodes.EXAMPLE_COLUMNS).write.mode("overwrite").partitionBy("split", "dt").parquet(
+        paths["examples"])
+    kept.select(*nodes.CLEAN_LOG_COLUMNS).write.mode("overwrite").partitionBy("dt").parquet(paths["clean_logs"])
+    nodes.quarantine_rows(prepared, duplicates, run_id).write.mode("overwrite").partitionBy("dt").parquet(
+        paths["quarantine"])
+
+    n_kept = examples.count()
+    n_dup = duplicates.count()
+    n_bad = status_counts.get("quarantined", 0)
+    if n_kept + n_bad + n_dup != input_records:
+        raise CountMismatch(f"input {input_records} != clean {n_kept} + quarantined {n_bad} + duplicates {n_dup}")
+
+    reasons = {r["reason"]: r["n"] for r in prepared.filter("status = 'quarantined'")
+               .groupBy("reason").agg(F.count("*").alias("n")).collect()}
+    redaction_row = clean.select(*[F.sum(f"redacted_{t.lower()}").alias(t) for t in PII_TYPES]).first()
+    redactions = {t: int(redaction_row[t] or 0) for t in PII_TYPES}
+    per_split_tool = examples.groupBy("split", "tool").agg(F.count("*").alias("n")).collect()
+    by_split: dict[str, int] = {}
+    tool_dist: dict[str, dict[str, int]] = {}
+    for r in per_split_tool:
+        by_split[r["split"]] = by_split.get(r["split"], 0) + r["n"]
+        tool_dist.setdefault(r["split"], {})[r["tool"]] = r["n"]
+    content_digest = nodes.digest(examples, ["record_id", "split", "system_prompt", "messages_json", "target_json"])
+    marked.unpersist()
+    examples.unpersist()
+    remove(staging)
+
+    if input_records == 0:
+        message = f"{window}: the raw partitions are empty; nothing to prepare"
+    elif n_kept == 0:
+        message = f"{window}: all {input_records} records were quarantined or duplicates ({reasons}); no examples"
+    else:
+        message = (f"{window}: {input_records} records -> {n_kept} examples, {n_bad} quarantined, "
+                   f"{n_dup} duplicates")
+    manifest = {
+        "run_id": run_id,
+        "window": {"start": window.start.isoformat(), "end": window.end.isoformat()},
+        "created_at": datetime.now(timezone.utc).isoformat(),
+        "input_partitions": sorted({f.rsplit("/", 2)[-2] for f in files}),
+        "input_files": files,
+        "counts": {"input": input_records, "clean": n_kept, "quarantined": n_bad, "duplicates": n_dup,
+                   "reconciled": n_kept + n_bad + n_dup == input_records},
+        "quarantine_reasons": dict(sorted(reasons.items())),
+        "examples_by_split": dict(sorted(by_split.items())),
+        "tool_distribution": {s: dict(sorted(d.items())) for s, d in sorted(tool_dist.items())},
+        "redactions": redactions,
+        "content_digest": content_digest,
+        "code_version": code_version(),
+        "toolset_version": TOOLSET_VERSION,
+        "outputs": {k: v for k, v in paths.items() if k not in ("staging", "manifests")},
+        "message": message,
+    }
+    manifest_uri = write_json(f"{paths['manifests']}/{window.label}.json", manifest)
+    write_json(f"{settings.zone('curated')}/manifest.json", manifest)
+    return PrepResult(
+        window=str(window), run_id=run_id, input_records=input_records, clean=n_kept, quarantined=n_bad,
+        duplicates=n_dup, examples_by_split=manifest["examples_by_split"], reasons=manifest["quarantine_reasons"],
+        redactions=redactions, manifest_uri=manifest_uri, message=message,
+        seconds=round(time.perf_counter() - started, 2), outputs=manifest["outputs"],
+    )
+
+
+def _clear_window(table_uri: str, window: DateWindow) -> None:
+    """Drop the window's old partitions so a re-run replaces them exactly (no stale split folders)."""
+    for day in window.days():
+        for part in glob(f"{table_uri}/dt={day.isoformat()}") + glob(f"{table_uri}/split=*/dt={day.isoformat()}"):
+            remove(part)

@@ -1,0 +1,62 @@
+"""The SFT prompt format, shared by the dataset builder, training, evaluation and the serving client.
+
+A prompt is: a system message (the date, the tools offered with their JSON schemas, the answer
+format, and the customer's context from Feast when available), then the conversation (earlier user
+turns, assistant tool calls, tool results), then the current user message. The target is one JSON
+object: {"name": tool, "arguments": {...}} or {"name": null} when no tool fits.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pipelines.logs.tools import TOOLS_BY_NAME
+
+ABSTAIN = "<abstain>"
+
+
+def compact_tool(name: str) -> str:
+    fn = TOOLS_BY_NAME[name]["function"]
+    return json.dumps({"name": name, "description": fn["description"], "parameters": fn["parameters"]},
+                      separators=(",", ":"), sort_keys=True)
+
+
+def system_prompt(tools: list[str], day: str, context: str | None = None) -> str:
+    lines = [
+        f"You are the tool-calling step of a commerce assistant. Today is {day}.",
+        "Tools:",
+        *(compact_tool(t) for t in tools),
+        'Answer with one JSON object: {"name": "<tool>", "arguments": {...}} using values from the '
+        'conversation, or {"name": null} when no tool fits.',
+    ]
+    if context:
+        lines.append(f"Customer context: {context}")
+    return "\n".join(lines)
+
+
+def target_json(tool: str, arguments: dict[str, Any] | None) -> str:
+    if tool == ABSTAIN:
+        return json.dumps({"name": None})
+    return json.dumps({"name": tool, "arguments": arguments or {}}, separators=(",", ":"), sort_keys=True)
+
+
+def chat_messages(system: str, conversation: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{"role": "system", "content": system}, *conversation]
+
+
+def format_context(features: dict[str, Any]) -> str:
+    """Customer features as one short line; identical for offline (training) and online (serving)."""
+    if not features or features.get("last_country") is None:
+        return ""
+    mix = {k.removeprefix("share_").removesuffix("_30d"): v for k, v in features.items()
+           if k.startswith("share_") and k.endswith("_30d") and v}
+    top = ", ".join(f"{k} {v:.0%}" for k, v in sorted(mix.items(), key=lambda kv: (-kv[1], kv[0]))[:3])
+    parts = [f"country {features['last_country']}", f"currency {features['last_currency']}"]
+    if features.get("preferred_category"):
+        parts.append(f"likes {features['preferred_category']}")
+    if features.get("order_count_30d"):
+        parts.append(f"{int(features['order_count_30d'])} orders in 30 days")
+    if top:
+        parts.append(f"usual requests: {top}")
+    return "; ".join(parts)

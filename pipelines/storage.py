@@ -1,0 +1,61 @@
+"""Zone I/O that works on a local folder and on object storage (fsspec), for small files and listings."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import fsspec
+
+
+def fs_for(uri: str) -> tuple[fsspec.AbstractFileSystem, str]:
+    fs, path = fsspec.core.url_to_fs(uri)
+    return fs, path
+
+
+def glob(uri_pattern: str) -> list[str]:
+    fs, pattern = fs_for(uri_pattern)
+    protocol = uri_pattern.split("://", 1)[0] + "://" if "://" in uri_pattern else ""
+    return sorted(protocol + p for p in fs.glob(pattern))
+
+
+def exists(uri: str) -> bool:
+    fs, path = fs_for(uri)
+    return bool(fs.exists(path))
+
+
+def remove(uri: str) -> None:
+    fs, path = fs_for(uri)
+    if fs.exists(path):
+        fs.rm(path, recursive=True)
+
+
+def move(src: str, dst: str) -> None:
+    fs, src_path = fs_for(src)
+    _, dst_path = fs_for(dst)
+    fs.makedirs(dst_path.rsplit("/", 1)[0], exist_ok=True)
+    fs.mv(src_path, dst_path, recursive=True)
+
+
+def write_json(uri: str, data: Any) -> str:
+    fs, path = fs_for(uri)
+    fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
+    tmp = f"{path}.tmp"
+    with fs.open(tmp, "w") as fh:
+        fh.write(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
+    fs.mv(tmp, path)
+    return uri
+
+
+def read_json(uri: str) -> Any:
+    fs, path = fs_for(uri)
+    with fs.open(path, "r") as fh:
+        return json.load(fh)
+
+
+def write_text(uri: str, text: str) -> str:
+    fs, path = fs_for(uri)
+    fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
+    with fs.open(path, "w") as fh:
+        fh.write(text)
+    return uri
