@@ -108,6 +108,16 @@ class TritonSettings(_Section):
     model_repository: str | None = None
 
 
+class QualitySettings(_Section):
+    """Great Expectations gate thresholds: per-record problems are quarantined by prep; a batch
+    whose share of problems passes these limits stops the flywheel before training."""
+
+    raw_mostly: float = Field(0.9, gt=0, le=1, description="share of raw lines that must pass each raw check")
+    min_examples_per_tool: int = Field(5, ge=0)
+    min_approx_tokens: int = Field(16, ge=0)
+    max_approx_tokens: int = Field(4096, ge=1)
+
+
 class KubernetesSettings(_Section):
     namespace: str = "flywheel"
     gpu_node_selector: dict[str, str] = Field(default_factory=lambda: {"flywheel.io/gpu": "h100"})
@@ -133,6 +143,7 @@ class Settings(BaseSettings):
     feast: FeastSettings = Field(default_factory=FeastSettings)
     triton: TritonSettings = Field(default_factory=TritonSettings)
     kubernetes: KubernetesSettings = Field(default_factory=KubernetesSettings)
+    quality: QualitySettings = Field(default_factory=QualitySettings)
 
     @classmethod
     def settings_customise_sources(

@@ -1,0 +1,175 @@
+"""Features wiring: compute snapshots (Spark), register and materialize them (Feast), and build the
+training set whose prompts carry the customer's context from a point-in-time join.
+
+`online_context` gives serving the same context string from the online store, so a prompt built at
+serving time equals the prompt the model was trained on.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import asdict, dataclass
+from datetime import datetime, time as dtime, timedelta, timezone
+from typing import Any
+
+from pipelines.clients import feast as feast_client
+from pipelines.config import Settings
+from pipelines.features import nodes
+from pipelines.prep.pipeline import PrepError, zone_paths
+from pipelines.prep.prompt import format_context, system_prompt
+from pipelines.storage import glob, read_json, remove, write_json
+from pipelines.window import DateWindow
+
+
+@dataclass
+class FeaturesResult:
+    window: str
+    customer_rows: int
+    category_rows: int
+    feature_views: list[str]
+    training_examples: dict[str, int]
+    with_context: int
+    dataset_uri: str
+    registry: str
+    online_store: str
+    seconds: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def feature_paths(settings: Settings) -> dict[str, str]:
+    zone = settings.zone("features")
+    return {"customer": f"{zone}/customer", "category": f"{zone}/category"}
+
+
+def dataset_uri(settings: Settings) -> str:
+    return f"{settings.zone('curated')}/sft"
+
+
+def compute_features(settings: Settings, window: DateWindow, spark: Any = None) -> tuple[int, int]:
+    from pyspark.sql import functions as F
+
+    from pipelines.clients.spark import get_spark
+
+    spark = spark or get_spark(settings)
+    history = nodes.history_window(window)
+    clean_logs = zone_paths(settings)["clean_logs"]
+    days = [d.isoformat() for d in history.days()]
+    clean = spark.read.parquet(clean_logs).filter(F.col("dt").cast("string").isin(days))
+    paths = feature_paths(settings)
+    counts = []
+    for name, frame in (("customer", nodes.customer_features(clean, window)),
+                        ("category", nodes.category_features(clean, window))):
+        for day in window.days():
+            remove(f"{paths[name]}/dt={day.isoformat()}")
+        frame = frame.persist()
+        frame.write.mode("overwrite").partitionBy("dt").parquet(paths[name])
+        counts.append(frame.count())
+        frame.unpersist()
+    return counts[0], counts[1]
+
+
+def materialize_window(settings: Settings, window: DateWindow) -> None:
+    start = datetime.combine(window.start, dtime.min, tzinfo=timezone.utc)
+    end = datetime.combine(window.end + timedelta(days=1), dtime.min, tzinfo=timezone.utc) + timedelta(seconds=1)
+    feast_client.materialize(settings, start - timedelta(days=nodes.LONG_DAYS), end)
+
+
+def build_training_set(settings: Settings, window: DateWindow) -> tuple[dict[str, int], int]:
+    """Examples of `window` + customer context (point-in-time) -> curated/sft/split=*/dt=*/."""
+    import pandas as pd
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    examples_uri = zone_paths(settings)["examples"]
+    files = [f for day in window.days() for f in glob(f"{examples_uri}/split=*/dt={day.isoformat()}/*.parquet")]
+    if not files:
+        raise PrepError(f"no curated examples for {window}: run prep (and its quality gate) first")
+    frames = []
+    for f in files:
+        part = pq.read_table(f).to_pandas()
+        part["split"] = f.split("split=", 1)[1].split("/", 1)[0]
+        part["dt"] = f.split("dt=", 1)[1].split("/", 1)[0]
+        frames.append(part)
+    examples = pd.concat(frames, ignore_index=True)
+    examples["event_timestamp"] = pd.to_datetime(examples["event_timestamp"], utc=True)
+    joined = feast_client.historical_customer_features(settings, examples[["record_id", "customer_id", "event_timestamp"]])
+    feature_names = [r.split(":", 1)[1] for r in feast_client.customer_feature_refs(settings)]
+    contexts = {row["record_id"]: format_context({n: _clean(row[n]) for n in feature_names})
+                for row in joined.to_dict("records")}
+    examples["context"] = examples["record_id"].map(contexts).fillna("")
+    examples["system_prompt"] = [
+        system_prompt(list(tools), ts.date().isoformat(), ctx or None)
+        for tools, ts, ctx in zip(examples["tools_offered"], examples["event_timestamp"], examples["context"])]
+    examples["approx_tokens"] = (examples["system_prompt"].str.len() + examples["messages_json"].str.len()
+                                 + examples["target_json"].str.len()) // 4
+    out = dataset_uri(settings)
+    for day in window.days():
+        for part in glob(f"{out}/split=*/dt={day.isoformat()}"):
+            remove(part)
+    for (split, dt), group in examples.groupby(["split", "dt"]):
+        table = pa.Table.from_pandas(group.drop(columns=["split", "dt"]).sort_values("record_id"), preserve_index=False)
+        target = f"{out}/split={split}/dt={dt}"
+        _mkdir(target)
+        pq.write_table(table, f"{target}/part-0.parquet", coerce_timestamps="us", allow_truncated_timestamps=True)
+    by_split = examples.groupby("split").size().to_dict()
+    return {k: int(v) for k, v in sorted(by_split.items())}, int((examples["context"] != "").sum())
+
+
+def _mkdir(uri: str) -> None:
+    from pipelines.storage import fs_for
+
+    fs, path = fs_for(uri)
+    fs.makedirs(path, exist_ok=True)
+
+
+def _clean(value: Any) -> Any:
+    try:
+        import math
+
+        if isinstance(value, float) and math.isnan(value):
+            return None
+    except TypeError:
+        pass
+    return value
+
+
+def run_features(settings: Settings, window: DateWindow, spark: Any = None) -> FeaturesResult:
+    started = time.perf_counter()
+    customer_rows, category_rows = compute_features(settings, window, spark)
+    views = feast_client.apply(settings)
+    materialize_window(settings, window)
+    by_split, with_context = build_training_set(settings, window)
+    _record_in_manifest(settings, window, by_split, with_context)
+    return FeaturesResult(
+        window=str(window), customer_rows=customer_rows, category_rows=category_rows, feature_views=views,
+        training_examples=by_split, with_context=with_context, dataset_uri=dataset_uri(settings),
+        registry=str(settings.feast.registry), online_store=str(settings.feast.online_store),
+        seconds=round(time.perf_counter() - started, 2))
+
+
+def _record_in_manifest(settings: Settings, window: DateWindow, by_split: dict[str, int], with_context: int) -> None:
+    """Add the training set (with context) to the window's manifest: what train reads, and its digest."""
+    manifests = zone_paths(settings)["manifests"]
+    uri = f"{manifests}/{window.label}.json"
+    manifest = read_json(uri)
+    files = sorted(f for day in window.days() for f in glob(f"{dataset_uri(settings)}/split=*/dt={day.isoformat()}/*.parquet"))
+    h = hashlib.sha256()
+    for f in files:
+        from pipelines.storage import fs_for
+
+        fs, path = fs_for(f)
+        with fs.open(path, "rb") as fh:
+            h.update(fh.read())
+    manifest["training_set"] = {"uri": dataset_uri(settings), "examples_by_split": by_split,
+                                "with_customer_context": with_context, "files": files,
+                                "digest": h.hexdigest(), "feature_refs": feast_client.customer_feature_refs(settings)}
+    write_json(uri, manifest)
+    write_json(f"{settings.zone('curated')}/manifest.json", manifest)
+
+
+def online_context(customer_id: str, settings: Settings) -> str:
+    """The customer's context line from the online store (serving); same format as training."""
+    return format_context(feast_client.online_customer_features(settings, [customer_id])[0])

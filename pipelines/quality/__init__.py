@@ -1,0 +1,1 @@
+"""Great Expectations gates on raw logs and on the curated dataset."""

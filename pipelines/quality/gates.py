@@ -1,0 +1,207 @@
+"""Great Expectations (1.x API) gates on Spark DataFrames.
+
+Two suites: `raw_logs` (schema, non-null ids, timestamps inside the window, latency range, tool
+names in the catalogue, workload ids in the set) and `curated_sft` (no PII pattern left, token
+length bounds, minimum examples per tool, splits disjoint by session). A failing gate writes Data
+Docs HTML and a JSON result, moves the window's curated batch to quarantine (nothing is deleted;
+the raw zone is immutable) and raises `QualityGateFailed`, which stops the DAG before training.
+The PII checks use independent regexes (not the redactor's code), and results never include the
+offending values, so a failing report cannot leak PII.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, time as dtime, timedelta, timezone
+from typing import TYPE_CHECKING, Any
+
+from pipelines.config import Settings
+from pipelines.logs.tools import TOOL_NAMES, WORKLOADS
+from pipelines.prep.pipeline import raw_files_for, zone_paths
+from pipelines.prep.redact import GATE_PATTERNS
+from pipelines.storage import glob, move, write_json
+from pipelines.window import DateWindow
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+# Values never appear in results (PII safety); counts and percentages do.
+RESULT_FORMAT = {"result_format": "BASIC", "partial_unexpected_count": 0, "include_unexpected_rows": False}
+RAW_SCHEMA = (
+    "record_id string, session_id string, customer_id string, timestamp string, workload_id string, "
+    "latency_ms double, retrieval_latency_ms double, "
+    "response struct<choices: array<struct<message: struct<tool_calls: array<struct<function: "
+    "struct<name: string>>>>>>>"
+)
+
+
+class QualityGateFailed(RuntimeError):
+    """A gate failed: the batch is quarantined and the flywheel stops before training."""
+
+
+@dataclass
+class SuiteOutcome:
+    suite: str
+    success: bool
+    evaluated: int
+    failed: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass
+class QualityReport:
+    window: str
+    success: bool
+    suites: list[SuiteOutcome]
+    data_docs: str
+    result_uri: str
+    quarantined_to: str | None = None
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @property
+    def failures(self) -> list[str]:
+        return [f"{s.suite}: {f['expectation']}({f.get('column') or ''})" for s in self.suites for f in s.failed]
+
+
+def raw_frame(spark: SparkSession, settings: Settings, window: DateWindow) -> DataFrame:
+    """Every non-blank raw line of the window, parsed with an explicit schema (bad JSON -> nulls)."""
+    from pyspark.sql import functions as F
+
+    lines = spark.read.text(raw_files_for(settings, window)).filter(F.trim("value") != "")
+    parsed = lines.select(F.from_json("value", RAW_SCHEMA, {"mode": "PERMISSIVE"}).alias("r")).select("r.*")
+    return parsed.select(
+        "record_id", "session_id", "customer_id", "workload_id", "latency_ms",
+        F.to_timestamp("timestamp").alias("event_timestamp"),
+        F.col("response.choices")[0]["message"]["tool_calls"][0]["function"]["name"].alias("tool_name"),
+    )
+
+
+def curated_frames(spark: SparkSession, settings: Settings, window: DateWindow) -> dict[str, DataFrame]:
+    from pyspark.sql import functions as F
+
+    days = [d.isoformat() for d in window.days()]
+    examples = spark.read.parquet(zone_paths(settings)["examples"]).filter(F.col("dt").cast("string").isin(days))
+    tool_counts = examples.groupBy("tool").agg(F.count("*").alias("examples"))
+    session_splits = examples.groupBy("session_id").agg(F.countDistinct("split").alias("splits"))
+    return {"examples": examples, "tool_counts": tool_counts, "session_splits": session_splits}
+
+
+def _suites(settings: Settings, window: DateWindow) -> dict[str, list[Any]]:
+    import great_expectations as gx
+
+    E = gx.expectations
+    q = settings.quality
+    start = datetime.combine(window.start, dtime.min)
+    end = datetime.combine(window.end + timedelta(days=1), dtime.min)
+    raw = [
+        E.ExpectTableRowCountToBeBetween(min_value=1),
+        *[E.ExpectColumnValuesToNotBeNull(column=c, mostly=q.raw_mostly)
+          for c in ("record_id", "session_id", "customer_id", "event_timestamp")],
+        E.ExpectColumnValuesToBeBetween(column="event_timestamp", min_value=start, max_value=end, mostly=q.raw_mostly),
+        E.ExpectColumnValuesToBeBetween(column="latency_ms", min_value=0, max_value=120_000, strict_min=True,
+                                        mostly=q.raw_mostly),
+        E.ExpectColumnValuesToBeInSet(column="tool_name", value_set=list(TOOL_NAMES), mostly=q.raw_mostly),
+        E.ExpectColumnValuesToBeInSet(column="workload_id", value_set=list(WORKLOADS), mostly=q.raw_mostly),
+    ]
+    examples = [
+        E.ExpectTableRowCountToBeBetween(min_value=1),
+        *[E.ExpectColumnValuesToNotBeNull(column=c) for c in ("record_id", "session_id", "target_json", "split")],
+        E.ExpectColumnValuesToBeInSet(column="split", value_set=["train", "val", "test"]),
+        E.ExpectColumnValuesToBeBetween(column="approx_tokens", min_value=q.min_approx_tokens,
+                                        max_value=q.max_approx_tokens),
+        *[E.ExpectColumnValuesToNotMatchRegex(column=col, regex=pattern, meta={"pii": name})
+          for name, pattern in GATE_PATTERNS.items() for col in ("messages_json", "target_json")],
+    ]
+    tool_counts = [E.ExpectColumnValuesToBeBetween(column="examples", min_value=q.min_examples_per_tool)]
+    session_splits = [E.ExpectColumnValuesToBeBetween(column="splits", min_value=1, max_value=1)]
+    return {"raw_logs": raw, "curated_examples": examples, "curated_tool_counts": tool_counts,
+            "curated_session_splits": session_splits}
+
+
+def run_gates(settings: Settings, window: DateWindow, spark: SparkSession | None = None,
+              raise_on_failure: bool = True) -> QualityReport:
+    import great_expectations as gx
+
+    from pipelines.clients.spark import get_spark
+
+    started = time.perf_counter()
+    spark = spark or get_spark(settings)
+    reports = f"{settings.zone('reports')}/quality"
+    context = gx.get_context(mode="file", project_root_dir=reports)
+    source = context.data_sources.add_or_update_spark(name="flywheel")
+    frames = {"raw_logs": raw_frame(spark, settings, window), **{
+        f"curated_{k}": v for k, v in curated_frames(spark, settings, window).items()}}
+    outcomes = []
+    for suite_name, expectations in _suites(settings, window).items():
+        suite = context.suites.add_or_update(gx.ExpectationSuite(name=suite_name, expectations=expectations))
+        asset = _asset(source, suite_name)
+        batch = _batch_definition(asset)
+        validation = context.validation_definitions.add_or_update(
+            gx.ValidationDefinition(name=suite_name, data=batch, suite=suite))
+        checkpoint = context.checkpoints.add_or_update(gx.Checkpoint(
+            name=f"{suite_name}_gate", validation_definitions=[validation], result_format=RESULT_FORMAT,
+            actions=[gx.checkpoint.UpdateDataDocsAction(name="data_docs")]))
+        result = checkpoint.run(batch_parameters={"dataframe": frames[suite_name]},
+                                run_id=gx.RunIdentifier(run_name=f"{suite_name}-{window.label}"))
+        outcomes.append(_outcome(suite_name, result))
+    docs = context.get_docs_sites_urls()[0]["site_url"]
+    success = all(o.success for o in outcomes)
+    report = QualityReport(window=str(window), success=success, suites=outcomes, data_docs=docs,
+                           result_uri=f"{reports}/results/{window.label}.json")
+    if not success:
+        report.quarantined_to = quarantine_batch(settings, window, report)
+    report.seconds = round(time.perf_counter() - started, 2)
+    write_json(report.result_uri, report.to_dict())
+    if not success and raise_on_failure:
+        raise QualityGateFailed(f"quality gate failed for {window}: {'; '.join(report.failures)}; "
+                                f"batch moved to {report.quarantined_to}; Data Docs: {docs}")
+    return report
+
+
+def _asset(source: Any, name: str) -> Any:
+    try:
+        return source.get_asset(name)
+    except LookupError:
+        return source.add_dataframe_asset(name=name)
+
+
+def _batch_definition(asset: Any) -> Any:
+    try:
+        return asset.get_batch_definition("whole")
+    except (KeyError, LookupError):
+        return asset.add_batch_definition_whole_dataframe("whole")
+
+
+def _outcome(suite: str, result: Any) -> SuiteOutcome:
+    validation = next(iter(result.run_results.values()))
+    failed = []
+    for r in validation.results:
+        if not r.success:
+            kwargs = r.expectation_config.kwargs
+            failed.append({"expectation": r.expectation_config.type, "column": kwargs.get("column"),
+                           "unexpected_count": (r.result or {}).get("unexpected_count"),
+                           "unexpected_percent": (r.result or {}).get("unexpected_percent"),
+                           "observed_value": _safe_observed((r.result or {}).get("observed_value")),
+                           "pii": (r.expectation_config.meta or {}).get("pii")})
+    return SuiteOutcome(suite=suite, success=bool(validation.success), evaluated=len(validation.results),
+                        failed=failed)
+
+
+def _safe_observed(value: Any) -> Any:
+    return value if isinstance(value, (int, float)) or value is None else str(value)[:80]
+
+
+def quarantine_batch(settings: Settings, window: DateWindow, report: QualityReport) -> str:
+    """Move the window's curated partitions to quarantine/failed_batches/<window>/ (raw stays as it is)."""
+    target = f"{settings.zone('quarantine')}/failed_batches/{window.label}-{datetime.now(timezone.utc):%Y%m%dT%H%M%S}"
+    paths = zone_paths(settings)
+    for name in ("examples", "clean_logs"):
+        for day in window.days():
+            for part in glob(f"{paths[name]}/dt={day.isoformat()}") + glob(f"{paths[name]}/split=*/dt={day.isoformat()}"):
+                relative = part.split(f"/{name}/", 1)[1]
+                move(part, f"{target}/{name}/{relative}")
+    write_json(f"{target}/gate_result.json", {**report.to_dict(), "raw_files": raw_files_for(settings, window)})
+    return target
