@@ -3,38 +3,62 @@
 from __future__ import annotations
 
 import time
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
+from pipelines.clients import airflow
 from pipelines.config import Settings
-from pipelines.logs.generator import GeneratorConfig, write_raw_logs
-from pipelines.logs.raw import check_files, raw_files
+from pipelines.storage import read_json
+
+
+class DemoFailed(RuntimeError):
+    """A demo step failed; the message says which and where its log is."""
 
 
 def run_demo(settings: Settings, *, records_per_day: int, days: int, seed: int, console: Console) -> dict[str, str]:
     started = time.perf_counter()
-    raw_root = Path(settings.zone("raw"))
-    end = datetime.now(timezone.utc).date()
-    outputs: dict[str, str] = {}
+    end = (datetime.now(timezone.utc) - timedelta(days=1)).date()
+    root = Path(str(settings.root))
+    conf = {"end_date": end.isoformat(), "window_days": days, "records_per_day": records_per_day,
+            "source": "synthetic", "seed": seed}
 
-    console.rule("1. ingest: synthetic commerce-agent logs")
-    summary = write_raw_logs(
-        GeneratorConfig(seed=seed, records=records_per_day * days, days=days, end_date=end), raw_root)
-    console.print(f"{summary.records} records over {days} days ({summary.records_per_s:,.0f} records/s); "
-                  f"kinds: {summary.kinds}")
-    outputs["raw logs"] = str(raw_root)
+    console.rule(f"commerce_flywheel DAG: {days} days of traffic ending {end} ({records_per_day}/day)")
+    console.print("ingest -> Spark prep -> Great Expectations gates -> Feast features (airflow dags test) ...")
+    with console.status("running the DAG (about 2 minutes on 2 cores) ..."):
+        result = airflow.dags_test(settings, "commerce_flywheel", conf)
+    log = root / "logs" / "demo-dags-test.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.write_text(result.stdout + result.stderr)
+    if result.returncode != 0 or "state=success" not in result.stdout + result.stderr:
+        raise DemoFailed(f"the commerce_flywheel DAG run failed; see {log}")
 
-    console.rule("2. schema check of the raw zone")
-    check = check_files(raw_files(raw_root, GeneratorConfig(days=days, end_date=end).day_list()))
-    console.print(f"{check.valid}/{check.lines} lines valid; would be quarantined: {check.reasons}")
+    manifest = read_json(f"{settings.zone('curated')}/manifest.json")
+    counts = manifest["counts"]
+    console.print(f"records in: {counts['input']:,}  ->  examples: {counts['clean']:,}, quarantined: "
+                  f"{counts['quarantined']:,}, duplicates: {counts['duplicates']:,} (reconciled: {counts['reconciled']})")
+    console.print(f"quarantine reasons: {manifest['quarantine_reasons']}")
+    console.print(f"PII redacted: {manifest['redactions']}")
+    console.print(f"splits: {manifest['examples_by_split']}; with customer context: "
+                  f"{manifest['training_set']['with_customer_context']:,}")
 
-    table = Table(title=f"demo finished in {time.perf_counter() - started:.0f} s", show_header=True)
+    outputs = {
+        "raw logs": settings.zone("raw"),
+        "curated SFT Parquet (train/val/test)": manifest["training_set"]["uri"],
+        "manifest (lineage)": f"{settings.zone('curated')}/manifest.json",
+        "quarantine table": f"{settings.zone('quarantine')}/records",
+        "Data Docs": f"{settings.zone('reports')}/quality/gx/uncommitted/data_docs/local_site/index.html",
+        "Feast registry / online store": f"{settings.feast.registry} / {settings.feast.online_store}",
+        "DAG log": str(log),
+    }
+    table = Table(title=f"demo finished in {time.perf_counter() - started:.0f} s")
     table.add_column("output")
     table.add_column("where")
     for name, where in outputs.items():
         table.add_row(name, where)
     console.print(table)
+    console.print("Next: `flywheel up` for the Airflow (http://127.0.0.1:8080) and MLflow UIs; "
+                  "`flywheel features context <customer_id>` for the online context.")
     return outputs

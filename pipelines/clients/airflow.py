@@ -120,6 +120,15 @@ def run_cli(settings: Settings, *args: str, timeout: float = 900, extra_env: dic
     )
 
 
+def dags_test(settings: Settings, dag_id: str, conf: dict[str, Any], timeout: float = 1800
+              ) -> subprocess.CompletedProcess[str]:
+    """`airflow dags test` (all tasks in one process, no scheduler) after migrating the metadata DB."""
+    migrate = run_cli(settings, "db", "migrate", timeout=300)
+    if migrate.returncode != 0:
+        return migrate
+    return run_cli(settings, "dags", "test", dag_id, "--conf", json.dumps(conf), timeout=timeout)
+
+
 class AirflowRest:
     """The few REST calls the platform needs: token, unpause, trigger, poll (API v2)."""
 
@@ -156,6 +165,19 @@ class AirflowRest:
 
     def dags(self) -> list[str]:
         return [d["dag_id"] for d in self._request("GET", "/api/v2/dags")["dags"]]
+
+
+def trigger_and_wait(rest: AirflowRest, dag_id: str, conf: dict[str, Any], timeout_s: float = 1800) -> dict[str, Any]:
+    """Unpause, trigger with `conf`, and poll until the run ends (success or failed)."""
+    rest.unpause(dag_id)
+    run_id = rest.trigger(dag_id, conf)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        run = rest.dag_run(dag_id, run_id)
+        if run["state"] in ("success", "failed"):
+            return {"dag_run_id": run_id, "state": run["state"], "run_type": run.get("run_type")}
+        time.sleep(3)
+    return {"dag_run_id": run_id, "state": "timeout"}
 
 
 if __name__ == "__main__" and sys.argv[1:] == ["serve"]:

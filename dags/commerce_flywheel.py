@@ -1,0 +1,99 @@
+"""commerce_flywheel: ingest -> prep -> validate -> features (training, registry and deployment follow).
+
+Thin wiring only: every task calls one function of `pipelines.tasks` (imported inside the task, so
+parsing this file stays cheap). Each task replaces just its date window's outputs, so retries and
+re-runs are safe. A failed quality gate fails fast (no retries) and stops the run before training.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pendulum
+from airflow.sdk import Param, dag, get_current_context, task
+
+DEFAULT_ARGS = {
+    "retries": 2,
+    "retry_delay": timedelta(seconds=20),
+    "retry_exponential_backoff": True,
+    "max_retry_delay": timedelta(minutes=10),
+}
+
+
+def _fail_fast(exc: Exception) -> None:
+    from airflow.exceptions import AirflowFailException
+
+    raise AirflowFailException(str(exc)) from exc
+
+
+@dag(
+    dag_id="commerce_flywheel",
+    schedule="@daily",
+    start_date=pendulum.datetime(2026, 11, 1, tz="UTC"),
+    catchup=False,
+    max_active_runs=1,
+    default_args=DEFAULT_ARGS,
+    tags=["flywheel"],
+    params={
+        "end_date": Param(None, type=["null", "string"], description="Last day of the window (YYYY-MM-DD); "
+                          "default: the last complete day"),
+        "window_days": Param(1, type="integer", minimum=1, maximum=90),
+        "source": Param("synthetic", enum=["synthetic", "landed"],
+                        description="synthetic: generate traffic for the window; landed: use the agent's logs"),
+        "records_per_day": Param(1500, type="integer", minimum=1),
+        "seed": Param(0, type="integer", description="0: derived from the date"),
+        "bad_share": Param(0.05, type="number", minimum=0, maximum=1),
+        "drift": Param("none", enum=["none", "holiday", "new-category", "locale", "tool-mix"]),
+        "drift_magnitude": Param(0.6, type="number", minimum=0, maximum=1),
+    },
+    doc_md=__doc__,
+)
+def commerce_flywheel():
+    @task
+    def window() -> dict:
+        from pipelines.tasks import resolve_window
+
+        context = get_current_context()
+        return resolve_window(dict(context["params"]), context["dag_run"].run_after)
+
+    @task
+    def ingest(win: dict) -> dict:
+        from pipelines import tasks
+        from pipelines.prep.pipeline import PrepError
+
+        try:
+            return tasks.ingest(win, dict(get_current_context()["params"]))
+        except (PrepError, ValueError) as exc:
+            _fail_fast(exc)
+
+    @task
+    def prep(win: dict, _ingested: dict) -> dict:
+        from pipelines import tasks
+        from pipelines.prep.pipeline import PrepError
+
+        try:
+            return tasks.prep(win)
+        except PrepError as exc:
+            _fail_fast(exc)
+
+    @task
+    def validate(win: dict, _prepared: dict) -> dict:
+        from pipelines import tasks
+        from pipelines.quality.gates import QualityGateFailed
+
+        try:
+            return tasks.validate(win)
+        except QualityGateFailed as exc:
+            _fail_fast(exc)
+
+    @task
+    def features(win: dict, _validated: dict) -> dict:
+        from pipelines import tasks
+
+        return tasks.features(win)
+
+    win = window()
+    features(win, validate(win, prep(win, ingest(win))))
+
+
+commerce_flywheel()

@@ -1,0 +1,82 @@
+"""The flywheel's steps as plain functions of JSON-able inputs and outputs.
+
+Airflow tasks, the CLI and the demo call these; each step is idempotent for its date window (it
+replaces exactly that window's outputs), so a retry or a re-run of a date is safe.
+"""
+
+from __future__ import annotations
+
+from datetime import date, datetime, timedelta, timezone
+from typing import Any
+
+from pipelines.config import Settings, get_settings
+from pipelines.window import DateWindow
+
+SOURCES = ("synthetic", "landed")
+
+
+def resolve_window(params: dict[str, Any], run_after: datetime | None = None) -> dict[str, str]:
+    """The window a run processes: `end_date` (default: the last complete day) and `window_days` back."""
+    end_value = params.get("end_date")
+    if end_value:
+        end = date.fromisoformat(str(end_value))
+    else:
+        end = ((run_after or datetime.now(timezone.utc)) - timedelta(days=1)).date()
+    window = DateWindow.ending(end, int(params.get("window_days") or 1))
+    return {"start": window.start.isoformat(), "end": window.end.isoformat()}
+
+
+def _window(window: dict[str, str]) -> DateWindow:
+    return DateWindow.parse(window["start"], window["end"])
+
+
+def ingest(window: dict[str, str], params: dict[str, Any], settings: Settings | None = None) -> dict[str, Any]:
+    """Land the window's raw logs: generate synthetic traffic, or check that the agent's logs landed."""
+    from pipelines.logs.generator import Drift, GeneratorConfig, write_raw_logs
+    from pipelines.prep.pipeline import PrepError, raw_files_for
+
+    settings = settings or get_settings()
+    w = _window(window)
+    source = params.get("source", "synthetic")
+    if source not in SOURCES:
+        raise ValueError(f"source: expected one of {SOURCES}, got {source!r}")
+    if source == "synthetic":
+        days = len(w.days())
+        cfg = GeneratorConfig(
+            seed=int(params.get("seed") or int(w.end.strftime("%Y%m%d"))),
+            records=int(params.get("records_per_day", 1500)) * days, days=days, end_date=w.end,
+            bad_share=float(params.get("bad_share", 0.05)), drift=Drift(params.get("drift") or "none"),
+            drift_magnitude=float(params.get("drift_magnitude", 0.6)))
+        summary = write_raw_logs(cfg, _local_path(settings.zone("raw")))
+        return {"source": source, "records": summary.records, "files": summary.files, "kinds": summary.kinds}
+    files = raw_files_for(settings, w)
+    if not files:
+        raise PrepError(f"no raw logs landed for {w} under {settings.zone('raw')}")
+    return {"source": source, "files": files}
+
+
+def _local_path(uri: str):  # the generator writes local files; on a cluster logs land from the agents
+    from pathlib import Path
+
+    if "://" in uri:
+        raise ValueError("synthetic ingest writes to a local raw zone; on a cluster use source='landed'")
+    return Path(uri)
+
+
+def prep(window: dict[str, str], settings: Settings | None = None) -> dict[str, Any]:
+    from pipelines.prep.pipeline import run_prep
+
+    return run_prep(settings or get_settings(), _window(window)).to_dict()
+
+
+def validate(window: dict[str, str], settings: Settings | None = None) -> dict[str, Any]:
+    from pipelines.quality.gates import run_gates
+
+    report = run_gates(settings or get_settings(), _window(window))
+    return {"success": report.success, "data_docs": report.data_docs, "result": report.result_uri}
+
+
+def features(window: dict[str, str], settings: Settings | None = None) -> dict[str, Any]:
+    from pipelines.features.pipeline import run_features
+
+    return run_features(settings or get_settings(), _window(window)).to_dict()
