@@ -22,3 +22,14 @@ def flywheel_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     get_settings.cache_clear()
     yield root
     get_settings.cache_clear()
+
+
+@pytest.fixture(scope="session")
+def spark(tmp_path_factory: pytest.TempPathFactory):
+    """One local Spark session for the whole test run (starting one costs ~10 s)."""
+    from pipelines.clients.spark import get_spark
+    from pipelines.config import load_settings
+
+    session = get_spark(load_settings(root=str(tmp_path_factory.mktemp("spark-root"))))
+    yield session
+    session.stop()

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timezone
 from enum import StrEnum
 from pathlib import Path
 from typing import Any, Literal
@@ -128,6 +128,7 @@ class Verdict:
     reason: Reason | None
     detail: str = ""
     record: dict[str, Any] | None = None
+    timestamp: datetime | None = None  # parsed and timezone-aware; canonical form for downstream engines
 
     @property
     def ok(self) -> bool:
@@ -194,4 +195,5 @@ def _check_semantics(turn: AgentTurn, raw: dict[str, Any]) -> Verdict:
                        f"retrieval_latency_ms={turn.retrieval_latency_ms} outside [0, latency_ms]")
     if turn.prompt_tokens > MAX_TOKENS or turn.completion_tokens > MAX_TOKENS:
         return Verdict(Reason.IMPOSSIBLE_VALUE, "token counts above the context limit")
-    return Verdict(None, record=raw)
+    ts = turn.timestamp if turn.timestamp.tzinfo else turn.timestamp.replace(tzinfo=timezone.utc)
+    return Verdict(None, record=raw, timestamp=ts.astimezone(timezone.utc))

@@ -92,7 +92,8 @@ def prepare_line(line: str | bytes, source_file: str = "") -> dict[str, Any]:
     arguments_json = json.dumps(arguments, separators=(",", ":"), sort_keys=True) if arguments is not None else None
     user_turns = [m["content"] or "" for m in conversation if m["role"] == "user"]
     tools_offered = [t["function"]["name"] for t in r["request"]["tools"]]
-    day = r["timestamp"][:10]
+    event_time = verdict.timestamp.isoformat(timespec="microseconds")
+    day = event_time[:10]
     system = system_prompt(tools_offered, day)
     messages_json = json.dumps(conversation, separators=(",", ":"), ensure_ascii=False)
     target = target_json(tool, arguments)
@@ -100,7 +101,7 @@ def prepare_line(line: str | bytes, source_file: str = "") -> dict[str, Any]:
     args = arguments or {}
     row.update(
         status="clean", record_id=r["record_id"], session_id=r["session_id"], customer_id=r["customer_id"],
-        workload_id=r["workload_id"], event_time=r["timestamp"], turn_index=r["turn_index"], model=r["model"],
+        workload_id=r["workload_id"], event_time=event_time, turn_index=r["turn_index"], model=r["model"],
         country=r["country"], currency=r["currency"], channel=r["channel"], feedback=r["feedback"],
         latency_ms=float(r["latency_ms"]), retrieval_latency_ms=float(r["retrieval_latency_ms"]),
         prompt_tokens=r["prompt_tokens"], completion_tokens=r["completion_tokens"],
@@ -147,7 +148,7 @@ def prepare(lines: DataFrame) -> DataFrame:
     from pyspark.sql import functions as F
 
     prepared = lines.mapInPandas(prepare_batches, PREPARED_SCHEMA)
-    return prepared.withColumn("event_timestamp", F.to_timestamp("event_time")).withColumn(
+    return prepared.withColumn("event_timestamp", F.try_to_timestamp("event_time")).withColumn(
         "dt", F.regexp_extract("source_file", r"dt=([0-9]{4}-[0-9]{2}-[0-9]{2})", 1))
 
 

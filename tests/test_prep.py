@@ -1,0 +1,141 @@
+"""Spark prep on small generated windows with planted records (real Spark, local mode)."""
+
+from __future__ import annotations
+
+from datetime import date, timedelta
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from data_path import END, PLANTED_PII, write_window
+from pipelines.config import load_settings
+from pipelines.logs.generator import EXPECTED_REASON, Kind
+from pipelines.prep.pipeline import PrepError, run_prep
+from pipelines.storage import read_json
+from pipelines.window import DateWindow
+
+pytestmark = pytest.mark.slow
+WINDOW = DateWindow.ending(END, 3)
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory: pytest.TempPathFactory, spark):
+    root = tmp_path_factory.mktemp("prep")
+    settings = load_settings(root=str(root))
+    written = write_window(root / "raw")
+    result = run_prep(settings, WINDOW, spark=spark)
+    return {"settings": settings, "root": root, "result": result, **written}
+
+
+def _read(path: Path) -> pd.DataFrame:
+    return pd.read_parquet(path)
+
+
+def test_counts_reconcile(prepared) -> None:
+    r = prepared["result"]
+    lines_in = prepared["summary"].records + prepared["planted_lines"]
+    assert r.input_records == lines_in
+    assert r.clean + r.quarantined + r.duplicates == lines_in
+    manifest = read_json(r.manifest_uri)
+    assert manifest["counts"]["reconciled"] is True
+    assert sum(manifest["examples_by_split"].values()) == r.clean
+    root = prepared["root"]
+    assert len(_read(root / "curated" / "examples")) == r.clean
+    quarantine = _read(root / "quarantine" / "records")
+    assert len(quarantine) == r.quarantined + r.duplicates
+    assert (quarantine["reason"] == "duplicate").sum() == r.duplicates
+
+
+def test_every_generated_bad_kind_is_quarantined_with_its_reason(prepared) -> None:
+    kinds = prepared["summary"].kinds
+    expected: dict[str, int] = {}
+    for kind, n in kinds.items():
+        reason = EXPECTED_REASON[Kind(kind)]
+        if reason is not None:
+            expected[reason.value] = expected.get(reason.value, 0) + n
+    for reason in prepared["planted"].values():
+        if reason not in ("clean", "duplicate"):
+            expected[reason] = expected.get(reason, 0) + 1
+    assert prepared["result"].reasons == dict(sorted(expected.items()))
+    duplicates_generated = kinds.get("exact_duplicate", 0) + kinds.get("near_duplicate", 0)
+    assert prepared["result"].duplicates >= duplicates_generated + 1
+
+
+def test_planted_malformed_lines_land_in_quarantine_with_the_right_reason(prepared) -> None:
+    quarantine = _read(prepared["root"] / "quarantine" / "records")
+    by_id = dict(zip(quarantine["record_id"], quarantine["reason"]))
+    for record_id, reason in prepared["planted"].items():
+        if reason == "clean":
+            assert record_id not in by_id
+        elif record_id == "planted_bad_json":  # not parseable: found by its (redacted) raw text
+            assert quarantine.loc[quarantine["raw_redacted"].fillna("").str.contains("planted_bad_json"),
+                                  "reason"].tolist() == ["bad_json"]
+        else:
+            assert by_id.get(record_id) == reason, record_id
+    dup = quarantine[quarantine["record_id"] == "planted_near_duplicate"]
+    assert dup["detail"].iloc[0] == "duplicate of planted_original"
+
+
+def test_planted_pii_never_reaches_curated_or_quarantine(prepared) -> None:
+    root = prepared["root"]
+    blobs = []
+    for table in ("curated/examples", "curated/clean_logs", "quarantine/records"):
+        frame = _read(root / table)
+        blobs.append(frame.astype(str).to_csv())
+    text = "\n".join(blobs)
+    for value in PLANTED_PII.values():
+        assert value not in text
+    examples = _read(root / "curated" / "examples")
+    planted = examples[examples["record_id"] == "planted_pii"].iloc[0]
+    for placeholder in ("<EMAIL>", "<PHONE>", "<CARD>", "<ADDRESS>"):
+        assert placeholder in planted["messages_json"]
+    assert '"recipient_email":"<EMAIL>"' in planted["target_json"]
+    redactions = prepared["result"].redactions
+    assert all(redactions[t] >= 1 for t in ("EMAIL", "PHONE", "CARD", "ADDRESS"))
+
+
+def test_splits_are_disjoint_by_session_and_stratified_by_tool(prepared) -> None:
+    examples = _read(prepared["root"] / "curated" / "examples")
+    assert (examples.groupby("session_id")["split"].nunique() == 1).all()
+    shares = examples["split"].value_counts(normalize=True)
+    assert 0.72 < shares["train"] < 0.88 and shares["test"] > 0.05 and shares["val"] > 0.05
+    counts = examples.groupby(["tool", "split"]).size().unstack(fill_value=0)
+    for tool, row in counts.iterrows():
+        if row.sum() >= 40:
+            assert row["test"] > 0 and row["val"] > 0, tool
+
+
+def test_rerunning_a_window_is_idempotent(prepared, spark) -> None:
+    first = read_json(prepared["result"].manifest_uri)
+    again = run_prep(prepared["settings"], WINDOW, spark=spark)
+    second = read_json(again.manifest_uri)
+    assert second["content_digest"] == first["content_digest"]
+    assert second["counts"] == first["counts"]
+    root = prepared["root"]
+    assert len(_read(root / "quarantine" / "records")) == again.quarantined + again.duplicates
+    assert len(_read(root / "curated" / "examples")) == again.clean
+
+
+def test_missing_window_is_a_clear_error(tmp_path: Path, spark) -> None:
+    with pytest.raises(PrepError, match="no raw partitions for 2026-01-01..2026-01-01"):
+        run_prep(load_settings(root=str(tmp_path)), DateWindow(date(2026, 1, 1), date(2026, 1, 1)), spark=spark)
+
+
+def test_empty_partition_says_so(tmp_path: Path, spark) -> None:
+    day = END - timedelta(days=30)
+    (tmp_path / "raw" / f"dt={day}").mkdir(parents=True)
+    (tmp_path / "raw" / f"dt={day}" / "empty.jsonl").write_bytes(b"\n\n")
+    result = run_prep(load_settings(root=str(tmp_path)), DateWindow(day, day), spark=spark)
+    assert (result.input_records, result.clean, result.quarantined) == (0, 0, 0)
+    assert "empty" in result.message
+
+
+def test_partition_of_only_bad_records_says_so(tmp_path: Path, spark) -> None:
+    day = END - timedelta(days=31)
+    (tmp_path / "raw" / f"dt={day}").mkdir(parents=True)
+    (tmp_path / "raw" / f"dt={day}" / "bad.jsonl").write_bytes(b"{oops\nnot json\n[1]\n")
+    result = run_prep(load_settings(root=str(tmp_path)), DateWindow(day, day), spark=spark)
+    assert (result.input_records, result.clean, result.quarantined) == (3, 0, 3)
+    assert "all 3 records were quarantined" in result.message
+    assert result.reasons == {"bad_json": 3}

@@ -1,0 +1,119 @@
+"""Great Expectations gates and Feast features on a prepared window (real GE, Feast, Spark)."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, time, timedelta, timezone
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from data_path import END, write_window
+from pipelines.clients import feast as feast_client
+from pipelines.config import load_settings
+from pipelines.features.nodes import CUSTOMER_FEATURES
+from pipelines.features.pipeline import online_context, run_features
+from pipelines.prep.pipeline import run_prep
+from pipelines.prep.prompt import format_context
+from pipelines.quality.gates import QualityGateFailed, run_gates
+from pipelines.window import DateWindow
+
+pytestmark = pytest.mark.slow
+WINDOW = DateWindow.ending(END, 3)
+
+
+@pytest.fixture(scope="module")
+def window_root(tmp_path_factory: pytest.TempPathFactory, spark):
+    root = tmp_path_factory.mktemp("gates")
+    settings = load_settings(root=str(root))
+    write_window(root / "raw", records=4000, bad_share=0.05, seed=23)
+    run_prep(settings, WINDOW, spark=spark)
+    report = run_gates(settings, WINDOW, spark=spark)
+    features = run_features(settings, WINDOW, spark=spark)
+    return {"settings": settings, "root": root, "report": report, "features": features}
+
+
+def test_gates_pass_on_a_clean_window_and_write_docs_and_json(window_root) -> None:
+    report = window_root["report"]
+    assert report.success and report.failures == []
+    assert {s.suite for s in report.suites} == {"raw_logs", "curated_examples", "curated_tool_counts",
+                                                "curated_session_splits"}
+    assert Path(report.data_docs.removeprefix("file://")).is_file()
+    assert json.loads(Path(report.result_uri).read_text())["success"] is True
+
+
+def test_leaked_pii_fails_the_gate_quarantines_the_batch_and_never_shows_the_value(tmp_path: Path, spark) -> None:
+    settings = load_settings(root=str(tmp_path))
+    write_window(tmp_path / "raw", records=1500, days=1, seed=5)
+    day = DateWindow(END, END)
+    run_prep(settings, day, spark=spark)
+    examples = tmp_path / "curated" / "examples"
+    before = sorted(p.relative_to(examples) for p in examples.rglob("*.parquet"))
+    # Simulate a redactor regression: a raw email survives into the curated text.
+    leaked = "leaky.customer@example.net"
+    target = next(examples.glob(f"split=train/dt={END}/*.parquet"))
+    frame = pd.read_parquet(target)
+    frame.loc[frame.index[0], "messages_json"] = frame.loc[frame.index[0], "messages_json"][:-2] + f" {leaked}\"}}]"
+    frame.to_parquet(target, index=False)
+    target.with_name(f".{target.name}.crc").unlink(missing_ok=True)  # Hadoop's checksum of the old bytes
+
+    with pytest.raises(QualityGateFailed, match="curated_examples: expect_column_values_to_not_match_regex"):
+        run_gates(settings, day, spark=spark)
+    result_files = list((tmp_path / "reports" / "quality" / "results").glob("*.json"))
+    result = json.loads(result_files[0].read_text())
+    assert result["success"] is False
+    failed = [f for s in result["suites"] for f in s["failed"]]
+    assert any(f["pii"] == "EMAIL" and f["unexpected_count"] == 1 for f in failed)
+    moved_to = Path(result["quarantined_to"])
+    assert sorted(p.relative_to(moved_to / "examples") for p in (moved_to / "examples").rglob("*.parquet")) == before
+    assert not list(examples.glob(f"split=*/dt={END}"))
+    assert list((tmp_path / "raw" / f"dt={END}").glob("*.jsonl")), "raw is immutable"
+    for path in [*tmp_path.joinpath("reports").rglob("*.json"), *tmp_path.joinpath("reports").rglob("*.html"),
+                 moved_to / "gate_result.json"]:
+        assert leaked not in path.read_text(errors="replace"), path
+
+
+def test_training_set_carries_point_in_time_context(window_root) -> None:
+    root = window_root["root"]
+    sft = pd.read_parquet(root / "curated" / "sft")
+    assert window_root["features"].with_context == int((sft["context"] != "").sum()) > 0
+    first_day = sft[sft["event_timestamp"].dt.date == WINDOW.start]
+    assert (first_day["context"] == "").all(), "no snapshot exists before the window's first day"
+    with_context = sft[sft["context"] != ""].iloc[0]
+    assert f"Customer context: {with_context['context']}" in with_context["system_prompt"]
+
+
+def test_point_in_time_features_never_see_the_future(window_root) -> None:
+    settings, root = window_root["settings"], window_root["root"]
+    clean = pd.read_parquet(root / "curated" / "clean_logs")
+    clean["day"] = clean["event_timestamp"].dt.date
+    per_customer_days = clean.groupby("customer_id")["day"].nunique()
+    customers = per_customer_days[per_customer_days >= 2].index[:25].tolist()
+    assert customers, "the window must have returning customers"
+    rows = []
+    for customer in customers:
+        for day in WINDOW.days():
+            rows.append({"customer_id": customer,
+                         "event_timestamp": datetime.combine(day, time(12), tzinfo=timezone.utc)})
+    joined = feast_client.historical_customer_features(settings, pd.DataFrame(rows))
+    for row in joined.to_dict("records"):
+        day = row["event_timestamp"].date()
+        past = clean[(clean["customer_id"] == row["customer_id"]) & (clean["day"] < day)]
+        expected = len(past) if len(past) else None
+        got = None if pd.isna(row["requests_30d"]) else int(row["requests_30d"])
+        assert got == expected, (row["customer_id"], day)
+
+
+def test_online_and_offline_context_agree(window_root) -> None:
+    settings, root = window_root["settings"], window_root["root"]
+    customers = pd.read_parquet(root / "curated" / "clean_logs")["customer_id"].drop_duplicates().head(20).tolist()
+    after = datetime.combine(END + timedelta(days=1), time(6), tzinfo=timezone.utc)
+    offline = feast_client.historical_customer_features(
+        settings, pd.DataFrame({"customer_id": customers, "event_timestamp": [after] * len(customers)}))
+    offline_by_customer = {
+        r["customer_id"]: format_context({n: (None if pd.isna(r[n]) else r[n]) for n in CUSTOMER_FEATURES})
+        for r in offline.to_dict("records")}
+    for customer in customers:
+        online = online_context(customer, settings)
+        assert online and online == offline_by_customer[customer]
