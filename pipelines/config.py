@@ -113,6 +113,7 @@ class QualitySettings(_Section):
     whose share of problems passes these limits stops the flywheel before training."""
 
     raw_mostly: float = Field(0.9, gt=0, le=1, description="share of raw lines that must pass each raw check")
+    max_quarantined_share: float = Field(0.2, ge=0, le=1, description="largest share of a batch prep may quarantine")
     min_examples_per_tool: int = Field(5, ge=0)
     min_approx_tokens: int = Field(16, ge=0)
     max_approx_tokens: int = Field(4096, ge=1)

@@ -37,7 +37,7 @@ def window_root(tmp_path_factory: pytest.TempPathFactory, spark):
 def test_gates_pass_on_a_clean_window_and_write_docs_and_json(window_root) -> None:
     report = window_root["report"]
     assert report.success and report.failures == []
-    assert {s.suite for s in report.suites} == {"raw_logs", "curated_examples", "curated_tool_counts",
+    assert {s.suite for s in report.suites} == {"raw_logs", "raw_outcomes", "curated_examples", "curated_tool_counts",
                                                 "curated_session_splits"}
     assert Path(report.data_docs.removeprefix("file://")).is_file()
     assert json.loads(Path(report.result_uri).read_text())["success"] is True

@@ -120,13 +120,14 @@ def run_cli(settings: Settings, *args: str, timeout: float = 900, extra_env: dic
     )
 
 
-def dags_test(settings: Settings, dag_id: str, conf: dict[str, Any], timeout: float = 1800
-              ) -> subprocess.CompletedProcess[str]:
+def dags_test(settings: Settings, dag_id: str, conf: dict[str, Any], timeout: float = 1800,
+              extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """`airflow dags test` (all tasks in one process, no scheduler) after migrating the metadata DB."""
-    migrate = run_cli(settings, "db", "migrate", timeout=300)
+    migrate = run_cli(settings, "db", "migrate", timeout=300, extra_env=extra_env)
     if migrate.returncode != 0:
         return migrate
-    return run_cli(settings, "dags", "test", dag_id, "--conf", json.dumps(conf), timeout=timeout)
+    return run_cli(settings, "dags", "test", dag_id, "--conf", json.dumps(conf), timeout=timeout,
+                   extra_env=extra_env)
 
 
 class AirflowRest:

@@ -1,7 +1,8 @@
 """Great Expectations (1.x API) gates on Spark DataFrames.
 
-Two suites: `raw_logs` (schema, non-null ids, timestamps inside the window, latency range, tool
-names in the catalogue, workload ids in the set) and `curated_sft` (no PII pattern left, token
+Suites: `raw_logs` (schema, non-null ids, timestamps inside the window, latency range, tool
+names in the catalogue, workload ids in the set), `raw_outcomes` (the share of the batch prep had
+to quarantine stays under a limit), and `curated_sft` (no PII pattern left, token
 length bounds, minimum examples per tool, splits disjoint by session). A failing gate writes Data
 Docs HTML and a JSON result, moves the window's curated batch to quarantine (nothing is deleted;
 the raw zone is immutable) and raises `QualityGateFailed`, which stops the DAG before training.
@@ -79,6 +80,19 @@ def raw_frame(spark: SparkSession, settings: Settings, window: DateWindow) -> Da
     )
 
 
+def outcome_frame(spark: SparkSession, settings: Settings, window: DateWindow) -> DataFrame:
+    """One row per raw line of the window with what prep did with it: clean, duplicate or a reason."""
+    from pyspark.sql import functions as F
+
+    days = [d.isoformat() for d in window.days()]
+    paths = zone_paths(settings)
+    clean = spark.read.parquet(paths["examples"]).filter(F.col("dt").cast("string").isin(days)).select(
+        F.lit("clean").alias("outcome"))
+    quarantined = spark.read.parquet(paths["quarantine"]).filter(F.col("dt").cast("string").isin(days)).select(
+        F.col("reason").alias("outcome"))
+    return clean.unionByName(quarantined)
+
+
 def curated_frames(spark: SparkSession, settings: Settings, window: DateWindow) -> dict[str, DataFrame]:
     from pyspark.sql import functions as F
 
@@ -106,6 +120,8 @@ def _suites(settings: Settings, window: DateWindow) -> dict[str, list[Any]]:
         E.ExpectColumnValuesToBeInSet(column="tool_name", value_set=list(TOOL_NAMES), mostly=q.raw_mostly),
         E.ExpectColumnValuesToBeInSet(column="workload_id", value_set=list(WORKLOADS), mostly=q.raw_mostly),
     ]
+    outcomes = [E.ExpectColumnValuesToBeInSet(column="outcome", value_set=["clean", "duplicate"],
+                                              mostly=1 - q.max_quarantined_share)]
     examples = [
         E.ExpectTableRowCountToBeBetween(min_value=1),
         *[E.ExpectColumnValuesToNotBeNull(column=c) for c in ("record_id", "session_id", "target_json", "split")],
@@ -117,7 +133,7 @@ def _suites(settings: Settings, window: DateWindow) -> dict[str, list[Any]]:
     ]
     tool_counts = [E.ExpectColumnValuesToBeBetween(column="examples", min_value=q.min_examples_per_tool)]
     session_splits = [E.ExpectColumnValuesToBeBetween(column="splits", min_value=1, max_value=1)]
-    return {"raw_logs": raw, "curated_examples": examples, "curated_tool_counts": tool_counts,
+    return {"raw_logs": raw, "raw_outcomes": outcomes, "curated_examples": examples, "curated_tool_counts": tool_counts,
             "curated_session_splits": session_splits}
 
 
@@ -132,7 +148,7 @@ def run_gates(settings: Settings, window: DateWindow, spark: SparkSession | None
     reports = f"{settings.zone('reports')}/quality"
     context = gx.get_context(mode="file", project_root_dir=reports)
     source = context.data_sources.add_or_update_spark(name="flywheel")
-    frames = {"raw_logs": raw_frame(spark, settings, window), **{
+    frames = {"raw_logs": raw_frame(spark, settings, window), "raw_outcomes": outcome_frame(spark, settings, window), **{
         f"curated_{k}": v for k, v in curated_frames(spark, settings, window).items()}}
     outcomes = []
     for suite_name, expectations in _suites(settings, window).items():
