@@ -114,6 +114,22 @@ def logs_check(
     _emit(check_files(files).to_dict(), as_json, f"checked {len(files)} files")
 
 
+@logs_app.command("import-webshop")
+def logs_import_webshop(
+    pairs_file: Annotated[Path, typer.Argument(help="WebShop instruction_to_query*.json")],
+    day: Annotated[str, typer.Option("--date", help="Partition to write, YYYY-MM-DD.")],
+    out: Annotated[Path | None, typer.Option(help="Raw zone folder; default: the configured raw zone.")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Turn WebShop's human search queries into search_products turns in a raw partition."""
+    from pipelines.logs.importers import webshop_to_raw
+
+    if not pairs_file.is_file():
+        raise UserError(f"no such file: {pairs_file}")
+    result = webshop_to_raw(pairs_file, out or Path(get_settings().zone("raw")), _parse_date(day, "--date"))
+    _emit(result, as_json, "WebShop import")
+
+
 @logs_app.command("schema")
 def logs_schema(write: Annotated[bool, typer.Option(help="Rewrite the committed JSON Schema file.")] = False) -> None:
     """Print the log record's JSON Schema (or rewrite the committed file with --write)."""

@@ -101,3 +101,20 @@ def test_abstention_is_a_valid_turn() -> None:
                  if b'"finish_reason":"stop"' in l]
     assert abstained, "the generator must produce turns where no tool fits"
     assert all(check_line(orjson.dumps(r)).ok and teacher_call(r) is None for r in abstained)
+
+
+def test_webshop_importer_writes_valid_search_turns(tmp_path) -> None:
+    from pipelines.logs.importers import webshop_to_raw
+    from pipelines.logs.raw import check_files, raw_files
+
+    pairs = tmp_path / "pairs.json"
+    pairs.write_text(json.dumps({"i need a red hoodie under 40 dollars": ["red hoodie", "hoodie red"],
+                                 "looking for gluten free granola bars": ["gluten free granola"]}))
+    result = webshop_to_raw(pairs, tmp_path / "raw", date(2026, 10, 1))
+    assert result == {"instructions": 2, "records": 3, "file": str(tmp_path / "raw/dt=2026-10-01/webshop.jsonl")}
+    check = check_files(raw_files(tmp_path / "raw"))
+    assert (check.lines, check.valid) == (3, 3)
+    lines = (tmp_path / "raw/dt=2026-10-01/webshop.jsonl").read_bytes().splitlines()
+    calls = [teacher_call(orjson.loads(line)) for line in lines]
+    assert {c["arguments"]["query"] for c in calls} == {"red hoodie", "hoodie red", "gluten free granola"}
+    assert {c["name"] for c in calls} == {"search_products"}

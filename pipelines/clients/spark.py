@@ -37,3 +37,11 @@ def get_spark(settings: Settings) -> SparkSession:
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
     return session
+
+
+def spark_submit_command(settings: Settings, module_file: str, args: list[str]) -> list[str]:
+    """The spark-submit argv that runs a stage's entry point on the configured master (cluster mode)."""
+    command = ["spark-submit", "--master", str(settings.spark.master), "--name", settings.spark.app_name]
+    for key, value in settings.spark.effective_conf().items():
+        command += ["--conf", f"{key}={value}"]
+    return [*command, module_file, *args]

@@ -244,14 +244,14 @@ class TrafficGenerator:
                     {"id": call_id, "type": "function", "function": {"name": turn.name, "arguments": arguments}}]}
                 finish = "tool_calls"
             messages = [system, *history, user]
-            records.append(self._record(session_id, k, customer, workload, messages, assistant, finish))
+            records.append(self.record(session_id, k, customer, workload, messages, assistant, finish))
             history = [*history, user, assistant]
             if turn.args is not None:
                 history.append({"role": "tool", "tool_call_id": call_id,
                                 "content": orjson.dumps(turn.result).decode()})
         return records
 
-    def _record(self, session_id: str, k: int, customer: cat.Customer, workload: str,
+    def record(self, session_id: str, k: int, customer: cat.Customer, workload: str,
                 messages: list[dict[str, Any]], assistant: dict[str, Any], finish: str) -> dict[str, Any]:
         rng = self.rng
         text_chars = sum(len(m["content"] or "") + 16 for m in messages)
