@@ -23,6 +23,7 @@ from typing import Any
 import orjson
 
 from pipelines.logs import catalogue as cat
+from pipelines.logs.luhn import luhn_complete, luhn_valid  # noqa: F401 (re-exported)
 from pipelines.logs.schema import Reason
 from pipelines.logs.tools import (
     CARRIERS, DISPUTE_STATUSES, INVOICE_STATUSES, SIZES, TOOL_WORKLOAD, WORKLOAD_TOOLS, WORKLOADS, tools_for,
@@ -123,22 +124,6 @@ class GenerationSummary:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-def luhn_complete(digits: str) -> str:
-    """Append the Luhn check digit (card numbers the redactor must recognise)."""
-    total = 0
-    for i, ch in enumerate(reversed(digits)):
-        d = int(ch)
-        if i % 2 == 0:
-            d = d * 2 - 9 if d * 2 > 9 else d * 2
-        total += d
-    return digits + str((10 - total % 10) % 10)
-
-
-def luhn_valid(number: str) -> bool:
-    digits = [c for c in number if c.isdigit()]
-    return len(digits) >= 12 and luhn_complete("".join(digits[:-1])) == "".join(digits)
 
 
 class _Turn:

@@ -9,6 +9,7 @@ object: {"name": tool, "arguments": {...}} or {"name": null} when no tool fits.
 from __future__ import annotations
 
 import json
+from functools import lru_cache
 from typing import Any
 
 from pipelines.logs.tools import TOOLS_BY_NAME
@@ -16,6 +17,7 @@ from pipelines.logs.tools import TOOLS_BY_NAME
 ABSTAIN = "<abstain>"
 
 
+@lru_cache(maxsize=None)
 def compact_tool(name: str) -> str:
     fn = TOOLS_BY_NAME[name]["function"]
     return json.dumps({"name": name, "description": fn["description"], "parameters": fn["parameters"]},
@@ -23,6 +25,11 @@ def compact_tool(name: str) -> str:
 
 
 def system_prompt(tools: list[str], day: str, context: str | None = None) -> str:
+    return _system_prompt(tuple(tools), day, context or None)
+
+
+@lru_cache(maxsize=4096)
+def _system_prompt(tools: tuple[str, ...], day: str, context: str | None) -> str:
     lines = [
         f"You are the tool-calling step of a commerce assistant. Today is {day}.",
         "Tools:",

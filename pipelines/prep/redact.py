@@ -11,6 +11,8 @@ import re
 from collections import Counter
 from typing import Any
 
+from pipelines.logs.luhn import luhn_valid
+
 PII_TYPES = ("EMAIL", "CARD", "PHONE", "ADDRESS")
 
 EMAIL_RE = re.compile(r"[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}")
@@ -29,19 +31,9 @@ GATE_PATTERNS = {
 }
 
 
-def _luhn_ok(digits: str) -> bool:
-    total = 0
-    for i, ch in enumerate(reversed(digits)):
-        d = int(ch)
-        if i % 2 == 1:
-            d = d * 2 - 9 if d * 2 > 9 else d * 2
-        total += d
-    return total % 10 == 0
-
-
 def _card(match: re.Match[str], counts: Counter[str]) -> str:
     digits = re.sub(r"\D", "", match.group(0))
-    if 13 <= len(digits) <= 19 and _luhn_ok(digits):
+    if 13 <= len(digits) <= 19 and luhn_valid(digits):
         counts["CARD"] += 1
         return "<CARD>"
     return match.group(0)
