@@ -130,6 +130,25 @@ def logs_import_webshop(
     _emit(result, as_json, "WebShop import")
 
 
+@logs_app.command("import-retail")
+def logs_import_retail(
+    tools_file: Annotated[Path, typer.Argument(help="tau-bench retail tools_openai_schema.json")],
+    tasks_file: Annotated[Path, typer.Argument(help="tau-bench retail tasks_*.jsonl")],
+    day: Annotated[str, typer.Option("--date", help="Partition to write, YYYY-MM-DD.")],
+    out: Annotated[Path | None, typer.Option(help="Raw zone folder; default: the configured raw zone.")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Turn tau-bench retail tasks into turns under their own tool schemas (registered as a toolset)."""
+    from pipelines.logs.importers import retail_to_raw
+
+    for f in (tools_file, tasks_file):
+        if not f.is_file():
+            raise UserError(f"no such file: {f}")
+    result = retail_to_raw(tools_file, tasks_file, out or Path(get_settings().zone("raw")),
+                           _parse_date(day, "--date"))
+    _emit(result, as_json, "retail import")
+
+
 @logs_app.command("schema")
 def logs_schema(write: Annotated[bool, typer.Option(help="Rewrite the committed JSON Schema file.")] = False) -> None:
     """Print the log record's JSON Schema (or rewrite the committed file with --write)."""

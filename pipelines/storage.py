@@ -19,11 +19,6 @@ def glob(uri_pattern: str) -> list[str]:
     return sorted(protocol + p for p in fs.glob(pattern))
 
 
-def exists(uri: str) -> bool:
-    fs, path = fs_for(uri)
-    return bool(fs.exists(path))
-
-
 def remove(uri: str) -> None:
     fs, path = fs_for(uri)
     if fs.exists(path):
@@ -53,9 +48,12 @@ def read_json(uri: str) -> Any:
         return json.load(fh)
 
 
-def write_text(uri: str, text: str) -> str:
+def read_bytes(uri: str) -> bytes:
     fs, path = fs_for(uri)
-    fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
-    with fs.open(path, "w") as fh:
-        fh.write(text)
-    return uri
+    with fs.open(path, "rb") as fh:
+        return fh.read()
+
+
+def makedirs(uri: str) -> None:
+    fs, path = fs_for(uri)
+    fs.makedirs(path, exist_ok=True)

@@ -118,3 +118,49 @@ def test_webshop_importer_writes_valid_search_turns(tmp_path) -> None:
     calls = [teacher_call(orjson.loads(line)) for line in lines]
     assert {c["arguments"]["query"] for c in calls} == {"red hoodie", "hoodie red", "gluten free granola"}
     assert {c["name"] for c in calls} == {"search_products"}
+
+
+RETAIL_LIKE_TOOLS = [{"type": "function", "function": {
+    "name": "cancel_pending_order", "description": "Cancel a pending order.",
+    "parameters": {"type": "object", "properties": {"order_id": {"type": "string"},
+                                                   "reason": {"type": "string", "enum": ["no longer needed"]}},
+                   "required": ["order_id", "reason"]}}}]
+
+
+def test_retail_importer_registers_its_toolset_and_validates_against_it(tmp_path) -> None:
+    from pipelines.logs.importers import retail_to_raw
+    from pipelines.logs.tools import catalogue
+    from pipelines.logs.toolsets import load_extra_tools
+
+    tools_file = tmp_path / "tools.json"
+    tools_file.write_text(json.dumps(RETAIL_LIKE_TOOLS))
+    tasks_file = tmp_path / "tasks.jsonl"
+    tasks_file.write_text("\n".join(json.dumps(t) for t in [
+        {"instruction": "Cancel #W1 because I no longer need it.", "actions": [
+            {"name": "think", "arguments": {"thought": "..."}},
+            {"name": "cancel_pending_order", "arguments": {"order_id": "#W1", "reason": "no longer needed"}}]},
+        {"instruction": "Cancel #W2 and #W3.", "actions": [
+            {"name": "cancel_pending_order", "arguments": {"order_id": "#W2", "reason": "no longer needed"}},
+            {"name": "cancel_pending_order", "arguments": {"order_id": "#W3", "reason": "too slow"}}]},
+    ]))
+    result = retail_to_raw(tools_file, tasks_file, tmp_path / "raw", date(2026, 10, 2))
+    assert (result["tasks"], result["records"]) == (2, 3)
+    assert load_extra_tools(str(tmp_path / "raw")) == RETAIL_LIKE_TOOLS
+    tools = catalogue(load_extra_tools(str(tmp_path / "raw")))
+    lines = (tmp_path / "raw/dt=2026-10-02/retail.jsonl").read_bytes().splitlines()
+    verdicts = [check_line(line, tools) for line in lines]
+    assert [v.reason for v in verdicts] == [None, None, Reason.INVALID_ARGUMENTS]  # "too slow" is not in the enum
+    assert all(check_line(line).reason is Reason.UNKNOWN_TOOL for line in lines), "unknown without the toolset"
+    second = orjson.loads(lines[1])
+    assert [m["role"] for m in second["request"]["messages"]] == ["system", "user"]
+    assert teacher_call(orjson.loads(lines[2]))["arguments"]["order_id"] == "#W3"
+    assert [m["role"] for m in orjson.loads(lines[2])["request"]["messages"]] == [
+        "system", "user", "assistant", "tool"]
+
+
+def test_a_toolset_may_not_redefine_catalogue_tools(tmp_path) -> None:
+    from pipelines.logs.toolsets import register_toolset
+
+    with pytest.raises(ValueError, match="redefines catalogue tools: get_order"):
+        register_toolset(str(tmp_path), "evil", [{"type": "function", "function": {
+            "name": "get_order", "parameters": {"type": "object"}}}])

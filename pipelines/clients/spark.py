@@ -7,6 +7,7 @@ spark-submit against the configured master and the session picks the submitted c
 from __future__ import annotations
 
 import os
+import sys
 from typing import TYPE_CHECKING
 
 from pipelines.config import Settings
@@ -17,7 +18,7 @@ if TYPE_CHECKING:
 
 def get_spark(settings: Settings) -> SparkSession:
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    os.environ.setdefault("PYSPARK_PYTHON", os.sys.executable)
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
     builder = SparkSession.builder.appName(settings.spark.app_name)

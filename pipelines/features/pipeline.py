@@ -8,6 +8,7 @@ serving time equals the prompt the model was trained on.
 from __future__ import annotations
 
 import hashlib
+import math
 import time
 from dataclasses import asdict, dataclass
 from datetime import datetime, time as dtime, timedelta, timezone
@@ -18,7 +19,7 @@ from pipelines.config import Settings
 from pipelines.features import nodes
 from pipelines.prep.pipeline import PrepError, zone_paths
 from pipelines.prep.prompt import format_context, system_prompt
-from pipelines.storage import glob, read_json, remove, write_json
+from pipelines.storage import glob, makedirs, read_bytes, read_json, remove, write_json
 from pipelines.window import DateWindow
 
 
@@ -101,8 +102,8 @@ def build_training_set(settings: Settings, window: DateWindow) -> tuple[dict[str
                 for row in joined.to_dict("records")}
     examples["context"] = examples["record_id"].map(contexts).fillna("")
     examples["system_prompt"] = [
-        system_prompt(list(tools), ts.date().isoformat(), ctx or None)
-        for tools, ts, ctx in zip(examples["tools_offered"], examples["event_timestamp"], examples["context"])]
+        system_prompt(tools, ts.date().isoformat(), ctx or None)
+        for tools, ts, ctx in zip(examples["tools_json"], examples["event_timestamp"], examples["context"])]
     examples["approx_tokens"] = (examples["system_prompt"].str.len() + examples["messages_json"].str.len()
                                  + examples["target_json"].str.len()) // 4
     out = dataset_uri(settings)
@@ -112,28 +113,15 @@ def build_training_set(settings: Settings, window: DateWindow) -> tuple[dict[str
     for (split, dt), group in examples.groupby(["split", "dt"]):
         table = pa.Table.from_pandas(group.drop(columns=["split", "dt"]).sort_values("record_id"), preserve_index=False)
         target = f"{out}/split={split}/dt={dt}"
-        _mkdir(target)
+        makedirs(target)
         pq.write_table(table, f"{target}/part-0.parquet", coerce_timestamps="us", allow_truncated_timestamps=True)
     by_split = examples.groupby("split").size().to_dict()
     return {k: int(v) for k, v in sorted(by_split.items())}, int((examples["context"] != "").sum())
 
 
-def _mkdir(uri: str) -> None:
-    from pipelines.storage import fs_for
-
-    fs, path = fs_for(uri)
-    fs.makedirs(path, exist_ok=True)
-
-
 def _clean(value: Any) -> Any:
-    try:
-        import math
-
-        if isinstance(value, float) and math.isnan(value):
-            return None
-    except TypeError:
-        pass
-    return value
+    """Feast returns NaN for a missing float; the prompt treats it as absent."""
+    return None if isinstance(value, float) and math.isnan(value) else value
 
 
 def run_features(settings: Settings, window: DateWindow, spark: Any = None) -> FeaturesResult:
@@ -158,11 +146,7 @@ def _record_in_manifest(settings: Settings, window: DateWindow, by_split: dict[s
     files = sorted(f for day in window.days() for f in glob(f"{dataset_uri(settings)}/split=*/dt={day.isoformat()}/*.parquet"))
     h = hashlib.sha256()
     for f in files:
-        from pipelines.storage import fs_for
-
-        fs, path = fs_for(f)
-        with fs.open(path, "rb") as fh:
-            h.update(fh.read())
+        h.update(read_bytes(f))
     manifest["training_set"] = {"uri": dataset_uri(settings), "examples_by_split": by_split,
                                 "with_customer_context": with_context, "files": files,
                                 "digest": h.hexdigest(), "feature_refs": feast_client.customer_feature_refs(settings)}

@@ -48,3 +48,54 @@ def webshop_to_raw(pairs_file: Path, raw_root: Path, day: date, seed: int = 0) -
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_bytes(b"\n".join(lines) + (b"\n" if lines else b""))
     return {"instructions": len(pairs), "records": n, "file": str(target)}
+
+
+RETAIL_TOOLSET = "retail"
+SKIPPED_RETAIL_ACTIONS = {"think"}  # a scratchpad, not a call the agent makes on the shop
+
+
+def retail_to_raw(tools_file: Path, tasks_file: Path, raw_root: Path, day: date, seed: int = 0
+                  ) -> dict[str, int | str]:
+    """tau-bench retail tasks (instruction + expected tool calls) -> turns under their own tool schemas.
+
+    Each task is a session: the user's request, then one turn per expected action, with the earlier
+    calls and their (unknown, so empty) results in the history. The tools are registered as the
+    `retail` toolset, so prep validates the calls against the retail schemas.
+    """
+    from pipelines.logs.toolsets import register_toolset
+
+    for f in (tools_file, tasks_file):
+        if not f.is_file():
+            raise FileNotFoundError(f"no such file: {f}")
+    tools = json.loads(tools_file.read_text(encoding="utf-8"))
+    register_toolset(str(raw_root), RETAIL_TOOLSET, tools)
+    tasks = [json.loads(line) for line in tasks_file.read_text(encoding="utf-8").splitlines() if line.strip()]
+    gen = TrafficGenerator(GeneratorConfig(seed=seed, records=0, end_date=day))
+    customers = cat.customers(5000)
+    rng = random.Random(seed)
+    start = datetime(day.year, day.month, day.day, tzinfo=timezone.utc).timestamp()
+    system = {"role": "system", "content": f"You are the retail agent of a commerce assistant. Today is {day}."}
+    lines: list[bytes] = []
+    turns = [(t, [a for a in t["actions"] if a["name"] not in SKIPPED_RETAIL_ACTIONS]) for t in tasks]
+    total = sum(len(actions) for _, actions in turns)
+    n = 0
+    for s, (task, actions) in enumerate(turns):
+        customer = customers[rng.randrange(len(customers))]
+        session_id = f"retail_{seed}_{s:05d}"
+        history: list[dict] = [system, {"role": "user", "content": " ".join(task["instruction"].split())}]
+        for k, action in enumerate(actions):
+            call_id = f"call_retail_{s}_{k}"
+            assistant = {"role": "assistant", "content": None, "tool_calls": [
+                {"id": call_id, "type": "function",
+                 "function": {"name": action["name"], "arguments": orjson.dumps(action["arguments"]).decode()}}]}
+            record = gen.record(session_id, k, customer, "orders", list(history), assistant, "tool_calls")
+            record["request"]["tools"] = tools
+            record["record_id"] = f"retail_{seed}_{s:05d}_{k}"
+            record["timestamp"] = _iso(start + 86_399.0 * n / max(total, 1))
+            lines.append(orjson.dumps(record))
+            history += [assistant, {"role": "tool", "tool_call_id": call_id, "content": "{}"}]
+            n += 1
+    target = partition_dir(raw_root, day) / "retail.jsonl"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_bytes(b"\n".join(lines) + (b"\n" if lines else b""))
+    return {"tasks": len(tasks), "records": n, "file": str(target), "toolset": RETAIL_TOOLSET}

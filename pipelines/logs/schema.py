@@ -21,7 +21,9 @@ from typing import Any, Literal
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
-from pipelines.logs.tools import TOOL_NAMES, WORKLOADS, argument_errors
+from collections.abc import Mapping
+
+from pipelines.logs.tools import TOOLS_BY_NAME, WORKLOADS, argument_errors
 
 SCHEMA_FILE = Path(__file__).with_name("agent_turn.schema.json")
 
@@ -156,8 +158,11 @@ def teacher_call(record: dict[str, Any]) -> dict[str, Any] | None:
     return {"name": fn["name"], "arguments": json.loads(fn["arguments"])}
 
 
-def check_line(line: str | bytes) -> Verdict:
-    """Classify one raw JSONL line: usable (reason None) or the first reason it is not."""
+def check_line(line: str | bytes, tools: Mapping[str, dict[str, Any]] | None = None) -> Verdict:
+    """Classify one raw JSONL line: usable (reason None) or the first reason it is not.
+
+    `tools` is the catalogue to check calls against (default: ours; see `tools.catalogue` for
+    imported toolsets)."""
     try:
         raw = orjson.loads(line)
     except orjson.JSONDecodeError as exc:
@@ -170,14 +175,14 @@ def check_line(line: str | bytes) -> Verdict:
         err = exc.errors()[0]
         where = ".".join(str(p) for p in err["loc"])
         return Verdict(Reason.SCHEMA_VIOLATION, f"{where}: {err['msg']}"[:300])
-    return _check_semantics(turn, raw)
+    return _check_semantics(turn, raw, TOOLS_BY_NAME if tools is None else tools)
 
 
-def _check_semantics(turn: AgentTurn, raw: dict[str, Any]) -> Verdict:
+def _check_semantics(turn: AgentTurn, raw: dict[str, Any], tools: Mapping[str, dict[str, Any]]) -> Verdict:
     offered = {t.function.name for t in turn.request.tools}
     for call in turn.response.choices[0].message.tool_calls or []:
         name = call.function.name
-        if name not in TOOL_NAMES:
+        if name not in tools:
             return Verdict(Reason.UNKNOWN_TOOL, f"{name!r} is not in the tool catalogue")
         if name not in offered:
             return Verdict(Reason.UNKNOWN_TOOL, f"{name!r} was not offered in request.tools")
@@ -185,7 +190,7 @@ def _check_semantics(turn: AgentTurn, raw: dict[str, Any]) -> Verdict:
             arguments = orjson.loads(call.function.arguments)
         except orjson.JSONDecodeError:
             return Verdict(Reason.INVALID_ARGUMENTS, f"{name}: arguments are not valid JSON")
-        errors = argument_errors(name, arguments)
+        errors = argument_errors(name, arguments, tools)
         if errors:
             return Verdict(Reason.INVALID_ARGUMENTS, f"{name}: {errors[0]}"[:300])
     if not 0 < turn.latency_ms <= MAX_LATENCY_MS:

@@ -9,6 +9,8 @@ dataset and model version.
 
 from __future__ import annotations
 
+import json
+from collections.abc import Iterable, Mapping
 from functools import lru_cache
 from typing import Any
 
@@ -170,15 +172,21 @@ def tools_for(workload_id: str) -> list[dict[str, Any]]:
     return [TOOLS_BY_NAME[name] for name in WORKLOAD_TOOLS[workload_id]]
 
 
-@lru_cache(maxsize=None)
-def _validator(name: str) -> jsonschema.protocols.Validator:
-    schema = TOOLS_BY_NAME[name]["function"]["parameters"]
-    return jsonschema.Draft202012Validator(schema)
+def catalogue(extra_tools: Iterable[dict[str, Any]] = ()) -> dict[str, dict[str, Any]]:
+    """Tool name -> OpenAI tool spec: ours, plus imported toolsets (ours win on a name clash)."""
+    return {**{t["function"]["name"]: t for t in extra_tools}, **TOOLS_BY_NAME}
 
 
-def argument_errors(name: str, arguments: Any) -> list[str]:
+@lru_cache(maxsize=256)
+def _validator(schema_json: str) -> jsonschema.protocols.Validator:
+    return jsonschema.Draft202012Validator(json.loads(schema_json))
+
+
+def argument_errors(name: str, arguments: Any, tools: Mapping[str, dict[str, Any]] | None = None) -> list[str]:
     """Why `arguments` do not satisfy tool `name`'s JSON schema (empty when they do)."""
-    if name not in TOOLS_BY_NAME:
+    known = TOOLS_BY_NAME if tools is None else tools
+    if name not in known:
         return [f"unknown tool {name!r}"]
-    errors = sorted(_validator(name).iter_errors(arguments), key=lambda e: list(e.absolute_path))
+    schema = json.dumps(known[name]["function"]["parameters"], sort_keys=True)
+    errors = sorted(_validator(schema).iter_errors(arguments), key=lambda e: list(e.absolute_path))
     return [f"{'/'.join(map(str, e.absolute_path)) or '<root>'}: {e.message}" for e in errors]

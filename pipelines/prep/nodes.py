@@ -12,13 +12,14 @@ import hashlib
 import json
 import re
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from pipelines.logs.schema import check_line
-from pipelines.prep.prompt import ABSTAIN, system_prompt, target_json
+from pipelines.prep.prompt import ABSTAIN, system_prompt, target_json, tools_json
 from pipelines.prep.redact import PII_TYPES, redact_text, redact_value
 
 if TYPE_CHECKING:
@@ -36,6 +37,7 @@ PREPARED_SCHEMA = ", ".join([
     "prompt_tokens int", "completion_tokens int",
     "tool string", "arguments_json string", "category string", "amount double", "price_asked double",
     "request_text string", "dedupe_key string", "messages_json string", "tools_offered array<string>",
+    "tools_json string",
     "system_prompt string", "target_json string", "approx_tokens int",
     *(f"redacted_{t.lower()} int" for t in PII_TYPES),
 ])
@@ -49,11 +51,14 @@ def normalize_text(text: str) -> str:
     return _SPACES.sub(" ", text.lower()).strip().rstrip("!?.,; ")
 
 
-def prepare_line(line: str | bytes, source_file: str = "") -> dict[str, Any]:
-    """One raw line -> one row: clean (with its SFT fields) or quarantined (with a reason)."""
+def prepare_line(line: str | bytes, source_file: str = "", tools: Mapping[str, dict[str, Any]] | None = None
+                 ) -> dict[str, Any]:
+    """One raw line -> one row: clean (with its SFT fields) or quarantined (with a reason).
+
+    `tools`: the catalogue including imported toolsets (default: ours)."""
     row: dict[str, Any] = dict.fromkeys(PREPARED_COLUMNS)
     row["source_file"] = source_file
-    verdict = check_line(line)
+    verdict = check_line(line, tools)
     if not verdict.ok:
         text = line.decode("utf-8", "replace") if isinstance(line, bytes) else line
         row.update(status="quarantined", reason=verdict.reason.value, detail=redact_text(verdict.detail),
@@ -94,7 +99,8 @@ def prepare_line(line: str | bytes, source_file: str = "") -> dict[str, Any]:
     tools_offered = [t["function"]["name"] for t in r["request"]["tools"]]
     event_time = verdict.timestamp.isoformat(timespec="microseconds")
     day = event_time[:10]
-    system = system_prompt(tools_offered, day)
+    offered_json = tools_json(r["request"]["tools"])
+    system = system_prompt(offered_json, day)
     messages_json = json.dumps(conversation, separators=(",", ":"), ensure_ascii=False)
     target = target_json(tool, arguments)
     key_source = " | ".join(normalize_text(u) for u in user_turns) + "\x1f" + tool + "\x1f" + (arguments_json or "")
@@ -109,7 +115,8 @@ def prepare_line(line: str | bytes, source_file: str = "") -> dict[str, Any]:
         amount=_num(args.get("amount")), price_asked=_num(args.get("max_price")),
         request_text=user_turns[-1] if user_turns else "",
         dedupe_key=hashlib.sha1(key_source.encode()).hexdigest(),
-        messages_json=messages_json, tools_offered=tools_offered, system_prompt=system, target_json=target,
+        messages_json=messages_json, tools_offered=tools_offered, tools_json=offered_json, system_prompt=system,
+        target_json=target,
         approx_tokens=(len(system) + len(messages_json) + len(target)) // 4,
     )
     for t in PII_TYPES:
@@ -125,12 +132,13 @@ def _num(value: Any) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
-def prepare_batches(batches: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+def prepare_batches(batches: Iterator[pd.DataFrame], tools: Mapping[str, dict[str, Any]] | None = None
+                    ) -> Iterator[pd.DataFrame]:
     """mapInPandas body: (value, source_file) lines -> PREPARED_SCHEMA rows."""
     import pandas as pd
 
     for batch in batches:
-        rows = [prepare_line(v, f) for v, f in zip(batch["value"], batch["source_file"])]
+        rows = [prepare_line(v, f, tools) for v, f in zip(batch["value"], batch["source_file"])]
         frame = pd.DataFrame(rows, columns=PREPARED_COLUMNS)
         for col in ("turn_index", "prompt_tokens", "completion_tokens", "approx_tokens",
                     *(f"redacted_{t.lower()}" for t in PII_TYPES)):
@@ -139,7 +147,7 @@ def prepare_batches(batches: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
 
 
 # ---- DataFrame nodes ------------------------------------------------------------------------
-def prepare(lines: DataFrame) -> DataFrame:
+def prepare(lines: DataFrame, tools: Mapping[str, dict[str, Any]] | None = None) -> DataFrame:
     """Raw text lines (value, source_file) -> prepared rows with a typed `event_timestamp`.
 
     `dt` is the raw partition a row came from (not its timestamp), so each output partition is
@@ -147,7 +155,7 @@ def prepare(lines: DataFrame) -> DataFrame:
     """
     from pyspark.sql import functions as F
 
-    prepared = lines.mapInPandas(prepare_batches, PREPARED_SCHEMA)
+    prepared = lines.mapInPandas(partial(prepare_batches, tools=tools), PREPARED_SCHEMA)
     return prepared.withColumn("event_timestamp", F.try_to_timestamp("event_time")).withColumn(
         "dt", F.regexp_extract("source_file", r"dt=([0-9]{4}-[0-9]{2}-[0-9]{2})", 1))
 
@@ -179,7 +187,7 @@ def assign_splits(kept: DataFrame, val_share: float, test_share: float, salt: st
 
 
 EXAMPLE_COLUMNS = ["record_id", "session_id", "customer_id", "event_timestamp", "workload_id", "tool",
-                   "tools_offered", "system_prompt", "messages_json", "target_json", "approx_tokens",
+                   "tools_offered", "tools_json", "system_prompt", "messages_json", "target_json", "approx_tokens",
                    "country", "currency", "channel", "split", "dt"]
 CLEAN_LOG_COLUMNS = ["record_id", "session_id", "customer_id", "event_timestamp", "turn_index", "workload_id",
                      "tool", "arguments_json", "category", "amount", "price_asked", "request_text", "model",

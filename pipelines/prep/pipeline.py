@@ -16,7 +16,8 @@ from typing import Any
 
 from pipelines import __version__
 from pipelines.config import REPO_ROOT, Settings
-from pipelines.logs.tools import TOOLSET_VERSION
+from pipelines.logs.tools import TOOLSET_VERSION, catalogue
+from pipelines.logs.toolsets import extra_tool_names, load_extra_tools
 from pipelines.prep import nodes
 from pipelines.prep.redact import PII_TYPES
 from pipelines.storage import glob, remove, write_json
@@ -100,7 +101,8 @@ def run_prep(settings: Settings, window: DateWindow, spark: Any = None, run_id: 
 
     lines = spark.read.text(files).withColumn("source_file", F.input_file_name())
     non_blank = lines.filter(F.trim("value") != "")
-    nodes.prepare(non_blank).write.mode("overwrite").parquet(staging)
+    tools = catalogue(load_extra_tools(settings.zone("raw")))
+    nodes.prepare(non_blank, tools).write.mode("overwrite").parquet(staging)
     prepared = spark.read.parquet(staging)
     input_records = non_blank.count()
 
@@ -165,6 +167,7 @@ def run_prep(settings: Settings, window: DateWindow, spark: Any = None, run_id: 
         "content_digest": content_digest,
         "code_version": code_version(),
         "toolset_version": TOOLSET_VERSION,
+        "imported_tools": extra_tool_names(settings.zone("raw")),
         "outputs": {k: v for k, v in paths.items() if k not in ("staging", "manifests")},
         "message": message,
     }

@@ -17,23 +17,28 @@ from pipelines.logs.tools import TOOLS_BY_NAME
 ABSTAIN = "<abstain>"
 
 
-@lru_cache(maxsize=None)
-def compact_tool(name: str) -> str:
-    fn = TOOLS_BY_NAME[name]["function"]
-    return json.dumps({"name": name, "description": fn["description"], "parameters": fn["parameters"]},
+def tools_json(specs: list[dict[str, Any]]) -> str:
+    """The offered tools (OpenAI tool specs) as the compact JSON list the prompt shows."""
+    return json.dumps([{"name": s["function"]["name"], "description": s["function"].get("description", ""),
+                        "parameters": s["function"]["parameters"]} for s in specs],
                       separators=(",", ":"), sort_keys=True)
 
 
-def system_prompt(tools: list[str], day: str, context: str | None = None) -> str:
-    return _system_prompt(tuple(tools), day, context or None)
+def tools_json_for(names: list[str]) -> str:
+    return tools_json([TOOLS_BY_NAME[n] for n in names])
+
+
+def system_prompt(tools: str, day: str, context: str | None = None) -> str:
+    """`tools` is `tools_json(...)` of the tools offered in the turn."""
+    return _system_prompt(tools, day, context or None)
 
 
 @lru_cache(maxsize=4096)
-def _system_prompt(tools: tuple[str, ...], day: str, context: str | None) -> str:
+def _system_prompt(tools: str, day: str, context: str | None) -> str:
     lines = [
         f"You are the tool-calling step of a commerce assistant. Today is {day}.",
         "Tools:",
-        *(compact_tool(t) for t in tools),
+        *(json.dumps(t, separators=(",", ":"), sort_keys=True) for t in json.loads(tools)),
         'Answer with one JSON object: {"name": "<tool>", "arguments": {...}} using values from the '
         'conversation, or {"name": null} when no tool fits.',
     ]
@@ -67,3 +72,20 @@ def format_context(features: dict[str, Any]) -> str:
     if top:
         parts.append(f"usual requests: {top}")
     return "; ".join(parts)
+
+
+def chat_turns(system: str, messages_json: str) -> list[dict[str, str]]:
+    """An SFT example as plain chat turns any chat template accepts (system/user/assistant only):
+    earlier assistant tool calls become their JSON, tool results become a user turn."""
+    turns = [{"role": "system", "content": system}]
+    for m in json.loads(messages_json):
+        if m["role"] == "assistant" and m.get("tool_calls"):
+            call = m["tool_calls"][0]
+            turns.append({"role": "assistant", "content": target_json(call["name"], call.get("arguments"))})
+        elif m["role"] == "assistant":
+            turns.append({"role": "assistant", "content": m.get("content") or ""})
+        elif m["role"] == "tool":
+            turns.append({"role": "user", "content": f"Tool result: {m.get('content') or ''}"})
+        else:
+            turns.append({"role": "user", "content": m.get("content") or ""})
+    return turns

@@ -1,4 +1,4 @@
-"""PII redaction with typed placeholders, applied to free text and to tool arguments alike.
+"""PII redaction with typed tokens (<EMAIL>, <CARD>, ...), applied to free text and to tool arguments alike.
 
 Card numbers are only redacted when they pass the Luhn check, so order ids and other long
 numbers survive. The same function runs in Spark prep, in the quality gate's independent

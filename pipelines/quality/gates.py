@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from pipelines.config import Settings
 from pipelines.logs.tools import TOOL_NAMES, WORKLOADS
+from pipelines.logs.toolsets import extra_tool_names
 from pipelines.prep.pipeline import raw_files_for, zone_paths
 from pipelines.prep.redact import GATE_PATTERNS
 from pipelines.storage import glob, move, write_json
@@ -117,7 +118,8 @@ def _suites(settings: Settings, window: DateWindow) -> dict[str, list[Any]]:
         E.ExpectColumnValuesToBeBetween(column="event_timestamp", min_value=start, max_value=end, mostly=q.raw_mostly),
         E.ExpectColumnValuesToBeBetween(column="latency_ms", min_value=0, max_value=120_000, strict_min=True,
                                         mostly=q.raw_mostly),
-        E.ExpectColumnValuesToBeInSet(column="tool_name", value_set=list(TOOL_NAMES), mostly=q.raw_mostly),
+        E.ExpectColumnValuesToBeInSet(column="tool_name", mostly=q.raw_mostly,
+                                      value_set=[*TOOL_NAMES, *extra_tool_names(settings.zone("raw"))]),
         E.ExpectColumnValuesToBeInSet(column="workload_id", value_set=list(WORKLOADS), mostly=q.raw_mostly),
     ]
     outcomes = [E.ExpectColumnValuesToBeInSet(column="outcome", value_set=["clean", "duplicate"],

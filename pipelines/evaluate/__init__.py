@@ -1,0 +1,1 @@
+"""Tool-calling evaluation: metrics, conditions (zero-shot, few-shot, tuned), reports."""

@@ -1,0 +1,136 @@
+"""Function-calling metrics, as published function-calling benchmarks define them.
+
+For one example the model's text is parsed into a call {"name": str | None, "arguments": {...}}
+(`{"name": null}` means "no tool fits"). Per example: JSON validity, name match, exact match of
+name and arguments, argument-level precision/recall/F1 over (key, value) pairs, and abstention.
+Aggregates are plain means, with a per-tool breakdown and a confusion matrix of names.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import Counter, defaultdict
+from dataclasses import asdict, dataclass
+from typing import Any
+
+NO_TOOL = "<abstain>"
+INVALID = "<invalid>"
+
+
+def parse_call(text: str) -> dict[str, Any] | None:
+    """The first JSON object in `text` that looks like a call; None when there is none."""
+    decoder = json.JSONDecoder()
+    start = text.find("{")
+    while start != -1:
+        try:
+            value, _ = decoder.raw_decode(text, start)
+        except json.JSONDecodeError:
+            start = text.find("{", start + 1)
+            continue
+        if isinstance(value, dict) and "name" in value and (value["name"] is None or isinstance(value["name"], str)):
+            args = value.get("arguments", {})
+            if isinstance(args, str):
+                try:
+                    args = json.loads(args)
+                except json.JSONDecodeError:
+                    return None
+            if not isinstance(args, dict):
+                return None
+            return {"name": value["name"], "arguments": args if value["name"] is not None else {}}
+        start = text.find("{", start + 1)
+    return None
+
+
+def _canonical(value: Any) -> Any:
+    """Values compare as JSON: 5 == 5.0, strings trimmed, lists in order, dicts by key."""
+    if isinstance(value, bool) or value is None:
+        return value
+    if isinstance(value, (int, float)):
+        return float(value) if math.isfinite(float(value)) else str(value)
+    if isinstance(value, str):
+        return value.strip()
+    if isinstance(value, list):
+        return tuple(_canonical(v) for v in value)
+    if isinstance(value, dict):
+        return tuple(sorted((k, _canonical(v)) for k, v in value.items()))
+    return repr(value)
+
+
+@dataclass(frozen=True)
+class ExampleScore:
+    tool: str            # expected tool (NO_TOOL for an expected abstention)
+    predicted: str       # predicted tool, NO_TOOL, or INVALID when the output was not a call
+    json_valid: bool
+    name_match: bool
+    exact_match: bool
+    arg_precision: float | None  # None when the expected answer is an abstention
+    arg_recall: float | None
+    arg_f1: float | None
+
+
+def score(prediction_text: str, expected: dict[str, Any]) -> ExampleScore:
+    """Score one model output against the expected call ({"name": ..., "arguments": ...})."""
+    gold_name = expected.get("name")
+    gold_tool = gold_name if gold_name is not None else NO_TOOL
+    call = parse_call(prediction_text)
+    if call is None:
+        empty = None if gold_name is None else 0.0
+        return ExampleScore(gold_tool, INVALID, False, False, False, empty, empty, empty)
+    predicted = call["name"] if call["name"] is not None else NO_TOOL
+    name_match = predicted == gold_tool
+    if gold_name is None:
+        return ExampleScore(gold_tool, predicted, True, name_match, name_match, None, None, None)
+    gold_pairs = {(k, _canonical(v)) for k, v in (expected.get("arguments") or {}).items()}
+    pred_pairs = {(k, _canonical(v)) for k, v in call["arguments"].items()} if name_match else set()
+    hit = len(gold_pairs & pred_pairs)
+    if not gold_pairs and not pred_pairs:
+        p = r = f1 = 1.0 if name_match else 0.0
+    else:
+        p = hit / len(pred_pairs) if pred_pairs else 0.0
+        r = hit / len(gold_pairs) if gold_pairs else 0.0
+        f1 = 2 * p * r / (p + r) if p + r else 0.0
+    return ExampleScore(gold_tool, predicted, True, name_match, name_match and gold_pairs == pred_pairs, p, r, f1)
+
+
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def summarize(scores: list[ExampleScore]) -> dict[str, Any]:
+    """Means over examples; abstention as precision/recall of predicting 'no tool'."""
+    calls = [s for s in scores if s.tool != NO_TOOL]
+    abstain_gold = [s for s in scores if s.tool == NO_TOOL]
+    abstain_pred = [s for s in scores if s.predicted == NO_TOOL]
+    correct_abstain = sum(1 for s in abstain_gold if s.predicted == NO_TOOL)
+    return {
+        "examples": len(scores),
+        "json_valid": _mean([float(s.json_valid) for s in scores]),
+        "name_accuracy": _mean([float(s.name_match) for s in scores]),
+        "exact_match": _mean([float(s.exact_match) for s in scores]),
+        "arg_precision": _mean([s.arg_precision for s in calls]),
+        "arg_recall": _mean([s.arg_recall for s in calls]),
+        "arg_f1": _mean([s.arg_f1 for s in calls]),
+        "abstention_recall": correct_abstain / len(abstain_gold) if abstain_gold else None,
+        "abstention_precision": correct_abstain / len(abstain_pred) if abstain_pred else None,
+        "abstention_examples": len(abstain_gold),
+    }
+
+
+def per_tool(scores: list[ExampleScore]) -> dict[str, dict[str, Any]]:
+    groups: dict[str, list[ExampleScore]] = defaultdict(list)
+    for s in scores:
+        groups[s.tool].append(s)
+    return {tool: summarize(group) for tool, group in sorted(groups.items())}
+
+
+def confusion(scores: list[ExampleScore]) -> dict[str, dict[str, int]]:
+    """expected tool -> predicted tool -> count (predicted may be NO_TOOL or INVALID)."""
+    matrix: dict[str, Counter[str]] = defaultdict(Counter)
+    for s in scores:
+        matrix[s.tool][s.predicted] += 1
+    return {k: dict(sorted(v.items())) for k, v in sorted(matrix.items())}
+
+
+def as_dicts(scores: list[ExampleScore]) -> list[dict[str, Any]]:
+    return [asdict(s) for s in scores]

