@@ -1,0 +1,201 @@
+"""The `hf` training backend: a plain transformers + PEFT LoRA loop (CPU default, single-GPU fallback).
+
+Same hyperparameters and the same adapter format (HF-PEFT `adapter_config.json` +
+`adapter_model.safetensors`) as the NeMo AutoModel backend. The loop checkpoints every N steps
+(adapter, optimizer, scheduler, RNG state, step) and resumes from the last checkpoint, so a killed
+task that retries ends with the same adapter as an uninterrupted run. A diverging run (non-finite
+loss, or loss far above its start) stops early and says so.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class TrainConfig(BaseModel):
+    """One variant's hyperparameters (a sweep is a list of these)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    base_model: str = "smollm2-135m-instruct"
+    learning_rate: float = Field(2e-4, gt=0, le=1)
+    optimizer: Literal["adam", "adamw"] = "adamw"
+    weight_decay: float = Field(0.0, ge=0)
+    warmup_steps: int = Field(5, ge=0)
+    min_lr_ratio: float = Field(0.1, ge=0, le=1, description="cosine annealing floor, as a share of the LR")
+    lora_rank: int = Field(16, ge=1, le=512)
+    lora_alpha: int = Field(32, ge=1)
+    lora_dropout: float = Field(0.0, ge=0, lt=1)
+    target_modules: list[str] = Field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj",
+                                                               "gate_proj", "up_proj", "down_proj"])
+    epochs: float = Field(1.0, gt=0)
+    max_steps: int | None = Field(None, ge=1)
+    batch_size: int = Field(8, ge=1)
+    max_seq_len: int = Field(768, ge=16)
+    checkpoint_every: int = Field(20, ge=1)
+    seed: int = 0
+    divergence_factor: float = Field(4.0, gt=1)
+
+
+@dataclass
+class TrainResult:
+    adapter_dir: str
+    status: Literal["completed", "diverged"]
+    steps: int
+    resumed_from: int
+    tokens: int
+    seconds: float
+    tokens_per_s: float
+    final_loss: float
+    losses: list[float] = field(default_factory=list)
+    learning_rates: list[float] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def cosine_lr(step: int, total: int, cfg: TrainConfig) -> float:
+    """Linear warmup to the LR, then cosine annealing down to min_lr_ratio x LR at the last step."""
+    if cfg.warmup_steps and step < cfg.warmup_steps:
+        return cfg.learning_rate * (step + 1) / cfg.warmup_steps
+    span = max(1, total - cfg.warmup_steps - 1)
+    progress = min(1.0, (step - cfg.warmup_steps) / span)
+    floor = cfg.min_lr_ratio * cfg.learning_rate
+    return floor + (cfg.learning_rate - floor) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def encode(tokenizer: Any, turns: list[dict[str, str]], target: str, max_len: int) -> tuple[list[int], list[int]]:
+    """Token ids and labels: the loss is on the target call (and end-of-turn) only."""
+    prompt = tokenizer.apply_chat_template(turns, tokenize=False, add_generation_prompt=True)
+    prompt_ids = tokenizer(prompt, add_special_tokens=False).input_ids
+    target_ids = tokenizer(target + tokenizer.eos_token, add_special_tokens=False).input_ids
+    prompt_ids = prompt_ids[-max(1, max_len - len(target_ids)):]  # keep the end of long prompts
+    ids = (prompt_ids + target_ids)[:max_len]
+    labels = ([-100] * len(prompt_ids) + target_ids)[:max_len]
+    return ids, labels
+
+
+def train_lora(examples: list[tuple[list[dict[str, str]], str]], cfg: TrainConfig, out_dir: Path,
+               load_base: Callable[[str], tuple[Any, Any]],
+               on_step: Callable[[int, float, float], None] | None = None) -> TrainResult:
+    """Train one LoRA variant on (chat turns, target JSON) pairs; resume from `out_dir/checkpoint`."""
+    import torch
+    from peft import LoraConfig, get_peft_model, set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    if not examples:
+        raise ValueError("no training examples")
+    torch.manual_seed(cfg.seed)
+    model, tokenizer = load_base(cfg.base_model)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    model = get_peft_model(model, LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha,
+                                             lora_dropout=cfg.lora_dropout, target_modules=cfg.target_modules,
+                                             task_type="CAUSAL_LM"))
+    encoded = [encode(tokenizer, turns, target, cfg.max_seq_len) for turns, target in examples]
+    steps_per_epoch = math.ceil(len(encoded) / cfg.batch_size)
+    total = cfg.max_steps or max(1, math.ceil(steps_per_epoch * cfg.epochs))
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt_cls = torch.optim.AdamW if cfg.optimizer == "adamw" else torch.optim.Adam
+    optimizer = opt_cls(params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: cosine_lr(s, total, cfg) / cfg.learning_rate)
+
+    ckpt = out_dir / "checkpoint"
+    start, losses, lrs, tokens = 0, [], [], 0
+    if (ckpt / "state.json").is_file():
+        state = json.loads((ckpt / "state.json").read_text())
+        set_peft_model_state_dict(model, load_file(str(ckpt / "adapter_model.safetensors")))
+        optimizer.load_state_dict(torch.load(ckpt / "optimizer.pt", weights_only=False))
+        scheduler.load_state_dict(torch.load(ckpt / "scheduler.pt", weights_only=False))
+        torch.set_rng_state(torch.load(ckpt / "rng.pt", weights_only=False))
+        start, losses, lrs, tokens = state["step"], state["losses"], state["learning_rates"], state["tokens"]
+    resumed_from = start
+
+    model.train()
+    started = time.perf_counter()
+    status: Literal["completed", "diverged"] = "completed"
+    for step in range(start, total):
+        batch = _batch(encoded, step, steps_per_epoch, cfg, tokenizer.pad_token_id)
+        loss = model(**batch).loss
+        value = float(loss.detach())
+        if not math.isfinite(value) or (losses and value > cfg.divergence_factor * max(losses[0], 1e-3)):
+            status = "diverged"
+            losses.append(value)
+            break
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        lrs.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(value)
+        tokens += int(batch["attention_mask"].sum())
+        if on_step:
+            on_step(step, value, lrs[-1])
+        if (step + 1) % cfg.checkpoint_every == 0 and step + 1 < total:
+            _save_checkpoint(model, optimizer, scheduler, ckpt, step + 1, losses, lrs, tokens)
+    seconds = time.perf_counter() - started
+    final = out_dir / "adapter"
+    model.save_pretrained(final)
+    tokenizer.save_pretrained(final)
+    shutil.rmtree(ckpt, ignore_errors=True)
+    return TrainResult(adapter_dir=str(final), status=status, steps=len(lrs), resumed_from=resumed_from,
+                       tokens=tokens, seconds=round(seconds, 2),
+                       tokens_per_s=round(tokens / seconds, 1) if seconds > 0 else 0.0,
+                       final_loss=losses[-1], losses=losses, learning_rates=lrs)
+
+
+def _batch(encoded: list[tuple[list[int], list[int]]], step: int, steps_per_epoch: int, cfg: TrainConfig,
+           pad_id: int) -> dict[str, Any]:
+    """The step's batch: a seeded shuffle per epoch, so a resumed run sees the same data order."""
+    import torch
+
+    epoch, index = divmod(step, steps_per_epoch)
+    order = list(range(len(encoded)))
+    random.Random(cfg.seed * 1_000_003 + epoch).shuffle(order)
+    rows = [encoded[i] for i in order[index * cfg.batch_size:(index + 1) * cfg.batch_size]] or [encoded[0]]
+    width = max(len(ids) for ids, _ in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    labels = torch.full((len(rows), width), -100, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for r, (i, l) in enumerate(rows):
+        ids[r, :len(i)] = torch.tensor(i)
+        labels[r, :len(l)] = torch.tensor(l)
+        mask[r, :len(i)] = 1
+    return {"input_ids": ids, "labels": labels, "attention_mask": mask}
+
+
+def _save_checkpoint(model: Any, optimizer: Any, scheduler: Any, ckpt: Path, step: int, losses: list[float],
+                     lrs: list[float], tokens: int) -> None:
+    """Write the checkpoint to a temporary folder, then swap it in (a kill never leaves half a checkpoint)."""
+    import torch
+    from peft import get_peft_model_state_dict
+    from safetensors.torch import save_file
+
+    tmp = ckpt.with_name("checkpoint.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    save_file({k: v.contiguous() for k, v in get_peft_model_state_dict(model).items()},
+              str(tmp / "adapter_model.safetensors"))
+    torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+    torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
+    torch.save(torch.get_rng_state(), tmp / "rng.pt")
+    (tmp / "state.json").write_text(json.dumps({"step": step, "losses": losses, "learning_rates": lrs,
+                                                "tokens": tokens}))
+    old = ckpt.with_name("checkpoint.old")
+    shutil.rmtree(old, ignore_errors=True)
+    if ckpt.exists():
+        os.replace(ckpt, old)
+    os.replace(tmp, ckpt)
+    shutil.rmtree(old, ignore_errors=True)

@@ -1,0 +1,125 @@
+"""The hf LoRA backend on the tiny model: schedule, learning, adapter format, divergence, resume after kill."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from train_data import examples, tiny_config, tiny_loader
+from pipelines.train.hf_backend import cosine_lr, encode, train_lora
+
+STEPS = 8
+
+
+@pytest.fixture(scope="module")
+def model_root(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return str(tmp_path_factory.mktemp("hf-models"))
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory, model_root: str):
+    out = tmp_path_factory.mktemp("hf-run")
+    return out, train_lora(examples(), tiny_config(max_steps=STEPS), out, tiny_loader(model_root))
+
+
+def test_cosine_schedule_with_warmup_hand_computed() -> None:
+    cfg = tiny_config(learning_rate=1.0, warmup_steps=2, min_lr_ratio=0.1)
+    assert [round(cosine_lr(s, 12, cfg), 4) for s in (0, 1, 2)] == [0.5, 1.0, 1.0]
+    assert cosine_lr(11, 12, cfg) == pytest.approx(0.1)
+    assert cosine_lr(2 + 9 / 2, 12, cfg) == pytest.approx(0.55)  # half way down: floor + half the range
+
+
+def test_loss_is_on_the_target_only(model_root: str) -> None:
+    _, tokenizer = tiny_loader(model_root)("tiny-llama")
+    turns, target = examples()[0]
+    ids, labels = encode(tokenizer, turns, target, 512)
+    supervised = [t for t, label in zip(ids, labels) if label != -100]
+    assert tokenizer.decode(supervised) == target + tokenizer.eos_token
+    assert labels[0] == -100 and len(ids) == len(labels)
+
+
+def test_training_learns_and_writes_a_peft_adapter(trained) -> None:
+    out, result = trained
+    assert result.status == "completed" and result.steps == STEPS and result.resumed_from == 0
+    assert sum(result.losses[-2:]) / 2 < result.losses[0]
+    assert result.learning_rates[1] > result.learning_rates[0] and result.learning_rates[-1] < max(result.learning_rates)
+    files = {p.name for p in Path(result.adapter_dir).iterdir()}
+    assert {"adapter_config.json", "adapter_model.safetensors"} <= files
+    assert not (out / "checkpoint").exists()
+    assert result.tokens > 0 and result.tokens_per_s > 0
+
+
+def test_stock_peft_reproduces_training_time_logits(trained, model_root: str) -> None:
+    from peft import PeftModel
+
+    _, result = trained
+    load = tiny_loader(model_root)
+    base, tokenizer = load("tiny-llama")
+    tuned = PeftModel.from_pretrained(base, result.adapter_dir).eval()
+    ids = torch.tensor([encode(tokenizer, *examples()[0], 512)[0]])
+    merged_base, _ = load("tiny-llama")
+    plain = merged_base.eval()
+    with torch.no_grad():
+        tuned_logits = tuned(ids).logits
+        base_logits = plain(ids).logits
+        merged = tuned.merge_and_unload()(ids).logits
+    assert not torch.allclose(tuned_logits, base_logits), "the adapter changes the model"
+    assert torch.allclose(tuned_logits, merged, atol=1e-5), "merged weights give the same logits"
+    # the adapter saved at the end is what training produced: a second load gives identical logits
+    again = PeftModel.from_pretrained(load("tiny-llama")[0], result.adapter_dir).eval()
+    with torch.no_grad():
+        assert torch.equal(again(ids).logits, tuned_logits)
+
+
+def test_diverging_variant_stops_early(tmp_path: Path, model_root: str) -> None:
+    load = tiny_loader(model_root)
+    calls = {"n": 0}
+
+    def exploding(name: str):
+        model, tokenizer = load(name)
+
+        def scale(_module, _inputs, output):  # logits blow up a little more at every step
+            calls["n"] += 1
+            return output * 10.0 ** calls["n"]
+
+        model.lm_head.register_forward_hook(scale)
+        return model, tokenizer
+
+    result = train_lora(examples(), tiny_config(max_steps=STEPS), tmp_path, exploding)
+    assert result.status == "diverged" and result.steps < STEPS
+    assert result.losses[-1] > 4 * result.losses[0]
+    assert (tmp_path / "adapter" / "adapter_config.json").is_file(), "the last good state is still saved"
+
+
+@pytest.mark.slow
+def test_killed_run_resumes_and_ends_with_the_same_adapter(trained, tmp_path: Path, model_root: str) -> None:
+    from safetensors.torch import load_file
+
+    worker = [sys.executable, str(Path(__file__).with_name("train_worker.py")), str(tmp_path), model_root, str(STEPS)]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent)}
+    proc = subprocess.Popen(worker, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    state = tmp_path / "checkpoint" / "state.json"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and not (state.exists() and json.loads(state.read_text())["step"] >= 4):
+        assert proc.poll() is None, "the run finished before it could be killed"
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    resumed = subprocess.run(worker, env=env, capture_output=True, text=True, timeout=600, check=True)
+    result = json.loads(resumed.stdout.strip().splitlines()[-1])
+    assert result["resumed_from"] >= 4 and result["steps"] == STEPS
+    _, uninterrupted = trained
+    a = load_file(str(Path(uninterrupted.adapter_dir) / "adapter_model.safetensors"))
+    b = load_file(str(Path(result["adapter_dir"]) / "adapter_model.safetensors"))
+    assert a.keys() == b.keys()
+    for key in a:
+        assert torch.allclose(a[key], b[key], atol=1e-6), key
+    assert result["losses"] == pytest.approx(uninterrupted.losses, abs=1e-5)
