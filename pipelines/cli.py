@@ -211,7 +211,8 @@ def features_apply(as_json: JsonOpt = False) -> None:
 
 @features_app.command("materialize")
 def features_materialize(end_date: EndOpt = None, window_days: DaysOpt = 1, as_json: JsonOpt = False) -> None:
-    """Compute the window's feature snapshots (Spark), then load them into the online store."""
+    """Compute the window's feature snapshots (Spark), register them, and load them into the online store."""
+    from pipelines.clients import feast
     from pipelines.features.pipeline import compute_features, materialize_window
     from pipelines.window import DateWindow
 
@@ -220,6 +221,7 @@ def features_materialize(end_date: EndOpt = None, window_days: DaysOpt = 1, as_j
     window = DateWindow.parse(w["start"], w["end"])
     with console.status("computing features ..."):
         customers, categories = compute_features(settings, window)
+        feast.apply(settings)
         materialize_window(settings, window)
     _emit({"customer_rows": customers, "category_rows": categories, "online_store": settings.feast.online_store},
           as_json, "feast materialize")

@@ -9,7 +9,7 @@ import jsonschema
 import orjson
 import pytest
 
-from pipelines.logs.generator import GeneratorConfig, Kind, TrafficGenerator
+from pipelines.logs.generator import GeneratorConfig, TrafficGenerator
 from pipelines.logs.schema import SCHEMA_FILE, Reason, check_line, json_schema, teacher_call
 from pipelines.logs.tools import TOOL_NAMES, TOOLS, argument_errors
 
