@@ -20,10 +20,17 @@ DEFAULT_ARGS = {
 }
 
 
-def _fail_fast(exc: Exception) -> None:
+def _run(step: str, *args):
+    """Call `pipelines.tasks.<step>`; errors retrying cannot fix fail the task at once (no retries)."""
     from airflow.exceptions import AirflowFailException
 
-    raise AirflowFailException(str(exc)) from exc
+    from pipelines import tasks
+    from pipelines.errors import NotRetryable
+
+    try:
+        return getattr(tasks, step)(*args)
+    except NotRetryable as exc:
+        raise AirflowFailException(str(exc)) from exc
 
 
 @dag(
@@ -58,39 +65,19 @@ def commerce_flywheel():
 
     @task
     def ingest(win: dict) -> dict:
-        from pipelines import tasks
-        from pipelines.prep.pipeline import PrepError
-
-        try:
-            return tasks.ingest(win, dict(get_current_context()["params"]))
-        except (PrepError, ValueError) as exc:
-            _fail_fast(exc)
+        return _run("ingest", win, dict(get_current_context()["params"]))
 
     @task
     def prep(win: dict, _ingested: dict) -> dict:
-        from pipelines import tasks
-        from pipelines.prep.pipeline import PrepError
-
-        try:
-            return tasks.prep(win)
-        except PrepError as exc:
-            _fail_fast(exc)
+        return _run("prep", win)
 
     @task
     def validate(win: dict, _prepared: dict) -> dict:
-        from pipelines import tasks
-        from pipelines.quality.gates import QualityGateFailed
-
-        try:
-            return tasks.validate(win)
-        except QualityGateFailed as exc:
-            _fail_fast(exc)
+        return _run("validate", win)
 
     @task
     def features(win: dict, _validated: dict) -> dict:
-        from pipelines import tasks
-
-        return tasks.features(win)
+        return _run("features", win)
 
     win = window()
     features(win, validate(win, prep(win, ingest(win))))

@@ -48,6 +48,11 @@ def read_json(uri: str) -> Any:
         return json.load(fh)
 
 
+def window_partitions(table_uri: str, days: list[str]) -> list[str]:
+    """A table's partition folders for these dates, flat (`dt=D`) or under a split (`split=S/dt=D`)."""
+    return [p for d in days for p in glob(f"{table_uri}/dt={d}") + glob(f"{table_uri}/split=*/dt={d}")]
+
+
 def read_bytes(uri: str) -> bytes:
     fs, path = fs_for(uri)
     with fs.open(path, "rb") as fh:

@@ -10,6 +10,7 @@ from datetime import date, datetime, timedelta, timezone
 from typing import Any
 
 from pipelines.config import Settings, get_settings
+from pipelines.errors import NotRetryable
 from pipelines.window import DateWindow
 
 SOURCES = ("synthetic", "landed")
@@ -39,7 +40,7 @@ def ingest(window: dict[str, str], params: dict[str, Any], settings: Settings | 
     w = _window(window)
     source = params.get("source", "synthetic")
     if source not in SOURCES:
-        raise ValueError(f"source: expected one of {SOURCES}, got {source!r}")
+        raise NotRetryable(f"source: expected one of {SOURCES}, got {source!r}")
     if source == "synthetic":
         days = len(w.days())
         cfg = GeneratorConfig(
@@ -59,7 +60,7 @@ def _local_path(uri: str):  # the generator writes local files; on a cluster log
     from pathlib import Path
 
     if "://" in uri:
-        raise ValueError("synthetic ingest writes to a local raw zone; on a cluster use source='landed'")
+        raise NotRetryable("synthetic ingest writes to a local raw zone; on a cluster use source='landed'")
     return Path(uri)
 
 

@@ -28,6 +28,9 @@ class DateWindow:
     def days(self) -> list[date]:
         return [self.start + timedelta(days=i) for i in range((self.end - self.start).days + 1)]
 
+    def isoformat_days(self) -> list[str]:
+        return [d.isoformat() for d in self.days()]
+
     @property
     def label(self) -> str:
         return f"{self.start.isoformat()}_{self.end.isoformat()}"

@@ -19,7 +19,7 @@ from pipelines.config import Settings
 from pipelines.features import nodes
 from pipelines.prep.pipeline import PrepError, zone_paths
 from pipelines.prep.prompt import format_context, system_prompt
-from pipelines.storage import glob, makedirs, read_bytes, read_json, remove, write_json
+from pipelines.storage import glob, makedirs, read_bytes, read_json, remove, window_partitions, write_json
 from pipelines.window import DateWindow
 
 
@@ -57,7 +57,7 @@ def compute_features(settings: Settings, window: DateWindow, spark: Any = None) 
     spark = spark or get_spark(settings)
     history = nodes.history_window(window)
     clean_logs = zone_paths(settings)["clean_logs"]
-    days = [d.isoformat() for d in history.days()]
+    days = history.isoformat_days()
     clean = spark.read.parquet(clean_logs).filter(F.col("dt").cast("string").isin(days))
     paths = feature_paths(settings)
     counts = []
@@ -85,7 +85,7 @@ def build_training_set(settings: Settings, window: DateWindow) -> tuple[dict[str
     import pyarrow.parquet as pq
 
     examples_uri = zone_paths(settings)["examples"]
-    files = [f for day in window.days() for f in glob(f"{examples_uri}/split=*/dt={day.isoformat()}/*.parquet")]
+    files = [f for part in window_partitions(examples_uri, window.isoformat_days()) for f in glob(f"{part}/*.parquet")]
     if not files:
         raise PrepError(f"no curated examples for {window}: run prep (and its quality gate) first")
     frames = []
@@ -107,9 +107,8 @@ def build_training_set(settings: Settings, window: DateWindow) -> tuple[dict[str
     examples["approx_tokens"] = (examples["system_prompt"].str.len() + examples["messages_json"].str.len()
                                  + examples["target_json"].str.len()) // 4
     out = dataset_uri(settings)
-    for day in window.days():
-        for part in glob(f"{out}/split=*/dt={day.isoformat()}"):
-            remove(part)
+    for part in window_partitions(out, window.isoformat_days()):
+        remove(part)
     for (split, dt), group in examples.groupby(["split", "dt"]):
         table = pa.Table.from_pandas(group.drop(columns=["split", "dt"]).sort_values("record_id"), preserve_index=False)
         target = f"{out}/split={split}/dt={dt}"
@@ -143,7 +142,8 @@ def _record_in_manifest(settings: Settings, window: DateWindow, by_split: dict[s
     manifests = zone_paths(settings)["manifests"]
     uri = f"{manifests}/{window.label}.json"
     manifest = read_json(uri)
-    files = sorted(f for day in window.days() for f in glob(f"{dataset_uri(settings)}/split=*/dt={day.isoformat()}/*.parquet"))
+    parts = window_partitions(dataset_uri(settings), window.isoformat_days())
+    files = sorted(f for part in parts for f in glob(f"{part}/*.parquet"))
     h = hashlib.sha256()
     for f in files:
         h.update(read_bytes(f))

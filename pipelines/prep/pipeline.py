@@ -16,18 +16,19 @@ from typing import Any
 
 from pipelines import __version__
 from pipelines.config import REPO_ROOT, Settings
+from pipelines.errors import NotRetryable
 from pipelines.logs.tools import TOOLSET_VERSION, catalogue
 from pipelines.logs.toolsets import extra_tool_names, load_extra_tools
 from pipelines.prep import nodes
 from pipelines.prep.redact import PII_TYPES
-from pipelines.storage import glob, remove, write_json
+from pipelines.storage import glob, remove, window_partitions, write_json
 from pipelines.window import DateWindow
 
 VAL_SHARE = 0.1
 TEST_SHARE = 0.1
 
 
-class PrepError(RuntimeError):
+class PrepError(NotRetryable):
     """Prep cannot produce a dataset for this window; the message says why."""
 
 
@@ -183,6 +184,5 @@ def run_prep(settings: Settings, window: DateWindow, spark: Any = None, run_id: 
 
 def _clear_window(table_uri: str, window: DateWindow) -> None:
     """Drop the window's old partitions so a re-run replaces them exactly (no stale split folders)."""
-    for day in window.days():
-        for part in glob(f"{table_uri}/dt={day.isoformat()}") + glob(f"{table_uri}/split=*/dt={day.isoformat()}"):
-            remove(part)
+    for part in window_partitions(table_uri, window.isoformat_days()):
+        remove(part)

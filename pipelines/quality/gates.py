@@ -18,11 +18,12 @@ from datetime import datetime, time as dtime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
 
 from pipelines.config import Settings
+from pipelines.errors import NotRetryable
 from pipelines.logs.tools import TOOL_NAMES, WORKLOADS
 from pipelines.logs.toolsets import extra_tool_names
 from pipelines.prep.pipeline import raw_files_for, zone_paths
 from pipelines.prep.redact import GATE_PATTERNS
-from pipelines.storage import glob, move, write_json
+from pipelines.storage import move, window_partitions, write_json
 from pipelines.window import DateWindow
 
 if TYPE_CHECKING:
@@ -38,7 +39,7 @@ RAW_SCHEMA = (
 )
 
 
-class QualityGateFailed(RuntimeError):
+class QualityGateFailed(NotRetryable):
     """A gate failed: the batch is quarantined and the flywheel stops before training."""
 
 
@@ -85,7 +86,7 @@ def outcome_frame(spark: SparkSession, settings: Settings, window: DateWindow) -
     """One row per raw line of the window with what prep did with it: clean, duplicate or a reason."""
     from pyspark.sql import functions as F
 
-    days = [d.isoformat() for d in window.days()]
+    days = window.isoformat_days()
     paths = zone_paths(settings)
     clean = spark.read.parquet(paths["examples"]).filter(F.col("dt").cast("string").isin(days)).select(
         F.lit("clean").alias("outcome"))
@@ -97,7 +98,7 @@ def outcome_frame(spark: SparkSession, settings: Settings, window: DateWindow) -
 def curated_frames(spark: SparkSession, settings: Settings, window: DateWindow) -> dict[str, DataFrame]:
     from pyspark.sql import functions as F
 
-    days = [d.isoformat() for d in window.days()]
+    days = window.isoformat_days()
     examples = spark.read.parquet(zone_paths(settings)["examples"]).filter(F.col("dt").cast("string").isin(days))
     tool_counts = examples.groupBy("tool").agg(F.count("*").alias("examples"))
     session_splits = examples.groupBy("session_id").agg(F.countDistinct("split").alias("splits"))
@@ -217,9 +218,8 @@ def quarantine_batch(settings: Settings, window: DateWindow, report: QualityRepo
     target = f"{settings.zone('quarantine')}/failed_batches/{window.label}-{datetime.now(timezone.utc):%Y%m%dT%H%M%S}"
     paths = zone_paths(settings)
     for name in ("examples", "clean_logs"):
-        for day in window.days():
-            for part in glob(f"{paths[name]}/dt={day.isoformat()}") + glob(f"{paths[name]}/split=*/dt={day.isoformat()}"):
-                relative = part.split(f"/{name}/", 1)[1]
-                move(part, f"{target}/{name}/{relative}")
+        for part in window_partitions(paths[name], window.isoformat_days()):
+            relative = part.split(f"/{name}/", 1)[1]
+            move(part, f"{target}/{name}/{relative}")
     write_json(f"{target}/gate_result.json", {**report.to_dict(), "raw_files": raw_files_for(settings, window)})
     return target
