@@ -1,4 +1,4 @@
-"""commerce_flywheel: ingest -> prep -> validate -> features (training, registry and deployment follow).
+"""commerce_flywheel: ingest -> prep -> validate -> features -> train sweep -> evaluate -> register -> promote.
 
 Thin wiring only: every task calls one function of `pipelines.tasks` (imported inside the task, so
 parsing this file stays cheap). Each task replaces just its date window's outputs, so retries and
@@ -52,6 +52,9 @@ def _run(step: str, *args):
         "bad_share": Param(0.05, type="number", minimum=0, maximum=1),
         "drift": Param("none", enum=["none", "holiday", "new-category", "locale", "tool-mix"]),
         "drift_magnitude": Param(0.6, type="number", minimum=0, maximum=1),
+        "sweep": Param(None, type=["null", "string"], description="sweep file; default: train.sweep in the config"),
+        "train": Param(True, type="boolean", description="false: stop after the training set is built"),
+        "reason": Param(None, type=["null", "string"], description="why this run retrains (recorded with the model)"),
     },
     doc_md=__doc__,
 )
@@ -79,8 +82,31 @@ def commerce_flywheel():
     def features(win: dict, _validated: dict) -> dict:
         return _run("features", win)
 
+    @task.short_circuit
+    def should_train(_features: dict) -> bool:
+        return bool(get_current_context()["params"].get("train", True))
+
+    @task(retries=3)  # a killed sweep resumes from its checkpoints on retry
+    def train(_go: bool) -> dict:
+        return _run("train", dict(get_current_context()["params"]))
+
+    @task
+    def evaluate(trained: dict) -> dict:
+        return _run("evaluate", trained)
+
+    @task
+    def register(trained: dict, evaluated: dict) -> dict:
+        return _run("register", trained, evaluated)
+
+    @task
+    def promote(registered: dict, evaluated: dict) -> dict:
+        return _run("promote", registered, evaluated, dict(get_current_context()["params"]))
+
     win = window()
-    features(win, validate(win, prep(win, ingest(win))))
+    built = features(win, validate(win, prep(win, ingest(win))))
+    trained = train(should_train(built))
+    evaluated = evaluate(trained)
+    promote(register(trained, evaluated), evaluated)
 
 
 commerce_flywheel()

@@ -119,6 +119,32 @@ class QualitySettings(_Section):
     max_approx_tokens: int = Field(4096, ge=1)
 
 
+class TrainSettings(_Section):
+    """Where and how sweeps train; the sweep file holds the hyperparameters."""
+
+    sweep: str = Field(str(REPO_ROOT / "conf" / "sweeps" / "demo.yaml"), description="default sweep file")
+    backend: Literal["hf", "nemo"] | None = Field(None, description="override the sweep file's backend")
+    runner: Literal["local", "kubernetes"] = Field("local", description="local process, or one pod per variant")
+    nemo_python: str = Field(str(REPO_ROOT / ".venv-nemo" / "bin" / "python"),
+                             description="interpreter of the NeMo AutoModel environment (make nemo-env)")
+
+
+class EvaluationSettings(_Section):
+    examples: int = Field(24, ge=1, description="test requests per evaluation (seeded sample)")
+    shots: int = Field(3, ge=0, description="in-context examples for the base few-shot condition")
+    judge_url: str | None = Field(None, description="OpenAI-compatible endpoint for an optional LLM-as-judge")
+    judge_model: str | None = None
+    judge_api_key: SecretStr | None = None
+
+
+class PromotionSettings(_Section):
+    """The gate that moves `champion`: better by these margins on quality, and not slower."""
+
+    min_exact_match_gain: float = Field(0.02, ge=-1, le=1)
+    min_arg_f1_gain: float = Field(0.0, ge=-1, le=1)
+    max_latency_increase: float = Field(0.10, ge=0, description="tolerated p50 latency increase (measurement noise)")
+
+
 class KubernetesSettings(_Section):
     namespace: str = "flywheel"
     gpu_node_selector: dict[str, str] = Field(default_factory=lambda: {"flywheel.io/gpu": "h100"})
@@ -144,6 +170,9 @@ class Settings(BaseSettings):
     feast: FeastSettings = Field(default_factory=FeastSettings)
     triton: TritonSettings = Field(default_factory=TritonSettings)
     kubernetes: KubernetesSettings = Field(default_factory=KubernetesSettings)
+    train: TrainSettings = Field(default_factory=TrainSettings)
+    evaluation: EvaluationSettings = Field(default_factory=EvaluationSettings)
+    promotion: PromotionSettings = Field(default_factory=PromotionSettings)
     quality: QualitySettings = Field(default_factory=QualitySettings)
 
     @classmethod

@@ -32,14 +32,19 @@ def move(src: str, dst: str) -> None:
     fs.mv(src_path, dst_path, recursive=True)
 
 
-def write_json(uri: str, data: Any) -> str:
+def write_text(uri: str, text: str) -> str:
+    """Write through a temporary file and a rename, so readers never see half a file."""
     fs, path = fs_for(uri)
     fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
     tmp = f"{path}.tmp"
-    with fs.open(tmp, "w") as fh:
-        fh.write(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
+    with fs.open(tmp, "w", encoding="utf-8") as fh:
+        fh.write(text)
     fs.mv(tmp, path)
     return uri
+
+
+def write_json(uri: str, data: Any) -> str:
+    return write_text(uri, json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
 
 
 def read_json(uri: str) -> Any:

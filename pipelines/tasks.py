@@ -81,3 +81,71 @@ def features(window: dict[str, str], settings: Settings | None = None) -> dict[s
     from pipelines.features.pipeline import run_features
 
     return run_features(settings or get_settings(), _window(window)).to_dict()
+
+
+def train(params: dict[str, Any], settings: Settings | None = None) -> dict[str, Any]:
+    """Run the LoRA sweep (`params["sweep"]` or the configured one) on the latest training set."""
+    from pipelines.train.sweep import load_sweep, run_sweep
+
+    settings = settings or get_settings()
+    sweep = load_sweep(params.get("sweep") or settings.train.sweep, settings.train.backend)
+    result = run_sweep(settings, sweep)
+    best = result.best_variant  # raises NotRetryable when every variant diverged
+    return {"sweep_uri": result.uri, "sweep_id": result.sweep_id, "best_run_id": best.run_id,
+            "adapter_dir": best.adapter_dir, "metrics": best.metrics}
+
+
+def evaluate(trained: dict[str, Any], settings: Settings | None = None) -> dict[str, Any]:
+    """Base zero-shot, base few-shot, the sweep's best adapter and the current champion, side by side."""
+    from pipelines.evaluate.pipeline import Adapter, EvalConfig
+    from pipelines.evaluate.pipeline import evaluate as run_eval
+    from pipelines.registry.models import CHAMPION, adapter_path, alias_version
+    from pipelines.storage import read_json
+
+    settings = settings or get_settings()
+    sweep = read_json(trained["sweep_uri"])
+    adapters = [Adapter("tuned_candidate", trained["adapter_dir"], sweep["prompt_style"])]
+    champion = alias_version(settings, CHAMPION)
+    if champion is not None:
+        adapters.append(Adapter("tuned_champion", adapter_path(settings, champion), "short"))
+    cfg = EvalConfig(base_model=sweep["base_model"], examples=settings.evaluation.examples,
+                     shots=settings.evaluation.shots)
+    report = run_eval(settings, cfg, adapters, sweep["sweep_id"])
+    _log_evaluation(settings, trained["best_run_id"], report)
+    return {"json_uri": report.json_uri, "html_uri": report.html_uri, "table": report.table(),
+            "champion_version": champion}
+
+
+def _log_evaluation(settings: Settings, run_id: str, report: Any) -> None:
+    import mlflow
+
+    from pipelines.clients.mlflow import use_tracking
+
+    use_tracking(settings)
+    with mlflow.start_run(run_id=run_id):
+        for row in report.table():
+            mlflow.log_metrics({f"test_{row['condition']}_{k}": float(v) for k, v in row.items()
+                                if isinstance(v, (int, float)) and v is not None})
+        mlflow.log_artifact(report.json_uri.removeprefix("file://"), "evaluation")
+        mlflow.log_artifact(report.html_uri.removeprefix("file://"), "evaluation")
+
+
+def register(trained: dict[str, Any], evaluated: dict[str, Any], settings: Settings | None = None) -> dict[str, Any]:
+    from pipelines.registry.models import register as register_version
+    from pipelines.storage import read_json
+
+    settings = settings or get_settings()
+    return register_version(settings, read_json(trained["sweep_uri"]), evaluated)
+
+
+def promote(registered: dict[str, Any], evaluated: dict[str, Any], params: dict[str, Any] | None = None,
+            settings: Settings | None = None) -> dict[str, Any]:
+    """The promotion gate on the evaluation's numbers (candidate vs champion on the same requests)."""
+    from pipelines.registry.models import promote as gate_and_promote
+
+    settings = settings or get_settings()
+    rows = {r["condition"]: r for r in evaluated["table"]}
+    reason = (params or {}).get("reason")
+    decision = gate_and_promote(settings, rows["tuned_candidate"], rows.get("tuned_champion"),
+                                f"[{reason}] " if reason else "")
+    return decision.to_dict()

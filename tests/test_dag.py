@@ -17,10 +17,15 @@ pytestmark = pytest.mark.slow
 DAY = "2026-11-20"
 
 
+TINY_SWEEP = str(Path(__file__).resolve().parent.parent / "conf" / "sweeps" / "tiny.yaml")
+
+
 def _run(root: Path, **conf) -> tuple[bool, str]:
     settings = load_settings(root=str(root))
-    result = dags_test(settings, "commerce_flywheel", {"end_date": DAY, "window_days": 1, "seed": 3, **conf},
-                       extra_env={"FLYWHEEL_ROOT": str(root)})
+    conf = {"end_date": DAY, "window_days": 1, "seed": 3, "train": False, **conf}
+    result = dags_test(settings, "commerce_flywheel", conf,
+                       extra_env={"FLYWHEEL_ROOT": str(root), "FLYWHEEL_EVALUATION__EXAMPLES": "4",
+                                  "FLYWHEEL_EVALUATION__SHOTS": "1"})
     out = result.stdout + result.stderr
     return result.returncode == 0 and "state=success" in out, out
 
@@ -48,6 +53,17 @@ def test_dag_runs_and_rerunning_a_date_is_idempotent(tmp_path: Path) -> None:
     assert len(list((tmp_path / "raw" / f"dt={DAY}").glob("*.jsonl"))) == 1
 
 
+def test_dag_trains_evaluates_registers_and_promotes(tmp_path: Path) -> None:
+    from pipelines.registry.models import CHAMPION, alias_version
+
+    ok, out = _run(tmp_path, records_per_day=1200, train=True, sweep=TINY_SWEEP)
+    assert ok, out[-3000:]
+    assert "Marking run <DagRun commerce_flywheel" in out or "state=success" in out
+    settings = load_settings(root=str(tmp_path))
+    assert alias_version(settings, CHAMPION) == "1"
+    assert list((tmp_path / "reports" / "evaluation").glob("tiny-*/report.html"))
+
+
 def test_failing_gate_stops_the_dag_before_features_and_quarantines_the_batch(tmp_path: Path) -> None:
     ok, out = _run(tmp_path, records_per_day=1500, bad_share=0.6)
     assert not ok
@@ -67,7 +83,8 @@ def test_dag_runs_under_the_scheduler_triggered_through_the_rest_api(tmp_path: P
     try:
         up = run_flywheel("up", "--only", "airflow", "--json", env=env)
         assert up.returncode == 0, up.stderr
-        run = run_flywheel("run", "--scheduler", "--end-date", DAY, "--records-per-day", "800", "--json", env=env)
+        run = run_flywheel("run", "--scheduler", "--end-date", DAY, "--records-per-day", "800", "--no-train", "--json",
+                           env=env)
         assert run.returncode == 0, run.stdout + run.stderr
         assert json.loads(run.stdout)["state"] == "success"
         assert (root / "curated" / "manifest.json").is_file()

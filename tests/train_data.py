@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 from datetime import date
 from functools import lru_cache
+from pathlib import Path
 
 from pipelines.config import load_settings
 from pipelines.logs.generator import GeneratorConfig, TrafficGenerator
@@ -30,3 +32,32 @@ def tiny_config(**overrides) -> TrainConfig:
 def tiny_loader(root: str):
     settings = load_settings(root=root)
     return lambda name: load_base(name, settings)
+
+
+def write_training_set(root: Path, records: int = 400, seed: int = 4) -> dict:
+    """A small curated SFT set + manifest in the layout the features stage writes (the real stage is
+    tested with Spark and Feast in test_quality_features / test_dag; training tests need seconds)."""
+    import hashlib
+
+    import pandas as pd
+
+    gen = TrafficGenerator(GeneratorConfig(seed=seed, records=records, bad_share=0.0, end_date=date(2026, 11, 20)))
+    rows = [prepare_line(line) for _, line, _ in gen.lines()]
+    frame = pd.DataFrame([r for r in rows if r["status"] == "clean"])
+    frame["event_timestamp"] = pd.to_datetime(frame["event_time"], utc=True)
+    frame["context"] = ""
+    frame["split"] = [("train", "train", "train", "val", "test")[int(h, 16) % 5] for h in frame["session_id"].map(
+        lambda s: hashlib.sha1(s.encode()).hexdigest()[:6])]
+    files, h = [], hashlib.sha256()
+    for split, group in frame.groupby("split"):
+        target = root / "curated" / "sft" / f"split={split}" / "dt=2026-11-20"
+        target.mkdir(parents=True, exist_ok=True)
+        path = target / "part-0.parquet"
+        group.drop(columns=["split"]).to_parquet(path, index=False)
+        files.append(str(path))
+        h.update(path.read_bytes())
+    manifest = {"window": "2026-11-20_2026-11-20",
+                "training_set": {"uri": str(root / "curated" / "sft"), "files": sorted(files), "digest": h.hexdigest(),
+                                 "examples_by_split": frame["split"].value_counts().to_dict()}}
+    (root / "curated" / "manifest.json").write_text(json.dumps(manifest))
+    return manifest

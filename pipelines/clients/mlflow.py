@@ -36,3 +36,35 @@ def server_spec(settings: Settings) -> ServiceSpec:
         health_url=f"{url}/health",
         url=url,
     )
+
+
+def use_tracking(settings: Settings) -> str:
+    """Point the mlflow library at the configured tracking store; the experiment's id (created on first use).
+
+    Locally the tracking URI is the SQLite store itself (no server needed); artifacts go to the same
+    folder the local server serves, so `flywheel up` shows every run and adapter."""
+    import mlflow
+
+    m = settings.mlflow
+    if m.username and m.password:
+        os.environ["MLFLOW_TRACKING_USERNAME"] = m.username
+        os.environ["MLFLOW_TRACKING_PASSWORD"] = m.password.get_secret_value()
+    mlflow.set_tracking_uri(str(m.tracking_uri))
+    experiment = mlflow.get_experiment_by_name(m.experiment)
+    if experiment is not None:
+        return experiment.experiment_id
+    location = None
+    if settings.is_local and str(m.tracking_uri).startswith("sqlite:"):
+        location = Path(str(m.artifacts_destination)).joinpath(m.experiment).as_uri()
+    try:
+        return mlflow.create_experiment(m.experiment, artifact_location=location)
+    except mlflow.exceptions.MlflowException:  # created meanwhile by a concurrent task
+        return mlflow.get_experiment_by_name(m.experiment).experiment_id
+
+
+def client(settings: Settings):
+    """An MlflowClient on the configured tracking store (and registry)."""
+    from mlflow import MlflowClient
+
+    use_tracking(settings)
+    return MlflowClient()

@@ -17,6 +17,7 @@ import shutil
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
 
@@ -39,6 +40,8 @@ class TrainConfig(BaseModel):
     lora_dropout: float = Field(0.0, ge=0, lt=1)
     target_modules: list[str] = Field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj",
                                                                "gate_proj", "up_proj", "down_proj"])
+    lora_layers: int | None = Field(None, ge=1, description="adapt only the top N transformer layers (backward "
+                                    "then stops there: ~2x faster on CPU); None = every layer")
     epochs: float = Field(1.0, gt=0)
     max_steps: int | None = Field(None, ge=1)
     batch_size: int = Field(8, ge=1)
@@ -63,6 +66,11 @@ class TrainResult:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def top_layers(num_layers: int, top: int | None) -> list[int] | None:
+    """Indices of the top `top` layers (None: all layers)."""
+    return None if top is None or top >= num_layers else list(range(num_layers - top, num_layers))
 
 
 def cosine_lr(step: int, total: int, cfg: TrainConfig) -> float:
@@ -100,9 +108,10 @@ def train_lora(examples: list[tuple[list[dict[str, str]], str]], cfg: TrainConfi
     model, tokenizer = load_base(cfg.base_model)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
+    layers = top_layers(model.config.num_hidden_layers, cfg.lora_layers)
     model = get_peft_model(model, LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha,
                                              lora_dropout=cfg.lora_dropout, target_modules=cfg.target_modules,
-                                             task_type="CAUSAL_LM"))
+                                             layers_to_transform=layers, task_type="CAUSAL_LM"))
     encoded = [encode(tokenizer, turns, target, cfg.max_seq_len) for turns, target in examples]
     steps_per_epoch = math.ceil(len(encoded) / cfg.batch_size)
     total = cfg.max_steps or max(1, math.ceil(steps_per_epoch * cfg.epochs))
@@ -127,7 +136,7 @@ def train_lora(examples: list[tuple[list[dict[str, str]], str]], cfg: TrainConfi
     status: Literal["completed", "diverged"] = "completed"
     for step in range(start, total):
         batch = _batch(encoded, step, steps_per_epoch, cfg, tokenizer.pad_token_id)
-        loss = model(**batch).loss
+        loss = _target_loss(model, batch)
         value = float(loss.detach())
         if not math.isfinite(value) or (losses and value > cfg.divergence_factor * max(losses[0], 1e-3)):
             status = "diverged"
@@ -158,13 +167,13 @@ def train_lora(examples: list[tuple[list[dict[str, str]], str]], cfg: TrainConfi
 
 def _batch(encoded: list[tuple[list[int], list[int]]], step: int, steps_per_epoch: int, cfg: TrainConfig,
            pad_id: int) -> dict[str, Any]:
-    """The step's batch: a seeded shuffle per epoch, so a resumed run sees the same data order."""
+    """The step's batch, padded to its longest example."""
     import torch
 
     epoch, index = divmod(step, steps_per_epoch)
-    order = list(range(len(encoded)))
-    random.Random(cfg.seed * 1_000_003 + epoch).shuffle(order)
-    rows = [encoded[i] for i in order[index * cfg.batch_size:(index + 1) * cfg.batch_size]] or [encoded[0]]
+    batches = _epoch_batches(len(encoded), [len(ids) for ids, _ in encoded], cfg.batch_size,
+                             cfg.seed * 1_000_003 + epoch)
+    rows = [encoded[i] for i in batches[index]] if index < len(batches) else [encoded[0]]
     width = max(len(ids) for ids, _ in rows)
     ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
     labels = torch.full((len(rows), width), -100, dtype=torch.long)
@@ -174,6 +183,38 @@ def _batch(encoded: list[tuple[list[int], list[int]]], step: int, steps_per_epoc
         labels[r, :len(l)] = torch.tensor(l)
         mask[r, :len(i)] = 1
     return {"input_ids": ids, "labels": labels, "attention_mask": mask}
+
+
+def _target_loss(model: Any, batch: dict[str, Any]) -> Any:
+    """Mean next-token cross-entropy over the target tokens, computing the LM head only where a label is
+    (the same value as the model's own loss; the prompt's logits, most of the sequence, are never built)."""
+    import torch.nn.functional as F
+
+    base = model.get_base_model()
+    hidden = base.get_decoder()(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state
+    labels = batch["labels"][:, 1:]
+    keep = labels != -100
+    logits = base.get_output_embeddings()(hidden[:, :-1][keep])
+    return F.cross_entropy(logits.float(), labels[keep])
+
+
+@lru_cache(maxsize=4)
+def _epoch_batches_cached(n: int, lengths: tuple[int, ...], batch_size: int, seed: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    order = list(range(n))
+    rng.shuffle(order)
+    window = batch_size * 8  # sort by length within windows of 8 batches: little padding, still shuffled
+    batches = []
+    for w in range(0, n, window):
+        chunk = sorted(order[w:w + window], key=lambda i: lengths[i])
+        batches += [chunk[b:b + batch_size] for b in range(0, len(chunk), batch_size)]
+    rng.shuffle(batches)
+    return batches
+
+
+def _epoch_batches(n: int, lengths: list[int], batch_size: int, seed: int) -> list[list[int]]:
+    """One epoch's batches of example indices: a seeded shuffle (a resumed run sees the same order)."""
+    return _epoch_batches_cached(n, tuple(lengths), batch_size, seed)
 
 
 def _save_checkpoint(model: Any, optimizer: Any, scheduler: Any, ckpt: Path, step: int, losses: list[float],

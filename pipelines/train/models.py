@@ -123,6 +123,10 @@ def load_base(name: str, settings: Settings) -> tuple[PreTrainedModel, PreTraine
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # our own progress bars say what is happening
+    hf_logging.set_verbosity_error()
     source = prepare_base(name, settings)
     try:
         tokenizer = AutoTokenizer.from_pretrained(source)

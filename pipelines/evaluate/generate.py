@@ -1,0 +1,73 @@
+"""Greedy generation of tool calls, batched, with prompt-token counts and per-request latency."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from rich.progress import Progress
+
+
+@dataclass
+class Generations:
+    texts: list[str]
+    prompt_tokens: list[int]
+    output_tokens: list[int]
+    seconds: float            # wall time of the batched pass over all requests
+    latency_ms: list[float]   # single-request (batch 1) latencies on the first few requests
+
+    def stats(self) -> dict[str, float]:
+        n = max(1, len(self.texts))
+        return {
+            "prompt_tokens_mean": round(sum(self.prompt_tokens) / n, 1),
+            "output_tokens_mean": round(sum(self.output_tokens) / n, 1),
+            "latency_ms_p50": round(statistics.median(self.latency_ms), 1) if self.latency_ms else float("nan"),
+            "seconds_per_request_batched": round(self.seconds / n, 3),
+        }
+
+
+def render_prompts(tokenizer: Any, conversations: list[list[dict[str, str]]]) -> list[str]:
+    return [tokenizer.apply_chat_template(c, tokenize=False, add_generation_prompt=True) for c in conversations]
+
+
+def generate(model: Any, tokenizer: Any, conversations: list[list[dict[str, str]]], *, max_new_tokens: int = 96,
+             batch_size: int = 8, latency_samples: int = 4, progress: Progress | None = None,
+             label: str = "generating") -> Generations:
+    """Greedy decoding (deterministic) of every conversation's next assistant turn."""
+    import torch
+
+    prompts = render_prompts(tokenizer, conversations)
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    model.eval()
+    texts: list[str] = [""] * len(prompts)
+    prompt_tokens = [len(tokenizer(p, add_special_tokens=False).input_ids) for p in prompts]
+    output_tokens = [0] * len(prompts)
+    task = progress.add_task(label, total=len(prompts)) if progress else None
+
+    def run(batch_prompts: list[str]) -> tuple[list[str], list[int]]:
+        enc = tokenizer(batch_prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+        with torch.inference_mode():
+            out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False,
+                                 pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
+        new = out[:, enc["input_ids"].shape[1]:]
+        counts = [int((row != tokenizer.pad_token_id).sum()) for row in new]
+        return tokenizer.batch_decode(new, skip_special_tokens=True), counts
+
+    started = time.perf_counter()
+    for i in range(0, len(prompts), batch_size):
+        decoded, counts = run(prompts[i:i + batch_size])
+        texts[i:i + len(decoded)] = decoded
+        output_tokens[i:i + len(counts)] = counts
+        if progress is not None and task is not None:
+            progress.advance(task, len(decoded))
+    seconds = time.perf_counter() - started
+    latency = []
+    for p in prompts[:latency_samples]:
+        t0 = time.perf_counter()
+        run([p])
+        latency.append((time.perf_counter() - t0) * 1000)
+    return Generations(texts, prompt_tokens, output_tokens, round(seconds, 2), latency)

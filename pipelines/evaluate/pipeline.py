@@ -1,0 +1,157 @@
+"""Tool-calling evaluation: base zero-shot, base few-shot (MiniLM-retrieved examples) and LoRA-tuned
+models side by side on the same requests, with quality, prompt tokens and latency for each.
+
+Output: `report.json` and `report.html` (per-tool breakdown, confusion matrix) under
+`<reports>/evaluation/<name>/`.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+from pipelines.config import Settings
+from pipelines.evaluate import metrics
+from pipelines.evaluate.fewshot import single_turn, with_shots
+from pipelines.evaluate.generate import generate
+from pipelines.storage import makedirs, read_json, write_json, write_text
+from pipelines.train.dataset import Example, frame_from_logs, load_split, to_examples
+
+
+class EvalConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    base_model: str = "smollm2-135m-instruct"
+    split: Literal["train", "val", "test"] = "test"
+    logs: str | None = Field(None, description="evaluate on this log file instead of a split")
+    examples: int | None = Field(48, ge=1, description="seeded sample of the split; None = all")
+    seed: int = 0
+    shots: int = Field(3, ge=0, description="in-context examples for the few-shot condition")
+    shot_pool: int = Field(2000, ge=1, description="train examples the few-shot retrieval searches")
+    max_new_tokens: int = Field(96, ge=8)
+    batch_size: int = Field(8, ge=1)
+    latency_samples: int = Field(4, ge=0, description="requests also timed alone (batch 1) per condition")
+    baselines: bool = Field(True, description="include base zero-shot and few-shot")
+
+
+@dataclass
+class Adapter:
+    """A LoRA adapter to evaluate: its folder and the prompt style it was trained with."""
+
+    label: str
+    path: str
+    prompt_style: Literal["full", "short"] = "short"
+
+
+@dataclass
+class ConditionResult:
+    condition: str
+    model: str
+    prompt_style: str
+    shots: int
+    summary: dict[str, Any]
+    stats: dict[str, float]
+    per_tool: dict[str, dict[str, Any]]
+    confusion: dict[str, dict[str, int]]
+    samples: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass
+class EvalReport:
+    name: str
+    dataset: str
+    examples: int
+    conditions: list[ConditionResult]
+    json_uri: str = ""
+    html_uri: str = ""
+    seconds: float = 0.0
+
+    def condition(self, name: str) -> ConditionResult:
+        for c in self.conditions:
+            if c.condition == name:
+                return c
+        raise KeyError(name)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def table(self) -> list[dict[str, Any]]:
+        return [{"condition": c.condition, **{k: c.summary[k] for k in
+                 ("exact_match", "name_accuracy", "arg_f1", "json_valid", "abstention_recall")}, **c.stats}
+                for c in self.conditions]
+
+
+def load_model(base_model: str, settings: Settings, adapter: str | None = None) -> tuple[Any, Any]:
+    """The base model, with `adapter` merged in when given (merged weights: no LoRA overhead per token)."""
+    from pipelines.train.models import load_base
+
+    model, tokenizer = load_base(base_model, settings)
+    if adapter:
+        from peft import PeftModel
+
+        model = PeftModel.from_pretrained(model, adapter).merge_and_unload()
+    return model, tokenizer
+
+
+def score_condition(name: str, model_label: str, style: str, shots: int, examples: list[Example],
+                    texts: list[str], stats: dict[str, float]) -> ConditionResult:
+    scores = [metrics.score(t, e.expected) for t, e in zip(texts, examples)]
+    samples = [{"record_id": e.record_id, "request": e.query, "expected": e.target, "output": t,
+                "exact_match": s.exact_match} for e, t, s in zip(examples[:20], texts[:20], scores[:20])]
+    return ConditionResult(name, model_label, style, shots, metrics.summarize(scores), stats,
+                           metrics.per_tool(scores), metrics.confusion(scores), samples)
+
+
+def evaluate(settings: Settings, cfg: EvalConfig, adapters: list[Adapter], name: str,
+             console: Console | None = None) -> EvalReport:
+    started = time.perf_counter()
+    frame = frame_from_logs(cfg.logs) if cfg.logs else load_split(settings, cfg.split, cfg.examples, cfg.seed)
+    if cfg.logs and cfg.examples and len(frame) > cfg.examples:
+        frame = frame.sample(n=cfg.examples, random_state=cfg.seed).sort_values("record_id")
+    dataset = cfg.logs or f"{settings.zone('curated')}/sft split={cfg.split}"
+    full, short = to_examples(frame, "full"), to_examples(frame, "short")
+    results: list[ConditionResult] = []
+    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                  TimeElapsedColumn(), console=console, transient=False) as progress:
+        gen = {"max_new_tokens": cfg.max_new_tokens, "batch_size": cfg.batch_size,
+               "latency_samples": cfg.latency_samples, "progress": progress}
+        if cfg.baselines:
+            model, tokenizer = load_model(cfg.base_model, settings)
+            out = generate(model, tokenizer, [e.turns for e in full], label="base zero-shot", **gen)
+            results.append(score_condition("base_zero_shot", cfg.base_model, "full", 0, full, out.texts, out.stats()))
+            if cfg.shots:
+                pool = single_turn(to_examples(load_split(settings, "train", cfg.shot_pool, cfg.seed), "full"))
+                conversations = with_shots(full, pool, cfg.shots)
+                out = generate(model, tokenizer, conversations, label=f"base {cfg.shots}-shot", **gen)
+                results.append(score_condition("base_few_shot", cfg.base_model, "full", cfg.shots, full, out.texts,
+                                               out.stats()))
+            del model
+        for adapter in adapters:
+            model, tokenizer = load_model(cfg.base_model, settings, adapter.path)
+            chosen = short if adapter.prompt_style == "short" else full
+            out = generate(model, tokenizer, [e.turns for e in chosen], label=adapter.label, **gen)
+            results.append(score_condition(adapter.label, adapter.path, adapter.prompt_style, 0, chosen, out.texts,
+                                           out.stats()))
+            del model
+    report = EvalReport(name, dataset, len(frame), results, seconds=round(time.perf_counter() - started, 1))
+    return write_report(settings, report)
+
+
+def write_report(settings: Settings, report: EvalReport) -> EvalReport:
+    from pipelines.evaluate.report import render_html
+
+    folder = f"{settings.zone('reports')}/evaluation/{report.name}"
+    makedirs(folder)
+    report.json_uri, report.html_uri = f"{folder}/report.json", f"{folder}/report.html"
+    write_json(report.json_uri, report.to_dict())
+    write_text(report.html_uri, render_html(report))
+    return report
+
+
+def load_report(uri: str) -> dict[str, Any]:
+    return read_json(uri)

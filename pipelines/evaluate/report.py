@@ -1,0 +1,67 @@
+"""The evaluation report as HTML: the conditions side by side, per-tool breakdown, confusion matrices."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from pipelines.reports import figure_html, new_figure, page, table_html
+
+if TYPE_CHECKING:
+    from pipelines.evaluate.pipeline import ConditionResult, EvalReport
+
+QUALITY = ("exact_match", "name_accuracy", "arg_f1", "json_valid")
+
+
+def _quality_plot(report: EvalReport) -> str:
+    fig, ax = new_figure()
+    width = 0.8 / max(1, len(report.conditions))
+    for i, c in enumerate(report.conditions):
+        values = [c.summary.get(m) or 0.0 for m in QUALITY]
+        ax.bar([x + i * width for x in range(len(QUALITY))], values, width, label=c.condition)
+    ax.set_xticks([x + width * (len(report.conditions) - 1) / 2 for x in range(len(QUALITY))], QUALITY)
+    ax.set_ylim(0, 1)
+    ax.legend(fontsize=8)
+    ax.set_title("quality on the same requests")
+    return figure_html(fig, "quality per condition")
+
+
+def _cost_plot(report: EvalReport) -> str:
+    fig, (left, right) = new_figure(10, 3, ncols=2)
+    names = [c.condition for c in report.conditions]
+    left.barh(names, [c.stats["prompt_tokens_mean"] for c in report.conditions])
+    left.set_title("prompt tokens per request")
+    right.barh(names, [c.stats["latency_ms_p50"] for c in report.conditions])
+    right.set_title("latency p50, batch 1 (ms)")
+    return figure_html(fig, "prompt tokens and latency")
+
+
+def _confusion_plot(c: ConditionResult) -> str:
+    labels = sorted({*c.confusion, *(p for row in c.confusion.values() for p in row)})
+    matrix = [[c.confusion.get(t, {}).get(p, 0) for p in labels] for t in labels]
+    fig, ax = new_figure(7, 6)
+    ax.imshow(matrix, cmap="Blues")
+    ax.set_xticks(range(len(labels)), labels, rotation=90, fontsize=7)
+    ax.set_yticks(range(len(labels)), labels, fontsize=7)
+    ax.set_xlabel("predicted")
+    ax.set_ylabel("expected")
+    for i, row in enumerate(matrix):
+        for j, v in enumerate(row):
+            if v:
+                ax.text(j, i, str(v), ha="center", va="center", fontsize=6)
+    ax.set_title(f"confusion: {c.condition}")
+    return figure_html(fig, f"confusion matrix {c.condition}")
+
+
+def _per_tool_rows(c: ConditionResult) -> list[dict[str, Any]]:
+    return [{"tool": tool, "examples": s["examples"], "name_accuracy": s["name_accuracy"],
+             "exact_match": s["exact_match"], "arg_f1": s["arg_f1"]} for tool, s in c.per_tool.items()]
+
+
+def render_html(report: EvalReport) -> str:
+    sections = [("Conditions", table_html(report.table()) + _quality_plot(report) + _cost_plot(report))]
+    for c in report.conditions:
+        body = table_html(_per_tool_rows(c)) + _confusion_plot(c)
+        body += "<details><summary>sample outputs</summary>" + table_html(c.samples) + "</details>"
+        sections.append((f"{c.condition} ({c.model}, {c.prompt_style} prompt, {c.shots} shots)", body))
+    return page(f"Tool-calling evaluation: {report.name}", sections,
+                f"{report.examples} requests from {report.dataset}; greedy decoding; {report.seconds:.0f} s")

@@ -1,0 +1,42 @@
+"""The registered model: an MLflow pyfunc that holds only the LoRA adapter, its tokenizer and a
+reference to the base model (never a copy of the base), and answers chat requests with a tool call.
+
+`mlflow.pyfunc.load_model("models:/commerce-tool-caller@champion")` gives a ready model:
+`predict(pandas.DataFrame({"messages": [...], "tools_json": [...], "event_time": [...]}))`.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import mlflow.pyfunc
+
+
+class ToolCallerModel(mlflow.pyfunc.PythonModel):
+    """Base model + LoRA adapter (merged at load), prompt built exactly as in training."""
+
+    def load_context(self, context: Any) -> None:
+        from pipelines.config import get_settings
+        from pipelines.evaluate.pipeline import load_model
+
+        self.meta = json.loads(open(context.artifacts["flywheel"], encoding="utf-8").read())
+        self.model, self.tokenizer = load_model(self.meta["base_model"], get_settings(), context.artifacts["adapter"])
+
+    def predict(self, context, model_input, params=None):  # untyped: MLflow validates typed signatures
+        from pipelines.evaluate.generate import generate
+        from pipelines.prep.prompt import chat_turns
+        from pipelines.train.dataset import system_for
+
+        conversations = []
+        for row in model_input.to_dict("records"):
+            missing = {"messages", "tools_json", "event_time"} - set(row)
+            if missing:
+                raise ValueError(f"missing input column(s) {sorted(missing)}: messages (the conversation as in "
+                                 "our logs), tools_json (offered tools), event_time (ISO date), context (optional)")
+            row.setdefault("context", "")
+            if self.meta["prompt_style"] == "full" and not row.get("system_prompt"):
+                raise ValueError("this model was trained with the full prompt: pass `system_prompt`")
+            conversations.append(chat_turns(system_for(row, self.meta["prompt_style"]), row["messages"]))
+        max_new = int((params or {}).get("max_new_tokens", 96))
+        return generate(self.model, self.tokenizer, conversations, max_new_tokens=max_new, latency_samples=0).texts

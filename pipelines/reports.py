@@ -1,0 +1,52 @@
+"""Self-contained HTML reports (tables + matplotlib figures inlined as PNG), shared by evaluation,
+benchmarks and drift: one file to open or to attach to an MLflow run."""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+from typing import Any
+
+
+def figure_html(fig: Any, alt: str) -> str:
+    import matplotlib.pyplot as plt
+
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{base64.b64encode(buffer.getvalue()).decode()}">'
+
+
+def new_figure(width: float = 7, height: float = 3.5, ncols: int = 1) -> tuple[Any, Any]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt.subplots(1, ncols, figsize=(width, height))
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:,.3f}" if abs(value) < 10 else f"{value:,.1f}"
+    return html.escape("" if value is None else str(value))
+
+
+def table_html(rows: list[dict[str, Any]]) -> str:
+    if not rows:
+        return "<p>(none)</p>"
+    columns = list(rows[0])
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
+    body = "".join("<tr>" + "".join(f"<td>{_cell(r.get(c))}</td>" for c in columns) + "</tr>" for r in rows)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def page(title: str, sections: list[tuple[str, str]], subtitle: str = "") -> str:
+    """`sections`: (heading, HTML body) pairs."""
+    parts = "".join(f"<h2>{html.escape(h)}</h2>{body}" for h, body in sections)
+    return f"""<!doctype html><html><head><meta charset="utf-8"><title>{html.escape(title)}</title>
+<style>body{{font-family:system-ui,sans-serif;margin:2em;max-width:1100px}}table{{border-collapse:collapse;margin:1em 0}}
+td,th{{border:1px solid #ccc;padding:4px 8px;text-align:right}}th{{background:#f3f3f3}}td:first-child{{text-align:left}}
+img{{max-width:100%}}code{{background:#f6f6f6}}</style></head><body><h1>{html.escape(title)}</h1>
+<p>{html.escape(subtitle)}</p>{parts}</body></html>"""

@@ -1,0 +1,114 @@
+"""The curated SFT Parquet (features stage) as chat examples for training and evaluation.
+
+Two prompt styles over the same rows: `full` (the logged system prompt with every offered tool's
+JSON schema: what a base model needs) and `short` (tool names, date and customer context only:
+what the tuned model is trained and served with).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+from pipelines.config import Settings
+from pipelines.errors import NotRetryable
+from pipelines.evaluate.metrics import NO_TOOL
+from pipelines.prep.prompt import call_text, chat_turns, short_system_prompt
+from pipelines.storage import glob, read_json
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+PromptStyle = Literal["full", "short"]
+SPLITS = ("train", "val", "test")
+
+
+class DatasetMissing(NotRetryable):
+    """No curated training set yet (run the data path first), or an empty split."""
+
+
+@dataclass(frozen=True)
+class Example:
+    record_id: str
+    turns: list[dict[str, str]]  # system + conversation, ending with the user turn to answer
+    target: str                  # the call text the model should write (name first)
+    tool: str                    # expected tool, or NO_TOOL for an abstention
+    query: str                   # the last user message (few-shot retrieval key)
+
+    @property
+    def expected(self) -> dict[str, Any]:
+        return json.loads(self.target)
+
+
+def manifest(settings: Settings) -> dict[str, Any]:
+    """The latest window's manifest: the training set's files and digest (lineage)."""
+    uri = f"{settings.zone('curated')}/manifest.json"
+    try:
+        data = read_json(uri)
+    except FileNotFoundError:
+        raise DatasetMissing(f"no manifest at {uri}: run the data path (flywheel run) first") from None
+    if "training_set" not in data:
+        raise DatasetMissing(f"{uri} has no training set: run `flywheel features build` first")
+    return data
+
+
+def load_split(settings: Settings, split: str, limit: int | None = None, seed: int = 0) -> pd.DataFrame:
+    """One split of the manifest's training set, in record order; `limit` takes a seeded sample."""
+    import pandas as pd
+
+    if split not in SPLITS:
+        raise ValueError(f"split: expected one of {SPLITS}, got {split!r}")
+    files = [f for f in manifest(settings)["training_set"]["files"] if f"split={split}/" in f]
+    if not files:
+        files = glob(f"{settings.zone('curated')}/sft/split={split}/dt=*/*.parquet")
+    if not files:
+        raise DatasetMissing(f"the training set has no {split!r} split")
+    frame = pd.concat([pd.read_parquet(f) for f in files], ignore_index=True).sort_values("record_id")
+    frame = frame.reset_index(drop=True)
+    if limit is not None and len(frame) > limit:
+        frame = frame.sample(n=limit, random_state=seed).sort_values("record_id").reset_index(drop=True)
+    return frame
+
+
+def system_for(row: dict[str, Any], style: PromptStyle) -> str:
+    if style == "full":
+        return row["system_prompt"]
+    return short_system_prompt(row["tools_json"], _day(row.get("event_timestamp") or row["event_time"]), row.get("context") or None)
+
+
+def _day(value: Any) -> str:
+    return value.date().isoformat() if hasattr(value, "date") else str(value)[:10]
+
+
+def to_examples(frame: pd.DataFrame, style: PromptStyle) -> list[Example]:
+    out = []
+    for row in frame.to_dict("records"):
+        turns = chat_turns(system_for(row, style), row["messages_json"])
+        target = call_text(row["target_json"])
+        name = json.loads(target)["name"]
+        out.append(Example(row["record_id"], turns, target, name if name is not None else NO_TOOL,
+                           turns[-1]["content"]))
+    return out
+
+
+def frame_from_logs(path: str) -> pd.DataFrame:
+    """Any file in our log format (JSONL, optionally gzipped) as evaluation rows: the same prep
+    function as the Spark job; lines it would quarantine are counted and left out."""
+    import gzip
+
+    import pandas as pd
+
+    from pipelines.prep.nodes import prepare_line
+
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rt", encoding="utf-8") as handle:
+        rows = [prepare_line(line) for line in handle if line.strip()]
+    clean = [r for r in rows if r["status"] == "clean"]
+    if not clean:
+        raise DatasetMissing(f"{path}: none of its {len(rows)} lines is a valid agent turn")
+    return pd.DataFrame(clean).assign(context="").sort_values("record_id").reset_index(drop=True)
+
+
+def training_pairs(examples: list[Example]) -> list[tuple[list[dict[str, str]], str]]:
+    return [(e.turns, e.target) for e in examples]

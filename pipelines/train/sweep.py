@@ -1,0 +1,281 @@
+"""LoRA sweeps: a grid or random search over TrainConfig fields, one MLflow child run per variant
+under a sweep parent run, each variant scored on the validation split; the best one is the candidate.
+
+A sweep is identified by its file's content and the training set's digest, so a retried task finds
+its parent run, skips finished variants and resumes an interrupted one from its checkpoint.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import platform
+import random
+import resource
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from rich.console import Console
+
+from pipelines.config import ConfigError, Settings
+from pipelines.errors import NotRetryable
+from pipelines.train.hf_backend import TrainConfig, TrainResult
+
+SELECT_METRICS = ("exact_match", "arg_f1", "name_accuracy")
+
+
+class SweepConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9-]*$")
+    backend: Literal["hf", "nemo"] = "hf"
+    method: Literal["grid", "random"] = "grid"
+    samples: int | None = Field(None, ge=1, description="random search: how many variants")
+    seed: int = 0
+    base: TrainConfig = Field(default_factory=TrainConfig)
+    grid: dict[str, list[Any]] = Field(default_factory=dict, description="TrainConfig field -> values")
+    prompt_style: Literal["short", "full"] = "short"
+    train_examples: int | None = Field(None, ge=1, description="seeded sample of the train split; None = all")
+    val_examples: int = Field(16, ge=1)
+    select_metric: Literal["exact_match", "arg_f1", "name_accuracy"] = "exact_match"
+    tensor_parallel_size: int = Field(1, ge=1, description="NeMo on GPUs: tensor-parallel size per variant")
+    gpus_per_variant: int = Field(1, ge=1)
+
+    @model_validator(mode="after")
+    def _check_grid(self) -> SweepConfig:
+        unknown = sorted(set(self.grid) - set(TrainConfig.model_fields))
+        if unknown:
+            raise ValueError(f"grid: unknown hyperparameter(s) {unknown}; choose from {sorted(TrainConfig.model_fields)}")
+        empty = [k for k, v in self.grid.items() if not v]
+        if empty:
+            raise ValueError(f"grid: no values for {empty}")
+        if self.method == "random" and not self.samples:
+            raise ValueError("samples: random search needs the number of variants")
+        return self
+
+    def digest(self) -> str:
+        return hashlib.sha256(self.model_dump_json().encode()).hexdigest()[:10]
+
+
+def load_sweep(path: str, backend: str | None = None) -> SweepConfig:
+    """A sweep file (YAML); a clear error names the bad field."""
+    file = Path(path)
+    if not file.is_file():
+        raise ConfigError(f"sweep: no such file: {path}")
+    data = yaml.safe_load(file.read_text()) or {}
+    if backend:
+        data["backend"] = backend
+    try:
+        return SweepConfig.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "sweep"
+        raise ConfigError(f"{path}: {where}: {first['msg']}") from None
+
+
+def variants(sweep: SweepConfig) -> list[TrainConfig]:
+    """Every grid point (or a seeded random sample of them), each validated as a TrainConfig."""
+    keys = sorted(sweep.grid)
+    points = [dict(zip(keys, values)) for values in itertools.product(*(sweep.grid[k] for k in keys))] or [{}]
+    if sweep.method == "random":
+        points = random.Random(sweep.seed).sample(points, min(sweep.samples or 1, len(points)))
+    base = sweep.base.model_dump()
+    out = []
+    for point in points:
+        try:
+            out.append(TrainConfig.model_validate({**base, **point}))
+        except ValidationError as exc:
+            raise ConfigError(f"sweep {sweep.name}: variant {point}: {exc.errors()[0]['msg']}") from None
+    return out
+
+
+@dataclass
+class VariantResult:
+    index: int
+    run_id: str
+    params: dict[str, Any]
+    status: str
+    adapter_dir: str
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class SweepResult:
+    sweep_id: str
+    name: str
+    backend: str
+    parent_run_id: str
+    dataset_digest: str
+    prompt_style: str
+    base_model: str
+    variants: list[VariantResult]
+    best: int | None
+    uri: str = ""
+
+    @property
+    def best_variant(self) -> VariantResult:
+        if self.best is None:
+            raise NotRetryable(f"sweep {self.sweep_id}: every variant diverged; nothing to register")
+        return self.variants[self.best]
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> SweepResult:
+        return cls(**{**data, "variants": [VariantResult(**v) for v in data["variants"]]})
+
+
+def hardware() -> str:
+    import torch
+
+    if torch.cuda.is_available():
+        return f"{torch.cuda.device_count()}x {torch.cuda.get_device_name(0)}"
+    return f"CPU {platform.machine()} x{torch.get_num_threads()} threads"
+
+
+def peak_memory_mb() -> float:
+    import torch
+
+    if torch.cuda.is_available():
+        return torch.cuda.max_memory_allocated() / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # the process's peak RSS (KiB on Linux)
+
+
+def _flat_params(cfg: TrainConfig) -> dict[str, str]:
+    return {k: ",".join(v) if isinstance(v, list) else str(v) for k, v in cfg.model_dump().items()}
+
+
+def run_sweep(settings: Settings, sweep: SweepConfig, console: Console | None = None) -> SweepResult:
+    """Train every variant (one after another here; one pod each on a cluster), score each on the
+    validation split, log all of it to MLflow, and pick the best by `select_metric`."""
+    import mlflow
+
+    from pipelines.clients.mlflow import use_tracking
+    from pipelines.train.dataset import load_split, manifest, to_examples, training_pairs
+
+    console = console or Console()
+    digest = manifest(settings)["training_set"]["digest"]
+    sweep_id = f"{sweep.name}-{sweep.digest()}-{digest[:10]}"
+    folder = Path(str(settings.root)) / "training" / sweep_id
+    configs = variants(sweep)
+    train = training_pairs(to_examples(load_split(settings, "train", sweep.train_examples, sweep.seed),
+                                       sweep.prompt_style))
+    val = to_examples(load_split(settings, "val", sweep.val_examples, sweep.seed), sweep.prompt_style)
+    experiment_id = use_tracking(settings)
+    parent_id = _find_or_start_run(experiment_id, {"flywheel.sweep_id": sweep_id, "flywheel.kind": "sweep"},
+                                   f"sweep {sweep.name}")
+    results: list[VariantResult] = []
+    with mlflow.start_run(run_id=parent_id):
+        mlflow.log_params({"sweep": sweep.name, "backend": sweep.backend, "method": sweep.method,
+                           "variants": len(configs), "prompt_style": sweep.prompt_style,
+                           "base_model": sweep.base.base_model, "train_examples": len(train),
+                           "val_examples": len(val), "dataset_digest": digest})
+        mlflow.log_dict(sweep.model_dump(mode="json"), "sweep.json")
+        for index, cfg in enumerate(configs):
+            console.print(f"[bold]variant {index + 1}/{len(configs)}[/bold] "
+                          + ", ".join(f"{k}={getattr(cfg, k)}" for k in sorted(sweep.grid)))
+            results.append(_run_variant(settings, sweep, sweep_id, index, cfg, train, val, folder, experiment_id,
+                                        parent_id, console))
+        finished = [r for r in results if r.status == "completed"]
+        best = max(finished, key=lambda r: (r.metrics.get(f"val_{sweep.select_metric}", 0.0),
+                                            -r.metrics.get("final_loss", 0.0)), default=None)
+        if best is not None:
+            mlflow.log_metrics({f"best_val_{sweep.select_metric}": best.metrics[f"val_{sweep.select_metric}"]})
+            mlflow.set_tags({"flywheel.best_run_id": best.run_id, "flywheel.best_variant": str(best.index)})
+    result = SweepResult(sweep_id, sweep.name, sweep.backend, parent_id, digest, sweep.prompt_style,
+                         sweep.base.base_model, results, best.index if best else None)
+    from pipelines.storage import write_json
+
+    result.uri = write_json(str(folder / "sweep.json"), result.to_dict())
+    return result
+
+
+def _find_or_start_run(experiment_id: str, tags: dict[str, str], name: str, parent_id: str | None = None) -> str:
+    """An earlier attempt's run with these tags (a retried task continues it), else a new one."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient()
+    query = " and ".join(f"tags.`{k}` = '{v}'" for k, v in tags.items())
+    found = client.search_runs([experiment_id], query, max_results=1)
+    if found:
+        return found[0].info.run_id
+    all_tags = {**tags, **({"mlflow.parentRunId": parent_id} if parent_id else {})}
+    return client.create_run(experiment_id, tags=all_tags, run_name=name).info.run_id
+
+
+def _run_variant(settings: Settings, sweep: SweepConfig, sweep_id: str, index: int, cfg: TrainConfig,
+                 train: list[tuple[list[dict[str, str]], str]], val: list[Any], folder: Path, experiment_id: str,
+                 parent_id: str, console: Console) -> VariantResult:
+    import mlflow
+
+    out = folder / f"variant-{index:02d}"
+    done = out / "result.json"
+    if done.is_file():  # a retried task: this variant finished in an earlier attempt
+        console.print(f"  already trained: {done}")
+        return VariantResult(**json.loads(done.read_text()))
+    run_id = _find_or_start_run(experiment_id, {"flywheel.sweep_id": sweep_id, "flywheel.variant": str(index)},
+                                f"{sweep.name}-{index:02d}", parent_id)
+    with mlflow.start_run(run_id=run_id, nested=True):
+        mlflow.log_params(_flat_params(cfg))
+        mlflow.set_tags({"flywheel.backend": sweep.backend, "flywheel.hardware": hardware(),
+                         "flywheel.base_model": cfg.base_model, "flywheel.prompt_style": sweep.prompt_style})
+        client = mlflow.MlflowClient()
+
+        def on_step(step: int, loss: float, lr: float) -> None:
+            now = int(time.time() * 1000)
+            client.log_batch(run_id, metrics=[mlflow.entities.Metric("train_loss", loss, now, step),
+                                              mlflow.entities.Metric("learning_rate", lr, now, step)])
+
+        started = time.perf_counter()
+        trained = train_variant(settings, sweep, cfg, train, out, on_step, console)
+        wall = time.perf_counter() - started
+        metrics = {"final_loss": trained.final_loss, "tokens_per_s": trained.tokens_per_s,
+                   "train_tokens": float(trained.tokens), "steps": float(trained.steps),
+                   "resumed_from_step": float(trained.resumed_from), "wall_s": round(wall, 1),
+                   "peak_memory_mb": round(peak_memory_mb(), 1)}
+        if trained.status == "completed":
+            metrics.update(_validate(settings, cfg.base_model, trained.adapter_dir, val, console))
+            mlflow.log_artifacts(trained.adapter_dir, "adapter")
+        mlflow.log_metrics(metrics)
+        mlflow.set_tag("flywheel.status", trained.status)
+    result = VariantResult(index, run_id, _flat_params(cfg), trained.status, trained.adapter_dir, metrics)
+    done.write_text(json.dumps(asdict(result), indent=2))
+    console.print(f"  {trained.status}: loss {trained.final_loss:.3f}, {trained.tokens_per_s:.0f} tokens/s, "
+                  + ", ".join(f"{k} {v:.2f}" for k, v in metrics.items() if k.startswith("val_")))
+    return result
+
+
+def train_variant(settings: Settings, sweep: SweepConfig, cfg: TrainConfig,
+                  train: list[tuple[list[dict[str, str]], str]], out: Path, on_step: Any,
+                  console: Console) -> TrainResult:
+    """Dispatch to the configured backend; both write an HF-PEFT adapter to `out/adapter`."""
+    if settings.train.runner == "kubernetes":
+        raise NotRetryable("train.runner=kubernetes: variants run as pods launched by the DAG's "
+                           "KubernetesPodOperator, not from this process")
+    if sweep.backend == "nemo":
+        from pipelines.train.nemo_backend import train_nemo
+
+        return train_nemo(settings, cfg, train, out, on_step, tensor_parallel_size=sweep.tensor_parallel_size,
+                          gpus=sweep.gpus_per_variant, console=console)
+    from pipelines.train.hf_backend import train_lora
+    from pipelines.train.models import load_base
+
+    return train_lora(train, cfg, out, lambda name: load_base(name, settings), on_step)
+
+
+def _validate(settings: Settings, base_model: str, adapter_dir: str, val: list[Any], console: Console) -> dict[str, float]:
+    """Generation on the validation split: the sweep's selection metric (no latency timing here)."""
+    from pipelines.evaluate import metrics as m
+    from pipelines.evaluate.generate import generate
+    from pipelines.evaluate.pipeline import load_model
+
+    model, tokenizer = load_model(base_model, settings, adapter_dir)
+    out = generate(model, tokenizer, [e.turns for e in val], latency_samples=0)
+    summary = m.summarize([m.score(t, e.expected) for t, e in zip(out.texts, val)])
+    return {f"val_{k}": float(summary[k] or 0.0) for k in SELECT_METRICS + ("json_valid",)}

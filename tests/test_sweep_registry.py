@@ -1,0 +1,214 @@
+"""Sweeps (MLflow parent/child runs), the evaluation report, and the adapter registry (gate, rollback,
+loading by alias), on the tiny model and a small generated training set."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from train_data import write_training_set
+from pipelines.config import ConfigError, load_settings
+from pipelines.prep.prompt import call_text, short_system_prompt, tool_signatures, tools_json_for
+from pipelines.train.sweep import SweepConfig, load_sweep, variants
+
+TINY = str(Path(__file__).resolve().parent.parent / "conf" / "sweeps" / "tiny.yaml")
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("registry-root")
+    write_training_set(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def settings(root: Path):
+    return load_settings(root=str(root), evaluation={"examples": 6, "shots": 2})
+
+
+@pytest.fixture(scope="module")
+def first_sweep(settings):
+    from pipelines import tasks
+
+    return tasks.train({"sweep": TINY}, settings)
+
+
+def test_every_committed_sweep_file_is_valid() -> None:
+    files = sorted(Path(TINY).parent.glob("*.yaml"))
+    assert {f.stem for f in files} >= {"demo", "tiny", "case-study"}
+    sizes = {f.stem: len(variants(load_sweep(str(f)))) for f in files}
+    assert sizes["case-study"] == 20 and sizes["demo"] == 2 and sizes["tiny"] == 2
+
+
+def test_grid_and_random_search_and_clear_errors() -> None:
+    grid = SweepConfig(name="g", grid={"learning_rate": [1e-4, 2e-4], "optimizer": ["adam", "adamw"], "lora_rank": [8]})
+    configs = variants(grid)
+    assert len(configs) == 4
+    assert {(c.learning_rate, c.optimizer) for c in configs} == {(1e-4, "adam"), (1e-4, "adamw"), (2e-4, "adam"),
+                                                                 (2e-4, "adamw")}
+    random_search = SweepConfig(name="r", method="random", samples=3, seed=1,
+                                grid={"learning_rate": [1e-4, 2e-4, 5e-4], "lora_rank": [4, 8, 16]})
+    picked = variants(random_search)
+    assert len(picked) == 3 and len({(c.learning_rate, c.lora_rank) for c in picked}) == 3
+    assert [c.model_dump() for c in picked] == [c.model_dump() for c in variants(random_search)]  # seeded
+    with pytest.raises(ValueError, match="unknown hyperparameter"):
+        SweepConfig(name="x", grid={"learning_rat": [1e-4]})
+    with pytest.raises(ConfigError, match="variant"):
+        variants(SweepConfig(name="x", grid={"learning_rate": [-1.0]}))
+
+
+def test_short_prompt_keeps_signatures_and_allowed_values_only() -> None:
+    tools = tools_json_for(["track_shipment", "get_order"])
+    line = tool_signatures(tools)
+    assert "get_order(order_id)" in line
+    assert "track_shipment(" in line and "carrier?=UPS|" in line
+    prompt = short_system_prompt(tools, "2026-11-20", "country DE")
+    assert "description" not in prompt and "2026-11-20" in prompt and "country DE" in prompt
+    assert len(prompt) < len(tools) / 2
+    assert call_text('{"arguments":{"a":1},"name":"t"}') == '{"name":"t","arguments":{"a":1}}'
+    assert call_text('{"name":null}') == '{"name": null}'
+
+
+def test_sweep_logs_parent_and_child_runs_and_a_retry_reuses_them(settings, first_sweep) -> None:
+    from mlflow import MlflowClient
+
+    from pipelines.clients.mlflow import use_tracking
+    from pipelines.storage import read_json
+
+    experiment = use_tracking(settings)
+    sweep = read_json(first_sweep["sweep_uri"])
+    client = MlflowClient()
+    children = client.search_runs([experiment], f"tags.`mlflow.parentRunId` = '{sweep['parent_run_id']}'")
+    assert len(children) == 2
+    for child in children:
+        assert child.data.params["optimizer"] == "adamw" and child.data.params["learning_rate"] in ("0.005", "0.01")
+        assert {"val_exact_match", "tokens_per_s", "peak_memory_mb", "wall_s"} <= set(child.data.metrics)
+        assert len(client.get_metric_history(child.info.run_id, "train_loss")) == 4
+        assert [m.step for m in client.get_metric_history(child.info.run_id, "learning_rate")] == [0, 1, 2, 3]
+        assert child.data.tags["flywheel.hardware"].startswith("CPU")
+        assert {a.path for a in client.list_artifacts(child.info.run_id)} >= {"adapter"}
+    before = len(client.search_runs([experiment]))
+    from pipelines import tasks
+
+    again = tasks.train({"sweep": TINY}, settings)  # a retried task: finished variants are not retrained
+    assert again["best_run_id"] == first_sweep["best_run_id"]
+    assert len(client.search_runs([experiment])) == before
+
+
+def test_evaluation_report_compares_conditions_on_the_same_requests(settings, first_sweep) -> None:
+    from pipelines import tasks
+
+    evaluated = tasks.evaluate(first_sweep, settings)
+    rows = {r["condition"]: r for r in evaluated["table"]}
+    assert set(rows) == {"base_zero_shot", "base_few_shot", "tuned_candidate"}
+    assert rows["tuned_candidate"]["prompt_tokens_mean"] < rows["base_zero_shot"]["prompt_tokens_mean"] \
+        < rows["base_few_shot"]["prompt_tokens_mean"]
+    report = json.loads(Path(evaluated["json_uri"]).read_text())
+    assert report["examples"] == 6 and all(c["confusion"] for c in report["conditions"])
+    html = Path(evaluated["html_uri"]).read_text()
+    assert "confusion matrix tuned_candidate" in html and html.count("data:image/png;base64") >= 5
+
+
+def _row(exact: float, f1: float, latency: float) -> dict:
+    return {"exact_match": exact, "arg_f1": f1, "latency_ms_p50": latency}
+
+
+def test_gate_needs_the_margins_and_no_slowdown(settings) -> None:
+    from pipelines.registry.models import gate
+
+    assert gate(_row(0.5, 0.5, 100), None, settings) == (True, "no champion yet")
+    assert gate(_row(0.60, 0.70, 100), _row(0.50, 0.60, 100), settings)[0] is True
+    ok, why = gate(_row(0.51, 0.70, 100), _row(0.50, 0.60, 100), settings)  # +0.01 < the 0.02 margin
+    assert not ok and "exact match gain +0.010" in why
+    ok, why = gate(_row(0.60, 0.70, 130), _row(0.50, 0.60, 100), settings)
+    assert not ok and "latency +30%" in why
+
+
+def test_register_promote_gate_both_ways_rollback_and_load_by_alias(settings, first_sweep) -> None:
+    import mlflow
+
+    from pipelines import tasks
+    from pipelines.clients.mlflow import client as mlflow_client
+    from pipelines.registry.models import CANDIDATE, CHAMPION, RegistryError, alias_version, history, rollback
+
+    evaluated = {"table": [{"condition": "tuned_candidate", **_row(0.5, 0.5, 100)}], "json_uri": "e.json"}
+    first = tasks.register(first_sweep, evaluated, settings)
+    assert tasks.register(first_sweep, evaluated, settings)["version"] == first["version"]  # idempotent
+    decision = tasks.promote(first, evaluated, {"reason": "first"}, settings)
+    assert decision["promoted"] and alias_version(settings, CHAMPION) == first["version"]
+
+    second_sweep = tasks.train({"sweep": _variant_of_tiny(settings)}, settings)
+    second = tasks.register(second_sweep, evaluated, settings)
+    assert second["version"] != first["version"] and alias_version(settings, CANDIDATE) == second["version"]
+    worse = {"table": [{"condition": "tuned_candidate", **_row(0.5, 0.5, 100)},
+                       {"condition": "tuned_champion", **_row(0.5, 0.5, 100)}]}
+    decision = tasks.promote(second, worse, {}, settings)
+    assert not decision["promoted"] and alias_version(settings, CHAMPION) == first["version"]
+    client = mlflow_client(settings)
+    recorded = json.loads(client.get_model_version(settings.mlflow.registered_model, second["version"]).tags["flywheel.gate"])
+    assert recorded["promoted"] is False and recorded["numbers"]["champion_exact_match"] == 0.5
+    better = {"table": [{"condition": "tuned_candidate", **_row(0.8, 0.9, 100)},
+                        {"condition": "tuned_champion", **_row(0.5, 0.5, 100)}]}
+    decision = tasks.promote(second, better, {"reason": "drift: holiday"}, settings)
+    assert decision["promoted"] and alias_version(settings, CHAMPION) == second["version"]
+    assert history(settings)[-1]["reason"].startswith("[drift: holiday]")
+
+    assert rollback(settings)["champion"] == first["version"]
+    assert alias_version(settings, CHAMPION) == first["version"]
+    with pytest.raises(RegistryError, match="no previous champion"):
+        rollback(settings)
+
+    version = client.get_model_version(settings.mlflow.registered_model, first["version"])
+    assert version.tags["flywheel.dataset_digest"] == first_sweep_digest(settings)
+    files = [a.path for a in client.list_artifacts(version.run_id, "registered_model/artifacts/adapter")]
+    assert any(f.endswith("adapter_model.safetensors") for f in files)
+    assert not any(f.endswith("model.safetensors") and "adapter" not in f for f in files)  # never the base
+    run = client.get_run(version.run_id)
+    assert run.inputs.dataset_inputs and run.inputs.dataset_inputs[0].dataset.digest
+
+    model = mlflow.pyfunc.load_model(f"models:/{settings.mlflow.registered_model}@champion")
+    from pipelines.train.dataset import load_split
+
+    rows = load_split(settings, "test", 2, 0)
+    out = model.predict(pd.DataFrame({"messages": rows["messages_json"], "tools_json": rows["tools_json"],
+                                      "event_time": rows["event_time"], "context": ""}), params={"max_new_tokens": 8})
+    assert len(out) == 2 and all(isinstance(t, str) for t in out)
+    with pytest.raises(ValueError, match="missing input column"):
+        model.predict(pd.DataFrame({"messages": ["[]"]}))
+
+
+def first_sweep_digest(settings) -> str:
+    from pipelines.train.dataset import manifest
+
+    return manifest(settings)["training_set"]["digest"]
+
+
+def _variant_of_tiny(settings) -> str:
+    import yaml
+
+    data = yaml.safe_load(Path(TINY).read_text())
+    data["name"] = "tiny-b"
+    data["grid"] = {"learning_rate": [2e-2]}
+    path = Path(str(settings.root)) / "tiny-b.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return str(path)
+
+
+def test_few_shot_retrieval_picks_similar_requests() -> None:
+    from pipelines.evaluate.fewshot import with_shots
+    from pipelines.train.dataset import Example
+
+    def ex(i: str, text: str, tool: str) -> Example:
+        return Example(i, [{"role": "system", "content": "S"}, {"role": "user", "content": text}],
+                       json.dumps({"name": tool, "arguments": {}}), tool, text)
+
+    pool = [ex("a", "where is my parcel 1Z999 with UPS", "track_shipment"),
+            ex("b", "cancel my subscription I-123", "cancel_subscription"),
+            ex("c", "show red running shoes under 80 EUR", "search_products")]
+    query = ex("q", "track package 1Z555 (UPS)", "track_shipment")
+    conversation = with_shots([query], pool, 1)[0]
+    assert [t["role"] for t in conversation] == ["system", "user", "assistant", "user"]
+    assert conversation[1]["content"] == pool[0].query and conversation[-1]["content"] == query.query
