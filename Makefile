@@ -8,7 +8,10 @@ PIP_VERSION := 26.3
 # This machine kind lists local package folders that pip reports as missing: not errors.
 PIP_NOISE := is ignored: it is neither a file nor a directory
 
-.PHONY: setup demo test test-fast lock bench clean-data help
+NEMO_VENV := .venv-nemo
+NEMO_STAMP := $(NEMO_VENV)/.installed
+
+.PHONY: setup nemo-env demo test test-fast lock bench clean-data help
 
 help:
 	@echo "make demo   install what is missing, then run the whole flywheel on embedded defaults"
@@ -26,13 +29,23 @@ $(STAMP): requirements/platform.lock requirements/models.lock pyproject.toml
 	set -o pipefail; $(PY) -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | { grep -v "$(PIP_NOISE)\|BuildBackendWarning\|!!\|\*\*\*\|Please be careful\|name as your package\|with strategy\|return '\|^ *$$" || true; }
 	@touch $(STAMP)
 
+# NeMo AutoModel pins its own transformers: it lives in a second venv (the NeMo container on a cluster).
+nemo-env: $(NEMO_STAMP)
+
+$(NEMO_STAMP): requirements/nemo.in
+	@test -x $(NEMO_VENV)/bin/python || $(PYTHON) -m venv $(NEMO_VENV)
+	@echo "installing NeMo AutoModel into $(NEMO_VENV) (about 2-3 min, 2.4 GB) ..."
+	set -o pipefail; $(NEMO_VENV)/bin/python -m pip install -q "pip==$(PIP_VERSION)" 2>&1 | { grep -v "$(PIP_NOISE)" || true; }
+	set -o pipefail; $(NEMO_VENV)/bin/python -m pip install -q -r requirements/nemo.in 2>&1 | { grep -v "$(PIP_NOISE)" || true; }
+	@touch $(NEMO_STAMP)
+
 demo: setup
 	$(VENV)/bin/flywheel demo
 
-test: setup
+test: setup nemo-env
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 
-test-fast: setup
+test-fast: setup nemo-env
 	$(VENV)/bin/pytest -m "not slow" $(PYTEST_ARGS)
 
 lock:

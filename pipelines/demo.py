@@ -18,6 +18,11 @@ class DemoFailed(RuntimeError):
     """A demo step failed; the message says which and where its log is."""
 
 
+def _latest_evaluation(settings: Settings) -> dict | None:
+    reports = sorted(Path(settings.zone("reports"), "evaluation").glob("*/report.json"), key=lambda p: p.stat().st_mtime)
+    return read_json(str(reports[-1])) if reports else None
+
+
 def run_demo(settings: Settings, *, records_per_day: int, days: int, seed: int, console: Console) -> dict[str, str]:
     started = time.perf_counter()
     end = (datetime.now(timezone.utc) - timedelta(days=1)).date()
@@ -26,8 +31,10 @@ def run_demo(settings: Settings, *, records_per_day: int, days: int, seed: int, 
             "source": "synthetic", "seed": seed}
 
     console.rule(f"commerce_flywheel DAG: {days} days of traffic ending {end} ({records_per_day}/day)")
-    console.print("ingest -> Spark prep -> Great Expectations gates -> Feast features (airflow dags test) ...")
-    with console.status("running the DAG (about 2 minutes on 2 cores) ..."):
+    console.print("ingest -> Spark prep -> Great Expectations gates -> Feast features -> LoRA sweep on "
+                  "SmolLM2-135M -> evaluation -> MLflow registry -> promotion gate (airflow dags test) ...")
+    with console.status("running the DAG (about 15 minutes on 2 cores: most of it LoRA training and "
+                        "evaluation on the CPU) ..."):
         result = airflow.dags_test(settings, "commerce_flywheel", conf)
     log = root / "logs" / "demo-dags-test.log"
     log.parent.mkdir(parents=True, exist_ok=True)
@@ -44,6 +51,17 @@ def run_demo(settings: Settings, *, records_per_day: int, days: int, seed: int, 
     console.print(f"splits: {manifest['examples_by_split']}; with customer context: "
                   f"{manifest['training_set']['with_customer_context']:,}")
 
+    evaluation = _latest_evaluation(settings)
+    if evaluation:
+        table = Table(title=f"tool-calling evaluation on {evaluation['examples']} test requests")
+        for column in ("condition", "exact match", "name acc.", "arg F1", "prompt tokens", "latency p50 ms"):
+            table.add_column(column)
+        for c in evaluation["conditions"]:
+            table.add_row(c["condition"], f"{c['summary']['exact_match']:.3f}", f"{c['summary']['name_accuracy']:.3f}",
+                          f"{c['summary']['arg_f1'] or 0:.3f}", f"{c['stats']['prompt_tokens_mean']:.0f}",
+                          f"{c['stats']['latency_ms_p50']:.0f}")
+        console.print(table)
+
     outputs = {
         "raw logs": settings.zone("raw"),
         "curated SFT Parquet (train/val/test)": manifest["training_set"]["uri"],
@@ -52,13 +70,16 @@ def run_demo(settings: Settings, *, records_per_day: int, days: int, seed: int, 
         "Data Docs": f"{settings.zone('reports')}/quality/gx/uncommitted/data_docs/local_site/index.html",
         "Feast registry / online store": f"{settings.feast.registry} / {settings.feast.online_store}",
         "DAG log": str(log),
+        "MLflow runs and registry": f"{settings.mlflow.tracking_uri} (UI: flywheel up)",
     }
+    if evaluation:
+        outputs["evaluation report"] = evaluation["html_uri"]
     table = Table(title=f"demo finished in {time.perf_counter() - started:.0f} s")
     table.add_column("output")
     table.add_column("where")
     for name, where in outputs.items():
         table.add_row(name, where)
     console.print(table)
-    console.print("Next: `flywheel up` for the Airflow (http://127.0.0.1:8080) and MLflow UIs; "
-                  "`flywheel features context <customer_id>` for the online context.")
+    console.print("Next: `flywheel up` for the Airflow (http://127.0.0.1:8080) and MLflow (http://127.0.0.1:5000) "
+                  "UIs; `flywheel registry list`; `flywheel features context <customer_id>` for the online context.")
     return outputs

@@ -1,0 +1,180 @@
+"""The `nemo` training backend: NVIDIA NeMo AutoModel's fine-tuning recipe, launched from a generated
+recipe YAML in its own environment (`make nemo-env` here; the NeMo container on a cluster).
+
+Same hyperparameters as the `hf` backend (TrainConfig), same output: an HF-PEFT adapter in
+`out/adapter`. On GPU nodes: `torchrun --nproc-per-node N -m nemo_automodel.recipes.llm.train_ft`
+(NCCL, tensor parallelism as configured). Without a GPU: the same recipe through
+`pipelines.train.nemo_cpu` (a documented CPU adaptation). The recipe checkpoints every N steps into
+`out/nemo-checkpoints` and resumes from there when a retried task starts it again.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+from rich.console import Console
+
+from pipelines.config import REPO_ROOT, Settings
+from pipelines.errors import NotRetryable
+from pipelines.train.hf_backend import TrainConfig, TrainResult, top_layers
+
+RECIPE_MODULE = "nemo_automodel.recipes.llm.train_ft"
+STEP_LINE = re.compile(r"\bstep (\d+) \| epoch \d+ \| loss ([-+0-9.eEnaif]+) \|.*?\blr ([0-9.eE+-]+) \|.*?\btps ([0-9.]+)")
+
+
+class NemoUnavailable(NotRetryable):
+    """The NeMo AutoModel environment is missing (run `make nemo-env`) or its recipe failed."""
+
+
+def total_steps(cfg: TrainConfig, examples: int) -> int:
+    return cfg.max_steps or max(1, math.ceil(math.ceil(examples / cfg.batch_size) * cfg.epochs))
+
+
+def target_patterns(cfg: TrainConfig, num_layers: int) -> list[str]:
+    """NeMo's LoRA targets (wildcards over module names), restricted to the top layers when asked."""
+    layers = top_layers(num_layers, cfg.lora_layers)
+    if layers is None:
+        return [f"*.{m}" for m in cfg.target_modules]
+    return [f"*.layers.{i}.*.{m}" for i in layers for m in cfg.target_modules]
+
+
+def recipe(cfg: TrainConfig, *, base_model_path: str, num_layers: int, train_file: str, checkpoint_dir: str,
+           examples: int, gpus: int = 0, tensor_parallel_size: int = 1) -> dict[str, Any]:
+    """The AutoModel fine-tuning recipe (`_target_` YAML) for one sweep variant."""
+    steps = total_steps(cfg, examples)
+    on_gpu = gpus > 0
+    return {
+        "recipe": "TrainFinetuneRecipeForNextTokenPrediction",
+        "seed": cfg.seed,
+        "dist_env": {"backend": "nccl" if on_gpu else "gloo", "timeout_minutes": 30},
+        "model": {"_target_": "nemo_automodel.NeMoAutoModelForCausalLM.from_pretrained",
+                  "pretrained_model_name_or_path": base_model_path,
+                  "torch_dtype": "bfloat16" if on_gpu else "float32", "attn_implementation": "sdpa"},
+        "distributed": {"_target_": "nemo_automodel.components.distributed.fsdp2.FSDP2Manager",
+                        "dp_size": max(1, gpus // tensor_parallel_size) if on_gpu else 1,
+                        "tp_size": tensor_parallel_size if on_gpu else 1, "pp_size": 1, "cp_size": 1},
+        "step_scheduler": {"global_batch_size": cfg.batch_size,
+                           "local_batch_size": max(1, cfg.batch_size // max(1, gpus // tensor_parallel_size))
+                           if on_gpu else cfg.batch_size,
+                           "max_steps": steps, "num_epochs": max(1, math.ceil(cfg.epochs)),
+                           "ckpt_every_steps": cfg.checkpoint_every, "val_every_steps": steps + 1},
+        "optimizer": {"_target_": "torch.optim.AdamW" if cfg.optimizer == "adamw" else "torch.optim.Adam",
+                      "lr": cfg.learning_rate, "weight_decay": cfg.weight_decay, "betas": [0.9, 0.999], "eps": 1e-8},
+        "lr_scheduler": {"lr_decay_style": "cosine", "lr_warmup_steps": cfg.warmup_steps,
+                         "min_lr": cfg.learning_rate * cfg.min_lr_ratio},
+        "clip_grad_norm": {"max_norm": 1.0},
+        "checkpoint": {"enabled": True, "checkpoint_dir": checkpoint_dir, "model_save_format": "safetensors",
+                       "save_consolidated": False},
+        "dataset": {"_target_": "nemo_automodel.components.datasets.llm.chat_dataset.ChatDataset",
+                    "path_or_dataset_id": train_file, "split": "train", "seq_length": cfg.max_seq_len,
+                    "truncation": "longest_first", "mask_history": True},
+        "dataloader": {"_target_": "torchdata.stateful_dataloader.StatefulDataLoader",
+                       "collate_fn": "nemo_automodel.components.datasets.utils.default_collater", "shuffle": True},
+        "peft": {"_target_": "nemo_automodel.components._peft.lora.PeftConfig", "dim": cfg.lora_rank,
+                 "alpha": cfg.lora_alpha, "dropout": cfg.lora_dropout,
+                 "target_modules": target_patterns(cfg, num_layers), "use_triton": on_gpu},
+        "loss_fn": {"_target_": "nemo_automodel.components.loss.masked_ce.MaskedCrossEntropy"},
+    }
+
+
+def write_chat_dataset(pairs: list[tuple[list[dict[str, str]], str]], path: Path) -> int:
+    """Our (turns, target) pairs as OpenAI-format chat rows; the loss is on the final assistant turn."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", encoding="utf-8") as handle:
+        for turns, target in pairs:
+            handle.write(json.dumps({"messages": [*turns, {"role": "assistant", "content": target}]},
+                                    ensure_ascii=False) + "\n")
+    return len(pairs)
+
+
+def launch_command(settings: Settings, config_path: Path, gpus: int) -> list[str]:
+    python = settings.train.nemo_python
+    if gpus > 0:
+        return [str(Path(python).parent / "torchrun"), f"--nproc-per-node={gpus}", "-m", RECIPE_MODULE,
+                "--config", str(config_path)]
+    return [python, "-m", "pipelines.train.nemo_cpu", "--config", str(config_path)]
+
+
+def _latest_checkpoint(checkpoint_dir: Path) -> Path | None:
+    found = [(int(m.group(1)), p) for p in checkpoint_dir.glob("epoch_*_step_*")
+             if (m := re.search(r"step_(\d+)$", p.name)) and (p / "model" / "adapter_model.safetensors").is_file()]
+    return max(found)[1] if found else None
+
+
+def train_nemo(settings: Settings, cfg: TrainConfig, pairs: list[tuple[list[dict[str, str]], str]], out: Path,
+               on_step: Callable[[int, float, float], None] | None = None, *, tensor_parallel_size: int = 1,
+               gpus: int = 1, console: Console | None = None) -> TrainResult:
+    from transformers import AutoConfig
+
+    from pipelines.train.models import prepare_base
+
+    if not Path(settings.train.nemo_python).is_file():
+        raise NemoUnavailable(f"no NeMo AutoModel environment at {settings.train.nemo_python}: run `make nemo-env`")
+    import torch
+
+    gpus = gpus if torch.cuda.is_available() else 0
+    base = prepare_base(cfg.base_model, settings)
+    num_layers = AutoConfig.from_pretrained(base).num_hidden_layers
+    out.mkdir(parents=True, exist_ok=True)
+    train_file = out / "train.jsonl"
+    write_chat_dataset(pairs, train_file)
+    checkpoints = out / "nemo-checkpoints"
+    resumed = _latest_checkpoint(checkpoints)
+    spec = recipe(cfg, base_model_path=base, num_layers=num_layers, train_file=str(train_file),
+                  checkpoint_dir=str(checkpoints), examples=len(pairs), gpus=gpus,
+                  tensor_parallel_size=tensor_parallel_size)
+    config_path = out / "nemo-recipe.yaml"
+    config_path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    if gpus == 0:
+        env.update({"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+                    "MASTER_PORT": str(_free_port())})
+    losses, lrs, tps = [], [], []
+    log = out / "nemo-train.log"
+    started = time.perf_counter()
+    with log.open("w") as sink:
+        proc = subprocess.Popen(launch_command(settings, config_path, gpus), cwd=out, env=env, text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            sink.write(line)
+            for m in STEP_LINE.finditer(line):
+                step, loss, lr = int(m.group(1)), float(m.group(2)), float(m.group(3))
+                losses.append(loss)
+                lrs.append(lr)
+                tps.append(float(m.group(4)))
+                if on_step:
+                    on_step(step, loss, lr)
+        code = proc.wait()
+    seconds = time.perf_counter() - started
+    if code != 0:
+        raise NemoUnavailable(f"the NeMo AutoModel recipe exited with {code}; see {log}")
+    latest = _latest_checkpoint(checkpoints)
+    if latest is None:
+        raise NemoUnavailable(f"the NeMo AutoModel recipe wrote no adapter under {checkpoints}; see {log}")
+    adapter = out / "adapter"
+    shutil.rmtree(adapter, ignore_errors=True)
+    shutil.copytree(latest / "model", adapter)
+    status = "completed" if losses and all(math.isfinite(v) for v in losses) else "diverged"
+    rate = statistics.median(tps[1:] or tps) if tps else 0.0
+    return TrainResult(adapter_dir=str(adapter), status=status, steps=len(losses),
+                       resumed_from=int(re.search(r"step_(\d+)$", resumed.name).group(1)) + 1 if resumed else 0,
+                       tokens=int(rate * seconds), seconds=round(seconds, 2), tokens_per_s=round(rate, 1),
+                       final_loss=losses[-1] if losses else float("nan"), losses=losses, learning_rates=lrs)
+
+
+def _free_port() -> int:
+    from pipelines.services import free_port
+
+    return free_port()
