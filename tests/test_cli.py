@@ -36,6 +36,11 @@ def test_generate_json_output_and_files(tmp_path: Path) -> None:
     (["config", "show"], {"FLYWHEEL_MLFLOW__PORT": "70000"}, "mlflow.port"),
     (["status"], {"FLYWHEEL_PROFILE": "cloud"}, "profile"),
     (["up"], {"FLYWHEEL_PROFILE": "cluster"}, "required by the cluster profile"),
+    (["train", "--sweep", "/no/such/sweep.yaml"], {}, "sweep: no such file"),
+    (["train", "--sweep", "conf/sweeps/tiny.yaml"], {}, "run the data path"),
+    (["train", "--backend", "jax"], {}, "--backend"),
+    (["registry", "rollback"], {}, "no previous champion"),
+    (["eval", "--adapter", "/no/adapter"], {}, "--adapter"),
 ])
 def test_bad_input_is_one_clear_line(tmp_path: Path, args: list[str], env: dict[str, str], needle: str) -> None:
     result = run_flywheel(*args, env={"FLYWHEEL_ROOT": str(tmp_path), **env})

@@ -43,8 +43,12 @@ def use_tracking(settings: Settings) -> str:
 
     Locally the tracking URI is the SQLite store itself (no server needed); artifacts go to the same
     folder the local server serves, so `flywheel up` shows every run and adapter."""
+    import logging
+
     import mlflow
 
+    for noisy in ("mlflow", "alembic"):  # store creation and migrations log at INFO on first use
+        logging.getLogger(noisy).setLevel(logging.WARNING)
     m = settings.mlflow
     if m.username and m.password:
         os.environ["MLFLOW_TRACKING_USERNAME"] = m.username

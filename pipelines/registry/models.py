@@ -209,7 +209,12 @@ def promote(settings: Settings, candidate_row: dict[str, Any], champion_row: dic
 
 
 def _history(client: Any, name: str) -> list[dict[str, Any]]:
-    return json.loads(client.get_registered_model(name).tags.get(HISTORY_TAG, "[]"))
+    import mlflow
+
+    try:
+        return json.loads(client.get_registered_model(name).tags.get(HISTORY_TAG, "[]"))
+    except mlflow.exceptions.MlflowException:  # nothing registered yet
+        return []
 
 
 def _append_history(client: Any, name: str, entry: dict[str, Any]) -> None:

@@ -74,7 +74,8 @@ def load_split(settings: Settings, split: str, limit: int | None = None, seed: i
 def system_for(row: dict[str, Any], style: PromptStyle) -> str:
     if style == "full":
         return row["system_prompt"]
-    return short_system_prompt(row["tools_json"], _day(row.get("event_timestamp") or row["event_time"]), row.get("context") or None)
+    day = _day(row.get("event_timestamp") or row["event_time"])
+    return short_system_prompt(row["tools_json"], day, row.get("context") or None)
 
 
 def _day(value: Any) -> str:
