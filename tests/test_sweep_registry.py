@@ -212,3 +212,40 @@ def test_few_shot_retrieval_picks_similar_requests() -> None:
     conversation = with_shots([query], pool, 1)[0]
     assert [t["role"] for t in conversation] == ["system", "user", "assistant", "user"]
     assert conversation[1]["content"] == pool[0].query and conversation[-1]["content"] == query.query
+
+
+def test_llm_judge_scores_through_an_openai_compatible_endpoint(settings) -> None:
+    """A local stand-in for a remote OpenAI-compatible endpoint (none can be reached here)."""
+    import http.server
+    import threading
+
+    from pipelines.config import load_settings
+    from pipelines.evaluate.judge import judge_scores
+
+    seen = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            seen.append((self.path, self.headers.get("Authorization"), body))
+            answer = "8" if "get_order" in body["messages"][0]["content"].split("Predicted call:")[1] else "no idea"
+            data = json.dumps({"choices": [{"message": {"content": answer}}]}).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        judged = load_settings(root=str(settings.root), evaluation={
+            "judge_url": f"http://127.0.0.1:{server.server_port}/v1", "judge_model": "m", "judge_api_key": "k"})
+        scores = judge_scores(judged, [("where is ORD-1", '{"name":"get_order"}', '{"name":"get_order"}'),
+                                       ("where is ORD-1", '{"name":"get_order"}', '{"name":"list_invoices"}')])
+    finally:
+        server.shutdown()
+    assert scores == [0.8, None]
+    assert seen[0][0] == "/v1/chat/completions" and seen[0][1] == "Bearer k" and seen[0][2]["model"] == "m"

@@ -120,23 +120,32 @@ def evaluate(settings: Settings, cfg: EvalConfig, adapters: list[Adapter], name:
                   TimeElapsedColumn(), console=console, transient=False) as progress:
         gen = {"max_new_tokens": cfg.max_new_tokens, "batch_size": cfg.batch_size,
                "latency_samples": cfg.latency_samples, "progress": progress}
+
+        def run(condition: str, label: str, style: str, shots: int, model: Any, tokenizer: Any,
+                chosen: list[Example], conversations: list[list[dict[str, str]]]) -> None:
+            out = generate(model, tokenizer, conversations, label=condition, **gen)
+            result = score_condition(condition, label, style, shots, chosen, out.texts, out.stats())
+            if settings.evaluation.judge_url:
+                from pipelines.evaluate.judge import judge_scores
+
+                graded = [v for v in judge_scores(settings, [(e.query, e.target, t) for e, t in zip(chosen, out.texts)])
+                          if v is not None]
+                result.summary["judge_score"] = sum(graded) / len(graded) if graded else None
+            results.append(result)
+
         if cfg.baselines:
             model, tokenizer = load_model(cfg.base_model, settings)
-            out = generate(model, tokenizer, [e.turns for e in full], label="base zero-shot", **gen)
-            results.append(score_condition("base_zero_shot", cfg.base_model, "full", 0, full, out.texts, out.stats()))
+            run("base_zero_shot", cfg.base_model, "full", 0, model, tokenizer, full, [e.turns for e in full])
             if cfg.shots:
                 pool = single_turn(to_examples(load_split(settings, "train", cfg.shot_pool, cfg.seed), "full"))
-                conversations = with_shots(full, pool, cfg.shots)
-                out = generate(model, tokenizer, conversations, label=f"base {cfg.shots}-shot", **gen)
-                results.append(score_condition("base_few_shot", cfg.base_model, "full", cfg.shots, full, out.texts,
-                                               out.stats()))
+                run("base_few_shot", cfg.base_model, "full", cfg.shots, model, tokenizer, full,
+                    with_shots(full, pool, cfg.shots))
             del model
         for adapter in adapters:
             model, tokenizer = load_model(cfg.base_model, settings, adapter.path)
             chosen = short if adapter.prompt_style == "short" else full
-            out = generate(model, tokenizer, [e.turns for e in chosen], label=adapter.label, **gen)
-            results.append(score_condition(adapter.label, adapter.path, adapter.prompt_style, 0, chosen, out.texts,
-                                           out.stats()))
+            run(adapter.label, adapter.path, adapter.prompt_style, 0, model, tokenizer, chosen,
+                [e.turns for e in chosen])
             del model
     report = EvalReport(name, dataset, len(frame), results, seconds=round(time.perf_counter() - started, 1))
     return write_report(settings, report)
