@@ -50,7 +50,7 @@ def test_dag_trains_and_registers_with_airflow_and_mlflow_on_postgres(tmp_path: 
 
     root = tmp_path / "fw"
     env = {"FLYWHEEL_ROOT": str(root),
-           "FLYWHEEL_AIRFLOW__SQL_ALCHEMY_CONN": postgres.uri("airflow", "postgresql+psycopg2"),
+           "FLYWHEEL_AIRFLOW__SQL_ALCHEMY_CONN": postgres.uri("airflow"),
            "FLYWHEEL_MLFLOW__BACKEND_STORE_URI": postgres.uri("mlflow"),
            "FLYWHEEL_MLFLOW__TRACKING_URI": postgres.uri("mlflow"),
            "FLYWHEEL_EVALUATION__EXAMPLES": "4", "FLYWHEEL_EVALUATION__SHOTS": "1"}

@@ -53,7 +53,7 @@ class LocalPostgres:
     user: str
     password: str
 
-    def uri(self, database: str, driver: str = "postgresql") -> str:
+    def uri(self, database: str, driver: str = "postgresql+psycopg2") -> str:
         return f"{driver}://{self.user}:{self.password}@127.0.0.1:{self.port}/{database}"
 
     def stop(self) -> None:
