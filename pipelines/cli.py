@@ -329,7 +329,7 @@ def eval_cmd(
 ) -> None:
     """Evaluate base zero-shot, base few-shot and tuned adapters side by side (JSON + HTML report)."""
     from pipelines.evaluate.pipeline import Adapter, EvalConfig, evaluate
-    from pipelines.registry.models import adapter_path, alias_version
+    from pipelines.registry.models import adapter_path, alias_version, prompt_style
 
     settings = get_settings()
     if split not in ("train", "val", "test"):
@@ -344,7 +344,7 @@ def eval_cmd(
         number = ref if ref.isdigit() else alias_version(settings, ref)
         if number is None:
             raise UserError(f"--version: no version or alias {ref!r} in {settings.mlflow.registered_model}")
-        adapters.append(Adapter(f"tuned_v{number}", adapter_path(settings, number)))
+        adapters.append(Adapter(f"tuned_v{number}", adapter_path(settings, number), prompt_style(settings, number)))
     cfg = EvalConfig(base_model=base_model, split=split, logs=logs, baselines=baselines,
                      examples=examples or settings.evaluation.examples,
                      shots=settings.evaluation.shots if shots is None else shots)

@@ -99,7 +99,7 @@ def evaluate(trained: dict[str, Any], settings: Settings | None = None) -> dict[
     """Base zero-shot, base few-shot, the sweep's best adapter and the current champion, side by side."""
     from pipelines.evaluate.pipeline import Adapter, EvalConfig
     from pipelines.evaluate.pipeline import evaluate as run_eval
-    from pipelines.registry.models import CHAMPION, adapter_path, alias_version
+    from pipelines.registry.models import CHAMPION, adapter_path, alias_version, prompt_style
     from pipelines.storage import read_json
 
     settings = settings or get_settings()
@@ -107,7 +107,7 @@ def evaluate(trained: dict[str, Any], settings: Settings | None = None) -> dict[
     adapters = [Adapter("tuned_candidate", trained["adapter_dir"], sweep["prompt_style"])]
     champion = alias_version(settings, CHAMPION)
     if champion is not None:
-        adapters.append(Adapter("tuned_champion", adapter_path(settings, champion), "short"))
+        adapters.append(Adapter("tuned_champion", adapter_path(settings, champion), prompt_style(settings, champion)))
     cfg = EvalConfig(base_model=sweep["base_model"], examples=settings.evaluation.examples,
                      shots=settings.evaluation.shots)
     report = run_eval(settings, cfg, adapters, sweep["sweep_id"])

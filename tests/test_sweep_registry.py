@@ -141,6 +141,9 @@ def test_register_promote_gate_both_ways_rollback_and_load_by_alias(settings, fi
     assert decision["promoted"] and alias_version(settings, CHAMPION) == first["version"]
 
     second_sweep = tasks.train({"sweep": _variant_of_tiny(settings)}, settings)
+    measured = tasks.evaluate(second_sweep, settings)  # the champion is measured on the same requests
+    assert [r["condition"] for r in measured["table"]][-2:] == ["tuned_candidate", "tuned_champion"]
+    assert measured["champion_version"] == first["version"]
     second = tasks.register(second_sweep, evaluated, settings)
     assert second["version"] != first["version"] and alias_version(settings, CANDIDATE) == second["version"]
     worse = {"table": [{"condition": "tuned_candidate", **_row(0.5, 0.5, 100)},

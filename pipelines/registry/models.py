@@ -7,6 +7,7 @@ Aliases: a new version becomes `candidate`; `champion` moves only through `promo
 
 from __future__ import annotations
 
+import hashlib
 import json
 import subprocess
 import tempfile
@@ -94,7 +95,7 @@ def register(settings: Settings, sweep: dict[str, Any], evaluation: dict[str, An
             return {"name": name, "version": str(version.version), "run_id": version.run_id, "existing": True}
 
     lineage = manifest(settings)
-    tool_schema_version = __import__("hashlib").sha256(tools_json(TOOLS).encode()).hexdigest()[:12]
+    tool_schema_version = hashlib.sha256(tools_json(TOOLS).encode()).hexdigest()[:12]
     meta = {"base_model": sweep["base_model"], "prompt_style": sweep["prompt_style"], "backend": sweep["backend"],
             "tool_schema_version": tool_schema_version, "dataset_digest": sweep["dataset_digest"],
             "sweep_id": sweep["sweep_id"], "code_version": code_version(),
@@ -146,6 +147,14 @@ def alias_version(settings: Settings, alias: str) -> str | None:
         return str(mlflow_client(settings).get_model_version_by_alias(settings.mlflow.registered_model, alias).version)
     except mlflow.exceptions.MlflowException:
         return None
+
+
+def prompt_style(settings: Settings, version: str) -> str:
+    """The prompt style a registered version was trained with (its tag)."""
+    from pipelines.clients.mlflow import client as mlflow_client
+
+    tags = mlflow_client(settings).get_model_version(settings.mlflow.registered_model, version).tags
+    return tags.get("flywheel.prompt_style", "short")
 
 
 def adapter_path(settings: Settings, version: str) -> str:
