@@ -78,8 +78,10 @@ def test_failing_gate_stops_the_dag_before_features_and_quarantines_the_batch(tm
 
 def test_dag_runs_under_the_scheduler_triggered_through_the_rest_api(tmp_path: Path) -> None:
     root = tmp_path / "fw"
+    # unpausing the DAG also starts its latest scheduled (daily) run, which trains: with the tiny sweep here
     env = {"FLYWHEEL_ROOT": str(root), "FLYWHEEL_AIRFLOW__PORT": str(free_port()),
-           "FLYWHEEL_MLFLOW__PORT": str(free_port())}
+           "FLYWHEEL_MLFLOW__PORT": str(free_port()), "FLYWHEEL_TRAIN__SWEEP": TINY_SWEEP,
+           "FLYWHEEL_EVALUATION__EXAMPLES": "4", "FLYWHEEL_EVALUATION__SHOTS": "1"}
     try:
         up = run_flywheel("up", "--only", "airflow", "--json", env=env)
         assert up.returncode == 0, up.stderr
