@@ -71,12 +71,6 @@ class EvalReport:
     html_uri: str = ""
     seconds: float = 0.0
 
-    def condition(self, name: str) -> ConditionResult:
-        for c in self.conditions:
-            if c.condition == name:
-                return c
-        raise KeyError(name)
-
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 

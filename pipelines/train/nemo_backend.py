@@ -27,6 +27,7 @@ from rich.console import Console
 
 from pipelines.config import REPO_ROOT, Settings
 from pipelines.errors import NotRetryable
+from pipelines.services import free_port
 from pipelines.train.hf_backend import TrainConfig, TrainResult, top_layers
 
 RECIPE_MODULE = "nemo_automodel.recipes.llm.train_ft"
@@ -139,7 +140,7 @@ def train_nemo(settings: Settings, cfg: TrainConfig, pairs: list[tuple[list[dict
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     if gpus == 0:
         env.update({"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
-                    "MASTER_PORT": str(_free_port())})
+                    "MASTER_PORT": str(free_port())})
     losses, lrs, tps = [], [], []
     log = out / "nemo-train.log"
     started = time.perf_counter()
@@ -172,9 +173,3 @@ def train_nemo(settings: Settings, cfg: TrainConfig, pairs: list[tuple[list[dict
                        resumed_from=int(re.search(r"step_(\d+)$", resumed.name).group(1)) + 1 if resumed else 0,
                        tokens=int(rate * seconds), seconds=round(seconds, 2), tokens_per_s=round(rate, 1),
                        final_loss=losses[-1] if losses else float("nan"), losses=losses, learning_rates=lrs)
-
-
-def _free_port() -> int:
-    from pipelines.services import free_port
-
-    return free_port()

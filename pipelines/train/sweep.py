@@ -24,6 +24,7 @@ from rich.console import Console
 
 from pipelines.config import ConfigError, Settings
 from pipelines.errors import NotRetryable
+from pipelines.storage import write_json
 from pipelines.train.hf_backend import TrainConfig, TrainResult
 
 SELECT_METRICS = ("exact_match", "arg_f1", "name_accuracy")
@@ -190,8 +191,6 @@ def run_sweep(settings: Settings, sweep: SweepConfig, console: Console | None = 
             mlflow.set_tags({"flywheel.best_run_id": best.run_id, "flywheel.best_variant": str(best.index)})
     result = SweepResult(sweep_id, sweep.name, sweep.backend, parent_id, digest, sweep.prompt_style,
                          sweep.base.base_model, results, best.index if best else None)
-    from pipelines.storage import write_json
-
     result.uri = write_json(str(folder / "sweep.json"), result.to_dict())
     return result
 
