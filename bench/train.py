@@ -1,14 +1,19 @@
 """LoRA training throughput (tokens/s) of the hf and nemo backends side by side, same data and
-hyperparameters, on real SmolLM2-135M (fp32 on CPU; bf16 and NCCL on a GPU node).
+hyperparameters: real SmolLM2-135M (fp32 on CPU), or on a GPU node (bf16, NCCL) any catalogue model,
+e.g. `llama-8b-shape-random` (Llama-3.1-8B's shape, random weights), with MFU against the hardware table.
 
 Usage: .venv/bin/python bench/train.py [--steps 10] [--batch-size 4] [--rank 16] [--backends hf,nemo]
-The nemo backend needs `make nemo-env`. Its figure is the recipe's own tokens/s (median over steps,
-first step excluded); the hf figure counts the same padded-batch tokens over the whole loop.
+                                       [--model smollm2-135m-instruct]
+The nemo backend needs `make nemo-env` (on a GPU node, the NeMo container's python via
+FLYWHEEL_TRAIN__NEMO_PYTHON). Its figure is the recipe's own tokens/s (median over steps, first step
+excluded); the hf figure counts the non-padding tokens over the whole loop. MFU counts 4 x (parameters
+outside the input embedding) FLOPs per token (LoRA: no weight gradients for frozen weights).
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import platform
 import shutil
@@ -19,12 +24,13 @@ from pathlib import Path
 import pandas as pd
 import torch
 
+from pipelines.bench.hardware import detect, mfu, training_flops_per_token
 from pipelines.config import load_settings
 from pipelines.logs.generator import GeneratorConfig, TrafficGenerator
 from pipelines.prep.nodes import prepare_line
 from pipelines.train.dataset import to_examples, training_pairs
 from pipelines.train.hf_backend import TrainConfig, train_lora
-from pipelines.train.models import load_base
+from pipelines.train.models import load_base, prepare_base
 from pipelines.train.nemo_backend import train_nemo
 
 
@@ -36,31 +42,49 @@ def main() -> None:
     parser.add_argument("--root", default=".flywheel", help="where the dequantized base model is cached")
     parser.add_argument("--backends", default="hf,nemo")
     parser.add_argument("--prompt", choices=["short", "full"], default="short")
+    parser.add_argument("--keep", default=None, help="keep adapters and logs in this folder (default: removed)")
+    parser.add_argument("--model", default="smollm2-135m-instruct", help="catalogue name or local folder")
     args = parser.parse_args()
     settings = load_settings(root=args.root)
     gen = TrafficGenerator(GeneratorConfig(seed=2, records=400, bad_share=0.0, end_date=date(2026, 11, 20)))
     rows = [r for r in (prepare_line(line) for _, line, _ in gen.lines()) if r["status"] == "clean"]
     frame = pd.DataFrame(rows).assign(context="")
     examples = training_pairs(to_examples(frame, args.prompt))
-    out = Path(tempfile.mkdtemp(prefix="bench-train-"))
+    out = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="bench-train-"))
     try:
-        load_base("smollm2-135m-instruct", settings)  # cache outside the timing
-        cfg = TrainConfig(base_model="smollm2-135m-instruct", max_steps=args.steps, batch_size=args.batch_size,
+        flops_per_token = training_flops_per_token(_params_outside_embedding(prepare_base(args.model, settings)))
+        cfg = TrainConfig(base_model=args.model, max_steps=args.steps, batch_size=args.batch_size,
                           lora_rank=args.rank, lora_alpha=2 * args.rank, checkpoint_every=10_000, warmup_steps=2)
-        print(f"hardware: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch "
-              f"{torch.__version__}, threads {torch.get_num_threads()}, fp32; {args.prompt} prompt")
+        hardware = detect()
+        gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+        print(f"hardware: {gpu or platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch "
+              f"{torch.__version__}, {'bf16' if gpu else f'fp32, threads {torch.get_num_threads()}'}; "
+              f"{args.prompt} prompt; {flops_per_token / 4e9:.2f}B parameters outside the embedding")
         print(f"{'backend':<8}{'model':<24}{'rank':>5}{'batch':>6}{'steps':>6}{'seconds':>9}"
-              f"{'tokens/s':>10}{'loss first->last':>20}")
+              f"{'tokens/s':>10}{'MFU':>7}{'loss first->last':>20}")
         for backend in args.backends.split(","):
             if backend == "hf":
                 result = train_lora(examples, cfg, out / backend, lambda name: load_base(name, settings))
             else:
                 result = train_nemo(settings, cfg, examples, out / backend, gpus=torch.cuda.device_count())
-            print(f"{backend:<8}{'smollm2-135m-instruct':<24}{args.rank:>5}{args.batch_size:>6}{result.steps:>6}"
-                  f"{result.seconds:>9.1f}{result.tokens_per_s:>10.1f}"
+            gc.collect()
+            torch.cuda.empty_cache()  # no-op on CPU; on a GPU the next backend (another process) needs it
+            util = mfu(result.tokens_per_s, flops_per_token, hardware)
+            print(f"{backend:<8}{args.model[:23]:<24}{args.rank:>5}{args.batch_size:>6}{result.steps:>6}"
+                  f"{result.seconds:>9.1f}{result.tokens_per_s:>10.1f}{f'{util:.1%}' if util else '-':>7}"
                   f"{result.losses[0]:>10.3f} -> {result.losses[-1]:.3f}", flush=True)
     finally:
-        shutil.rmtree(out, ignore_errors=True)
+        if not args.keep:
+            shutil.rmtree(out, ignore_errors=True)
+
+
+def _params_outside_embedding(model_dir: str) -> int:
+    """Parameter count of the model's shape (built on the meta device: no memory) minus the input embedding."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir))
+    return sum(p.numel() for p in model.parameters()) - model.get_input_embeddings().weight.numel()
 
 
 if __name__ == "__main__":

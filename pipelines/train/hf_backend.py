@@ -113,6 +113,7 @@ def train_lora(examples: list[tuple[list[dict[str, str]], str]], cfg: TrainConfi
                                              lora_dropout=cfg.lora_dropout, target_modules=cfg.target_modules,
                                              layers_to_transform=layers, task_type="CAUSAL_LM"))
     encoded = [encode(tokenizer, turns, target, cfg.max_seq_len) for turns, target in examples]
+    device = next(model.parameters()).device  # CPU here; a GPU when the loader put the model there
     steps_per_epoch = math.ceil(len(encoded) / cfg.batch_size)
     total = cfg.max_steps or max(1, math.ceil(steps_per_epoch * cfg.epochs))
     params = [p for p in model.parameters() if p.requires_grad]
@@ -135,7 +136,7 @@ def train_lora(examples: list[tuple[list[dict[str, str]], str]], cfg: TrainConfi
     started = time.perf_counter()
     status: Literal["completed", "diverged"] = "completed"
     for step in range(start, total):
-        batch = _batch(encoded, step, steps_per_epoch, cfg, tokenizer.pad_token_id)
+        batch = {k: v.to(device) for k, v in _batch(encoded, step, steps_per_epoch, cfg, tokenizer.pad_token_id).items()}
         loss = _target_loss(model, batch)
         value = float(loss.detach())
         if not math.isfinite(value) or (losses and value > cfg.divergence_factor * max(losses[0], 1e-3)):

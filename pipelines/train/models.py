@@ -36,6 +36,9 @@ class BaseModelSpec:
 
 CATALOGUE: dict[str, BaseModelSpec] = {
     "tiny-llama": BaseModelSpec("tiny-llama", "config", "llama:2x64", "2-layer Llama with SmolLM2's tokenizer, for tests"),
+    "llama-8b-shape-random": BaseModelSpec("llama-8b-shape-random", "config", "llama:32x4096",
+                                           "Llama-3.1-8B's shape with random weights and SmolLM2's tokenizer: "
+                                           "GPU throughput benchmarks without a model store"),
     "smollm2-135m-instruct": BaseModelSpec("smollm2-135m-instruct", "gguf", f"{SMOLLM2_PACKAGE}/{SMOLLM2_GGUF}",
                                            "SmolLM2-135M-Instruct (Apache-2.0), fp32 from the packaged GGUF"),
     "llama-3.1-nemotron-nano-8b-v1": BaseModelSpec("llama-3.1-nemotron-nano-8b-v1", "hub",
@@ -84,26 +87,45 @@ def prepare_base(name: str, settings: Settings) -> str:
     if (target / "config.json").is_file() and any(target.glob("*.safetensors")):
         return str(target)
     if spec.source == "config":
-        _build_tiny_llama(settings, target)
+        _build_from_config(settings, target, spec.reference)
     else:
         _dequantize_smollm2(settings, target)
     return str(target)
 
 
-def _build_tiny_llama(settings: Settings, target: Path) -> None:
+# (layers, hidden, intermediate, heads, kv heads, rope theta) per config reference
+LLAMA_SHAPES = {"llama:2x64": (2, 64, 128, 4, 2, 10_000.0),
+                "llama:32x4096": (32, 4096, 14336, 32, 8, 500_000.0)}  # Llama-3.1-8B
+
+
+def _build_from_config(settings: Settings, target: Path, reference: str) -> None:
+    """A Llama of the given shape with seeded random weights (bf16 on a GPU when one is there: 8B fits)."""
     import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
+    layers, hidden, intermediate, heads, kv_heads, theta = LLAMA_SHAPES[reference]
     tokenizer = AutoTokenizer.from_pretrained(smollm2_tokenizer_dir(settings))
+    small = hidden <= 64
+    dtype = torch.float32 if small or not torch.cuda.is_available() else torch.bfloat16
     config = LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048, tie_word_embeddings=True,
-        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, torch_dtype="float32",
+        vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=layers,
+        num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=2048 if small else 8192,
+        rope_theta=theta, tie_word_embeddings=small, bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id, torch_dtype=str(dtype).removeprefix("torch."),
     )
     torch.manual_seed(0)
-    model = LlamaForCausalLM(config)
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device("cuda" if dtype == torch.bfloat16 else "cpu"):
+            model = LlamaForCausalLM(config)
+    finally:
+        torch.set_default_dtype(default)
     model.save_pretrained(target)
     tokenizer.save_pretrained(target)
+    del model
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()  # the GPU goes to the training process next
 
 
 def _dequantize_smollm2(settings: Settings, target: Path) -> None:
@@ -119,7 +141,8 @@ def _dequantize_smollm2(settings: Settings, target: Path) -> None:
 
 
 def load_base(name: str, settings: Settings) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """The base model (fp32 on CPU) and its tokenizer."""
+    """The base model and its tokenizer: fp32 on CPU, or bf16 on the GPU when one is there (the hf
+    backend's single-GPU path)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -130,7 +153,10 @@ def load_base(name: str, settings: Settings) -> tuple[PreTrainedModel, PreTraine
     source = prepare_base(name, settings)
     try:
         tokenizer = AutoTokenizer.from_pretrained(source)
-        model = AutoModelForCausalLM.from_pretrained(source, torch_dtype=torch.float32)
+        if torch.cuda.is_available():
+            model = AutoModelForCausalLM.from_pretrained(source, torch_dtype=torch.bfloat16, device_map="cuda")
+        else:
+            model = AutoModelForCausalLM.from_pretrained(source, torch_dtype=torch.float32)
     except OSError as exc:
         raise ModelUnavailable(f"{name}: cannot load {source} here ({exc.__class__.__name__}); "
                                "hub models need a GPU cluster with a model store") from None

@@ -137,7 +137,8 @@ def train_nemo(settings: Settings, cfg: TrainConfig, pairs: list[tuple[list[dict
                   tensor_parallel_size=tensor_parallel_size)
     config_path = out / "nemo-recipe.yaml"
     config_path.write_text(yaml.safe_dump(spec, sort_keys=False))
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])),
+           "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     if gpus == 0:
         env.update({"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
                     "MASTER_PORT": str(free_port())})

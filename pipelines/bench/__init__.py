@@ -1,0 +1,1 @@
+"""Benchmarks' shared pieces: the hardware table that turns measured throughput into cost and utilization."""
