@@ -10,8 +10,10 @@ PIP_NOISE := is ignored: it is neither a file nor a directory
 
 NEMO_VENV := .venv-nemo
 NEMO_STAMP := $(NEMO_VENV)/.installed
+SERVE_VENV := .venv-serve
+SERVE_STAMP := $(SERVE_VENV)/.installed
 
-.PHONY: setup nemo-env demo test test-fast lock bench clean-data help
+.PHONY: setup nemo-env serve-env demo test test-fast lock bench clean-data help
 
 help:
 	@echo "make demo   install what is missing, then run the whole flywheel on embedded defaults"
@@ -39,13 +41,23 @@ $(NEMO_STAMP): requirements/nemo.in
 	set -o pipefail; $(NEMO_VENV)/bin/python -m pip install -q -r requirements/nemo.in 2>&1 | { grep -v "$(PIP_NOISE)" || true; }
 	@touch $(NEMO_STAMP)
 
-demo: setup
+# The Triton Python backend runs our model.py in this venv (numpy<2, as in a Triton container).
+serve-env: $(SERVE_STAMP)
+
+$(SERVE_STAMP): requirements/serve.in
+	@test -x $(SERVE_VENV)/bin/python || $(PYTHON) -m venv $(SERVE_VENV)
+	@echo "installing the Triton model environment into $(SERVE_VENV) (about 1 min) ..."
+	set -o pipefail; $(SERVE_VENV)/bin/python -m pip install -q "pip==$(PIP_VERSION)" 2>&1 | { grep -v "$(PIP_NOISE)" || true; }
+	set -o pipefail; $(SERVE_VENV)/bin/python -m pip install -q -r requirements/serve.in 2>&1 | { grep -v "$(PIP_NOISE)" || true; }
+	@touch $(SERVE_STAMP)
+
+demo: setup serve-env
 	$(VENV)/bin/flywheel demo
 
-test: setup nemo-env
+test: setup nemo-env serve-env
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 
-test-fast: setup nemo-env
+test-fast: setup nemo-env serve-env
 	$(VENV)/bin/pytest -m "not slow" $(PYTEST_ARGS)
 
 lock:

@@ -106,6 +106,19 @@ class TritonSettings(_Section):
     metrics_port: int = Field(8002, ge=1, le=65535)
     url: str | None = None
     model_repository: str | None = None
+    model_name: str = Field("tool_router", pattern=r"^[a-z][a-z0-9_]*$",
+                            description="Triton model name prefix; each registry version is <name>_v<N>")
+    execution_env: str | None = Field(None, description="the Python backend's environment (EXECUTION_ENV_PATH); "
+                                      "default .venv-serve locally, none in a Triton container that has the packages")
+    instance_kind: Literal["KIND_CPU", "KIND_GPU"] = "KIND_CPU"
+    max_batch_size: int = Field(8, ge=1, le=256)
+    queue_delay_us: int = Field(5000, ge=0, description="dynamic batching: how long a request waits for others")
+    max_input_tokens: int = Field(1024, ge=16)
+    max_new_tokens: int = Field(96, ge=8)
+    smoke_requests: int = Field(8, ge=1, description="test-split requests a new deployment must answer first")
+    smoke_min_valid_json: float = Field(1.0, ge=0, le=1, description="share of smoke answers that must parse")
+    canary_share: float = Field(0.2, ge=0, le=1, description="share of replayed traffic sent to the candidate")
+    startup_timeout_s: int = Field(120, ge=5)
 
 
 class QualitySettings(_Section):
@@ -214,6 +227,7 @@ class Settings(BaseSettings):
         f.online_store = f.online_store or str(root / "features" / "online_store.db")
         t.url = t.url or f"{t.host}:{t.http_port}"
         t.model_repository = t.model_repository or str(root / "serving" / "model_repository")
+        t.execution_env = t.execution_env or str(REPO_ROOT / ".venv-serve")
         for section, name in ((a, "airflow"), (m, "mlflow"), (t, "triton")):
             if section.host != LOOPBACK:
                 raise ValueError(f"{name}.host: the local profile binds servers to {LOOPBACK} only")

@@ -45,7 +45,7 @@ class Adapter:
 
     label: str
     path: str
-    prompt_style: Literal["full", "short"] = "short"
+    prompt_style: Literal["full", "short", "names"] = "short"
 
 
 @dataclass
@@ -108,7 +108,7 @@ def evaluate(settings: Settings, cfg: EvalConfig, adapters: list[Adapter], name:
     if cfg.logs and cfg.examples and len(frame) > cfg.examples:
         frame = frame.sample(n=cfg.examples, random_state=cfg.seed).sort_values("record_id")
     dataset = cfg.logs or f"{settings.zone('curated')}/sft split={cfg.split}"
-    full, short = to_examples(frame, "full"), to_examples(frame, "short")
+    full = to_examples(frame, "full")
     results: list[ConditionResult] = []
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TimeElapsedColumn(), console=console, transient=False) as progress:
@@ -137,7 +137,7 @@ def evaluate(settings: Settings, cfg: EvalConfig, adapters: list[Adapter], name:
             del model
         for adapter in adapters:
             model, tokenizer = load_model(cfg.base_model, settings, adapter.path)
-            chosen = short if adapter.prompt_style == "short" else full
+            chosen = full if adapter.prompt_style == "full" else to_examples(frame, adapter.prompt_style)
             run(adapter.label, adapter.path, adapter.prompt_style, 0, model, tokenizer, chosen,
                 [e.turns for e in chosen])
             del model

@@ -99,8 +99,8 @@ def register(settings: Settings, sweep: dict[str, Any], evaluation: dict[str, An
     meta = {"base_model": sweep["base_model"], "prompt_style": sweep["prompt_style"], "backend": sweep["backend"],
             "tool_schema_version": tool_schema_version, "dataset_digest": sweep["dataset_digest"],
             "sweep_id": sweep["sweep_id"], "code_version": code_version(),
-            "prompt_template": "pipelines.prep.prompt.short_system_prompt" if sweep["prompt_style"] == "short"
-            else "pipelines.prep.prompt.system_prompt"}
+            "prompt_template": "pipelines.prep.prompt.system_prompt" if sweep["prompt_style"] == "full"
+            else f"pipelines.prep.prompt.short_system_prompt (style {sweep['prompt_style']})"}
     card = _model_card(name, sweep, variant, evaluation)
     with tempfile.TemporaryDirectory() as tmp:
         meta_file = Path(tmp) / "flywheel.json"

@@ -1,8 +1,9 @@
 """The curated SFT Parquet (features stage) as chat examples for training and evaluation.
 
-Two prompt styles over the same rows: `full` (the logged system prompt with every offered tool's
-JSON schema: what a base model needs) and `short` (tool names, date and customer context only:
-what the tuned model is trained and served with).
+Three prompt styles over the same rows: `full` (the logged system prompt with every offered tool's
+JSON schema: what a base model needs), `short` (tool signatures with allowed values, date and customer
+context) and `names` (only the offered tools' names, date and context): what tuned models are trained
+and served with.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from pipelines.storage import glob, read_json
 if TYPE_CHECKING:
     import pandas as pd
 
-PromptStyle = Literal["full", "short"]
+PromptStyle = Literal["full", "short", "names"]
 SPLITS = ("train", "val", "test")
 
 
@@ -75,7 +76,7 @@ def system_for(row: dict[str, Any], style: PromptStyle) -> str:
     if style == "full":
         return row["system_prompt"]
     day = _day(row.get("event_timestamp") or row["event_time"])
-    return short_system_prompt(row["tools_json"], day, row.get("context") or None)
+    return short_system_prompt(row["tools_json"], day, row.get("context") or None, signatures=style == "short")
 
 
 def _day(value: Any) -> str:

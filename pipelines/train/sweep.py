@@ -40,7 +40,7 @@ class SweepConfig(BaseModel):
     seed: int = 0
     base: TrainConfig = Field(default_factory=TrainConfig)
     grid: dict[str, list[Any]] = Field(default_factory=dict, description="TrainConfig field -> values")
-    prompt_style: Literal["short", "full"] = "short"
+    prompt_style: Literal["short", "names", "full"] = "short"
     train_examples: int | None = Field(None, ge=1, description="seeded sample of the train split; None = all")
     val_examples: int = Field(16, ge=1)
     select_metric: Literal["exact_match", "arg_f1", "name_accuracy"] = "exact_match"

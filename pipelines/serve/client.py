@@ -1,0 +1,132 @@
+"""Client of the served tool router: tritonclient over HTTP or gRPC.
+
+It builds each request's chat turns exactly as the training set did (`pipelines.train.dataset.
+system_for` + `chat_turns`), taking the customer context from Feast's online store, so the prompt a
+model sees in production is the prompt it was trained on (tested).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+
+from pipelines.config import Settings
+from pipelines.prep.prompt import chat_turns
+from pipelines.train.dataset import system_for
+
+Protocol = Literal["http", "grpc"]
+
+
+@dataclass
+class Reply:
+    text: str | None
+    prompt_tokens: int
+    output_tokens: int
+    latency_ms: float
+    error: str | None = None
+
+
+def conversation(row: dict[str, Any], style: str, settings: Settings | None = None) -> list[dict[str, str]]:
+    """The chat turns for one request in our row format (tools_json, messages_json, event_time, customer_id).
+    Without a `context` in the row, the customer's context comes from the online feature store."""
+    if "context" not in row and settings is not None and row.get("customer_id"):
+        from pipelines.features.pipeline import online_context
+
+        row = {**row, "context": online_context(row["customer_id"], settings)}
+    return chat_turns(system_for(row, style), row["messages_json"])  # type: ignore[arg-type]
+
+
+class TritonClient:
+    """One connection to the server; `infer` sends one request per conversation, `concurrency` at a time."""
+
+    def __init__(self, settings: Settings, protocol: Protocol = "http", timeout_s: float = 600):
+        t = settings.triton
+        self.settings = settings
+        self.protocol = protocol
+        if protocol == "http":
+            import tritonclient.http as module
+
+            self._client = module.InferenceServerClient(f"{t.host}:{t.http_port}", connection_timeout=timeout_s,
+                                                        network_timeout=timeout_s)
+        else:
+            import tritonclient.grpc as module
+
+            self._client = module.InferenceServerClient(f"{t.host}:{t.grpc_port}")
+        self._module = module
+        self.timeout_s = timeout_s
+
+    # model control ------------------------------------------------------------------------------
+    def load(self, name: str) -> None:
+        self._client.load_model(name)
+
+    def unload(self, name: str) -> None:
+        self._client.unload_model(name)
+
+    def ready(self, name: str) -> bool:
+        try:
+            return bool(self._client.is_model_ready(name))
+        except Exception:  # noqa: BLE001 (an unknown model is simply not ready)
+            return False
+
+    def loaded(self) -> list[str]:
+        index = self._client.get_model_repository_index()
+        rows = index if isinstance(index, list) else [{"name": m.name, "state": m.state} for m in index.models]
+        return sorted(r["name"] for r in rows if r.get("state") == "READY")
+
+    # inference ----------------------------------------------------------------------------------
+    def _inputs(self, turns: list[dict[str, str]] | str) -> list[Any]:
+        raw = turns if isinstance(turns, str) else json.dumps(turns, ensure_ascii=False)
+        tensor = self._module.InferInput("CONVERSATION", [1, 1], "BYTES")
+        tensor.set_data_from_numpy(np.array([[raw.encode("utf-8")]], dtype=np.object_))
+        return [tensor]
+
+    def infer_one(self, model: str, turns: list[dict[str, str]] | str) -> Reply:
+        started = time.perf_counter()
+        try:
+            result = self._client.infer(model, self._inputs(turns))
+        except Exception as exc:  # noqa: BLE001 (the server's message is the useful part)
+            return Reply(None, 0, 0, (time.perf_counter() - started) * 1000, _message(exc))
+        return _reply(result, (time.perf_counter() - started) * 1000)
+
+    def infer(self, model: str, conversations: list[list[dict[str, str]]], concurrency: int = 1) -> list[Reply]:
+        """Every conversation through the server with `concurrency` requests in flight."""
+        if concurrency <= 1:
+            return [self.infer_one(model, c) for c in conversations]
+        import threading
+        from concurrent.futures import ThreadPoolExecutor
+
+        local = threading.local()  # the HTTP client is not thread-safe: one connection per worker thread
+        made: list[TritonClient] = []
+
+        def one(turns: list[dict[str, str]]) -> Reply:
+            if not hasattr(local, "client"):
+                local.client = TritonClient(self.settings, self.protocol, timeout_s=self.timeout_s)
+                made.append(local.client)
+            return local.client.infer_one(model, turns)
+
+        try:
+            with ThreadPoolExecutor(max_workers=concurrency) as pool:
+                return list(pool.map(one, conversations))
+        finally:
+            for client in made:
+                client.close()
+
+    def close(self) -> None:
+        self._client.close()
+
+
+def _reply(result: Any, latency_ms: float) -> Reply:
+    text = result.as_numpy("TOOL_CALL").reshape(-1)[0]
+    return Reply(text.decode("utf-8") if isinstance(text, bytes) else str(text),
+                 int(result.as_numpy("PROMPT_TOKENS").reshape(-1)[0]),
+                 int(result.as_numpy("OUTPUT_TOKENS").reshape(-1)[0]), latency_ms)
+
+
+def _message(exc: Exception) -> str:
+    text = getattr(exc, "message", None)
+    text = text() if callable(text) else text
+    return str(text or exc)

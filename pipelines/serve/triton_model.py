@@ -1,0 +1,98 @@
+"""Triton Python-backend model: base model + merged LoRA adapter, greedy tool-call generation.
+
+This file is copied verbatim into the model repository as `<model>/1/model.py` and runs inside
+Triton's Python stub, in the serving environment (`make serve-env`, or the Triton container's
+Python): it imports nothing from `pipelines`. Requests carry the chat turns the client built
+exactly as the training set did; responses carry the tool call text and token counts. Dynamic
+batching hands `execute` several requests at once: the valid ones are generated as one left-padded
+batch; a malformed or oversize request gets its own error response and the others still succeed.
+"""
+
+import json
+
+import numpy as np
+import triton_python_backend_utils as pb_utils  # provided by the Triton stub
+
+ROLES = {"system", "user", "assistant"}
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        config = json.loads(args["model_config"])
+        params = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
+        version_dir = f"{args['model_repository']}/{args['model_version']}"
+        base = params["base_model_path"]
+        adapter = params.get("adapter", "")
+        self.max_input_tokens = int(params.get("max_input_tokens", "1024"))
+        self.max_new_tokens = int(params.get("max_new_tokens", "96"))
+        torch.set_num_threads(int(params.get("threads", "0")) or torch.get_num_threads())
+        on_gpu = torch.cuda.is_available() and args.get("model_instance_kind") == "GPU"
+        self.device = f"cuda:{args['model_instance_device_id']}" if on_gpu else "cpu"
+        dtype = torch.bfloat16 if on_gpu else torch.float32
+        self.tokenizer = AutoTokenizer.from_pretrained(base)
+        self.tokenizer.padding_side = "left"
+        if self.tokenizer.pad_token_id is None:
+            self.tokenizer.pad_token = self.tokenizer.eos_token
+        model = AutoModelForCausalLM.from_pretrained(base, torch_dtype=dtype)
+        if adapter:
+            from peft import PeftModel
+
+            model = PeftModel.from_pretrained(model, f"{version_dir}/{adapter}").merge_and_unload()
+        self.model = model.to(self.device).eval()
+
+    def _prompt(self, raw):
+        """The rendered prompt of one request, or a ValueError saying what is wrong with it."""
+        try:
+            turns = json.loads(raw)
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise ValueError(f"CONVERSATION is not JSON: {exc}") from None
+        if (not isinstance(turns, list) or not turns
+                or not all(isinstance(t, dict) and t.get("role") in ROLES and isinstance(t.get("content"), str)
+                           for t in turns)):
+            raise ValueError("CONVERSATION must be a JSON list of {role: system|user|assistant, content: str}")
+        if turns[-1]["role"] != "user":
+            raise ValueError("the last turn must be the user's request")
+        prompt = self.tokenizer.apply_chat_template(turns, tokenize=False, add_generation_prompt=True)
+        n = len(self.tokenizer(prompt, add_special_tokens=False).input_ids)
+        if n > self.max_input_tokens:
+            raise ValueError(f"prompt is {n} tokens; this model accepts at most {self.max_input_tokens}")
+        return prompt, n
+
+    def execute(self, requests):
+        import torch
+
+        responses = [None] * len(requests)
+        valid = []
+        for i, request in enumerate(requests):
+            tensor = pb_utils.get_input_tensor_by_name(request, "CONVERSATION")
+            try:
+                values = tensor.as_numpy().reshape(-1)
+                if values.size != 1:
+                    raise ValueError("send exactly one CONVERSATION per request")
+                raw = values[0]
+                valid.append((i, *self._prompt(raw.decode("utf-8") if isinstance(raw, bytes) else str(raw))))
+            except ValueError as exc:
+                responses[i] = pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(str(exc)))
+        if valid:
+            enc = self.tokenizer([p for _, p, _ in valid], return_tensors="pt", padding=True,
+                                 add_special_tokens=False).to(self.device)
+            with torch.inference_mode():
+                out = self.model.generate(**enc, max_new_tokens=self.max_new_tokens, do_sample=False,
+                                          pad_token_id=self.tokenizer.pad_token_id,
+                                          eos_token_id=self.tokenizer.eos_token_id)
+            new = out[:, enc["input_ids"].shape[1]:]
+            texts = self.tokenizer.batch_decode(new, skip_special_tokens=True)
+            for (i, _, n), text, row in zip(valid, texts, new):
+                generated = int((row != self.tokenizer.pad_token_id).sum())
+                responses[i] = pb_utils.InferenceResponse(output_tensors=[
+                    pb_utils.Tensor("TOOL_CALL", np.array([[text.strip().encode("utf-8")]], dtype=np.object_)),
+                    pb_utils.Tensor("PROMPT_TOKENS", np.array([[n]], dtype=np.int32)),
+                    pb_utils.Tensor("OUTPUT_TOKENS", np.array([[generated]], dtype=np.int32)),
+                ])
+        return responses
+
+    def finalize(self):
+        self.model = None
