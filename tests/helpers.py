@@ -32,3 +32,35 @@ def processes_with_env(marker: str) -> list[int]:
         except (FileNotFoundError, PermissionError, ProcessLookupError):
             continue
     return found
+
+
+def listening_sockets(pids: list[int]) -> set[tuple[str, int]]:
+    """(address, port) of every TCP socket in LISTEN state owned by these processes (read from /proc);
+    IPv4-mapped IPv6 addresses are given as IPv4, ::1 as "::1"."""
+    import socket
+
+    inodes = set()
+    for pid in pids:
+        for fd in Path(f"/proc/{pid}/fd").glob("*"):
+            try:
+                target = fd.readlink().as_posix()
+            except OSError:
+                continue
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for row in Path(table).read_text().splitlines()[1:]:
+            cols = row.split()
+            if cols[3] != "0A" or cols[9] not in inodes:  # 0A = LISTEN
+                continue
+            host, port = cols[1].split(":")
+            raw = bytes.fromhex(host)
+            if len(raw) == 16:  # /proc prints each 32-bit word in host byte order
+                raw = b"".join(raw[i:i + 4][::-1] for i in range(0, 16, 4))
+                address = socket.inet_ntoa(raw[12:]) if raw[:12] == bytes(10) + b"\xff\xff" else socket.inet_ntop(
+                    socket.AF_INET6, raw)
+            else:
+                address = socket.inet_ntoa(raw[::-1])
+            found.add((address, int(port, 16)))
+    return found

@@ -9,29 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from helpers import processes_with_env, run_flywheel
+from helpers import listening_sockets, processes_with_env, run_flywheel
 from pipelines.services import free_port
 
 pytestmark = pytest.mark.slow
-
-
-def _listening_addresses(pids: list[int]) -> set[str]:
-    inodes = set()
-    for pid in pids:
-        for fd in Path(f"/proc/{pid}/fd").glob("*"):
-            try:
-                target = fd.readlink().as_posix()
-            except OSError:
-                continue
-            if target.startswith("socket:["):
-                inodes.add(target[8:-1])
-    addresses = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        for row in Path(table).read_text().splitlines()[1:]:
-            cols = row.split()
-            if cols[3] == "0A" and cols[9] in inodes:  # LISTEN
-                addresses.add(cols[1].split(":")[0])
-    return addresses
 
 
 def test_up_then_down_leaves_no_process_behind(tmp_path: Path) -> None:
@@ -49,8 +30,8 @@ def test_up_then_down_leaves_no_process_behind(tmp_path: Path) -> None:
             assert r.status == 200
         pids = processes_with_env(marker)
         assert len(pids) >= 5, "scheduler, dag processor, triggerer, API server, MLflow"
-        # Every listening socket of ours is on the loopback interface (0100007F = 127.0.0.1).
-        assert _listening_addresses(pids) == {"0100007F"}
+        # Every listening socket of ours is on the loopback interface.
+        assert {address for address, _ in listening_sockets(pids)} == {"127.0.0.1"}
 
         status = json.loads(run_flywheel("status", "--json", env=env).stdout)
         assert status["airflow"]["running"] and status["mlflow"]["healthy"]

@@ -1,0 +1,150 @@
+"""The real Triton server (tritonserver 2.51 from nvidia-pytriton) serving registered adapters of the
+tiny model: start/stop, load/infer/unload, bad requests, a broken repository, smoke tests, rollback."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from helpers import listening_sockets
+from train_data import write_training_set
+from pipelines.config import load_settings
+from pipelines.services import free_port, port_free
+
+pytestmark = pytest.mark.slow
+TINY = str(Path(__file__).resolve().parent.parent / "conf" / "sweeps" / "tiny.yaml")
+
+
+def _triton_settings(root: Path, **extra):
+    ports = {"http_port": free_port(), "grpc_port": free_port(), "metrics_port": free_port()}
+    return load_settings(root=str(root), evaluation={"examples": 4, "shots": 0},
+                         triton={**ports, "smoke_requests": 3, "smoke_min_valid_json": 0.0, "max_new_tokens": 12,
+                                 "max_input_tokens": 2048, **extra})
+
+
+@pytest.fixture(scope="module")
+def registered(tmp_path_factory: pytest.TempPathFactory):
+    """Two registered versions of tiny-model adapters: v1 champion, v2 candidate; a server on free ports."""
+    from pipelines import tasks
+    from pipelines.serve import server
+
+    root = tmp_path_factory.mktemp("serve-root")
+    write_training_set(root)
+    settings = _triton_settings(root)
+    rows = {"table": [{"condition": "tuned_candidate", "exact_match": 0.5, "arg_f1": 0.5, "latency_ms_p50": 100}]}
+    first = tasks.register(tasks.train({"sweep": TINY}, settings), rows, settings)
+    tasks.promote(first, rows, {}, settings)
+    second = tasks.register(tasks.train({"sweep": _tiny_variant(root)}, settings), rows, settings)
+    yield {"settings": settings, "v1": first["version"], "v2": second["version"]}
+    server.down(settings)
+
+
+def _tiny_variant(root: Path) -> str:
+    import yaml
+
+    data = yaml.safe_load(Path(TINY).read_text())
+    data.update(name="tiny-b", grid={"learning_rate": [2e-2]})
+    path = root / "tiny-b.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return str(path)
+
+
+def test_server_starts_on_free_loopback_ports_and_stops(tmp_path: Path) -> None:
+    from pipelines.serve import server
+
+    settings = _triton_settings(tmp_path)
+    status = server.up(settings)
+    try:
+        assert status.healthy and server.up(settings).pid == status.pid  # idempotent
+        listening = listening_sockets([status.pid])
+        assert {p for _, p in listening} >= {settings.triton.http_port, settings.triton.grpc_port,
+                                              settings.triton.metrics_port}
+        assert {a for a, _ in listening} == {"127.0.0.1"}
+    finally:
+        assert server.down(settings)
+    assert not server.status(settings).running
+    assert all(port_free("127.0.0.1", p) for p in (settings.triton.http_port, settings.triton.grpc_port))
+
+
+def test_deploy_infers_rejects_bad_requests_and_rolls_back(registered) -> None:
+    from pipelines.serve import deploy, repository
+    from pipelines.serve.client import TritonClient, conversation
+
+    settings, v1, v2 = registered["settings"], registered["v1"], registered["v2"]
+    first = deploy.deploy(settings, "champion")
+    assert first["deployed"] == f"tool_router_v{v1}" and first["smoke"]["errors"] == 0
+    live = deploy.live_model(settings)
+    assert live is not None and live.version == v1
+    row = deploy.smoke_rows(settings, 1)[0]
+    turns = conversation(row, live.prompt_style)
+    for protocol in ("http", "grpc"):
+        client = TritonClient(settings, protocol)
+        reply = client.infer_one(live.name, turns)
+        assert reply.error is None and reply.prompt_tokens > 10 and 0 < reply.output_tokens <= 12
+        client.close()
+
+    client = TritonClient(settings)
+    for bad, expected in (("not json", "not JSON"), (json.dumps({"role": "user"}), "JSON list"),
+                          (json.dumps([{"role": "user", "content": "hi " * 3000}]), "at most 2048")):
+        reply = client.infer_one(live.name, bad)
+        assert reply.error is not None and expected in reply.error
+    assert client.infer_one(live.name, turns).error is None  # the server stayed up and still answers
+
+    # a broken repository fails to load while the old model keeps answering
+    original = repository.MODEL_FILE
+    broken = Path(str(settings.root)) / "broken_model.py"
+    broken.write_text("raise RuntimeError('this model cannot start')\n")
+    repository.MODEL_FILE = broken
+    try:
+        with pytest.raises(deploy.DeployFailed, match="did not load"):
+            deploy.deploy(settings, version=v2)
+    finally:
+        repository.MODEL_FILE = original
+    assert deploy.live_model(settings).version == v1
+    assert client.infer_one(live.name, turns).error is None
+
+    # a candidate that fails its smoke test is not switched to
+    strict = settings.model_copy(update={"triton": settings.triton.model_copy(update={"smoke_min_valid_json": 1.01})})
+    with pytest.raises(deploy.DeployFailed, match="smoke test"):
+        deploy.deploy(strict, version=v2)
+    assert deploy.live_model(settings).version == v1 and not client.ready(f"tool_router_v{v2}")
+
+    second = deploy.deploy(settings, version=v2)
+    assert second["previous"]["version"] == v1 and deploy.live_model(settings).version == v2
+    assert set(client.loaded()) == {f"tool_router_v{v1}", f"tool_router_v{v2}"}
+    back = deploy.rollback(settings)
+    assert back["live"]["version"] == v1 and back["seconds"] < 5
+    assert deploy.live_model(settings).version == v1
+    assert client.infer_one(f"tool_router_v{v1}", turns).error is None
+    events = [e["event"] for e in deploy.state(settings)["history"]]
+    assert events == ["deployed", "deploy_failed", "deploy_failed", "deployed", "rollback"]
+    client.unload(f"tool_router_v{v2}")
+    assert not client.ready(f"tool_router_v{v2}")
+    client.close()
+
+
+def test_canary_splits_replayed_traffic_and_compares(registered) -> None:
+    from pipelines.registry.models import CANDIDATE
+    from pipelines.serve import deploy
+
+    settings = registered["settings"]
+    if deploy.live_model(settings) is None:
+        deploy.deploy(settings, "champion")
+    result = deploy.canary(settings, CANDIDATE, share=0.5, requests=8, seed=3)
+    sizes = {name: m["requests"] for name, m in result["models"].items()}
+    assert sum(sizes.values()) == 8 and all(n > 0 for n in sizes.values())
+    assert result["candidate"] == f"tool_router_v{registered['v2']}"
+    assert all(m["errors"] == 0 and m["latency_ms_p50"] > 0 for m in result["models"].values())
+
+
+def test_vllm_repository_for_the_gpu_container(tmp_path: Path) -> None:
+    from pipelines.serve.repository import vllm_model
+
+    folder = vllm_model(tmp_path / "tool_router_vllm", "nvidia/Llama-3.1-Nemotron-Nano-8B-v1",
+                        {"v3": "s3://bucket/adapters/v3", "v4": "s3://bucket/adapters/v4"}, max_lora_rank=32)
+    spec = json.loads((folder / "1" / "model.json").read_text())
+    assert spec["enable_lora"] and spec["max_lora_rank"] == 32 and spec["max_loras"] == 2
+    assert json.loads((folder / "1" / "multi_lora.json").read_text())["v4"].endswith("v4")
+    assert 'backend: "vllm"' in (folder / "config.pbtxt").read_text()
