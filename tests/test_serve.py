@@ -148,3 +148,33 @@ def test_vllm_repository_for_the_gpu_container(tmp_path: Path) -> None:
     assert spec["enable_lora"] and spec["max_lora_rank"] == 32 and spec["max_loras"] == 2
     assert json.loads((folder / "1" / "multi_lora.json").read_text())["v4"].endswith("v4")
     assert 'backend: "vllm"' in (folder / "config.pbtxt").read_text()
+
+
+def test_percentiles_are_nearest_rank() -> None:
+    from pipelines.bench.serving import percentile
+
+    values = [float(v) for v in range(100, 0, -1)]
+    assert (percentile(values, 50), percentile(values, 95), percentile(values, 99)) == (50.0, 95.0, 99.0)
+    assert percentile([10.0, 20.0, 30.0], 50) == 20.0 and percentile([], 50) is None
+
+
+def test_benchmark_compares_base_few_shot_with_the_tuned_model(registered) -> None:
+    from pipelines.bench.serving import BenchConfig, run_bench
+    from pipelines.clients.mlflow import client as mlflow_client
+    from pipelines.serve import deploy
+
+    settings = registered["settings"]
+    if deploy.live_model(settings) is None:
+        deploy.deploy(settings, "champion")
+    live = deploy.live_model(settings)
+    report = run_bench(settings, BenchConfig(requests=4, concurrency=[1, 2], shots=1))
+    assert [(r["model"].split()[0], r["concurrency"]) for r in report["runs"]] == [
+        ("base", 1), ("base", 2), ("tuned", 1), ("tuned", 2)]
+    assert all(r["errors"] == 0 and r["requests"] == 4 and r["p50_ms"] <= r["p99_ms"] for r in report["runs"])
+    base, tuned = report["runs"][0], report["runs"][2]
+    assert base["prompt_tokens_mean"] > tuned["prompt_tokens_mean"]  # schemas + shots vs the short prompt
+    assert report["comparison"]["prompt_tokens_change"] < 0 and report["direct"]["requests"] == 4
+    assert Path(report["json_uri"]).is_file() and "<img" in Path(report["html_uri"]).read_text()
+    tag = json.loads(mlflow_client(settings).get_model_version(settings.mlflow.registered_model, live.version)
+                     .tags["flywheel.benchmark"])
+    assert tag["p50_ms_c1"] == tuned["p50_ms"]

@@ -1,0 +1,43 @@
+"""HTML for the serving benchmark: the comparison table, latency and throughput against concurrency."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pipelines.reports import figure_html, new_figure, page, table_html
+
+COLUMNS = ("model", "concurrency", "requests", "errors", "p50_ms", "p95_ms", "p99_ms", "requests_per_s",
+           "output_tokens_per_s", "prompt_tokens_mean", "exact_match", "usd_per_million_requests")
+
+
+def render_html(report: dict[str, Any]) -> str:
+    runs = report["runs"]
+    rows = [{c: r.get(c) for c in COLUMNS} for r in runs]
+    if report.get("direct"):
+        rows.append({c: report["direct"].get(c) for c in COLUMNS})
+    fig, (left, right) = new_figure(11, 3.6, ncols=2)
+    for model in dict.fromkeys(r["model"] for r in runs):
+        mine = [r for r in runs if r["model"] == model]
+        levels = [r["concurrency"] for r in mine]
+        left.plot(levels, [r["p50_ms"] for r in mine], marker="o", label=f"{model} p50")
+        left.plot(levels, [r["p95_ms"] for r in mine], marker="x", linestyle="--", label=f"{model} p95")
+        right.plot(levels, [r["requests_per_s"] for r in mine], marker="o", label=model)
+    left.set(xlabel="concurrent requests", ylabel="latency (ms)", title="latency")
+    right.set(xlabel="concurrent requests", ylabel="requests/s", title="throughput")
+    left.legend(fontsize=7)
+    right.legend(fontsize=7)
+    hw = report["hardware"]
+    comparison = report.get("comparison") or {}
+    summary = table_html([{"metric": k, "value": v} for k, v in comparison.items() if not isinstance(v, dict)]
+                         + [{"metric": f"exact match, {k}", "value": v}
+                            for k, v in (comparison.get("exact_match") or {}).items()]
+                         + [{"metric": "Triton overhead at concurrency 1 (p50, ms)", "value": report.get("triton_overhead_ms")}])
+    notes = ("<p>Time to first token and inter-token latency: not applicable (the Python-backend model "
+             "returns whole answers; a streaming vLLM deployment reports them).</p>")
+    return page(f"Serving benchmark: {report['live']} vs {report['baseline']}", [
+        ("Base + few-shot vs tuned", summary),
+        ("Runs", table_html(rows) + notes),
+        ("Latency and throughput", figure_html(fig, "latency and throughput against concurrency")),
+        ("Hardware", table_html([{"device": hw["name"], "peak bf16 FLOP/s": hw["peak_bf16_flops"],
+                                  "memory bandwidth (B/s)": hw["memory_bandwidth"], "$ / hour": hw["usd_per_hour"]}])),
+    ], subtitle=f"{report['requests']} test-split requests over {report['protocol']}; generated {report['generated_at']}")

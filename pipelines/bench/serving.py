@@ -1,0 +1,192 @@
+"""The serving benchmark: the case study's latency and cost table, measured side by side in one run.
+
+(a) the base model with in-context examples (full prompt with every tool schema + k retrieved
+demonstrations) against (b) the tuned model with its short prompt, both through Triton at increasing
+concurrency on the same test-split requests; and (c) Triton's overhead against direct in-process
+inference of the tuned model (batch 1). Quality is scored on the very answers that were timed.
+The hardware table (`pipelines.bench.hardware`) turns throughput into $ per million requests.
+Time to first token and inter-token latency need a streaming (decoupled) model; this Python model
+answers whole, so they are reported as not applicable.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from pipelines.bench.hardware import detect, usd_per_million
+from pipelines.config import Settings
+from pipelines.serve import repository, server
+from pipelines.serve.client import Reply, TritonClient, conversation
+from pipelines.serve.deploy import DeployFailed, live_model, score_replies, smoke_rows
+from pipelines.storage import write_json, write_text
+
+
+@dataclass
+class BenchConfig:
+    requests: int = 12
+    concurrency: list[int] = field(default_factory=lambda: [1, 4])
+    shots: int = 3
+    protocol: str = "http"
+    direct: bool = True
+    seed: int = 0
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """Nearest-rank percentile (q in 0..100): the value at or above q% of the sample."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = max(1, -(-len(ordered) * q // 100))  # ceil
+    return round(ordered[int(rank) - 1], 1)
+
+
+def summarize_run(label: str, concurrency: int, rows: list[dict[str, Any]], replies: list[Reply],
+                  seconds: float) -> dict[str, Any]:
+    ok = [r for r in replies if r.error is None]
+    latencies = [r.latency_ms for r in ok]
+    quality = score_replies(rows, replies)
+    out_tokens = sum(r.output_tokens for r in ok)
+    return {"model": label, "concurrency": concurrency, "requests": len(replies), "errors": len(replies) - len(ok),
+            "p50_ms": percentile(latencies, 50), "p95_ms": percentile(latencies, 95),
+            "p99_ms": percentile(latencies, 99), "requests_per_s": round(len(ok) / seconds, 3) if seconds else 0.0,
+            "output_tokens_per_s": round(out_tokens / seconds, 1) if seconds else 0.0,
+            "prompt_tokens_mean": quality["prompt_tokens_mean"], "exact_match": quality["exact_match"],
+            "name_accuracy": quality["name_accuracy"], "ttft_ms": None, "itl_ms": None}
+
+
+def run_bench(settings: Settings, cfg: BenchConfig, console: Console | None = None) -> dict[str, Any]:
+    """Benchmark the live model and the base+few-shot baseline through the running Triton server."""
+    from pipelines.evaluate.fewshot import single_turn, with_shots
+    from pipelines.train.dataset import load_split, to_examples
+
+    live = live_model(settings)
+    if live is None:
+        raise DeployFailed("no live model to benchmark: run `flywheel deploy` first")
+    server.up(settings)
+    rows = smoke_rows(settings, cfg.requests, cfg.seed)
+    import pandas as pd
+
+    frame = pd.DataFrame(rows)
+    full = to_examples(frame, "full")
+    pool = single_turn(to_examples(load_split(settings, "train", 2000, cfg.seed), "full"))
+    base = repository.build_base(settings, _base_model_of(settings, live))
+    conversations = {base.name: with_shots(full, pool, cfg.shots),
+                     live.name: [conversation(r, live.prompt_style) for r in rows]}
+    labels = {base.name: f"base + {cfg.shots}-shot (full prompt)", live.name: f"tuned v{live.version} ({live.prompt_style} prompt)"}
+    client = TritonClient(settings, cfg.protocol)  # type: ignore[arg-type]
+    results: list[dict[str, Any]] = []
+    started = time.perf_counter()
+    try:
+        if not client.ready(base.name):
+            client.load(base.name)
+        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      console=console, transient=False) as progress:
+            for name in (base.name, live.name):
+                client.infer_one(name, conversations[name][0])  # warm-up, not timed
+                for level in cfg.concurrency:
+                    task = progress.add_task(f"{labels[name]} x{level}", total=len(rows))
+                    t0 = time.perf_counter()
+                    replies = client.infer(name, conversations[name], concurrency=level)
+                    progress.update(task, completed=len(rows))
+                    results.append(summarize_run(labels[name], level, rows, replies, time.perf_counter() - t0))
+    finally:
+        client.close()
+    direct = _direct(settings, live, conversations[live.name], rows) if cfg.direct else None
+    hardware = detect()
+    tuned = [r for r in results if r["model"] == labels[live.name]]
+    baseline = [r for r in results if r["model"] == labels[base.name]]
+    for r in results:
+        r["usd_per_million_requests"] = _round(usd_per_million(r["requests_per_s"], hardware))
+    comparison = _compare(baseline[0], tuned[0]) if baseline and tuned else {}
+    report = {"generated_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "live": live.name,
+              "version": live.version, "baseline": base.name, "requests": len(rows), "protocol": cfg.protocol,
+              "hardware": hardware.__dict__, "runs": results, "direct": direct, "comparison": comparison,
+              "triton_overhead_ms": round(tuned[0]["p50_ms"] - direct["p50_ms"], 1) if direct and tuned else None,
+              "seconds": round(time.perf_counter() - started, 1)}
+    return write_report(settings, report)
+
+
+def _base_model_of(settings: Settings, live: Any) -> str:
+    """The base model the live deployment was built on (its repository's metadata)."""
+    import json
+
+    meta = Path(str(settings.triton.model_repository)) / live.name / "1" / "flywheel.json"
+    return json.loads(meta.read_text())["base_model"]
+
+
+def _direct(settings: Settings, live: Any, conversations: list[list[dict[str, str]]],
+            rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The same requests through the same merged model in this process, batch 1: Triton's overhead."""
+    from pipelines.evaluate.generate import generate
+    from pipelines.evaluate.pipeline import load_model
+    from pipelines.registry.models import adapter_path
+
+    model, tokenizer = load_model(_base_model_of(settings, live), settings, adapter_path(settings, live.version))
+    generate(model, tokenizer, conversations[:1], max_new_tokens=settings.triton.max_new_tokens,
+             latency_samples=0)  # warm-up, as for the served models
+    replies = []
+    for turns in conversations:
+        t0 = time.perf_counter()
+        out = generate(model, tokenizer, [turns], max_new_tokens=settings.triton.max_new_tokens, latency_samples=0)
+        replies.append(Reply(out.texts[0], out.prompt_tokens[0], out.output_tokens[0], (time.perf_counter() - t0) * 1000))
+    return summarize_run(f"tuned v{live.version} in-process (no Triton)", 1, rows, replies,
+                         sum(r.latency_ms for r in replies) / 1000)
+
+
+def _compare(base: dict[str, Any], tuned: dict[str, Any]) -> dict[str, Any]:
+    def change(a: float | None, b: float | None) -> float | None:
+        return round((b - a) / a, 3) if a and b is not None else None
+
+    return {"latency_p50_change": change(base["p50_ms"], tuned["p50_ms"]),
+            "prompt_tokens_change": change(base["prompt_tokens_mean"], tuned["prompt_tokens_mean"]),
+            "throughput_change": change(base["requests_per_s"], tuned["requests_per_s"]),
+            "cost_change": change(base.get("usd_per_million_requests"), tuned.get("usd_per_million_requests")),
+            "exact_match": {"base_few_shot": base["exact_match"], "tuned": tuned["exact_match"]}}
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 2)
+
+
+def write_report(settings: Settings, report: dict[str, Any]) -> dict[str, Any]:
+    from pipelines.bench.report import render_html
+
+    stamp = report["generated_at"].replace(":", "").replace("-", "")
+    folder = f"{settings.zone('reports')}/bench/{stamp}"
+    report["json_uri"] = f"{folder}/report.json"
+    report["html_uri"] = f"{folder}/report.html"
+    write_json(report["json_uri"], report)
+    write_text(report["html_uri"], render_html(report))
+    write_json(f"{settings.zone('reports')}/bench/latest.json", report)
+    _log_to_mlflow(settings, report, folder)
+    return report
+
+
+def _log_to_mlflow(settings: Settings, report: dict[str, Any], folder: str) -> None:
+    """The report on the model version's run (artifacts) and its headline figures as version tags."""
+    import json
+    import tempfile
+
+    from pipelines.clients.mlflow import client as mlflow_client
+    from pipelines.storage import read_bytes
+
+    client = mlflow_client(settings)
+    name, version = settings.mlflow.registered_model, str(report["version"])
+    run_id = client.get_model_version(name, version).run_id
+    with tempfile.TemporaryDirectory() as tmp:  # the reports may live on object storage
+        for file in ("report.json", "report.html"):
+            (Path(tmp) / file).write_bytes(read_bytes(f"{folder}/{file}"))
+        client.log_artifacts(run_id, tmp, "benchmark")
+    tuned = [r for r in report["runs"] if r["model"].startswith("tuned")]
+    headline = {"hardware": report["hardware"]["name"], "p50_ms_c1": tuned[0]["p50_ms"] if tuned else None,
+                "best_requests_per_s": max((r["requests_per_s"] for r in tuned), default=None),
+                **{k: v for k, v in report["comparison"].items() if not isinstance(v, dict)}}
+    client.set_model_version_tag(name, version, "flywheel.benchmark", json.dumps(headline))
