@@ -1,4 +1,5 @@
-"""commerce_flywheel: ingest -> prep -> validate -> features -> train sweep -> evaluate -> register -> promote.
+"""commerce_flywheel: ingest -> prep -> validate -> features -> train sweep -> evaluate -> register -> promote
+-> deploy (Triton) -> smoke test -> benchmark.
 
 Thin wiring only: every task calls one function of `pipelines.tasks` (imported inside the task, so
 parsing this file stays cheap). Each task replaces just its date window's outputs, so retries and
@@ -54,6 +55,7 @@ def _run(step: str, *args):
         "drift_magnitude": Param(0.6, type="number", minimum=0, maximum=1),
         "sweep": Param(None, type=["null", "string"], description="sweep file; default: train.sweep in the config"),
         "train": Param(True, type="boolean", description="false: stop after the training set is built"),
+        "deploy": Param(True, type="boolean", description="false: stop after promotion (no Triton)"),
         "reason": Param(None, type=["null", "string"], description="why this run retrains (recorded with the model)"),
     },
     doc_md=__doc__,
@@ -102,11 +104,28 @@ def commerce_flywheel():
     def promote(registered: dict, evaluated: dict) -> dict:
         return _run("promote", registered, evaluated, dict(get_current_context()["params"]))
 
+    @task.short_circuit
+    def should_deploy(_promoted: dict) -> bool:
+        return bool(get_current_context()["params"].get("deploy", True))
+
+    @task
+    def deploy(_go: bool, promoted: dict) -> dict:
+        return _run("deploy", promoted)
+
+    @task
+    def smoke_test(deployed: dict) -> dict:
+        return _run("smoke_test", deployed)
+
+    @task
+    def benchmark(smoked: dict) -> dict:
+        return _run("benchmark", smoked)
+
     win = window()
     built = features(win, validate(win, prep(win, ingest(win))))
     trained = train(should_train(built))
     evaluated = evaluate(trained)
-    promote(register(trained, evaluated), evaluated)
+    promoted = promote(register(trained, evaluated), evaluated)
+    benchmark(smoke_test(deploy(should_deploy(promoted), promoted)))
 
 
 commerce_flywheel()

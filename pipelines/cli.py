@@ -258,6 +258,7 @@ def run_cmd(
                                             "`airflow dags test`.")] = False,
     train: Annotated[bool, typer.Option(help="Train, evaluate, register and promote after the data path.")] = True,
     sweep: Annotated[str | None, typer.Option(help="Sweep file (default: train.sweep in the config).")] = None,
+    deploy: Annotated[bool, typer.Option(help="Deploy the champion to Triton, smoke-test and benchmark it.")] = True,
     as_json: JsonOpt = False,
 ) -> None:
     """Run the commerce_flywheel DAG for a window (in-process `dags test`, or via `flywheel up`'s scheduler)."""
@@ -265,7 +266,7 @@ def run_cmd(
 
     conf = {"end_date": end_date, "window_days": window_days, "records_per_day": records_per_day,
             "source": source, "bad_share": bad_share, "drift": drift, "seed": seed, "train": train,
-            "sweep": str(Path(sweep).resolve()) if sweep else None}
+            "sweep": str(Path(sweep).resolve()) if sweep else None, "deploy": deploy}
     if end_date:
         _parse_date(end_date, "--end-date")
     settings = get_settings()
@@ -396,6 +397,113 @@ def registry_rollback(as_json: JsonOpt = False) -> None:
         raise UserError(str(exc)) from None
 
 
+# ---- serving (Triton) -------------------------------------------------------------------------
+serve_app = typer.Typer(help="The local Triton server (the real tritonserver binary, 127.0.0.1).", no_args_is_help=True)
+app.add_typer(serve_app, name="serve")
+
+
+@serve_app.command("up")
+def serve_up(as_json: JsonOpt = False) -> None:
+    """Start Triton with explicit model control (models load on `flywheel deploy`)."""
+    from pipelines.serve import server
+
+    with console.status("starting Triton ..."):
+        _emit(server.up(_local_settings("serve up")).to_dict(), as_json, "triton is up")
+
+
+@serve_app.command("down")
+def serve_down(as_json: JsonOpt = False) -> None:
+    """Stop Triton and every model process it started."""
+    from pipelines.serve import server
+
+    _emit({"stopped": server.down(_local_settings("serve down"))}, as_json, "triton")
+
+
+@serve_app.command("status")
+def serve_status(as_json: JsonOpt = False) -> None:
+    """Whether Triton runs, which models are loaded and which one takes traffic."""
+    from pipelines.serve import deploy as serving, server
+    from pipelines.serve.client import TritonClient
+
+    settings = get_settings()
+    row: dict[str, Any] = server.status(settings).to_dict()
+    if row["healthy"]:
+        client = TritonClient(settings)
+        row["loaded"] = client.loaded()
+        client.close()
+    current = serving.state(settings)
+    row.update(live=current.get("live"), previous=current.get("previous"))
+    _emit(row, as_json, "triton")
+
+
+@app.command("deploy")
+def deploy_cmd(
+    alias: Annotated[str, typer.Option(help="Registry alias to deploy.")] = "champion",
+    version: Annotated[str | None, typer.Option(help="A version number instead of an alias.")] = None,
+    canary: Annotated[float | None, typer.Option(min=0.0, max=1.0, help="Serve the alias next to the live "
+                                                 "model and send this share of replayed traffic to it.")] = None,
+    requests: Annotated[int, typer.Option(min=1, help="Replayed requests for --canary.")] = 24,
+    as_json: JsonOpt = False,
+) -> None:
+    """Load a registered adapter into Triton, smoke-test it with real requests, then switch traffic to it."""
+    from pipelines.serve import deploy as serving
+
+    settings = get_settings()
+    with console.status("deploying ..."):
+        if canary is not None:
+            result = serving.canary(settings, alias, share=canary, requests=requests)
+        else:
+            result = serving.deploy(settings, alias, version=version)
+    _emit(result, as_json, "canary" if canary is not None else "deployed")
+
+
+@app.command("rollback")
+def rollback_cmd(as_json: JsonOpt = False) -> None:
+    """Send traffic back to the previously deployed model (it stays loaded: seconds)."""
+    from pipelines.serve import deploy as serving
+
+    _emit(serving.rollback(get_settings()), as_json, "rolled back")
+
+
+@app.command("bench")
+def bench_cmd(
+    requests: Annotated[int | None, typer.Option(min=1, help="Test requests per model and level.")] = None,
+    concurrency: Annotated[str | None, typer.Option(help="Comma-separated levels, e.g. 1,2,4.")] = None,
+    protocol: Annotated[str | None, typer.Option(help="http or grpc.")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Benchmark the live model against base + few-shot through Triton (latency, throughput, tokens, cost)."""
+    from pydantic import ValidationError
+
+    from pipelines.bench.serving import run_bench
+    from pipelines.config import BenchSettings
+
+    settings = get_settings()
+    overrides: dict[str, Any] = {"requests": requests, "protocol": protocol}
+    if concurrency:
+        try:
+            overrides["concurrency"] = [int(v) for v in concurrency.split(",")]
+        except ValueError:
+            raise UserError(f"--concurrency: expected numbers like 1,2,4, got {concurrency!r}") from None
+    try:
+        cfg = BenchSettings(**{**settings.bench.model_dump(), **{k: v for k, v in overrides.items() if v is not None}})
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise UserError(f"bench.{first['loc'][0]}: {first['msg'].removeprefix('Value error, ')}") from None
+    report = run_bench(settings, cfg, console=console)
+    if as_json:
+        _emit(report, True, "bench")
+        return
+    table = Table(title=f"serving benchmark ({report['hardware']['name']}): {report['html_uri']}")
+    for column in ("model", "concurrency", "p50_ms", "p95_ms", "requests_per_s", "prompt_tokens_mean",
+                   "exact_match", "usd_per_million_requests"):
+        table.add_column(column)
+    for r in [*report["runs"], *([report["direct"]] if report.get("direct") else [])]:
+        table.add_row(*(str(r.get(c)) for c in ("model", "concurrency", "p50_ms", "p95_ms", "requests_per_s",
+                                               "prompt_tokens_mean", "exact_match", "usd_per_million_requests")))
+    Console().print(table)
+
+
 # ---- local servers --------------------------------------------------------------------------
 @app.command("up")
 def up(
@@ -429,7 +537,7 @@ def down(as_json: JsonOpt = False) -> None:
     from pipelines.services import stop
 
     settings = _local_settings("down")
-    stopped = {name: stop(str(settings.root), name) for name in ("airflow", "mlflow")}
+    stopped = {name: stop(str(settings.root), name) for name in ("airflow", "mlflow", "triton")}
     _emit({"stopped": [n for n, s in stopped.items() if s]}, as_json, "flywheel is down")
 
 

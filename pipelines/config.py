@@ -150,6 +150,21 @@ class EvaluationSettings(_Section):
     judge_api_key: SecretStr | None = None
 
 
+class BenchSettings(_Section):
+    requests: int = Field(12, ge=1, description="test-split requests replayed per model and concurrency level")
+    concurrency: list[int] = Field(default_factory=lambda: [1, 4], description="requests in flight, per level")
+    shots: int = Field(3, ge=0, description="in-context examples of the base-model baseline")
+    protocol: Literal["http", "grpc"] = "http"
+    direct: bool = Field(True, description="also time in-process inference (Triton's overhead)")
+
+    @field_validator("concurrency")
+    @classmethod
+    def _positive_levels(cls, levels: list[int]) -> list[int]:
+        if not levels or any(level < 1 for level in levels):
+            raise ValueError("concurrency levels must be positive integers")
+        return sorted(set(levels))
+
+
 class PromotionSettings(_Section):
     """The gate that moves `champion`: better by these margins on quality, and not slower."""
 
@@ -185,6 +200,7 @@ class Settings(BaseSettings):
     kubernetes: KubernetesSettings = Field(default_factory=KubernetesSettings)
     train: TrainSettings = Field(default_factory=TrainSettings)
     evaluation: EvaluationSettings = Field(default_factory=EvaluationSettings)
+    bench: BenchSettings = Field(default_factory=BenchSettings)
     promotion: PromotionSettings = Field(default_factory=PromotionSettings)
     quality: QualitySettings = Field(default_factory=QualitySettings)
 

@@ -23,6 +23,11 @@ def _latest_evaluation(settings: Settings) -> dict | None:
     return read_json(str(reports[-1])) if reports else None
 
 
+def _latest_bench(settings: Settings) -> dict | None:
+    latest = Path(settings.zone("reports"), "bench", "latest.json")
+    return read_json(str(latest)) if latest.is_file() else None
+
+
 def run_demo(settings: Settings, *, records_per_day: int, days: int, seed: int, console: Console) -> dict[str, str]:
     started = time.perf_counter()
     end = (datetime.now(timezone.utc) - timedelta(days=1)).date()
@@ -32,9 +37,10 @@ def run_demo(settings: Settings, *, records_per_day: int, days: int, seed: int, 
 
     console.rule(f"commerce_flywheel DAG: {days} days of traffic ending {end} ({records_per_day}/day)")
     console.print("ingest -> Spark prep -> Great Expectations gates -> Feast features -> LoRA sweep on "
-                  "SmolLM2-135M -> evaluation -> MLflow registry -> promotion gate (airflow dags test) ...")
-    with console.status("running the DAG (about 15 minutes on 2 cores: most of it LoRA training and "
-                        "evaluation on the CPU) ..."):
+                  "SmolLM2-135M -> evaluation -> MLflow registry -> promotion gate -> Triton deploy -> smoke test "
+                  "-> benchmark (airflow dags test) ...")
+    with console.status("running the DAG (about 17 minutes on 2 cores: most of it LoRA training, "
+                        "evaluation and the serving benchmark on the CPU) ..."):
         result = airflow.dags_test(settings, "commerce_flywheel", conf)
     log = root / "logs" / "demo-dags-test.log"
     log.parent.mkdir(parents=True, exist_ok=True)
@@ -62,6 +68,20 @@ def run_demo(settings: Settings, *, records_per_day: int, days: int, seed: int, 
                           f"{c['stats']['latency_ms_p50']:.0f}")
         console.print(table)
 
+    bench = _latest_bench(settings)
+    if bench:
+        table = Table(title=f"served by Triton ({bench['hardware']['name']}): {bench['live']} vs {bench['baseline']}")
+        for column in ("model", "concurrency", "p50 ms", "p95 ms", "req/s", "prompt tokens", "exact match", "$/M req"):
+            table.add_column(column)
+        for r in [*bench["runs"], *([bench["direct"]] if bench.get("direct") else [])]:
+            table.add_row(r["model"], str(r["concurrency"]), str(r["p50_ms"]), str(r["p95_ms"]),
+                          f"{r['requests_per_s']:.2f}", str(r["prompt_tokens_mean"]), f"{r['exact_match']:.3f}",
+                          str(r.get("usd_per_million_requests", "")))
+        console.print(table)
+        change = bench["comparison"]
+        console.print(f"tuned vs base + few-shot: latency p50 {change['latency_p50_change']:+.0%}, prompt tokens "
+                      f"{change['prompt_tokens_change']:+.0%}, throughput {change['throughput_change']:+.0%}")
+
     outputs = {
         "raw logs": settings.zone("raw"),
         "curated SFT Parquet (train/val/test)": manifest["training_set"]["uri"],
@@ -74,6 +94,10 @@ def run_demo(settings: Settings, *, records_per_day: int, days: int, seed: int, 
     }
     if evaluation:
         outputs["evaluation report"] = evaluation["html_uri"]
+    if bench:
+        outputs["serving benchmark report"] = bench["html_uri"]
+        outputs["Triton (champion live)"] = f"http://{settings.triton.host}:{settings.triton.http_port} "\
+                                            f"(`flywheel serve status`; stop: `flywheel serve down`)"
     table = Table(title=f"demo finished in {time.perf_counter() - started:.0f} s")
     table.add_column("output")
     table.add_column("where")

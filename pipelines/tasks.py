@@ -149,3 +149,40 @@ def promote(registered: dict[str, Any], evaluated: dict[str, Any], params: dict[
     decision = gate_and_promote(settings, rows["tuned_candidate"], rows.get("tuned_champion"),
                                 f"[{reason}] " if reason else "")
     return decision.to_dict()
+
+
+def deploy(promoted: dict[str, Any], settings: Settings | None = None) -> dict[str, Any]:
+    """Put the champion behind Triton (load, smoke test, switch); a no-op when it is already live."""
+    from pipelines.serve.deploy import deploy as put_live
+
+    settings = settings or get_settings()
+    return {**put_live(settings, "champion"), "promoted": bool(promoted.get("promoted"))}
+
+
+def smoke_test(deployed: dict[str, Any], settings: Settings | None = None) -> dict[str, Any]:
+    """After the switch: the live model answers real requests through the client; otherwise roll back."""
+    from pipelines.serve import deploy as serving
+    from pipelines.serve.client import TritonClient
+
+    settings = settings or get_settings()
+    live = serving.live_model(settings)
+    if live is None:
+        raise NotRetryable("no live model after deployment")
+    client = TritonClient(settings)
+    try:
+        result = serving.smoke_test(settings, client, live)
+    finally:
+        client.close()
+    if result["errors"] or result["valid_json"] < settings.triton.smoke_min_valid_json:
+        rolled = serving.rollback(settings) if serving.state(settings).get("previous") else None
+        raise NotRetryable(f"{live.name} failed the post-deployment smoke test ({result}); "
+                           f"{'rolled back to ' + rolled['live']['name'] if rolled else 'nothing to roll back to'}")
+    return {"live": live.name, "version": live.version, **result}
+
+
+def benchmark(smoked: dict[str, Any], settings: Settings | None = None) -> dict[str, Any]:
+    """Latency, throughput, tokens and cost of the live model against base + few-shot (HTML + JSON + MLflow)."""
+    from pipelines.bench.serving import run_bench
+
+    report = run_bench(settings or get_settings())
+    return {k: report[k] for k in ("live", "version", "comparison", "json_uri", "html_uri", "triton_overhead_ms")}

@@ -20,19 +20,22 @@ DAY = "2026-11-20"
 TINY_SWEEP = str(Path(__file__).resolve().parent.parent / "conf" / "sweeps" / "tiny.yaml")
 
 
-def _run(root: Path, **conf) -> tuple[bool, str]:
+def _small_serving_env() -> dict[str, str]:
+    """Triton on free ports, a smoke test the untrained tiny model can pass, a 2-request benchmark."""
+    return {"FLYWHEEL_TRITON__HTTP_PORT": str(free_port()), "FLYWHEEL_TRITON__GRPC_PORT": str(free_port()),
+            "FLYWHEEL_TRITON__METRICS_PORT": str(free_port()), "FLYWHEEL_TRITON__SMOKE_REQUESTS": "2",
+            "FLYWHEEL_TRITON__SMOKE_MIN_VALID_JSON": "0", "FLYWHEEL_TRITON__MAX_NEW_TOKENS": "12",
+            "FLYWHEEL_BENCH__REQUESTS": "2", "FLYWHEEL_BENCH__CONCURRENCY": "[1]", "FLYWHEEL_BENCH__SHOTS": "1"}
+
+
+def _run(root: Path, serving: dict[str, str] | None = None, **conf) -> tuple[bool, str]:
     settings = load_settings(root=str(root))
     conf = {"end_date": DAY, "window_days": 1, "seed": 3, "train": False, **conf}
     result = dags_test(settings, "commerce_flywheel", conf,
                        extra_env={"FLYWHEEL_ROOT": str(root), "FLYWHEEL_EVALUATION__EXAMPLES": "4",
-                                  "FLYWHEEL_EVALUATION__SHOTS": "1"})
+                                  "FLYWHEEL_EVALUATION__SHOTS": "1", **(serving or {})})
     out = result.stdout + result.stderr
     return result.returncode == 0 and "state=success" in out, out
-
-
-def _state(out: str, task: str) -> str | None:
-    states = [line for line in out.splitlines() if f"task_id={task}" in line and "state" in line]
-    return states[-1] if states else None
 
 
 def test_dag_runs_and_rerunning_a_date_is_idempotent(tmp_path: Path) -> None:
@@ -53,15 +56,24 @@ def test_dag_runs_and_rerunning_a_date_is_idempotent(tmp_path: Path) -> None:
     assert len(list((tmp_path / "raw" / f"dt={DAY}").glob("*.jsonl"))) == 1
 
 
-def test_dag_trains_evaluates_registers_and_promotes(tmp_path: Path) -> None:
+def test_dag_trains_evaluates_registers_promotes_deploys_and_benchmarks(tmp_path: Path) -> None:
     from pipelines.registry.models import CHAMPION, alias_version
+    from pipelines.serve import deploy, server
 
-    ok, out = _run(tmp_path, records_per_day=1200, train=True, sweep=TINY_SWEEP)
-    assert ok, out[-3000:]
-    assert "Marking run <DagRun commerce_flywheel" in out or "state=success" in out
-    settings = load_settings(root=str(tmp_path))
-    assert alias_version(settings, CHAMPION) == "1"
-    assert list((tmp_path / "reports" / "evaluation").glob("tiny-*/report.html"))
+    serving = _small_serving_env()
+    try:
+        ok, out = _run(tmp_path, serving, records_per_day=1200, train=True, sweep=TINY_SWEEP)
+        assert ok, out[-3000:]
+        settings = load_settings(root=str(tmp_path), triton={"http_port": int(serving["FLYWHEEL_TRITON__HTTP_PORT"])})
+        assert alias_version(settings, CHAMPION) == "1"
+        assert list((tmp_path / "reports" / "evaluation").glob("tiny-*/report.html"))
+        live = deploy.live_model(settings)
+        assert live is not None and live.version == "1" and server.status(settings).healthy
+        bench = json.loads((tmp_path / "reports" / "bench" / "latest.json").read_text())
+        assert bench["live"] == live.name and {r["errors"] for r in bench["runs"]} == {0}
+        assert [e["event"] for e in deploy.state(settings)["history"]] == ["deployed"]
+    finally:
+        server.down(load_settings(root=str(tmp_path)))
 
 
 def test_failing_gate_stops_the_dag_before_features_and_quarantines_the_batch(tmp_path: Path) -> None:
@@ -81,7 +93,7 @@ def test_dag_runs_under_the_scheduler_triggered_through_the_rest_api(tmp_path: P
     # unpausing the DAG also starts its latest scheduled (daily) run, which trains: with the tiny sweep here
     env = {"FLYWHEEL_ROOT": str(root), "FLYWHEEL_AIRFLOW__PORT": str(free_port()),
            "FLYWHEEL_MLFLOW__PORT": str(free_port()), "FLYWHEEL_TRAIN__SWEEP": TINY_SWEEP,
-           "FLYWHEEL_EVALUATION__EXAMPLES": "4", "FLYWHEEL_EVALUATION__SHOTS": "1"}
+           "FLYWHEEL_EVALUATION__EXAMPLES": "4", "FLYWHEEL_EVALUATION__SHOTS": "1", **_small_serving_env()}
     try:
         up = run_flywheel("up", "--only", "airflow", "--json", env=env)
         assert up.returncode == 0, up.stderr

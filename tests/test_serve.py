@@ -159,7 +159,8 @@ def test_percentiles_are_nearest_rank() -> None:
 
 
 def test_benchmark_compares_base_few_shot_with_the_tuned_model(registered) -> None:
-    from pipelines.bench.serving import BenchConfig, run_bench
+    from pipelines.bench.serving import run_bench
+    from pipelines.config import BenchSettings
     from pipelines.clients.mlflow import client as mlflow_client
     from pipelines.serve import deploy
 
@@ -167,7 +168,7 @@ def test_benchmark_compares_base_few_shot_with_the_tuned_model(registered) -> No
     if deploy.live_model(settings) is None:
         deploy.deploy(settings, "champion")
     live = deploy.live_model(settings)
-    report = run_bench(settings, BenchConfig(requests=4, concurrency=[1, 2], shots=1))
+    report = run_bench(settings, BenchSettings(requests=4, concurrency=[2, 1], shots=1))
     assert [(r["model"].split()[0], r["concurrency"]) for r in report["runs"]] == [
         ("base", 1), ("base", 2), ("tuned", 1), ("tuned", 2)]
     assert all(r["errors"] == 0 and r["requests"] == 4 and r["p50_ms"] <= r["p99_ms"] for r in report["runs"])

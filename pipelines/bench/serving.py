@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -22,21 +21,11 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from pipelines.bench.hardware import detect, usd_per_million
-from pipelines.config import Settings
+from pipelines.config import BenchSettings, Settings
 from pipelines.serve import repository, server
 from pipelines.serve.client import Reply, TritonClient, conversation
 from pipelines.serve.deploy import DeployFailed, live_model, score_replies, smoke_rows
 from pipelines.storage import write_json, write_text
-
-
-@dataclass
-class BenchConfig:
-    requests: int = 12
-    concurrency: list[int] = field(default_factory=lambda: [1, 4])
-    shots: int = 3
-    protocol: str = "http"
-    direct: bool = True
-    seed: int = 0
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -62,21 +51,22 @@ def summarize_run(label: str, concurrency: int, rows: list[dict[str, Any]], repl
             "name_accuracy": quality["name_accuracy"], "ttft_ms": None, "itl_ms": None}
 
 
-def run_bench(settings: Settings, cfg: BenchConfig, console: Console | None = None) -> dict[str, Any]:
+def run_bench(settings: Settings, cfg: BenchSettings | None = None, console: Console | None = None) -> dict[str, Any]:
     """Benchmark the live model and the base+few-shot baseline through the running Triton server."""
     from pipelines.evaluate.fewshot import single_turn, with_shots
     from pipelines.train.dataset import load_split, to_examples
 
+    cfg = cfg or settings.bench
     live = live_model(settings)
     if live is None:
         raise DeployFailed("no live model to benchmark: run `flywheel deploy` first")
     server.up(settings)
-    rows = smoke_rows(settings, cfg.requests, cfg.seed)
+    rows = smoke_rows(settings, cfg.requests)
     import pandas as pd
 
     frame = pd.DataFrame(rows)
     full = to_examples(frame, "full")
-    pool = single_turn(to_examples(load_split(settings, "train", 2000, cfg.seed), "full"))
+    pool = single_turn(to_examples(load_split(settings, "train", 2000), "full"))
     base = repository.build_base(settings, _base_model_of(settings, live))
     conversations = {base.name: with_shots(full, pool, cfg.shots),
                      live.name: [conversation(r, live.prompt_style) for r in rows]}
