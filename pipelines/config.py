@@ -165,6 +165,25 @@ class BenchSettings(_Section):
         return sorted(set(levels))
 
 
+class DriftSettings(_Section):
+    window_days: int = Field(1, ge=1, description="the latest days of raw logs the monitor compares")
+    min_records: int = Field(200, ge=1, description="fewer clean records than this: no verdict")
+    psi_watch: float = Field(0.1, ge=0)
+    psi_act: float = Field(0.25, ge=0)
+    auc_watch: float = Field(0.65, ge=0.5, le=1, description="domain classifier ROC AUC on request embeddings")
+    auc_act: float = Field(0.8, ge=0.5, le=1)
+    invalid_call_rate_act: float = Field(0.1, ge=0, le=1)
+    thumbs_down_rate_act: float = Field(0.25, ge=0, le=1)
+    latency_slo_ms: float = Field(4000, gt=0)
+    latency_slo_violation_act: float = Field(0.2, ge=0, le=1)
+    numeric_bins: int = Field(10, ge=2)
+    numeric_sample: int = Field(2000, ge=10)
+    embedding_sample: int = Field(300, ge=20)
+    cooldown_hours: float = Field(6, ge=0, description="after an alert, further alerts are recorded, not emitted")
+    retrain_reference_share: float = Field(0.3, ge=0, le=1, description="share of the reference window mixed "
+                                           "into a drift retrain's training window")
+
+
 class PromotionSettings(_Section):
     """The gate that moves `champion`: better by these margins on quality, and not slower."""
 
@@ -201,6 +220,7 @@ class Settings(BaseSettings):
     train: TrainSettings = Field(default_factory=TrainSettings)
     evaluation: EvaluationSettings = Field(default_factory=EvaluationSettings)
     bench: BenchSettings = Field(default_factory=BenchSettings)
+    drift: DriftSettings = Field(default_factory=DriftSettings)
     promotion: PromotionSettings = Field(default_factory=PromotionSettings)
     quality: QualitySettings = Field(default_factory=QualitySettings)
 

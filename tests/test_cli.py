@@ -41,6 +41,12 @@ def test_generate_json_output_and_files(tmp_path: Path) -> None:
     (["train", "--backend", "jax"], {}, "--backend"),
     (["registry", "rollback"], {}, "no previous champion"),
     (["eval", "--adapter", "/no/adapter"], {}, "--adapter"),
+    (["bench", "--concurrency", "1,x"], {}, "--concurrency"),
+    (["bench", "--protocol", "ftp"], {}, "bench.protocol"),
+    (["bench"], {}, "no live model"),
+    (["rollback"], {}, "nothing to roll back to"),
+    (["deploy"], {}, "no model version has the alias 'champion'"),
+    (["serve", "up"], {"FLYWHEEL_TRITON__EXECUTION_ENV": "/no/env"}, "make serve-env"),
 ])
 def test_bad_input_is_one_clear_line(tmp_path: Path, args: list[str], env: dict[str, str], needle: str) -> None:
     result = run_flywheel(*args, env={"FLYWHEEL_ROOT": str(tmp_path), **env})

@@ -123,6 +123,8 @@ def register(settings: Settings, sweep: dict[str, Any], evaluation: dict[str, An
             "flywheel.dataset_digest": sweep["dataset_digest"], "flywheel.code_version": meta["code_version"],
             "flywheel.base_model": sweep["base_model"], "flywheel.prompt_style": sweep["prompt_style"],
             "flywheel.tool_schema_version": tool_schema_version}
+    if lineage.get("window"):  # the drift monitor's reference: the champion's training window
+        tags["flywheel.training_window"] = f"{lineage['window']['start']}_{lineage['window']['end']}"
     if evaluation:
         tags["flywheel.evaluation"] = evaluation.get("json_uri", "")
     version = client.create_model_version(name, source=source, run_id=variant["run_id"], tags=tags,
