@@ -11,7 +11,11 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pendulum
-from airflow.sdk import Param, dag, get_current_context, task
+from airflow.sdk import Asset, Param, dag, get_current_context, task
+from airflow.timetables.assets import AssetOrTimeSchedule
+from airflow.timetables.trigger import CronTriggerTimetable
+
+DRIFT = Asset(name="flywheel_drift", uri="flywheel://drift/alerts")  # emitted by dags/drift_monitor.py
 
 DEFAULT_ARGS = {
     "retries": 2,
@@ -36,7 +40,8 @@ def _run(step: str, *args):
 
 @dag(
     dag_id="commerce_flywheel",
-    schedule="@daily",
+    # daily, and whenever the drift monitor raises an alert (the run then retrains on the drifted window)
+    schedule=AssetOrTimeSchedule(timetable=CronTriggerTimetable("0 2 * * *", timezone="UTC"), assets=[DRIFT]),
     start_date=pendulum.datetime(2026, 11, 1, tz="UTC"),
     catchup=False,
     max_active_runs=1,
@@ -56,21 +61,33 @@ def _run(step: str, *args):
         "sweep": Param(None, type=["null", "string"], description="sweep file; default: train.sweep in the config"),
         "train": Param(True, type="boolean", description="false: stop after the training set is built"),
         "deploy": Param(True, type="boolean", description="false: stop after promotion (no Triton)"),
+        "reference_days": Param(None, type=["null", "array"], description="drift retrain: days of the champion's "
+                                "training window to mix in (set from the drift alert)"),
+        "drift_alerts": Param(0, type="integer", minimum=0, description="drift alerts this run serves"),
         "reason": Param(None, type=["null", "string"], description="why this run retrains (recorded with the model)"),
     },
     doc_md=__doc__,
 )
 def commerce_flywheel():
     @task
-    def window() -> dict:
-        from pipelines.tasks import resolve_window
+    def params() -> dict:
+        """The run's params; a drift-triggered run takes its window, reason and reference from the alert."""
+        from pipelines.tasks import run_params
 
         context = get_current_context()
-        return resolve_window(dict(context["params"]), context["dag_run"].run_after)
+        events = [dict(e.extra or {}) for key, evs in (context.get("triggering_asset_events") or {}).items()
+                  for e in evs if "drift" in str(key)]
+        return run_params(dict(context["params"]), events)
 
     @task
-    def ingest(win: dict) -> dict:
-        return _run("ingest", win, dict(get_current_context()["params"]))
+    def window(p: dict) -> dict:
+        from pipelines.tasks import resolve_window
+
+        return resolve_window(p, get_current_context()["dag_run"].run_after)
+
+    @task
+    def ingest(win: dict, p: dict) -> dict:
+        return _run("ingest", win, p)
 
     @task
     def prep(win: dict, _ingested: dict) -> dict:
@@ -85,12 +102,12 @@ def commerce_flywheel():
         return _run("features", win)
 
     @task.short_circuit
-    def should_train(_features: dict) -> bool:
-        return bool(get_current_context()["params"].get("train", True))
+    def should_train(_features: dict, p: dict) -> bool:
+        return bool(p.get("train", True))
 
     @task(retries=3)  # a killed sweep resumes from its checkpoints on retry
-    def train(_go: bool) -> dict:
-        return _run("train", dict(get_current_context()["params"]))
+    def train(_go: bool, p: dict) -> dict:
+        return _run("train", p)
 
     @task
     def evaluate(trained: dict) -> dict:
@@ -101,12 +118,12 @@ def commerce_flywheel():
         return _run("register", trained, evaluated)
 
     @task
-    def promote(registered: dict, evaluated: dict) -> dict:
-        return _run("promote", registered, evaluated, dict(get_current_context()["params"]))
+    def promote(registered: dict, evaluated: dict, p: dict) -> dict:
+        return _run("promote", registered, evaluated, p)
 
     @task.short_circuit
-    def should_deploy(_promoted: dict) -> bool:
-        return bool(get_current_context()["params"].get("deploy", True))
+    def should_deploy(_promoted: dict, p: dict) -> bool:
+        return bool(p.get("deploy", True))
 
     @task
     def deploy(_go: bool, promoted: dict) -> dict:
@@ -120,12 +137,13 @@ def commerce_flywheel():
     def benchmark(smoked: dict) -> dict:
         return _run("benchmark", smoked)
 
-    win = window()
-    built = features(win, validate(win, prep(win, ingest(win))))
-    trained = train(should_train(built))
+    p = params()
+    win = window(p)
+    built = features(win, validate(win, prep(win, ingest(win, p))))
+    trained = train(should_train(built, p), p)
     evaluated = evaluate(trained)
-    promoted = promote(register(trained, evaluated), evaluated)
-    benchmark(smoke_test(deploy(should_deploy(promoted), promoted)))
+    promoted = promote(register(trained, evaluated), evaluated, p)
+    benchmark(smoke_test(deploy(should_deploy(promoted, p), promoted)))
 
 
 commerce_flywheel()

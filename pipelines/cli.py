@@ -561,14 +561,48 @@ def status_cmd(as_json: JsonOpt = False) -> None:
 # ---- demo -----------------------------------------------------------------------------------
 @app.command("demo")
 def demo(
+    part: Annotated[str, typer.Argument(help="flywheel (the whole flywheel) or drift (after it: drifted traffic, "
+                                        "alert, retrain, gate, deployment)")] = "flywheel",
     records_per_day: Annotated[int, typer.Option(min=10, help="Generated records per day.")] = 1500,
     days: Annotated[int, typer.Option(min=1, help="Days of traffic to generate.")] = 7,
     seed: Annotated[int, typer.Option(help="Seed of the demo traffic.")] = 7,
 ) -> None:
-    """Run the whole flywheel on embedded defaults and say where every output is."""
-    from pipelines.demo import run_demo
+    """Run the whole flywheel on embedded defaults and say where every output is; `demo drift` then
+    shows drift monitoring retraining by itself."""
+    from pipelines.demo import run_demo, run_drift_demo
 
-    run_demo(get_settings(), records_per_day=records_per_day, days=days, seed=seed, console=console)
+    if part == "flywheel":
+        run_demo(get_settings(), records_per_day=records_per_day, days=days, seed=seed, console=console)
+    elif part == "drift":
+        run_drift_demo(get_settings(), records=records_per_day, seed=seed + 100, console=console)
+    else:
+        raise UserError(f"demo: expected flywheel or drift, got {part!r}")
+
+
+drift_app = typer.Typer(help="Drift monitoring: compare the latest logs with the champion's training data.",
+                        no_args_is_help=True)
+app.add_typer(drift_app, name="drift")
+
+
+@drift_app.command("check")
+def drift_check_cmd(end_date: EndOpt = None, as_json: JsonOpt = False) -> None:
+    """Run the drift monitor once (what the hourly drift_monitor DAG does) and print its verdict."""
+    from pipelines.drift.monitor import run_monitor
+
+    end = _parse_date(end_date, "--end-date") if end_date else None
+    with console.status("checking drift ..."):
+        result = run_monitor(get_settings(), end)
+    if as_json:
+        _emit(result, True, "drift")
+        return
+    table = Table(title=f"drift {result['window']['start']}..{result['window']['end']}: {result['verdict']}"
+                        f"{' (alert)' if result['fire'] else ''}")
+    for column in ("signal", "metric", "value", "band"):
+        table.add_column(column)
+    for s in result["signals"]:
+        table.add_row(s["signal"], s["metric"], f"{s['value']:g}", s["band"])
+    Console().print(table)
+    console.print(f"report: {result.get('html_uri', '-')}  {result.get('reason', '')}")
 
 
 # ---- helpers --------------------------------------------------------------------------------

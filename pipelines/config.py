@@ -136,6 +136,8 @@ class TrainSettings(_Section):
     """Where and how sweeps train; the sweep file holds the hyperparameters."""
 
     sweep: str = Field(str(REPO_ROOT / "conf" / "sweeps" / "demo.yaml"), description="default sweep file")
+    drift_sweep: str | None = Field(str(REPO_ROOT / "conf" / "sweeps" / "drift.yaml"),
+                                    description="the (smaller) sweep a drift-triggered retrain runs; None: `sweep`")
     backend: Literal["hf", "nemo"] | None = Field(None, description="override the sweep file's backend")
     runner: Literal["local", "kubernetes"] = Field("local", description="local process, or one pod per variant")
     nemo_python: str = Field(str(REPO_ROOT / ".venv-nemo" / "bin" / "python"),

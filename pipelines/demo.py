@@ -107,3 +107,92 @@ def run_demo(settings: Settings, *, records_per_day: int, days: int, seed: int, 
     console.print("Next: `flywheel up` for the Airflow (http://127.0.0.1:8080) and MLflow (http://127.0.0.1:5000) "
                   "UIs; `flywheel registry list`; `flywheel features context <customer_id>` for the online context.")
     return outputs
+
+
+def run_drift_demo(settings: Settings, *, records: int, seed: int, console: Console) -> dict[str, object]:
+    """After `flywheel demo`: holiday traffic lands -> the drift monitor alerts -> the retrain runs on the
+    recent window plus a sample of the champion's -> gate -> deployment; then a day like the new
+    champion's training data -> nothing fires. The monitor and the retrain run as their DAGs
+    (`airflow dags test`); the retrain gets exactly the parameters the asset event would give it."""
+    from pipelines.drift.monitor import latest_day, reference_window
+    from pipelines.logs.generator import Drift, GeneratorConfig, write_raw_logs
+    from pipelines.registry.models import CHAMPION, alias_version
+    from pipelines.serve.deploy import live_model
+    from pipelines.tasks import run_params
+
+    started = time.perf_counter()
+    before = alias_version(settings, CHAMPION)
+    if before is None or live_model(settings) is None:
+        raise DemoFailed("no champion is served yet: run `make demo` (or `flywheel demo`) first")
+    reference = reference_window(settings)
+    day = max(latest_day(settings) or reference.end, reference.end) + timedelta(days=1)
+    raw = Path(settings.zone("raw").removeprefix("file://"))
+    console.rule(f"drift: holiday traffic on {day} against champion v{before} (trained on {reference.start}..{reference.end})")
+    write_raw_logs(GeneratorConfig(seed=seed, records=records, end_date=day, bad_share=0.03, drift=Drift.HOLIDAY,
+                                   drift_magnitude=0.8), raw)
+    env = {"FLYWHEEL_DRIFT__COOLDOWN_HOURS": "0"}  # the demo may be re-run; the cooldown is tested on its own
+    alert = _monitor(settings, day, env, console)
+    if not alert["fire"]:
+        raise DemoFailed(f"the monitor did not alert on holiday traffic: {alert['verdict']}; see {alert['html_uri']}")
+    params = run_params({}, [alert["alert"]])
+    console.print(f"alert: {alert['reason']}\nretraining on {day} plus {settings.drift.retrain_reference_share:.0%} "
+                  f"from the champion's window (commerce_flywheel, as the asset event starts it) ...")
+    with console.status("commerce_flywheel: prep, gates, features, drift sweep, evaluation, gate, deploy, bench ..."):
+        result = airflow.dags_test(settings, "commerce_flywheel", params)
+    log = Path(str(settings.root)) / "logs" / "demo-drift-retrain.log"
+    log.write_text(result.stdout + result.stderr)
+    if result.returncode != 0 or "state=success" not in result.stdout + result.stderr:
+        raise DemoFailed(f"the drift retrain failed; see {log}")
+    after = alias_version(settings, CHAMPION)
+    decision = _gate_decision(settings, after if after != before else None)
+    console.print(f"gate: {decision}")
+    live = live_model(settings)
+    console.print(f"serving: {live.name if live else 'nothing'} (champion v{after})")
+
+    # traffic like the (new) champion's training data: nothing should fire
+    quiet_day = day + timedelta(days=1)
+    write_raw_logs(GeneratorConfig(seed=seed + 1, records=records, end_date=quiet_day, bad_share=0.03,
+                                   drift=Drift.HOLIDAY if after != before else Drift.NONE, drift_magnitude=0.8), raw)
+    quiet = _monitor(settings, quiet_day, env, console)
+    if quiet["fire"]:
+        raise DemoFailed(f"the monitor alerted on traffic like the champion's training data; see {quiet['html_uri']}")
+    table = Table(title=f"drift demo finished in {time.perf_counter() - started:.0f} s")
+    table.add_column("step")
+    table.add_column("result")
+    for step, outcome in (("holiday day", f"{alert['verdict']}: {alert['reason']}"),
+                          ("drift report", alert["html_uri"]), ("retrain log", str(log)),
+                          ("champion", f"v{before} -> v{after}" if after != before else f"v{before} kept"),
+                          ("gate", decision), ("serving", live.name if live else "-"),
+                          ("next day (like the champion's data)", f"{quiet['verdict']}, no alert"),
+                          ("next day report", quiet["html_uri"])):
+        table.add_row(step, str(outcome))
+    console.print(table)
+    return {"alert": alert, "champion_before": before, "champion_after": after, "quiet": quiet["verdict"]}
+
+
+def _monitor(settings: Settings, day, env: dict[str, str], console: Console) -> dict:
+    from pipelines.drift.monitor import alert_of
+
+    with console.status(f"drift_monitor on {day} ..."):
+        result = airflow.dags_test(settings, "drift_monitor", {"end_date": day.isoformat()}, extra_env=env)
+    if result.returncode != 0:
+        log = Path(str(settings.root)) / "logs" / "demo-drift-monitor.log"
+        log.write_text(result.stdout + result.stderr)
+        raise DemoFailed(f"the drift_monitor run failed; see {log}")
+    latest = read_json(f"{settings.zone('reports')}/drift/latest.json")
+    console.print(f"drift_monitor {day}: {latest['verdict']}, alert {'emitted' if latest['fire'] else 'not emitted'}"
+                  f" ({latest['html_uri']})")
+    return {**latest, "alert": alert_of(latest, settings)}
+
+
+def _gate_decision(settings: Settings, promoted_version: str | None) -> str:
+    import json
+
+    from pipelines.clients.mlflow import client as mlflow_client
+
+    client = mlflow_client(settings)
+    versions = client.search_model_versions(f"name='{settings.mlflow.registered_model}'")
+    newest = max(versions, key=lambda v: int(v.version))
+    gate = json.loads(newest.tags.get("flywheel.gate", "{}") or "{}")
+    verdict = "promoted" if promoted_version else "not promoted (the champion stays)"
+    return f"v{newest.version} {verdict}: {gate.get('reason', '')}".strip()

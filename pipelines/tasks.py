@@ -16,6 +16,28 @@ from pipelines.window import DateWindow
 SOURCES = ("synthetic", "landed")
 
 
+def run_params(params: dict[str, Any], drift_events: list[dict[str, Any]]) -> dict[str, Any]:
+    """The run's parameters; a run started by drift alerts takes the newest alert's window, reason and
+    reference (several alerts queued behind one run are served by that one run)."""
+    if not drift_events:
+        return dict(params)
+    latest = max(drift_events, key=lambda e: e.get("checked_at", ""))
+    return {**params, "source": "landed", "end_date": latest["end_date"], "window_days": latest["window_days"],
+            "reason": latest["reason"], "reference_days": latest.get("reference_days") or [], "train": True,
+            "drift_alerts": len(drift_events)}
+
+
+def drift_check(params: dict[str, Any], settings: Settings | None = None) -> dict[str, Any]:
+    """The drift monitor on the latest window of raw logs (or the window ending `end_date`)."""
+    from pipelines.drift.monitor import alert_of, run_monitor
+
+    settings = settings or get_settings()
+    end = date.fromisoformat(str(params["end_date"])) if params.get("end_date") else None
+    result = run_monitor(settings, end)
+    return {k: result.get(k) for k in ("verdict", "fire", "reason", "window", "checked_at", "html_uri",
+                                       "suppressed_by_cooldown")} | {"alert": alert_of(result, settings)}
+
+
 def resolve_window(params: dict[str, Any], run_after: datetime | None = None) -> dict[str, str]:
     """The window a run processes: `end_date` (default: the last complete day) and `window_days` back."""
     end_value = params.get("end_date")
@@ -88,11 +110,13 @@ def train(params: dict[str, Any], settings: Settings | None = None) -> dict[str,
     from pipelines.train.sweep import load_sweep, run_sweep
 
     settings = settings or get_settings()
-    sweep = load_sweep(params.get("sweep") or settings.train.sweep, settings.train.backend)
-    result = run_sweep(settings, sweep)
+    drift_run = bool(params.get("reference_days"))
+    sweep = load_sweep(params.get("sweep") or (settings.train.drift_sweep if drift_run else None) or settings.train.sweep,
+                       settings.train.backend)
+    result = run_sweep(settings, sweep, reference_days=params.get("reference_days"))
     best = result.best_variant  # raises NotRetryable when every variant diverged
     return {"sweep_uri": result.uri, "sweep_id": result.sweep_id, "best_run_id": best.run_id,
-            "adapter_dir": best.adapter_dir, "metrics": best.metrics}
+            "adapter_dir": best.adapter_dir, "metrics": best.metrics, "drift_run": drift_run}
 
 
 def evaluate(trained: dict[str, Any], settings: Settings | None = None) -> dict[str, Any]:
@@ -108,8 +132,10 @@ def evaluate(trained: dict[str, Any], settings: Settings | None = None) -> dict[
     champion = alias_version(settings, CHAMPION)
     if champion is not None:
         adapters.append(Adapter("tuned_champion", adapter_path(settings, champion), prompt_style(settings, champion)))
+    # a drift retrain needs candidate vs champion for the gate; the base-model baselines are the daily run's
+    baselines = not (trained.get("drift_run") and champion is not None)
     cfg = EvalConfig(base_model=sweep["base_model"], examples=settings.evaluation.examples,
-                     shots=settings.evaluation.shots)
+                     shots=settings.evaluation.shots, baselines=baselines)
     report = run_eval(settings, cfg, adapters, sweep["sweep_id"])
     _log_evaluation(settings, trained["best_run_id"], report)
     return {"json_uri": report.json_uri, "html_uri": report.html_uri, "table": report.table(),

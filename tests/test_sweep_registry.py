@@ -38,9 +38,9 @@ def first_sweep(settings):
 
 def test_every_committed_sweep_file_is_valid() -> None:
     files = sorted(Path(TINY).parent.glob("*.yaml"))
-    assert {f.stem for f in files} >= {"demo", "tiny", "case-study"}
+    assert {f.stem for f in files} >= {"demo", "tiny", "case-study", "drift"}
     sizes = {f.stem: len(variants(load_sweep(str(f)))) for f in files}
-    assert sizes["case-study"] == 20 and sizes["demo"] == 2 and sizes["tiny"] == 2
+    assert sizes["case-study"] == 20 and sizes["demo"] == 2 and sizes["tiny"] == 2 and sizes["drift"] == 1
 
 
 def test_grid_and_random_search_and_clear_errors() -> None:

@@ -10,7 +10,6 @@ an alert, further alerts are recorded but not emitted (no stacked retrains).
 from __future__ import annotations
 
 import gzip
-import json
 from collections import Counter
 from dataclasses import asdict
 from datetime import date, datetime, timedelta, timezone
@@ -181,5 +180,8 @@ def _log_to_mlflow(settings: Settings, result: dict[str, Any], folder: str) -> N
             mlflow.log_artifacts(tmp, "drift")
 
 
-def as_json(result: dict[str, Any]) -> str:
-    return json.dumps(result, default=str)
+def alert_of(result: dict[str, Any], settings: Settings) -> dict[str, Any]:
+    """What an alert carries to the retrain run (the asset event's extra): reason, window, reference days."""
+    ref = DateWindow.parse(result["reference_window"]["start"], result["reference_window"]["end"])
+    return {"reason": result["reason"], "end_date": result["window"]["end"], "window_days": settings.drift.window_days,
+            "checked_at": result["checked_at"], "reference_days": [d.isoformat() for d in ref.days()]}

@@ -72,6 +72,24 @@ def load_split(settings: Settings, split: str, limit: int | None = None, seed: i
     return frame
 
 
+def with_reference_sample(settings: Settings, frame: pd.DataFrame, reference_days: list[str], share: float,
+                          seed: int = 0) -> pd.DataFrame:
+    """A drift retrain's training rows: the recent window plus a seeded sample of the reference window's
+    train split, sized so it makes `share` of the result (the model keeps what it knew)."""
+    import pandas as pd
+
+    if share <= 0 or not reference_days:
+        return frame
+    files = [f for day in reference_days for f in glob(f"{settings.zone('curated')}/sft/split=train/dt={day}/*.parquet")]
+    if not files:
+        return frame
+    old = pd.concat([pd.read_parquet(f) for f in files], ignore_index=True)
+    old = old[~old["record_id"].isin(frame["record_id"])]
+    wanted = min(len(old), round(len(frame) * share / (1 - share))) if share < 1 else len(old)
+    mixed = pd.concat([frame, old.sample(n=wanted, random_state=seed)], ignore_index=True)
+    return mixed.sort_values("record_id").reset_index(drop=True)
+
+
 def system_for(row: dict[str, Any], style: PromptStyle) -> str:
     if style == "full":
         return row["system_prompt"]

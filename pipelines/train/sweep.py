@@ -152,21 +152,24 @@ def _flat_params(cfg: TrainConfig) -> dict[str, str]:
     return {k: ",".join(v) if isinstance(v, list) else str(v) for k, v in cfg.model_dump().items()}
 
 
-def run_sweep(settings: Settings, sweep: SweepConfig, console: Console | None = None) -> SweepResult:
+def run_sweep(settings: Settings, sweep: SweepConfig, console: Console | None = None,
+              reference_days: list[str] | None = None) -> SweepResult:
     """Train every variant (one after another here; one pod each on a cluster), score each on the
     validation split, log all of it to MLflow, and pick the best by `select_metric`."""
     import mlflow
 
     from pipelines.clients.mlflow import use_tracking
-    from pipelines.train.dataset import load_split, manifest, to_examples, training_pairs
+    from pipelines.train.dataset import load_split, manifest, to_examples, training_pairs, with_reference_sample
 
     console = console or Console()
     digest = manifest(settings)["training_set"]["digest"]
     sweep_id = f"{sweep.name}-{sweep.digest()}-{digest[:10]}"
     folder = Path(str(settings.root)) / "training" / sweep_id
     configs = variants(sweep)
-    train = training_pairs(to_examples(load_split(settings, "train", sweep.train_examples, sweep.seed),
-                                       sweep.prompt_style))
+    rows = load_split(settings, "train", sweep.train_examples, sweep.seed)
+    if reference_days:  # a drift retrain: the recent window plus a sample of the champion's training window
+        rows = with_reference_sample(settings, rows, reference_days, settings.drift.retrain_reference_share, sweep.seed)
+    train = training_pairs(to_examples(rows, sweep.prompt_style))
     val = to_examples(load_split(settings, "val", sweep.val_examples, sweep.seed), sweep.prompt_style)
     experiment_id = use_tracking(settings)
     parent_id = _find_or_start_run(experiment_id, {"flywheel.sweep_id": sweep_id, "flywheel.kind": "sweep"},

@@ -1,0 +1,58 @@
+"""drift_monitor: hourly (and on demand) drift check of the agent's latest logs against the champion's
+training window; an alert emits the `flywheel_drift` asset event, which schedules commerce_flywheel.
+
+check -> should_alert (short-circuit: only an act-level signal outside the cooldown) -> alert (asset
+event with the reason, the window and the reference days). The cooldown lives in the monitor's state,
+so two alerts in a row start one retrain, not two; commerce_flywheel's max_active_runs=1 serializes
+whatever is queued.
+"""
+
+from __future__ import annotations
+
+import pendulum
+from airflow.sdk import Asset, Metadata, Param, dag, get_current_context, task
+
+DRIFT = Asset(name="flywheel_drift", uri="flywheel://drift/alerts")
+
+
+def _run(step: str, *args):
+    from airflow.exceptions import AirflowFailException
+
+    from pipelines import tasks
+    from pipelines.errors import NotRetryable
+
+    try:
+        return getattr(tasks, step)(*args)
+    except NotRetryable as exc:
+        raise AirflowFailException(str(exc)) from exc
+
+
+@dag(
+    dag_id="drift_monitor",
+    schedule="@hourly",
+    start_date=pendulum.datetime(2026, 11, 1, tz="UTC"),
+    catchup=False,
+    max_active_runs=1,
+    tags=["flywheel", "drift"],
+    params={"end_date": Param(None, type=["null", "string"],
+                              description="last day of the window to check (YYYY-MM-DD); default: the newest logs")},
+    doc_md=__doc__,
+)
+def drift_monitor():
+    @task
+    def check() -> dict:
+        return _run("drift_check", dict(get_current_context()["params"]))
+
+    @task.short_circuit
+    def should_alert(result: dict) -> bool:
+        return bool(result["fire"])
+
+    @task(outlets=[DRIFT])
+    def alert(result: dict, _go: bool):
+        yield Metadata(DRIFT, result["alert"])
+
+    result = check()
+    alert(result, should_alert(result))
+
+
+drift_monitor()
