@@ -114,8 +114,8 @@ class TritonSettings(_Section):
     max_batch_size: int = Field(8, ge=1, le=256)
     queue_delay_us: int = Field(5000, ge=0, description="dynamic batching: how long a request waits for others")
     max_input_tokens: int = Field(1024, ge=16)
-    max_new_tokens: int = Field(96, ge=8)
-    smoke_requests: int = Field(8, ge=1, description="test-split requests a new deployment must answer first")
+    max_new_tokens: int = Field(64, ge=8, description="the longest logged tool call is 57 SmolLM2 tokens")
+    smoke_requests: int = Field(6, ge=1, description="test-split requests a new deployment must answer first")
     smoke_min_valid_json: float = Field(1.0, ge=0, le=1, description="share of smoke answers that must parse")
     canary_share: float = Field(0.2, ge=0, le=1, description="share of replayed traffic sent to the candidate")
     startup_timeout_s: int = Field(120, ge=5)
@@ -153,7 +153,7 @@ class EvaluationSettings(_Section):
 
 
 class BenchSettings(_Section):
-    requests: int = Field(12, ge=1, description="test-split requests replayed per model and concurrency level")
+    requests: int = Field(8, ge=1, description="test-split requests replayed per model and concurrency level")
     concurrency: list[int] = Field(default_factory=lambda: [1, 4], description="requests in flight, per level")
     shots: int = Field(3, ge=0, description="in-context examples of the base-model baseline")
     protocol: Literal["http", "grpc"] = "http"

@@ -33,7 +33,7 @@ class EvalConfig(BaseModel):
     seed: int = 0
     shots: int = Field(3, ge=0, description="in-context examples for the few-shot condition")
     shot_pool: int = Field(2000, ge=1, description="train examples the few-shot retrieval searches")
-    max_new_tokens: int = Field(96, ge=8)
+    max_new_tokens: int = Field(64, ge=8, description="the longest logged tool call is 57 SmolLM2 tokens")
     batch_size: int = Field(8, ge=1)
     latency_samples: int = Field(4, ge=0, description="requests also timed alone (batch 1) per condition")
     baselines: bool = Field(True, description="include base zero-shot and few-shot")
