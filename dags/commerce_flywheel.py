@@ -15,6 +15,8 @@ from airflow.sdk import Asset, Param, dag, get_current_context, task
 from airflow.timetables.assets import AssetOrTimeSchedule
 from airflow.timetables.trigger import CronTriggerTimetable
 
+from pipelines.airflow_tasks import run_task  # pipelines.tasks.<step>(...); stdlib-only import
+
 DRIFT = Asset(name="flywheel_drift", uri="flywheel://drift/alerts")  # emitted by dags/drift_monitor.py
 
 DEFAULT_ARGS = {
@@ -24,18 +26,6 @@ DEFAULT_ARGS = {
     "max_retry_delay": timedelta(minutes=10),
 }
 
-
-def _run(step: str, *args):
-    """Call `pipelines.tasks.<step>`; errors retrying cannot fix fail the task at once (no retries)."""
-    from airflow.exceptions import AirflowFailException
-
-    from pipelines import tasks
-    from pipelines.errors import NotRetryable
-
-    try:
-        return getattr(tasks, step)(*args)
-    except NotRetryable as exc:
-        raise AirflowFailException(str(exc)) from exc
 
 
 @dag(
@@ -87,19 +77,19 @@ def commerce_flywheel():
 
     @task
     def ingest(win: dict, p: dict) -> dict:
-        return _run("ingest", win, p)
+        return run_task("ingest", win, p)
 
     @task
     def prep(win: dict, _ingested: dict) -> dict:
-        return _run("prep", win)
+        return run_task("prep", win)
 
     @task
     def validate(win: dict, _prepared: dict) -> dict:
-        return _run("validate", win)
+        return run_task("validate", win)
 
     @task
     def features(win: dict, _validated: dict) -> dict:
-        return _run("features", win)
+        return run_task("features", win)
 
     @task.short_circuit
     def should_train(_features: dict, p: dict) -> bool:
@@ -107,19 +97,19 @@ def commerce_flywheel():
 
     @task(retries=3)  # a killed sweep resumes from its checkpoints on retry
     def train(_go: bool, p: dict) -> dict:
-        return _run("train", p)
+        return run_task("train", p)
 
     @task
     def evaluate(trained: dict) -> dict:
-        return _run("evaluate", trained)
+        return run_task("evaluate", trained)
 
     @task
     def register(trained: dict, evaluated: dict) -> dict:
-        return _run("register", trained, evaluated)
+        return run_task("register", trained, evaluated)
 
     @task
     def promote(registered: dict, evaluated: dict, p: dict) -> dict:
-        return _run("promote", registered, evaluated, p)
+        return run_task("promote", registered, evaluated, p)
 
     @task.short_circuit
     def should_deploy(_promoted: dict, p: dict) -> bool:
@@ -127,15 +117,15 @@ def commerce_flywheel():
 
     @task
     def deploy(_go: bool, promoted: dict) -> dict:
-        return _run("deploy", promoted)
+        return run_task("deploy", promoted)
 
     @task
     def smoke_test(deployed: dict) -> dict:
-        return _run("smoke_test", deployed)
+        return run_task("smoke_test", deployed)
 
     @task
     def benchmark(smoked: dict) -> dict:
-        return _run("benchmark", smoked)
+        return run_task("benchmark", smoked)
 
     p = params()
     win = window(p)

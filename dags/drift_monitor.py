@@ -12,19 +12,10 @@ from __future__ import annotations
 import pendulum
 from airflow.sdk import Asset, Metadata, Param, dag, get_current_context, task
 
+from pipelines.airflow_tasks import run_task  # pipelines.tasks.<step>(...); stdlib-only import
+
 DRIFT = Asset(name="flywheel_drift", uri="flywheel://drift/alerts")
 
-
-def _run(step: str, *args):
-    from airflow.exceptions import AirflowFailException
-
-    from pipelines import tasks
-    from pipelines.errors import NotRetryable
-
-    try:
-        return getattr(tasks, step)(*args)
-    except NotRetryable as exc:
-        raise AirflowFailException(str(exc)) from exc
 
 
 @dag(
@@ -41,7 +32,7 @@ def _run(step: str, *args):
 def drift_monitor():
     @task
     def check() -> dict:
-        return _run("drift_check", dict(get_current_context()["params"]))
+        return run_task("drift_check", dict(get_current_context()["params"]))
 
     @task.short_circuit
     def should_alert(result: dict) -> bool:

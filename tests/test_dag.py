@@ -105,3 +105,16 @@ def test_dag_runs_under_the_scheduler_triggered_through_the_rest_api(tmp_path: P
     finally:
         run_flywheel("down", env=env)
     assert processes_with_env(f"FLYWHEEL_ROOT={root}") == []
+
+
+def test_dag_files_parse_without_heavy_imports() -> None:
+    """The scheduler parses DAG files often: no ML, Spark or data library may load at parse time."""
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.path.insert(0, 'dags'); import commerce_flywheel, drift_monitor; "
+            "print(','.join(m for m in ('torch', 'pyspark', 'pandas', 'numpy', 'mlflow', 'transformers', 'feast', "
+            "'great_expectations', 'pipelines.config', 'pipelines.tasks') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parent.parent,
+                         capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.strip() == "", out.stdout

@@ -1,0 +1,105 @@
+"""The drift loop under the real scheduler (`flywheel up`): baseline -> champion deployed; holiday
+traffic -> drift_monitor alerts -> the asset-triggered commerce_flywheel run retrains on the drifted
+window, evaluates the candidate against the champion and records the gate's decision with the drift
+reason; a second alert inside the cooldown starts no second retrain; traffic like the champion's
+training data raises nothing. Tiny model and small data, so the whole loop takes minutes."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from helpers import processes_with_env, run_flywheel
+from pipelines.services import free_port
+
+pytestmark = pytest.mark.slow
+TINY = str(Path(__file__).resolve().parent.parent / "conf" / "sweeps" / "tiny.yaml")
+BASE_DAY, DRIFT_DAY, QUIET_DAY = "2026-11-18", "2026-11-19", "2026-11-20"
+
+
+def _wait(predicate, timeout_s: float, what: str):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(5)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_drift_alert_retrains_once_under_the_scheduler(tmp_path: Path) -> None:
+    from pipelines.clients.airflow import AirflowRest
+    from pipelines.config import load_settings
+    from pipelines.registry.models import CHAMPION, alias_version
+    from pipelines.serve import deploy
+
+    root = tmp_path / "fw"
+    env = {"FLYWHEEL_ROOT": str(root), "FLYWHEEL_AIRFLOW__PORT": str(free_port()),
+           "FLYWHEEL_MLFLOW__PORT": str(free_port()), "FLYWHEEL_TRAIN__SWEEP": TINY, "FLYWHEEL_TRAIN__DRIFT_SWEEP": TINY,
+           "FLYWHEEL_EVALUATION__EXAMPLES": "4", "FLYWHEEL_EVALUATION__SHOTS": "1",
+           "FLYWHEEL_TRITON__HTTP_PORT": str(free_port()), "FLYWHEEL_TRITON__GRPC_PORT": str(free_port()),
+           "FLYWHEEL_TRITON__METRICS_PORT": str(free_port()), "FLYWHEEL_TRITON__SMOKE_REQUESTS": "2",
+           "FLYWHEEL_TRITON__SMOKE_MIN_VALID_JSON": "0", "FLYWHEEL_TRITON__MAX_NEW_TOKENS": "12",
+           "FLYWHEEL_BENCH__REQUESTS": "2", "FLYWHEEL_BENCH__CONCURRENCY": "[1]", "FLYWHEEL_BENCH__SHOTS": "1",
+           "FLYWHEEL_BENCH__DIRECT": "false", "FLYWHEEL_DRIFT__MIN_RECORDS": "100",
+           "FLYWHEEL_DRIFT__EMBEDDING_SAMPLE": "80"}
+    settings = load_settings(root=str(root), triton={"http_port": int(env["FLYWHEEL_TRITON__HTTP_PORT"]),
+                                                     "grpc_port": int(env["FLYWHEEL_TRITON__GRPC_PORT"])},
+                             airflow={"port": int(env["FLYWHEEL_AIRFLOW__PORT"])})
+    try:
+        assert run_flywheel("up", "--only", "airflow", "--json", env=env).returncode == 0
+        baseline = run_flywheel("run", "--scheduler", "--end-date", BASE_DAY, "--records-per-day", "700",
+                                "--bad-share", "0.03", "--json", env=env)
+        assert baseline.returncode == 0, baseline.stdout + baseline.stderr
+        assert alias_version(settings, CHAMPION) == "1" and deploy.live_model(settings).version == "1"
+
+        generate = run_flywheel("logs", "generate", "--records", "700", "--seed", "9", "--end-date", DRIFT_DAY,
+                                "--drift", "holiday", "--drift-magnitude", "0.9", "--bad-share", "0.03", env=env)
+        assert generate.returncode == 0, generate.stderr
+        rest = AirflowRest(settings)
+        rest.unpause("drift_monitor")
+        first = rest.trigger("drift_monitor", {"end_date": DRIFT_DAY})
+        _wait(lambda: rest.dag_run("drift_monitor", first)["state"] in ("success", "failed"), 600, "the monitor")
+        assert rest.dag_run("drift_monitor", first)["state"] == "success"
+        state = json.loads((root / "reports" / "drift" / "state.json").read_text())
+        assert [a["emitted"] for a in state["alerts"]].count(True) == 1, state
+
+        def asset_runs() -> list[dict]:
+            return [r for r in rest.dag_runs("commerce_flywheel") if r.get("run_type") == "asset_triggered"]
+
+        retrain = _wait(lambda: [r for r in asset_runs() if r["state"] in ("success", "failed")], 1200,
+                        "the asset-triggered retrain")[0]
+        assert retrain["state"] == "success", retrain
+
+        # a second alert inside the cooldown: recorded, not emitted -> still one retrain
+        second = rest.trigger("drift_monitor", {"end_date": DRIFT_DAY})
+        _wait(lambda: rest.dag_run("drift_monitor", second)["state"] in ("success", "failed"), 600, "the monitor")
+        latest = json.loads((root / "reports" / "drift" / "latest.json").read_text())
+        assert latest["verdict"] == "act" and not latest["fire"] and latest["suppressed_by_cooldown"]
+        time.sleep(15)
+        assert len(asset_runs()) == 1
+
+        from pipelines.clients.mlflow import client as mlflow_client
+
+        versions = mlflow_client(settings).search_model_versions(f"name='{settings.mlflow.registered_model}'")
+        newest = max(versions, key=lambda v: int(v.version))
+        assert newest.tags["flywheel.training_window"] == f"{DRIFT_DAY}_{DRIFT_DAY}"
+        gate = json.loads(newest.tags["flywheel.gate"])
+        assert gate["reason"].startswith("[drift: "), gate  # the drift reason travelled with the retrain
+        champion = alias_version(settings, CHAMPION)
+        assert deploy.live_model(settings).version == champion  # served only if promoted
+
+        quiet = run_flywheel("logs", "generate", "--records", "700", "--seed", "10", "--end-date", QUIET_DAY,
+                             "--bad-share", "0.03", *(["--drift", "holiday", "--drift-magnitude", "0.9"]
+                                                      if champion != "1" else []), env=env)
+        assert quiet.returncode == 0
+        check = run_flywheel("drift", "check", "--end-date", QUIET_DAY, "--json", env=env)
+        assert check.returncode == 0, check.stderr
+        assert json.loads(check.stdout)["verdict"] in ("stable", "watch"), check.stdout
+    finally:
+        run_flywheel("serve", "down", env=env)
+        run_flywheel("down", env=env)
+    assert processes_with_env(f"FLYWHEEL_ROOT={root}") == []
