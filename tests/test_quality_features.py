@@ -117,3 +117,47 @@ def test_online_and_offline_context_agree(window_root) -> None:
     for customer in customers:
         online = online_context(customer, settings)
         assert online and online == offline_by_customer[customer]
+
+
+def test_serving_client_builds_the_training_prompt(window_root) -> None:
+    """A live request's prompt (context from the online store) equals the prompt the training set
+    builder makes for the same request with the point-in-time features of that moment."""
+    from pipelines.prep.prompt import chat_turns
+    from pipelines.serve.client import conversation
+    from pipelines.train.dataset import system_for
+
+    settings, root = window_root["settings"], window_root["root"]
+    rows = pd.read_parquet(root / "curated" / "sft").drop(columns=["context"]).head(30).to_dict("records")
+    after = datetime.combine(END + timedelta(days=1), time(6), tzinfo=timezone.utc)
+    customers = sorted({r["customer_id"] for r in rows})
+    offline = feast_client.historical_customer_features(
+        settings, pd.DataFrame({"customer_id": customers, "event_timestamp": [after] * len(customers)}))
+    context = {r["customer_id"]: format_context({n: (None if pd.isna(r[n]) else r[n]) for n in CUSTOMER_FEATURES})
+               for r in offline.to_dict("records")}
+    for row in rows:
+        live = {**row, "event_time": after.isoformat()}
+        for style in ("names", "short"):
+            served = conversation(live, style, settings)  # context looked up online
+            trained = chat_turns(system_for({**live, "context": context[row["customer_id"]]}, style), row["messages_json"])
+            assert served == trained
+            assert context[row["customer_id"]] and context[row["customer_id"]] in served[0]["content"]
+
+
+def test_a_customer_seen_only_before_the_short_horizon_gets_zero_shares(spark) -> None:
+    """A one-day window after a week of history: a customer whose last request is 9 days old has no
+    requests in the 7-day horizon (shares 0, not a division by zero) but keeps the 30-day features."""
+    from pipelines.features import nodes
+
+    rows = [("cus_old", datetime(2026, 11, 1, 10, tzinfo=timezone.utc), "search_discovery", "search_products",
+             "toys", None, "US", "USD"),
+            ("cus_new", datetime(2026, 11, 10, 9, tzinfo=timezone.utc), "orders", "create_order",
+             None, 20.0, "DE", "EUR")]
+    clean = spark.createDataFrame(rows, "customer_id string, event_timestamp timestamp, workload_id string, "
+                                        "tool string, category string, amount double, country string, currency string")
+    window = DateWindow.parse("2026-11-10", "2026-11-10")
+    got = {r["customer_id"]: r.asDict() for r in nodes.customer_features(clean, window).collect()}
+    assert set(got) == {"cus_old", "cus_new"}
+    old = got["cus_old"]
+    assert all(old[f"share_{w}_7d"] == 0.0 for w in nodes.WORKLOADS)
+    assert old["share_search_discovery_30d"] == 1.0 and old["requests_30d"] == 1
+    assert got["cus_new"]["share_orders_7d"] == 1.0

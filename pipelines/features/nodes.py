@@ -46,7 +46,8 @@ def customer_features(clean: DataFrame, window: DateWindow) -> DataFrame:
     short = F.col("age") < SHORT_DAYS
     n_short = F.sum(short.cast("int"))
     aggs = [
-        *(F.coalesce(F.sum((short & (F.col("workload_id") == w)).cast("int")) / n_short, F.lit(0.0))
+        # a customer seen only before the short horizon has no recent requests: share 0, not a division by 0
+        *(F.coalesce(F.try_divide(F.sum((short & (F.col("workload_id") == w)).cast("int")), n_short), F.lit(0.0))
           .alias(f"share_{w}_{SHORT_DAYS}d") for w in WORKLOADS),
         *(F.avg((F.col("workload_id") == w).cast("double")).alias(f"share_{w}_{LONG_DAYS}d") for w in WORKLOADS),
         F.count("*").cast("long").alias("requests_30d"),
