@@ -179,6 +179,8 @@ class DriftSettings(_Section):
     latency_slo_ms: float = Field(4000, gt=0)
     latency_slo_violation_act: float = Field(0.2, ge=0, le=1)
     numeric_bins: int = Field(10, ge=2)
+    min_signal_count: int = Field(100, ge=1, description="a numeric signal with fewer values on either side is "
+                                  "not judged (binned PSI on a few dozen values is noise)")
     numeric_sample: int = Field(2000, ge=10)
     embedding_sample: int = Field(300, ge=20)
     cooldown_hours: float = Field(6, ge=0, description="after an alert, further alerts are recorded, not emitted")

@@ -102,3 +102,26 @@ def test_monitor_flags_holiday_drift_but_not_a_normal_day(traffic_root) -> None:
     assert again["verdict"] == "act" and not again["fire"] and again["suppressed_by_cooldown"]
     later = run_monitor(settings, date(2026, 11, 12), now=now + timedelta(hours=settings.drift.cooldown_hours + 1))
     assert later["fire"]
+
+
+def test_a_numeric_signal_with_few_values_is_not_judged() -> None:
+    """Amounts appear in a few % of requests: 40 values in ten bins would read as drift; they are skipped."""
+    import pandas as pd
+
+    from pipelines.drift.signals import compare, summarize
+
+    cfg = load_settings().drift
+    rng = np.random.default_rng(3)
+
+    def frame(n: int, with_amount: int) -> pd.DataFrame:
+        amounts = np.full(n, np.nan)
+        amounts[:with_amount] = rng.lognormal(4, 1, with_amount)
+        return pd.DataFrame({"tool": "get_order", "workload_id": "orders", "country": "US", "currency": "USD",
+                             "channel": "web", "category": None, "request_text": "where is my order",
+                             "latency_ms": rng.lognormal(7, 0.3, n), "amount": amounts, "feedback": "none"})
+
+    ref = summarize(frame(2000, 800), {}, cfg)
+    few = compare(ref, summarize(frame(600, 40), {}, cfg, edges=ref.numeric_edges), cfg)
+    enough = compare(ref, summarize(frame(600, 300), {}, cfg, edges=ref.numeric_edges), cfg)
+    assert "amount" not in {r.signal for r in few} and "latency_ms" in {r.signal for r in few}
+    assert {r.signal: r.band for r in enough}["amount"] == "stable"
