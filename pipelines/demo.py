@@ -23,6 +23,16 @@ def _latest_evaluation(settings: Settings) -> dict | None:
     return read_json(str(reports[-1])) if reports else None
 
 
+def _dags_test(settings: Settings, dag_id: str, conf: dict, extra_env: dict[str, str] | None = None):
+    """`airflow dags test` with an hour's limit (a busy 2-core machine can need it); a timeout is one clear error."""
+    import subprocess
+
+    try:
+        return airflow.dags_test(settings, dag_id, conf, timeout=3600, extra_env=extra_env)
+    except subprocess.TimeoutExpired:
+        raise DemoFailed(f"{dag_id} did not finish within an hour; see {settings.airflow.home}/logs") from None
+
+
 def _latest_bench(settings: Settings) -> dict | None:
     latest = Path(settings.zone("reports"), "bench", "latest.json")
     return read_json(str(latest)) if latest.is_file() else None
@@ -41,7 +51,7 @@ def run_demo(settings: Settings, *, records_per_day: int, days: int, seed: int, 
                   "-> benchmark (airflow dags test) ...")
     with console.status("running the DAG (about 17 minutes on 2 cores: most of it LoRA training, "
                         "evaluation and the serving benchmark on the CPU) ..."):
-        result = airflow.dags_test(settings, "commerce_flywheel", conf)
+        result = _dags_test(settings, "commerce_flywheel", conf)
     log = root / "logs" / "demo-dags-test.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     log.write_text(result.stdout + result.stderr)
@@ -138,7 +148,7 @@ def run_drift_demo(settings: Settings, *, records: int, seed: int, console: Cons
     console.print(f"alert: {alert['reason']}\nretraining on {day} plus {settings.drift.retrain_reference_share:.0%} "
                   f"from the champion's window (commerce_flywheel, as the asset event starts it) ...")
     with console.status("commerce_flywheel: prep, gates, features, drift sweep, evaluation, gate, deploy, bench ..."):
-        result = airflow.dags_test(settings, "commerce_flywheel", params)
+        result = _dags_test(settings, "commerce_flywheel", params)
     log = Path(str(settings.root)) / "logs" / "demo-drift-retrain.log"
     log.write_text(result.stdout + result.stderr)
     if result.returncode != 0 or "state=success" not in result.stdout + result.stderr:
@@ -174,7 +184,7 @@ def _monitor(settings: Settings, day, env: dict[str, str], console: Console) -> 
     from pipelines.drift.monitor import alert_of
 
     with console.status(f"drift_monitor on {day} ..."):
-        result = airflow.dags_test(settings, "drift_monitor", {"end_date": day.isoformat()}, extra_env=env)
+        result = _dags_test(settings, "drift_monitor", {"end_date": day.isoformat()}, extra_env=env)
     if result.returncode != 0:
         log = Path(str(settings.root)) / "logs" / "demo-drift-monitor.log"
         log.write_text(result.stdout + result.stderr)
