@@ -11,7 +11,7 @@ from rich.table import Table
 
 from pipelines.clients import airflow
 from pipelines.config import Settings
-from pipelines.storage import read_json
+from pipelines.storage import read_json, write_json
 
 
 class DemoFailed(RuntimeError):
@@ -137,13 +137,24 @@ def run_drift_demo(settings: Settings, *, records: int, seed: int, console: Cons
     reference = reference_window(settings)
     day = max(latest_day(settings) or reference.end, reference.end) + timedelta(days=1)
     raw = Path(settings.zone("raw").removeprefix("file://"))
-    console.rule(f"drift: holiday traffic on {day} against champion v{before} (trained on {reference.start}..{reference.end})")
-    write_raw_logs(GeneratorConfig(seed=seed, records=records, end_date=day, bad_share=0.03, drift=Drift.HOLIDAY,
+    # each run of the demo shifts traffic a new way (a champion retrained on holiday traffic would not see
+    # more holiday traffic as drift): holiday, then locale, tool mix, new category, ...
+    state_uri = f"{settings.zone('reports')}/drift/demo.json"
+    try:
+        runs = int(read_json(state_uri).get("runs", 0))
+    except FileNotFoundError:
+        runs = 0
+    kinds = (Drift.HOLIDAY, Drift.LOCALE, Drift.TOOL_MIX, Drift.NEW_CATEGORY)
+    kind, previous_kind = kinds[runs % len(kinds)], (kinds[(runs - 1) % len(kinds)] if runs else Drift.NONE)
+    console.rule(f"drift: {kind} traffic on {day} against champion v{before} "
+                 f"(trained on {reference.start}..{reference.end})")
+    write_raw_logs(GeneratorConfig(seed=seed + runs, records=records, end_date=day, bad_share=0.03, drift=kind,
                                    drift_magnitude=0.8), raw)
+    write_json(state_uri, {"runs": runs + 1})
     env = {"FLYWHEEL_DRIFT__COOLDOWN_HOURS": "0"}  # the demo may be re-run; the cooldown is tested on its own
     alert = _monitor(settings, day, env, console)
     if not alert["fire"]:
-        raise DemoFailed(f"the monitor did not alert on holiday traffic: {alert['verdict']}; see {alert['html_uri']}")
+        raise DemoFailed(f"the monitor did not alert on {kind} traffic: {alert['verdict']}; see {alert['html_uri']}")
     params = run_params({}, [alert["alert"]])
     console.print(f"alert: {alert['reason']}\nretraining on {day} plus {settings.drift.retrain_reference_share:.0%} "
                   f"from the champion's window (commerce_flywheel, as the asset event starts it) ...")
@@ -161,15 +172,15 @@ def run_drift_demo(settings: Settings, *, records: int, seed: int, console: Cons
 
     # traffic like the (new) champion's training data: nothing should fire
     quiet_day = day + timedelta(days=1)
-    write_raw_logs(GeneratorConfig(seed=seed + 1, records=records, end_date=quiet_day, bad_share=0.03,
-                                   drift=Drift.HOLIDAY if after != before else Drift.NONE, drift_magnitude=0.8), raw)
+    write_raw_logs(GeneratorConfig(seed=seed + runs + 50, records=records, end_date=quiet_day, bad_share=0.03,
+                                   drift=kind if after != before else previous_kind, drift_magnitude=0.8), raw)
     quiet = _monitor(settings, quiet_day, env, console)
     if quiet["fire"]:
         raise DemoFailed(f"the monitor alerted on traffic like the champion's training data; see {quiet['html_uri']}")
     table = Table(title=f"drift demo finished in {time.perf_counter() - started:.0f} s")
     table.add_column("step")
     table.add_column("result")
-    for step, outcome in (("holiday day", f"{alert['verdict']}: {alert['reason']}"),
+    for step, outcome in ((f"{kind} day", f"{alert['verdict']}: {alert['reason']}"),
                           ("drift report", alert["html_uri"]), ("retrain log", str(log)),
                           ("champion", f"v{before} -> v{after}" if after != before else f"v{before} kept"),
                           ("gate", decision), ("serving", live.name if live else "-"),
