@@ -56,7 +56,8 @@ def test_dag_trains_and_registers_with_airflow_and_mlflow_on_postgres(tmp_path: 
            "FLYWHEEL_EVALUATION__EXAMPLES": "4", "FLYWHEEL_EVALUATION__SHOTS": "1"}
     settings = load_settings(root=str(root), airflow={"sql_alchemy_conn": env["FLYWHEEL_AIRFLOW__SQL_ALCHEMY_CONN"]})
     result = dags_test(settings, "commerce_flywheel", {"end_date": "2026-11-20", "records_per_day": 1200, "seed": 3,
-                                                       "train": True, "sweep": TINY_SWEEP}, extra_env=env)
+                                                       "train": True, "sweep": TINY_SWEEP, "deploy": False},
+                       extra_env=env)  # serving is tested in test_serve / test_dag
     out = result.stdout + result.stderr
     assert result.returncode == 0 and "state=success" in out, out[-3000:]
     assert postgres.password not in out, "the database password never reaches the logs"
