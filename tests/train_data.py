@@ -56,7 +56,7 @@ def write_training_set(root: Path, records: int = 400, seed: int = 4) -> dict:
         group.drop(columns=["split"]).to_parquet(path, index=False)
         files.append(str(path))
         h.update(path.read_bytes())
-    manifest = {"window": "2026-11-20_2026-11-20",
+    manifest = {"window": {"start": "2026-11-20", "end": "2026-11-20"},  # the features stage's shape
                 "training_set": {"uri": str(root / "curated" / "sft"), "files": sorted(files), "digest": h.hexdigest(),
                                  "examples_by_split": frame["split"].value_counts().to_dict()}}
     (root / "curated" / "manifest.json").write_text(json.dumps(manifest))

@@ -95,6 +95,8 @@ def register(settings: Settings, sweep: dict[str, Any], evaluation: dict[str, An
             return {"name": name, "version": str(version.version), "run_id": version.run_id, "existing": True}
 
     lineage = manifest(settings)
+    window = lineage.get("window") or {}
+    window = f"{window['start']}_{window['end']}" if isinstance(window, dict) else str(window)
     tool_schema_version = hashlib.sha256(tools_json(TOOLS).encode()).hexdigest()[:12]
     meta = {"base_model": sweep["base_model"], "prompt_style": sweep["prompt_style"], "backend": sweep["backend"],
             "tool_schema_version": tool_schema_version, "dataset_digest": sweep["dataset_digest"],
@@ -115,7 +117,7 @@ def register(settings: Settings, sweep: dict[str, Any], evaluation: dict[str, An
         with mlflow.start_run(run_id=variant["run_id"]):
             mlflow.log_artifacts(str(model_dir), "registered_model")
             dataset = MetaDataset(source=HTTPDatasetSource(lineage["training_set"]["uri"]),
-                                  name=f"sft-{lineage.get('window', 'window')}", digest=sweep["dataset_digest"][:36])
+                                  name=f"sft-{window or 'window'}", digest=sweep["dataset_digest"][:36])
             mlflow.log_input(dataset, context="training")
             run = mlflow.active_run()
             source = f"{run.info.artifact_uri}/registered_model"
@@ -123,8 +125,8 @@ def register(settings: Settings, sweep: dict[str, Any], evaluation: dict[str, An
             "flywheel.dataset_digest": sweep["dataset_digest"], "flywheel.code_version": meta["code_version"],
             "flywheel.base_model": sweep["base_model"], "flywheel.prompt_style": sweep["prompt_style"],
             "flywheel.tool_schema_version": tool_schema_version}
-    if lineage.get("window"):  # the drift monitor's reference: the champion's training window
-        tags["flywheel.training_window"] = f"{lineage['window']['start']}_{lineage['window']['end']}"
+    if window:  # the drift monitor's reference: the champion's training window
+        tags["flywheel.training_window"] = window
     if evaluation:
         tags["flywheel.evaluation"] = evaluation.get("json_uri", "")
     version = client.create_model_version(name, source=source, run_id=variant["run_id"], tags=tags,
