@@ -160,24 +160,28 @@ def write_report(settings: Settings, result: dict[str, Any], ref: Summary, cur: 
 
 
 def _log_to_mlflow(settings: Settings, result: dict[str, Any], folder: str) -> None:
+    """One run per check in the `drift-monitor` experiment, through the client (no process-wide active
+    experiment is changed: the training and registry code in the same process keep theirs)."""
     import tempfile
 
-    import mlflow
-
-    from pipelines.clients.mlflow import use_tracking
+    from pipelines.clients.mlflow import client as mlflow_client
     from pipelines.storage import read_bytes
 
-    use_tracking(settings)
-    mlflow.set_experiment("drift-monitor")
-    with mlflow.start_run(run_name=f"drift {result['window']['end']}",
-                          tags={"flywheel.verdict": result["verdict"], "flywheel.fired": str(result["fire"])}):
-        mlflow.log_metrics({f"{s['signal']}.{s['metric']}": s["value"] for s in result["signals"]})
-        mlflow.log_params({"window": f"{result['window']['start']}_{result['window']['end']}",
-                           "reference": f"{result['reference_window']['start']}_{result['reference_window']['end']}"})
-        with tempfile.TemporaryDirectory() as tmp:
-            for file in ("report.json", "report.html"):
-                (Path(tmp) / file).write_bytes(read_bytes(f"{folder}/{file}"))
-            mlflow.log_artifacts(tmp, "drift")
+    client = mlflow_client(settings)
+    experiment = client.get_experiment_by_name("drift-monitor")
+    experiment_id = experiment.experiment_id if experiment else client.create_experiment("drift-monitor")
+    run = client.create_run(experiment_id, run_name=f"drift {result['window']['end']}",
+                            tags={"flywheel.verdict": result["verdict"], "flywheel.fired": str(result["fire"])})
+    run_id = run.info.run_id
+    for s in result["signals"]:
+        client.log_metric(run_id, f"{s['signal']}.{s['metric']}", s["value"])
+    client.log_param(run_id, "window", f"{result['window']['start']}_{result['window']['end']}")
+    client.log_param(run_id, "reference", f"{result['reference_window']['start']}_{result['reference_window']['end']}")
+    with tempfile.TemporaryDirectory() as tmp:
+        for file in ("report.json", "report.html"):
+            (Path(tmp) / file).write_bytes(read_bytes(f"{folder}/{file}"))
+        client.log_artifacts(run_id, tmp, "drift")
+    client.set_terminated(run_id)
 
 
 def alert_of(result: dict[str, Any], settings: Settings) -> dict[str, Any]:
