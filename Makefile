@@ -12,8 +12,10 @@ NEMO_VENV := .venv-nemo
 NEMO_STAMP := $(NEMO_VENV)/.installed
 SERVE_VENV := .venv-serve
 SERVE_STAMP := $(SERVE_VENV)/.installed
+CHECKOV_VENV := .venv-checkov
+CHECKOV_STAMP := $(CHECKOV_VENV)/.installed
 
-.PHONY: setup nemo-env serve-env demo test test-fast lock bench clean-data help
+.PHONY: setup nemo-env serve-env checkov-env demo test test-fast lock bench clean-data help
 
 help:
 	@echo "make demo   install what is missing, then run the whole flywheel on embedded defaults"
@@ -31,33 +33,40 @@ $(STAMP): requirements/platform.lock requirements/models.lock pyproject.toml
 	set -o pipefail; $(PY) -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | { grep -v "$(PIP_NOISE)\|BuildBackendWarning\|!!\|\*\*\*\|Please be careful\|name as your package\|with strategy\|return '\|^ *$$" || true; }
 	@touch $(STAMP)
 
+# A venv from a requirements file: $(1) folder, $(2) requirements, $(3) what it is for.
+define side_venv
+	@test -x $(1)/bin/python || $(PYTHON) -m venv $(1)
+	@echo "installing $(3) into $(1) ..."
+	set -o pipefail; $(1)/bin/python -m pip install -q "pip==$(PIP_VERSION)" 2>&1 | { grep -v "$(PIP_NOISE)" || true; }
+	set -o pipefail; $(1)/bin/python -m pip install -q -r $(2) 2>&1 | { grep -v "$(PIP_NOISE)" || true; }
+	@touch $(1)/.installed
+endef
+
 # NeMo AutoModel pins its own transformers: it lives in a second venv (the NeMo container on a cluster).
 nemo-env: $(NEMO_STAMP)
 
 $(NEMO_STAMP): requirements/nemo.in
-	@test -x $(NEMO_VENV)/bin/python || $(PYTHON) -m venv $(NEMO_VENV)
-	@echo "installing NeMo AutoModel into $(NEMO_VENV) (about 2-3 min, 2.4 GB) ..."
-	set -o pipefail; $(NEMO_VENV)/bin/python -m pip install -q "pip==$(PIP_VERSION)" 2>&1 | { grep -v "$(PIP_NOISE)" || true; }
-	set -o pipefail; $(NEMO_VENV)/bin/python -m pip install -q -r requirements/nemo.in 2>&1 | { grep -v "$(PIP_NOISE)" || true; }
-	@touch $(NEMO_STAMP)
+	$(call side_venv,$(NEMO_VENV),requirements/nemo.in,NeMo AutoModel (about 2-3 min; 2.4 GB))
 
 # The Triton Python backend runs our model.py in this venv (numpy<2, as in a Triton container).
 serve-env: $(SERVE_STAMP)
 
 $(SERVE_STAMP): requirements/serve.in
-	@test -x $(SERVE_VENV)/bin/python || $(PYTHON) -m venv $(SERVE_VENV)
-	@echo "installing the Triton model environment into $(SERVE_VENV) (about 1 min) ..."
-	set -o pipefail; $(SERVE_VENV)/bin/python -m pip install -q "pip==$(PIP_VERSION)" 2>&1 | { grep -v "$(PIP_NOISE)" || true; }
-	set -o pipefail; $(SERVE_VENV)/bin/python -m pip install -q -r requirements/serve.in 2>&1 | { grep -v "$(PIP_NOISE)" || true; }
-	@touch $(SERVE_STAMP)
+	$(call side_venv,$(SERVE_VENV),requirements/serve.in,the Triton model environment (about 1 min))
+
+# checkov scans terraform/ in make test; it pins its own boto3/pydantic ranges.
+checkov-env: $(CHECKOV_STAMP)
+
+$(CHECKOV_STAMP): requirements/checkov.in
+	$(call side_venv,$(CHECKOV_VENV),requirements/checkov.in,checkov (about 1 min))
 
 demo: setup serve-env
 	$(VENV)/bin/flywheel demo
 
-test: setup nemo-env serve-env
+test: setup nemo-env serve-env checkov-env
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 
-test-fast: setup nemo-env serve-env
+test-fast: setup nemo-env serve-env checkov-env
 	$(VENV)/bin/pytest -m "not slow" $(PYTEST_ARGS)
 
 lock:

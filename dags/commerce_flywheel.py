@@ -1,6 +1,10 @@
 """commerce_flywheel: ingest -> prep -> validate -> features -> train sweep -> evaluate -> register -> promote
 -> deploy (Triton) -> smoke test -> benchmark.
 
+Training runs where `train.runner` says: in the task itself (`local`), or as one GPU pod per sweep
+variant (`kubernetes`: `train_pods` plans them, the mapped `train_variant` runs them, `train`
+collects their MLflow runs). Same DAG on a laptop and on the cluster.
+
 Thin wiring only: every task calls one function of `pipelines.tasks` (imported inside the task, so
 parsing this file stays cheap). Each task replaces just its date window's outputs, so retries and
 re-runs are safe. A failed quality gate fails fast (no retries) and stops the run before training.
@@ -11,6 +15,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pendulum
+from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
 from airflow.sdk import Asset, Param, dag, get_current_context, task
 from airflow.timetables.assets import AssetOrTimeSchedule
 from airflow.timetables.trigger import CronTriggerTimetable
@@ -18,6 +23,17 @@ from airflow.timetables.trigger import CronTriggerTimetable
 from pipelines.airflow_tasks import run_task  # pipelines.tasks.<step>(...); stdlib-only import
 
 DRIFT = Asset(name="flywheel_drift", uri="flywheel://drift/alerts")  # emitted by dags/drift_monitor.py
+
+# The `kubernetes` train runner: one pod per sweep variant, planned by `train_pods` (none locally,
+# so `train_variant` is skipped). Cluster credentials come from the Airflow connection.
+TRAIN_POD_ARGS = {
+    "kubernetes_conn_id": "kubernetes_default",
+    "get_logs": True,
+    "on_finish_action": "delete_succeeded_pod",
+    "startup_timeout_seconds": 1800,  # a GPU node may have to scale up and pull the NeMo image first
+    "reattach_on_restart": True,
+    "retries": 1,
+}
 
 DEFAULT_ARGS = {
     "retries": 2,
@@ -95,8 +111,13 @@ def commerce_flywheel():
     def should_train(_features: dict, p: dict) -> bool:
         return bool(p.get("train", True))
 
-    @task(retries=3)  # a killed sweep resumes from its checkpoints on retry
-    def train(_go: bool, p: dict) -> dict:
+    @task
+    def train_pods(_go: bool, p: dict) -> list:
+        return run_task("train_pods", p)
+
+    # a killed sweep resumes from its checkpoints on retry; after pods, it collects their runs
+    @task(retries=3, trigger_rule="none_failed")
+    def train(p: dict) -> dict:
         return run_task("train", p)
 
     @task
@@ -130,7 +151,11 @@ def commerce_flywheel():
     p = params()
     win = window(p)
     built = features(win, validate(win, prep(win, ingest(win, p))))
-    trained = train(should_train(built, p), p)
+    go = should_train(built, p)
+    pods = KubernetesPodOperator.partial(task_id="train_variant", **TRAIN_POD_ARGS).expand(
+        pod_template_dict=train_pods(go, p))
+    trained = train(p)
+    pods >> trained
     evaluated = evaluate(trained)
     promoted = promote(register(trained, evaluated), evaluated, p)
     benchmark(smoke_test(deploy(should_deploy(promoted, p), promoted)))

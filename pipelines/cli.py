@@ -19,6 +19,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from pipelines.config import ConfigError, Settings, get_settings
+from pipelines.security import redact_uri
 
 app = typer.Typer(
     name="flywheel",
@@ -59,11 +60,29 @@ def _progress() -> Progress:
 @config_app.command("show")
 def config_show(as_json: JsonOpt = False) -> None:
     """Print the effective settings (profile defaults + YAML + FLYWHEEL_* env); secrets are masked."""
-    data = get_settings().model_dump(mode="json")
+    from pipelines.security import redact_settings
+
+    data = redact_settings(get_settings().model_dump(mode="json"))
     if as_json:
         _emit(data, True, "")
     else:
         Console().print_json(json.dumps(data))
+
+
+@app.command("scan-secrets")
+def scan_secrets(as_json: JsonOpt = False) -> None:
+    """Look for secrets in what the platform wrote: service and task logs, reports, MLflow params and
+    tags. Finds the configured passwords and keys and credential shapes (URIs with passwords, AWS
+    keys, private keys, bearer tokens); prints where, never the value. Exit 1 when anything is found."""
+    from pipelines.security import scan_platform
+
+    settings = get_settings()
+    if not settings.is_local:
+        raise UserError("scan-secrets reads the local root's logs; on a cluster scan the log store instead")
+    findings = [str(f) for f in scan_platform(settings)]
+    _emit({"findings": len(findings), "where": findings[:50]}, as_json, "secret scan")
+    if findings:
+        raise typer.Exit(1)
 
 
 # ---- logs -----------------------------------------------------------------------------------
@@ -223,7 +242,8 @@ def features_materialize(end_date: EndOpt = None, window_days: DaysOpt = 1, as_j
         customers, categories = compute_features(settings, window)
         feast.apply(settings)
         materialize_window(settings, window)
-    _emit({"customer_rows": customers, "category_rows": categories, "online_store": settings.feast.online_store},
+    _emit({"customer_rows": customers, "category_rows": categories,
+           "online_store": redact_uri(settings.feast.online_store)},
           as_json, "feast materialize")
 
 
@@ -436,6 +456,36 @@ def serve_status(as_json: JsonOpt = False) -> None:
     _emit(row, as_json, "triton")
 
 
+@serve_app.command("manifests")
+def serve_manifests(
+    out: Annotated[Path, typer.Option(help="Folder for the YAML files (kubectl apply -f FOLDER).")],
+    replicas: Annotated[int, typer.Option(min=1, help="Triton pods.")] = 2,
+    gpus: Annotated[int, typer.Option(min=1, help="GPUs per Triton pod.")] = 1,
+    role_arn: Annotated[str | None, typer.Option(help="IAM role of the `triton` service account "
+                                                 "(terraform output service_account_roles.triton).")] = None,
+    region: Annotated[str, typer.Option(help="AWS region of the model repository bucket.")] = "us-east-1",
+    as_json: JsonOpt = False,
+) -> None:
+    """Kubernetes manifests for Triton on the cluster (official image, model repository on S3, GPU
+    pool), and the training pods' settings ConfigMap."""
+    import yaml
+
+    from pipelines.serve.kubernetes import triton_manifests
+    from pipelines.train.kubernetes import settings_config_map
+
+    settings = get_settings()
+    try:
+        docs = triton_manifests(settings, replicas=replicas, gpus=gpus, role_arn=role_arn, region=region)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    out.mkdir(parents=True, exist_ok=True)
+    files = {"triton.yaml": docs, "flywheel-settings.yaml": [settings_config_map(settings)]}
+    for name, manifests in files.items():
+        (out / name).write_text(yaml.safe_dump_all(manifests, sort_keys=False))
+    _emit({"files": [str(out / name) for name in files], "objects": sum(len(m) for m in files.values())},
+          as_json, "kubernetes manifests")
+
+
 @app.command("deploy")
 def deploy_cmd(
     alias: Annotated[str, typer.Option(help="Registry alias to deploy.")] = "champion",
@@ -521,9 +571,13 @@ def up(
         console.print("starting MLflow ...")
         results["mlflow"] = start(str(settings.root), mlflow.server_spec(settings),
                                   host=settings.mlflow.host, port=settings.mlflow.port).to_dict()
+        if settings.mlflow.auth:
+            results["mlflow"]["username"] = mlflow.ADMIN
+            results["mlflow"]["password_file"] = str(Path(str(settings.root)) / "runs" / "mlflow-admin.password")
     if "airflow" in names:
         console.print("starting Airflow standalone (about 30 s) ...")
-        tracking = {"FLYWHEEL_MLFLOW__TRACKING_URI": mlflow.server_url(settings)} if "mlflow" in names else {}
+        tracking = ({"FLYWHEEL_MLFLOW__TRACKING_URI": mlflow.server_url(settings), **mlflow.server_credentials(settings)}
+                    if "mlflow" in names else {})
         results["airflow"] = start(str(settings.root), airflow.standalone_spec(settings, tracking),
                                    host=settings.airflow.host, port=settings.airflow.port).to_dict()
         results["airflow"]["password_file"] = str(airflow.password_file(settings))
@@ -638,7 +692,9 @@ def main(argv: list[str] | None = None) -> None:
 
     command = typer.main.get_command(app)
     try:
-        command.main(args=argv, prog_name="flywheel", standalone_mode=False)
+        code = command.main(args=argv, prog_name="flywheel", standalone_mode=False)
+        if isinstance(code, int) and code:  # click returns (not raises) typer.Exit's code here
+            sys.exit(code)
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
     except typer.Abort:

@@ -49,8 +49,13 @@ class MlflowSettings(_Section):
     workers: int = Field(1, ge=1, le=32)
     experiment: str = "commerce-flywheel"
     registered_model: str = "commerce-tool-caller"
-    username: str | None = None
-    password: SecretStr | None = None
+    auth: bool = Field(True, description="tracking server with basic authentication (mlflow/basic_auth.ini)")
+    auth_database_uri: str | None = Field(None, description="the auth app's user store; default SQLite next to "
+                                          "the tracking store (cluster: a PostgreSQL database)")
+    username: str | None = Field(None, description="client credentials for an authenticated tracking server")
+    password: SecretStr | None = Field(None, description="client password; the server's admin password")
+    server_secret_key: SecretStr | None = Field(None, description="the auth app's CSRF signing key "
+                                                "(generated per root locally)")
 
 
 class SparkSettings(_Section):
@@ -94,9 +99,11 @@ class SparkSettings(_Section):
 class FeastSettings(_Section):
     repo_path: str = str(REPO_ROOT / "feature_repo")
     project: str = "commerce_flywheel"
-    registry: str | None = None
-    online_store: str | None = None
+    registry: str | None = Field(None, description="registry file, or postgresql://... (Feast's SQL registry)")
+    online_store: str | None = Field(None, description="SQLite file, or postgresql://... (PostgreSQL online store)")
     offline_store: Literal["file", "spark"] = "file"
+    sslmode: str | None = Field(None, description="PostgreSQL online store: libpq sslmode; default "
+                                "`require` in the cluster profile (RDS forces TLS), `prefer` locally")
 
 
 class TritonSettings(_Section):
@@ -199,8 +206,11 @@ class PromotionSettings(_Section):
 class KubernetesSettings(_Section):
     namespace: str = "flywheel"
     gpu_node_selector: dict[str, str] = Field(default_factory=lambda: {"flywheel.io/gpu": "h100"})
-    nemo_image: str = "nvcr.io/nvidia/nemo-automodel:25.11"
-    triton_image: str = "nvcr.io/nvidia/tritonserver:25.10-vllm-python-py3"
+    nemo_image: str = Field("nvcr.io/nvidia/nemo-automodel:25.11", description="base of the training image")
+    training_image: str = Field("flywheel-training:latest", description="docker/training.Dockerfile, pushed to "
+                                "the registry from terraform output `training_image`")
+    triton_image: str = Field("flywheel-triton:latest", description="docker/triton.Dockerfile: the official "
+                              "Triton image plus our Python backend's packages")
 
 
 class Settings(BaseSettings):
@@ -265,6 +275,7 @@ class Settings(BaseSettings):
         s.master = s.master or "local[*]"
         f.registry = f.registry or str(root / "features" / "registry.db")
         f.online_store = f.online_store or str(root / "features" / "online_store.db")
+        f.sslmode = f.sslmode or "prefer"
         t.url = t.url or f"{t.host}:{t.http_port}"
         t.model_repository = t.model_repository or str(root / "serving" / "model_repository")
         t.execution_env = t.execution_env or str(REPO_ROOT / ".venv-serve")
@@ -285,6 +296,7 @@ class Settings(BaseSettings):
             "feast.registry": self.feast.registry,
             "feast.online_store": self.feast.online_store,
         }
+        self.feast.sslmode = self.feast.sslmode or "require"
         missing = [name for name, value in required.items() if not value]
         if missing:
             raise ValueError(f"{missing[0]}: required by the cluster profile (see terraform output)")

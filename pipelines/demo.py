@@ -11,6 +11,7 @@ from rich.table import Table
 
 from pipelines.clients import airflow
 from pipelines.config import Settings
+from pipelines.security import redact_uri
 from pipelines.storage import read_json, write_json
 
 
@@ -98,9 +99,10 @@ def run_demo(settings: Settings, *, records_per_day: int, days: int, seed: int, 
         "manifest (lineage)": f"{settings.zone('curated')}/manifest.json",
         "quarantine table": f"{settings.zone('quarantine')}/records",
         "Data Docs": f"{settings.zone('reports')}/quality/gx/uncommitted/data_docs/local_site/index.html",
-        "Feast registry / online store": f"{settings.feast.registry} / {settings.feast.online_store}",
+        "Feast registry / online store":
+            f"{redact_uri(settings.feast.registry)} / {redact_uri(settings.feast.online_store)}",
         "DAG log": str(log),
-        "MLflow runs and registry": f"{settings.mlflow.tracking_uri} (UI: flywheel up)",
+        "MLflow runs and registry": f"{redact_uri(settings.mlflow.tracking_uri)} (UI: flywheel up)",
     }
     if evaluation:
         outputs["evaluation report"] = evaluation["html_uri"]

@@ -105,14 +105,45 @@ def features(window: dict[str, str], settings: Settings | None = None) -> dict[s
     return run_features(settings or get_settings(), _window(window)).to_dict()
 
 
+def _run_sweep_config(params: dict[str, Any], settings: Settings):
+    """The sweep this run trains: the run's `sweep` param, else the drift sweep for a drift retrain,
+    else the configured default."""
+    from pipelines.train.sweep import load_sweep
+
+    drift_run = bool(params.get("reference_days"))
+    return load_sweep(params.get("sweep") or (settings.train.drift_sweep if drift_run else None)
+                      or settings.train.sweep, settings.train.backend)
+
+
+def train_pods(params: dict[str, Any], settings: Settings | None = None) -> list[dict[str, Any]]:
+    """The `kubernetes` runner's plan: one pod manifest per sweep variant (none with the local runner,
+    so the DAG's mapped `train_variant` task is skipped). Creates the sweep's parent run first, so
+    the pods, running side by side, all log under it."""
+    from pipelines.clients.mlflow import use_tracking
+    from pipelines.train.kubernetes import variant_pod
+    from pipelines.train.sweep import find_or_start_run, sweep_id_for, variants
+
+    settings = settings or get_settings()
+    if settings.train.runner != "kubernetes":
+        return []
+    sweep = _run_sweep_config(params, settings)
+    sweep_id = sweep_id_for(settings, sweep)
+    find_or_start_run(use_tracking(settings), {"flywheel.sweep_id": sweep_id, "flywheel.kind": "sweep"},
+                       f"sweep {sweep.name}")
+    spec = sweep.model_dump(mode="json")
+    return [variant_pod(settings, sweep=spec, sweep_id=sweep_id, index=index, gpus=sweep.gpus_per_variant,
+                        reference_days=params.get("reference_days"))
+            for index, _ in enumerate(variants(sweep))]
+
+
 def train(params: dict[str, Any], settings: Settings | None = None) -> dict[str, Any]:
-    """Run the LoRA sweep (`params["sweep"]` or the configured one) on the latest training set."""
-    from pipelines.train.sweep import load_sweep, run_sweep
+    """Run the LoRA sweep (`params["sweep"]` or the configured one) on the latest training set; with
+    the `kubernetes` runner, collect what the DAG's pods trained."""
+    from pipelines.train.sweep import run_sweep
 
     settings = settings or get_settings()
     drift_run = bool(params.get("reference_days"))
-    sweep = load_sweep(params.get("sweep") or (settings.train.drift_sweep if drift_run else None) or settings.train.sweep,
-                       settings.train.backend)
+    sweep = _run_sweep_config(params, settings)
     result = run_sweep(settings, sweep, reference_days=params.get("reference_days"))
     best = result.best_variant  # raises NotRetryable when every variant diverged
     return {"sweep_uri": result.uri, "sweep_id": result.sweep_id, "best_run_id": best.run_id,

@@ -11,6 +11,7 @@ module "network" {
   name               = local.name
   cidr               = var.vpc_cidr
   availability_zones = var.availability_zones
+  kms_key_arn        = module.storage.kms_key_arn
 }
 
 module "storage" {

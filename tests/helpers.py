@@ -64,3 +64,22 @@ def listening_sockets(pids: list[int]) -> set[tuple[str, int]]:
                 address = socket.inet_ntoa(raw[::-1])
             found.add((address, int(port, 16)))
     return found
+
+
+def assert_kubernetes_schema(manifest: dict, model: str | None = None, where: str = "") -> None:
+    """Every field of a manifest exists in the Kubernetes API (the client's OpenAPI models): a typo
+    such as `readinessprobe` or a field at the wrong level fails here, not at `kubectl apply`."""
+    from kubernetes import client
+
+    model = model or f"V1{manifest['kind']}"
+    cls = getattr(client, model)
+    fields = {json_name: attr for attr, json_name in cls.attribute_map.items()}
+    for key, value in manifest.items():
+        path = f"{where}.{key}" if where else key
+        assert key in fields, f"{model} has no field {path!r}"
+        kind = cls.openapi_types[fields[key]]
+        if kind.startswith("list[V") and isinstance(value, list):
+            for i, item in enumerate(value):
+                assert_kubernetes_schema(item, kind[5:-1], f"{path}[{i}]")
+        elif kind.startswith("V") and isinstance(value, dict):
+            assert_kubernetes_schema(value, kind, path)

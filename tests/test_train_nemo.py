@@ -52,27 +52,3 @@ def test_nemo_recipe_trains_a_lora_adapter_stock_peft_loads(tmp_path: Path) -> N
     with torch.no_grad():
         after = tuned(ids).logits
     assert not torch.allclose(before, after), "the trained adapter changes the model"
-
-
-def test_cluster_variant_pod_lands_on_the_gpu_pool_without_secrets() -> None:
-    import yaml
-
-    from pipelines.train.kubernetes import pod_name, recipe_config_map, variant_pod
-
-    settings = load_settings(profile="local", kubernetes={"gpu_node_selector": {"flywheel.io/gpu": "b200"}},
-                             mlflow={"password": "s3cret-value", "username": "u"})
-    spec = recipe(tiny_config(max_steps=10), base_model_path="nvidia/Llama-3.1-Nemotron-Nano-8B-v1", num_layers=32,
-                  train_file="/data/train.jsonl", checkpoint_dir="/ckpt", examples=100, gpus=8,
-                  tensor_parallel_size=2)
-    cm = recipe_config_map(settings, "recipe-x", yaml.safe_dump(spec))
-    pod = variant_pod(settings, sweep_id="Case-Study_abc", index=3, gpus=8, config_map="recipe-x")
-    container = pod["spec"]["containers"][0]
-    assert pod["metadata"]["name"] == pod_name("Case-Study_abc", 3) == "train-case-study-abc-03"
-    assert pod["spec"]["nodeSelector"] == {"flywheel.io/gpu": "b200"}
-    assert {"key": "nvidia.com/gpu", "operator": "Equal", "value": "true", "effect": "NoSchedule"} in pod["spec"]["tolerations"]
-    assert container["resources"]["limits"]["nvidia.com/gpu"] == 8
-    assert container["command"][:2] == ["torchrun", "--nproc-per-node=8"]
-    assert yaml.safe_load(cm["data"]["recipe.yaml"])["distributed"]["tp_size"] == 2
-    rendered = yaml.safe_dump(pod) + yaml.safe_dump(cm)
-    assert "s3cret-value" not in rendered, "secrets are referenced, never inlined"
-    assert container["env"][2]["valueFrom"]["secretKeyRef"]["key"] == "password"

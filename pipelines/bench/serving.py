@@ -11,7 +11,6 @@ answers whole, so they are reported as not applicable.
 
 from __future__ import annotations
 
-import statistics
 import time
 from datetime import datetime, timezone
 from pathlib import Path

@@ -1,4 +1,10 @@
-"""Thin client for Feast: the store built from `Settings.feast`, apply, materialize, lookups."""
+"""Thin client for Feast: the store built from `Settings.feast`, apply, materialize, lookups.
+
+`feast.registry` and `feast.online_store` are either files (the local profile: a registry file and
+SQLite) or `postgresql://user:password@host:port/db` URIs (the cluster profile, RDS from terraform/):
+then the registry is Feast's SQL registry and the online store its PostgreSQL store, both in that
+database. The password comes from the environment with the URI, never from a file in the repo.
+"""
 
 from __future__ import annotations
 
@@ -14,20 +20,48 @@ if TYPE_CHECKING:
     from feast import FeatureStore
 
 
+def is_postgres(uri: str | None) -> bool:
+    return str(uri).startswith(("postgresql://", "postgresql+"))
+
+
+def _registry_config(registry: str) -> Any:
+    from feast.repo_config import RegistryConfig
+
+    if is_postgres(registry):  # Feast's SQL registry speaks SQLAlchemy: psycopg 3 is its driver here
+        from feast.infra.registry.sql import SqlRegistryConfig
+
+        rest = registry.split("://", 1)[1]
+        return SqlRegistryConfig(registry_type="sql", path=f"postgresql+psycopg://{rest}", cache_ttl_seconds=0,
+                                 sqlalchemy_config_kwargs={"echo": False, "pool_pre_ping": True})
+    Path(registry).parent.mkdir(parents=True, exist_ok=True)
+    return RegistryConfig(path=registry, cache_ttl_seconds=0)
+
+
+def _online_store_config(online_store: str, sslmode: str | None) -> Any:
+    if not is_postgres(online_store):
+        from feast.infra.online_stores.sqlite import SqliteOnlineStoreConfig
+
+        return SqliteOnlineStoreConfig(path=online_store)
+    from urllib.parse import unquote, urlsplit
+
+    from feast.infra.online_stores.postgres_online_store.postgres import PostgreSQLOnlineStoreConfig
+
+    uri = urlsplit(online_store.replace("postgresql+psycopg2://", "postgresql://"))
+    return PostgreSQLOnlineStoreConfig(host=uri.hostname or "127.0.0.1", port=uri.port or 5432,
+                                       database=uri.path.lstrip("/"), user=unquote(uri.username or ""),
+                                       password=unquote(uri.password or ""), sslmode=sslmode)
+
+
 def feature_store(settings: Settings) -> FeatureStore:
     from feast import FeatureStore, RepoConfig
     from feast.infra.offline_stores.dask import DaskOfflineStoreConfig
-    from feast.infra.online_stores.sqlite import SqliteOnlineStoreConfig
-    from feast.repo_config import RegistryConfig
 
     f = settings.feast
-    if settings.is_local:
-        Path(str(f.registry)).parent.mkdir(parents=True, exist_ok=True)
     config = RepoConfig(
         project=f.project,
         provider="local",
-        registry=RegistryConfig(path=str(f.registry), cache_ttl_seconds=0),
-        online_store=SqliteOnlineStoreConfig(path=str(f.online_store)),
+        registry=_registry_config(str(f.registry)),
+        online_store=_online_store_config(str(f.online_store), f.sslmode),
         offline_store=DaskOfflineStoreConfig(),
         entity_key_serialization_version=3,
         repo_path=Path(f.repo_path),

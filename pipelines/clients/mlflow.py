@@ -1,13 +1,22 @@
-"""Thin client for MLflow: the local tracking server and the tracking URI every stage uses."""
+"""Thin client for MLflow: the tracking server (basic authentication on by default) and the tracking
+URI every stage uses.
+
+Store URIs reach the server through its environment (MLFLOW_BACKEND_STORE_URI), not its command
+line, so a database password never shows in `ps` or in our logs.
+"""
 
 from __future__ import annotations
 
 import os
+import secrets
 import sys
 from pathlib import Path
 
-from pipelines.config import Settings
+from pipelines.config import REPO_ROOT, ConfigError, Settings
 from pipelines.services import ServiceSpec
+
+AUTH_TEMPLATE = REPO_ROOT / "mlflow" / "basic_auth.ini"
+ADMIN = "admin"
 
 
 def server_url(settings: Settings) -> str:
@@ -22,12 +31,18 @@ def server_spec(settings: Settings) -> ServiceSpec:
         Path(str(m.artifacts_destination)).mkdir(parents=True, exist_ok=True)
     url = server_url(settings)
     env = dict(os.environ)
-    env["NO_PROXY"] = "127.0.0.1,localhost"
+    env.update({"NO_PROXY": "127.0.0.1,localhost", "MLFLOW_BACKEND_STORE_URI": str(m.backend_store_uri)})
+    auth: list[str] = []
+    if m.auth:
+        env.update({"MLFLOW_AUTH_CONFIG_PATH": str(auth_config(settings)),
+                    "MLFLOW_AUTH_ADMIN_USERNAME": ADMIN, "MLFLOW_AUTH_ADMIN_PASSWORD": admin_password(settings),
+                    # signs the UI's CSRF tokens; the same for every server replica
+                    "MLFLOW_FLASK_SERVER_SECRET_KEY": _secret(settings, "server_secret_key", "mlflow-server.key")})
+        auth = ["--app-name", "basic-auth"]
     return ServiceSpec(
         name="mlflow",
         command=[
-            str(Path(sys.executable).parent / "mlflow"), "server",
-            "--backend-store-uri", str(m.backend_store_uri),
+            str(Path(sys.executable).parent / "mlflow"), "server", *auth,
             "--artifacts-destination", str(m.artifacts_destination),
             "--serve-artifacts",
             "--host", m.host, "--port", str(m.port), "--workers", str(m.workers),
@@ -36,6 +51,46 @@ def server_spec(settings: Settings) -> ServiceSpec:
         health_url=f"{url}/health",
         url=url,
     )
+
+
+def _secret(settings: Settings, field: str, file_name: str) -> str:
+    """`mlflow.<field>` when set (cluster: from a Kubernetes/Secrets Manager secret), else one
+    generated once per local root into a 0600 file."""
+    value = getattr(settings.mlflow, field)
+    if value is not None:
+        return value.get_secret_value()
+    if not settings.is_local:
+        raise ConfigError(f"mlflow.{field}: required by the cluster profile when mlflow.auth is on "
+                          f"(FLYWHEEL_MLFLOW__{field.upper()} from a secret)")
+    file = Path(str(settings.root)) / "runs" / file_name
+    if not file.is_file():
+        file.parent.mkdir(parents=True, exist_ok=True)
+        file.touch(mode=0o600)
+        file.write_text(secrets.token_urlsafe(32))
+    return file.read_text().strip()
+
+
+def admin_password(settings: Settings) -> str:
+    return _secret(settings, "password", "mlflow-admin.password")
+
+
+def auth_config(settings: Settings) -> Path:
+    """mlflow/basic_auth.ini with its user-store URI filled in, written next to the tracking store (0600)."""
+    m = settings.mlflow
+    runs = Path(str(settings.root)) / "runs" if settings.is_local else Path.home() / ".flywheel"
+    database = m.auth_database_uri or f"sqlite:///{runs / 'basic_auth.db'}"
+    out = runs / "basic_auth.ini"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.touch(mode=0o600)
+    out.write_text(AUTH_TEMPLATE.read_text().replace("${database_uri}", database))
+    return out
+
+
+def server_credentials(settings: Settings) -> dict[str, str]:
+    """The environment a client of the local authenticated server needs (for Airflow's tasks)."""
+    if not settings.mlflow.auth:
+        return {}
+    return {"FLYWHEEL_MLFLOW__USERNAME": ADMIN, "FLYWHEEL_MLFLOW__PASSWORD": admin_password(settings)}
 
 
 def use_tracking(settings: Settings) -> str:

@@ -16,6 +16,7 @@ from typing import Any
 
 from pipelines.clients import feast as feast_client
 from pipelines.config import Settings
+from pipelines.security import redact_uri
 from pipelines.features import nodes
 from pipelines.prep.pipeline import PrepError, zone_paths
 from pipelines.prep.prompt import format_context, system_prompt
@@ -133,7 +134,8 @@ def run_features(settings: Settings, window: DateWindow, spark: Any = None) -> F
     return FeaturesResult(
         window=str(window), customer_rows=customer_rows, category_rows=category_rows, feature_views=views,
         training_examples=by_split, with_context=with_context, dataset_uri=dataset_uri(settings),
-        registry=str(settings.feast.registry), online_store=str(settings.feast.online_store),
+        registry=str(redact_uri(settings.feast.registry)),
+        online_store=str(redact_uri(settings.feast.online_store)),
         seconds=round(time.perf_counter() - started, 2))
 
 

@@ -81,6 +81,27 @@ def write_model(settings: Settings, repository: Path, name: str, base_model_path
     return final
 
 
+def staging_repository(settings: Settings) -> Path:
+    """Where model folders are written: the repository itself locally; a scratch copy when it is on
+    object storage (then `publish` uploads each folder; Triton on the cluster reads it from S3)."""
+    repository = str(settings.triton.model_repository)
+    return Path(repository) if "://" not in repository else Path.home() / ".flywheel" / "model_repository"
+
+
+def publish(settings: Settings, folder: Path) -> str:
+    """The model folder at its place in the configured repository (an upload when that is S3)."""
+    repository = str(settings.triton.model_repository)
+    if "://" not in repository:
+        return str(folder)
+    from pipelines.storage import fs_for
+
+    fs, remote = fs_for(f"{repository.rstrip('/')}/{folder.name}")
+    if fs.exists(remote):
+        fs.rm(remote, recursive=True)
+    fs.put(str(folder), remote, recursive=True)
+    return f"{repository.rstrip('/')}/{folder.name}"
+
+
 def build_version(settings: Settings, version: str) -> ModelEntry:
     """The model folder of a registered version (adapter from MLflow, base model from the catalogue)."""
     from pipelines.clients.mlflow import client as mlflow_client
@@ -91,10 +112,10 @@ def build_version(settings: Settings, version: str) -> ModelEntry:
     base_model = tags.get("flywheel.base_model", "smollm2-135m-instruct")
     style = tags.get("flywheel.prompt_style", "short")
     name = triton_name(settings, version)
-    path = write_model(settings, Path(str(settings.triton.model_repository)), name, prepare_base(base_model, settings),
+    path = write_model(settings, staging_repository(settings), name, prepare_base(base_model, settings),
                        adapter_path(settings, version), {"registry_version": version, "base_model": base_model,
                                                          "prompt_style": style, "model": settings.mlflow.registered_model})
-    return ModelEntry(name, str(path), version, style, base_model)
+    return ModelEntry(name, publish(settings, path), version, style, base_model)
 
 
 def build_base(settings: Settings, base_model: str = "smollm2-135m-instruct") -> ModelEntry:
@@ -102,9 +123,9 @@ def build_base(settings: Settings, base_model: str = "smollm2-135m-instruct") ->
     from pipelines.train.models import prepare_base
 
     name = triton_name(settings, None)
-    path = write_model(settings, Path(str(settings.triton.model_repository)), name, prepare_base(base_model, settings),
+    path = write_model(settings, staging_repository(settings), name, prepare_base(base_model, settings),
                        None, {"registry_version": None, "base_model": base_model, "prompt_style": "full"})
-    return ModelEntry(name, str(path), None, "full", base_model)
+    return ModelEntry(name, publish(settings, path), None, "full", base_model)
 
 
 def vllm_model(out: Path, base_model: str, adapters: dict[str, str], max_lora_rank: int = 64,
@@ -116,5 +137,5 @@ def vllm_model(out: Path, base_model: str, adapters: dict[str, str], max_lora_ra
         "model": base_model, "enable_lora": True, "max_lora_rank": max_lora_rank, "max_loras": max(1, len(adapters)),
         "gpu_memory_utilization": gpu_memory_utilization, "disable_log_requests": True}, indent=2))
     (out / "1" / "multi_lora.json").write_text(json.dumps(adapters, indent=2, sort_keys=True))
-    (out / "config.pbtxt").write_text(f'backend: "vllm"\ninstance_group [ {{ count: 1 kind: KIND_MODEL }} ]\n')
+    (out / "config.pbtxt").write_text('backend: "vllm"\ninstance_group [ { count: 1 kind: KIND_MODEL } ]\n')
     return out

@@ -85,7 +85,13 @@ def server_spec(settings: Settings) -> services.ServiceSpec:
 
 
 def up(settings: Settings) -> services.ServiceStatus:
-    """Start the server (idempotent) and wait until it answers."""
+    """Start the server (idempotent) and wait until it answers. On a cluster Kubernetes runs it
+    (pipelines/serve/kubernetes.py): this only checks that `triton.url` is live."""
+    if not settings.is_local:
+        url = f"http://{settings.triton.url}".replace("http://http", "http")
+        if not services.http_ok(f"{url}/v2/health/live"):
+            raise TritonUnavailable(f"triton.url {url} is not live: apply the manifests of `flywheel serve manifests`")
+        return services.ServiceStatus(SERVICE, None, True, True, url)
     spec = server_spec(settings)
     try:
         return services.start(str(settings.root), spec, host=settings.triton.host, port=settings.triton.http_port,

@@ -152,10 +152,28 @@ def _flat_params(cfg: TrainConfig) -> dict[str, str]:
     return {k: ",".join(v) if isinstance(v, list) else str(v) for k, v in cfg.model_dump().items()}
 
 
+def sweep_id_for(settings: Settings, sweep: SweepConfig) -> str:
+    """The sweep file's content and the training set's digest: the same pair is the same sweep."""
+    from pipelines.train.dataset import manifest
+
+    return f"{sweep.name}-{sweep.digest()}-{manifest(settings)['training_set']['digest'][:10]}"
+
+
+def work_folder(settings: Settings, sweep_id: str) -> Path:
+    """Checkpoints and adapters of a sweep: under the root locally, a local scratch folder when the
+    root is object storage (the adapters themselves are in MLflow's artifact store)."""
+    base = Path(str(settings.root)) if "://" not in str(settings.root) else Path.home() / ".flywheel"
+    return base / "training" / sweep_id
+
+
 def run_sweep(settings: Settings, sweep: SweepConfig, console: Console | None = None,
-              reference_days: list[str] | None = None) -> SweepResult:
+              reference_days: list[str] | None = None, only: list[int] | None = None) -> SweepResult:
     """Train every variant (one after another here; one pod each on a cluster), score each on the
-    validation split, log all of it to MLflow, and pick the best by `select_metric`."""
+    validation split, log all of it to MLflow, and pick the best by `select_metric`.
+
+    With `train.runner=kubernetes` the variants were trained by the DAG's pods: this collects them
+    from MLflow (their child runs and adapters) instead of training. `only`: the variants to train
+    (a pod trains one); the best is picked when the whole sweep is there."""
     import mlflow
 
     from pipelines.clients.mlflow import use_tracking
@@ -163,25 +181,33 @@ def run_sweep(settings: Settings, sweep: SweepConfig, console: Console | None = 
 
     console = console or Console()
     digest = manifest(settings)["training_set"]["digest"]
-    sweep_id = f"{sweep.name}-{sweep.digest()}-{digest[:10]}"
-    folder = Path(str(settings.root)) / "training" / sweep_id
+    sweep_id = sweep_id_for(settings, sweep)
+    folder = work_folder(settings, sweep_id)
     configs = variants(sweep)
-    rows = load_split(settings, "train", sweep.train_examples, sweep.seed)
-    if reference_days:  # a drift retrain: the recent window plus a sample of the champion's training window
-        rows = with_reference_sample(settings, rows, reference_days, settings.drift.retrain_reference_share, sweep.seed)
-    train = training_pairs(to_examples(rows, sweep.prompt_style))
-    val = to_examples(load_split(settings, "val", sweep.val_examples, sweep.seed), sweep.prompt_style)
+    collect = settings.train.runner == "kubernetes"
     experiment_id = use_tracking(settings)
-    parent_id = _find_or_start_run(experiment_id, {"flywheel.sweep_id": sweep_id, "flywheel.kind": "sweep"},
+    parent_id = find_or_start_run(experiment_id, {"flywheel.sweep_id": sweep_id, "flywheel.kind": "sweep"},
                                    f"sweep {sweep.name}")
     results: list[VariantResult] = []
     with mlflow.start_run(run_id=parent_id):
-        mlflow.log_params({"sweep": sweep.name, "backend": sweep.backend, "method": sweep.method,
-                           "variants": len(configs), "prompt_style": sweep.prompt_style,
-                           "base_model": sweep.base.base_model, "train_examples": len(train),
-                           "val_examples": len(val), "dataset_digest": digest})
-        mlflow.log_dict(sweep.model_dump(mode="json"), "sweep.json")
+        if not collect:
+            rows = load_split(settings, "train", sweep.train_examples, sweep.seed)
+            if reference_days:  # a drift retrain: the recent window plus a sample of the champion's training window
+                rows = with_reference_sample(settings, rows, reference_days, settings.drift.retrain_reference_share,
+                                             sweep.seed)
+            train = training_pairs(to_examples(rows, sweep.prompt_style))
+            val = to_examples(load_split(settings, "val", sweep.val_examples, sweep.seed), sweep.prompt_style)
+            mlflow.log_params({"sweep": sweep.name, "backend": sweep.backend, "method": sweep.method,
+                               "variants": len(configs), "prompt_style": sweep.prompt_style,
+                               "base_model": sweep.base.base_model, "train_examples": len(train),
+                               "val_examples": len(val), "dataset_digest": digest})
+            mlflow.log_dict(sweep.model_dump(mode="json"), "sweep.json")
         for index, cfg in enumerate(configs):
+            if only is not None and index not in only:
+                continue
+            if collect:
+                results.append(_collect_variant(sweep_id, index, folder, experiment_id))
+                continue
             console.print(f"[bold]variant {index + 1}/{len(configs)}[/bold] "
                           + ", ".join(f"{k}={getattr(cfg, k)}" for k in sorted(sweep.grid)))
             results.append(_run_variant(settings, sweep, sweep_id, index, cfg, train, val, folder, experiment_id,
@@ -189,16 +215,38 @@ def run_sweep(settings: Settings, sweep: SweepConfig, console: Console | None = 
         finished = [r for r in results if r.status == "completed"]
         best = max(finished, key=lambda r: (r.metrics.get(f"val_{sweep.select_metric}", 0.0),
                                             -r.metrics.get("final_loss", 0.0)), default=None)
-        if best is not None:
+        if only is not None:  # one pod's share of the sweep: the collector picks the best
+            best = None
+        elif best is not None:
             mlflow.log_metrics({f"best_val_{sweep.select_metric}": best.metrics[f"val_{sweep.select_metric}"]})
             mlflow.set_tags({"flywheel.best_run_id": best.run_id, "flywheel.best_variant": str(best.index)})
     result = SweepResult(sweep_id, sweep.name, sweep.backend, parent_id, digest, sweep.prompt_style,
-                         sweep.base.base_model, results, best.index if best else None)
+                         sweep.base.base_model, results, results.index(best) if best else None)
     result.uri = write_json(str(folder / "sweep.json"), result.to_dict())
     return result
 
 
-def _find_or_start_run(experiment_id: str, tags: dict[str, str], name: str, parent_id: str | None = None) -> str:
+def _collect_variant(sweep_id: str, index: int, folder: Path, experiment_id: str) -> VariantResult:
+    """A variant a pod trained: its finished child run, and its adapter fetched from the artifact store."""
+    import mlflow
+
+    query = f"tags.`flywheel.sweep_id` = '{sweep_id}' and tags.`flywheel.variant` = '{index}'"
+    found = mlflow.MlflowClient().search_runs([experiment_id], query, max_results=1)
+    if not found or "flywheel.status" not in found[0].data.tags:
+        raise NotRetryable(f"sweep {sweep_id}: variant {index} has no finished run; its pod "
+                           "(task train_variant) did not complete")
+    run = found[0]
+    status = run.data.tags["flywheel.status"]
+    adapter_dir = ""
+    if status == "completed":
+        out = folder / f"variant-{index:02d}"
+        out.mkdir(parents=True, exist_ok=True)
+        adapter_dir = mlflow.artifacts.download_artifacts(run_id=run.info.run_id, artifact_path="adapter",
+                                                          dst_path=str(out))
+    return VariantResult(index, run.info.run_id, dict(run.data.params), status, adapter_dir, dict(run.data.metrics))
+
+
+def find_or_start_run(experiment_id: str, tags: dict[str, str], name: str, parent_id: str | None = None) -> str:
     """An earlier attempt's run with these tags (a retried task continues it), else a new one."""
     from mlflow import MlflowClient
 
@@ -221,7 +269,7 @@ def _run_variant(settings: Settings, sweep: SweepConfig, sweep_id: str, index: i
     if done.is_file():  # a retried task: this variant finished in an earlier attempt
         console.print(f"  already trained: {done}")
         return VariantResult(**json.loads(done.read_text()))
-    run_id = _find_or_start_run(experiment_id, {"flywheel.sweep_id": sweep_id, "flywheel.variant": str(index)},
+    run_id = find_or_start_run(experiment_id, {"flywheel.sweep_id": sweep_id, "flywheel.variant": str(index)},
                                 f"{sweep.name}-{index:02d}", parent_id)
     with mlflow.start_run(run_id=run_id, nested=True):
         mlflow.log_params(_flat_params(cfg))
@@ -257,9 +305,6 @@ def train_variant(settings: Settings, sweep: SweepConfig, cfg: TrainConfig,
                   train: list[tuple[list[dict[str, str]], str]], out: Path, on_step: Any,
                   console: Console) -> TrainResult:
     """Dispatch to the configured backend; both write an HF-PEFT adapter to `out/adapter`."""
-    if settings.train.runner == "kubernetes":
-        raise NotRetryable("train.runner=kubernetes: variants run as pods launched by the DAG's "
-                           "KubernetesPodOperator, not from this process")
     if sweep.backend == "nemo":
         from pipelines.train.nemo_backend import train_nemo
 

@@ -55,6 +55,14 @@ run "data_is_encrypted_and_never_public" {
     error_message = "every bucket is versioned"
   }
   assert {
+    condition     = length(module.storage.versioning) == 4 && length(module.storage.lifecycle) == 4
+    error_message = "all four zones (raw, curated, mlflow, models) are versioned and have a lifecycle"
+  }
+  assert {
+    condition     = alltrue([for k, l in module.storage.lifecycle : anytrue([for r in l.rule : length(r.abort_incomplete_multipart_upload) > 0])])
+    error_message = "every bucket aborts half-finished uploads"
+  }
+  assert {
     condition     = module.database.settings.publicly_accessible == false && module.database.settings.storage_encrypted && module.database.settings.manage_master_user_password
     error_message = "the database is private, encrypted, and its password is managed by RDS"
   }

@@ -41,6 +41,20 @@ resource "aws_db_parameter_group" "this" {
   }
 }
 
+# Enhanced monitoring: OS metrics every minute, published by RDS under this role.
+resource "aws_iam_role" "monitoring" {
+  name = "${var.name}-rds-monitoring"
+  assume_role_policy = jsonencode({
+    Version   = "2012-10-17"
+    Statement = [{ Effect = "Allow", Principal = { Service = "monitoring.rds.amazonaws.com" }, Action = "sts:AssumeRole" }]
+  })
+}
+
+resource "aws_iam_role_policy_attachment" "monitoring" {
+  role       = aws_iam_role.monitoring.name
+  policy_arn = "arn:aws:iam::aws:policy/service-role/AmazonRDSEnhancedMonitoringRole"
+}
+
 resource "aws_db_instance" "this" {
   identifier                          = var.name
   engine                              = "postgres"
@@ -65,6 +79,8 @@ resource "aws_db_instance" "this" {
   auto_minor_version_upgrade          = true
   copy_tags_to_snapshot               = true
   enabled_cloudwatch_logs_exports     = ["postgresql"]
+  monitoring_interval                 = 60
+  monitoring_role_arn                 = aws_iam_role.monitoring.arn
   skip_final_snapshot                 = false
   final_snapshot_identifier           = "${var.name}-final"
 }

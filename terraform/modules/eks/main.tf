@@ -50,7 +50,8 @@ resource "aws_iam_role_policy_attachment" "node" {
 
 resource "aws_cloudwatch_log_group" "cluster" {
   name              = "/aws/eks/${var.name}/cluster"
-  retention_in_days = 90
+  retention_in_days = 365
+  kms_key_id        = var.kms_key_arn
 }
 
 resource "aws_eks_cluster" "this" {
@@ -67,7 +68,7 @@ resource "aws_eks_cluster" "this" {
     resources = ["secrets"]
     provider { key_arn = var.kms_key_arn }
   }
-  enabled_cluster_log_types = ["api", "audit", "authenticator"]
+  enabled_cluster_log_types = ["api", "audit", "authenticator", "controllerManager", "scheduler"]
   depends_on                = [aws_iam_role_policy_attachment.cluster, aws_cloudwatch_log_group.cluster]
 }
 

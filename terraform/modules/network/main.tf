@@ -2,6 +2,7 @@
 variable "name" { type = string }
 variable "cidr" { type = string }
 variable "availability_zones" { type = list(string) }
+variable "kms_key_arn" { type = string }
 
 resource "aws_vpc" "this" {
   cidr_block           = var.cidr
@@ -89,7 +90,8 @@ resource "aws_flow_log" "this" {
 
 resource "aws_cloudwatch_log_group" "flow" {
   name              = "/flywheel/${var.name}/vpc-flow"
-  retention_in_days = 90
+  retention_in_days = 365
+  kms_key_id        = var.kms_key_arn
 }
 
 resource "aws_iam_role" "flow" {
