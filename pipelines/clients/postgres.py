@@ -14,7 +14,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-DATABASES = ("airflow", "mlflow", "feast")
+DATABASES = ("airflow", "mlflow", "mlflow_auth", "feast")
 
 
 class PostgresUnavailable(RuntimeError):

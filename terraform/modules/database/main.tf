@@ -86,7 +86,7 @@ resource "aws_db_instance" "this" {
 }
 
 output "endpoint" { value = aws_db_instance.this.endpoint }
-output "databases" { value = ["airflow", "mlflow", "feast"] }
+output "databases" { value = ["airflow", "mlflow", "mlflow_auth", "feast"] }
 output "master_secret_arn" { value = aws_db_instance.this.master_user_secret[0].secret_arn }
 output "settings" {
   value = {
