@@ -83,3 +83,16 @@ def assert_kubernetes_schema(manifest: dict, model: str | None = None, where: st
                 assert_kubernetes_schema(item, kind[5:-1], f"{path}[{i}]")
         elif kind.startswith("V") and isinstance(value, dict):
             assert_kubernetes_schema(value, kind, path)
+
+
+def wait_for(predicate, timeout_s: float, what: str, interval_s: float = 3.0):
+    """Poll `predicate` until it returns something truthy (returned) or fail naming `what`."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval_s)
+    raise AssertionError(f"timed out waiting for {what}")

@@ -12,21 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from helpers import processes_with_env, run_flywheel
+from helpers import processes_with_env, run_flywheel, wait_for
 from pipelines.services import free_port
 
 pytestmark = pytest.mark.slow
 TINY = str(Path(__file__).resolve().parent.parent / "conf" / "sweeps" / "tiny.yaml")
 
-
-def _wait(predicate, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(5)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def test_drift_alert_retrains_once_under_the_scheduler(tmp_path: Path) -> None:
@@ -62,7 +53,7 @@ def test_drift_alert_retrains_once_under_the_scheduler(tmp_path: Path) -> None:
         rest = AirflowRest(settings)
         # baseline: unpausing starts the daily run for yesterday (synthetic traffic): train, promote, deploy
         rest.unpause("commerce_flywheel")
-        baseline = _wait(lambda: finished("commerce_flywheel", "scheduled"), 900, "the daily run")[0]
+        baseline = wait_for(lambda: finished("commerce_flywheel", "scheduled"), 900, "the daily run")[0]
         assert baseline["state"] == "success", baseline
         assert alias_version(settings, CHAMPION) == "1" and deploy.live_model(settings).version == "1"
 
@@ -72,12 +63,12 @@ def test_drift_alert_retrains_once_under_the_scheduler(tmp_path: Path) -> None:
         # two checks in a row on the drifted day: the hourly run that unpausing starts, and one on demand
         rest.unpause("drift_monitor")
         manual = rest.trigger("drift_monitor", {"end_date": drift_day})
-        _wait(lambda: rest.dag_run("drift_monitor", manual)["state"] in ("success", "failed"), 600, "the monitor")
+        wait_for(lambda: rest.dag_run("drift_monitor", manual)["state"] in ("success", "failed"), 600, "the monitor")
         assert rest.dag_run("drift_monitor", manual)["state"] == "success"
         state = json.loads((root / "reports" / "drift" / "state.json").read_text())
         assert len(state["alerts"]) >= 2 and [a["emitted"] for a in state["alerts"]].count(True) == 1, state
 
-        retrain = _wait(lambda: finished("commerce_flywheel", "asset_triggered"), 1200, "the asset-triggered retrain")[0]
+        retrain = wait_for(lambda: finished("commerce_flywheel", "asset_triggered"), 1200, "the asset-triggered retrain")[0]
         assert retrain["state"] == "success", retrain
         time.sleep(10)
         assert len([r for r in rest.dag_runs("commerce_flywheel") if r.get("run_type") == "asset_triggered"]) == 1

@@ -136,18 +136,6 @@ def _create_databases(postgres, *names: str) -> None:
     conn.close()
 
 
-def _wait(predicate, timeout_s: float, what: str):
-    import time
-
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(3)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def test_scheduler_on_postgres_runs_tasks_in_parallel_with_an_authenticated_mlflow(tmp_path: Path, postgres) -> None:
     """`flywheel up` on Postgres: the MLflow server refuses requests without the generated admin
     password, the Airflow tasks log and register through it with credentials from their environment,
@@ -159,7 +147,7 @@ def test_scheduler_on_postgres_runs_tasks_in_parallel_with_an_authenticated_mlfl
 
     import psycopg2
 
-    from helpers import run_flywheel
+    from helpers import run_flywheel, wait_for
     from pipelines.clients.airflow import AirflowRest
     from pipelines.registry.models import CHAMPION, alias_version
 
@@ -214,9 +202,9 @@ def test_scheduler_on_postgres_runs_tasks_in_parallel_with_an_authenticated_mlfl
 
         # unpausing starts the daily run (yesterday, synthetic traffic): train, register, promote, deploy
         rest.unpause("commerce_flywheel")
-        daily = _wait(lambda: [r for r in rest.dag_runs("commerce_flywheel") if r.get("run_type") == "scheduled"],
+        daily = wait_for(lambda: [r for r in rest.dag_runs("commerce_flywheel") if r.get("run_type") == "scheduled"],
                       120, "the daily run")[0]["dag_run_id"]
-        assert _wait(lambda: finished("commerce_flywheel", daily), 900, "the daily run") == "success"
+        assert wait_for(lambda: finished("commerce_flywheel", daily), 900, "the daily run") == "success"
         rest.unpause("drift_monitor")
         tracked = load_settings(root=str(root), mlflow={"tracking_uri": info["mlflow"]["url"], "username": "admin",
                                                         "password": password})
@@ -226,8 +214,8 @@ def test_scheduler_on_postgres_runs_tasks_in_parallel_with_an_authenticated_mlfl
         second = rest.trigger("commerce_flywheel", {"end_date": new_day, "records_per_day": 2500, "seed": 5,
                                                     "train": False})
         check = rest.trigger("drift_monitor", {"end_date": trained_day})
-        assert _wait(lambda: finished("commerce_flywheel", second), 900, "the data-path run") == "success"
-        assert _wait(lambda: finished("drift_monitor", check), 600, "the drift check") == "success"
+        assert wait_for(lambda: finished("commerce_flywheel", second), 900, "the data-path run") == "success"
+        assert wait_for(lambda: finished("drift_monitor", check), 600, "the drift check") == "success"
         conn = psycopg2.connect(host="127.0.0.1", port=postgres.port, user=postgres.user,
                                 password=postgres.password, dbname="airflow_sched")
         with conn.cursor() as cur:
