@@ -151,13 +151,13 @@ def test_scheduler_on_postgres_runs_tasks_in_parallel_with_an_authenticated_mlfl
     from pipelines.clients.airflow import AirflowRest
     from pipelines.registry.models import CHAMPION, alias_version
 
-    _create_databases(postgres, "airflow_sched", "mlflow_sched", "mlflow_auth", "feast_sched")
+    _create_databases(postgres, "airflow_sched", "mlflow_sched", "mlflow_auth_sched", "feast_sched")
     root = tmp_path / "fw"
     env = {"FLYWHEEL_ROOT": str(root), "FLYWHEEL_AIRFLOW__PORT": str(free_port()),
            "FLYWHEEL_MLFLOW__PORT": str(free_port()),
            "FLYWHEEL_AIRFLOW__SQL_ALCHEMY_CONN": postgres.uri("airflow_sched"),
            "FLYWHEEL_MLFLOW__BACKEND_STORE_URI": postgres.uri("mlflow_sched"),
-           "FLYWHEEL_MLFLOW__AUTH_DATABASE_URI": postgres.uri("mlflow_auth"),
+           "FLYWHEEL_MLFLOW__AUTH_DATABASE_URI": postgres.uri("mlflow_auth_sched"),
            "FLYWHEEL_FEAST__REGISTRY": postgres.uri("feast_sched"),
            "FLYWHEEL_FEAST__ONLINE_STORE": postgres.uri("feast_sched"),
            "FLYWHEEL_TRAIN__SWEEP": TINY_SWEEP, "FLYWHEEL_EVALUATION__EXAMPLES": "4",
