@@ -1,57 +1,102 @@
-"""Drift monitor throughput: summarize 1M log records and compare them with a reference (vectorized).
+"""Drift monitor throughput on raw log lines, end to end: what one check does to its window.
 
-Usage: .venv/bin/python bench/drift.py [--records 1000000]
-The embedding signal is sampled (drift.embedding_sample texts per side), so it does not grow with the
-window; its time is printed separately.
+Generates raw logs with the project's generator (`write_raw_logs`, like `flywheel logs generate`) into
+a temporary root: a reference window (the champion's training days) and the current day with holiday
+drift. Then runs the monitor's own stages on the current day's raw lines, timed separately:
+
+  parse      every raw line through `prepare_line` (the Spark job's per-line prep) -> clean rows
+  summarize  category counts, decile bins, samples, health rates
+  embed      MiniLM embeddings of the sampled request texts (drift.embedding_sample, independent of size)
+  compare    every signal (PSI, Wasserstein, domain-classifier AUC, MMD) against the stored reference
+
+The reference is built once per training window and stored (not part of an hourly check): its time is
+printed apart.
+
+Usage: .venv/bin/python bench/drift.py [--records 100000] [--reference-records 20000] [--workers N]
+                                       [--chunk-lines N] [--keep DIR]
 """
 
 from __future__ import annotations
 
 import argparse
+import tempfile
 import time
-
-import numpy as np
-import pandas as pd
-
-from pipelines.config import load_settings
-from pipelines.drift.signals import compare, summarize
-
-
-def frame(n: int, seed: int, shift: float = 0.0) -> pd.DataFrame:
-    rng = np.random.default_rng(seed)
-    tools = np.array(["search_products", "get_order", "track_shipment", "create_invoice", "get_subscription"])
-    p = np.array([0.4, 0.2, 0.2, 0.1, 0.1]) * (1 - shift) + np.array([0.8, 0.05, 0.05, 0.05, 0.05]) * shift
-    words = np.array(["red", "shoes", "order", "where", "is", "my", "gift", "lights", "invoice", "tree"])
-    return pd.DataFrame({
-        "tool": rng.choice(tools, n, p=p), "workload_id": rng.choice(["search", "orders", "billing"], n),
-        "country": rng.choice(["US", "DE", "GB", "IN"], n), "currency": rng.choice(["USD", "EUR", "GBP", "INR"], n),
-        "channel": rng.choice(["web", "app"], n), "category": rng.choice(["toys", "home", "books"], n),
-        "request_text": [" ".join(words[i:i + 3]) for i in rng.integers(0, 8, n)],
-        "latency_ms": rng.lognormal(7 + shift, 0.4, n), "amount": rng.lognormal(4, 1, n),
-        "feedback": rng.choice(["none", "up", "down"], n, p=[0.7, 0.2, 0.1])})
+from datetime import date
+from pathlib import Path
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--records", type=int, default=1_000_000)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--records", type=int, default=100_000, help="raw lines in the checked window")
+    parser.add_argument("--reference-records", type=int, default=20_000, help="raw lines in the reference window")
+    parser.add_argument("--workers", type=int, default=0, help="drift.parse_workers (0: physical cores)")
+    parser.add_argument("--chunk-lines", type=int, default=20_000, help="drift.parse_chunk_lines")
+    parser.add_argument("--keep", default=None, help="generate under this folder (kept) instead of a temp folder")
     args = parser.parse_args()
-    cfg = load_settings().drift
-    ref_frame, cur_frame = frame(args.records, 0), frame(args.records, 1, shift=0.5)
-    started = time.perf_counter()
-    ref = summarize(ref_frame, {}, cfg)
-    cur = summarize(cur_frame, {"unknown_tool": 100}, cfg, edges=ref.numeric_edges)
-    results = compare(ref, cur, cfg)
-    seconds = time.perf_counter() - started
-    t0 = time.perf_counter()
-    from pipelines.embeddings import embed
+    if args.keep:
+        Path(args.keep).mkdir(parents=True, exist_ok=True)
+        run(Path(args.keep), args)
+    else:
+        with tempfile.TemporaryDirectory(prefix="flywheel-bench-drift-") as tmp:
+            run(Path(tmp), args)
 
-    embedded = compare(ref, cur, cfg, (embed(ref.texts), embed(cur.texts)))
-    emb_seconds = time.perf_counter() - t0
-    print(f"{args.records:,} reference + {args.records:,} current records: summaries and {len(results)} signals in "
-          f"{seconds:.1f} s ({2 * args.records / seconds:,.0f} records/s); embedding signal "
-          f"({cfg.embedding_sample} texts per side) {emb_seconds:.1f} s")
-    for r in embedded:
-        print(f"  {r.signal:<28}{r.metric:<24}{r.value:>10g}  {r.band}")
+
+def run(root: Path, args: argparse.Namespace) -> None:
+    from pipelines.config import load_settings
+    from pipelines.drift.monitor import parse_window, reference
+    from pipelines.drift.signals import compare, summarize
+    from pipelines.embeddings import embed
+    from pipelines.logs.generator import Drift, GeneratorConfig, write_raw_logs
+    from pipelines.window import DateWindow
+
+    records, reference_records = args.records, args.reference_records
+    day = date(2026, 11, 12)
+    ref_window = DateWindow.parse("2026-11-08", "2026-11-10")
+    started = time.perf_counter()
+    write_raw_logs(GeneratorConfig(seed=1, records=reference_records, days=3, end_date=ref_window.end,
+                                   bad_share=0.03), root / "raw")
+    write_raw_logs(GeneratorConfig(seed=3, records=records, end_date=day, bad_share=0.03, drift=Drift.HOLIDAY,
+                                   drift_magnitude=0.8), root / "raw")
+    generated = time.perf_counter() - started
+    settings = load_settings(root=str(root), drift={"parse_workers": args.workers,
+                                                    "parse_chunk_lines": args.chunk_lines})
+    cfg = settings.drift
+
+    t = time.perf_counter()
+    ref_summary, ref_vectors = reference(settings, ref_window)  # parse + summarize + embed, stored once
+    ref_seconds = time.perf_counter() - t
+
+    timings: dict[str, float] = {}
+    t = time.perf_counter()
+    clean, reasons, lines = parse_window(settings, DateWindow.ending(day, cfg.window_days))
+    timings["parse"] = time.perf_counter() - t
+    t = time.perf_counter()
+    current = summarize(clean, reasons, cfg, edges=ref_summary.numeric_edges)
+    timings["summarize"] = time.perf_counter() - t
+    t = time.perf_counter()
+    vectors = embed(current.texts)
+    timings["embed"] = time.perf_counter() - t
+    t = time.perf_counter()
+    results = compare(ref_summary, current, cfg, (ref_vectors, vectors))
+    timings["compare"] = time.perf_counter() - t
+    total = sum(timings.values())
+
+    print(f"generated {reference_records:,} reference + {records:,} current raw lines in {generated:.1f} s "
+          f"under {root}")
+    print(f"reference window {ref_window} (one-off, then stored): {ref_summary.records:,} clean records in "
+          f"{ref_seconds:.1f} s")
+    print(f"check of {day}: {lines:,} raw lines -> {len(clean):,} clean, {sum(reasons.values()):,} quarantined")
+    print(f"  {'stage':<10}{'seconds':>10}{'lines/s':>14}")
+    for stage, seconds in [*timings.items(), ("total", total)]:
+        note = f"  ({cfg.embedding_sample} texts)" if stage == "embed" else ""
+        print(f"  {stage:<10}{seconds:>10.2f}{lines / seconds if seconds else float('inf'):>14,.0f}{note}")
+    per_line = (timings["parse"] + timings["summarize"]) / max(lines, 1)  # embed and compare: fixed samples
+    print(f"  -> a 1M-line window: about {(per_line * 1_000_000 + timings['embed'] + timings['compare']) / 60:.1f} "
+          f"min (parse {timings['parse'] / total:.0%} of this run; {cfg.parse_workers or 'auto'} parse workers, "
+          f"{cfg.parse_chunk_lines:,} lines per chunk)")
+    acting = [r for r in results if r.band == "act"]
+    print(f"verdict: {'act' if acting else 'no act-level signal'}; "
+          + ", ".join(f"{r.signal} {r.metric} {r.value:g}" for r in acting))
 
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ TRAIN_POD_ARGS = {
     "startup_timeout_seconds": 1800,  # a GPU node may have to scale up and pull the NeMo image first
     "reattach_on_restart": True,
     "retries": 1,
+    "execution_timeout": timedelta(hours=12),
 }
 
 DEFAULT_ARGS = {
@@ -40,7 +41,10 @@ DEFAULT_ARGS = {
     "retry_delay": timedelta(seconds=20),
     "retry_exponential_backoff": True,
     "max_retry_delay": timedelta(minutes=10),
+    # no task may hang a run: a stuck one fails (and retries) after this; training has its own, longer limit
+    "execution_timeout": timedelta(hours=2),
 }
+TRAIN_TIMEOUT = timedelta(hours=12)  # a whole sweep on the CPU, or collecting the GPU pods' runs
 
 
 
@@ -112,13 +116,13 @@ def commerce_flywheel():
         return bool(p.get("train", True))
 
     @task
-    def train_pods(_go: bool, p: dict) -> list:
-        return run_task("train_pods", p)
+    def train_pods(_go: bool, p: dict, win: dict) -> list:
+        return run_task("train_pods", {**p, "window": win})
 
     # a killed sweep resumes from its checkpoints on retry; after pods, it collects their runs
-    @task(retries=3, trigger_rule="none_failed")
-    def train(p: dict) -> dict:
-        return run_task("train", p)
+    @task(retries=3, trigger_rule="none_failed", execution_timeout=TRAIN_TIMEOUT)
+    def train(p: dict, win: dict) -> dict:
+        return run_task("train", {**p, "window": win})  # the training set of this run's window
 
     @task
     def evaluate(trained: dict) -> dict:
@@ -133,8 +137,8 @@ def commerce_flywheel():
         return run_task("promote", registered, evaluated, p)
 
     @task.short_circuit
-    def should_deploy(_promoted: dict, p: dict) -> bool:
-        return bool(p.get("deploy", True))
+    def should_deploy(promoted: dict, p: dict) -> bool:
+        return run_task("should_deploy", promoted, p)
 
     @task
     def deploy(_go: bool, promoted: dict) -> dict:
@@ -153,8 +157,8 @@ def commerce_flywheel():
     built = features(win, validate(win, prep(win, ingest(win, p))))
     go = should_train(built, p)
     pods = KubernetesPodOperator.partial(task_id="train_variant", **TRAIN_POD_ARGS).expand(
-        pod_template_dict=train_pods(go, p))
-    trained = train(p)
+        pod_template_dict=train_pods(go, p, win))
+    trained = train(p, win)
     pods >> trained
     evaluated = evaluate(trained)
     promoted = promote(register(trained, evaluated), evaluated, p)

@@ -2,12 +2,16 @@
 training window; an alert emits the `flywheel_drift` asset event, which schedules commerce_flywheel.
 
 check -> should_alert (short-circuit: only an act-level signal outside the cooldown) -> alert (asset
-event with the reason, the window and the reference days). The cooldown lives in the monitor's state,
-so two alerts in a row start one retrain, not two; commerce_flywheel's max_active_runs=1 serializes
-whatever is queued.
+event with the reason, the window and the reference days) -> mark_emitted. The check records its alert
+as pending; only once the alert task has succeeded (the asset event is out) does mark_emitted mark it
+emitted and start the cooldown, so a failed alert never silences retraining. The cooldown lives in the
+monitor's state, so two alerts in a row start one retrain, not two; commerce_flywheel's
+max_active_runs=1 serializes whatever is queued.
 """
 
 from __future__ import annotations
+
+from datetime import timedelta
 
 import pendulum
 from airflow.sdk import Asset, Metadata, Param, dag, get_current_context, task
@@ -17,13 +21,14 @@ from pipelines.airflow_tasks import run_task  # pipelines.tasks.<step>(...); std
 DRIFT = Asset(name="flywheel_drift", uri="flywheel://drift/alerts")
 
 
-
 @dag(
     dag_id="drift_monitor",
     schedule="@hourly",
     start_date=pendulum.datetime(2026, 11, 1, tz="UTC"),
     catchup=False,
     max_active_runs=1,
+    # an hourly check must never hang the next one: a check (parse + embeddings of a day) gets 30 minutes
+    default_args={"execution_timeout": timedelta(minutes=30)},
     tags=["flywheel", "drift"],
     params={"end_date": Param(None, type=["null", "string"],
                               description="last day of the window to check (YYYY-MM-DD); default: the newest logs")},
@@ -42,8 +47,12 @@ def drift_monitor():
     def alert(result: dict, _go: bool):
         yield Metadata(DRIFT, result["alert"])
 
+    @task(retries=3, retry_delay=timedelta(seconds=30), execution_timeout=timedelta(minutes=5))
+    def mark_emitted(result: dict) -> dict:
+        return run_task("drift_alert_emitted", result)
+
     result = check()
-    alert(result, should_alert(result))
+    alert(result, should_alert(result)) >> mark_emitted(result)
 
 
 drift_monitor()

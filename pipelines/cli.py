@@ -292,18 +292,20 @@ def run_cmd(
     settings = get_settings()
     if scheduler:
         rest = airflow.AirflowRest(settings)
+        limit = settings.airflow.run_timeout_s
         with console.status("waiting for the DAG run ..."):
-            state = airflow.trigger_and_wait(rest, "commerce_flywheel", conf)
+            state = airflow.trigger_and_wait(rest, "commerce_flywheel", conf, timeout_s=limit)
+        if state["state"] == "timeout":
+            raise UserError(f"commerce_flywheel run {state['dag_run_id']} did not finish within {limit:g} s "
+                            f"(airflow.run_timeout_s); it goes on in the scheduler: see {airflow.base_url(settings)}")
         _emit(state, as_json, f"commerce_flywheel: {state['state']}")
         if state["state"] != "success":
             raise typer.Exit(1)
         return
-    with console.status("airflow dags test commerce_flywheel ..."):
-        result = airflow.dags_test(settings, "commerce_flywheel", conf)
-    ok = result.returncode == 0 and "state=success" in result.stdout + result.stderr
     log = Path(str(settings.root)) / "logs" / "dags-test.log"
-    log.parent.mkdir(parents=True, exist_ok=True)
-    log.write_text(result.stdout + result.stderr)
+    with console.status(f"airflow dags test commerce_flywheel (progress: {log}) ..."):
+        result = airflow.dags_test(settings, "commerce_flywheel", conf, log=log)
+    ok = result.returncode == 0 and "state=success" in result.stdout + result.stderr
     _emit({"state": "success" if ok else "failed", "log": str(log)}, as_json, "commerce_flywheel")
     if not ok:
         raise typer.Exit(1)
@@ -389,8 +391,15 @@ def registry_list(as_json: JsonOpt = False) -> None:
     from pipelines.clients.mlflow import client
 
     settings = get_settings()
-    versions = client(settings).search_model_versions(f"name='{settings.mlflow.registered_model}'")
-    rows = [{"version": v.version, "aliases": list(v.aliases), "sweep": v.tags.get("flywheel.sweep_id"),
+    name = settings.mlflow.registered_model
+    registry = client(settings)
+    versions = registry.search_model_versions(f"name='{name}'")
+    aliases: dict[str, list[str]] = {}  # search results carry no aliases; the registered model does
+    if versions:
+        for alias, number in sorted(registry.get_registered_model(name).aliases.items()):
+            aliases.setdefault(str(number), []).append(alias)
+    rows = [{"version": v.version, "aliases": aliases.get(str(v.version), []),
+             "sweep": v.tags.get("flywheel.sweep_id"),
              "base_model": v.tags.get("flywheel.base_model"), "gate": v.tags.get("flywheel.gate", "")}
             for v in sorted(versions, key=lambda v: int(v.version))]
     _emit({"versions": rows} if as_json else {f"v{r['version']}": r for r in rows}, as_json,
@@ -403,7 +412,8 @@ def registry_history(as_json: JsonOpt = False) -> None:
     from pipelines.registry.models import history
 
     entries = history(get_settings())
-    _emit({"history": entries} if as_json else {e["at"]: e for e in entries}, as_json, "champion history")
+    _emit({"history": entries} if as_json else {f"{i}. {e.get('at', '')}": e for i, e in enumerate(entries, 1)},
+          as_json, "champion history")
 
 
 @registry_app.command("rollback")
@@ -544,13 +554,13 @@ def bench_cmd(
     if as_json:
         _emit(report, True, "bench")
         return
+    from pipelines.bench.serving import TABLE_COLUMNS, table_rows
+
     table = Table(title=f"serving benchmark ({report['hardware']['name']}): {report['html_uri']}")
-    for column in ("model", "concurrency", "p50_ms", "p95_ms", "requests_per_s", "prompt_tokens_mean",
-                   "exact_match", "usd_per_million_requests"):
+    for column in TABLE_COLUMNS:
         table.add_column(column)
-    for r in [*report["runs"], *([report["direct"]] if report.get("direct") else [])]:
-        table.add_row(*(str(r.get(c)) for c in ("model", "concurrency", "p50_ms", "p95_ms", "requests_per_s",
-                                               "prompt_tokens_mean", "exact_match", "usd_per_million_requests")))
+    for row in table_rows(report):
+        table.add_row(*row)
     Console().print(table)
 
 
@@ -709,6 +719,53 @@ def main(argv: list[str] | None = None) -> None:
     except (ConfigError, UserError, ServiceError, DemoFailed, NotRetryable) as exc:
         sys.stderr.write(f"error: {exc}\n")
         sys.exit(2)
+    except KeyboardInterrupt:
+        sys.stderr.write("aborted\n")
+        sys.exit(130)
+    except Exception as exc:  # noqa: BLE001 (MLflow, Triton, a corrupt file, ...: one line, the traceback kept)
+        sys.stderr.write(f"error: {_one_line(exc)} (traceback: {_keep_traceback(exc)})\n")
+        sys.exit(1)
+
+
+def _one_line(exc: BaseException) -> str:
+    """An exception from a library as one readable line: its type and the first line of its message."""
+    text = str(exc).strip().splitlines()
+    first = _no_uri_passwords(text[0] if text else "")
+    if type(exc).__name__ == "MlflowException" or type(exc).__module__.startswith("mlflow"):
+        return f"MLflow: {first[:300]}"
+    if type(exc).__module__.startswith("tritonclient"):
+        return f"Triton: {first[:300]}"
+    if isinstance(exc, json.JSONDecodeError):
+        return f"a JSON file is not valid JSON ({exc.msg} at line {exc.lineno})"
+    if isinstance(exc, OSError) and exc.filename:
+        return f"{exc.strerror or type(exc).__name__}: {exc.filename}"
+    return f"{type(exc).__name__}: {first[:300]}"
+
+
+def _no_uri_passwords(text: str) -> str:
+    import re
+
+    return re.sub(r"(://[^:/@\s]+:)[^@\s]+@", r"\1***@", text)
+
+
+def _keep_traceback(exc: BaseException) -> str:
+    """Write the full traceback under the root's logs (never to the terminal); returns where."""
+    import tempfile
+    import traceback
+
+    try:
+        folder = Path(str(get_settings().root)) / "logs"
+    except Exception:  # noqa: BLE001 (a broken configuration: still keep the traceback)
+        folder = Path(tempfile.gettempdir())
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / "cli-errors.log"
+        with path.open("a", encoding="utf-8") as fh:
+            fh.write(f"--- {datetime.now(timezone.utc).isoformat()} flywheel {' '.join(sys.argv[1:])}\n")
+            fh.write(_no_uri_passwords("".join(traceback.format_exception(exc))))
+        return str(path)
+    except OSError:
+        return "not written: the logs folder is not writable"
 
 
 if __name__ == "__main__":

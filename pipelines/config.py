@@ -38,6 +38,9 @@ class AirflowSettings(_Section):
     port: int = Field(8080, ge=1, le=65535)
     parallelism: int = Field(4, ge=1, le=512)
     dags_folder: str = str(REPO_ROOT / "dags")
+    # `flywheel run`: how long one DAG run may take (dags test or the scheduler) before it is stopped
+    run_timeout_s: float = Field(3600, gt=0)
+    migrate_timeout_s: float = Field(300, gt=0)
 
 
 class MlflowSettings(_Section):
@@ -120,12 +123,16 @@ class TritonSettings(_Section):
     instance_kind: Literal["KIND_CPU", "KIND_GPU"] = "KIND_CPU"
     max_batch_size: int = Field(8, ge=1, le=256)
     queue_delay_us: int = Field(5000, ge=0, description="dynamic batching: how long a request waits for others")
-    max_input_tokens: int = Field(1024, ge=16)
+    max_input_tokens: int = Field(2048, ge=16, description="longest prompt a model accepts (tokens); covers the "
+                                  "base model's 3-shot benchmark prompts (every tool schema + 3 examples, ~840 on "
+                                  "average, some over 1024); `flywheel bench` checks its prompts against it first")
     max_new_tokens: int = Field(64, ge=8, description="the longest logged tool call is 57 SmolLM2 tokens")
     smoke_requests: int = Field(6, ge=1, description="test-split requests a new deployment must answer first")
     smoke_min_valid_json: float = Field(1.0, ge=0, le=1, description="share of smoke answers that must parse")
     canary_share: float = Field(0.2, ge=0, le=1, description="share of replayed traffic sent to the candidate")
     startup_timeout_s: int = Field(120, ge=5)
+    state_lock_timeout_s: float = Field(900, gt=0, description="how long deploy/rollback/canary wait for another "
+                                        "one's lock on serving/state.json (a deploy's smoke test takes minutes)")
 
 
 class QualitySettings(_Section):
@@ -149,6 +156,8 @@ class TrainSettings(_Section):
     runner: Literal["local", "kubernetes"] = Field("local", description="local process, or one pod per variant")
     nemo_python: str = Field(str(REPO_ROOT / ".venv-nemo" / "bin" / "python"),
                              description="interpreter of the NeMo AutoModel environment (make nemo-env)")
+    variant_timeout_s: float = Field(6 * 3600, gt=0, description="longest one variant's training process may run "
+                                     "(NeMo AutoModel launch) before it is stopped; it resumes from its checkpoints")
 
 
 class EvaluationSettings(_Section):
@@ -190,17 +199,34 @@ class DriftSettings(_Section):
                                   "not judged (binned PSI on a few dozen values is noise)")
     numeric_sample: int = Field(2000, ge=10)
     embedding_sample: int = Field(300, ge=20)
-    cooldown_hours: float = Field(6, ge=0, description="after an alert, further alerts are recorded, not emitted")
+    cooldown_hours: float = Field(6, ge=0, description="after an emitted alert, further alerts are recorded, "
+                                  "not emitted")
+    state_lock_timeout_s: float = Field(60, gt=0, description="the longest wait for the monitor's state lock")
+    parse_workers: int = Field(0, ge=0, description="processes parsing a window's raw lines (0: the physical "
+                               "cores, at most 8; 1: in the monitor's process)")
+    parse_chunk_lines: int = Field(20_000, ge=100, description="raw lines per parse task; a window of one chunk "
+                                   "is parsed in-process")
+    parse_timeout_s: float = Field(900, gt=0, description="the longest wait for one parsed chunk")
     retrain_reference_share: float = Field(0.3, ge=0, le=1, description="share of the reference window mixed "
                                            "into a drift retrain's training window")
 
 
 class PromotionSettings(_Section):
-    """The gate that moves `champion`: better by these margins on quality, and not slower."""
+    """The gate that moves `champion` (pipelines.registry.models.gate): on the same requests, the
+    candidate beats the reference by these margins, is not slower, and no tool regresses beyond
+    `max_tool_regression`. The reference is the champion; with none yet, the `baseline` condition
+    (the base model with retrieved in-context examples, the serving alternative to a tuned model)."""
 
     min_exact_match_gain: float = Field(0.02, ge=-1, le=1)
     min_arg_f1_gain: float = Field(0.0, ge=-1, le=1)
     max_latency_increase: float = Field(0.10, ge=0, description="tolerated p50 latency increase (measurement noise)")
+    max_tool_regression: float = Field(0.20, ge=0, le=1, description="largest tolerated drop of one tool's exact "
+                                       "match against the reference (no tool may collapse while the average rises)")
+    min_tool_examples: int = Field(5, ge=1, description="a tool is checked when both rows have this many of its "
+                                   "examples (fewer is noise: one example of 3 is a 0.33 swing)")
+    baseline: Literal["base_few_shot", "none"] = Field(
+        "base_few_shot", description="with no champion yet, beat this evaluation row; `none` promotes the first "
+        "candidate unchecked (plumbing smoke tests with an untrained model only)")
 
 
 class KubernetesSettings(_Section):

@@ -61,11 +61,40 @@ def _pid_file(root: str, name: str) -> Path:
     return run_dir(root) / f"{name}.pid"
 
 
-def read_pid(root: str, name: str) -> int | None:
+def _started_at(pid: int) -> float | None:
+    import psutil
+
     try:
-        return int(_pid_file(root, name).read_text().split()[0])
+        return psutil.Process(pid).create_time()
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return None
+
+
+def _write_pid(root: str, name: str, pid: int) -> None:
+    """`<pid> <start time>` written atomically: the start time tells our process from a reused pid."""
+    from pipelines.storage import write_text
+
+    write_text(str(_pid_file(root, name)), f"{pid} {_started_at(pid) or 0:.2f}\n")
+
+
+def read_pid(root: str, name: str) -> int | None:
+    """The service's pid, or None; a stale file (the process is gone, or its pid now belongs to another
+    process started later) is removed rather than trusted, so nothing else is ever signalled."""
+    path = _pid_file(root, name)
+    try:
+        fields = path.read_text().split()
+        pid = int(fields[0])
+        recorded = float(fields[1]) if len(fields) > 1 and float(fields[1]) > 0 else None
     except (FileNotFoundError, ValueError, IndexError):
         return None
+    started = _started_at(pid)
+    if started is None and not group_alive(pid):
+        path.unlink(missing_ok=True)
+        return None
+    if recorded is not None and started is not None and abs(started - recorded) > 1.0:
+        path.unlink(missing_ok=True)  # the pid was reused by a process that is not ours
+        return None
+    return pid
 
 
 def group_alive(pgid: int) -> bool:
@@ -103,7 +132,20 @@ def http_ok(url: str, timeout: float = 2.0) -> bool:
 
 
 def start(root: str, spec: ServiceSpec, *, host: str, port: int, timeout_s: float = 180.0) -> ServiceStatus:
-    """Start `spec` in its own process group and wait until its health URL answers."""
+    """Start `spec` in its own process group and wait until its health URL answers.
+
+    Under a per-service lock: two `flywheel up` at once start one server (the second waits for it)."""
+    from filelock import FileLock, Timeout
+
+    try:
+        with FileLock(str(run_dir(root) / f"{spec.name}.lock"), timeout=timeout_s + 60):
+            return _start_locked(root, spec, host=host, port=port, timeout_s=timeout_s)
+    except Timeout:
+        raise ServiceError(f"{spec.name}: another `flywheel up` held its start lock for over {timeout_s + 60:.0f} s; "
+                           f"see {log_path(root, spec.name)}") from None
+
+
+def _start_locked(root: str, spec: ServiceSpec, *, host: str, port: int, timeout_s: float) -> ServiceStatus:
     current = status(root, spec.name, spec.health_url, spec.url)
     if current.running:
         if not current.healthy:
@@ -117,7 +159,7 @@ def start(root: str, spec: ServiceSpec, *, host: str, port: int, timeout_s: floa
             spec.command, env=spec.env, cwd=spec.cwd, stdout=out, stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL, start_new_session=True,
         )
-    _pid_file(root, spec.name).write_text(f"{proc.pid}\n")
+    _write_pid(root, spec.name, proc.pid)
     wait_healthy(root, spec, timeout_s, proc)
     return status(root, spec.name, spec.health_url, spec.url)
 
@@ -148,9 +190,13 @@ def stop(root: str, name: str, grace_s: float = 30.0) -> bool:
             time.sleep(0.2)
         if group_alive(pid):
             os.killpg(pid, signal.SIGKILL)
-            while group_alive(pid):
+            deadline = time.monotonic() + 10
+            while group_alive(pid) and time.monotonic() < deadline:
                 _reap(pid)
                 time.sleep(0.1)
+            if group_alive(pid):  # e.g. a process stuck in uninterruptible I/O: say so, keep the pid file
+                raise ServiceError(f"{name}: process group {pid} survived SIGKILL for 10 s; see "
+                                   f"{log_path(root, name)}")
     _reap(pid)
     _pid_file(root, name).unlink(missing_ok=True)
     return True
@@ -169,3 +215,17 @@ def status(root: str, name: str, health_url: str | None = None, url: str | None 
     running = pid is not None and group_alive(pid)
     healthy = bool(running and health_url and http_ok(health_url))
     return ServiceStatus(name, pid if running else None, running, healthy, url)
+
+
+def stop_group(proc: subprocess.Popen, grace_s: float = 30) -> None:
+    """SIGTERM the process's group, SIGKILL it after `grace_s`; every wait is bounded."""
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait_s)
+            return
+        except subprocess.TimeoutExpired:
+            continue

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
+import os
+import tempfile
 from typing import Any
 
 import fsspec
@@ -19,6 +23,11 @@ def glob(uri_pattern: str) -> list[str]:
     return sorted(protocol + p for p in fs.glob(pattern))
 
 
+def exists(uri: str) -> bool:
+    fs, path = fs_for(uri)
+    return bool(fs.exists(path))
+
+
 def remove(uri: str) -> None:
     fs, path = fs_for(uri)
     if fs.exists(path):
@@ -32,15 +41,58 @@ def move(src: str, dst: str) -> None:
     fs.mv(src_path, dst_path, recursive=True)
 
 
-def write_text(uri: str, text: str) -> str:
-    """Write through a temporary file and a rename, so readers never see half a file."""
-    fs, path = fs_for(uri)
-    fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
-    tmp = f"{path}.tmp"
-    with fs.open(tmp, "w", encoding="utf-8") as fh:
-        fh.write(text)
-    fs.mv(tmp, path)
+def is_local(uri: str) -> bool:
+    return "://" not in uri or uri.startswith("file://")
+
+
+def lock_file(uri: str) -> str:
+    """The local lock file guarding read-modify-writes of `uri`: `<uri>.lock` beside a local file; for
+    a file on object storage (which has no locks) a local file under ~/.flywheel/locks named after the
+    URI, which serializes this host's writers (a cluster runs one scheduler writing each state file)."""
+    if is_local(uri):
+        path = uri.removeprefix("file://") + ".lock"
+    else:
+        digest = hashlib.sha256(uri.encode()).hexdigest()[:16]
+        path = os.path.join(os.path.expanduser("~"), ".flywheel", "locks", f"{digest}.lock")
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    return path
+
+
+def write_bytes(uri: str, data: bytes) -> str:
+    """Replace a file atomically: readers see the old or the new content, never half of it.
+
+    Locally: a uniquely named temporary file in the same folder (two writers never share one),
+    fsynced, renamed over the target, and the folder fsynced (the rename survives a power cut).
+    On object storage one PUT is atomic already."""
+    if not is_local(uri):
+        fs, path = fs_for(uri)
+        fs.pipe_file(path, data)
+        return uri
+    path = uri.removeprefix("file://")
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=folder)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    dir_fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
     return uri
+
+
+def write_text(uri: str, text: str) -> str:
+    """Write text atomically (see `write_bytes`)."""
+    return write_bytes(uri, text.encode("utf-8"))
 
 
 def write_json(uri: str, data: Any) -> str:

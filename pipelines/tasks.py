@@ -38,6 +38,14 @@ def drift_check(params: dict[str, Any], settings: Settings | None = None) -> dic
                                        "suppressed_by_cooldown")} | {"alert": alert_of(result, settings)}
 
 
+def drift_alert_emitted(checked: dict[str, Any], settings: Settings | None = None) -> dict[str, Any]:
+    """After the alert's asset event went out: mark the check's alert emitted, which starts the cooldown
+    (a check that fired but whose alert failed leaves no cooldown: the next check fires again)."""
+    from pipelines.drift.monitor import mark_emitted
+
+    return mark_emitted(settings or get_settings(), str(checked["checked_at"]))
+
+
 def resolve_window(params: dict[str, Any], run_after: datetime | None = None) -> dict[str, str]:
     """The window a run processes: `end_date` (default: the last complete day) and `window_days` back."""
     end_value = params.get("end_date")
@@ -127,24 +135,36 @@ def train_pods(params: dict[str, Any], settings: Settings | None = None) -> list
     if settings.train.runner != "kubernetes":
         return []
     sweep = _run_sweep_config(params, settings)
-    sweep_id = sweep_id_for(settings, sweep)
+    window = _training_window(params, settings)
+    sweep_id = sweep_id_for(settings, sweep, params.get("reference_days"), window)
     find_or_start_run(use_tracking(settings), {"flywheel.sweep_id": sweep_id, "flywheel.kind": "sweep"},
                        f"sweep {sweep.name}")
     spec = sweep.model_dump(mode="json")
     return [variant_pod(settings, sweep=spec, sweep_id=sweep_id, index=index, gpus=sweep.gpus_per_variant,
-                        reference_days=params.get("reference_days"))
+                        reference_days=params.get("reference_days"), window=window)
             for index, _ in enumerate(variants(sweep))]
 
 
+def _training_window(params: dict[str, Any], settings: Settings) -> str | None:
+    """The label of the run's window (`params["window"]`, set by the DAG), if its training set exists;
+    None (the current manifest) when the caller gave no window."""
+    window = params.get("window")
+    if not window:
+        return None
+    return _window(window).label
+
+
 def train(params: dict[str, Any], settings: Settings | None = None) -> dict[str, Any]:
-    """Run the LoRA sweep (`params["sweep"]` or the configured one) on the latest training set; with
-    the `kubernetes` runner, collect what the DAG's pods trained."""
+    """Run the LoRA sweep (`params["sweep"]` or the configured one) on the training set of the run's
+    window (`params["window"]`; without one, the current manifest's); with the `kubernetes` runner,
+    collect what the DAG's pods trained."""
     from pipelines.train.sweep import run_sweep
 
     settings = settings or get_settings()
     drift_run = bool(params.get("reference_days"))
     sweep = _run_sweep_config(params, settings)
-    result = run_sweep(settings, sweep, reference_days=params.get("reference_days"))
+    result = run_sweep(settings, sweep, reference_days=params.get("reference_days"),
+                       window=_training_window(params, settings))
     best = result.best_variant  # raises NotRetryable when every variant diverged
     return {"sweep_uri": result.uri, "sweep_id": result.sweep_id, "best_run_id": best.run_id,
             "adapter_dir": best.adapter_dir, "metrics": best.metrics, "drift_run": drift_run}
@@ -166,7 +186,7 @@ def evaluate(trained: dict[str, Any], settings: Settings | None = None) -> dict[
     # a drift retrain needs candidate vs champion for the gate; the base-model baselines are the daily run's
     baselines = not (trained.get("drift_run") and champion is not None)
     cfg = EvalConfig(base_model=sweep["base_model"], examples=settings.evaluation.examples,
-                     shots=settings.evaluation.shots, baselines=baselines)
+                     shots=settings.evaluation.shots, baselines=baselines, window=sweep.get("window"))
     report = run_eval(settings, cfg, adapters, sweep["sweep_id"])
     _log_evaluation(settings, trained["best_run_id"], report)
     return {"json_uri": report.json_uri, "html_uri": report.html_uri, "table": report.table(),
@@ -197,15 +217,28 @@ def register(trained: dict[str, Any], evaluated: dict[str, Any], settings: Setti
 
 def promote(registered: dict[str, Any], evaluated: dict[str, Any], params: dict[str, Any] | None = None,
             settings: Settings | None = None) -> dict[str, Any]:
-    """The promotion gate on the evaluation's numbers (candidate vs champion on the same requests)."""
+    """The promotion gate on the evaluation's numbers for exactly the version `register` returned:
+    against the champion evaluated on the same requests, or with none, the base few-shot row. The
+    result's `reason` is one line; not promoted leaves `champion` (and so serving) as it is."""
+    from pipelines.registry.models import evaluation_rows
     from pipelines.registry.models import promote as gate_and_promote
 
     settings = settings or get_settings()
-    rows = {r["condition"]: r for r in evaluated["table"]}
+    rows = evaluation_rows(evaluated)
+    if "tuned_champion" in rows and evaluated.get("champion_version"):
+        rows["tuned_champion"]["version"] = str(evaluated["champion_version"])
     reason = (params or {}).get("reason")
-    decision = gate_and_promote(settings, rows["tuned_candidate"], rows.get("tuned_champion"),
-                                f"[{reason}] " if reason else "")
+    decision = gate_and_promote(settings, rows, str(registered["version"]), f"[{reason}] " if reason else "")
     return decision.to_dict()
+
+
+def should_deploy(promoted: dict[str, Any], params: dict[str, Any]) -> bool:
+    """Deploy when asked to and there is a champion to serve: the one just promoted, or the current one
+    (deploy keeps it live, reloading it after a server restart). Nothing promoted and no champion yet:
+    serving stays as it is (the gate's one-line reason is the promote task's result)."""
+    if not params.get("deploy", True):
+        return False
+    return bool(promoted.get("promoted")) or promoted.get("champion_version") is not None
 
 
 def deploy(promoted: dict[str, Any], settings: Settings | None = None) -> dict[str, Any]:
@@ -231,9 +264,11 @@ def smoke_test(deployed: dict[str, Any], settings: Settings | None = None) -> di
     finally:
         client.close()
     if result["errors"] or result["valid_json"] < settings.triton.smoke_min_valid_json:
-        rolled = serving.rollback(settings) if serving.state(settings).get("previous") else None
-        raise NotRetryable(f"{live.name} failed the post-deployment smoke test ({result}); "
-                           f"{'rolled back to ' + rolled['live']['name'] if rolled else 'nothing to roll back to'}")
+        try:  # only while it is still the live one: a deploy in between is not undone
+            outcome = f"rolled back to {serving.rollback(settings, only_if_live=live.name)['live']['name']}"
+        except serving.DeployFailed as exc:
+            outcome = str(exc)
+        raise NotRetryable(f"{live.name} failed the post-deployment smoke test ({result}); {outcome}")
     return {"live": live.name, "version": live.version, **result}
 
 

@@ -62,3 +62,73 @@ def test_config_show_reports_the_effective_profile(tmp_path: Path) -> None:
     data = json.loads(result.stdout)
     assert data["profile"] == "local" and data["root"] == str(tmp_path.resolve())
     assert "s3cr3t-value" not in result.stdout
+
+
+def test_run_through_the_scheduler_before_up_is_one_clear_line(tmp_path: Path) -> None:
+    result = run_flywheel("run", "--scheduler", env={"FLYWHEEL_ROOT": str(tmp_path)})
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "flywheel up" in lines[0], result.stderr
+
+
+@pytest.mark.parametrize(("exc", "needle"), [
+    ("mlflow", "MLflow: RESOURCE_DOES_NOT_EXIST"),
+    ("json", "a JSON file is not valid JSON"),
+    ("runtime", "RuntimeError: boom http://user:***@db"),
+])
+def test_a_library_error_is_one_line_and_its_traceback_is_kept(tmp_path: Path, monkeypatch, capsys, exc: str,
+                                                               needle: str) -> None:
+    """MLflow, Triton, a corrupt file: no traceback on the terminal, one `error:` line, exit 1, and the
+    traceback kept in <root>/logs/cli-errors.log (no password of a URI in either)."""
+    from mlflow.exceptions import MlflowException
+
+    from pipelines import cli
+    from pipelines.clients import mlflow as mlflow_client
+    from pipelines.config import get_settings
+
+    errors = {"mlflow": MlflowException("RESOURCE_DOES_NOT_EXIST: no such model\ndetails"),
+              "json": json.JSONDecodeError("Expecting value", "{", 1),
+              "runtime": RuntimeError("boom http://user:hunter2@db")}
+
+    def fails(*_a, **_k):
+        raise errors[exc]
+
+    monkeypatch.setenv("FLYWHEEL_ROOT", str(tmp_path))
+    get_settings.cache_clear()
+    monkeypatch.setattr(mlflow_client, "client", fails)
+    with pytest.raises(SystemExit) as stopped:
+        cli.main(["registry", "list"])
+    get_settings.cache_clear()
+    err = capsys.readouterr().err
+    assert stopped.value.code == 1 and "Traceback" not in err and "hunter2" not in err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], err
+    kept = (tmp_path / "logs" / "cli-errors.log").read_text()
+    assert "Traceback" in kept and "hunter2" not in kept
+
+
+def test_running_tasks_are_read_from_the_dags_test_log() -> None:
+    from pipelines.clients.airflow import running_tasks
+
+    log = ("[DAG TEST] starting task_id=prep map_index=-1\n[DAG TEST] end task task_id=prep map_index=-1\n"
+           "[DAG TEST] starting task_id=train_variant map_index=0\n[DAG TEST] end task task_id=train_variant "
+           "map_index=0\n[DAG TEST] starting task_id=train_variant map_index=1\n"
+           "[DAG TEST] starting task_id=train map_index=-1\n")
+    assert running_tasks(log) == ["train_variant[1]", "train"]
+    assert running_tasks("") == []
+
+
+@pytest.mark.slow
+def test_a_run_past_its_time_limit_is_stopped_with_one_line_naming_the_task(tmp_path: Path) -> None:
+    """`flywheel run` past `airflow.run_timeout_s`: one `error:` line naming where it stopped and how to
+    resume (exit 2), no traceback, and nothing of the run left running (Spark's JVM included)."""
+    from helpers import processes_with_env
+
+    result = run_flywheel("run", "--end-date", "2026-11-20", "--no-train", "--records-per-day", "300",
+                          env={"FLYWHEEL_ROOT": str(tmp_path), "FLYWHEEL_AIRFLOW__RUN_TIMEOUT_S": "45"}, timeout=400)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: commerce_flywheel did not finish within 45 s"), lines
+    assert "run the same command again to resume" in lines[0] and "dags-test.log" in lines[0]
+    assert " ran;" in lines[0] or "before its first task started" in lines[0]
+    assert processes_with_env(f"FLYWHEEL_ROOT={tmp_path}") == []

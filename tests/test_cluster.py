@@ -150,11 +150,12 @@ def test_model_folders_are_published_to_an_object_store_repository(tmp_path: Pat
     (folder / "1" / "adapter").mkdir(parents=True)
     (folder / "config.pbtxt").write_text('name: "tool_router_v3"')
     (folder / "1" / "adapter" / "adapter_config.json").write_text("{}")
+    (folder / "1" / "flywheel.json").write_text('{"registry_version": "3"}')
     remote = f"memory://repo-{tmp_path.name}"  # fsspec's in-memory store: the S3 code path without S3
     settings = load_settings(root=str(tmp_path / "fw"), triton={"model_repository": remote})
-    assert publish(settings, folder) == f"{remote}/tool_router_v3"
+    assert publish(settings, folder) == (f"{remote}/tool_router_v3", False)
     import fsspec
 
     fs = fsspec.filesystem("memory")
     names = sorted(p.split("tool_router_v3/", 1)[1] for p in fs.find(f"/repo-{tmp_path.name}/tool_router_v3"))
-    assert names == ["1/adapter/adapter_config.json", "config.pbtxt"]
+    assert names == ["1/adapter/adapter_config.json", "1/flywheel.json", "config.pbtxt"]

@@ -49,17 +49,47 @@ def test_embedding_drift_separates_shifted_clusters_only() -> None:
     assert metrics.mmd_rbf(ref, shifted) > 10 * abs(metrics.mmd_rbf(ref, same))
 
 
+def million_rows(n: int, seed: int):
+    import pandas as pd
+
+    rng = np.random.default_rng(seed)
+    texts = np.array(["where is my order", "red running shoes", "cancel my subscription", "gift ideas", ""])
+    amounts = rng.lognormal(4, 1, n)
+    amounts[rng.random(n) < 0.9] = np.nan  # amounts appear in a minority of requests
+    return pd.DataFrame({
+        "tool": rng.choice(np.array(["search_products", "get_order", "track_shipment", "create_invoice"]), n),
+        "workload_id": rng.choice(np.array(["search", "orders", "billing"]), n),
+        "country": rng.choice(np.array(["US", "DE", "GB", "IN"]), n),
+        "currency": rng.choice(np.array(["USD", "EUR", "GBP", "INR"]), n),
+        "channel": rng.choice(np.array(["web", "app"]), n),
+        "category": rng.choice(np.array(["toys", "home", "books", None], dtype=object), n),
+        "request_text": rng.choice(texts, n), "latency_ms": rng.lognormal(7, 0.4, n), "amount": amounts,
+        "feedback": rng.choice(np.array(["none", "up", "down"]), n, p=[0.7, 0.2, 0.1])})
+
+
 def test_a_million_records_summarize_in_seconds() -> None:
+    """`summarize` (what the monitor runs on each window) on 1,000,000 rows: every row is counted once."""
     import time
 
-    rng = np.random.default_rng(2)
-    ref, cur = rng.integers(0, 15, 1_000_000), rng.integers(0, 15, 1_000_000)
+    from pipelines.drift.signals import compare, summarize
+
+    cfg = load_settings().drift
+    n = 1_000_000
+    rows = million_rows(n, 2)
     started = time.perf_counter()
-    psi = metrics.psi(np.bincount(ref, minlength=15), np.bincount(cur, minlength=15))
-    values = rng.lognormal(size=1_000_000)
-    edges = metrics.quantile_edges(values)
-    metrics.psi(metrics.binned_counts(values, edges), metrics.binned_counts(values * 1.2, edges))
-    assert psi < 0.001 and time.perf_counter() - started < 30  # generous: a busy CI machine
+    ref = summarize(rows, {"unknown_tool": 10}, cfg)
+    seconds = time.perf_counter() - started
+    assert ref.records == n
+    for column, counts in ref.categorical.items():
+        assert sum(counts.values()) == n, column
+    assert ref.categorical["category"]["(none)"] > 0  # missing categories are counted, not dropped
+    assert sum(ref.numeric_counts["latency_ms"]) == n and sum(ref.numeric_counts["request_length"]) == n
+    assert sum(ref.numeric_counts["amount"]) == int(rows["amount"].notna().sum())
+    assert ref.health["invalid_tool_call_rate"] == pytest.approx(10 / (n + 10))
+    # the same traffic against itself: no drift (and the comparison runs on the summaries only)
+    same = compare(ref, summarize(million_rows(n, 3), {}, cfg, edges=ref.numeric_edges), cfg)
+    assert {r.band for r in same if r.kind != "health"} == {"stable"}, same
+    assert seconds < 30  # generous: a busy CI machine (about 2 s on a laptop core)
 
 
 @pytest.fixture
@@ -80,7 +110,7 @@ def traffic_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
 
 
 def test_monitor_flags_holiday_drift_but_not_a_normal_day(traffic_root) -> None:
-    from pipelines.drift.monitor import run_monitor
+    from pipelines.drift.monitor import mark_emitted, run_monitor
 
     settings = traffic_root
     now = datetime(2026, 11, 12, 12, tzinfo=timezone.utc)
@@ -98,10 +128,174 @@ def test_monitor_flags_holiday_drift_but_not_a_normal_day(traffic_root) -> None:
     assert Path(drifted["html_uri"]).is_file() and "<img" in Path(drifted["html_uri"]).read_text()
 
     # a second alert inside the cooldown is recorded, not emitted: one retrain, not two
+    mark_emitted(settings, drifted["checked_at"])
     again = run_monitor(settings, date(2026, 11, 12), now=now + timedelta(hours=1))
     assert again["verdict"] == "act" and not again["fire"] and again["suppressed_by_cooldown"]
     later = run_monitor(settings, date(2026, 11, 12), now=now + timedelta(hours=settings.drift.cooldown_hours + 1))
     assert later["fire"]
+
+
+def test_only_an_emitted_alert_starts_the_cooldown(traffic_root) -> None:
+    """check fires -> its alert task fails (never marked) -> the next check still fires; once marked
+    emitted, the next check inside the cooldown is suppressed. Only emitted alerts count."""
+    import json
+
+    from pipelines import tasks
+    from pipelines.drift.monitor import run_monitor
+
+    settings = traffic_root
+    now = datetime(2026, 11, 12, 12, tzinfo=timezone.utc)
+    first = run_monitor(settings, date(2026, 11, 12), now=now)
+    assert first["fire"], first["signals"]
+    state_file = Path(settings.zone("reports")) / "drift" / "state.json"
+    state = json.loads(state_file.read_text())
+    assert state["alerts"][-1]["emitted"] is False and "last_alert_at" not in state  # pending, no cooldown
+
+    # the alert task failed: nothing was emitted, so the next check is not silenced
+    second = run_monitor(settings, date(2026, 11, 12), now=now + timedelta(minutes=30))
+    assert second["fire"] and not second["suppressed_by_cooldown"]
+
+    # the DAG's mark_emitted task after a successful alert: the cooldown starts at that check
+    marked = tasks.drift_alert_emitted({"checked_at": second["checked_at"]}, settings)
+    assert marked["emitted"] and marked["at"] == second["checked_at"]
+    third = run_monitor(settings, date(2026, 11, 12), now=now + timedelta(hours=1))
+    assert not third["fire"] and third["suppressed_by_cooldown"]
+    state = json.loads(state_file.read_text())
+    assert [a["emitted"] for a in state["alerts"]] == [False, True, False], state["alerts"]
+    assert state["last_alert_at"] == second["checked_at"]
+    assert (Path(settings.zone("reports")) / "drift" / "state.json.lock").exists()  # written under the lock
+
+
+def test_state_lock_times_out_with_a_clear_error(tmp_path: Path) -> None:
+    from filelock import FileLock
+
+    from pipelines.drift import monitor
+
+    settings = load_settings(root=str(tmp_path), drift={"state_lock_timeout_s": 0.2})
+    with FileLock(str(monitor._lock_path(settings))):  # another check holds it
+        with pytest.raises(monitor.StateLockTimeout, match="state lock"):
+            monitor.mark_emitted(settings, "2026-11-12T12:00:00+00:00")
+    assert not (tmp_path / "reports" / "drift" / "state.json").exists()
+    monitor.mark_emitted(settings, "2026-11-12T12:00:00+00:00")
+    assert (tmp_path / "reports" / "drift" / "state.json").is_file()
+
+
+def write_custom_toolset_window(tmp_path: Path, raw_zone: str, day: date, n: int = 20) -> None:
+    """n turns under a made-up imported toolset, written and registered the way the retail importer does."""
+    import json
+
+    from pipelines.logs.importers import retail_to_raw
+
+    tools = [{"type": "function", "function": {
+        "name": "wrap_gift", "description": "Gift-wrap an order's items.",
+        "parameters": {"type": "object", "properties": {"order_id": {"type": "string"},
+                                                        "paper": {"type": "string", "enum": ["red", "gold"]}},
+                       "required": ["order_id", "paper"], "additionalProperties": False}}}]
+    tasks = [{"instruction": f"Please gift-wrap order #W{i} in {paper} paper.",
+              "actions": [{"name": "wrap_gift", "arguments": {"order_id": f"#W{i}", "paper": paper}}]}
+             for i, paper in enumerate(["red", "gold"] * (n // 2))]
+    (tmp_path / "tools.json").write_text(json.dumps(tools))
+    (tmp_path / "tasks.jsonl").write_text("\n".join(json.dumps(t) for t in tasks) + "\n")
+    retail_to_raw(tmp_path / "tools.json", tmp_path / "tasks.jsonl", Path(raw_zone), day)
+
+
+def test_imported_toolset_turns_are_clean_for_the_monitor(tmp_path: Path) -> None:
+    """Turns under a registered (imported) toolset validate against its schemas, as in prep: a retail
+    window must not read as 100 % unknown tools."""
+    from pipelines.drift.monitor import parse_window
+    from pipelines.window import DateWindow
+
+    settings = load_settings(root=str(tmp_path / "root"))
+    day = date(2026, 11, 12)
+    write_custom_toolset_window(tmp_path, settings.zone("raw"), day)
+    clean, reasons, lines = parse_window(settings, DateWindow.ending(day, 1))
+    assert lines == 20 and reasons == {} and len(clean) == 20, reasons
+    assert set(clean["tool"]) == {"wrap_gift"}
+
+
+def test_parallel_parse_gives_the_same_window(tmp_path: Path) -> None:
+    """A window of several chunks is parsed by a process pool (with the registered toolsets): same rows,
+    same order, same reasons as in-process."""
+    from pipelines.drift.monitor import parse_window
+    from pipelines.logs.generator import GeneratorConfig, write_raw_logs
+    from pipelines.window import DateWindow
+
+    root, day = tmp_path / "root", date(2026, 11, 12)
+    write_raw_logs(GeneratorConfig(seed=5, records=900, end_date=day, bad_share=0.1), root / "raw")
+    write_custom_toolset_window(tmp_path, str(root / "raw"), day, 40)
+    window = DateWindow.ending(day, 1)
+    serial = parse_window(load_settings(root=str(root), drift={"parse_workers": 1, "parse_chunk_lines": 100}), window)
+    pooled = parse_window(load_settings(root=str(root), drift={"parse_workers": 2, "parse_chunk_lines": 100}), window)
+    assert serial[2] == pooled[2] == 940 and serial[1] == pooled[1] and sum(serial[1].values()) > 20
+    assert (pooled[0]["tool"] == "wrap_gift").sum() == 40  # the workers got the registered toolsets too
+    assert serial[0].equals(pooled[0])
+
+
+def test_empty_windows_give_one_clear_error_not_a_key_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import pandas as pd
+
+    from pipelines.drift import monitor
+    from pipelines.drift.signals import EmptyWindow, summarize
+    from pipelines.errors import NotRetryable
+    from pipelines.logs.generator import GeneratorConfig, write_raw_logs
+    from pipelines.window import DateWindow
+
+    cfg = load_settings().drift
+    for empty in (pd.DataFrame(), pd.DataFrame(columns=["request_text", "tool"])):
+        with pytest.raises(EmptyWindow, match="no clean records in the reference window"):
+            summarize(empty, {}, cfg)
+    assert issubclass(EmptyWindow, NotRetryable)
+
+    # a reference window with no raw logs at all (and one with only bad lines): NoReference, one line
+    raw = tmp_path / "raw"
+    write_raw_logs(GeneratorConfig(seed=1, records=300, end_date=date(2026, 11, 12), bad_share=0.03), raw)
+    (raw / "dt=2026-11-05").mkdir(parents=True)
+    (raw / "dt=2026-11-05" / "broken.jsonl").write_text('{"record_id": "r1"\nnot json\n\n')
+    settings = load_settings(root=str(tmp_path), drift={"min_records": 100})
+    frame, _, lines = monitor.parse_window(settings, DateWindow.parse("2026-11-01", "2026-11-02"))
+    assert frame.empty and lines == 0 and "request_text" in frame.columns
+    for start, end in (("2026-11-01", "2026-11-02"), ("2026-11-05", "2026-11-05")):
+        monkeypatch.setattr(monitor, "reference_window", lambda settings, s=start, e=end: DateWindow.parse(s, e))
+        with pytest.raises(monitor.NoReference, match="has no clean records"):
+            monitor.run_monitor(settings, date(2026, 11, 12))
+
+
+def test_monitor_reads_and_writes_object_storage(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An object-store root (fsspec's in-memory filesystem standing in for s3://): gzipped raw logs are
+    read, the reference, the reports and the state are written there; the lock is a local file."""
+    import fsspec
+
+    from pipelines.drift import monitor
+    from pipelines.logs.generator import Drift, GeneratorConfig, write_raw_logs
+    from pipelines.window import DateWindow
+
+    local = tmp_path / "gen"
+    write_raw_logs(GeneratorConfig(seed=1, records=1500, days=2, end_date=date(2026, 11, 10), bad_share=0.03),
+                   local, compress=True)
+    write_raw_logs(GeneratorConfig(seed=3, records=600, end_date=date(2026, 11, 12), bad_share=0.03,
+                                   drift=Drift.HOLIDAY, drift_magnitude=0.8), local, compress=True)
+    fs = fsspec.filesystem("memory")
+    bucket = f"/drift-test-{tmp_path.name}"
+    for file in local.rglob("*.jsonl.gz"):
+        fs.pipe(f"{bucket}/raw/{file.relative_to(local).as_posix()}", file.read_bytes())
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    settings = load_settings(root=str(tmp_path / "local"), drift={"min_records": 100, "embedding_sample": 150})
+    object.__setattr__(settings, "root", f"memory://{bucket}")  # MLflow stays on the local SQLite store
+    monkeypatch.setattr(monitor, "reference_window", lambda settings: DateWindow.parse("2026-11-09", "2026-11-10"))
+    try:
+        result = monitor.run_monitor(settings, date(2026, 11, 12), now=datetime(2026, 11, 12, 12, tzinfo=timezone.utc))
+        assert result["lines"] == 600 and result["fire"], result.get("reason")
+        monitor.mark_emitted(settings, result["checked_at"])
+        ref = f"{bucket}/features/drift_reference/2026-11-09_2026-11-10"
+        assert fs.exists(f"{ref}/summary.json") and fs.exists(f"{ref}/embeddings.npy")
+        assert fs.exists(result["html_uri"].removeprefix("memory://"))
+        assert fs.cat(f"{bucket}/reports/drift/state.json").count(b'"emitted": true') == 1
+        assert list((tmp_path / "home" / ".flywheel" / "locks").glob("*.lock"))
+        assert not (tmp_path / "local" / "features").exists() and not (tmp_path / "local" / "reports").exists()
+        summary, vectors = monitor.reference(settings, DateWindow.parse("2026-11-09", "2026-11-10"))  # stored copy
+        assert vectors.shape == (150, 384) and summary.records > 1000
+    finally:
+        fs.rm(bucket, recursive=True)
 
 
 def test_a_numeric_signal_with_few_values_is_not_judged() -> None:
@@ -125,3 +319,22 @@ def test_a_numeric_signal_with_few_values_is_not_judged() -> None:
     enough = compare(ref, summarize(frame(600, 300), {}, cfg, edges=ref.numeric_edges), cfg)
     assert "amount" not in {r.signal for r in few} and "latency_ms" in {r.signal for r in few}
     assert {r.signal: r.band for r in enough}["amount"] == "stable"
+
+
+def test_drift_sweep_id_includes_the_reference_days(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A drift retrain mixes the reference days into its rows: it must not reuse an unmixed sweep's variants."""
+    from pipelines.train import dataset
+    from pipelines.train.sweep import load_sweep, sweep_id_for
+
+    monkeypatch.setattr(dataset, "manifest", lambda settings, window=None: {"training_set": {"digest": "0123456789abcdef"}})
+    settings = load_settings(root=str(tmp_path))
+    sweep = load_sweep(str(Path(__file__).resolve().parent.parent / "conf" / "sweeps" / "drift.yaml"))
+    plain = sweep_id_for(settings, sweep)
+    days = ["2026-11-08", "2026-11-09", "2026-11-10"]
+    mixed = sweep_id_for(settings, sweep, days)
+    assert plain == sweep_id_for(settings, sweep, None) == sweep_id_for(settings, sweep, [])
+    assert mixed != plain and mixed.startswith(plain)
+    assert sweep_id_for(settings, sweep, list(reversed(days))) == mixed  # same days, same sweep
+    assert sweep_id_for(settings, sweep, days[1:]) != mixed
+    other_share = load_settings(root=str(tmp_path), drift={"retrain_reference_share": 0.5})
+    assert sweep_id_for(other_share, sweep, days) != mixed

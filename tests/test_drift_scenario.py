@@ -37,7 +37,8 @@ def test_drift_alert_retrains_once_under_the_scheduler(tmp_path: Path) -> None:
            "FLYWHEEL_TRITON__SMOKE_MIN_VALID_JSON": "0", "FLYWHEEL_TRITON__MAX_NEW_TOKENS": "12",
            "FLYWHEEL_BENCH__REQUESTS": "2", "FLYWHEEL_BENCH__CONCURRENCY": "[1]", "FLYWHEEL_BENCH__SHOTS": "1",
            "FLYWHEEL_BENCH__DIRECT": "false", "FLYWHEEL_DRIFT__MIN_RECORDS": "100",
-           "FLYWHEEL_DRIFT__EMBEDDING_SAMPLE": "80"}
+           "FLYWHEEL_DRIFT__EMBEDDING_SAMPLE": "80",
+           "FLYWHEEL_PROMOTION__BASELINE": "none"}  # plumbing: the untrained tiny model is promoted unchecked
     settings = load_settings(root=str(root), triton={"http_port": int(env["FLYWHEEL_TRITON__HTTP_PORT"]),
                                                      "grpc_port": int(env["FLYWHEEL_TRITON__GRPC_PORT"])},
                              airflow={"port": int(env["FLYWHEEL_AIRFLOW__PORT"])})

@@ -139,3 +139,35 @@ def test_partition_of_only_bad_records_says_so(tmp_path: Path, spark) -> None:
     assert (result.input_records, result.clean, result.quarantined) == (3, 0, 3)
     assert "all 3 records were quarantined" in result.message
     assert result.reasons == {"bad_json": 3}
+
+
+def test_a_prep_run_that_fails_mid_write_keeps_the_last_good_output(tmp_path: Path, spark, monkeypatch) -> None:
+    """The window's partitions are replaced only after every output was written: a write that dies
+    (here the quarantine table's, the last of three) leaves the previous run's files as they were."""
+    from pipelines.prep import nodes
+
+    settings = load_settings(root=str(tmp_path))
+    write_window(tmp_path / "raw", records=600, days=1, seed=3)
+    day = DateWindow(END, END)
+    first = run_prep(settings, day, spark=spark)
+    curated = tmp_path / "curated"
+
+    def snapshot() -> dict[str, bytes]:
+        return {str(p.relative_to(tmp_path)): p.read_bytes()
+                for table in (curated / "examples", curated / "clean_logs", tmp_path / "quarantine" / "records")
+                for p in sorted(table.rglob("*.parquet"))}
+
+    before = snapshot()
+    assert before and first.clean > 0
+
+    def dies(*_args, **_kwargs):
+        raise RuntimeError("executor lost while writing")
+
+    monkeypatch.setattr(nodes, "quarantine_rows", dies)
+    with pytest.raises(RuntimeError, match="executor lost"):
+        run_prep(settings, day, spark=spark)
+    assert snapshot() == before
+    monkeypatch.undo()
+    again = run_prep(settings, day, spark=spark)  # a retry replaces the window exactly
+    assert again.clean == first.clean and len(pd.read_parquet(curated / "examples")) == first.clean
+    assert not list((curated / "_staging").glob("*"))  # neither run left its staging behind

@@ -33,7 +33,8 @@ def registered(tmp_path_factory: pytest.TempPathFactory):
     root = tmp_path_factory.mktemp("serve-root")
     write_training_set(root)
     settings = _triton_settings(root)
-    rows = {"table": [{"condition": "tuned_candidate", "exact_match": 0.5, "arg_f1": 0.5, "latency_ms_p50": 100}]}
+    rows = {"table": [{"condition": "base_few_shot", "exact_match": 0.2, "arg_f1": 0.2, "latency_ms_p50": 300},
+                      {"condition": "tuned_candidate", "exact_match": 0.5, "arg_f1": 0.5, "latency_ms_p50": 100}]}
     first = tasks.register(tasks.train({"sweep": TINY}, settings), rows, settings)
     tasks.promote(first, rows, {}, settings)
     second = tasks.register(tasks.train({"sweep": _tiny_variant(root)}, settings), rows, settings)
@@ -139,15 +140,33 @@ def test_canary_splits_replayed_traffic_and_compares(registered) -> None:
     assert all(m["errors"] == 0 and m["latency_ms_p50"] > 0 for m in result["models"].values())
 
 
-def test_vllm_repository_for_the_gpu_container(tmp_path: Path) -> None:
-    from pipelines.serve.repository import vllm_model
+def test_vllm_repository_fits_its_adapters(tmp_path: Path) -> None:
+    """The Triton vLLM backend's contract: config.pbtxt names backend "vllm"; model.json enables LoRA
+    with max_loras >= the adapters and max_lora_rank >= every adapter's rank `r` (vLLM refuses a
+    bigger one); multi_lora.json maps each name to an adapter folder; a misfit raises."""
+    import re
 
-    folder = vllm_model(tmp_path / "tool_router_vllm", "nvidia/Llama-3.1-Nemotron-Nano-8B-v1",
-                        {"v3": "s3://bucket/adapters/v3", "v4": "s3://bucket/adapters/v4"}, max_lora_rank=32)
+    from pipelines.serve.repository import VllmConfigError, vllm_model
+
+    adapters = {}
+    for name, rank in (("v3", 16), ("v4", 40)):
+        folder = tmp_path / "adapters" / name
+        folder.mkdir(parents=True)
+        (folder / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "r": rank}))
+        adapters[name] = str(folder)
+    folder = vllm_model(tmp_path / "tool_router_vllm", "nvidia/Llama-3.1-Nemotron-Nano-8B-v1", adapters)
+    assert re.search(r'^backend:\s*"vllm"\s*$', (folder / "config.pbtxt").read_text(), re.M)
     spec = json.loads((folder / "1" / "model.json").read_text())
-    assert spec["enable_lora"] and spec["max_lora_rank"] == 32 and spec["max_loras"] == 2
-    assert json.loads((folder / "1" / "multi_lora.json").read_text())["v4"].endswith("v4")
-    assert 'backend: "vllm"' in (folder / "config.pbtxt").read_text()
+    named = json.loads((folder / "1" / "multi_lora.json").read_text())
+    assert spec["enable_lora"] is True and spec["max_loras"] >= len(named) == 2
+    for name, path in named.items():
+        rank = json.loads((Path(path) / "adapter_config.json").read_text())["r"]
+        assert spec["max_lora_rank"] >= rank
+    assert spec["max_lora_rank"] == 64  # 40 rounded up to a rank vLLM accepts
+    with pytest.raises(VllmConfigError, match="above max_lora_rank 32"):
+        vllm_model(tmp_path / "too_small", "base", adapters, max_lora_rank=32)
+    with pytest.raises(VllmConfigError, match="no adapter_config.json"):
+        vllm_model(tmp_path / "missing", "base", {**adapters, "v5": str(tmp_path / "adapters" / "v5")})
 
 
 def test_percentiles_are_nearest_rank() -> None:
@@ -171,7 +190,10 @@ def test_benchmark_compares_base_few_shot_with_the_tuned_model(registered) -> No
     report = run_bench(settings, BenchSettings(requests=4, concurrency=[2, 1], shots=1))
     assert [(r["model"].split()[0], r["concurrency"]) for r in report["runs"]] == [
         ("base", 1), ("base", 2), ("tuned", 1), ("tuned", 2)]
-    assert all(r["errors"] == 0 and r["requests"] == 4 and r["p50_ms"] <= r["p99_ms"] for r in report["runs"])
+    assert all(r["errors"] == 0 and r["requests"] == 4 and r["p50_ms"] > 0 for r in report["runs"])
+    assert all(r["p95_ms"] is None and r["p99_ms"] is None for r in report["runs"])  # 4 samples support no p95
+    longest = report["longest_prompt_tokens"]
+    assert settings.triton.max_input_tokens >= max(longest.values()) and len(longest) == 2
     base, tuned = report["runs"][0], report["runs"][2]
     assert base["prompt_tokens_mean"] > tuned["prompt_tokens_mean"]  # schemas + shots vs the short prompt
     assert report["comparison"]["prompt_tokens_change"] < 0 and report["direct"]["requests"] == 4
@@ -179,3 +201,34 @@ def test_benchmark_compares_base_few_shot_with_the_tuned_model(registered) -> No
     tag = json.loads(mlflow_client(settings).get_model_version(settings.mlflow.registered_model, live.version)
                      .tags["flywheel.benchmark"])
     assert tag["p50_ms_c1"] == tuned["p50_ms"]
+
+
+def test_a_restart_while_a_model_is_live_keeps_it_live(registered) -> None:
+    """After a Triton restart nothing is loaded; deploying the live version reloads it (and smoke-tests
+    it), so the post-deployment smoke test passes and the previous version is not restored."""
+    from pipelines import tasks
+    from pipelines.serve import deploy, server
+    from pipelines.serve.client import TritonClient
+
+    settings, v1, v2 = registered["settings"], registered["v1"], registered["v2"]
+    if deploy.live_model(settings) is None or deploy.live_model(settings).version != v2:
+        if deploy.live_model(settings) is None:
+            deploy.deploy(settings, version=v1)
+        deploy.deploy(settings, version=v2)
+    previous = deploy.state(settings)["previous"]
+    folder = Path(str(settings.triton.model_repository)) / f"tool_router_v{v2}"
+    written = (folder / "1" / "model.py").stat().st_mtime_ns
+    server.down(settings)
+    server.up(settings)
+    client = TritonClient(settings)
+    try:
+        assert not client.ready(f"tool_router_v{v2}")
+        result = deploy.deploy(settings, version=v2)
+        assert result["unchanged"] and result["reloaded"] and result["smoke"]["errors"] == 0
+        assert client.ready(f"tool_router_v{v2}")
+    finally:
+        client.close()
+    assert (folder / "1" / "model.py").stat().st_mtime_ns == written  # the live model's folder was not rewritten
+    assert tasks.smoke_test({}, settings)["version"] == v2
+    assert deploy.live_model(settings).version == v2 and deploy.state(settings)["previous"] == previous
+    assert deploy.state(settings)["history"][-1]["event"] == "reloaded"

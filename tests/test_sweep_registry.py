@@ -119,12 +119,12 @@ def _row(exact: float, f1: float, latency: float) -> dict:
 def test_gate_needs_the_margins_and_no_slowdown(settings) -> None:
     from pipelines.registry.models import gate
 
-    assert gate(_row(0.5, 0.5, 100), None, settings) == (True, "no champion yet")
-    assert gate(_row(0.60, 0.70, 100), _row(0.50, 0.60, 100), settings)[0] is True
-    ok, why = gate(_row(0.51, 0.70, 100), _row(0.50, 0.60, 100), settings)  # +0.01 < the 0.02 margin
-    assert not ok and "exact match gain +0.010" in why
-    ok, why = gate(_row(0.60, 0.70, 130), _row(0.50, 0.60, 100), settings)
-    assert not ok and "latency +30%" in why
+    assert not gate(_row(0.5, 0.5, 100), None, settings).promoted  # no champion, no few-shot row: nothing to beat
+    assert gate(_row(0.60, 0.70, 100), _row(0.50, 0.60, 100), settings).promoted
+    verdict = gate(_row(0.51, 0.70, 100), _row(0.50, 0.60, 100), settings)  # +0.01 < the 0.02 margin
+    assert not verdict.promoted and "exact match gain +0.010" in verdict.reason
+    verdict = gate(_row(0.60, 0.70, 130), _row(0.50, 0.60, 100), settings)
+    assert not verdict.promoted and "latency +30%" in verdict.reason
 
 
 def test_register_promote_gate_both_ways_rollback_and_load_by_alias(settings, first_sweep) -> None:
@@ -134,11 +134,13 @@ def test_register_promote_gate_both_ways_rollback_and_load_by_alias(settings, fi
     from pipelines.clients.mlflow import client as mlflow_client
     from pipelines.registry.models import CANDIDATE, CHAMPION, RegistryError, alias_version, history, rollback
 
-    evaluated = {"table": [{"condition": "tuned_candidate", **_row(0.5, 0.5, 100)}], "json_uri": "e.json"}
+    evaluated = {"table": [{"condition": "base_few_shot", **_row(0.3, 0.4, 300)},
+                           {"condition": "tuned_candidate", **_row(0.5, 0.5, 100)}], "json_uri": "e.json"}
     first = tasks.register(first_sweep, evaluated, settings)
     assert tasks.register(first_sweep, evaluated, settings)["version"] == first["version"]  # idempotent
-    decision = tasks.promote(first, evaluated, {"reason": "first"}, settings)
+    decision = tasks.promote(first, evaluated, {"reason": "first"}, settings)  # beats base few-shot
     assert decision["promoted"] and alias_version(settings, CHAMPION) == first["version"]
+    assert decision["compared_with"] == "base_few_shot" and decision["numbers"]["base_few_shot_exact_match"] == 0.3
 
     second_sweep = tasks.train({"sweep": _variant_of_tiny(settings)}, settings)
     measured = tasks.evaluate(second_sweep, settings)  # the champion is measured on the same requests
@@ -146,6 +148,8 @@ def test_register_promote_gate_both_ways_rollback_and_load_by_alias(settings, fi
     assert measured["champion_version"] == first["version"]
     second = tasks.register(second_sweep, evaluated, settings)
     assert second["version"] != first["version"] and alias_version(settings, CANDIDATE) == second["version"]
+    with pytest.raises(RegistryError, match="`candidate` now points at"):  # gates only what this run registered
+        tasks.promote(first, evaluated, {}, settings)
     worse = {"table": [{"condition": "tuned_candidate", **_row(0.5, 0.5, 100)},
                        {"condition": "tuned_champion", **_row(0.5, 0.5, 100)}]}
     decision = tasks.promote(second, worse, {}, settings)
@@ -181,6 +185,92 @@ def test_register_promote_gate_both_ways_rollback_and_load_by_alias(settings, fi
     assert len(out) == 2 and all(isinstance(t, str) for t in out)
     with pytest.raises(ValueError, match="missing input column"):
         model.predict(pd.DataFrame({"messages": ["[]"]}))
+
+
+@pytest.fixture()
+def light(settings, request: pytest.FixtureRequest):
+    """Settings on a registered model of its own, with two versions that need no training."""
+    from pipelines.clients.mlflow import client as mlflow_client
+    from pipelines.clients.mlflow import use_tracking
+
+    name = f"light-{request.node.name[5:30]}"
+    light = load_settings(root=str(settings.root), evaluation={"examples": 6, "shots": 2},
+                          mlflow={"registered_model": name})
+    client = mlflow_client(light)
+    client.create_registered_model(name)
+    run = client.create_run(use_tracking(light)).info.run_id
+    for _ in range(2):
+        client.create_model_version(name, source=str(settings.root), run_id=run)
+    client.set_registered_model_alias(name, "candidate", "1")
+    return light
+
+
+BETTER = {"tuned_candidate": _row(0.9, 0.9, 90), "tuned_champion": _row(0.5, 0.5, 100),
+          "base_few_shot": _row(0.5, 0.5, 100)}
+
+
+def test_registry_list_shows_aliases(light) -> None:
+    from helpers import run_flywheel
+    from pipelines.registry.models import CHAMPION, alias_version, promote
+
+    assert promote(light, BETTER, "1").promoted and alias_version(light, CHAMPION) == "1"
+    result = run_flywheel("registry", "list", "--json", env={
+        "FLYWHEEL_ROOT": str(light.root), "FLYWHEEL_MLFLOW__REGISTERED_MODEL": light.mlflow.registered_model})
+    assert result.returncode == 0, result.stderr
+    listed = {str(v["version"]): v for v in json.loads(result.stdout)["versions"]}
+    assert sorted(listed["1"]["aliases"]) == ["candidate", "champion"] and listed["2"]["aliases"] == []
+    assert json.loads(listed["1"]["gate"])["promoted"] is True
+
+
+def test_promote_needs_the_current_champion_measured_on_the_same_requests(light) -> None:
+    from pipelines.registry.models import CANDIDATE, CHAMPION, alias_version, promote
+
+    assert promote(light, BETTER, "1").promoted
+    from pipelines.clients.mlflow import client as mlflow_client
+
+    mlflow_client(light).set_registered_model_alias(light.mlflow.registered_model, CANDIDATE, "2")
+    no_champion_row = {k: r for k, r in BETTER.items() if k != "tuned_champion"}
+    stale = {**BETTER, "tuned_champion": {**BETTER["tuned_champion"], "version": "9"}}
+    for rows, measured in ((no_champion_row, "no champion"), (stale, "v9")):
+        decision = promote(light, rows, "2")
+        assert not decision.promoted and f"the champion is v1 but the evaluation measured {measured}" in decision.reason
+    assert alias_version(light, CHAMPION) == "1"
+
+
+def test_history_stays_within_one_tag_and_rollback_survives_60_promotions_and_a_crash(light) -> None:
+    from pipelines.clients.mlflow import client as mlflow_client
+    from pipelines.registry import models
+
+    client, name = mlflow_client(light), light.mlflow.registered_model
+    for i in range(60):
+        version = str(1 + i % 2)
+        client.set_registered_model_alias(name, models.CANDIDATE, version)
+        assert models.promote(light, BETTER, version, f"[run {i}: {'drift ' * 30}] ").promoted
+    tag = client.get_registered_model(name).tags[models.HISTORY_TAG]
+    entries = models.history(light)
+    assert len(tag) <= 5000 and len(entries) >= 10 and entries[-1]["reason"].startswith("[run 59")
+    # a promotion that crashed after its history entry, before the alias moved: rollback skips it
+    models._append_history(client, name, {"champion": "7", "previous": "2", "reason": "crashed", "at": "now"})
+    assert models.alias_version(light, models.CHAMPION) == "2"
+    assert models.rollback(light) == {"name": name, "champion": "1", "was": "2"}
+    assert models.alias_version(light, models.CHAMPION) == "1"
+
+
+def test_a_large_decision_goes_to_an_artifact_and_the_tag_keeps_a_summary(light) -> None:
+    import mlflow
+
+    from pipelines.clients.mlflow import client as mlflow_client
+    from pipelines.registry.models import GATE_TAG, promote
+
+    tools = {f"tool_{i:03d}": {"n": 9, "exact_match": 0.9, "arg_f1": 0.9} for i in range(80)}
+    rows = {k: {**r, "per_tool": tools} for k, r in BETTER.items()}
+    assert promote(light, rows, "1").promoted
+    tag = mlflow_client(light).get_model_version(light.mlflow.registered_model, "1").tags[GATE_TAG]
+    summary = json.loads(tag)
+    assert len(tag) <= 5000 and summary["promoted"] and summary["numbers"]["base_few_shot_exact_match"] == 0.5
+    full = json.loads(mlflow.artifacts.load_text(summary["full_decision"]))
+    assert full["numbers"]["per_tool"]["tool_079"] == {"n": [9, 9], "exact_match": [0.9, 0.9],
+                                                       "arg_f1": [0.9, 0.9], "checked": True}
 
 
 def first_sweep_digest(settings) -> str:

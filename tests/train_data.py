@@ -60,4 +60,6 @@ def write_training_set(root: Path, records: int = 400, seed: int = 4) -> dict:
                 "training_set": {"uri": str(root / "curated" / "sft"), "files": sorted(files), "digest": h.hexdigest(),
                                  "examples_by_split": frame["split"].value_counts().to_dict()}}
     (root / "curated" / "manifest.json").write_text(json.dumps(manifest))
+    (root / "curated" / "manifests").mkdir(parents=True, exist_ok=True)  # the window's own manifest, as features
+    (root / "curated" / "manifests" / "2026-11-20_2026-11-20.json").write_text(json.dumps(manifest))
     return manifest

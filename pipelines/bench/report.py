@@ -15,6 +15,8 @@ def render_html(report: dict[str, Any]) -> str:
     rows = [{c: r.get(c) for c in COLUMNS} for r in runs]
     if report.get("direct"):
         rows.append({c: report["direct"].get(c) for c in COLUMNS})
+    for row in rows:  # percentiles the sample does not support (pipelines.bench.serving.percentile)
+        row.update({c: "n/a" for c in ("p50_ms", "p95_ms", "p99_ms") if row[c] is None})
     fig, (left, right) = new_figure(11, 3.6, ncols=2)
     for model in dict.fromkeys(r["model"] for r in runs):
         mine = [r for r in runs if r["model"] == model]

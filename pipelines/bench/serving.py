@@ -11,6 +11,7 @@ answers whole, so they are reported as not applicable.
 
 from __future__ import annotations
 
+import math
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -21,15 +22,23 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from pipelines.bench.hardware import detect, usd_per_million
 from pipelines.config import BenchSettings, Settings
+from pipelines.errors import NotRetryable
 from pipelines.serve import repository, server
 from pipelines.serve.client import Reply, TritonClient, conversation
 from pipelines.serve.deploy import DeployFailed, live_model, score_replies, smoke_rows
-from pipelines.storage import write_json, write_text
+from pipelines.storage import read_json, write_json, write_text
+
+
+def min_samples(q: float) -> int:
+    """The smallest sample that supports a q-th percentile: some values must lie above it (p95: 20,
+    p99: 100); a median needs one."""
+    return 1 if q <= 50 else math.ceil(100 / (100 - q) - 1e-9)
 
 
 def percentile(values: list[float], q: float) -> float | None:
-    """Nearest-rank percentile (q in 0..100): the value at or above q% of the sample."""
-    if not values:
+    """Nearest-rank percentile (q in 0..100): the value at or above q% of the sample; None where the
+    sample is too small to support it (`min_samples`), so 8 requests report no p95 rather than their max."""
+    if len(values) < min_samples(q) or not values:
         return None
     ordered = sorted(values)
     rank = max(1, -(-len(ordered) * q // 100))  # ceil
@@ -38,16 +47,60 @@ def percentile(values: list[float], q: float) -> float | None:
 
 def summarize_run(label: str, concurrency: int, rows: list[dict[str, Any]], replies: list[Reply],
                   seconds: float) -> dict[str, Any]:
+    """One model at one concurrency. Every request counts: an errored one is a wrong answer in exact
+    match, a latency sample at the time it took (its timeout when it timed out) and a request in
+    requests/s; `errors` says how many there were."""
     ok = [r for r in replies if r.error is None]
-    latencies = [r.latency_ms for r in ok]
+    latencies = [r.latency_ms for r in replies]
     quality = score_replies(rows, replies)
     out_tokens = sum(r.output_tokens for r in ok)
     return {"model": label, "concurrency": concurrency, "requests": len(replies), "errors": len(replies) - len(ok),
             "p50_ms": percentile(latencies, 50), "p95_ms": percentile(latencies, 95),
-            "p99_ms": percentile(latencies, 99), "requests_per_s": round(len(ok) / seconds, 3) if seconds else 0.0,
+            "p99_ms": percentile(latencies, 99), "requests_per_s": round(len(replies) / seconds, 3) if seconds else 0.0,
             "output_tokens_per_s": round(out_tokens / seconds, 1) if seconds else 0.0,
             "prompt_tokens_mean": quality["prompt_tokens_mean"], "exact_match": quality["exact_match"],
-            "name_accuracy": quality["name_accuracy"], "ttft_ms": None, "itl_ms": None}
+            "name_accuracy": quality["name_accuracy"], "ttft_ms": None, "itl_ms": None,
+            "first_error": next((r.error for r in replies if r.error), None)}
+
+
+TABLE_COLUMNS = ("model", "concurrency", "requests", "errors", "p50_ms", "p95_ms", "p99_ms", "requests_per_s",
+                 "prompt_tokens_mean", "exact_match", "usd_per_million_requests")
+
+
+def table_rows(report: dict[str, Any]) -> list[list[str]]:
+    """The report's runs (and the in-process run) as text cells under TABLE_COLUMNS: what the CLI and
+    the demo print; a figure the sample does not support reads "n/a"."""
+    def cell(value: Any) -> str:
+        if value is None:
+            return "n/a"
+        return f"{value:.3f}" if isinstance(value, float) and abs(value) < 10 else str(value)
+
+    runs = [*report["runs"], *([report["direct"]] if report.get("direct") else [])]
+    return [[cell(r.get(c)) for c in TABLE_COLUMNS] for r in runs]
+
+
+def prompt_tokens(tokenizer: Any, turns: list[dict[str, str]]) -> int:
+    """Tokens of a conversation's prompt, counted as the served model counts them (triton_model.py)."""
+    prompt = tokenizer.apply_chat_template(turns, tokenize=False, add_generation_prompt=True)
+    return len(tokenizer(prompt, add_special_tokens=False).input_ids)
+
+
+def check_prompt_lengths(tokenizer: Any, planned: dict[str, tuple[list[list[dict[str, str]]], int]]) -> dict[str, int]:
+    """The longest prompt per model ({label: (conversations, the model's max_input_tokens)}); one
+    clear error before anything is timed if a model would refuse one (it answers an oversize prompt
+    with an error, which would count as a failed request)."""
+    longest = {}
+    for label, (conversations, limit) in planned.items():
+        longest[label] = max((prompt_tokens(tokenizer, c) for c in conversations), default=0)
+        if longest[label] > limit:
+            raise PromptTooLong(f"the longest {label} prompt is {longest[label]} tokens but the model accepts at most "
+                                f"{limit} (triton.max_input_tokens): raise it (FLYWHEEL_TRITON__MAX_INPUT_TOKENS; a "
+                                f"model live with a lower limit needs a new deployment) or lower bench.shots")
+    return longest
+
+
+class PromptTooLong(NotRetryable):
+    """A benchmark prompt is longer than the served model accepts."""
 
 
 def run_bench(settings: Settings, cfg: BenchSettings | None = None, console: Console | None = None) -> dict[str, Any]:
@@ -66,14 +119,20 @@ def run_bench(settings: Settings, cfg: BenchSettings | None = None, console: Con
     frame = pd.DataFrame(rows)
     full = to_examples(frame, "full")
     pool = single_turn(to_examples(load_split(settings, "train", 2000), "full"))
-    base = repository.build_base(settings, _base_model_of(settings, live))
-    conversations = {base.name: with_shots(full, pool, cfg.shots),
-                     live.name: [conversation(r, live.prompt_style) for r in rows]}
-    labels = {base.name: f"base + {cfg.shots}-shot (full prompt)", live.name: f"tuned v{live.version} ({live.prompt_style} prompt)"}
+    base_model = _base_model_of(settings, live)
     client = TritonClient(settings, cfg.protocol)  # type: ignore[arg-type]
     results: list[dict[str, Any]] = []
     started = time.perf_counter()
     try:
+        base = _base_entry(settings, client, base_model)
+        conversations = {base.name: with_shots(full, pool, cfg.shots),
+                         live.name: [conversation(r, live.prompt_style) for r in rows]}
+        labels = {base.name: f"base + {cfg.shots}-shot (full prompt)",
+                  live.name: f"tuned v{live.version} ({live.prompt_style} prompt)"}
+        longest = check_prompt_lengths(_tokenizer(settings, base_model), {
+            labels[m]: (conversations[m], repository.configured_limit(settings, m)) for m in (base.name, live.name)})
+        if not client.ready(live.name):
+            raise DeployFailed(f"{live.name} is live but not loaded on the server (restarted?): run `flywheel deploy`")
         if not client.ready(base.name):
             client.load(base.name)
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -97,18 +156,35 @@ def run_bench(settings: Settings, cfg: BenchSettings | None = None, console: Con
     comparison = _compare(baseline[0], tuned[0]) if baseline and tuned else {}
     report = {"generated_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "live": live.name,
               "version": live.version, "baseline": base.name, "requests": len(rows), "protocol": cfg.protocol,
-              "hardware": hardware.__dict__, "runs": results, "direct": direct, "comparison": comparison,
+              "hardware": hardware.__dict__, "longest_prompt_tokens": longest, "runs": results, "direct": direct,
+              "comparison": comparison,
               "triton_overhead_ms": round(tuned[0]["p50_ms"] - direct["p50_ms"], 1) if direct and tuned else None,
               "seconds": round(time.perf_counter() - started, 1)}
     return write_report(settings, report)
 
 
 def _base_model_of(settings: Settings, live: Any) -> str:
-    """The base model the live deployment was built on (its repository's metadata)."""
-    import json
+    """The base model the live deployment was built on (its repository's metadata, local or on S3)."""
+    return read_json(f"{repository.model_uri(settings, live.name)}/1/flywheel.json")["base_model"]
 
-    meta = Path(str(settings.triton.model_repository)) / live.name / "1" / "flywheel.json"
-    return json.loads(meta.read_text())["base_model"]
+
+def _base_entry(settings: Settings, client: TritonClient, base_model: str) -> repository.ModelEntry:
+    """The base model's folder, current with the settings: a loaded base built with other settings
+    (say a lower max_input_tokens) is unloaded first (it only serves benchmarks), then rewritten."""
+    name = repository.triton_name(settings, None)
+    base = repository.build_base(settings, base_model, in_use=client.ready(name))
+    if base.stale:
+        client.unload(base.name, wait_s=120)
+        base = repository.build_base(settings, base_model, in_use=False)
+    return base
+
+
+def _tokenizer(settings: Settings, base_model: str) -> Any:
+    from transformers import AutoTokenizer
+
+    from pipelines.train.models import prepare_base
+
+    return AutoTokenizer.from_pretrained(prepare_base(base_model, settings))
 
 
 def _direct(settings: Settings, live: Any, conversations: list[list[dict[str, str]]],

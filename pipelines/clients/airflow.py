@@ -8,16 +8,19 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
 
 from pipelines.config import Settings
-from pipelines.services import ServiceSpec
+from pipelines.errors import NotRetryable
+from pipelines.services import ServiceSpec, stop_group
 
 PASSWORD_FILE = "simple_auth_manager_passwords.json.generated"
 
@@ -120,14 +123,58 @@ def run_cli(settings: Settings, *args: str, timeout: float = 900, extra_env: dic
     )
 
 
-def dags_test(settings: Settings, dag_id: str, conf: dict[str, Any], timeout: float = 1800,
-              extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    """`airflow dags test` (all tasks in one process, no scheduler) after migrating the metadata DB."""
-    migrate = run_cli(settings, "db", "migrate", timeout=300, extra_env=extra_env)
+class AirflowUnavailable(NotRetryable):
+    """The Airflow API server is not running or refused a call; the message says what to do."""
+
+
+class RunTimedOut(NotRetryable):
+    """A DAG run did not finish within its limit; it was stopped. The message says where and how to resume."""
+
+    def __init__(self, message: str, running: list[str], log: str) -> None:
+        super().__init__(message)
+        self.running, self.log = running, log
+
+
+_STARTED = re.compile(r"\[DAG TEST\] starting task_id=(\S+) map_index=(-?\d+)")
+_ENDED = re.compile(r"\[DAG TEST\] end task task_id=(\S+) map_index=(-?\d+)")
+
+
+def running_tasks(output: str) -> list[str]:
+    """Tasks `airflow dags test` had started and not ended, from its log (in start order)."""
+    ended = {m.groups() for m in _ENDED.finditer(output)}
+    running = [m.groups() for m in _STARTED.finditer(output) if m.groups() not in ended]
+    return list(dict.fromkeys(task if index == "-1" else f"{task}[{index}]" for task, index in running))
+
+
+def dags_test(settings: Settings, dag_id: str, conf: dict[str, Any], timeout: float | None = None,
+              extra_env: dict[str, str] | None = None, log: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """`airflow dags test` (all tasks in one process, no scheduler) after migrating the metadata DB.
+
+    Its output streams to `log` (default `<root>/logs/dags-test-<dag>.log`) as it runs. Past `timeout`
+    (default `airflow.run_timeout_s`) the run's whole process group is stopped and `RunTimedOut`
+    names the tasks that were running."""
+    timeout = settings.airflow.run_timeout_s if timeout is None else timeout
+    migrate = run_cli(settings, "db", "migrate", timeout=settings.airflow.migrate_timeout_s, extra_env=extra_env)
     if migrate.returncode != 0:
         return migrate
-    return run_cli(settings, "dags", "test", dag_id, "--conf", json.dumps(conf), timeout=timeout,
-                   extra_env=extra_env)
+    log = log or Path(str(settings.root)) / "logs" / f"dags-test-{dag_id}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    env = {**airflow_env(settings, extra_env), "PYTHONUNBUFFERED": "1"}  # the log shows each step as it happens
+    args = [str(bin_dir() / "airflow"), "dags", "test", dag_id, "--conf", json.dumps(conf)]
+    with log.open("w", encoding="utf-8") as out:
+        proc = subprocess.Popen(args, env=env, cwd=str(settings.airflow.home), stdout=out,  # noqa: S603
+                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        try:
+            code = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            stop_group(proc)
+            running = running_tasks(log.read_text(encoding="utf-8", errors="replace"))
+            where = f"while {', '.join(running)} ran" if running else "before its first task started"
+            raise RunTimedOut(
+                f"{dag_id} did not finish within {timeout:g} s (airflow.run_timeout_s) and was stopped {where}; "
+                f"run the same command again to resume: every task replaces only its window's outputs and the "
+                f"sweep resumes from its checkpoints (log: {log})", running, str(log)) from None
+    return subprocess.CompletedProcess(args, code, log.read_text(encoding="utf-8", errors="replace"), "")
 
 
 class AirflowRest:
@@ -135,7 +182,11 @@ class AirflowRest:
 
     def __init__(self, settings: Settings, username: str = "admin") -> None:
         self.url = base_url(settings)
-        passwords = json.loads(password_file(settings).read_text())
+        try:
+            passwords = json.loads(password_file(settings).read_text())
+        except FileNotFoundError:
+            raise AirflowUnavailable(f"Airflow is not running for {settings.root} (no {password_file(settings)}): "
+                                     "start it with `flywheel up`") from None
         self._token = self._post("/auth/token", {"username": username, "password": passwords[username]},
                                  auth=False)["access_token"]
 
@@ -145,8 +196,15 @@ class AirflowRest:
         req.add_header("Content-Type", "application/json")
         if auth:
             req.add_header("Authorization", f"Bearer {self._token}")
-        with urllib.request.urlopen(req, timeout=30) as resp:  # noqa: S310
-            return json.loads(resp.read() or b"null")
+        try:
+            with urllib.request.urlopen(req, timeout=30) as resp:  # noqa: S310
+                return json.loads(resp.read() or b"null")
+        except urllib.error.HTTPError as exc:
+            raise AirflowUnavailable(f"Airflow {method} {path}: HTTP {exc.code} {exc.reason}") from None
+        except (urllib.error.URLError, TimeoutError, ConnectionError) as exc:
+            reason = getattr(exc, "reason", exc)
+            raise AirflowUnavailable(f"Airflow at {self.url} does not answer ({reason}): is `flywheel up` "
+                                     "running?") from None
 
     def _post(self, path: str, body: dict[str, Any], auth: bool = True) -> Any:
         return self._request("POST", path, body, auth)
@@ -168,7 +226,7 @@ class AirflowRest:
         return [d["dag_id"] for d in self._request("GET", "/api/v2/dags")["dags"]]
 
 
-def trigger_and_wait(rest: AirflowRest, dag_id: str, conf: dict[str, Any], timeout_s: float = 1800) -> dict[str, Any]:
+def trigger_and_wait(rest: AirflowRest, dag_id: str, conf: dict[str, Any], timeout_s: float = 3600) -> dict[str, Any]:
     """Unpause, trigger with `conf`, and poll until the run ends (success or failed)."""
     rest.unpause(dag_id)
     run_id = rest.trigger(dag_id, conf)

@@ -84,8 +84,8 @@ def apply(settings: Settings) -> list[str]:
     return [o.name for o in objects]
 
 
-def materialize(settings: Settings, start: datetime, end: datetime) -> None:
-    feature_store(settings).materialize(start_date=start, end_date=end)
+def materialize(settings: Settings, start: datetime, end: datetime, views: list[str] | None = None) -> None:
+    feature_store(settings).materialize(start_date=start, end_date=end, feature_views=views)
 
 
 def customer_feature_refs(settings: Settings) -> list[str]:

@@ -1,55 +1,133 @@
 """The drift monitor: the latest window of the agent's raw logs against the champion's training window.
 
-Both sides go through the same per-line prep function as the Spark job (`prepare_line`), so a line
-the pipeline would quarantine counts as a health signal, not as drift. The reference summary (and
-its embedding sample) is computed once per training window and stored; the monitor never rescans
-old data. An alert names the signals that crossed their act thresholds; within the cooldown after
-an alert, further alerts are recorded but not emitted (no stacked retrains).
+Both sides go through the same per-line prep function as the Spark job (`prepare_line`, with our
+catalogue plus every registered toolset), so a line the pipeline would quarantine counts as a health
+signal, not as drift. The reference summary (and its embedding sample) is computed once per training
+window and stored; the monitor never rescans old data. Every read and write goes through fsspec, so
+the zones may be local folders or object storage.
+
+An alert names the signals that crossed their act thresholds. `run_monitor` records it as pending;
+the DAG marks it emitted (`mark_emitted`) once the asset event is out, and only an emitted alert
+starts the cooldown, within which further alerts are recorded but not emitted (no stacked retrains).
+The state file is read-modify-written under a file lock.
 """
 
 from __future__ import annotations
 
-import gzip
-from collections import Counter
+import io
+from collections import Counter, deque
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict
 from datetime import date, datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
+import fsspec
 import numpy as np
 import pandas as pd
 
 from pipelines.config import Settings
 from pipelines.drift.signals import Summary, compare, summarize
 from pipelines.errors import NotRetryable
-from pipelines.storage import glob, read_json, write_json, write_text
+from pipelines.storage import fs_for, glob, lock_file, read_bytes, read_json, write_json, write_text
 from pipelines.window import DateWindow
 
 
 class NoReference(NotRetryable):
-    """There is no champion (or no training window) to compare with yet."""
+    """There is no champion (or no training window, or no clean record in it) to compare with yet."""
+
+
+class StateLockTimeout(TimeoutError):
+    """Another check or alert held the monitor's state lock too long (retryable)."""
+
+
+def _parse_lines(lines: list[str], source: str, tools: dict[str, dict[str, Any]]
+                 ) -> tuple[list[dict[str, Any]], Counter, int]:
+    """Clean rows, quarantine reasons and the non-blank line count of a chunk of raw lines."""
+    from pipelines.prep.nodes import CLEAN_LOG_COLUMNS, prepare_line
+
+    columns = [c for c in CLEAN_LOG_COLUMNS if c != "dt"]
+    rows, reasons, count = [], Counter(), 0
+    for line in lines:
+        if not line.strip():
+            continue
+        count += 1
+        row = prepare_line(line, source, tools)
+        if row["status"] == "clean":
+            rows.append({c: row.get(c) for c in columns})
+        else:
+            reasons[row["reason"]] += 1
+    return rows, reasons, count
+
+
+def _chunks(files: list[str], size: int) -> Iterator[tuple[list[str], str]]:
+    """The window's raw lines in chunks of `size`, each with its source file (fsspec: local paths and
+    s3:// alike; `.gz` is decompressed on the fly)."""
+    for uri in files:
+        source = uri.removeprefix("file://")
+        with fsspec.open(uri, "rt", compression="infer", encoding="utf-8") as handle:
+            chunk: list[str] = []
+            for line in handle:
+                chunk.append(line)
+                if len(chunk) >= size:
+                    yield chunk, source
+                    chunk = []
+            if chunk:
+                yield chunk, source
+
+
+def _parse_workers(cfg: Any) -> int:
+    if cfg.parse_workers:
+        return cfg.parse_workers
+    import psutil
+
+    return max(1, min(8, psutil.cpu_count(logical=False) or 1))
 
 
 def parse_window(settings: Settings, window: DateWindow) -> tuple[pd.DataFrame, dict[str, int], int]:
-    """Clean rows, quarantine reasons and the line count of a window's raw logs."""
-    from pipelines.prep.nodes import CLEAN_LOG_COLUMNS, prepare_line
+    """Clean rows, quarantine reasons and the line count of a window's raw logs (an empty window: a
+    frame with the clean-log columns and no rows). Lines go through `prepare_line` with our catalogue
+    plus every registered toolset, as in prep. A window of more than one chunk
+    (`drift.parse_chunk_lines`) is parsed by a process pool, in order (the result does not depend on it)."""
+    from concurrent.futures import ProcessPoolExecutor
+    from multiprocessing import get_context
+
+    from pipelines.logs.toolsets import registered_catalogue
+    from pipelines.prep.nodes import CLEAN_LOG_COLUMNS
     from pipelines.prep.pipeline import raw_files_for
 
-    rows, reasons, lines = [], Counter(), 0
-    for uri in raw_files_for(settings, window):
-        path = uri.removeprefix("file://")
-        opener = gzip.open if path.endswith(".gz") else open
-        with opener(path, "rt", encoding="utf-8") as handle:
-            for line in handle:
-                if not line.strip():
-                    continue
-                lines += 1
-                row = prepare_line(line, path)
-                if row["status"] == "clean":
-                    rows.append({c: row.get(c) for c in CLEAN_LOG_COLUMNS if c != "dt"})
-                else:
-                    reasons[row["reason"]] += 1
-    return pd.DataFrame(rows), dict(reasons), lines
+    cfg = settings.drift
+    tools = registered_catalogue(settings.zone("raw"))
+    parts: list[tuple[list[dict[str, Any]], Counter, int]] = []
+    chunks = _chunks(raw_files_for(settings, window), cfg.parse_chunk_lines)
+    first = next(chunks, None)
+    if first is not None:
+        parts.append(_parse_lines(*first, tools))  # a small window never starts a pool
+    workers = _parse_workers(cfg)
+    if workers <= 1:
+        parts.extend(_parse_lines(chunk, source, tools) for chunk, source in chunks)
+    else:
+        # spawn, not fork: the caller may hold threads (torch, an Airflow task's supervisor connection)
+        pool = ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn"))
+        try:
+            pending: deque = deque()
+            for chunk, source in chunks:
+                pending.append(pool.submit(_parse_lines, chunk, source, tools))
+                if len(pending) >= 2 * workers:  # bounded memory: a few chunks in flight
+                    parts.append(pending.popleft().result(timeout=cfg.parse_timeout_s))
+            while pending:
+                parts.append(pending.popleft().result(timeout=cfg.parse_timeout_s))
+        except BaseException:
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
+        pool.shutdown(wait=True)  # every future is done: the workers only have to exit
+    rows = [row for part_rows, _, _ in parts for row in part_rows]
+    reasons: Counter = Counter()
+    for _, part_reasons, _ in parts:
+        reasons.update(part_reasons)
+    lines = sum(count for _, _, count in parts)
+    return pd.DataFrame(rows, columns=[c for c in CLEAN_LOG_COLUMNS if c != "dt"]), dict(reasons), lines
 
 
 def latest_day(settings: Settings) -> date | None:
@@ -77,6 +155,16 @@ def _reference_uri(settings: Settings, window: DateWindow) -> str:
     return f"{settings.zone('features')}/drift_reference/{window.start}_{window.end}"
 
 
+def _write_bytes(uri: str, data: bytes) -> str:
+    """Through a temporary file and a rename, like `storage.write_text`."""
+    fs, path = fs_for(uri)
+    fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
+    with fs.open(f"{path}.tmp", "wb") as fh:
+        fh.write(data)
+    fs.mv(f"{path}.tmp", path)
+    return uri
+
+
 def reference(settings: Settings, window: DateWindow) -> tuple[Summary, np.ndarray]:
     """The stored reference summary and embeddings of a training window (computed on first use)."""
     from pipelines.embeddings import embed
@@ -84,14 +172,19 @@ def reference(settings: Settings, window: DateWindow) -> tuple[Summary, np.ndarr
     uri = _reference_uri(settings, window)
     try:
         data = read_json(f"{uri}/summary.json")
-        return Summary(**data), np.load(f"{uri.removeprefix('file://')}/embeddings.npy")
+        return Summary(**data), np.load(io.BytesIO(read_bytes(f"{uri}/embeddings.npy")), allow_pickle=False)
     except FileNotFoundError:
         pass
-    clean, reasons, _ = parse_window(settings, window)
+    clean, reasons, lines = parse_window(settings, window)
+    if clean.empty:
+        raise NoReference(f"the champion's training window {window} has no clean records under "
+                          f"{settings.zone('raw')} ({lines} lines): nothing to compare with")
     summary = summarize(clean, reasons, settings.drift)
     vectors = embed(summary.texts)
+    buffer = io.BytesIO()
+    np.save(buffer, vectors, allow_pickle=False)
+    _write_bytes(f"{uri}/embeddings.npy", buffer.getvalue())  # first: a summary.json implies its embeddings
     write_json(f"{uri}/summary.json", summary.to_dict())
-    np.save(f"{uri.removeprefix('file://')}/embeddings.npy", vectors)
     return summary, vectors
 
 
@@ -99,8 +192,40 @@ def _state_uri(settings: Settings) -> str:
     return f"{settings.zone('reports')}/drift/state.json"
 
 
+def _lock_path(settings: Settings) -> Path:
+    """The state's lock file (`storage.lock_file`: beside it locally, under ~/.flywheel/locks for object storage)."""
+    return Path(lock_file(_state_uri(settings)))
+
+
+@contextmanager
+def _locked_state(settings: Settings) -> Iterator[dict[str, Any]]:
+    """The state under the lock; written back (atomically) when the block ends without an error."""
+    from filelock import FileLock, Timeout
+
+    timeout = settings.drift.state_lock_timeout_s
+    lock = FileLock(str(_lock_path(settings)), timeout=timeout)
+    try:
+        lock.acquire()
+    except Timeout:
+        raise StateLockTimeout(f"the drift monitor's state lock {lock.lock_file} was held for more than "
+                               f"{timeout:g} s (another check or alert); retry") from None
+    try:
+        state = _read_state(settings)
+        yield state
+        write_json(_state_uri(settings), state)
+    finally:
+        lock.release()
+
+
+def _cooling(state: dict[str, Any], now: datetime, hours: float) -> bool:
+    """Within the cooldown of the last *emitted* alert (a pending one never silences a check)."""
+    last = datetime.fromisoformat(state["last_alert_at"]) if state.get("last_alert_at") else None
+    return bool(last and now - last < timedelta(hours=hours))
+
+
 def run_monitor(settings: Settings, end: date | None = None, now: datetime | None = None) -> dict[str, Any]:
-    """Drift of the latest window; `fire` is true when a signal crossed its act threshold outside the cooldown."""
+    """Drift of the latest window; `fire` is true when a signal crossed its act threshold outside the
+    cooldown. A firing check records a pending alert; `mark_emitted` starts the cooldown."""
     from pipelines.embeddings import embed
 
     cfg = settings.drift
@@ -122,21 +247,37 @@ def run_monitor(settings: Settings, end: date | None = None, now: datetime | Non
     results = compare(ref_summary, current, cfg, (ref_vectors, embed(current.texts)))
     acting = [r for r in results if r.band == "act"]
     reason = "; ".join(f"{r.signal} {r.metric} {r.value:g}" for r in acting)
-    state = _read_state(settings)
-    last = datetime.fromisoformat(state["last_alert_at"]) if state.get("last_alert_at") else None
-    cooling = bool(last and now - last < timedelta(hours=cfg.cooldown_hours))
     verdict = "act" if acting else ("watch" if any(r.band == "watch" for r in results) else "stable")
-    fire = bool(acting) and not cooling
+    cooling = fire = False
     if acting:
-        state.setdefault("alerts", []).append({"at": base["checked_at"], "reason": reason, "emitted": fire})
-        state["alerts"] = state["alerts"][-50:]
-        if fire:
-            state["last_alert_at"] = base["checked_at"]
-        write_json(_state_uri(settings), state)
-    result = {**base, "verdict": verdict, "fire": fire, "suppressed_by_cooldown": bool(acting) and cooling,
+        with _locked_state(settings) as state:
+            cooling = _cooling(state, now, cfg.cooldown_hours)
+            fire = not cooling
+            state.setdefault("alerts", []).append({"at": base["checked_at"], "reason": reason, "fire": fire,
+                                                   "emitted": False, "suppressed_by_cooldown": cooling})
+            state["alerts"] = state["alerts"][-50:]
+    result = {**base, "verdict": verdict, "fire": fire, "suppressed_by_cooldown": cooling,
               "reason": f"drift: {reason}" if reason else "", "records": len(clean),
               "signals": [asdict(r) for r in results]}
     return write_report(settings, result, ref_summary, current)
+
+
+def mark_emitted(settings: Settings, checked_at: str, emitted_at: datetime | None = None) -> dict[str, Any]:
+    """The alert of the check at `checked_at` went out (its asset event was emitted): mark it, and start
+    the cooldown from that check. Idempotent (a retried task marks the same alert again)."""
+    emitted_at = emitted_at or datetime.now(timezone.utc)
+    with _locked_state(settings) as state:
+        alerts = state.setdefault("alerts", [])
+        alert = next((a for a in reversed(alerts) if a.get("at") == checked_at), None)
+        if alert is None:  # the state was lost or trimmed: the emission still starts the cooldown
+            alert = {"at": checked_at, "reason": "", "fire": True, "suppressed_by_cooldown": False}
+            alerts.append(alert)
+            state["alerts"] = alerts[-50:]
+        alert.update(emitted=True, emitted_at=emitted_at.isoformat(timespec="seconds"))
+        last = state.get("last_alert_at")
+        if not last or datetime.fromisoformat(last) < datetime.fromisoformat(checked_at):
+            state["last_alert_at"] = checked_at
+        return dict(alert)
 
 
 def _read_state(settings: Settings) -> dict[str, Any]:

@@ -15,10 +15,15 @@ import pandas as pd
 
 from pipelines.config import DriftSettings
 from pipelines.drift import metrics
+from pipelines.errors import NotRetryable
 
 CATEGORICAL = ("tool", "workload_id", "country", "currency", "channel", "category")
 NUMERIC = ("request_length", "latency_ms", "amount")
 INVALID_CALL_REASONS = ("unknown_tool", "invalid_arguments")
+
+
+class EmptyWindow(NotRetryable, ValueError):
+    """A window with no clean records has no distribution to summarize."""
 
 
 @dataclass
@@ -47,10 +52,11 @@ def signal_frame(rows: pd.DataFrame) -> pd.DataFrame:
 def summarize(clean: pd.DataFrame, quarantine_reasons: dict[str, int], cfg: DriftSettings,
               edges: dict[str, list[float]] | None = None, seed: int = 0) -> Summary:
     """Summary of one window. `edges`: the reference's bin edges (None: this is the reference)."""
+    if len(clean) == 0:  # also a frame without columns (no rows were parsed): never a KeyError
+        side = "reference" if edges is None else "current"
+        raise EmptyWindow(f"no clean records in the {side} window: nothing to summarize")
     frame = signal_frame(clean)
     n = len(frame)
-    if n == 0:
-        raise ValueError("no clean records in the window")
     categorical = {c: {str(k): int(v) for k, v in frame[c].value_counts().items()} for c in CATEGORICAL}
     edges = edges or {c: metrics.quantile_edges(frame[c].to_numpy(float), cfg.numeric_bins).tolist() for c in NUMERIC}
     counts = {c: metrics.binned_counts(frame[c].to_numpy(float), np.array(edges[c])).tolist() for c in NUMERIC}

@@ -20,6 +20,7 @@ from pipelines.evaluate import metrics
 from pipelines.evaluate.fewshot import single_turn, with_shots
 from pipelines.evaluate.generate import generate
 from pipelines.storage import makedirs, read_json, write_json, write_text
+from pipelines.logs.toolsets import registered_catalogue
 from pipelines.train.dataset import Example, frame_from_logs, load_split, to_examples
 
 
@@ -37,6 +38,7 @@ class EvalConfig(BaseModel):
     batch_size: int = Field(8, ge=1)
     latency_samples: int = Field(4, ge=0, description="requests also timed alone (batch 1) per condition")
     baselines: bool = Field(True, description="include base zero-shot and few-shot")
+    window: str | None = Field(None, description="the training set's window label; None: the current manifest")
 
 
 @dataclass
@@ -104,7 +106,8 @@ def score_condition(name: str, model_label: str, style: str, shots: int, example
 def evaluate(settings: Settings, cfg: EvalConfig, adapters: list[Adapter], name: str,
              console: Console | None = None) -> EvalReport:
     started = time.perf_counter()
-    frame = frame_from_logs(cfg.logs) if cfg.logs else load_split(settings, cfg.split, cfg.examples, cfg.seed)
+    frame = (frame_from_logs(cfg.logs, registered_catalogue(settings.zone("raw"))) if cfg.logs
+             else load_split(settings, cfg.split, cfg.examples, cfg.seed, cfg.window))
     if cfg.logs and cfg.examples and len(frame) > cfg.examples:
         frame = frame.sample(n=cfg.examples, random_state=cfg.seed).sort_values("record_id")
     dataset = cfg.logs or f"{settings.zone('curated')}/sft split={cfg.split}"
@@ -131,7 +134,8 @@ def evaluate(settings: Settings, cfg: EvalConfig, adapters: list[Adapter], name:
             model, tokenizer = load_model(cfg.base_model, settings)
             run("base_zero_shot", cfg.base_model, "full", 0, model, tokenizer, full, [e.turns for e in full])
             if cfg.shots:
-                pool = single_turn(to_examples(load_split(settings, "train", cfg.shot_pool, cfg.seed), "full"))
+                pool = single_turn(to_examples(load_split(settings, "train", cfg.shot_pool, cfg.seed, cfg.window),
+                                               "full"))
                 run("base_few_shot", cfg.base_model, "full", cfg.shots, model, tokenizer, full,
                     with_shots(full, pool, cfg.shots))
             del model

@@ -20,7 +20,8 @@ from pipelines.security import redact_uri
 from pipelines.features import nodes
 from pipelines.prep.pipeline import PrepError, zone_paths
 from pipelines.prep.prompt import format_context, system_prompt
-from pipelines.storage import glob, makedirs, read_bytes, read_json, remove, window_partitions, write_json
+from pipelines.storage import (glob, lock_file, makedirs, read_bytes, read_json, remove, window_partitions,
+                               write_json)
 from pipelines.window import DateWindow
 
 
@@ -30,6 +31,7 @@ class FeaturesResult:
     customer_rows: int
     category_rows: int
     feature_views: list[str]
+    materialized_views: list[str]
     training_examples: dict[str, int]
     with_context: int
     dataset_uri: str
@@ -48,6 +50,11 @@ def feature_paths(settings: Settings) -> dict[str, str]:
 
 def dataset_uri(settings: Settings) -> str:
     return f"{settings.zone('curated')}/sft"
+
+
+def has_offline_data(table_uri: str) -> bool:
+    """Whether a feature table holds any Parquet file (Feast's file source fails on a folder without one)."""
+    return bool(glob(f"{table_uri}/dt=*/*.parquet"))
 
 
 def compute_features(settings: Settings, window: DateWindow, spark: Any = None) -> tuple[int, int]:
@@ -73,10 +80,19 @@ def compute_features(settings: Settings, window: DateWindow, spark: Any = None) 
     return counts[0], counts[1]
 
 
-def materialize_window(settings: Settings, window: DateWindow) -> None:
+VIEW_TABLES = {"customer_profile": "customer", "category_stats": "category"}
+
+
+def materialize_window(settings: Settings, window: DateWindow) -> list[str]:
+    """Fill the online store for the window; a view whose table has no data yet (a window of imported
+    turns without product categories, say) is skipped, not an error. Returns the views materialized."""
     start = datetime.combine(window.start, dtime.min, tzinfo=timezone.utc)
     end = datetime.combine(window.end + timedelta(days=1), dtime.min, tzinfo=timezone.utc) + timedelta(seconds=1)
-    feast_client.materialize(settings, start - timedelta(days=nodes.LONG_DAYS), end)
+    paths = feature_paths(settings)
+    views = [view for view, table in VIEW_TABLES.items() if has_offline_data(paths[table])]
+    if views:
+        feast_client.materialize(settings, start - timedelta(days=nodes.LONG_DAYS), end, views)
+    return views
 
 
 def build_training_set(settings: Settings, window: DateWindow) -> tuple[dict[str, int], int]:
@@ -97,10 +113,13 @@ def build_training_set(settings: Settings, window: DateWindow) -> tuple[dict[str
         frames.append(part)
     examples = pd.concat(frames, ignore_index=True)
     examples["event_timestamp"] = pd.to_datetime(examples["event_timestamp"], utc=True)
-    joined = feast_client.historical_customer_features(settings, examples[["record_id", "customer_id", "event_timestamp"]])
-    feature_names = [r.split(":", 1)[1] for r in feast_client.customer_feature_refs(settings)]
-    contexts = {row["record_id"]: format_context({n: _clean(row[n]) for n in feature_names})
-                for row in joined.to_dict("records")}
+    contexts: dict[str, str] = {}
+    if has_offline_data(feature_paths(settings)["customer"]):  # no customer history at all: empty context
+        joined = feast_client.historical_customer_features(
+            settings, examples[["record_id", "customer_id", "event_timestamp"]])
+        feature_names = [r.split(":", 1)[1] for r in feast_client.customer_feature_refs(settings)]
+        contexts = {row["record_id"]: format_context({n: _clean(row[n]) for n in feature_names})
+                    for row in joined.to_dict("records")}
     examples["context"] = examples["record_id"].map(contexts).fillna("")
     examples["system_prompt"] = [
         system_prompt(tools, ts.date().isoformat(), ctx or None)
@@ -128,12 +147,12 @@ def run_features(settings: Settings, window: DateWindow, spark: Any = None) -> F
     started = time.perf_counter()
     customer_rows, category_rows = compute_features(settings, window, spark)
     views = feast_client.apply(settings)
-    materialize_window(settings, window)
+    materialized = materialize_window(settings, window)
     by_split, with_context = build_training_set(settings, window)
     _record_in_manifest(settings, window, by_split, with_context)
     return FeaturesResult(
         window=str(window), customer_rows=customer_rows, category_rows=category_rows, feature_views=views,
-        training_examples=by_split, with_context=with_context, dataset_uri=dataset_uri(settings),
+        materialized_views=materialized, training_examples=by_split, with_context=with_context, dataset_uri=dataset_uri(settings),
         registry=str(redact_uri(settings.feast.registry)),
         online_store=str(redact_uri(settings.feast.online_store)),
         seconds=round(time.perf_counter() - started, 2))
@@ -153,7 +172,25 @@ def _record_in_manifest(settings: Settings, window: DateWindow, by_split: dict[s
                                 "with_customer_context": with_context, "files": files,
                                 "digest": h.hexdigest(), "feature_refs": feast_client.customer_feature_refs(settings)}
     write_json(uri, manifest)
-    write_json(f"{settings.zone('curated')}/manifest.json", manifest)
+    _advance_current(settings, manifest)
+
+
+def _advance_current(settings: Settings, manifest: dict[str, Any]) -> None:
+    """Point `curated/manifest.json` (what training, smoke tests and lineage read by default) at this
+    window, unless a newer window's training set is already current: a backfill of an old window
+    rebuilds that window's files and manifest but never moves "current" back in time. Under a lock,
+    so two runs finishing at once cannot interleave their read and write."""
+    from filelock import FileLock
+
+    current_uri = f"{settings.zone('curated')}/manifest.json"
+    with FileLock(lock_file(current_uri), timeout=120):
+        try:
+            current = read_json(current_uri)
+        except FileNotFoundError:
+            current = {}
+        now_end = (current.get("window") or {}).get("end", "")
+        if manifest["window"]["end"] >= now_end:
+            write_json(current_uri, manifest)
 
 
 def online_context(customer_id: str, settings: Settings) -> str:

@@ -38,5 +38,13 @@ def load_extra_tools(raw_zone: str) -> list[dict[str, Any]]:
     return tools
 
 
+def registered_catalogue(raw_zone: str) -> dict[str, dict[str, Any]]:
+    """Our catalogue plus every toolset registered under this raw zone: what `prepare_line` must be
+    given wherever raw lines are read (prep, evaluation on a log file, the drift monitor)."""
+    from pipelines.logs.tools import catalogue
+
+    return catalogue(load_extra_tools(raw_zone))
+
+
 def extra_tool_names(raw_zone: str) -> list[str]:
     return sorted({t["function"]["name"] for t in load_extra_tools(raw_zone)})

@@ -17,13 +17,14 @@ from typing import Any
 from pipelines import __version__
 from pipelines.config import REPO_ROOT, Settings
 from pipelines.errors import NotRetryable
-from pipelines.logs.tools import TOOLSET_VERSION, catalogue
-from pipelines.logs.toolsets import extra_tool_names, load_extra_tools
+from pipelines.logs.tools import TOOLSET_VERSION
+from pipelines.logs.toolsets import extra_tool_names, registered_catalogue
 from pipelines.prep import nodes
 from pipelines.prep.redact import PII_TYPES
-from pipelines.storage import glob, remove, window_partitions, write_json
+from pipelines.storage import exists, glob, move, remove, window_partitions, write_json
 from pipelines.window import DateWindow
 
+OUTPUT_TABLES = ("examples", "clean_logs", "quarantine")
 VAL_SHARE = 0.1
 TEST_SHARE = 0.1
 
@@ -102,7 +103,7 @@ def run_prep(settings: Settings, window: DateWindow, spark: Any = None, run_id: 
 
     lines = spark.read.text(files).withColumn("source_file", F.input_file_name())
     non_blank = lines.filter(F.trim("value") != "")
-    tools = catalogue(load_extra_tools(settings.zone("raw")))
+    tools = registered_catalogue(settings.zone("raw"))
     nodes.prepare(non_blank, tools).write.mode("overwrite").parquet(staging)
     prepared = spark.read.parquet(staging)
     input_records = non_blank.count()
@@ -117,13 +118,20 @@ def run_prep(settings: Settings, window: DateWindow, spark: Any = None, run_id: 
     duplicates = marked.filter("duplicate_of IS NOT NULL")
     examples = nodes.assign_splits(kept, VAL_SHARE, TEST_SHARE, salt="flywheel").persist()
 
-    for name in ("examples", "clean_logs", "quarantine"):
-        _clear_window(paths[name], window)
-    examples.select(*nodes.EXAMPLE_COLUMNS).write.mode("overwrite").partitionBy("split", "dt").parquet(
-        paths["examples"])
-    kept.select(*nodes.CLEAN_LOG_COLUMNS).write.mode("overwrite").partitionBy("dt").parquet(paths["clean_logs"])
-    nodes.quarantine_rows(prepared, duplicates, run_id).write.mode("overwrite").partitionBy("dt").parquet(
-        paths["quarantine"])
+    # Write the new outputs next to the tables first; the window's old partitions are replaced only
+    # after every write succeeded (a failed or killed write leaves the last good output in place).
+    out = {name: f"{staging}/out/{name}" for name in OUTPUT_TABLES}
+    try:
+        examples.select(*nodes.EXAMPLE_COLUMNS).write.mode("overwrite").partitionBy("split", "dt").parquet(
+            out["examples"])
+        kept.select(*nodes.CLEAN_LOG_COLUMNS).write.mode("overwrite").partitionBy("dt").parquet(out["clean_logs"])
+        nodes.quarantine_rows(prepared, duplicates, run_id).write.mode("overwrite").partitionBy("dt").parquet(
+            out["quarantine"])
+    except BaseException:
+        marked.unpersist()
+        examples.unpersist()
+        remove(staging)  # nothing was swapped in yet: the tables are as the last good run left them
+        raise
 
     n_kept = examples.count()
     n_dup = duplicates.count()
@@ -144,6 +152,8 @@ def run_prep(settings: Settings, window: DateWindow, spark: Any = None, run_id: 
     content_digest = nodes.digest(examples, ["record_id", "split", "system_prompt", "messages_json", "target_json"])
     marked.unpersist()
     examples.unpersist()
+    for name in OUTPUT_TABLES:
+        _swap_window(out[name], paths[name], window, f"{staging}/replaced/{name}")
     remove(staging)
 
     if input_records == 0:
@@ -172,8 +182,9 @@ def run_prep(settings: Settings, window: DateWindow, spark: Any = None, run_id: 
         "outputs": {k: v for k, v in paths.items() if k not in ("staging", "manifests")},
         "message": message,
     }
+    # the window's own manifest; `curated/manifest.json` (the current training set) moves only when the
+    # features step has built this window's training set, and only forward (see features.pipeline)
     manifest_uri = write_json(f"{paths['manifests']}/{window.label}.json", manifest)
-    write_json(f"{settings.zone('curated')}/manifest.json", manifest)
     return PrepResult(
         window=str(window), run_id=run_id, input_records=input_records, clean=n_kept, quarantined=n_bad,
         duplicates=n_dup, examples_by_split=manifest["examples_by_split"], reasons=manifest["quarantine_reasons"],
@@ -182,7 +193,22 @@ def run_prep(settings: Settings, window: DateWindow, spark: Any = None, run_id: 
     )
 
 
-def _clear_window(table_uri: str, window: DateWindow) -> None:
-    """Drop the window's old partitions so a re-run replaces them exactly (no stale split folders)."""
-    for part in window_partitions(table_uri, window.isoformat_days()):
-        remove(part)
+def _partition_suffix(partition: str) -> str:
+    """`split=S/dt=D` or `dt=D`: a partition folder's place inside its table."""
+    return "/".join(c for c in partition.rstrip("/").split("/")[-2:] if c.startswith(("split=", "dt=")))
+
+
+def _swap_window(new_table: str, table_uri: str, window: DateWindow, replaced: str) -> None:
+    """Replace the window's partitions of `table_uri` by those written to `new_table` (renames only).
+
+    The old partitions are moved aside first and deleted with the staging folder, so a re-run
+    replaces them exactly (no stale split folders) and a crash in between loses nothing: the old
+    partitions are still under the run's staging folder."""
+    days = window.isoformat_days()
+    if not exists(table_uri):  # the first run: the whole table (with Spark's schema file for an empty one)
+        move(new_table, table_uri)
+        return
+    for part in window_partitions(table_uri, days):
+        move(part, f"{replaced}/{_partition_suffix(part)}")
+    for part in window_partitions(new_table, days):
+        move(part, f"{table_uri}/{_partition_suffix(part)}")

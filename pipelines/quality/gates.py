@@ -90,8 +90,11 @@ def outcome_frame(spark: SparkSession, settings: Settings, window: DateWindow) -
     paths = zone_paths(settings)
     clean = spark.read.parquet(paths["examples"]).filter(F.col("dt").cast("string").isin(days)).select(
         F.lit("clean").alias("outcome"))
-    quarantined = spark.read.parquet(paths["quarantine"]).filter(F.col("dt").cast("string").isin(days)).select(
-        F.col("reason").alias("outcome"))
+    if window_partitions(paths["quarantine"], days):
+        quarantined = spark.read.parquet(paths["quarantine"]).filter(F.col("dt").cast("string").isin(days)).select(
+            F.col("reason").alias("outcome"))
+    else:  # nothing of this window was quarantined (a clean import): no partition, no schema to read
+        quarantined = spark.createDataFrame([], "outcome string")
     return clean.unionByName(quarantined)
 
 

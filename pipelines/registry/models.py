@@ -1,8 +1,10 @@
 """The MLflow adapter registry: register the sweep's best variant, gate promotion, roll back.
 
-Aliases: a new version becomes `candidate`; `champion` moves only through `promote` (the gate) or
-`rollback`. Every decision is a tag on the version it concerns and a line in the registered model's
-`flywheel.champion_history` tag, so the UI and `flywheel registry history` show why.
+Aliases: a new version becomes `candidate`; `champion` moves only through `promote` (the gate in
+pipelines/registry/gate.py) or `rollback`. Every decision is a tag on the version it concerns
+(`flywheel.gate`), and every champion change an entry in the registered model's
+`flywheel.champion_history` tag (the newest that fit in 5,000 characters), so the UI and
+`flywheel registry history` show why.
 """
 
 from __future__ import annotations
@@ -18,9 +20,12 @@ from typing import Any
 
 from pipelines.config import REPO_ROOT, Settings
 from pipelines.errors import NotRetryable
+from pipelines.registry.gate import BASELINE, gate
 
 CANDIDATE, CHAMPION = "candidate", "champion"
-HISTORY_TAG = "flywheel.champion_history"
+HISTORY_TAG, GATE_TAG = "flywheel.champion_history", "flywheel.gate"
+TAG_LIMIT = 5000  # characters in a tag value (some MLflow stores refuse more)
+REASON_CHARS = 160  # a history entry's reason, cut to keep many entries within one tag
 
 
 class RegistryError(NotRetryable):
@@ -32,8 +37,9 @@ class Decision:
     promoted: bool
     candidate_version: str
     champion_version: str | None
-    reason: str
-    numbers: dict[str, float | None]
+    reason: str  # one line
+    numbers: dict[str, Any]  # every compared number: overall and per tool (pipelines.registry.gate)
+    compared_with: str | None = None  # "champion", "base_few_shot", or None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -94,7 +100,7 @@ def register(settings: Settings, sweep: dict[str, Any], evaluation: dict[str, An
             client.set_registered_model_alias(name, CANDIDATE, version.version)
             return {"name": name, "version": str(version.version), "run_id": version.run_id, "existing": True}
 
-    lineage = manifest(settings)
+    lineage = manifest(settings, sweep.get("window"))  # the window the sweep trained on, not the newest
     window = lineage.get("window") or {}
     window = f"{window['start']}_{window['end']}" if isinstance(window, dict) else str(window)
     tool_schema_version = hashlib.sha256(tools_json(TOOLS).encode()).hexdigest()[:12]
@@ -172,52 +178,92 @@ def adapter_path(settings: Settings, version: str) -> str:
     return str(Path(local) / "artifacts" / "adapter")
 
 
-def gate(candidate: dict[str, Any], champion: dict[str, Any] | None, settings: Settings) -> tuple[bool, str]:
-    """Promote when there is no champion, or the candidate is better by the margins and not slower.
+def evaluation_rows(evaluated: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The evaluation table's rows by condition, each with `per_tool` {tool: {n, exact_match, arg_f1}}
+    (taken from the report JSON when the table row does not carry it)."""
+    from pipelines.storage import read_json
 
-    `candidate`/`champion`: evaluation rows (exact_match, arg_f1, latency_ms_p50) on the same requests."""
-    if champion is None:
-        return True, "no champion yet"
-    p = settings.promotion
-    failures = []
-    gain = candidate["exact_match"] - champion["exact_match"]
-    if gain < p.min_exact_match_gain:
-        failures.append(f"exact match gain {gain:+.3f} < {p.min_exact_match_gain:+.3f}")
-    f1_gain = (candidate.get("arg_f1") or 0) - (champion.get("arg_f1") or 0)
-    if f1_gain < p.min_arg_f1_gain:
-        failures.append(f"arg F1 gain {f1_gain:+.3f} < {p.min_arg_f1_gain:+.3f}")
-    slower = candidate["latency_ms_p50"] / max(champion["latency_ms_p50"], 1e-9) - 1
-    if slower > p.max_latency_increase:
-        failures.append(f"latency {slower:+.0%} > {p.max_latency_increase:+.0%}")
-    if failures:
-        return False, "; ".join(failures)
-    return True, f"exact match {gain:+.3f}, arg F1 {f1_gain:+.3f}, latency {slower:+.0%}"
+    rows = {r["condition"]: dict(r) for r in evaluated.get("table") or []}
+    if all("per_tool" in r for r in rows.values()) or not evaluated.get("json_uri"):
+        return rows
+    try:
+        report = read_json(evaluated["json_uri"])
+    except (OSError, ValueError):  # no report to read: the gate says per-tool numbers were not measured
+        return rows
+    for condition in report.get("conditions") or []:
+        row = rows.get(condition.get("condition"))
+        if row is not None and "per_tool" not in row:
+            row["per_tool"] = {tool: {"n": s.get("examples"), "exact_match": s.get("exact_match"),
+                                      "arg_f1": s.get("arg_f1")}
+                               for tool, s in (condition.get("per_tool") or {}).items()}
+    return rows
 
 
-def promote(settings: Settings, candidate_row: dict[str, Any], champion_row: dict[str, Any] | None,
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def _record_decision(client: Any, name: str, decision: Decision) -> None:
+    """The decision as the version's `flywheel.gate` tag; when the full record (per-tool numbers)
+    exceeds a tag, it goes to `gate/decision-<time>.json` on the version's run and the tag keeps a
+    summary with the overall numbers and that artifact's path."""
+    full = json.dumps(decision.to_dict(), default=str)
+    if len(full) <= TAG_LIMIT:
+        client.set_model_version_tag(name, decision.candidate_version, GATE_TAG, full)
+        return
+    summary = decision.to_dict()
+    summary["numbers"] = {k: v for k, v in decision.numbers.items() if not isinstance(v, dict)}
+    run_id = client.get_model_version(name, decision.candidate_version).run_id
+    if run_id:
+        artifact = f"gate/decision-{_now().replace(':', '')}.json"
+        client.log_text(run_id, json.dumps(decision.to_dict(), default=str, indent=1), artifact)
+        summary["full_decision"] = f"runs:/{run_id}/{artifact}"
+    summary["reason"] = summary["reason"][:TAG_LIMIT // 2]
+    client.set_model_version_tag(name, decision.candidate_version, GATE_TAG,
+                                 json.dumps(summary, default=str)[:TAG_LIMIT])
+
+
+def promote(settings: Settings, rows: dict[str, dict[str, Any]], version: str | None = None,
             reason_prefix: str = "") -> Decision:
-    """Apply the gate to the current `candidate` and record the decision either way."""
+    """Gate `version` (the one this run registered; default: whatever `candidate` points at) on the
+    evaluation `rows` by condition, record the decision on it either way, and move `champion` if it passed.
+
+    Refuses (RegistryError) when `candidate` moved to another version since `version` was registered.
+    The comparison needs the champion's row (`tuned_champion`, measured on the same requests); a row
+    carrying `version` must be of the current champion. Crash-safe order: the decision tag, then the
+    history entry, then the alias (rollback ignores an entry whose alias move never happened)."""
     from pipelines.clients.mlflow import client as mlflow_client
 
     name = settings.mlflow.registered_model
-    candidate = alias_version(settings, CANDIDATE)
-    if candidate is None:
+    current = alias_version(settings, CANDIDATE)
+    if current is None:
         raise RegistryError(f"{name} has no `candidate` version to promote")
+    candidate = str(version) if version is not None else current
+    if candidate != current:
+        raise RegistryError(f"{name}: `candidate` now points at v{current}, not v{candidate} that this run "
+                            f"registered and evaluated; not promoting (re-run the evaluation for v{current})")
     champion = alias_version(settings, CHAMPION)
     if champion == candidate:
         return Decision(False, candidate, champion, "the candidate is already the champion", {})
-    promoted, why = gate(candidate_row, champion_row, settings)
-    numbers = {f"candidate_{k}": candidate_row.get(k) for k in ("exact_match", "arg_f1", "latency_ms_p50")}
-    if champion_row:
-        numbers.update({f"champion_{k}": champion_row.get(k) for k in ("exact_match", "arg_f1", "latency_ms_p50")})
-    reason = f"{reason_prefix}{why}"
-    decision = Decision(promoted, candidate, champion, reason, numbers)
+    candidate_row, champion_row = rows["tuned_candidate"], rows.get("tuned_champion")
+    evaluated_champion = None if champion_row is None else champion_row.get("version")
+    if champion is None:
+        champion_row = None  # nothing to defend: the baseline decides
+    if champion is not None and (champion_row is None or evaluated_champion not in (None, champion)):
+        measured = f"v{evaluated_champion}" if evaluated_champion else "no champion"
+        why = (f"not promoted: the champion is v{champion} but the evaluation measured {measured}; "
+               f"re-run the evaluation; serving unchanged")
+        decision = Decision(False, candidate, champion, f"{reason_prefix}{why}", {})
+    else:
+        verdict = gate(candidate_row, champion_row, settings, rows.get(BASELINE))
+        decision = Decision(verdict.promoted, candidate, champion, f"{reason_prefix}{verdict.reason}",
+                            verdict.numbers, verdict.compared_with)
     client = mlflow_client(settings)
-    client.set_model_version_tag(name, candidate, "flywheel.gate", json.dumps(decision.to_dict(), default=str))
-    if promoted:
+    _record_decision(client, name, decision)
+    if decision.promoted:
+        _append_history(client, name, {"champion": candidate, "previous": champion, "reason": decision.reason,
+                                       "at": _now()})
         client.set_registered_model_alias(name, CHAMPION, candidate)
-        _append_history(client, name, {"champion": candidate, "previous": champion, "reason": reason,
-                                       "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
     return decision
 
 
@@ -225,14 +271,28 @@ def _history(client: Any, name: str) -> list[dict[str, Any]]:
     import mlflow
 
     try:
-        return json.loads(client.get_registered_model(name).tags.get(HISTORY_TAG, "[]"))
+        raw = client.get_registered_model(name).tags.get(HISTORY_TAG, "[]")
     except mlflow.exceptions.MlflowException:  # nothing registered yet
         return []
+    try:
+        entries = json.loads(raw)
+    except ValueError:  # a damaged tag: no history rather than a traceback
+        return []
+    return [e for e in entries if isinstance(e, dict)] if isinstance(entries, list) else []
+
+
+def compact_history(entries: list[dict[str, Any]], limit: int = TAG_LIMIT) -> str:
+    """The history as JSON within `limit` characters: reasons cut short, the oldest entries dropped."""
+    entries = [{**e, "reason": str(e.get("reason", ""))[:REASON_CHARS]} for e in entries]
+    text = json.dumps(entries, separators=(",", ":"))
+    while len(text) > limit and len(entries) > 1:
+        entries = entries[1:]
+        text = json.dumps(entries, separators=(",", ":"))
+    return text
 
 
 def _append_history(client: Any, name: str, entry: dict[str, Any]) -> None:
-    history = _history(client, name)[-49:] + [entry]  # a tag holds at most 5,000 characters in some stores
-    client.set_registered_model_tag(name, HISTORY_TAG, json.dumps(history))
+    client.set_registered_model_tag(name, HISTORY_TAG, compact_history(_history(client, name) + [entry]))
 
 
 def history(settings: Settings) -> list[dict[str, Any]]:
@@ -242,18 +302,21 @@ def history(settings: Settings) -> list[dict[str, Any]]:
 
 
 def rollback(settings: Settings) -> dict[str, Any]:
-    """Point `champion` back at the version it replaced."""
+    """Point `champion` back at the version it replaced: the newest history entry that made the
+    current champion names it (entries for other versions, e.g. a promotion whose alias move never
+    happened, are skipped)."""
     from pipelines.clients.mlflow import client as mlflow_client
 
     name = settings.mlflow.registered_model
     client = mlflow_client(settings)
     current = alias_version(settings, CHAMPION)
-    entries = _history(client, name)
-    if current is None or not entries or entries[-1]["champion"] != current or not entries[-1]["previous"]:
+    made = next((e for e in reversed(_history(client, name)) if str(e.get("champion")) == str(current)), None)
+    previous = (made or {}).get("previous")
+    if current is None or not previous:
         raise RegistryError(f"{name}: no previous champion to roll back to (champion: {current})")
-    previous = entries[-1]["previous"]
-    client.set_registered_model_alias(name, CHAMPION, previous)
-    client.set_model_version_tag(name, current, "flywheel.rolled_back", time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+    previous = str(previous)
     _append_history(client, name, {"champion": previous, "previous": None, "reason": f"rollback from {current}",
-                                   "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+                                   "at": _now()})
+    client.set_registered_model_alias(name, CHAMPION, previous)
+    client.set_model_version_tag(name, current, "flywheel.rolled_back", _now())
     return {"name": name, "champion": previous, "was": current}

@@ -40,40 +40,67 @@ def conversation(row: dict[str, Any], style: str, settings: Settings | None = No
     return chat_turns(system_for(row, style), row["messages_json"])  # type: ignore[arg-type]
 
 
+def target(settings: Settings, protocol: Protocol = "http") -> tuple[str, bool]:
+    """(host:port, ssl) of the server for this protocol: `triton.url` (the cluster's Service; scheme
+    optional, https means TLS), gRPC on the same host at `triton.grpc_port`. Without a url, the
+    local server at `triton.host`."""
+    t = settings.triton
+    url = (t.url or f"{t.host}:{t.http_port}").strip()
+    scheme, _, rest = url.rpartition("://")
+    address = rest.split("/", 1)[0]
+    ssl = scheme.lower() == "https"
+    if not address:
+        raise ValueError(f"triton.url: expected host:port or http(s)://host:port, got {url!r}")
+    host, _, port = address.rpartition(":") if not address.endswith("]") else ("", "", "")
+    if not port.isdigit():  # no port given (a bracketed IPv6 address, or a plain host name)
+        host, port = address, str(443 if ssl else 80)
+    return f"{host}:{port if protocol == 'http' else t.grpc_port}", ssl
+
+
 class TritonClient:
-    """One connection to the server; `infer` sends one request per conversation, `concurrency` at a time."""
+    """One connection to the server; `infer` sends one request per conversation, `concurrency` at a time.
+    Every call is bounded by `timeout_s` (HTTP: the connection's connect and network timeouts; gRPC:
+    each call's deadline)."""
 
     def __init__(self, settings: Settings, protocol: Protocol = "http", timeout_s: float = 600):
-        t = settings.triton
         self.settings = settings
         self.protocol = protocol
+        self.timeout_s = timeout_s
+        address, ssl = target(settings, protocol)
         if protocol == "http":
             import tritonclient.http as module
 
-            self._client = module.InferenceServerClient(f"{t.host}:{t.http_port}", connection_timeout=timeout_s,
+            self._client = module.InferenceServerClient(address, ssl=ssl, connection_timeout=timeout_s,
                                                         network_timeout=timeout_s)
+            self._deadline: dict[str, float] = {}  # the HTTP client's timeouts are per connection
         else:
             import tritonclient.grpc as module
 
-            self._client = module.InferenceServerClient(f"{t.host}:{t.grpc_port}")
+            self._client = module.InferenceServerClient(address, ssl=ssl)
+            self._deadline = {"client_timeout": timeout_s}
         self._module = module
-        self.timeout_s = timeout_s
 
     # model control ------------------------------------------------------------------------------
     def load(self, name: str) -> None:
-        self._client.load_model(name)
+        self._client.load_model(name, **self._deadline)
 
-    def unload(self, name: str) -> None:
-        self._client.unload_model(name)
+    def unload(self, name: str, wait_s: float = 0) -> None:
+        """Unload; with `wait_s`, wait (at most that long) until the server no longer reports it ready."""
+        self._client.unload_model(name, **self._deadline)
+        deadline = time.monotonic() + wait_s
+        while wait_s and self.ready(name):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{name} still ready {wait_s:.0f} s after its unload")
+            time.sleep(0.2)
 
     def ready(self, name: str) -> bool:
         try:
-            return bool(self._client.is_model_ready(name))
+            return bool(self._client.is_model_ready(name, **self._deadline))
         except Exception:  # noqa: BLE001 (an unknown model is simply not ready)
             return False
 
     def loaded(self) -> list[str]:
-        index = self._client.get_model_repository_index()
+        index = self._client.get_model_repository_index(**self._deadline)
         rows = index if isinstance(index, list) else [{"name": m.name, "state": m.state} for m in index.models]
         return sorted(r["name"] for r in rows if r.get("state") == "READY")
 
@@ -87,7 +114,7 @@ class TritonClient:
     def infer_one(self, model: str, turns: list[dict[str, str]] | str) -> Reply:
         started = time.perf_counter()
         try:
-            result = self._client.infer(model, self._inputs(turns))
+            result = self._client.infer(model, self._inputs(turns), **self._deadline)
         except Exception as exc:  # noqa: BLE001 (the server's message is the useful part)
             return Reply(None, 0, 0, (time.perf_counter() - started) * 1000, _message(exc))
         return _reply(result, (time.perf_counter() - started) * 1000)

@@ -4,28 +4,41 @@ Traffic goes to the model named `live` in `<serving zone>/state.json`; the clien
 it (`live_model`). A deployment loads the new version next to the live one, smoke-tests it with
 real test-split requests, and only then moves `live` (the old one becomes `previous` and stays
 loaded, so `rollback` is a pointer swap: seconds). If loading or the smoke test fails, the new
-model is unloaded, `live` does not move and the reason is raised and recorded.
+model is unloaded, `live` does not move and the reason is raised and recorded. Every
+read-modify-write of state.json (deploy, rollback, canary) holds its file lock (`state_lock`), so
+a rollback during a deploy's smoke test waits instead of being overwritten.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import statistics
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any
 
 from pipelines.config import Settings
 from pipelines.errors import NotRetryable
 from pipelines.serve import repository, server
 from pipelines.serve.client import Reply, TritonClient, conversation
-from pipelines.storage import read_json, write_json
+from pipelines.storage import lock_file, read_json, write_json
 
 
 class DeployFailed(NotRetryable):
     """The new model did not load or failed its smoke test; the previous model keeps serving."""
+
+
+class StateCorrupt(NotRetryable):
+    """serving/state.json cannot be read as the serving state."""
+
+
+class StateBusy(NotRetryable):
+    """Another deploy, rollback or canary held the serving state's lock past the timeout."""
 
 
 @dataclass
@@ -41,10 +54,47 @@ def _state_uri(settings: Settings) -> str:
 
 
 def state(settings: Settings) -> dict[str, Any]:
+    uri = _state_uri(settings)
     try:
-        return read_json(_state_uri(settings))
+        current = read_json(uri)
     except FileNotFoundError:
         return {"live": None, "previous": None, "history": []}
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError
+        raise StateCorrupt(f"serving state {uri} is not valid JSON ({exc}): restore it (its last good content "
+                           f"names `live` and `previous`) or delete it and run `flywheel deploy`") from None
+    if not (isinstance(current, dict) and all(isinstance(current.get(k), (dict, type(None)))
+                                              for k in ("live", "previous"))
+            and all(isinstance(current.get(k), dict) and "name" in current[k]
+                    for k in ("live", "previous") if current.get(k))):
+        raise StateCorrupt(f"serving state {uri} is not a serving state (an object whose `live` and `previous` "
+                           f"are null or {{name, version, prompt_style}}): restore it or delete it and run "
+                           f"`flywheel deploy`")
+    return current
+
+
+def lock_path(settings: Settings) -> Path:
+    """The state's lock file (`storage.lock_file`: beside state.json locally, under ~/.flywheel/locks
+    for a serving zone on object storage)."""
+    return Path(lock_file(_state_uri(settings)))
+
+
+@contextlib.contextmanager
+def state_lock(settings: Settings) -> Iterator[None]:
+    """Hold the serving state's lock (every read-modify-write of state.json runs under it)."""
+    from filelock import FileLock, Timeout
+
+    path, wait = lock_path(settings), settings.triton.state_lock_timeout_s
+    try:
+        lock = FileLock(str(path), timeout=wait)
+        lock.acquire()
+    except Timeout:
+        raise StateBusy(f"the serving state {_state_uri(settings)} stayed locked by another deploy, rollback or "
+                        f"canary for {wait:.0f} s (lock {path}): wait for it to finish, or raise "
+                        f"triton.state_lock_timeout_s") from None
+    try:
+        yield
+    finally:
+        lock.release()
 
 
 def _save(settings: Settings, current: dict[str, Any], event: dict[str, Any]) -> None:
@@ -66,19 +116,21 @@ def smoke_rows(settings: Settings, n: int, seed: int = 0) -> list[dict[str, Any]
 
 
 def score_replies(rows: list[dict[str, Any]], replies: list[Reply]) -> dict[str, Any]:
-    """Quality and latency of served answers against the rows' logged tool calls."""
+    """Quality and latency of served answers against the rows' logged tool calls. Every request
+    counts: an errored one is a wrong (invalid) answer and a latency sample at the time it took."""
     from pipelines.evaluate import metrics
     from pipelines.prep.prompt import call_text
 
-    answered = [(r, rep) for r, rep in zip(rows, replies) if rep.error is None]
-    scores = [metrics.score(rep.text or "", json.loads(call_text(r["target_json"]))) for r, rep in answered]
-    latencies = sorted(rep.latency_ms for rep in replies if rep.error is None)
+    scores = [metrics.score(rep.text if rep.error is None else "", json.loads(call_text(r["target_json"])))
+              for r, rep in zip(rows, replies)]
+    answered = [rep for rep in replies if rep.error is None]
+    latencies = [rep.latency_ms for rep in replies]
     summary = metrics.summarize(scores) if scores else {}
-    return {"requests": len(rows), "errors": len(rows) - len(answered),
+    return {"requests": len(rows), "errors": len(replies) - len(answered),
             "valid_json": summary.get("json_valid", 0.0), "exact_match": summary.get("exact_match", 0.0),
             "name_accuracy": summary.get("name_accuracy", 0.0),
             "latency_ms_p50": round(statistics.median(latencies), 1) if latencies else None,
-            "prompt_tokens_mean": round(statistics.fmean(rep.prompt_tokens for _, rep in answered), 1) if answered else None}
+            "prompt_tokens_mean": round(statistics.fmean(rep.prompt_tokens for rep in answered), 1) if answered else None}
 
 
 def smoke_test(settings: Settings, client: TritonClient, entry: Deployment) -> dict[str, Any]:
@@ -88,97 +140,141 @@ def smoke_test(settings: Settings, client: TritonClient, entry: Deployment) -> d
 
 
 def deploy(settings: Settings, alias: str = "champion", *, version: str | None = None) -> dict[str, Any]:
-    """Put a registered version (by alias or number) behind Triton, if it loads and passes the smoke test."""
+    """Put a registered version (by alias or number) behind Triton, if it loads and passes the smoke test.
+    When it is live already, make sure the server has it loaded (after a restart it has not): reload
+    and smoke-test it, then answer unchanged. The whole read-modify-write of the state runs under its lock."""
     from pipelines.registry.models import alias_version
 
     version = version or alias_version(settings, alias)
     if version is None:
         raise DeployFailed(f"no model version has the alias '{alias}' in {settings.mlflow.registered_model}")
     server.up(settings)
-    current = state(settings)
     started = time.perf_counter()
-    model = repository.build_version(settings, version)
-    entry = Deployment(model.name, version, model.prompt_style)
-    if current.get("live") and current["live"]["name"] == entry.name:
-        return {"deployed": entry.name, "version": version, "unchanged": True, "state": current}
     client = TritonClient(settings)
     try:
-        try:
-            client.load(entry.name)
-        except Exception as exc:  # noqa: BLE001 (the server's reason goes into the error)
-            _save(settings, current, {"event": "deploy_failed", "name": entry.name, "version": version,
-                                      "reason": f"load: {exc}"})
-            raise DeployFailed(f"{entry.name} did not load ({exc}); {_serving(current)} keeps serving") from None
-        smoke = smoke_test(settings, client, entry)
-        if smoke["errors"] or smoke["valid_json"] < settings.triton.smoke_min_valid_json:
-            _unload_quietly(client, entry.name)
-            _save(settings, current, {"event": "deploy_failed", "name": entry.name, "version": version,
-                                      "reason": f"smoke test: {smoke}"})
-            raise DeployFailed(f"{entry.name} failed its smoke test ({smoke['errors']} errors, valid JSON "
-                               f"{smoke['valid_json']:.0%}); {_serving(current)} keeps serving")
-        previous = current.get("live")
-        current.update(live=asdict(entry), previous=previous)
-        _save(settings, current, {"event": "deployed", "name": entry.name, "version": version, "smoke": smoke})
-        keep = {entry.name, previous["name"] if previous else None}
-        for name in client.loaded():
-            if name not in keep and name != repository.triton_name(settings, None):
-                _unload_quietly(client, name)
+        with state_lock(settings):
+            current = state(settings)
+            name = repository.triton_name(settings, version)
+            model = repository.build_version(settings, version, in_use=_in_use(current, client, name))
+            entry = Deployment(model.name, version, model.prompt_style)
+            if current.get("live") and current["live"]["name"] == entry.name:
+                return _ensure_loaded(settings, client, current, Deployment(**current["live"]), started)
+            previous = current.get("live")
+            try:
+                client.load(entry.name)
+            except Exception as exc:  # noqa: BLE001 (the server's reason goes into the error)
+                _save(settings, current, {"event": "deploy_failed", "name": entry.name, "version": version,
+                                          "reason": f"load: {exc}"})
+                raise DeployFailed(f"{entry.name} did not load ({exc}); {_serving(current)} keeps serving") from None
+            smoke = smoke_test(settings, client, entry)
+            if smoke["errors"] or smoke["valid_json"] < settings.triton.smoke_min_valid_json:
+                _unload_quietly(client, entry.name)
+                _save(settings, current, {"event": "deploy_failed", "name": entry.name, "version": version,
+                                          "reason": f"smoke test: {smoke}"})
+                raise DeployFailed(f"{entry.name} failed its smoke test ({smoke['errors']} errors, valid JSON "
+                                   f"{smoke['valid_json']:.0%}); {_serving(current)} keeps serving")
+            current.update(live=asdict(entry), previous=previous)
+            _save(settings, current, {"event": "deployed", "name": entry.name, "version": version, "smoke": smoke})
+            keep = {entry.name, previous["name"] if previous else None, repository.triton_name(settings, None)}
+            for loaded in client.loaded():
+                if loaded not in keep:
+                    _unload_quietly(client, loaded)
     finally:
         client.close()
     return {"deployed": entry.name, "version": version, "previous": previous, "smoke": smoke,
+            "stale_folder": model.stale, "seconds": round(time.perf_counter() - started, 1)}
+
+
+def _in_use(current: dict[str, Any], client: TritonClient, name: str) -> bool:
+    """The model is live, previous, or loaded on the server: its folder must not be rewritten."""
+    named = {d["name"] for d in (current.get("live"), current.get("previous")) if d}
+    return name in named or client.ready(name)
+
+
+def _ensure_loaded(settings: Settings, client: TritonClient, current: dict[str, Any], live: Deployment,
+                   started: float) -> dict[str, Any]:
+    """The requested version is live: answer unchanged once the server has it loaded (reload and
+    smoke-test it when a restart dropped it; `live` never moves here)."""
+    result = {"deployed": live.name, "version": live.version, "unchanged": True, "reloaded": False}
+    if client.ready(live.name):
+        return {**result, "state": current}
+    try:
+        client.load(live.name)
+    except Exception as exc:  # noqa: BLE001
+        _save(settings, current, {"event": "reload_failed", "name": live.name, "version": live.version,
+                                  "reason": f"load: {exc}"})
+        raise DeployFailed(f"{live.name} is live but the server has not loaded it, and it did not load ({exc}): "
+                           f"check `flywheel serve status` and the Triton log") from None
+    smoke = smoke_test(settings, client, live)
+    event = {"name": live.name, "version": live.version, "smoke": smoke}
+    if smoke["errors"] or smoke["valid_json"] < settings.triton.smoke_min_valid_json:
+        _save(settings, current, {"event": "reload_failed", **event})
+        raise DeployFailed(f"{live.name} is live and was reloaded, but failed its smoke test ({smoke['errors']} "
+                           f"errors, valid JSON {smoke['valid_json']:.0%}): `flywheel rollback` serves the previous one")
+    _save(settings, current, {"event": "reloaded", **event})
+    return {**result, "reloaded": True, "smoke": smoke, "state": current,
             "seconds": round(time.perf_counter() - started, 1)}
 
 
-def rollback(settings: Settings) -> dict[str, Any]:
-    """Serve the previous deployment again (a pointer swap; it is reloaded first if it was unloaded)."""
-    current = state(settings)
-    previous, live = current.get("previous"), current.get("live")
-    if not previous:
-        raise DeployFailed("nothing to roll back to: no previous deployment")
+def rollback(settings: Settings, *, only_if_live: str | None = None) -> dict[str, Any]:
+    """Serve the previous deployment again (a pointer swap; it is reloaded first if it was unloaded).
+    `only_if_live`: roll back only while that model is still live (else DeployFailed)."""
     started = time.perf_counter()
-    client = TritonClient(settings)
-    try:
-        if not client.ready(previous["name"]):
-            client.load(previous["name"])
-    finally:
-        client.close()
-    current.update(live=previous, previous=live)
-    _save(settings, current, {"event": "rollback", "name": previous["name"], "version": previous["version"]})
+    with state_lock(settings):
+        current = state(settings)
+        previous, live = current.get("previous"), current.get("live")
+        if only_if_live is not None and (live or {}).get("name") != only_if_live:
+            raise DeployFailed(f"not rolled back: {only_if_live} is no longer live ({_serving(current)} is)")
+        if not previous:
+            raise DeployFailed("nothing to roll back to: no previous deployment")
+        client = TritonClient(settings)
+        try:
+            if not client.ready(previous["name"]):
+                client.load(previous["name"])
+        finally:
+            client.close()
+        current.update(live=previous, previous=live)
+        _save(settings, current, {"event": "rollback", "name": previous["name"], "version": previous["version"]})
     return {"live": previous, "previous": live, "seconds": round(time.perf_counter() - started, 2)}
 
 
 def canary(settings: Settings, alias: str = "candidate", *, share: float | None = None,
            requests: int = 24, seed: int = 0) -> dict[str, Any]:
-    """Serve the candidate next to the live model; send `share` of replayed test traffic to it and compare."""
+    """Serve the candidate next to the live model; send `share` of replayed test traffic to it and compare.
+    Runs under the state's lock, so no deploy unloads either model meanwhile."""
     from pipelines.registry.models import alias_version
 
-    live = live_model(settings)
-    if live is None:
-        raise DeployFailed("no live model: deploy a champion first")
     version = alias_version(settings, alias)
     if version is None:
         raise DeployFailed(f"no model version has the alias '{alias}'")
     share = settings.triton.canary_share if share is None else share
-    model = repository.build_version(settings, version)
-    candidate = Deployment(model.name, version, model.prompt_style)
-    rows = smoke_rows(settings, requests, seed)
-    rng = random.Random(seed)
-    routed = {live.name: [], candidate.name: []}
-    for row in rows:
-        routed[candidate.name if rng.random() < share else live.name].append(row)
     client = TritonClient(settings)
     try:
-        if not client.ready(candidate.name):
-            client.load(candidate.name)
-        result = {}
-        for entry in (live, candidate):
-            chosen = routed[entry.name]
-            replies = client.infer(entry.name, [conversation(r, entry.prompt_style) for r in chosen])
-            result[entry.name] = {"version": entry.version, **score_replies(chosen, replies)}
+        with state_lock(settings):
+            current = state(settings)
+            if not current.get("live"):
+                raise DeployFailed("no live model: deploy a champion first")
+            live = Deployment(**current["live"])
+            name = repository.triton_name(settings, version)
+            model = repository.build_version(settings, version, in_use=_in_use(current, client, name))
+            candidate = Deployment(model.name, version, model.prompt_style)
+            rows = smoke_rows(settings, requests, seed)
+            rng = random.Random(seed)
+            routed: dict[str, list[dict[str, Any]]] = {live.name: [], candidate.name: []}
+            for row in rows:
+                routed[candidate.name if rng.random() < share else live.name].append(row)
+            for entry in (live, candidate):
+                if not client.ready(entry.name):
+                    client.load(entry.name)
+            result = {}
+            for entry in (live, candidate):
+                chosen = routed[entry.name]
+                replies = client.infer(entry.name, [conversation(r, entry.prompt_style) for r in chosen])
+                result[entry.name] = {"version": entry.version, **score_replies(chosen, replies)}
+            _save(settings, current, {"event": "canary", "name": candidate.name, "version": version,
+                                      "share": share, "result": result})
     finally:
         client.close()
-    _save(settings, state(settings), {"event": "canary", "name": candidate.name, "version": version,
-                                      "share": share, "result": result})
     return {"live": live.name, "candidate": candidate.name, "share": share, "models": result}
 
 

@@ -14,15 +14,22 @@ enabled, max rank) and `multi_lora.json`, so the same adapters serve from the vL
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
 from pipelines.config import Settings
+from pipelines.errors import NotRetryable
 
 MODEL_FILE = Path(__file__).with_name("triton_model.py")
 BASE_NAME = "base"  # the un-tuned base model (the few-shot baseline in benchmarks)
+
+
+class ModelInUse(NotRetryable):
+    """A model folder that a loaded or live model was built from would have to be rewritten."""
 
 
 @dataclass(frozen=True)
@@ -32,6 +39,10 @@ class ModelEntry:
     version: str | None  # registry version; None for the base model
     prompt_style: str
     base_model: str
+    stale: bool = False  # kept as it was (the model is in use) although the settings now build it differently
+
+
+IDENTITY = ("registry_version", "base_model", "prompt_style", "model")  # what a folder serves
 
 
 def triton_name(settings: Settings, version: str | None) -> str:
@@ -64,21 +75,77 @@ parameters [
 '''
 
 
-def write_model(settings: Settings, repository: Path, name: str, base_model_path: str, adapter_dir: str | None,
-                meta: dict[str, object]) -> Path:
-    """Write (or rewrite, atomically per model) one model folder; returns it."""
-    final = repository / name
-    staging = repository / f".{name}.staging"
-    shutil.rmtree(staging, ignore_errors=True)
-    (staging / "1").mkdir(parents=True)
-    shutil.copy(MODEL_FILE, staging / "1" / "model.py")
+def _fingerprint(config: str, adapter_dir: str | None) -> str:
+    """Everything a model folder is built from: its config, model.py and the adapter's files."""
+    digest = hashlib.sha256(config.encode() + MODEL_FILE.read_bytes())
     if adapter_dir:
-        shutil.copytree(adapter_dir, staging / "1" / "adapter")
-    (staging / "1" / "flywheel.json").write_text(json.dumps(meta, indent=2, sort_keys=True))
-    (staging / "config.pbtxt").write_text(config_pbtxt(settings, name, base_model_path, "adapter" if adapter_dir else None))
-    shutil.rmtree(final, ignore_errors=True)
-    staging.rename(final)
-    return final
+        for file in sorted(p for p in Path(adapter_dir).rglob("*") if p.is_file()):
+            digest.update(str(file.relative_to(adapter_dir)).encode() + file.read_bytes())
+    return digest.hexdigest()
+
+
+def _same(existing: dict[str, object] | None, meta: dict[str, object]) -> tuple[bool, bool]:
+    """(serves the same model, built identically) of a folder's flywheel.json against the wanted one."""
+    if existing is None:
+        return False, False
+    identity = all(existing.get(k) == meta.get(k) for k in IDENTITY)
+    return identity, identity and existing.get("fingerprint") == meta.get("fingerprint")
+
+
+def _conflict(name: str, where: str, existing: dict[str, object] | None, meta: dict[str, object]) -> ModelInUse:
+    return ModelInUse(f"{where} serves {({k: (existing or {}).get(k) for k in IDENTITY})}, not "
+                      f"{({k: meta.get(k) for k in IDENTITY})}, and {name} is loaded or live: its folder is never "
+                      f"rewritten while in use; unload it (deploy or roll back to another version) and retry")
+
+
+def write_model(settings: Settings, repository: Path, name: str, base_model_path: str, adapter_dir: str | None,
+                meta: dict[str, object], *, in_use: bool = False) -> tuple[Path, bool]:
+    """The model folder, written once: (folder, stale). An existing folder built identically is reused
+    untouched; one serving the same model but built from other settings is kept while the model is
+    `in_use` (loaded or live: stale=True) and replaced otherwise; one serving another model raises
+    ModelInUse when in use. New content goes to a private staging folder renamed into place, so Triton
+    never sees half a folder."""
+    config = config_pbtxt(settings, name, base_model_path, "adapter" if adapter_dir else None)
+    meta = {**meta, "fingerprint": _fingerprint(config, adapter_dir)}
+    final = repository / name
+    existing = _read_meta(final / "1" / "flywheel.json")
+    identity, identical = _same(existing, meta)
+    if identical:
+        return final, False
+    if final.exists() and in_use:
+        if identity:
+            return final, True
+        raise _conflict(name, str(final), existing, meta)
+    staging = repository / f".{name}.staging-{uuid.uuid4().hex[:8]}"
+    (staging / "1").mkdir(parents=True)
+    try:
+        shutil.copy(MODEL_FILE, staging / "1" / "model.py")
+        if adapter_dir:
+            shutil.copytree(adapter_dir, staging / "1" / "adapter")
+        (staging / "1" / "flywheel.json").write_text(json.dumps(meta, indent=2, sort_keys=True))
+        (staging / "config.pbtxt").write_text(config)
+        old = repository / f".{name}.old-{uuid.uuid4().hex[:8]}"
+        if final.exists():
+            final.rename(old)  # not in use: nothing reads it
+        try:
+            staging.rename(final)
+        except OSError:  # another writer put the folder in place meanwhile: keep it if it is this one
+            if not _same(_read_meta(final / "1" / "flywheel.json"), meta)[1]:
+                raise
+        shutil.rmtree(old, ignore_errors=True)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return final, False
+
+
+def _read_meta(uri: Path | str) -> dict[str, object] | None:
+    from pipelines.storage import read_json
+
+    try:
+        meta = read_json(str(uri))
+    except (FileNotFoundError, ValueError):
+        return None
+    return meta if isinstance(meta, dict) else None
 
 
 def staging_repository(settings: Settings) -> Path:
@@ -88,22 +155,54 @@ def staging_repository(settings: Settings) -> Path:
     return Path(repository) if "://" not in repository else Path.home() / ".flywheel" / "model_repository"
 
 
-def publish(settings: Settings, folder: Path) -> str:
-    """The model folder at its place in the configured repository (an upload when that is S3)."""
+def model_uri(settings: Settings, name: str) -> str:
+    """A model's folder in the configured repository (a path or an object-store URI)."""
+    return f"{str(settings.triton.model_repository).rstrip('/')}/{name}"
+
+
+def publish(settings: Settings, folder: Path, *, in_use: bool = False) -> tuple[str, bool]:
+    """The model folder at its place in the configured repository: (uri, stale). On object storage
+    the folder is uploaded only where it is absent or (not in use) built differently; an in-use
+    folder is never replaced (the rules of `write_model`)."""
     repository = str(settings.triton.model_repository)
     if "://" not in repository:
-        return str(folder)
+        return str(folder), False
     from pipelines.storage import fs_for
 
-    fs, remote = fs_for(f"{repository.rstrip('/')}/{folder.name}")
+    uri = model_uri(settings, folder.name)
+    fs, remote = fs_for(uri)
+    meta = _read_meta(folder / "1" / "flywheel.json") or {}
+    existing = _read_meta(f"{uri}/1/flywheel.json") if fs.exists(remote) else None
+    identity, identical = _same(existing, meta)
+    if identical:
+        return uri, False
     if fs.exists(remote):
+        if in_use:
+            if identity:
+                return uri, True
+            raise _conflict(folder.name, uri, existing, meta)
         fs.rm(remote, recursive=True)
-    fs.put(str(folder), remote, recursive=True)
-    return f"{repository.rstrip('/')}/{folder.name}"
+    # the metadata last: a folder without it is incomplete and is replaced by the next publish
+    files = sorted(p for p in folder.rglob("*") if p.is_file() and p.name != "flywheel.json")
+    for file in [*files, folder / "1" / "flywheel.json"]:
+        fs.put_file(str(file), f"{remote}/{file.relative_to(folder).as_posix()}")
+    return uri, False
 
 
-def build_version(settings: Settings, version: str) -> ModelEntry:
-    """The model folder of a registered version (adapter from MLflow, base model from the catalogue)."""
+def configured_limit(settings: Settings, name: str) -> int:
+    """The `max_input_tokens` a model's folder in the repository was built with."""
+    import re
+
+    from pipelines.storage import read_bytes
+
+    config = read_bytes(f"{model_uri(settings, name)}/config.pbtxt").decode("utf-8")
+    found = re.search(r'key: "max_input_tokens" value: \{ string_value: "(\d+)" \}', config)
+    return int(found.group(1)) if found else 1024  # triton_model.py's default
+
+
+def build_version(settings: Settings, version: str, *, in_use: bool = False) -> ModelEntry:
+    """The model folder of a registered version (adapter from MLflow, base model from the catalogue);
+    `in_use`: the model is loaded or live, so an existing folder of it is never rewritten."""
     from pipelines.clients.mlflow import client as mlflow_client
     from pipelines.registry.models import adapter_path
     from pipelines.train.models import prepare_base
@@ -112,26 +211,60 @@ def build_version(settings: Settings, version: str) -> ModelEntry:
     base_model = tags.get("flywheel.base_model", "smollm2-135m-instruct")
     style = tags.get("flywheel.prompt_style", "short")
     name = triton_name(settings, version)
-    path = write_model(settings, staging_repository(settings), name, prepare_base(base_model, settings),
-                       adapter_path(settings, version), {"registry_version": version, "base_model": base_model,
-                                                         "prompt_style": style, "model": settings.mlflow.registered_model})
-    return ModelEntry(name, publish(settings, path), version, style, base_model)
+    path, stale = write_model(settings, staging_repository(settings), name, prepare_base(base_model, settings),
+                              adapter_path(settings, version),
+                              {"registry_version": version, "base_model": base_model, "prompt_style": style,
+                               "model": settings.mlflow.registered_model}, in_use=in_use)
+    uri, remote_stale = publish(settings, path, in_use=in_use)
+    return ModelEntry(name, uri, version, style, base_model, stale or remote_stale)
 
 
-def build_base(settings: Settings, base_model: str = "smollm2-135m-instruct") -> ModelEntry:
+def build_base(settings: Settings, base_model: str = "smollm2-135m-instruct", *, in_use: bool = False) -> ModelEntry:
     """The un-tuned base model (full prompt, in-context examples): the baseline the benchmark compares."""
     from pipelines.train.models import prepare_base
 
     name = triton_name(settings, None)
-    path = write_model(settings, staging_repository(settings), name, prepare_base(base_model, settings),
-                       None, {"registry_version": None, "base_model": base_model, "prompt_style": "full"})
-    return ModelEntry(name, publish(settings, path), None, "full", base_model)
+    path, stale = write_model(settings, staging_repository(settings), name, prepare_base(base_model, settings),
+                              None, {"registry_version": None, "base_model": base_model, "prompt_style": "full"},
+                              in_use=in_use)
+    uri, remote_stale = publish(settings, path, in_use=in_use)
+    return ModelEntry(name, uri, None, "full", base_model, stale or remote_stale)
 
 
-def vllm_model(out: Path, base_model: str, adapters: dict[str, str], max_lora_rank: int = 64,
+VLLM_LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)  # the max_lora_rank values vLLM accepts
+
+
+class VllmConfigError(NotRetryable):
+    """The adapters do not fit the vLLM model folder (a missing adapter, a rank above max_lora_rank)."""
+
+
+def adapter_rank(adapter_dir: str) -> int:
+    """The LoRA rank `r` of an HF-PEFT adapter folder (local or on object storage)."""
+    from pipelines.storage import read_json
+
+    try:
+        return int(read_json(f"{adapter_dir.rstrip('/')}/adapter_config.json")["r"])
+    except FileNotFoundError:
+        raise VllmConfigError(f"{adapter_dir}: no adapter_config.json (not a PEFT adapter folder)") from None
+    except (KeyError, TypeError, ValueError) as exc:
+        raise VllmConfigError(f"{adapter_dir}/adapter_config.json: no LoRA rank `r` ({exc})") from None
+
+
+def vllm_model(out: Path, base_model: str, adapters: dict[str, str], max_lora_rank: int | None = None,
                gpu_memory_utilization: float = 0.85) -> Path:
     """A model folder for the official Triton vLLM container: base model with LoRA adapters by name
-    (requests pick one with the `lora_name` parameter)."""
+    (requests pick one with the `lora_name` parameter). Each adapter folder must exist and its rank
+    fit `max_lora_rank` (default: the largest adapter rank, rounded up to a size vLLM accepts)."""
+    ranks = {name: adapter_rank(path) for name, path in adapters.items()}
+    needed = max(ranks.values(), default=8)
+    if max_lora_rank is None:
+        max_lora_rank = next((r for r in VLLM_LORA_RANKS if r >= needed), needed)
+    too_big = {name: r for name, r in ranks.items() if r > max_lora_rank}
+    if too_big:
+        raise VllmConfigError(f"adapters {too_big} have a LoRA rank above max_lora_rank {max_lora_rank}: "
+                              f"vLLM would refuse them; raise max_lora_rank to at least {needed}")
+    if max_lora_rank not in VLLM_LORA_RANKS:
+        raise VllmConfigError(f"max_lora_rank {max_lora_rank}: vLLM accepts one of {VLLM_LORA_RANKS}")
     (out / "1").mkdir(parents=True, exist_ok=True)
     (out / "1" / "model.json").write_text(json.dumps({
         "model": base_model, "enable_lora": True, "max_lora_rank": max_lora_rank, "max_loras": max(1, len(adapters)),

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
 from pipelines.config import Settings
@@ -42,9 +43,12 @@ class Example:
         return json.loads(self.target)
 
 
-def manifest(settings: Settings) -> dict[str, Any]:
-    """The latest window's manifest: the training set's files and digest (lineage)."""
-    uri = f"{settings.zone('curated')}/manifest.json"
+def manifest(settings: Settings, window: str | None = None) -> dict[str, Any]:
+    """A window's manifest (`window`: its label, `START_END`), or the current one: the newest window
+    whose training set was built (a backfill of an older window does not move it). It lists the
+    training set's files and digest (lineage)."""
+    curated = settings.zone("curated")
+    uri = f"{curated}/manifests/{window}.json" if window else f"{curated}/manifest.json"
     try:
         data = read_json(uri)
     except FileNotFoundError:
@@ -54,14 +58,16 @@ def manifest(settings: Settings) -> dict[str, Any]:
     return data
 
 
-def load_split(settings: Settings, split: str, limit: int | None = None, seed: int = 0) -> pd.DataFrame:
-    """One split of the manifest's training set, in record order; `limit` takes a seeded sample."""
+def load_split(settings: Settings, split: str, limit: int | None = None, seed: int = 0,
+               window: str | None = None) -> pd.DataFrame:
+    """One split of a window's training set (default: the current manifest's), in record order;
+    `limit` takes a seeded sample."""
     import pandas as pd
 
     if split not in SPLITS:
         raise ValueError(f"split: expected one of {SPLITS}, got {split!r}")
-    files = [f for f in manifest(settings)["training_set"]["files"] if f"split={split}/" in f]
-    if not files:
+    files = [f for f in manifest(settings, window)["training_set"]["files"] if f"split={split}/" in f]
+    if not files and window is None:
         files = glob(f"{settings.zone('curated')}/sft/split={split}/dt=*/*.parquet")
     if not files:
         raise DatasetMissing(f"the training set has no {split!r} split")
@@ -112,9 +118,10 @@ def to_examples(frame: pd.DataFrame, style: PromptStyle) -> list[Example]:
     return out
 
 
-def frame_from_logs(path: str) -> pd.DataFrame:
+def frame_from_logs(path: str, tools: Mapping[str, dict[str, Any]] | None = None) -> pd.DataFrame:
     """Any file in our log format (JSONL, optionally gzipped) as evaluation rows: the same prep
-    function as the Spark job; lines it would quarantine are counted and left out."""
+    function as the Spark job, with the same tools (`tools`: our catalogue plus the registered
+    toolsets, see `registered_catalogue`); lines it would quarantine are counted and left out."""
     import gzip
 
     import pandas as pd
@@ -123,7 +130,7 @@ def frame_from_logs(path: str) -> pd.DataFrame:
 
     opener = gzip.open if path.endswith(".gz") else open
     with opener(path, "rt", encoding="utf-8") as handle:
-        rows = [prepare_line(line) for line in handle if line.strip()]
+        rows = [prepare_line(line, path, tools) for line in handle if line.strip()]
     clean = [r for r in rows if r["status"] == "clean"]
     if not clean:
         raise DatasetMissing(f"{path}: none of its {len(rows)} lines is a valid agent turn")

@@ -34,13 +34,15 @@ def pod_name(sweep_id: str, index: int) -> str:
 
 
 def variant_pod(settings: Settings, *, sweep: dict[str, Any], sweep_id: str, index: int, gpus: int,
-                reference_days: list[str] | None = None) -> dict[str, Any]:
+                reference_days: list[str] | None = None, window: str | None = None) -> dict[str, Any]:
     """The pod manifest (a plain dict: `kubectl apply -f`, or the operator's `pod_template_dict`)."""
     k = settings.kubernetes
     command = ["python", "-m", "pipelines.train.pod", "--sweep-json", json.dumps(sweep, sort_keys=True),
                "--index", str(index)]
     if reference_days:
         command += ["--reference-days", ",".join(reference_days)]
+    if window:  # the training set's window: every pod trains on the one the plan resolved
+        command += ["--window", window]
     return {
         "apiVersion": "v1",
         "kind": "Pod",

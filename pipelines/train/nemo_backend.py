@@ -17,6 +17,7 @@ import re
 import shutil
 import statistics
 import subprocess
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -27,7 +28,7 @@ from rich.console import Console
 
 from pipelines.config import REPO_ROOT, Settings
 from pipelines.errors import NotRetryable
-from pipelines.services import free_port
+from pipelines.services import free_port, stop_group
 from pipelines.train.hf_backend import TrainConfig, TrainResult, top_layers
 
 RECIPE_MODULE = "nemo_automodel.recipes.llm.train_ft"
@@ -145,9 +146,15 @@ def train_nemo(settings: Settings, cfg: TrainConfig, pairs: list[tuple[list[dict
     losses, lrs, tps = [], [], []
     log = out / "nemo-train.log"
     started = time.perf_counter()
+    limit = settings.train.variant_timeout_s
     with log.open("w") as sink:
         proc = subprocess.Popen(launch_command(settings, config_path, gpus), cwd=out, env=env, text=True,
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+        # the read loop below blocks on the recipe's output: a timer stops the whole launch (torchrun and
+        # its workers) past the limit, which ends the loop
+        watchdog = threading.Timer(limit, stop_group, args=(proc,))
+        watchdog.daemon = True
+        watchdog.start()
         assert proc.stdout is not None
         for line in proc.stdout:
             sink.write(line)
@@ -158,8 +165,12 @@ def train_nemo(settings: Settings, cfg: TrainConfig, pairs: list[tuple[list[dict
                 tps.append(float(m.group(4)))
                 if on_step:
                     on_step(step, loss, lr)
-        code = proc.wait()
+        code = proc.wait(timeout=60)
+        watchdog.cancel()
     seconds = time.perf_counter() - started
+    if seconds >= limit and code != 0:
+        raise NemoUnavailable(f"the NeMo AutoModel recipe ran past train.variant_timeout_s ({limit:g} s) and was "
+                              f"stopped; a retry resumes from its last checkpoint; see {log}")
     if code != 0:
         raise NemoUnavailable(f"the NeMo AutoModel recipe exited with {code}; see {log}")
     latest = _latest_checkpoint(checkpoints)

@@ -20,13 +20,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sweep-json", required=True, help="the resolved sweep (SweepConfig as JSON)")
     parser.add_argument("--index", type=int, required=True, help="the variant this pod trains")
     parser.add_argument("--reference-days", default="", help="drift retrain: comma-separated reference days")
+    parser.add_argument("--window", default=None, help="the training set's window label (START_END)")
     args = parser.parse_args(argv)
     settings = get_settings()
     if settings.train.runner != "local":
         parser.error("a training pod trains its variant itself: FLYWHEEL_TRAIN__RUNNER must be local")
     sweep = SweepConfig.model_validate(json.loads(args.sweep_json))
     days = [d for d in args.reference_days.split(",") if d] or None
-    result = run_sweep(settings, sweep, reference_days=days, only=[args.index])
+    result = run_sweep(settings, sweep, reference_days=days, only=[args.index], window=args.window)
     variant = result.variants[0]
     print(json.dumps({"sweep_id": result.sweep_id, "variant": variant.index, "run_id": variant.run_id,
                       "status": variant.status, "metrics": variant.metrics}))

@@ -117,6 +117,7 @@ class SweepResult:
     variants: list[VariantResult]
     best: int | None
     uri: str = ""
+    window: str | None = None  # the training set's window label (START_END): evaluation and lineage use it
 
     @property
     def best_variant(self) -> VariantResult:
@@ -152,11 +153,25 @@ def _flat_params(cfg: TrainConfig) -> dict[str, str]:
     return {k: ",".join(v) if isinstance(v, list) else str(v) for k, v in cfg.model_dump().items()}
 
 
-def sweep_id_for(settings: Settings, sweep: SweepConfig) -> str:
-    """The sweep file's content and the training set's digest: the same pair is the same sweep."""
+def _label(window: Any) -> str | None:
+    """A manifest's window as its label (`START_END`), as prep names the window's manifest."""
+    if isinstance(window, dict) and window.get("start") and window.get("end"):
+        return f"{window['start']}_{window['end']}"
+    return None
+
+
+def sweep_id_for(settings: Settings, sweep: SweepConfig, reference_days: list[str] | None = None,
+                 window: str | None = None) -> str:
+    """The sweep file's content and the training set's digest: the same pair is the same sweep. A drift
+    retrain (`reference_days`) mixes a sample of those days into its training rows, so the days (sorted)
+    and the mixed share are part of its id: it never reuses variants trained without that mix."""
     from pipelines.train.dataset import manifest
 
-    return f"{sweep.name}-{sweep.digest()}-{manifest(settings)['training_set']['digest'][:10]}"
+    sweep_id = f"{sweep.name}-{sweep.digest()}-{manifest(settings, window)['training_set']['digest'][:10]}"
+    if reference_days:
+        mix = json.dumps({"days": sorted(set(reference_days)), "share": settings.drift.retrain_reference_share})
+        sweep_id += f"-ref{hashlib.sha256(mix.encode()).hexdigest()[:8]}"
+    return sweep_id
 
 
 def work_folder(settings: Settings, sweep_id: str) -> Path:
@@ -167,7 +182,8 @@ def work_folder(settings: Settings, sweep_id: str) -> Path:
 
 
 def run_sweep(settings: Settings, sweep: SweepConfig, console: Console | None = None,
-              reference_days: list[str] | None = None, only: list[int] | None = None) -> SweepResult:
+              reference_days: list[str] | None = None, only: list[int] | None = None,
+              window: str | None = None) -> SweepResult:
     """Train every variant (one after another here; one pod each on a cluster), score each on the
     validation split, log all of it to MLflow, and pick the best by `select_metric`.
 
@@ -180,8 +196,10 @@ def run_sweep(settings: Settings, sweep: SweepConfig, console: Console | None = 
     from pipelines.train.dataset import load_split, manifest, to_examples, training_pairs, with_reference_sample
 
     console = console or Console()
-    digest = manifest(settings)["training_set"]["digest"]
-    sweep_id = sweep_id_for(settings, sweep)
+    lineage = manifest(settings, window)  # read once: the whole sweep trains on this window's training set
+    window = window or _label(lineage.get("window"))
+    digest = lineage["training_set"]["digest"]
+    sweep_id = sweep_id_for(settings, sweep, reference_days, window)
     folder = work_folder(settings, sweep_id)
     configs = variants(sweep)
     collect = settings.train.runner == "kubernetes"
@@ -191,12 +209,12 @@ def run_sweep(settings: Settings, sweep: SweepConfig, console: Console | None = 
     results: list[VariantResult] = []
     with mlflow.start_run(run_id=parent_id):
         if not collect:
-            rows = load_split(settings, "train", sweep.train_examples, sweep.seed)
+            rows = load_split(settings, "train", sweep.train_examples, sweep.seed, window)
             if reference_days:  # a drift retrain: the recent window plus a sample of the champion's training window
                 rows = with_reference_sample(settings, rows, reference_days, settings.drift.retrain_reference_share,
                                              sweep.seed)
             train = training_pairs(to_examples(rows, sweep.prompt_style))
-            val = to_examples(load_split(settings, "val", sweep.val_examples, sweep.seed), sweep.prompt_style)
+            val = to_examples(load_split(settings, "val", sweep.val_examples, sweep.seed, window), sweep.prompt_style)
             mlflow.log_params({"sweep": sweep.name, "backend": sweep.backend, "method": sweep.method,
                                "variants": len(configs), "prompt_style": sweep.prompt_style,
                                "base_model": sweep.base.base_model, "train_examples": len(train),
@@ -221,7 +239,7 @@ def run_sweep(settings: Settings, sweep: SweepConfig, console: Console | None = 
             mlflow.log_metrics({f"best_val_{sweep.select_metric}": best.metrics[f"val_{sweep.select_metric}"]})
             mlflow.set_tags({"flywheel.best_run_id": best.run_id, "flywheel.best_variant": str(best.index)})
     result = SweepResult(sweep_id, sweep.name, sweep.backend, parent_id, digest, sweep.prompt_style,
-                         sweep.base.base_model, results, results.index(best) if best else None)
+                         sweep.base.base_model, results, results.index(best) if best else None, window=window)
     result.uri = write_json(str(folder / "sweep.json"), result.to_dict())
     return result
 

@@ -1,0 +1,85 @@
+"""The promotion gate (pipelines.registry.gate): a pure function of evaluation rows and settings."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from pipelines.config import load_settings
+from pipelines.registry.gate import gate
+
+
+@pytest.fixture(scope="module")
+def settings(tmp_path_factory: pytest.TempPathFactory):
+    return load_settings(root=str(tmp_path_factory.mktemp("gate-root")))
+
+
+def row(exact: float, f1: float, latency: float = 100.0, **tools: tuple[int, float]) -> dict[str, Any]:
+    """An evaluation row; `tools`: name=(examples, exact match)."""
+    return {"exact_match": exact, "arg_f1": f1, "latency_ms_p50": latency,
+            "per_tool": {t: {"n": n, "exact_match": em, "arg_f1": em} for t, (n, em) in tools.items()}}
+
+
+def test_without_a_champion_a_candidate_worse_than_base_few_shot_is_not_promoted(settings) -> None:
+    few_shot = row(0.58, 0.76, 4400, search_products=(8, 0.5))
+    verdict = gate(row(0.50, 0.70, 2800, search_products=(8, 0.5)), None, settings, few_shot)
+    assert not verdict.promoted and verdict.compared_with == "base_few_shot"
+    assert "exact match gain -0.080" in verdict.reason and "\n" not in verdict.reason
+    slower = gate(row(0.80, 0.90, 5000), None, settings, few_shot)  # better, but slower than few-shot
+    assert not slower.promoted and "latency +14%" in slower.reason
+
+
+def test_a_rising_average_does_not_hide_a_collapsed_tool(settings) -> None:
+    reference = row(0.50, 0.60, search_products=(10, 0.40), get_order=(6, 1.0), track_shipment=(8, 0.25))
+    candidate = row(0.70, 0.75, search_products=(10, 0.90), get_order=(6, 0.50), track_shipment=(8, 0.75))
+    for verdict in (gate(candidate, reference, settings), gate(candidate, None, settings, reference)):
+        assert not verdict.promoted
+        assert "get_order exact match 1.00 -> 0.50" in verdict.reason and "search_products" not in verdict.reason
+    # a tool with too few examples to tell is recorded but not judged
+    few = row(0.70, 0.75, search_products=(10, 0.90), get_order=(2, 0.0))
+    verdict = gate(few, row(0.50, 0.60, search_products=(10, 0.40), get_order=(2, 1.0)), settings)
+    assert verdict.promoted and verdict.numbers["per_tool"]["get_order"]["checked"] is False
+
+
+def test_better_overall_and_per_tool_is_promoted(settings) -> None:
+    reference = row(0.50, 0.60, 100, search_products=(10, 0.40), get_order=(6, 0.50))
+    candidate = row(0.75, 0.80, 90, search_products=(10, 0.80), get_order=(6, 0.50))
+    assert gate(candidate, reference, settings).promoted  # over the champion
+    verdict = gate(candidate, None, settings, reference)  # no champion: over base few-shot
+    assert verdict.promoted and verdict.compared_with == "base_few_shot"
+    assert verdict.reason.startswith("beats base_few_shot: exact match +0.250")
+
+
+def test_no_champion_and_no_baseline_row_is_not_promoted_in_one_line(settings) -> None:
+    verdict = gate(row(0.9, 0.9), None, settings, None)
+    assert not verdict.promoted and verdict.compared_with is None
+    assert "no champion and no base_few_shot row" in verdict.reason and "\n" not in verdict.reason
+    plumbing = load_settings(root=str(settings.root), promotion={"baseline": "none"})
+    assert gate(row(0.0, 0.0), None, plumbing, None).promoted  # explicit opt-in for smoke tests only
+
+
+def test_the_decision_records_every_compared_number(settings) -> None:
+    champion = row(0.50, 0.60, 200, search_products=(10, 0.40), get_order=(6, 0.5), abstain=(1, 1.0))
+    candidate = row(0.70, 0.75, 150, search_products=(10, 0.90), get_order=(6, 0.5), create_order=(2, 0.5))
+    numbers = gate(candidate, champion, settings).numbers
+    for k in ("exact_match", "arg_f1", "latency_ms_p50"):
+        assert numbers[f"candidate_{k}"] == candidate[k] and numbers[f"champion_{k}"] == champion[k]
+    assert numbers["exact_match_gain"] == pytest.approx(0.2) and numbers["latency_change"] == pytest.approx(-0.25)
+    assert numbers["per_tool"] == {
+        "abstain": {"n": [0, 1], "exact_match": [None, 1.0], "arg_f1": [None, 1.0], "checked": False},
+        "create_order": {"n": [2, 0], "exact_match": [0.5, None], "arg_f1": [0.5, None], "checked": False},
+        "get_order": {"n": [6, 6], "exact_match": [0.5, 0.5], "arg_f1": [0.5, 0.5], "checked": True},
+        "search_products": {"n": [10, 10], "exact_match": [0.9, 0.4], "arg_f1": [0.9, 0.4], "checked": True}}
+    assert numbers["thresholds"]["max_tool_regression"] == settings.promotion.max_tool_regression
+    json.dumps(numbers)  # recorded as JSON
+
+
+def test_nothing_promoted_and_no_champion_deploys_nothing() -> None:
+    from pipelines.tasks import should_deploy
+
+    assert should_deploy({"promoted": True, "champion_version": None}, {"deploy": True})
+    assert should_deploy({"promoted": False, "champion_version": "3"}, {})  # the champion stays (re)loaded
+    assert not should_deploy({"promoted": False, "champion_version": None}, {"deploy": True})
+    assert not should_deploy({"promoted": True, "champion_version": None}, {"deploy": False})

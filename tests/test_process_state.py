@@ -1,0 +1,66 @@
+"""State files and pid files: atomic writes by concurrent writers, stale pid files (fast, no servers)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+from pipelines import services
+from pipelines.storage import read_json, write_json
+
+
+def test_concurrent_writers_of_one_file_never_collide_or_leave_half_a_file(tmp_path: Path) -> None:
+    """Eight threads rewrite one JSON file 50 times each: every read sees one whole document, no
+    temporary file is left behind (a shared `{path}.tmp` made writers fail or interleave)."""
+    target = str(tmp_path / "state.json")
+    errors: list[BaseException] = []
+    payload = {"rows": list(range(2000))}
+
+    def writer(n: int) -> None:
+        try:
+            for i in range(50):
+                write_json(target, {**payload, "writer": n, "i": i})
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    def reader() -> None:
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline:
+            try:
+                data = read_json(target)
+            except FileNotFoundError:
+                continue
+            except json.JSONDecodeError as exc:  # half a file
+                errors.append(exc)
+                return
+            assert len(data["rows"]) == 2000
+
+    threads = [threading.Thread(target=writer, args=(n,)) for n in range(8)] + [threading.Thread(target=reader)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert errors == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["state.json"]
+
+
+def test_a_stale_pid_file_never_signals_a_process_that_is_not_ours(tmp_path: Path) -> None:
+    """A pid file whose pid now belongs to another process (reused after a crash or reboot) is dropped:
+    `stop` signals nothing and `read_pid` says the service is not running."""
+    root = str(tmp_path)
+    other = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    try:
+        pid_file = services.run_dir(root) / "mlflow.pid"
+        pid_file.write_text(f"{other.pid} {time.time() - 86_400:.2f}\n")  # recorded: started a day ago
+        assert services.read_pid(root, "mlflow") is None and not pid_file.exists()
+        pid_file.write_text(f"{other.pid} 12345.00\n")
+        assert services.stop(root, "mlflow") is False
+        assert other.poll() is None, "an unrelated process was signalled"
+        services._write_pid(root, "mlflow", other.pid)  # recorded by us: trusted
+        assert services.read_pid(root, "mlflow") == other.pid
+    finally:
+        other.kill()
+        other.wait(timeout=10)

@@ -1,0 +1,286 @@
+"""Serving without a server: the benchmark's arithmetic, the client's target and deadlines, the
+serving state's lock and its errors, and model folders that are never rewritten while in use."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pipelines.config import load_settings
+from pipelines.serve.client import Reply
+
+CALL = json.dumps({"name": "search_products", "arguments": {"query": "red shoes"}})
+RIGHT = '{"name":"search_products","arguments":{"query":"red shoes"}}'
+
+
+def _settings(root: Path, **triton: Any):
+    return load_settings(root=str(root), triton=triton)
+
+
+# --- benchmark arithmetic -------------------------------------------------------------------------
+def test_an_errored_request_counts_as_wrong_and_as_a_latency_sample() -> None:
+    from pipelines.bench.serving import summarize_run
+
+    rows = [{"target_json": CALL}] * 4
+    replies = [Reply(RIGHT, 100, 10, 10.0), Reply(RIGHT, 100, 10, 20.0), Reply(RIGHT, 100, 10, 30.0),
+               Reply(None, 0, 0, 5000.0, "prompt is 1100 tokens; this model accepts at most 1024")]
+    run = summarize_run("base", 1, rows, replies, seconds=2.0)
+    assert run["requests"] == 4 and run["errors"] == 1
+    assert run["exact_match"] == 0.75  # 3 of 4, not 3 of 3
+    assert run["p50_ms"] == 20.0 and run["requests_per_s"] == 2.0
+    assert "at most 1024" in run["first_error"]
+    many = summarize_run("base", 1, rows * 5, (replies[:3] * 6 + replies[3:] * 2), seconds=1.0)
+    assert many["p95_ms"] == 5000.0  # the timed-out requests are the slow tail, not dropped
+    assert many["exact_match"] == 18 / 20
+
+
+def test_percentiles_the_sample_cannot_support_are_none() -> None:
+    from pipelines.bench.serving import percentile, summarize_run, table_rows
+
+    assert percentile([1.0] * 19, 95) is None and percentile([1.0] * 20, 95) == 1.0
+    assert percentile([1.0] * 99, 99) is None and percentile([1.0] * 100, 99) == 1.0
+    assert percentile([7.0], 50) == 7.0
+    run = summarize_run("tuned", 1, [{"target_json": CALL}] * 8, [Reply(RIGHT, 50, 10, 10.0 * i) for i in range(8)], 1.0)
+    assert run["p95_ms"] is None and run["p99_ms"] is None and run["p50_ms"] == 30.0
+    cells = table_rows({"runs": [{**run, "usd_per_million_requests": None}], "direct": None})[0]
+    assert cells[3] == "0" and cells[5:7] == ["n/a", "n/a"]  # errors column; unsupported percentiles
+
+
+def test_a_prompt_over_the_served_limit_stops_the_benchmark_before_it_starts() -> None:
+    from pipelines.bench.serving import PromptTooLong, check_prompt_lengths
+
+    class Words:  # one token per word, as a tokenizer would count them
+        def apply_chat_template(self, turns, tokenize, add_generation_prompt):
+            return " ".join(t["content"] for t in turns)
+
+        def __call__(self, text, add_special_tokens):
+            return type("Encoded", (), {"input_ids": text.split()})()
+
+    short, long = [{"role": "user", "content": "a " * 10}], [{"role": "user", "content": "a " * 30}]
+    assert check_prompt_lengths(Words(), {"tuned": ([short], 16)}) == {"tuned": 10}
+    with pytest.raises(PromptTooLong, match=r"longest base \+ 3-shot prompt is 30 tokens .* at most 16"):
+        check_prompt_lengths(Words(), {"tuned": ([short], 16), "base + 3-shot": ([short, long], 16)})
+
+
+# --- the client ----------------------------------------------------------------------------------
+def test_the_client_connects_to_triton_url(tmp_path: Path) -> None:
+    from pipelines.serve.client import target
+
+    local = _settings(tmp_path, http_port=8123, grpc_port=8124)
+    assert target(local, "http") == ("127.0.0.1:8123", False) and target(local, "grpc") == ("127.0.0.1:8124", False)
+    cluster = _settings(tmp_path, url="http://triton.flywheel.svc.cluster.local:8000", http_port=9999)
+    assert target(cluster, "http") == ("triton.flywheel.svc.cluster.local:8000", False)
+    assert target(cluster, "grpc") == ("triton.flywheel.svc.cluster.local:8001", False)
+    assert target(_settings(tmp_path, url="https://triton.example.com"), "http") == ("triton.example.com:443", True)
+
+
+def test_every_grpc_call_carries_the_client_timeout(tmp_path: Path) -> None:
+    import numpy as np
+
+    from pipelines.serve.client import TritonClient
+
+    calls: list[tuple[str, dict[str, Any]]] = []
+
+    class Result:
+        def as_numpy(self, name):
+            return np.array([[RIGHT.encode()]], dtype=np.object_) if name == "TOOL_CALL" else np.array([[3]])
+
+    class Recorder:
+        def __getattr__(self, method):
+            def call(*args, **kwargs):
+                calls.append((method, kwargs))
+                return {"infer": Result(), "get_model_repository_index": [], "is_model_ready": False}.get(method)
+            return call
+
+    client = TritonClient(_settings(tmp_path), "grpc", timeout_s=7)  # a gRPC channel connects lazily
+    client._client = Recorder()
+    client.load("m"), client.unload("m"), client.ready("m"), client.loaded()
+    assert client.infer_one("m", [{"role": "user", "content": "hi"}]).text == RIGHT
+    assert [m for m, _ in calls] == ["load_model", "unload_model", "is_model_ready", "get_model_repository_index",
+                                     "infer"]
+    assert all(kwargs.get("client_timeout") == 7 for _, kwargs in calls)
+
+
+# --- the serving state -----------------------------------------------------------------------------
+class FakeClient:
+    """Model control and inference of a server that loads everything it is asked to."""
+
+    loaded_models: set[str] = set()
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def ready(self, name: str) -> bool:
+        return name in FakeClient.loaded_models
+
+    def load(self, name: str) -> None:
+        FakeClient.loaded_models.add(name)
+
+    def unload(self, name: str, wait_s: float = 0) -> None:
+        FakeClient.loaded_models.discard(name)
+
+    def loaded(self) -> list[str]:
+        return sorted(FakeClient.loaded_models)
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.fixture
+def fake_serving(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """deploy/rollback with a fake server and registry; a smoke test that takes `slow_smoke_s`."""
+    from pipelines.serve import deploy, repository
+
+    settings = _settings(tmp_path / "root", state_lock_timeout_s=30)
+    FakeClient.loaded_models = set()
+    smoke_calls: list[str] = []
+    slow = {"s": 0.0}
+
+    def smoke(settings, client, entry):
+        smoke_calls.append(entry.name)
+        time.sleep(slow["s"])
+        return {"errors": 0, "valid_json": 1.0}
+
+    monkeypatch.setattr(deploy, "TritonClient", FakeClient)
+    monkeypatch.setattr(deploy.server, "up", lambda settings: None)
+    monkeypatch.setattr(deploy, "smoke_test", smoke)
+    monkeypatch.setattr(repository, "build_version", lambda settings, version, in_use=False: repository.ModelEntry(
+        repository.triton_name(settings, version), "", version, "short", "tiny"))
+    return {"settings": settings, "smoke_calls": smoke_calls, "slow": slow}
+
+
+def test_deploy_and_rollback_at_once_lose_no_update(fake_serving) -> None:
+    from pipelines.serve import deploy
+
+    settings = fake_serving["settings"]
+    deploy.deploy(settings, version="1")
+    deploy.deploy(settings, version="2")
+    fake_serving["slow"]["s"] = 1.0  # v3's smoke test runs while the rollback comes in
+    errors: list[BaseException] = []
+
+    def run(call):
+        try:
+            call()
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    deploying = threading.Thread(target=run, args=(lambda: deploy.deploy(settings, version="3"),))
+    deploying.start()
+    time.sleep(0.3)
+    rolling = threading.Thread(target=run, args=(lambda: deploy.rollback(settings),))
+    rolling.start()
+    deploying.join(30), rolling.join(30)
+    assert not errors
+    current = deploy.state(settings)
+    assert [e["event"] for e in current["history"]] == ["deployed", "deployed", "deployed", "rollback"]
+    assert current["live"]["name"] == "tool_router_v2" and current["previous"]["name"] == "tool_router_v3"
+
+
+def test_a_held_state_lock_times_out_with_one_clear_error(fake_serving) -> None:
+    from pipelines.serve import deploy
+
+    settings = fake_serving["settings"]
+    deploy.deploy(settings, version="1")
+    quick = settings.model_copy(update={"triton": settings.triton.model_copy(update={"state_lock_timeout_s": 0.2})})
+    holding, release = threading.Event(), threading.Event()
+
+    def hold():
+        with deploy.state_lock(settings):
+            holding.set()
+            release.wait(10)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    holding.wait(10)
+    try:
+        with pytest.raises(deploy.StateBusy, match="stayed locked .* triton.state_lock_timeout_s") as caught:
+            deploy.deploy(quick, version="2")
+        assert "\n" not in str(caught.value)
+    finally:
+        release.set()
+        holder.join(10)
+    assert deploy.live_model(settings).name == "tool_router_v1"
+
+
+def test_deploy_of_the_live_version_reloads_it_after_a_restart(fake_serving) -> None:
+    from pipelines.serve import deploy
+
+    settings = fake_serving["settings"]
+    deploy.deploy(settings, version="1")
+    deploy.deploy(settings, version="2")
+    assert deploy.deploy(settings, version="2")["reloaded"] is False  # loaded: nothing to do
+    FakeClient.loaded_models.clear()  # the server restarted
+    fake_serving["smoke_calls"].clear()
+    result = deploy.deploy(settings, version="2")
+    assert result["unchanged"] and result["reloaded"] and FakeClient.loaded_models == {"tool_router_v2"}
+    assert fake_serving["smoke_calls"] == ["tool_router_v2"]
+    assert deploy.live_model(settings).name == "tool_router_v2"
+    assert deploy.state(settings)["previous"]["name"] == "tool_router_v1"
+
+
+def test_a_corrupt_state_file_is_one_clear_error(tmp_path: Path) -> None:
+    from pipelines.serve import deploy
+
+    settings = _settings(tmp_path)
+    path = Path(settings.zone("serving")) / "state.json"
+    path.parent.mkdir(parents=True)
+    for content in ('{"live": {"name": "tool_router_v1", ', '["live"]', '{"live": "tool_router_v1"}'):
+        path.write_text(content)
+        with pytest.raises(deploy.StateCorrupt, match=f"{path}.*delete it") as caught:
+            deploy.live_model(settings)
+        assert "\n" not in str(caught.value)
+
+
+# --- model folders ---------------------------------------------------------------------------------
+def _folder(settings, repo: Path, in_use: bool, style: str = "short", **triton: Any):
+    from pipelines.serve.repository import write_model
+
+    if triton:
+        settings = settings.model_copy(update={"triton": settings.triton.model_copy(update=triton)})
+    return write_model(settings, repo, "tool_router_v1", "/models/base", None,
+                       {"registry_version": "1", "base_model": "tiny", "prompt_style": style}, in_use=in_use)
+
+
+def test_a_folder_in_use_is_never_rewritten(tmp_path: Path) -> None:
+    from pipelines.serve.repository import ModelInUse
+
+    settings, repo = _settings(tmp_path), tmp_path / "repository"
+    folder, stale = _folder(settings, repo, in_use=False)
+    marker = folder / "1" / "loaded-by-triton"
+    marker.write_text("")
+    assert _folder(settings, repo, in_use=True) == (folder, False) and marker.exists()  # identical: reused
+    assert _folder(settings, repo, in_use=True, max_input_tokens=4096) == (folder, True) and marker.exists()
+    with pytest.raises(ModelInUse, match="never rewritten while in use"):
+        _folder(settings, repo, in_use=True, style="full")
+    assert marker.exists()
+    assert _folder(settings, repo, in_use=False, max_input_tokens=4096) == (folder, False)  # not in use: replaced
+    assert not marker.exists() and '"4096"' in (folder / "config.pbtxt").read_text()
+    assert sorted(p.name for p in repo.iterdir()) == ["tool_router_v1"]  # no staging left behind
+
+
+def test_publish_uploads_a_model_folder_only_where_absent(tmp_path: Path) -> None:
+    import fsspec
+
+    from pipelines.serve.repository import ModelInUse, publish
+
+    settings = _settings(tmp_path, model_repository="memory://models/repository")
+    fs = fsspec.filesystem("memory")
+    folder, _ = _folder(settings, tmp_path / "staging", in_use=False)
+    uri, stale = publish(settings, folder)
+    assert uri == "memory://models/repository/tool_router_v1" and not stale
+    fs.pipe_file("/models/repository/tool_router_v1/1/loaded-by-triton", b"")
+    assert publish(settings, folder, in_use=True) == (uri, False)  # identical: not uploaded again
+    assert fs.exists("/models/repository/tool_router_v1/1/loaded-by-triton")
+    other, _ = _folder(settings, tmp_path / "staging", in_use=False, style="full")
+    with pytest.raises(ModelInUse):
+        publish(settings, other, in_use=True)
+    assert fs.exists("/models/repository/tool_router_v1/1/loaded-by-triton")
+    publish(settings, other, in_use=False)
+    assert not fs.exists("/models/repository/tool_router_v1/1/loaded-by-triton")
+    assert json.loads(fs.cat_file("/models/repository/tool_router_v1/1/flywheel.json"))["prompt_style"] == "full"
+    fs.rm("/models/repository", recursive=True)
