@@ -14,8 +14,10 @@ SERVE_VENV := .venv-serve
 SERVE_STAMP := $(SERVE_VENV)/.installed
 CHECKOV_VENV := .venv-checkov
 CHECKOV_STAMP := $(CHECKOV_VENV)/.installed
+S3_VENV := .venv-s3
+S3_STAMP := $(S3_VENV)/.installed
 
-.PHONY: setup nemo-env serve-env checkov-env demo test test-fast lock bench clean-data help
+.PHONY: setup nemo-env serve-env checkov-env s3-env demo test test-fast lock bench clean-data help
 
 help:
 	@echo "make demo   install what is missing, then run the whole flywheel on embedded defaults"
@@ -60,13 +62,19 @@ checkov-env: $(CHECKOV_STAMP)
 $(CHECKOV_STAMP): requirements/checkov.in
 	$(call side_venv,$(CHECKOV_VENV),requirements/checkov.in,checkov (about 1 min))
 
+# moto's S3-compatible server on loopback: the cluster profile's s3:// paths are tested against it.
+s3-env: $(S3_STAMP)
+
+$(S3_STAMP): requirements/s3.in
+	$(call side_venv,$(S3_VENV),requirements/s3.in,an S3-compatible test server (moto; about 1 min))
+
 demo: setup serve-env
 	$(VENV)/bin/flywheel demo
 
-test: setup nemo-env serve-env checkov-env
+test: setup nemo-env serve-env checkov-env s3-env
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 
-test-fast: setup nemo-env serve-env checkov-env
+test-fast: setup nemo-env serve-env checkov-env s3-env
 	$(VENV)/bin/pytest -m "not slow" $(PYTEST_ARGS)
 
 lock:

@@ -7,6 +7,7 @@ import hashlib
 import json
 import os
 import tempfile
+from collections.abc import Iterator
 from typing import Any
 
 import fsspec
@@ -56,6 +57,27 @@ def lock_file(uri: str) -> str:
         path = os.path.join(os.path.expanduser("~"), ".flywheel", "locks", f"{digest}.lock")
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     return path
+
+
+class Busy(RuntimeError):
+    """Another process held a lock longer than the wait allowed (retrying later is the remedy)."""
+
+
+@contextlib.contextmanager
+def locked(uri: str, timeout_s: float, what: str) -> Iterator[None]:
+    """Hold the lock of `uri` (see `lock_file`) while the block runs; `Busy` after `timeout_s`."""
+    from filelock import FileLock, Timeout
+
+    lock = FileLock(lock_file(uri), timeout=timeout_s)
+    try:
+        lock.acquire()
+    except Timeout:
+        raise Busy(f"{what} is held by another run (lock {lock.lock_file}) for over {timeout_s:g} s; "
+                   "retry when it has finished") from None
+    try:
+        yield
+    finally:
+        lock.release()
 
 
 def write_bytes(uri: str, data: bytes) -> str:

@@ -93,12 +93,15 @@ def test_pods_train_their_variants_and_the_train_task_collects_them(root: Path) 
     pods = tasks.train_pods({"sweep": TINY}, settings)
     env = {**os.environ, "FLYWHEEL_ROOT": str(root), "FLYWHEEL_TRAIN__RUNNER": "local",
            "PYTHONPATH": str(REPO_ROOT)}
+    reported = {}
     for pod in pods:  # what each pod's container runs, here one process after another
         command = pod["spec"]["containers"][0]["command"]
         done = subprocess.run([sys.executable, *command[1:]], env=env, capture_output=True, text=True, timeout=600,
                               check=False, cwd=str(root))
         assert done.returncode == 0, done.stderr[-3000:]
-        assert json.loads(done.stdout.strip().splitlines()[-1])["status"] == "completed"
+        result = json.loads(done.stdout.strip().splitlines()[-1])
+        assert result["status"] == "completed"
+        reported[result["run_id"]] = result["metrics"]
     unrun = root / "unrun.yaml"  # a sweep whose pods never ran: one clear error, not a silent empty sweep
     unrun.write_text(Path(TINY).read_text().replace("name: tiny", "name: unrun"))
     with pytest.raises(NotRetryable, match="variant 0 has no finished run"):
@@ -110,7 +113,10 @@ def test_pods_train_their_variants_and_the_train_task_collects_them(root: Path) 
     assert len(runs) == 3  # one parent (created by the plan) and the two variants the pods logged
     assert trained["best_run_id"] in {r.info.run_id for r in runs if "flywheel.variant" in r.data.tags}
     assert (Path(trained["adapter_dir"]) / "adapter_config.json").is_file()  # fetched from the artifact store
-    assert trained["metrics"]["val_exact_match"] >= 0
+    # the collector hands on exactly what the best pod measured (not a default or a re-computation)
+    best = reported[trained["best_run_id"]]
+    assert {k: trained["metrics"][k] for k in best} == pytest.approx(best) and "val_exact_match" in best
+    assert best["val_exact_match"] == max(m["val_exact_match"] for m in reported.values())
 
 
 def test_triton_manifests_serve_the_s3_repository_on_the_gpu_pool(tmp_path: Path) -> None:

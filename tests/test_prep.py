@@ -171,3 +171,42 @@ def test_a_prep_run_that_fails_mid_write_keeps_the_last_good_output(tmp_path: Pa
     again = run_prep(settings, day, spark=spark)  # a retry replaces the window exactly
     assert again.clean == first.clean and len(pd.read_parquet(curated / "examples")) == first.clean
     assert not list((curated / "_staging").glob("*"))  # neither run left its staging behind
+
+
+def test_two_runs_of_one_window_at_once_leave_exactly_one_copy(tmp_path: Path, spark, monkeypatch) -> None:
+    """`flywheel run` next to the scheduler on the same day: both preps finish, and the window holds
+    exactly one run's output (no duplicated rows, no partition moved inside another). Each partition
+    move is slowed down so that the two runs' swaps would overlap without the window lock."""
+    import threading
+    import time
+
+    from pipelines.prep import pipeline
+    from pipelines.storage import move
+
+    def slow_move(src: str, dst: str) -> None:
+        time.sleep(0.5)
+        move(src, dst)
+
+    monkeypatch.setattr(pipeline, "move", slow_move)
+    settings = load_settings(root=str(tmp_path))
+    write_window(tmp_path / "raw", records=600, days=1, seed=8)
+    day = DateWindow(END, END)
+    results, errors = [], []
+
+    def prep() -> None:
+        try:
+            results.append(run_prep(settings, day, spark=spark))
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    threads = [threading.Thread(target=prep) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=600)
+    assert errors == [] and len(results) == 2
+    assert results[0].clean == results[1].clean
+    examples = tmp_path / "curated" / "examples"
+    assert len(pd.read_parquet(examples)) == results[0].clean
+    nested = [p for p in examples.rglob("dt=*") if p.parent.name.startswith("dt=")]
+    assert nested == [] and len(list(examples.glob(f"split=*/dt={END}"))) == len(results[0].examples_by_split)

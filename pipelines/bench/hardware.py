@@ -1,8 +1,12 @@
-"""Hardware table: peak dense bf16 FLOP/s, memory bandwidth and an on-demand $/hour per accelerator.
+"""Hardware table: peak dense bf16 FLOP/s, memory bandwidth and an on-demand $/hour per device, each
+price with its source and the date it was read (`price_source`, `price_date`; reports show both).
 
-Datasheet figures (dense, no sparsity) and list prices as of 2026; every value can be overridden
-through `FLYWHEEL_HARDWARE_JSON` (a JSON object of name -> fields) because prices differ per
-contract and cloud. Used to turn measured tokens/s into utilization (MFU) and $ per million requests.
+Peaks are datasheet figures (dense, no sparsity). Prices are list prices that change and differ per
+contract and cloud: override any field through `FLYWHEEL_HARDWARE_JSON` (a JSON object of name ->
+fields, e.g. your negotiated rate and where it comes from). Used to turn measured tokens/s into
+utilization (MFU) and $ per million requests. On one device, cost per request is $/hour divided by
+requests per hour: a cost change between two models on the same device restates their throughput
+change; it differs only between devices (the GPU table).
 """
 
 from __future__ import annotations
@@ -19,13 +23,20 @@ class Hardware:
     peak_bf16_flops: float  # dense, FLOP/s
     memory_bandwidth: float  # bytes/s
     usd_per_hour: float
+    price_source: str = "not stated"
+    price_date: str = ""
 
 
+_GPU_PRICE = ("per-GPU-hour list-price estimate for on-demand cloud capacity (no quote behind it); set your "
+              "contract's rate with FLYWHEEL_HARDWARE_JSON")
 DEFAULTS: dict[str, Hardware] = {
-    "cpu-2core": Hardware("cpu-2core", 0.2e12, 20e9, 0.10),  # this laptop-sized machine (fp32 vector peak)
-    "h100": Hardware("h100", 989e12, 3.35e12, 3.00),  # H100 SXM 80 GB
-    "h200": Hardware("h200", 989e12, 4.8e12, 3.80),  # H200 SXM 141 GB
-    "b200": Hardware("b200", 2250e12, 8.0e12, 6.00),  # B200 180 GB
+    # this 2-core Sapphire Rapids machine (AVX-512 BF16, AMX) priced as the nearest cloud instance with its
+    # cores and memory class: AWS EC2 r7i.large (2 vCPU, 16 GiB), Linux on-demand, us-east-1
+    "cpu-2core": Hardware("cpu-2core", 0.2e12, 20e9, 0.1323,
+                          "AWS EC2 on-demand price list, r7i.large, Linux, us-east-1", "2025-06"),
+    "h100": Hardware("h100", 989e12, 3.35e12, 3.00, _GPU_PRICE, "2026-11"),  # H100 SXM 80 GB
+    "h200": Hardware("h200", 989e12, 4.8e12, 3.80, _GPU_PRICE, "2026-11"),  # H200 SXM 141 GB
+    "b200": Hardware("b200", 2250e12, 8.0e12, 6.00, _GPU_PRICE, "2026-11"),  # B200 180 GB
 }
 
 

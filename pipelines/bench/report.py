@@ -41,5 +41,9 @@ def render_html(report: dict[str, Any]) -> str:
         ("Runs", table_html(rows) + notes),
         ("Latency and throughput", figure_html(fig, "latency and throughput against concurrency")),
         ("Hardware", table_html([{"device": hw["name"], "peak bf16 FLOP/s": hw["peak_bf16_flops"],
-                                  "memory bandwidth (B/s)": hw["memory_bandwidth"], "$ / hour": hw["usd_per_hour"]}])),
+                                  "memory bandwidth (B/s)": hw["memory_bandwidth"], "$ / hour": hw["usd_per_hour"],
+                                  "price source": hw.get("price_source", "not stated"),
+                                  "price as of": hw.get("price_date", "")}])
+         + "<p>Cost per million requests = $/hour / requests per hour on this one device: between two models "
+           "on it, the cost change is the throughput change restated.</p>"),
     ], subtitle=f"{report['requests']} test-split requests over {report['protocol']}; generated {report['generated_at']}")

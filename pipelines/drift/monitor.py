@@ -89,10 +89,14 @@ def parse_window(settings: Settings, window: DateWindow) -> tuple[pd.DataFrame, 
     """Clean rows, quarantine reasons and the line count of a window's raw logs (an empty window: a
     frame with the clean-log columns and no rows). Lines go through `prepare_line` with our catalogue
     plus every registered toolset, as in prep. A window of more than one chunk
-    (`drift.parse_chunk_lines`) is parsed by a process pool, in order (the result does not depend on it)."""
+    (`drift.parse_chunk_lines`) is parsed by a process pool, in order (the result does not depend on it).
+    A `.gz` file that cannot be decompressed whole (corrupt, truncated) is skipped, as in prep, and
+    counted under the reason `unreadable_file` (files, not lines); the parse goes on."""
+    import logging
     from concurrent.futures import ProcessPoolExecutor
     from multiprocessing import get_context
 
+    from pipelines.logs.raw import unreadable_reason
     from pipelines.logs.toolsets import registered_catalogue
     from pipelines.prep.nodes import CLEAN_LOG_COLUMNS
     from pipelines.prep.pipeline import raw_files_for
@@ -100,7 +104,15 @@ def parse_window(settings: Settings, window: DateWindow) -> tuple[pd.DataFrame, 
     cfg = settings.drift
     tools = registered_catalogue(settings.zone("raw"))
     parts: list[tuple[list[dict[str, Any]], Counter, int]] = []
-    chunks = _chunks(raw_files_for(settings, window), cfg.parse_chunk_lines)
+    files, unreadable = [], 0
+    for uri in raw_files_for(settings, window):
+        reason = unreadable_reason(uri)
+        if reason:
+            unreadable += 1
+            logging.getLogger(__name__).warning("drift monitor: skipping unreadable raw file %s: %s", uri, reason)
+        else:
+            files.append(uri)
+    chunks = _chunks(files, cfg.parse_chunk_lines)
     first = next(chunks, None)
     if first is not None:
         parts.append(_parse_lines(*first, tools))  # a small window never starts a pool
@@ -126,6 +138,8 @@ def parse_window(settings: Settings, window: DateWindow) -> tuple[pd.DataFrame, 
     reasons: Counter = Counter()
     for _, part_reasons, _ in parts:
         reasons.update(part_reasons)
+    if unreadable:
+        reasons["unreadable_file"] += unreadable
     lines = sum(count for _, _, count in parts)
     return pd.DataFrame(rows, columns=[c for c in CLEAN_LOG_COLUMNS if c != "dt"]), dict(reasons), lines
 

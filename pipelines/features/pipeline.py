@@ -18,7 +18,7 @@ from pipelines.clients import feast as feast_client
 from pipelines.config import Settings
 from pipelines.security import redact_uri
 from pipelines.features import nodes
-from pipelines.prep.pipeline import PrepError, zone_paths
+from pipelines.prep.pipeline import PrepError, window_lock, zone_paths
 from pipelines.prep.prompt import format_context, system_prompt
 from pipelines.storage import (glob, lock_file, makedirs, read_bytes, read_json, remove, window_partitions,
                                write_json)
@@ -145,11 +145,12 @@ def _clean(value: Any) -> Any:
 
 def run_features(settings: Settings, window: DateWindow, spark: Any = None) -> FeaturesResult:
     started = time.perf_counter()
-    customer_rows, category_rows = compute_features(settings, window, spark)
-    views = feast_client.apply(settings)
-    materialized = materialize_window(settings, window)
-    by_split, with_context = build_training_set(settings, window)
-    _record_in_manifest(settings, window, by_split, with_context)
+    with window_lock(settings, window):  # it rewrites the window's feature and training-set partitions
+        customer_rows, category_rows = compute_features(settings, window, spark)
+        views = feast_client.apply(settings)
+        materialized = materialize_window(settings, window)
+        by_split, with_context = build_training_set(settings, window)
+        _record_in_manifest(settings, window, by_split, with_context)
     return FeaturesResult(
         window=str(window), customer_rows=customer_rows, category_rows=category_rows, feature_views=views,
         materialized_views=materialized, training_examples=by_split, with_context=with_context, dataset_uri=dataset_uri(settings),

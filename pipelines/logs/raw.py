@@ -38,6 +38,28 @@ def iter_lines(path: Path) -> Iterator[bytes]:
                 yield line
 
 
+def unreadable_reason(uri: str) -> str | None:
+    """Why a raw file cannot be read whole (None: it can): a `.gz` file is decompressed to its end with
+    Python's gzip (through fsspec: local paths and s3:// alike), so a corrupt or truncated stream is
+    found before Spark or the monitor would fail on it mid-job. Plain files are not opened (a cut line
+    in one is just a `bad_json` record)."""
+    import zlib
+
+    import fsspec
+
+    if not uri.endswith(".gz"):
+        return None
+    try:
+        with fsspec.open(uri, "rb", compression="gzip") as handle:
+            if not handle.read(1 << 20):
+                raise EOFError("empty")
+    except FileNotFoundError:
+        raise
+    except (EOFError, OSError, zlib.error) as exc:  # gzip.BadGzipFile is an OSError
+        return f"corrupt or truncated gzip ({type(exc).__name__}: {exc})"
+    return None
+
+
 @dataclass
 class RawCheck:
     files: int = 0

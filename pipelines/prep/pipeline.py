@@ -3,6 +3,8 @@
 Every raw line ends in exactly one place (clean example, quarantine with a reason, or removed as a
 duplicate of a kept record, which is also listed in quarantine with reason `duplicate`);
 `input = clean + quarantined + duplicates` is checked on every run and written to the manifest.
+A raw `.gz` file that cannot be decompressed whole is not read at all: it is listed in the manifest's
+`unreadable_files` with the reason (and named in the message), and left in the raw zone as it is.
 """
 
 from __future__ import annotations
@@ -17,11 +19,12 @@ from typing import Any
 from pipelines import __version__
 from pipelines.config import REPO_ROOT, Settings
 from pipelines.errors import NotRetryable
+from pipelines.logs.raw import unreadable_reason
 from pipelines.logs.tools import TOOLSET_VERSION
 from pipelines.logs.toolsets import extra_tool_names, registered_catalogue
 from pipelines.prep import nodes
 from pipelines.prep.redact import PII_TYPES
-from pipelines.storage import exists, glob, move, remove, window_partitions, write_json
+from pipelines.storage import exists, glob, locked, move, remove, window_partitions, write_json
 from pipelines.window import DateWindow
 
 OUTPUT_TABLES = ("examples", "clean_logs", "quarantine")
@@ -52,6 +55,7 @@ class PrepResult:
     message: str
     seconds: float = 0.0
     outputs: dict[str, str] = field(default_factory=dict)
+    unreadable_files: dict[str, str] = field(default_factory=dict)  # raw file -> why it was not read
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -87,7 +91,13 @@ def code_version() -> str:
 
 
 def run_prep(settings: Settings, window: DateWindow, spark: Any = None, run_id: str | None = None) -> PrepResult:
-    """Prepare the raw partitions of `window`; replace that window's outputs; return the counts."""
+    """Prepare the raw partitions of `window`; replace that window's outputs; return the counts.
+
+    Every `.gz` raw file is first decompressed to its end with Python's gzip (`unreadable_reason`): a
+    corrupt or truncated one is left out of the run (none of its lines is counted), left in the raw
+    zone untouched (raw is immutable), and recorded in the manifest's `unreadable_files` with the
+    reason; the message names it, so it can be re-ingested and the window prepared again. A window
+    whose every file is unreadable raises PrepError and leaves the previous outputs as they are."""
     from pyspark.sql import functions as F
 
     from pipelines.clients.spark import get_spark
@@ -97,12 +107,17 @@ def run_prep(settings: Settings, window: DateWindow, spark: Any = None, run_id: 
     files = raw_files_for(settings, window)
     if not files:
         raise PrepError(f"no raw partitions for {window} under {settings.zone('raw')}: ingest the window first")
+    unreadable = {f: reason for f in files if (reason := unreadable_reason(f))}
+    files = [f for f in files if f not in unreadable]
+    if not files:
+        raise PrepError(f"every raw file of {window} is unreadable: "
+                        + "; ".join(f"{f}: {r}" for f, r in unreadable.items()) + "; re-ingest them")
     spark = spark or get_spark(settings)
     paths = zone_paths(settings)
     staging = f"{paths['staging']}/{run_id}"
 
     lines = spark.read.text(files).withColumn("source_file", F.input_file_name())
-    non_blank = lines.filter(F.trim("value") != "")
+    non_blank = lines.filter((F.trim("value") != "") & F.trim("value").endswith("}"))
     tools = registered_catalogue(settings.zone("raw"))
     nodes.prepare(non_blank, tools).write.mode("overwrite").parquet(staging)
     prepared = spark.read.parquet(staging)
@@ -152,8 +167,9 @@ def run_prep(settings: Settings, window: DateWindow, spark: Any = None, run_id: 
     content_digest = nodes.digest(examples, ["record_id", "split", "system_prompt", "messages_json", "target_json"])
     marked.unpersist()
     examples.unpersist()
-    for name in OUTPUT_TABLES:
-        _swap_window(out[name], paths[name], window, f"{staging}/replaced/{name}")
+    with window_lock(settings, window):  # two runs of one window swap one after the other, never interleaved
+        for name in OUTPUT_TABLES:
+            _swap_window(out[name], paths[name], window, f"{staging}/replaced/{name}")
     remove(staging)
 
     if input_records == 0:
@@ -163,12 +179,16 @@ def run_prep(settings: Settings, window: DateWindow, spark: Any = None, run_id: 
     else:
         message = (f"{window}: {input_records} records -> {n_kept} examples, {n_bad} quarantined, "
                    f"{n_dup} duplicates")
+    if unreadable:
+        message += (f"; {len(unreadable)} unreadable raw file(s) skipped, left in place and listed in the "
+                    f"manifest (re-ingest, then prepare the window again): {', '.join(sorted(unreadable))}")
     manifest = {
         "run_id": run_id,
         "window": {"start": window.start.isoformat(), "end": window.end.isoformat()},
         "created_at": datetime.now(timezone.utc).isoformat(),
-        "input_partitions": sorted({f.rsplit("/", 2)[-2] for f in files}),
+        "input_partitions": sorted({f.rsplit("/", 2)[-2] for f in [*files, *unreadable]}),
         "input_files": files,
+        "unreadable_files": [{"file": f, "reason": r} for f, r in sorted(unreadable.items())],
         "counts": {"input": input_records, "clean": n_kept, "quarantined": n_bad, "duplicates": n_dup,
                    "reconciled": n_kept + n_bad + n_dup == input_records},
         "quarantine_reasons": dict(sorted(reasons.items())),
@@ -189,8 +209,15 @@ def run_prep(settings: Settings, window: DateWindow, spark: Any = None, run_id: 
         window=str(window), run_id=run_id, input_records=input_records, clean=n_kept, quarantined=n_bad,
         duplicates=n_dup, examples_by_split=manifest["examples_by_split"], reasons=manifest["quarantine_reasons"],
         redactions=redactions, manifest_uri=manifest_uri, message=message,
-        seconds=round(time.perf_counter() - started, 2), outputs=manifest["outputs"],
+        seconds=round(time.perf_counter() - started, 2), outputs=manifest["outputs"], unreadable_files=unreadable,
     )
+
+
+def window_lock(settings: Settings, window: DateWindow, timeout_s: float = 3600):
+    """The window's write lock: held while a step replaces the window's partitions (prep's swap, the
+    features step's writes), so two runs of the same window (`flywheel run` next to the scheduler)
+    replace them one after the other."""
+    return locked(f"{settings.zone('curated')}/_locks/{window.label}", timeout_s, f"the window {window}")
 
 
 def _partition_suffix(partition: str) -> str:

@@ -127,6 +127,8 @@ def score_replies(rows: list[dict[str, Any]], replies: list[Reply]) -> dict[str,
     latencies = [rep.latency_ms for rep in replies]
     summary = metrics.summarize(scores) if scores else {}
     return {"requests": len(rows), "errors": len(replies) - len(answered),
+            "empty": sum(1 for rep in answered if not (rep.text or "").strip() or rep.output_tokens <= 0),
+            "first_error": next((" ".join(rep.error.split()) for rep in replies if rep.error), None),
             "valid_json": summary.get("json_valid", 0.0), "exact_match": summary.get("exact_match", 0.0),
             "name_accuracy": summary.get("name_accuracy", 0.0),
             "latency_ms_p50": round(statistics.median(latencies), 1) if latencies else None,
@@ -137,6 +139,29 @@ def smoke_test(settings: Settings, client: TritonClient, entry: Deployment) -> d
     rows = smoke_rows(settings, settings.triton.smoke_requests)
     replies = client.infer(entry.name, [conversation(r, entry.prompt_style) for r in rows])
     return score_replies(rows, replies)
+
+
+def smoke_failure(settings: Settings, smoke: dict[str, Any]) -> str | None:
+    """Why a smoke test failed, or None. Every reply must be well formed (no error, a non-empty
+    answer) whatever `smoke_min_valid_json` says; that share of parseable answers is the quality bar
+    on top (0 only for untrained test models, which cannot write JSON; quality is the gate's job)."""
+    if smoke["errors"]:
+        return f"{smoke['errors']} of {smoke.get('requests')} requests failed (first: {smoke.get('first_error')})"
+    if smoke.get("empty"):
+        return f"{smoke['empty']} of {smoke.get('requests')} replies were empty"
+    if smoke["valid_json"] < settings.triton.smoke_min_valid_json:
+        return (f"valid JSON {smoke['valid_json']:.0%} < triton.smoke_min_valid_json "
+                f"{settings.triton.smoke_min_valid_json:.0%}")
+    return None
+
+
+def _server_lost(settings: Settings, client: TritonClient, name: str) -> str | None:
+    """A one-line reason when the server stopped answering (or dropped `name`) mid-deployment."""
+    if client.ready(name):
+        return None
+    state_of = "up" if server.status(settings).healthy else "down"
+    return (f"Triton stopped serving it during the deployment (server {state_of}): `flywheel serve up`, "
+            f"then `flywheel deploy` loads the live model again")
 
 
 def deploy(settings: Settings, alias: str = "champion", *, version: str | None = None) -> dict[str, Any]:
@@ -167,18 +192,22 @@ def deploy(settings: Settings, alias: str = "champion", *, version: str | None =
                                           "reason": f"load: {exc}"})
                 raise DeployFailed(f"{entry.name} did not load ({exc}); {_serving(current)} keeps serving") from None
             smoke = smoke_test(settings, client, entry)
-            if smoke["errors"] or smoke["valid_json"] < settings.triton.smoke_min_valid_json:
+            # the switch needs the new model still loaded: a server lost after the smoke test moves nothing
+            lost = _server_lost(settings, client, entry.name)
+            failure = lost or smoke_failure(settings, smoke)
+            if failure:
                 _unload_quietly(client, entry.name)
                 _save(settings, current, {"event": "deploy_failed", "name": entry.name, "version": version,
-                                          "reason": f"smoke test: {smoke}"})
-                raise DeployFailed(f"{entry.name} failed its smoke test ({smoke['errors']} errors, valid JSON "
-                                   f"{smoke['valid_json']:.0%}); {_serving(current)} keeps serving")
+                                          "reason": f"{failure}; smoke test: {smoke}"})
+                raise DeployFailed(f"{entry.name} was not switched to ({'' if lost else 'smoke test: '}{failure}); "
+                                   f"`live` stays {_serving(current)}")
             current.update(live=asdict(entry), previous=previous)
             _save(settings, current, {"event": "deployed", "name": entry.name, "version": version, "smoke": smoke})
             keep = {entry.name, previous["name"] if previous else None, repository.triton_name(settings, None)}
-            for loaded in client.loaded():
-                if loaded not in keep:
-                    _unload_quietly(client, loaded)
+            with contextlib.suppress(Exception):  # switched already: a server lost now leaves extra models loaded
+                for loaded in client.loaded():
+                    if loaded not in keep:
+                        _unload_quietly(client, loaded)
     finally:
         client.close()
     return {"deployed": entry.name, "version": version, "previous": previous, "smoke": smoke,
@@ -207,10 +236,11 @@ def _ensure_loaded(settings: Settings, client: TritonClient, current: dict[str, 
                            f"check `flywheel serve status` and the Triton log") from None
     smoke = smoke_test(settings, client, live)
     event = {"name": live.name, "version": live.version, "smoke": smoke}
-    if smoke["errors"] or smoke["valid_json"] < settings.triton.smoke_min_valid_json:
+    failure = smoke_failure(settings, smoke)
+    if failure:
         _save(settings, current, {"event": "reload_failed", **event})
-        raise DeployFailed(f"{live.name} is live and was reloaded, but failed its smoke test ({smoke['errors']} "
-                           f"errors, valid JSON {smoke['valid_json']:.0%}): `flywheel rollback` serves the previous one")
+        raise DeployFailed(f"{live.name} is live and was reloaded, but failed its smoke test ({failure}): "
+                           f"`flywheel rollback` serves the previous one")
     _save(settings, current, {"event": "reloaded", **event})
     return {**result, "reloaded": True, "smoke": smoke, "state": current,
             "seconds": round(time.perf_counter() - started, 1)}
