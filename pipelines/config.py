@@ -128,7 +128,9 @@ class TritonSettings(_Section):
                                   "average, some over 1024); `flywheel bench` checks its prompts against it first")
     max_new_tokens: int = Field(64, ge=8, description="the longest logged tool call is 57 SmolLM2 tokens")
     smoke_requests: int = Field(6, ge=1, description="test-split requests a new deployment must answer first")
-    smoke_min_valid_json: float = Field(1.0, ge=0, le=1, description="share of smoke answers that must parse")
+    smoke_min_valid_json: float = Field(1.0, ge=0, le=1, description="share of smoke answers that must parse "
+                                        "as JSON, on top of every answer being well formed (no error, not empty), "
+                                        "which the smoke test always requires; 0 only for untrained test models")
     canary_share: float = Field(0.2, ge=0, le=1, description="share of replayed traffic sent to the candidate")
     startup_timeout_s: int = Field(120, ge=5)
     state_lock_timeout_s: float = Field(900, gt=0, description="how long deploy/rollback/canary wait for another "
@@ -224,6 +226,11 @@ class PromotionSettings(_Section):
                                        "match against the reference (no tool may collapse while the average rises)")
     min_tool_examples: int = Field(5, ge=1, description="a tool is checked when both rows have this many of its "
                                    "examples (fewer is noise: one example of 3 is a 0.33 swing)")
+    tool_metrics: dict[str, Literal["exact_match", "text_f1", "arg_f1"]] = Field(
+        default_factory=lambda: {"search_products": "text_f1"},
+        description="the metric the per-tool regression check compares for a tool (every tool not named: "
+        "exact_match); text_f1 (token F1 of string arguments) for free-text arguments such as a search query, "
+        "exact_match where ids must be exact (orders)")
     baseline: Literal["base_few_shot", "none"] = Field(
         "base_few_shot", description="with no champion yet, beat this evaluation row; `none` promotes the first "
         "candidate unchecked (plumbing smoke tests with an untrained model only)")

@@ -36,10 +36,24 @@ def remove(uri: str) -> None:
 
 
 def move(src: str, dst: str) -> None:
+    """Move a file or a folder. Locally a rename; on object storage (no folders, no rename) every key
+    under `src` is copied to its place under `dst`, then the sources are deleted (copies first: a
+    crash in between leaves both, never neither)."""
     fs, src_path = fs_for(src)
     _, dst_path = fs_for(dst)
-    fs.makedirs(dst_path.rsplit("/", 1)[0], exist_ok=True)
-    fs.mv(src_path, dst_path, recursive=True)
+    if is_local(src):
+        fs.makedirs(dst_path.rsplit("/", 1)[0], exist_ok=True)
+        fs.mv(src_path, dst_path, recursive=True)
+        return
+    keys = fs.find(src_path)
+    if not keys:
+        raise FileNotFoundError(src)
+    if keys == [src_path]:  # a single object
+        fs.copy(src_path, dst_path)
+    else:
+        for key in keys:
+            fs.copy(key, dst_path + key[len(src_path.rstrip("/")):])
+    fs.rm(src_path, recursive=True)
 
 
 def is_local(uri: str) -> bool:
@@ -122,9 +136,7 @@ def write_json(uri: str, data: Any) -> str:
 
 
 def read_json(uri: str) -> Any:
-    fs, path = fs_for(uri)
-    with fs.open(path, "r") as fh:
-        return json.load(fh)
+    return json.loads(read_bytes(uri))
 
 
 def window_partitions(table_uri: str, days: list[str]) -> list[str]:
@@ -133,9 +145,10 @@ def window_partitions(table_uri: str, days: list[str]) -> list[str]:
 
 
 def read_bytes(uri: str) -> bytes:
+    """The whole file in one read: on object storage one GET, so an object replaced concurrently is read
+    as the old or the new version, never fails half-way (an open + ranged reads checks the ETag)."""
     fs, path = fs_for(uri)
-    with fs.open(path, "rb") as fh:
-        return fh.read()
+    return fs.cat_file(path)
 
 
 def makedirs(uri: str) -> None:

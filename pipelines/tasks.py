@@ -263,12 +263,13 @@ def smoke_test(deployed: dict[str, Any], settings: Settings | None = None) -> di
         result = serving.smoke_test(settings, client, live)
     finally:
         client.close()
-    if result["errors"] or result["valid_json"] < settings.triton.smoke_min_valid_json:
+    failure = serving.smoke_failure(settings, result)
+    if failure:
         try:  # only while it is still the live one: a deploy in between is not undone
             outcome = f"rolled back to {serving.rollback(settings, only_if_live=live.name)['live']['name']}"
         except serving.DeployFailed as exc:
             outcome = str(exc)
-        raise NotRetryable(f"{live.name} failed the post-deployment smoke test ({result}); {outcome}")
+        raise NotRetryable(f"{live.name} failed the post-deployment smoke test ({failure}); {outcome}")
     return {"live": live.name, "version": live.version, **result}
 
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from pipelines.evaluate.metrics import INVALID, NO_TOOL, confusion, parse_call, per_tool, score, summarize
+from pipelines.evaluate.metrics import (INVALID, NO_TOOL, confusion, parse_call, per_tool, score, summarize,
+                                       text_f1)
 
 GOLD = {"name": "search_products", "arguments": {"query": "hoodie", "color": "red", "max_price": 40}}
 
@@ -70,3 +71,72 @@ def test_summary_per_tool_and_confusion_hand_computed() -> None:
     assert per_tool(scores)["search_products"]["exact_match"] == pytest.approx(1 / 3)
     assert confusion(scores) == {NO_TOOL: {NO_TOOL: 1}, "get_order": {INVALID: 1},
                                  "search_products": {NO_TOOL: 1, "search_products": 2}}
+
+
+def test_text_f1_normalizes_both_sides_and_counts_shared_tokens() -> None:
+    assert text_f1("red running shoes", "Running shoes, red!") == 1.0  # order, case, punctuation ignored
+    assert text_f1("ＲＥＤ shoes", "red shoes") == 1.0  # NFKC: full-width letters are letters
+    assert text_f1("red shoes", "blue shoes") == pytest.approx(0.5)  # P = R = 1/2
+    # pred 3 tokens, gold 2, one shared ("hoodie"): P = 1/3, R = 1/2, F1 = 2 * (1/6) / (5/6) = 0.4
+    assert text_f1("black zip hoodie", "red hoodie") == pytest.approx(0.4)
+    assert text_f1("", "") == 1.0 and text_f1("!?", "") == 1.0  # nothing left on either side
+    assert text_f1("", "hoodie") == 0.0 and text_f1("hoodie", "") == 0.0
+    assert text_f1("shoes shoes", "shoes") == pytest.approx(2 / 3)  # a bag: a repeated token counts once matched
+
+
+def test_text_f1_per_example_averages_string_arguments_only() -> None:
+    # string arguments: query (reworded: 1.0) and color (wrong: 0.0); max_price (a number) is left out
+    s = score('{"name": "search_products", "arguments": {"query": "Hoodie!", "color": "blue", "max_price": 99}}',
+              GOLD)
+    assert not s.exact_match and s.text_f1 == pytest.approx(0.5)
+    # a missing string argument scores 0: query 1.0, color missing -> 0.5
+    assert score('{"name": "search_products", "arguments": {"query": "hoodie"}}', GOLD).text_f1 == pytest.approx(0.5)
+    assert score('{"name": "get_product", "arguments": {"query": "hoodie"}}', GOLD).text_f1 == 0.0  # wrong tool
+    assert score("garbage", GOLD).text_f1 == 0.0
+    assert score('{"name": null}', {"name": None}).text_f1 is None  # abstention: no arguments to judge
+    numbers_only = {"name": "get_page", "arguments": {"page": 2}}
+    assert score('{"name": "get_page", "arguments": {"page": 3}}', numbers_only).text_f1 is None
+
+
+def test_summary_and_per_tool_carry_text_f1() -> None:
+    scores = [
+        score('{"name": "search_products", "arguments": {"query": "hoodie", "color": "red", "max_price": 40}}',
+              GOLD),                                                                     # 1.0
+        score('{"name": "search_products", "arguments": {"query": "hoodie red", "color": "red"}}', GOLD),  # 0.833
+        score('{"name": "get_page", "arguments": {"page": 3}}', {"name": "get_page", "arguments": {"page": 2}}),
+        score('{"name": null}', {"name": None}),                                         # None: left out
+    ]
+    second = (2 * 0.5 * 1.0 / 1.5 + 1.0) / 2  # query: P = 1/2, R = 1 -> 2/3; color 1.0
+    assert scores[1].text_f1 == pytest.approx(second)
+    s = summarize(scores)
+    assert s["text_f1"] == pytest.approx((1.0 + second) / 2)
+    # existing keys keep their meaning: argument pairs of the second call: P = 1/2, R = 1/3 -> F1 = 0.4
+    assert s["exact_match"] == pytest.approx(2 / 4) and s["arg_f1"] == pytest.approx((1.0 + 0.4 + 0.0) / 3)
+    tools = per_tool(scores)
+    assert tools["search_products"]["text_f1"] == pytest.approx((1.0 + second) / 2)
+    assert tools["get_page"]["text_f1"] is None and tools[NO_TOOL]["text_f1"] is None
+
+
+def test_text_f1_reaches_the_side_by_side_table_the_per_tool_table_and_the_gate_rows(tmp_path) -> None:
+    import json
+
+    from pipelines.evaluate.pipeline import EvalReport, score_condition
+    from pipelines.evaluate.report import _per_tool_rows
+    from pipelines.registry.models import evaluation_rows
+    from pipelines.storage import write_json
+    from pipelines.train.dataset import Example
+
+    gold = json.dumps({"name": "search_products", "arguments": {"query": "red running shoes"}})
+    examples = [Example(f"r{i}", [], gold, "search_products", "shoes?") for i in range(2)]
+    outputs = ['{"name": "search_products", "arguments": {"query": "Running shoes, red!"}}',  # text F1 1.0
+               '{"name": "search_products", "arguments": {"query": "red shoes"}}']            # text F1 0.8
+    result = score_condition("tuned", "adapter", "short", 0, examples, outputs, {"latency_ms_p50": 5.0})
+    report = EvalReport("t", "d", 2, [result])
+    [table] = report.table()
+    assert list(table)[:3] == ["condition", "exact_match", "text_f1"]  # next to exact match
+    assert table["exact_match"] == 0.0 and table["text_f1"] == pytest.approx(0.9)
+    [tool_row] = _per_tool_rows(result)
+    assert tool_row["tool"] == "search_products" and tool_row["text_f1"] == pytest.approx(0.9)
+    uri = write_json(str(tmp_path / "report.json"), report.to_dict())
+    rows = evaluation_rows({"table": report.table(), "json_uri": uri})
+    assert rows["tuned"]["per_tool"]["search_products"]["text_f1"] == pytest.approx(0.9)

@@ -16,10 +16,12 @@ def settings(tmp_path_factory: pytest.TempPathFactory):
     return load_settings(root=str(tmp_path_factory.mktemp("gate-root")))
 
 
-def row(exact: float, f1: float, latency: float = 100.0, **tools: tuple[int, float]) -> dict[str, Any]:
-    """An evaluation row; `tools`: name=(examples, exact match)."""
-    return {"exact_match": exact, "arg_f1": f1, "latency_ms_p50": latency,
-            "per_tool": {t: {"n": n, "exact_match": em, "arg_f1": em} for t, (n, em) in tools.items()}}
+def row(exact: float, f1: float, latency: float = 100.0, **tools: tuple[float, ...]) -> dict[str, Any]:
+    """An evaluation row; `tools`: name=(examples, exact match) or (examples, exact match, text F1)."""
+    per_tool: dict[str, dict[str, Any]] = {}
+    for tool, (n, em, *text) in tools.items():
+        per_tool[tool] = {"n": n, "exact_match": em, "arg_f1": em, **({"text_f1": text[0]} if text else {})}
+    return {"exact_match": exact, "arg_f1": f1, "latency_ms_p50": latency, "per_tool": per_tool}
 
 
 def test_without_a_champion_a_candidate_worse_than_base_few_shot_is_not_promoted(settings) -> None:
@@ -73,6 +75,9 @@ def test_the_decision_records_every_compared_number(settings) -> None:
         "get_order": {"n": [6, 6], "exact_match": [0.5, 0.5], "arg_f1": [0.5, 0.5], "checked": True},
         "search_products": {"n": [10, 10], "exact_match": [0.9, 0.4], "arg_f1": [0.9, 0.4], "checked": True}}
     assert numbers["thresholds"]["max_tool_regression"] == settings.promotion.max_tool_regression
+    # no text F1 in these rows: every tool, search included, was judged on exact match
+    assert numbers["tool_metrics"] == {t: "exact_match" for t in ("abstain", "create_order", "get_order",
+                                                                   "search_products")}
     json.dumps(numbers)  # recorded as JSON
 
 
@@ -83,3 +88,32 @@ def test_nothing_promoted_and_no_champion_deploys_nothing() -> None:
     assert should_deploy({"promoted": False, "champion_version": "3"}, {})  # the champion stays (re)loaded
     assert not should_deploy({"promoted": False, "champion_version": None}, {"deploy": True})
     assert not should_deploy({"promoted": True, "champion_version": None}, {"deploy": False})
+
+
+def test_a_search_tool_is_judged_on_query_text_f1_not_exact_match(settings) -> None:
+    assert settings.promotion.tool_metrics == {"search_products": "text_f1"}  # the default choice
+    reference = row(0.50, 0.60, search_products=(10, 0.80, 0.85), get_order=(6, 0.50, 1.0))
+    # exact match of search drops 0.80 -> 0.40 (reworded queries), but the query text F1 holds
+    reworded = row(0.70, 0.75, search_products=(10, 0.40, 0.82), get_order=(6, 0.90, 1.0))
+    verdict = gate(reworded, reference, settings)
+    assert verdict.promoted, verdict.reason
+    tools = verdict.numbers["per_tool"]
+    assert verdict.numbers["tool_metrics"] == {"get_order": "exact_match", "search_products": "text_f1"}
+    assert tools["search_products"]["text_f1"] == [0.82, 0.85] and tools["search_products"]["checked"]
+    # the same search whose query text F1 collapses is blocked, on text F1
+    collapsed = row(0.70, 0.75, search_products=(10, 0.80, 0.30), get_order=(6, 0.90, 1.0))
+    verdict = gate(collapsed, reference, settings)
+    assert not verdict.promoted
+    assert "search_products text F1 0.85 -> 0.30" in verdict.reason and "get_order" not in verdict.reason
+
+
+def test_an_order_tool_stays_judged_on_exact_ids(settings) -> None:
+    reference = row(0.50, 0.60, get_order=(6, 1.0, 1.0))
+    # ids almost right as text (text F1 holds) but not exact: still a regression for an order tool
+    candidate = row(0.70, 0.75, get_order=(6, 0.50, 0.95))
+    verdict = gate(candidate, reference, settings)
+    assert not verdict.promoted and "get_order exact match 1.00 -> 0.50" in verdict.reason
+    # the choice is configuration: judging get_order on text F1 lets the same candidate through
+    lenient = load_settings(root=str(settings.root), promotion={"tool_metrics": {"get_order": "text_f1"}})
+    verdict = gate(candidate, reference, lenient)
+    assert verdict.promoted and verdict.numbers["tool_metrics"] == {"get_order": "text_f1"}

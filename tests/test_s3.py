@@ -96,13 +96,9 @@ def test_write_bytes_replaces_an_object_whole_under_concurrent_writers(bucket: s
             errors.append(exc)
 
     def reader() -> None:
-        from s3fs.utils import FileExpired
-
         while not stop.is_set():
             try:
                 seen.append(storage.read_bytes(uri))
-            except FileExpired:  # replaced between open and read: see the xfail test below
-                continue
             except BaseException as exc:  # noqa: BLE001
                 errors.append(exc)
                 return
@@ -123,9 +119,6 @@ def test_write_bytes_replaces_an_object_whole_under_concurrent_writers(bucket: s
     assert storage.read_bytes(uri) in docs.values()
 
 
-@pytest.mark.xfail(strict=True, reason="storage.read_bytes/read_json open the object (HEAD: size, ETag) and then "
-                   "GET it with If-Match: an object replaced in between raises s3fs FileExpired instead of "
-                   "returning the old or the new document (fix: one GET, fs.cat_file, for object storage)")
 def test_a_read_racing_a_replacement_gets_a_whole_document(bucket: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Deterministic form of the race above: a writer replaces the object right after the reader opened it."""
     import s3fs
@@ -166,10 +159,6 @@ def test_window_partitions_move_of_a_file_and_lock_file_on_s3(bucket: str, tmp_p
     assert lock != Path(storage.lock_file(f"{bucket}/reports/drift/state.json"))
 
 
-@pytest.mark.xfail(strict=True, raises=FileNotFoundError,
-                   reason="storage.move -> s3fs mv(recursive=True) copies the files, then tries to CopyObject the "
-                          "folder's own key (there is none on S3): NoSuchKey, and the source is left in place "
-                          "(prep's _swap_window moves partition folders)")
 def test_move_of_a_folder_on_s3(bucket: str) -> None:
     """What prep's `_swap_window` does to the window's partitions on an s3 root."""
     table = f"{bucket}/curated/examples"

@@ -2,7 +2,9 @@
 
 For one example the model's text is parsed into a call {"name": str | None, "arguments": {...}}
 (`{"name": null}` means "no tool fits"). Per example: JSON validity, name match, exact match of
-name and arguments, argument-level precision/recall/F1 over (key, value) pairs, and abstention.
+name and arguments, argument-level precision/recall/F1 over (key, value) pairs, abstention, and
+`text_f1`: for free-text (string) arguments such as a search query, where exact match is too strict,
+the mean token F1 of the predicted against the gold string after the same normalization of both.
 Aggregates are plain means, with a per-tool breakdown and a confusion matrix of names.
 """
 
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import unicodedata
 from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -57,6 +60,36 @@ def _canonical(value: Any) -> Any:
     return repr(value)
 
 
+def normalize_text(text: str) -> list[str]:
+    """Tokens of `text`: Unicode NFKC, lowercase, punctuation removed, split on whitespace."""
+    folded = unicodedata.normalize("NFKC", text).lower()
+    kept = "".join(ch for ch in folded if not unicodedata.category(ch).startswith("P"))
+    return kept.split()
+
+
+def text_f1(pred: str, gold: str) -> float:
+    """Bag-of-tokens F1 of `pred` against `gold` after `normalize_text` of both (1.0 when both are empty)."""
+    pred_tokens, gold_tokens = normalize_text(pred), normalize_text(gold)
+    if not pred_tokens and not gold_tokens:
+        return 1.0
+    common = sum((Counter(pred_tokens) & Counter(gold_tokens)).values())
+    if not common:
+        return 0.0
+    precision, recall = common / len(pred_tokens), common / len(gold_tokens)
+    return 2 * precision * recall / (precision + recall)
+
+
+def _string_arguments_f1(predicted: dict[str, Any] | None, gold: dict[str, Any]) -> float | None:
+    """Mean `text_f1` over the gold call's string-valued arguments, each against the predicted argument
+    of the same name (missing or not a string: 0); None when the gold call has no string argument.
+    `predicted` is None when the prediction is not a call of the gold tool (every argument scores 0)."""
+    strings = {k: v for k, v in gold.items() if isinstance(v, str)}
+    if not strings:
+        return None
+    found = predicted or {}
+    return _mean([text_f1(found[k], v) if isinstance(found.get(k), str) else 0.0 for k, v in strings.items()])
+
+
 @dataclass(frozen=True)
 class ExampleScore:
     tool: str            # expected tool (NO_TOOL for an expected abstention)
@@ -67,21 +100,24 @@ class ExampleScore:
     arg_precision: float | None  # None when the expected answer is an abstention
     arg_recall: float | None
     arg_f1: float | None
+    text_f1: float | None = None  # mean token F1 of string arguments; None: abstention or no string argument
 
 
 def score(prediction_text: str, expected: dict[str, Any]) -> ExampleScore:
     """Score one model output against the expected call ({"name": ..., "arguments": ...})."""
     gold_name = expected.get("name")
     gold_tool = gold_name if gold_name is not None else NO_TOOL
+    gold_args = expected.get("arguments") or {}
     call = parse_call(prediction_text)
     if call is None:
         empty = None if gold_name is None else 0.0
-        return ExampleScore(gold_tool, INVALID, False, False, False, empty, empty, empty)
+        text = None if gold_name is None else _string_arguments_f1(None, gold_args)
+        return ExampleScore(gold_tool, INVALID, False, False, False, empty, empty, empty, text)
     predicted = call["name"] if call["name"] is not None else NO_TOOL
     name_match = predicted == gold_tool
     if gold_name is None:
         return ExampleScore(gold_tool, predicted, True, name_match, name_match, None, None, None)
-    gold_pairs = {(k, _canonical(v)) for k, v in (expected.get("arguments") or {}).items()}
+    gold_pairs = {(k, _canonical(v)) for k, v in gold_args.items()}
     pred_pairs = {(k, _canonical(v)) for k, v in call["arguments"].items()} if name_match else set()
     hit = len(gold_pairs & pred_pairs)
     if not gold_pairs and not pred_pairs:
@@ -90,7 +126,9 @@ def score(prediction_text: str, expected: dict[str, Any]) -> ExampleScore:
         p = hit / len(pred_pairs) if pred_pairs else 0.0
         r = hit / len(gold_pairs) if gold_pairs else 0.0
         f1 = 2 * p * r / (p + r) if p + r else 0.0
-    return ExampleScore(gold_tool, predicted, True, name_match, name_match and gold_pairs == pred_pairs, p, r, f1)
+    text = _string_arguments_f1(call["arguments"] if name_match else None, gold_args)
+    return ExampleScore(gold_tool, predicted, True, name_match, name_match and gold_pairs == pred_pairs, p, r, f1,
+                        text)
 
 
 def _mean(values: list[float]) -> float | None:
@@ -111,6 +149,7 @@ def summarize(scores: list[ExampleScore]) -> dict[str, Any]:
         "arg_precision": _mean([s.arg_precision for s in calls]),
         "arg_recall": _mean([s.arg_recall for s in calls]),
         "arg_f1": _mean([s.arg_f1 for s in calls]),
+        "text_f1": _mean([s.text_f1 for s in scores if s.text_f1 is not None]),
         "abstention_recall": correct_abstain / len(abstain_gold) if abstain_gold else None,
         "abstention_precision": correct_abstain / len(abstain_pred) if abstain_pred else None,
         "abstention_examples": len(abstain_gold),

@@ -63,6 +63,10 @@ class ConditionResult:
     samples: list[dict[str, Any]] = field(default_factory=list)
 
 
+# the side-by-side table's quality columns (text_f1: token F1 of free-text arguments, next to exact match)
+TABLE_METRICS = ("exact_match", "text_f1", "name_accuracy", "arg_f1", "json_valid", "abstention_recall")
+
+
 @dataclass
 class EvalReport:
     name: str
@@ -77,8 +81,7 @@ class EvalReport:
         return asdict(self)
 
     def table(self) -> list[dict[str, Any]]:
-        return [{"condition": c.condition, **{k: c.summary[k] for k in
-                 ("exact_match", "name_accuracy", "arg_f1", "json_valid", "abstention_recall")}, **c.stats}
+        return [{"condition": c.condition, **{k: c.summary.get(k) for k in TABLE_METRICS}, **c.stats}
                 for c in self.conditions]
 
 

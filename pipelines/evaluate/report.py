@@ -9,7 +9,7 @@ from pipelines.reports import figure_html, new_figure, page, table_html
 if TYPE_CHECKING:
     from pipelines.evaluate.pipeline import ConditionResult, EvalReport
 
-QUALITY = ("exact_match", "name_accuracy", "arg_f1", "json_valid")
+QUALITY = ("exact_match", "text_f1", "name_accuracy", "arg_f1", "json_valid")
 
 
 def _quality_plot(report: EvalReport) -> str:
@@ -54,7 +54,8 @@ def _confusion_plot(c: ConditionResult) -> str:
 
 def _per_tool_rows(c: ConditionResult) -> list[dict[str, Any]]:
     return [{"tool": tool, "examples": s["examples"], "name_accuracy": s["name_accuracy"],
-             "exact_match": s["exact_match"], "arg_f1": s["arg_f1"]} for tool, s in c.per_tool.items()]
+             "exact_match": s["exact_match"], "text_f1": s.get("text_f1"), "arg_f1": s["arg_f1"]}
+            for tool, s in c.per_tool.items()]
 
 
 def render_html(report: EvalReport) -> str:

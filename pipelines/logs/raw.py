@@ -51,8 +51,8 @@ def unreadable_reason(uri: str) -> str | None:
         return None
     try:
         with fsspec.open(uri, "rb", compression="gzip") as handle:
-            if not handle.read(1 << 20):
-                raise EOFError("empty")
+            while handle.read(1 << 20):
+                pass
     except FileNotFoundError:
         raise
     except (EOFError, OSError, zlib.error) as exc:  # gzip.BadGzipFile is an OSError

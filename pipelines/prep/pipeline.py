@@ -117,7 +117,7 @@ def run_prep(settings: Settings, window: DateWindow, spark: Any = None, run_id: 
     staging = f"{paths['staging']}/{run_id}"
 
     lines = spark.read.text(files).withColumn("source_file", F.input_file_name())
-    non_blank = lines.filter((F.trim("value") != "") & F.trim("value").endswith("}"))
+    non_blank = lines.filter(F.trim("value") != "")
     tools = registered_catalogue(settings.zone("raw"))
     nodes.prepare(non_blank, tools).write.mode("overwrite").parquet(staging)
     prepared = spark.read.parquet(staging)

@@ -8,7 +8,11 @@ without a tuned model). It passes only if, against that reference:
 - p50 latency rises by at most `max_latency_increase` (against few-shot too: the tuned model must
   not be slower than the prompt-engineered alternative);
 - no tool with at least `min_tool_examples` examples in both rows loses more than
-  `max_tool_regression` exact match (no tool may collapse while the average rises).
+  `max_tool_regression` of its metric (no tool may collapse while the average rises). A tool's
+  metric is `promotion.tool_metrics[tool]`, exact match for a tool not named there: a search is
+  judged on the token F1 of its query (`text_f1`: a reworded query is not a failure), an order
+  tool on exact ids. A tool whose chosen metric is missing from either row falls back to exact
+  match; the metric each tool was judged on is recorded in `numbers["tool_metrics"]`.
 
 With no champion and no `base_few_shot` row (baselines not evaluated) nothing is promoted, unless
 `promotion.baseline` is `none` (plumbing smoke tests with an untrained model only). The verdict's
@@ -24,6 +28,8 @@ from pipelines.config import Settings
 
 BASELINE = "base_few_shot"  # the condition name in pipelines/evaluate/pipeline.py
 OVERALL = ("exact_match", "arg_f1", "latency_ms_p50")
+DEFAULT_TOOL_METRIC = "exact_match"
+METRIC_LABELS = {"exact_match": "exact match", "text_f1": "text F1", "arg_f1": "arg F1"}
 
 
 @dataclass
@@ -38,32 +44,44 @@ def _tool_count(stats: dict[str, Any]) -> int:
     return int(stats.get("n", stats.get("examples")) or 0)
 
 
+def tool_metric(tool: str, candidate: dict[str, Any], reference: dict[str, Any], settings: Settings) -> str:
+    """The metric `tool` is judged on: `promotion.tool_metrics[tool]` (exact match when not named),
+    or exact match when either row lacks the chosen metric (e.g. a report from before it existed)."""
+    chosen = settings.promotion.tool_metrics.get(tool, DEFAULT_TOOL_METRIC)
+    if candidate.get(chosen) is None or reference.get(chosen) is None:
+        return DEFAULT_TOOL_METRIC
+    return chosen
+
+
 def per_tool_numbers(candidate: dict[str, Any], reference: dict[str, Any],
-                     settings: Settings) -> tuple[dict[str, Any], list[str]]:
-    """Per tool: [candidate, reference] counts, exact match and arg F1, and whether it was checked;
-    plus one failure line per tool that regressed beyond the tolerance."""
+                     settings: Settings) -> tuple[dict[str, Any], dict[str, str], list[str]]:
+    """Per tool: [candidate, reference] counts, exact match, arg F1 and, when judged on another metric,
+    that metric, and whether it was checked; the metric each tool was judged on; and one failure line
+    per tool whose metric regressed beyond the tolerance."""
     p = settings.promotion
     ours, theirs = candidate.get("per_tool") or {}, reference.get("per_tool") or {}
     numbers: dict[str, Any] = {}
+    judged_on: dict[str, str] = {}
     failures: list[str] = []
     for tool in sorted(set(ours) | set(theirs)):
         c, r = ours.get(tool) or {}, theirs.get(tool) or {}
         n = [_tool_count(c), _tool_count(r)]
-        exact = [c.get("exact_match"), r.get("exact_match")]
-        checked = min(n) >= p.min_tool_examples and None not in exact
-        numbers[tool] = {"n": n, "exact_match": exact, "arg_f1": [c.get("arg_f1"), r.get("arg_f1")],
-                         "checked": checked}
-        if checked and exact[1] - exact[0] > p.max_tool_regression + 1e-9:
-            failures.append(f"{tool} exact match {exact[1]:.2f} -> {exact[0]:.2f} "
+        metric = judged_on[tool] = tool_metric(tool, c, r, settings)
+        values = [c.get(metric), r.get(metric)]
+        checked = min(n) >= p.min_tool_examples and None not in values
+        numbers[tool] = {"n": n, "exact_match": [c.get("exact_match"), r.get("exact_match")],
+                         "arg_f1": [c.get("arg_f1"), r.get("arg_f1")], metric: values, "checked": checked}
+        if checked and values[1] - values[0] > p.max_tool_regression + 1e-9:
+            failures.append(f"{tool} {METRIC_LABELS.get(metric, metric)} {values[1]:.2f} -> {values[0]:.2f} "
                             f"(drop > {p.max_tool_regression:.2f}, n={n[0]})")
-    return numbers, failures
+    return numbers, judged_on, failures
 
 
 def gate(candidate: dict[str, Any], champion: dict[str, Any] | None, settings: Settings,
          baseline: dict[str, Any] | None = None) -> Verdict:
     """Decide on `candidate` against `champion`, or with none, against `baseline` (the base_few_shot row).
 
-    Rows: exact_match, arg_f1, latency_ms_p50 and optionally per_tool {tool: {n, exact_match, arg_f1}}."""
+    Rows: exact_match, arg_f1, latency_ms_p50 and optionally per_tool {tool: {n, exact_match, arg_f1, text_f1}}."""
     p = settings.promotion
     numbers: dict[str, Any] = {f"candidate_{k}": candidate.get(k) for k in OVERALL}
     if champion is not None:
@@ -87,10 +105,10 @@ def gate(candidate: dict[str, Any], champion: dict[str, Any] | None, settings: S
     slower = candidate["latency_ms_p50"] / max(reference["latency_ms_p50"], 1e-9) - 1
     if slower > p.max_latency_increase:
         failures.append(f"latency {slower:+.0%} > {p.max_latency_increase:+.0%}")
-    tools, tool_failures = per_tool_numbers(candidate, reference, settings)
+    tools, judged_on, tool_failures = per_tool_numbers(candidate, reference, settings)
     failures += tool_failures
     numbers.update(exact_match_gain=round(gain, 6), arg_f1_gain=round(f1_gain, 6), latency_change=round(slower, 6),
-                   per_tool=tools, thresholds=p.model_dump())
+                   per_tool=tools, tool_metrics=judged_on, thresholds=p.model_dump())
     checked = sum(1 for t in tools.values() if t["checked"])
     if failures:
         return Verdict(False, f"not promoted vs {label}: " + "; ".join(failures), label, numbers)

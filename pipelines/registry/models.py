@@ -179,7 +179,7 @@ def adapter_path(settings: Settings, version: str) -> str:
 
 
 def evaluation_rows(evaluated: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """The evaluation table's rows by condition, each with `per_tool` {tool: {n, exact_match, arg_f1}}
+    """The evaluation table's rows by condition, each with `per_tool` {tool: {n, exact_match, arg_f1, text_f1}}
     (taken from the report JSON when the table row does not carry it)."""
     from pipelines.storage import read_json
 
@@ -194,7 +194,7 @@ def evaluation_rows(evaluated: dict[str, Any]) -> dict[str, dict[str, Any]]:
         row = rows.get(condition.get("condition"))
         if row is not None and "per_tool" not in row:
             row["per_tool"] = {tool: {"n": s.get("examples"), "exact_match": s.get("exact_match"),
-                                      "arg_f1": s.get("arg_f1")}
+                                      "arg_f1": s.get("arg_f1"), "text_f1": s.get("text_f1")}
                                for tool, s in (condition.get("per_tool") or {}).items()}
     return rows
 

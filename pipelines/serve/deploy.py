@@ -190,7 +190,7 @@ def deploy(settings: Settings, alias: str = "champion", *, version: str | None =
             except Exception as exc:  # noqa: BLE001 (the server's reason goes into the error)
                 _save(settings, current, {"event": "deploy_failed", "name": entry.name, "version": version,
                                           "reason": f"load: {exc}"})
-                raise DeployFailed(f"{entry.name} did not load ({exc}); {_serving(current)} keeps serving") from None
+                raise DeployFailed(f"{entry.name} did not load ({_one_line(exc)}); {_serving(current)} keeps serving") from None
             smoke = smoke_test(settings, client, entry)
             # the switch needs the new model still loaded: a server lost after the smoke test moves nothing
             lost = _server_lost(settings, client, entry.name)
@@ -232,7 +232,7 @@ def _ensure_loaded(settings: Settings, client: TritonClient, current: dict[str, 
     except Exception as exc:  # noqa: BLE001
         _save(settings, current, {"event": "reload_failed", "name": live.name, "version": live.version,
                                   "reason": f"load: {exc}"})
-        raise DeployFailed(f"{live.name} is live but the server has not loaded it, and it did not load ({exc}): "
+        raise DeployFailed(f"{live.name} is live but the server has not loaded it, and it did not load ({_one_line(exc)}): "
                            f"check `flywheel serve status` and the Triton log") from None
     smoke = smoke_test(settings, client, live)
     event = {"name": live.name, "version": live.version, "smoke": smoke}
@@ -261,6 +261,9 @@ def rollback(settings: Settings, *, only_if_live: str | None = None) -> dict[str
         try:
             if not client.ready(previous["name"]):
                 client.load(previous["name"])
+        except Exception as exc:  # noqa: BLE001 (tritonclient's errors: a dead server, a broken folder)
+            raise DeployFailed(f"not rolled back: {previous['name']} could not be loaded ({_one_line(exc)}); "
+                               f"{_serving(current)} stays live (is the server up? `flywheel serve up`)") from None
         finally:
             client.close()
         current.update(live=previous, previous=live)
@@ -295,7 +298,11 @@ def canary(settings: Settings, alias: str = "candidate", *, share: float | None 
                 routed[candidate.name if rng.random() < share else live.name].append(row)
             for entry in (live, candidate):
                 if not client.ready(entry.name):
-                    client.load(entry.name)
+                    try:
+                        client.load(entry.name)
+                    except Exception as exc:  # noqa: BLE001 (tritonclient's errors)
+                        raise DeployFailed(f"canary: {entry.name} could not be loaded ({_one_line(exc)}); "
+                                           f"{_serving(current)} keeps serving") from None
             result = {}
             for entry in (live, candidate):
                 chosen = routed[entry.name]
@@ -306,6 +313,11 @@ def canary(settings: Settings, alias: str = "candidate", *, share: float | None 
     finally:
         client.close()
     return {"live": live.name, "candidate": candidate.name, "share": share, "models": result}
+
+
+def _one_line(exc: BaseException, limit: int = 300) -> str:
+    """A server's error text on one line (tritonclient messages can carry the server's multi-line log)."""
+    return " ".join(str(exc).split())[:limit]
 
 
 def _serving(current: dict[str, Any]) -> str:
