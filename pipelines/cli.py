@@ -717,7 +717,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.stderr.write(f"error: {message}\n")
         sys.exit(2)
     except (ConfigError, UserError, ServiceError, DemoFailed, NotRetryable) as exc:
-        sys.stderr.write(f"error: {exc}\n")
+        sys.stderr.write(f"error: {_no_uri_passwords(str(exc))}\n")
         sys.exit(2)
     except KeyboardInterrupt:
         sys.stderr.write("aborted\n")
@@ -745,7 +745,7 @@ def _one_line(exc: BaseException) -> str:
 def _no_uri_passwords(text: str) -> str:
     import re
 
-    return re.sub(r"(://[^:/@\s]+:)[^@\s]+@", r"\1***@", text)
+    return re.sub(r"(://[^:/@\s]+:)[^/\s]*@", r"\1***@", text)  # up to the netloc's last @
 
 
 def _keep_traceback(exc: BaseException) -> str:

@@ -219,7 +219,8 @@ class PromotionSettings(_Section):
     `max_tool_regression`. The reference is the champion; with none yet, the `baseline` condition
     (the base model with retrieved in-context examples, the serving alternative to a tuned model)."""
 
-    min_exact_match_gain: float = Field(0.02, ge=-1, le=1)
+    min_score_gain: float = Field(0.02, ge=-1, le=1, description="least rise of the task score: each tool's metric "
+                                  "(`tool_metrics`; exact match by default) averaged over the examples")
     min_arg_f1_gain: float = Field(0.0, ge=-1, le=1)
     max_latency_increase: float = Field(0.10, ge=0, description="tolerated p50 latency increase (measurement noise)")
     max_tool_regression: float = Field(0.20, ge=0, le=1, description="largest tolerated drop of one tool's exact "

@@ -30,6 +30,24 @@ def _dags_test(settings: Settings, dag_id: str, conf: dict, extra_env: dict[str,
     return airflow.dags_test(settings, dag_id, conf, extra_env=extra_env)
 
 
+def _require_a_champion(settings: Settings) -> None:
+    """The demo promises a served tuned model: if the gate refused the candidate (it was not better than
+    base + few-shot), say so in one line with the gate's reason instead of "demo finished"."""
+    import json
+
+    from pipelines.clients.mlflow import client as mlflow_client
+    from pipelines.registry.models import CANDIDATE, CHAMPION, GATE_TAG, alias_version
+
+    if alias_version(settings, CHAMPION) is not None:
+        return
+    candidate = alias_version(settings, CANDIDATE)
+    reason = "no candidate was registered"
+    if candidate is not None:
+        tag = mlflow_client(settings).get_model_version(settings.mlflow.registered_model, candidate).tags.get(GATE_TAG)
+        reason = json.loads(tag).get("reason", "no gate decision recorded") if tag else "no gate decision recorded"
+    raise DemoFailed(f"the promotion gate kept the tuned model out of serving ({reason}); nothing was deployed")
+
+
 def _latest_bench(settings: Settings) -> dict | None:
     latest = Path(settings.zone("reports"), "bench", "latest.json")
     return read_json(str(latest)) if latest.is_file() else None
@@ -74,6 +92,7 @@ def run_demo(settings: Settings, *, records_per_day: int, days: int, seed: int, 
                           f"{c['summary']['arg_f1'] or 0:.3f}", f"{c['stats']['prompt_tokens_mean']:.0f}",
                           f"{c['stats']['latency_ms_p50']:.0f}")
         console.print(table)
+    _require_a_champion(settings)
 
     bench = _latest_bench(settings)
     if bench:

@@ -218,14 +218,15 @@ def status(root: str, name: str, health_url: str | None = None, url: str | None 
 
 
 def stop_group(proc: subprocess.Popen, grace_s: float = 30) -> None:
-    """SIGTERM the process's group, SIGKILL it after `grace_s`; every wait is bounded."""
+    """SIGTERM the process's whole group, SIGKILL what is left after `grace_s` (the leader and every
+    child it started: Spark's JVM, torchrun's workers); every wait is bounded."""
     for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10)):
         try:
             os.killpg(proc.pid, sig)
         except ProcessLookupError:
             return
-        try:
-            proc.wait(timeout=wait_s)
-            return
-        except subprocess.TimeoutExpired:
-            continue
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            if proc.poll() is not None and not group_alive(proc.pid):
+                return
+            time.sleep(0.1)

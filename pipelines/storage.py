@@ -41,6 +41,8 @@ def move(src: str, dst: str) -> None:
     crash in between leaves both, never neither)."""
     fs, src_path = fs_for(src)
     _, dst_path = fs_for(dst)
+    if fs.exists(dst_path):  # a folder moved onto another would nest inside it (or merge on S3)
+        raise FileExistsError(f"move: {dst} already exists")
     if is_local(src):
         fs.makedirs(dst_path.rsplit("/", 1)[0], exist_ok=True)
         fs.mv(src_path, dst_path, recursive=True)

@@ -8,6 +8,7 @@ process group, waits (bounded) until it answers HTTP, yields its endpoint URL an
 from __future__ import annotations
 
 import subprocess
+import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -32,7 +33,8 @@ def moto_server(start_timeout_s: float = 30.0, log_dir: Path | None = None) -> I
                     "S3-compatible test server", pytrace=False)
     port = free_port()
     endpoint = f"http://127.0.0.1:{port}"
-    log_path = (log_dir or Path("/tmp")) / f"moto-{port}.log"
+    log_dir = log_dir or Path(tempfile.mkdtemp(prefix="flywheel-moto-"))
+    log_path = log_dir / f"moto-{port}.log"
     with open(log_path, "wb") as log:
         proc = subprocess.Popen([str(MOTO_SERVER), "-H", "127.0.0.1", "-p", str(port)], stdout=log,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)

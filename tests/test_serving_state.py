@@ -32,10 +32,15 @@ def test_an_errored_request_counts_as_wrong_and_as_a_latency_sample() -> None:
     run = summarize_run("base", 1, rows, replies, seconds=2.0)
     assert run["requests"] == 4 and run["errors"] == 1
     assert run["exact_match"] == 0.75  # 3 of 4, not 3 of 3
-    assert run["p50_ms"] == 20.0 and run["requests_per_s"] == 2.0
+    assert run["p50_ms"] == 20.0 and run["requests_per_s"] == 1.5  # goodput: answered requests only
     assert "at most 1024" in run["first_error"]
     many = summarize_run("base", 1, rows * 5, (replies[:3] * 6 + replies[3:] * 2), seconds=1.0)
     assert many["p95_ms"] == 5000.0  # the timed-out requests are the slow tail, not dropped
+    assert many["exact_match"] == 18 / 20
+    # a request refused at once counts at the client's timeout: failing fast does not look fast
+    fast_fail = [Reply(None, 0, 0, 2.0, "connection refused")] * 20
+    refused = summarize_run("base", 1, rows * 5, fast_fail, seconds=0.1, timeout_ms=600_000)
+    assert refused["p50_ms"] == 600_000 and refused["requests_per_s"] == 0.0 and refused["exact_match"] == 0.0
     assert many["exact_match"] == 18 / 20
 
 
@@ -140,9 +145,11 @@ def fake_serving(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     FakeClient.loaded_models = set()
     smoke_calls: list[str] = []
     slow = {"s": 0.0}
+    smoking = threading.Event()  # set while a smoke test runs (the deploy holds the state lock then)
 
     def smoke(settings, client, entry):
         smoke_calls.append(entry.name)
+        smoking.set()
         time.sleep(slow["s"])
         return {"errors": 0, "valid_json": 1.0}
 
@@ -151,7 +158,7 @@ def fake_serving(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setattr(deploy, "smoke_test", smoke)
     monkeypatch.setattr(repository, "build_version", lambda settings, version, in_use=False: repository.ModelEntry(
         repository.triton_name(settings, version), "", version, "short", "tiny"))
-    return {"settings": settings, "smoke_calls": smoke_calls, "slow": slow}
+    return {"settings": settings, "smoke_calls": smoke_calls, "slow": slow, "smoking": smoking}
 
 
 def test_deploy_and_rollback_at_once_lose_no_update(fake_serving) -> None:
@@ -169,9 +176,10 @@ def test_deploy_and_rollback_at_once_lose_no_update(fake_serving) -> None:
         except BaseException as exc:  # noqa: BLE001
             errors.append(exc)
 
+    fake_serving["smoking"].clear()
     deploying = threading.Thread(target=run, args=(lambda: deploy.deploy(settings, version="3"),))
     deploying.start()
-    time.sleep(0.3)
+    assert fake_serving["smoking"].wait(10), "the deploy never reached its smoke test"
     rolling = threading.Thread(target=run, args=(lambda: deploy.rollback(settings),))
     rolling.start()
     deploying.join(30), rolling.join(30)

@@ -122,7 +122,7 @@ def test_gate_needs_the_margins_and_no_slowdown(settings) -> None:
     assert not gate(_row(0.5, 0.5, 100), None, settings).promoted  # no champion, no few-shot row: nothing to beat
     assert gate(_row(0.60, 0.70, 100), _row(0.50, 0.60, 100), settings).promoted
     verdict = gate(_row(0.51, 0.70, 100), _row(0.50, 0.60, 100), settings)  # +0.01 < the 0.02 margin
-    assert not verdict.promoted and "exact match gain +0.010" in verdict.reason
+    assert not verdict.promoted and "task score gain +0.010" in verdict.reason
     verdict = gate(_row(0.60, 0.70, 130), _row(0.50, 0.60, 100), settings)
     assert not verdict.promoted and "latency +30%" in verdict.reason
 
@@ -262,15 +262,18 @@ def test_a_large_decision_goes_to_an_artifact_and_the_tag_keeps_a_summary(light)
     from pipelines.clients.mlflow import client as mlflow_client
     from pipelines.registry.models import GATE_TAG, promote
 
-    tools = {f"tool_{i:03d}": {"n": 9, "exact_match": 0.9, "arg_f1": 0.9} for i in range(80)}
-    rows = {k: {**r, "per_tool": tools} for k, r in BETTER.items()}
+    def tools(exact: float) -> dict:
+        return {f"tool_{i:03d}": {"n": 9, "exact_match": exact, "arg_f1": exact} for i in range(80)}
+
+    rows = {k: {**r, "per_tool": tools(r["exact_match"])} for k, r in BETTER.items()}
     assert promote(light, rows, "1").promoted
     tag = mlflow_client(light).get_model_version(light.mlflow.registered_model, "1").tags[GATE_TAG]
     summary = json.loads(tag)
     assert len(tag) <= 5000 and summary["promoted"] and summary["numbers"]["base_few_shot_exact_match"] == 0.5
     full = json.loads(mlflow.artifacts.load_text(summary["full_decision"]))
-    assert full["numbers"]["per_tool"]["tool_079"] == {"n": [9, 9], "exact_match": [0.9, 0.9],
-                                                       "arg_f1": [0.9, 0.9], "checked": True}
+    candidate, baseline = BETTER["tuned_candidate"]["exact_match"], BETTER["base_few_shot"]["exact_match"]
+    assert full["numbers"]["per_tool"]["tool_079"] == {"n": [9, 9], "exact_match": [candidate, baseline],
+                                                       "arg_f1": [candidate, baseline], "checked": True}
 
 
 def first_sweep_digest(settings) -> str:

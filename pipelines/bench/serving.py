@@ -46,17 +46,18 @@ def percentile(values: list[float], q: float) -> float | None:
 
 
 def summarize_run(label: str, concurrency: int, rows: list[dict[str, Any]], replies: list[Reply],
-                  seconds: float) -> dict[str, Any]:
+                  seconds: float, timeout_ms: float | None = None) -> dict[str, Any]:
     """One model at one concurrency. Every request counts: an errored one is a wrong answer in exact
-    match, a latency sample at the time it took (its timeout when it timed out) and a request in
-    requests/s; `errors` says how many there were."""
+    match and a latency sample at the client's timeout (`timeout_ms`; at least the time it took), so a
+    server that fails fast does not look fast; requests/s counts answered requests only (goodput);
+    `requests` and `errors` say how many were sent and failed."""
     ok = [r for r in replies if r.error is None]
-    latencies = [r.latency_ms for r in replies]
+    latencies = [r.latency_ms if r.error is None else max(r.latency_ms, timeout_ms or 0.0) for r in replies]
     quality = score_replies(rows, replies)
     out_tokens = sum(r.output_tokens for r in ok)
     return {"model": label, "concurrency": concurrency, "requests": len(replies), "errors": len(replies) - len(ok),
             "p50_ms": percentile(latencies, 50), "p95_ms": percentile(latencies, 95),
-            "p99_ms": percentile(latencies, 99), "requests_per_s": round(len(replies) / seconds, 3) if seconds else 0.0,
+            "p99_ms": percentile(latencies, 99), "requests_per_s": round(len(ok) / seconds, 3) if seconds else 0.0,
             "output_tokens_per_s": round(out_tokens / seconds, 1) if seconds else 0.0,
             "prompt_tokens_mean": quality["prompt_tokens_mean"], "exact_match": quality["exact_match"],
             "name_accuracy": quality["name_accuracy"], "ttft_ms": None, "itl_ms": None,
@@ -144,7 +145,8 @@ def run_bench(settings: Settings, cfg: BenchSettings | None = None, console: Con
                     t0 = time.perf_counter()
                     replies = client.infer(name, conversations[name], concurrency=level)
                     progress.update(task, completed=len(rows))
-                    results.append(summarize_run(labels[name], level, rows, replies, time.perf_counter() - t0))
+                    results.append(summarize_run(labels[name], level, rows, replies, time.perf_counter() - t0,
+                                                 client.timeout_s * 1000))
     finally:
         client.close()
     direct = _direct(settings, live, conversations[live.name], rows) if cfg.direct else None

@@ -166,8 +166,10 @@ def dags_test(settings: Settings, dag_id: str, conf: dict[str, Any], timeout: fl
                                 stderr=subprocess.STDOUT, text=True, start_new_session=True)
         try:
             code = proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
+        except BaseException as exc:  # the limit, or Ctrl-C: the run's whole group stops with us
             stop_group(proc)
+            if not isinstance(exc, subprocess.TimeoutExpired):
+                raise
             running = running_tasks(log.read_text(encoding="utf-8", errors="replace"))
             where = f"while {', '.join(running)} ran" if running else "before its first task started"
             raise RunTimedOut(

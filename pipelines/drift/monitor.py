@@ -30,7 +30,7 @@ import pandas as pd
 from pipelines.config import Settings
 from pipelines.drift.signals import Summary, compare, summarize
 from pipelines.errors import NotRetryable
-from pipelines.storage import fs_for, glob, lock_file, read_bytes, read_json, write_json, write_text
+from pipelines.storage import fs_for, glob, lock_file, read_bytes, read_json, write_bytes, write_json, write_text
 from pipelines.window import DateWindow
 
 
@@ -169,16 +169,6 @@ def _reference_uri(settings: Settings, window: DateWindow) -> str:
     return f"{settings.zone('features')}/drift_reference/{window.start}_{window.end}"
 
 
-def _write_bytes(uri: str, data: bytes) -> str:
-    """Through a temporary file and a rename, like `storage.write_text`."""
-    fs, path = fs_for(uri)
-    fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
-    with fs.open(f"{path}.tmp", "wb") as fh:
-        fh.write(data)
-    fs.mv(f"{path}.tmp", path)
-    return uri
-
-
 def reference(settings: Settings, window: DateWindow) -> tuple[Summary, np.ndarray]:
     """The stored reference summary and embeddings of a training window (computed on first use)."""
     from pipelines.embeddings import embed
@@ -197,7 +187,7 @@ def reference(settings: Settings, window: DateWindow) -> tuple[Summary, np.ndarr
     vectors = embed(summary.texts)
     buffer = io.BytesIO()
     np.save(buffer, vectors, allow_pickle=False)
-    _write_bytes(f"{uri}/embeddings.npy", buffer.getvalue())  # first: a summary.json implies its embeddings
+    write_bytes(f"{uri}/embeddings.npy", buffer.getvalue())  # first: a summary.json implies its embeddings
     write_json(f"{uri}/summary.json", summary.to_dict())
     return summary, vectors
 

@@ -20,7 +20,7 @@ from pipelines.security import redact_uri
 from pipelines.features import nodes
 from pipelines.prep.pipeline import PrepError, window_lock, zone_paths
 from pipelines.prep.prompt import format_context, system_prompt
-from pipelines.storage import (glob, lock_file, makedirs, read_bytes, read_json, remove, window_partitions,
+from pipelines.storage import (glob, locked, makedirs, read_bytes, read_json, remove, window_partitions,
                                write_json)
 from pipelines.window import DateWindow
 
@@ -181,17 +181,23 @@ def _advance_current(settings: Settings, manifest: dict[str, Any]) -> None:
     window, unless a newer window's training set is already current: a backfill of an old window
     rebuilds that window's files and manifest but never moves "current" back in time. Under a lock,
     so two runs finishing at once cannot interleave their read and write."""
-    from filelock import FileLock
-
     current_uri = f"{settings.zone('curated')}/manifest.json"
-    with FileLock(lock_file(current_uri), timeout=120):
+    with locked(current_uri, 120, "the current training set's manifest"):
         try:
             current = read_json(current_uri)
         except FileNotFoundError:
             current = {}
-        now_end = (current.get("window") or {}).get("end", "")
-        if manifest["window"]["end"] >= now_end:
+        now = current.get("window") or {}
+        # newer end wins; on the same end the same or a longer window (a 1-day re-run does not replace
+        # the 7-day training set ending that day)
+        if (manifest["window"]["end"], _days(manifest["window"])) >= (now.get("end", ""), _days(now)):
             write_json(current_uri, manifest)
+
+
+def _days(window: dict[str, str]) -> int:
+    if not window.get("start"):
+        return 0
+    return len(DateWindow.parse(window["start"], window["end"]).days())
 
 
 def online_context(customer_id: str, settings: Settings) -> str:

@@ -148,30 +148,31 @@ def run_prep(settings: Settings, window: DateWindow, spark: Any = None, run_id: 
         remove(staging)  # nothing was swapped in yet: the tables are as the last good run left them
         raise
 
-    n_kept = examples.count()
-    n_dup = duplicates.count()
-    n_bad = status_counts.get("quarantined", 0)
-    if n_kept + n_bad + n_dup != input_records:
-        raise CountMismatch(f"input {input_records} != clean {n_kept} + quarantined {n_bad} + duplicates {n_dup}")
+    try:  # a failed count or statistic leaves the tables as they were and no staging behind
+        n_kept = examples.count()
+        n_dup = duplicates.count()
+        n_bad = status_counts.get("quarantined", 0)
+        if n_kept + n_bad + n_dup != input_records:
+            raise CountMismatch(f"input {input_records} != clean {n_kept} + quarantined {n_bad} + duplicates {n_dup}")
 
-    reasons = {r["reason"]: r["n"] for r in prepared.filter("status = 'quarantined'")
-               .groupBy("reason").agg(F.count("*").alias("n")).collect()}
-    redaction_row = clean.select(*[F.sum(f"redacted_{t.lower()}").alias(t) for t in PII_TYPES]).first()
-    redactions = {t: int(redaction_row[t] or 0) for t in PII_TYPES}
-    per_split_tool = examples.groupBy("split", "tool").agg(F.count("*").alias("n")).collect()
-    by_split: dict[str, int] = {}
-    tool_dist: dict[str, dict[str, int]] = {}
-    for r in per_split_tool:
-        by_split[r["split"]] = by_split.get(r["split"], 0) + r["n"]
-        tool_dist.setdefault(r["split"], {})[r["tool"]] = r["n"]
-    content_digest = nodes.digest(examples, ["record_id", "split", "system_prompt", "messages_json", "target_json"])
+        reasons = {r["reason"]: r["n"] for r in prepared.filter("status = 'quarantined'")
+                   .groupBy("reason").agg(F.count("*").alias("n")).collect()}
+        redaction_row = clean.select(*[F.sum(f"redacted_{t.lower()}").alias(t) for t in PII_TYPES]).first()
+        redactions = {t: int(redaction_row[t] or 0) for t in PII_TYPES}
+        per_split_tool = examples.groupBy("split", "tool").agg(F.count("*").alias("n")).collect()
+        by_split: dict[str, int] = {}
+        tool_dist: dict[str, dict[str, int]] = {}
+        for r in per_split_tool:
+            by_split[r["split"]] = by_split.get(r["split"], 0) + r["n"]
+            tool_dist.setdefault(r["split"], {})[r["tool"]] = r["n"]
+        content_digest = nodes.digest(examples, ["record_id", "split", "system_prompt", "messages_json", "target_json"])
+    except BaseException:
+        marked.unpersist()
+        examples.unpersist()
+        remove(staging)
+        raise
     marked.unpersist()
     examples.unpersist()
-    with window_lock(settings, window):  # two runs of one window swap one after the other, never interleaved
-        for name in OUTPUT_TABLES:
-            _swap_window(out[name], paths[name], window, f"{staging}/replaced/{name}")
-    remove(staging)
-
     if input_records == 0:
         message = f"{window}: the raw partitions are empty; nothing to prepare"
     elif n_kept == 0:
@@ -202,9 +203,15 @@ def run_prep(settings: Settings, window: DateWindow, spark: Any = None, run_id: 
         "outputs": {k: v for k, v in paths.items() if k not in ("staging", "manifests")},
         "message": message,
     }
-    # the window's own manifest; `curated/manifest.json` (the current training set) moves only when the
-    # features step has built this window's training set, and only forward (see features.pipeline)
-    manifest_uri = write_json(f"{paths['manifests']}/{window.label}.json", manifest)
+    # Swap the window's partitions in and write its manifest under the tables' lock (two runs never
+    # interleave, and no later prep overwrites a manifest a features step is completing). The window's
+    # own manifest only: `curated/manifest.json` (the current training set) moves when the features step
+    # has built this window's training set, and only forward (see features.pipeline).
+    with window_lock(settings, window):
+        for name in OUTPUT_TABLES:
+            _swap_window(out[name], paths[name], window, f"{staging}/replaced/{name}")
+        manifest_uri = write_json(f"{paths['manifests']}/{window.label}.json", manifest)
+    remove(staging)
     return PrepResult(
         window=str(window), run_id=run_id, input_records=input_records, clean=n_kept, quarantined=n_bad,
         duplicates=n_dup, examples_by_split=manifest["examples_by_split"], reasons=manifest["quarantine_reasons"],
@@ -214,10 +221,11 @@ def run_prep(settings: Settings, window: DateWindow, spark: Any = None, run_id: 
 
 
 def window_lock(settings: Settings, window: DateWindow, timeout_s: float = 3600):
-    """The window's write lock: held while a step replaces the window's partitions (prep's swap, the
-    features step's writes), so two runs of the same window (`flywheel run` next to the scheduler)
-    replace them one after the other."""
-    return locked(f"{settings.zone('curated')}/_locks/{window.label}", timeout_s, f"the window {window}")
+    """The curated tables' write lock: held while a step replaces a window's partitions (prep's swap and
+    manifest, the features step's writes). One lock for every window, since windows overlap (a daily run
+    and a 7-day run share days): two runs replace their partitions one after the other, never
+    interleaved. The swap itself is renames (seconds); features hold it for their Spark writes."""
+    return locked(f"{settings.zone('curated')}/_locks/tables", timeout_s, f"the curated tables (window {window})")
 
 
 def _partition_suffix(partition: str) -> str:

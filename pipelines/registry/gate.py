@@ -4,7 +4,11 @@ The candidate is compared with a reference row: the champion's, or, with no cham
 `base_few_shot` row (the base model with retrieved in-context examples: what would be served
 without a tuned model). It passes only if, against that reference:
 
-- exact match rises by at least `min_exact_match_gain` and argument F1 by `min_arg_f1_gain`;
+- the **task score** rises by at least `min_score_gain` and argument F1 does not fall by more than
+  `min_arg_f1_gain` allows. The task score is each tool's metric (below) averaged over the examples,
+  weighted by each tool's count: exact match where every tool is judged on exact match, but a window
+  of free-text searches (WebShop: no two people type the same query) is scored on query text F1,
+  where exact match would be 0 for every condition and decide nothing;
 - p50 latency rises by at most `max_latency_increase` (against few-shot too: the tuned model must
   not be slower than the prompt-engineered alternative);
 - no tool with at least `min_tool_examples` examples in both rows loses more than
@@ -21,6 +25,7 @@ With no champion and no `base_few_shot` row (baselines not evaluated) nothing is
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -77,6 +82,17 @@ def per_tool_numbers(candidate: dict[str, Any], reference: dict[str, Any],
     return numbers, judged_on, failures
 
 
+def task_score(row: dict[str, Any], judged_on: dict[str, str]) -> float:
+    """Each tool's judged metric, weighted by its example count; a row without per-tool numbers
+    (or without counts) is its exact match."""
+    tools = {t: s for t, s in (row.get("per_tool") or {}).items() if _tool_count(s)}
+    if not tools:
+        return float(row.get("exact_match") or 0.0)
+    total = sum(_tool_count(s) for s in tools.values())
+    return sum(_tool_count(s) * float(s.get(judged_on.get(t, DEFAULT_TOOL_METRIC)) or 0.0)
+               for t, s in tools.items()) / total
+
+
 def gate(candidate: dict[str, Any], champion: dict[str, Any] | None, settings: Settings,
          baseline: dict[str, Any] | None = None) -> Verdict:
     """Decide on `candidate` against `champion`, or with none, against `baseline` (the base_few_shot row).
@@ -96,23 +112,32 @@ def gate(candidate: dict[str, Any], champion: dict[str, Any] | None, settings: S
                               "(the evaluation ran without baselines); serving unchanged", None, numbers)
     numbers.update({f"{label}_{k}": reference.get(k) for k in OVERALL})
     failures = []
+    tools, judged_on, tool_failures = per_tool_numbers(candidate, reference, settings)
+    score = [task_score(candidate, judged_on), task_score(reference, judged_on)]
+    score_gain = score[0] - score[1]
+    if score_gain < p.min_score_gain:
+        failures.append(f"task score gain {score_gain:+.3f} < {p.min_score_gain:+.3f}")
     gain = candidate["exact_match"] - reference["exact_match"]
-    if gain < p.min_exact_match_gain:
-        failures.append(f"exact match gain {gain:+.3f} < {p.min_exact_match_gain:+.3f}")
     f1_gain = (candidate.get("arg_f1") or 0) - (reference.get("arg_f1") or 0)
     if f1_gain < p.min_arg_f1_gain:
         failures.append(f"arg F1 gain {f1_gain:+.3f} < {p.min_arg_f1_gain:+.3f}")
-    slower = candidate["latency_ms_p50"] / max(reference["latency_ms_p50"], 1e-9) - 1
-    if slower > p.max_latency_increase:
-        failures.append(f"latency {slower:+.0%} > {p.max_latency_increase:+.0%}")
-    tools, judged_on, tool_failures = per_tool_numbers(candidate, reference, settings)
+    latencies = [candidate.get("latency_ms_p50"), reference.get("latency_ms_p50")]
+    if not all(isinstance(v, (int, float)) and math.isfinite(v) for v in latencies):
+        slower = float("nan")  # not measured (no latency samples): the gate cannot say it is not slower
+        failures.append(f"latency not measured on both sides ({latencies[0]} vs {latencies[1]})")
+    else:
+        slower = latencies[0] / max(latencies[1], 1e-9) - 1
+        if slower > p.max_latency_increase:
+            failures.append(f"latency {slower:+.0%} > {p.max_latency_increase:+.0%}")
     failures += tool_failures
-    numbers.update(exact_match_gain=round(gain, 6), arg_f1_gain=round(f1_gain, 6), latency_change=round(slower, 6),
+    numbers.update(task_score=[round(v, 6) for v in score], score_gain=round(score_gain, 6),
+                   exact_match_gain=round(gain, 6), arg_f1_gain=round(f1_gain, 6), latency_change=round(slower, 6),
                    per_tool=tools, tool_metrics=judged_on, thresholds=p.model_dump())
     checked = sum(1 for t in tools.values() if t["checked"])
     if failures:
         return Verdict(False, f"not promoted vs {label}: " + "; ".join(failures), label, numbers)
     per_tool = (f"{checked} tools checked (>= {p.min_tool_examples} examples), none down > {p.max_tool_regression:.2f}"
                 if tools else "per-tool numbers not measured")
-    return Verdict(True, f"beats {label}: exact match {gain:+.3f}, arg F1 {f1_gain:+.3f}, latency {slower:+.0%}; "
+    return Verdict(True, f"beats {label}: task score {score_gain:+.3f} (exact match {gain:+.3f}), arg F1 "
+                         f"{f1_gain:+.3f}, latency {slower:+.0%}; "
                          f"{per_tool}", label, numbers)

@@ -21,7 +21,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class TrainConfig(BaseModel):
@@ -42,13 +42,48 @@ class TrainConfig(BaseModel):
                                                                "gate_proj", "up_proj", "down_proj"])
     lora_layers: int | None = Field(None, ge=1, description="adapt only the top N transformer layers (backward "
                                     "then stops there: ~2x faster on CPU); None = every layer")
-    epochs: float = Field(1.0, gt=0)
-    max_steps: int | None = Field(None, ge=1)
+    epochs: float | None = Field(None, gt=0, description="train for this many passes over the training rows "
+                                 "(the step count follows the training set's size, bounded by max_steps_cap)")
+    max_steps: int | None = Field(None, ge=1, description="a fixed step count, whatever the training set's size "
+                                  "(used when epochs is not set; neither: one epoch)")
+    max_steps_cap: int | None = Field(None, ge=1, description="upper bound on the resolved step count")
     batch_size: int = Field(8, ge=1)
     max_seq_len: int = Field(768, ge=16)
     checkpoint_every: int = Field(20, ge=1)
     seed: int = 0
     divergence_factor: float = Field(4.0, gt=1)
+
+    @model_validator(mode="after")
+    def _one_schedule(self) -> TrainConfig:
+        if self.epochs is not None and self.max_steps is not None:
+            raise ValueError("set epochs (bounded by max_steps_cap) or max_steps, not both")
+        return self
+
+
+def schedule_steps(examples: int, batch_size: int, epochs: float | None, max_steps: int | None,
+                   cap: int | None) -> int:
+    """Optimizer steps of a run. With `epochs`: enough batches of `batch_size` to pass `epochs` times over
+    `examples` rows, ceil(examples * epochs / batch_size); without: `max_steps`, or one epoch when that is
+    not set either. `cap`, when set, bounds the result; at least one step."""
+    if batch_size < 1:
+        raise ValueError(f"schedule: batch_size must be >= 1, got {batch_size}")
+    if max_steps is not None and epochs is None:
+        steps = max_steps
+    elif examples < 1:
+        raise ValueError("schedule: an epoch-based schedule needs at least one training example")
+    else:
+        steps = math.ceil(examples * (1.0 if epochs is None else epochs) / batch_size)
+    return max(1, min(steps, cap) if cap is not None else steps)
+
+
+def steps_for(cfg: TrainConfig, examples: int) -> int:
+    """`schedule_steps` for one variant's settings on `examples` training rows."""
+    return schedule_steps(examples, cfg.batch_size, cfg.epochs, cfg.max_steps, cfg.max_steps_cap)
+
+
+def epochs_seen(steps: int, batch_size: int, examples: int) -> float:
+    """Passes over the training rows that `steps` batches of `batch_size` make."""
+    return steps * batch_size / max(1, examples)
 
 
 @dataclass
@@ -115,7 +150,7 @@ def train_lora(examples: list[tuple[list[dict[str, str]], str]], cfg: TrainConfi
     encoded = [encode(tokenizer, turns, target, cfg.max_seq_len) for turns, target in examples]
     device = next(model.parameters()).device  # CPU here; a GPU when the loader put the model there
     steps_per_epoch = math.ceil(len(encoded) / cfg.batch_size)
-    total = cfg.max_steps or max(1, math.ceil(steps_per_epoch * cfg.epochs))
+    total = steps_for(cfg, len(encoded))
     params = [p for p in model.parameters() if p.requires_grad]
     opt_cls = torch.optim.AdamW if cfg.optimizer == "adamw" else torch.optim.Adam
     optimizer = opt_cls(params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay)

@@ -29,7 +29,7 @@ from rich.console import Console
 from pipelines.config import REPO_ROOT, Settings
 from pipelines.errors import NotRetryable
 from pipelines.services import free_port, stop_group
-from pipelines.train.hf_backend import TrainConfig, TrainResult, top_layers
+from pipelines.train.hf_backend import TrainConfig, TrainResult, steps_for, top_layers
 
 RECIPE_MODULE = "nemo_automodel.recipes.llm.train_ft"
 STEP_LINE = re.compile(r"\bstep (\d+) \| epoch \d+ \| loss ([-+0-9.eEnaif]+) \|.*?\blr ([0-9.eE+-]+) \|.*?\btps ([0-9.]+)")
@@ -39,8 +39,19 @@ class NemoUnavailable(NotRetryable):
     """The NeMo AutoModel environment is missing (run `make nemo-env`) or its recipe failed."""
 
 
+class VariantTimedOut(TimeoutError):
+    """A variant's training ran past its limit and was stopped; retryable: it resumes from its checkpoint."""
+
+
 def total_steps(cfg: TrainConfig, examples: int) -> int:
-    return cfg.max_steps or max(1, math.ceil(math.ceil(examples / cfg.batch_size) * cfg.epochs))
+    """The recipe's max_steps: the same schedule as the hf backend (pipelines.train.hf_backend.schedule_steps)."""
+    return steps_for(cfg, examples)
+
+
+def epochs_to_cover(steps: int, batch_size: int, examples: int) -> int:
+    """The recipe's num_epochs: enough passes for `steps` even when an epoch drops its last partial batch
+    (max_steps ends the run first)."""
+    return max(1, math.ceil(steps / max(1, examples // batch_size)))
 
 
 def target_patterns(cfg: TrainConfig, num_layers: int) -> list[str]:
@@ -69,7 +80,7 @@ def recipe(cfg: TrainConfig, *, base_model_path: str, num_layers: int, train_fil
         "step_scheduler": {"global_batch_size": cfg.batch_size,
                            "local_batch_size": max(1, cfg.batch_size // max(1, gpus // tensor_parallel_size))
                            if on_gpu else cfg.batch_size,
-                           "max_steps": steps, "num_epochs": max(1, math.ceil(cfg.epochs)),
+                           "max_steps": steps, "num_epochs": epochs_to_cover(steps, cfg.batch_size, examples),
                            "ckpt_every_steps": cfg.checkpoint_every, "val_every_steps": steps + 1},
         "optimizer": {"_target_": "torch.optim.AdamW" if cfg.optimizer == "adamw" else "torch.optim.Adam",
                       "lr": cfg.learning_rate, "weight_decay": cfg.weight_decay, "betas": [0.9, 0.999], "eps": 1e-8},
@@ -156,20 +167,24 @@ def train_nemo(settings: Settings, cfg: TrainConfig, pairs: list[tuple[list[dict
         watchdog.daemon = True
         watchdog.start()
         assert proc.stdout is not None
-        for line in proc.stdout:
-            sink.write(line)
-            for m in STEP_LINE.finditer(line):
-                step, loss, lr = int(m.group(1)), float(m.group(2)), float(m.group(3))
-                losses.append(loss)
-                lrs.append(lr)
-                tps.append(float(m.group(4)))
-                if on_step:
-                    on_step(step, loss, lr)
-        code = proc.wait(timeout=60)
-        watchdog.cancel()
+        try:
+            for line in proc.stdout:
+                sink.write(line)
+                for m in STEP_LINE.finditer(line):
+                    step, loss, lr = int(m.group(1)), float(m.group(2)), float(m.group(3))
+                    losses.append(loss)
+                    lrs.append(lr)
+                    tps.append(float(m.group(4)))
+                    if on_step:
+                        on_step(step, loss, lr)
+            code = proc.wait(timeout=60)
+        finally:  # whatever ends the loop (the task's own timeout, an MLflow error, Ctrl-C): no orphan trainer
+            watchdog.cancel()
+            if proc.poll() is None:
+                stop_group(proc)
     seconds = time.perf_counter() - started
     if seconds >= limit and code != 0:
-        raise NemoUnavailable(f"the NeMo AutoModel recipe ran past train.variant_timeout_s ({limit:g} s) and was "
+        raise VariantTimedOut(f"the NeMo AutoModel recipe ran past train.variant_timeout_s ({limit:g} s) and was "
                               f"stopped; a retry resumes from its last checkpoint; see {log}")
     if code != 0:
         raise NemoUnavailable(f"the NeMo AutoModel recipe exited with {code}; see {log}")

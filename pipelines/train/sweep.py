@@ -25,7 +25,7 @@ from rich.console import Console
 from pipelines.config import ConfigError, Settings
 from pipelines.errors import NotRetryable
 from pipelines.storage import write_json
-from pipelines.train.hf_backend import TrainConfig, TrainResult
+from pipelines.train.hf_backend import TrainConfig, TrainResult, epochs_seen, steps_for
 
 SELECT_METRICS = ("exact_match", "arg_f1", "name_accuracy")
 
@@ -289,8 +289,11 @@ def _run_variant(settings: Settings, sweep: SweepConfig, sweep_id: str, index: i
         return VariantResult(**json.loads(done.read_text()))
     run_id = find_or_start_run(experiment_id, {"flywheel.sweep_id": sweep_id, "flywheel.variant": str(index)},
                                 f"{sweep.name}-{index:02d}", parent_id)
+    steps = steps_for(cfg, len(train))  # the schedule both backends resolve from the training set's size
     with mlflow.start_run(run_id=run_id, nested=True):
         mlflow.log_params(_flat_params(cfg))
+        mlflow.log_params({"resolved_steps": steps,
+                           "resolved_epochs": round(epochs_seen(steps, cfg.batch_size, len(train)), 4)})
         mlflow.set_tags({"flywheel.backend": sweep.backend, "flywheel.hardware": hardware(),
                          "flywheel.base_model": cfg.base_model, "flywheel.prompt_style": sweep.prompt_style})
         client = mlflow.MlflowClient()
@@ -305,6 +308,7 @@ def _run_variant(settings: Settings, sweep: SweepConfig, sweep_id: str, index: i
         wall = time.perf_counter() - started
         metrics = {"final_loss": trained.final_loss, "tokens_per_s": trained.tokens_per_s,
                    "train_tokens": float(trained.tokens), "steps": float(trained.steps),
+                   "epochs_seen": round(epochs_seen(trained.steps, cfg.batch_size, len(train)), 4),
                    "resumed_from_step": float(trained.resumed_from), "wall_s": round(wall, 1),
                    "peak_memory_mb": round(peak_memory_mb(), 1)}
         if trained.status == "completed":

@@ -1,0 +1,75 @@
+"""The training schedule sized by the training set: epochs over its rows, bounded by a step cap."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from pipelines.train.hf_backend import TrainConfig, epochs_seen, schedule_steps, steps_for
+
+
+def test_the_epoch_based_schedule_gives_the_step_count_by_hand() -> None:
+    assert schedule_steps(800, 4, epochs=2, max_steps=None, cap=None) == 400   # 800 * 2 / 4
+    assert schedule_steps(800, 4, epochs=2, max_steps=None, cap=300) == 300    # the cap bounds it
+    assert schedule_steps(800, 4, epochs=2, max_steps=None, cap=1000) == 400   # a loose cap changes nothing
+    assert schedule_steps(800, 4, epochs=None, max_steps=150, cap=None) == 150  # today's fixed step count
+    assert schedule_steps(800, 4, epochs=2, max_steps=150, cap=None) == 400    # epochs, when given, decide
+    assert schedule_steps(10, 4, epochs=1, max_steps=None, cap=None) == 3      # ceil(10 / 4): the last batch counts
+    assert schedule_steps(10, 4, epochs=0.5, max_steps=None, cap=None) == 2    # ceil(5 / 4)
+    assert schedule_steps(10, 4, epochs=None, max_steps=None, cap=None) == 3   # neither: one epoch, as before
+    assert epochs_seen(150, 4, 800) == pytest.approx(0.75)  # the demo's 150 steps: less than one pass
+
+
+def test_a_variant_resolves_its_schedule_from_its_settings() -> None:
+    assert steps_for(TrainConfig(batch_size=4, epochs=2, max_steps_cap=300), 800) == 300
+    assert steps_for(TrainConfig(batch_size=4, max_steps=150), 800) == 150
+    with pytest.raises(ValidationError, match="not both"):  # which one wins would be a guess
+        TrainConfig(epochs=2, max_steps=150)
+
+
+def test_the_nemo_recipe_follows_the_same_schedule() -> None:
+    from pipelines.train.nemo_backend import recipe
+
+    cfg = TrainConfig(base_model="tiny-llama", batch_size=4, epochs=2)
+    spec = recipe(cfg, base_model_path="/m", num_layers=2, train_file="/d.jsonl", checkpoint_dir="/c", examples=10)
+    # ceil(10 * 2 / 4) = 5 steps; an epoch that drops its partial batch has 2, so 3 epochs cover them
+    assert spec["step_scheduler"]["max_steps"] == 5 and spec["step_scheduler"]["num_epochs"] == 3
+
+
+def test_a_variant_run_logs_its_resolved_schedule(tmp_path, monkeypatch) -> None:
+    """MLflow gets the resolved steps and epochs as params and the epochs actually seen as a metric
+    (training and validation replaced by stand-ins: seconds, no model)."""
+    import mlflow
+    from rich.console import Console
+
+    from pipelines.clients.mlflow import use_tracking
+    from pipelines.config import load_settings
+    from pipelines.train import sweep as sweep_module
+    from pipelines.train.hf_backend import TrainResult
+
+    settings = load_settings(root=str(tmp_path / "root"))
+    experiment_id = use_tracking(settings)
+    cfg = TrainConfig(base_model="tiny-llama", batch_size=4, epochs=2, max_steps_cap=3)
+    train = [([{"role": "user", "content": "hi"}], '{"name": null}')] * 10  # 2 epochs = 5 steps, capped to 3
+
+    def fake_train(settings, sweep, cfg, train, out, on_step, console) -> TrainResult:
+        out.mkdir(parents=True)
+        return TrainResult(str(out / "adapter"), "diverged", 2, 0, 10, 1.0, 10.0, 9.9)  # stopped after 2 steps
+
+    monkeypatch.setattr(sweep_module, "train_variant", fake_train)
+    sweep = sweep_module.SweepConfig(name="s", base=cfg)
+    parent = sweep_module.find_or_start_run(experiment_id, {"flywheel.kind": "test"}, "parent")
+    result = sweep_module._run_variant(settings, sweep, "sid", 0, cfg, train, [], tmp_path / "work",
+                                       experiment_id, parent, Console(quiet=True))
+    run = mlflow.MlflowClient().get_run(result.run_id).data
+    assert run.params["resolved_steps"] == "3" and run.params["resolved_epochs"] == "1.2"  # 3 * 4 / 10
+    assert run.metrics["epochs_seen"] == pytest.approx(0.8)  # 2 steps * 4 / 10
+
+
+def test_the_hf_backend_trains_the_resolved_number_of_steps(tmp_path) -> None:
+    from train_data import examples, tiny_config, tiny_loader
+    from pipelines.train.hf_backend import train_lora
+
+    rows = examples()  # 24 rows: half an epoch in batches of 4 is 3 steps
+    result = train_lora(rows, tiny_config(epochs=0.5), tmp_path / "run", tiny_loader(str(tmp_path / "models")))
+    assert len(rows) == 24 and result.steps == 3
