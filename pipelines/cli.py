@@ -19,7 +19,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from pipelines.config import ConfigError, Settings, get_settings
-from pipelines.security import redact_uri
+from pipelines.errors import keep_traceback, one_line
+from pipelines.security import mask_uri_passwords, redact_uri
 
 app = typer.Typer(
     name="flywheel",
@@ -717,55 +718,23 @@ def main(argv: list[str] | None = None) -> None:
         sys.stderr.write(f"error: {message}\n")
         sys.exit(2)
     except (ConfigError, UserError, ServiceError, DemoFailed, NotRetryable) as exc:
-        sys.stderr.write(f"error: {_no_uri_passwords(str(exc))}\n")
+        sys.stderr.write(f"error: {mask_uri_passwords(str(exc))}\n")
         sys.exit(2)
     except KeyboardInterrupt:
         sys.stderr.write("aborted\n")
         sys.exit(130)
     except Exception as exc:  # noqa: BLE001 (MLflow, Triton, a corrupt file, ...: one line, the traceback kept)
-        sys.stderr.write(f"error: {_one_line(exc)} (traceback: {_keep_traceback(exc)})\n")
+        sys.stderr.write(f"error: {one_line(exc)} (traceback: {keep_traceback(exc, _logs_folder())})\n")
         sys.exit(1)
 
 
-def _one_line(exc: BaseException) -> str:
-    """An exception from a library as one readable line: its type and the first line of its message."""
-    text = str(exc).strip().splitlines()
-    first = _no_uri_passwords(text[0] if text else "")
-    if type(exc).__name__ == "MlflowException" or type(exc).__module__.startswith("mlflow"):
-        return f"MLflow: {first[:300]}"
-    if type(exc).__module__.startswith("tritonclient"):
-        return f"Triton: {first[:300]}"
-    if isinstance(exc, json.JSONDecodeError):
-        return f"a JSON file is not valid JSON ({exc.msg} at line {exc.lineno})"
-    if isinstance(exc, OSError) and exc.filename:
-        return f"{exc.strerror or type(exc).__name__}: {exc.filename}"
-    return f"{type(exc).__name__}: {first[:300]}"
-
-
-def _no_uri_passwords(text: str) -> str:
-    import re
-
-    return re.sub(r"(://[^:/@\s]+:)[^/\s]*@", r"\1***@", text)  # up to the netloc's last @
-
-
-def _keep_traceback(exc: BaseException) -> str:
-    """Write the full traceback under the root's logs (never to the terminal); returns where."""
+def _logs_folder() -> Path:
     import tempfile
-    import traceback
 
     try:
-        folder = Path(str(get_settings().root)) / "logs"
+        return Path(str(get_settings().root)) / "logs"
     except Exception:  # noqa: BLE001 (a broken configuration: still keep the traceback)
-        folder = Path(tempfile.gettempdir())
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        path = folder / "cli-errors.log"
-        with path.open("a", encoding="utf-8") as fh:
-            fh.write(f"--- {datetime.now(timezone.utc).isoformat()} flywheel {' '.join(sys.argv[1:])}\n")
-            fh.write(_no_uri_passwords("".join(traceback.format_exception(exc))))
-        return str(path)
-    except OSError:
-        return "not written: the logs folder is not writable"
+        return Path(tempfile.gettempdir())
 
 
 if __name__ == "__main__":

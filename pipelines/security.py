@@ -25,6 +25,12 @@ PATTERNS: dict[str, re.Pattern[str]] = {
 }
 
 
+def mask_uri_passwords(text: str) -> str:
+    """Every `scheme://user:password@` in free text as `scheme://user:***@` (to the netloc's last @, so
+    a password containing @ is masked whole)."""
+    return re.sub(r"(://[^:/@\s]+:)[^/\s]*@", r"\1***@", text)
+
+
 def redact_uri(uri: str | None) -> str | None:
     """`postgresql://user:secret@host/db` -> `postgresql://user:***@host/db`; other strings unchanged."""
     if not uri or "://" not in uri:
