@@ -39,14 +39,14 @@ def _run(root: Path, serving: dict[str, str] | None = None, **conf) -> tuple[boo
 
 
 def test_dag_runs_and_rerunning_a_date_is_idempotent(tmp_path: Path) -> None:
-    ok, out = _run(tmp_path, records_per_day=5000)
+    ok, out = _run(tmp_path, records_per_day=2500)
     assert ok, out[-3000:]
     manifest = json.loads((tmp_path / "curated" / "manifest.json").read_text())
-    assert manifest["counts"]["input"] == 5000 and manifest["counts"]["reconciled"]
-    assert manifest["training_set"]["examples_by_split"]["train"] > 3000
+    assert manifest["counts"]["input"] == 2500 and manifest["counts"]["reconciled"]
+    assert manifest["training_set"]["examples_by_split"]["train"] > 1500
     quarantine_rows = len(pd.read_parquet(tmp_path / "quarantine" / "records"))
 
-    ok, out = _run(tmp_path, records_per_day=5000)
+    ok, out = _run(tmp_path, records_per_day=2500)
     assert ok, out[-3000:]
     again = json.loads((tmp_path / "curated" / "manifest.json").read_text())
     assert again["content_digest"] == manifest["content_digest"]

@@ -87,7 +87,7 @@ def test_drift_alert_retrains_once_under_the_scheduler(tmp_path: Path) -> None:
         gate = json.loads(newest.tags["flywheel.gate"])
         assert gate["reason"].startswith("[drift: "), gate  # the drift reason travelled with the retrain
         assert gate["promoted"] is True, gate  # it beat the untrained champion on the drifted requests
-        assert newest.version == "2" and alias_version(settings, CHAMPION) == "2"
+        assert str(newest.version) == "2" and alias_version(settings, CHAMPION) == "2"
         live = deploy.live_model(settings)
         assert live.version == "2" and deploy.state(settings)["previous"]["version"] == "1"
         from pipelines.serve.client import TritonClient, conversation

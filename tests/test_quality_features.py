@@ -163,30 +163,6 @@ def test_a_customer_seen_only_before_the_short_horizon_gets_zero_shares(spark) -
     assert got["cus_new"]["share_orders_7d"] == 1.0
 
 
-def test_a_window_of_imported_search_turns_only_builds_its_training_set(tmp_path: Path, spark) -> None:
-    """WebShop-style turns (the importer's shape, on pairs written here) carry no product category and
-    their customers have no history: the category table stays empty, Feast must not be asked to read
-    it, and every example gets an empty context instead of the run failing."""
-    from pipelines.logs.importers import webshop_to_raw
-
-    pairs = {f"i need a {c} {thing} under {10 + i} dollars": [f"{c} {thing}", f"{thing} {c} cheap"]
-             for i, (c, thing) in enumerate((c, t) for c in ("red", "blue", "green", "black", "white")
-                                           for t in ("shirt", "mug", "lamp", "sofa", "boots", "watch"))}
-    pairs_file = tmp_path / "pairs.json"
-    pairs_file.write_text(json.dumps(pairs))
-    settings = load_settings(root=str(tmp_path / "root"))
-    day = DateWindow(END, END)
-    imported = webshop_to_raw(pairs_file, Path(settings.zone("raw")), END)
-    assert imported["records"] == 60
-    run_prep(settings, day, spark=spark)
-    run_gates(settings, day, spark=spark)
-    result = run_features(settings, day, spark=spark)
-    assert result.category_rows == 0 and "category_stats" not in result.materialized_views
-    assert sum(result.training_examples.values()) == 60 and result.with_context == 0
-    sft = pd.read_parquet(Path(settings.zone("curated")) / "sft")
-    assert len(sft) == 60 and (sft["context"] == "").all()
-
-
 def test_a_backfill_builds_its_own_window_and_never_moves_the_current_training_set(tmp_path: Path, spark) -> None:
     """Prep + features of an older day after a newer one: that day's manifest and training set are
     built, `curated/manifest.json` (what training reads by default) stays on the newer window, and
