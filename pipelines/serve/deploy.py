@@ -26,7 +26,7 @@ from pipelines.config import Settings
 from pipelines.errors import NotRetryable
 from pipelines.serve import repository, server
 from pipelines.serve.client import Reply, TritonClient, conversation
-from pipelines.storage import lock_file, read_json, write_json
+from pipelines.storage import Busy, lock_file, locked, read_json, write_json
 
 
 class DeployFailed(NotRetryable):
@@ -81,20 +81,14 @@ def lock_path(settings: Settings) -> Path:
 @contextlib.contextmanager
 def state_lock(settings: Settings) -> Iterator[None]:
     """Hold the serving state's lock (every read-modify-write of state.json runs under it)."""
-    from filelock import FileLock, Timeout
-
-    path, wait = lock_path(settings), settings.triton.state_lock_timeout_s
+    wait = settings.triton.state_lock_timeout_s
     try:
-        lock = FileLock(str(path), timeout=wait)
-        lock.acquire()
-    except Timeout:
+        with locked(_state_uri(settings), wait, "the serving state"):
+            yield
+    except Busy:
         raise StateBusy(f"the serving state {_state_uri(settings)} stayed locked by another deploy, rollback or "
-                        f"canary for {wait:.0f} s (lock {path}): wait for it to finish, or raise "
+                        f"canary for {wait:.0f} s (lock {lock_path(settings)}): wait for it to finish, or raise "
                         f"triton.state_lock_timeout_s") from None
-    try:
-        yield
-    finally:
-        lock.release()
 
 
 def _save(settings: Settings, current: dict[str, Any], event: dict[str, Any]) -> None:
