@@ -348,6 +348,8 @@ def eval_cmd(
     base_model: Annotated[str, typer.Option(help="Base model of the adapters (catalogue name or path).")] = "smollm2-135m-instruct",
     shots: Annotated[int | None, typer.Option(min=0, help="In-context examples for the few-shot baseline.")] = None,
     baselines: Annotated[bool, typer.Option(help="Include base zero-shot and few-shot.")] = True,
+    constrained: Annotated[str | None, typer.Option(help="off, on or both: decode under the offered tools' grammar "
+                                                    "(default: evaluation.constrained)")] = None,
     name: Annotated[str, typer.Option(help="Report folder name under reports/evaluation/.")] = "manual",
     as_json: JsonOpt = False,
 ) -> None:
@@ -358,6 +360,8 @@ def eval_cmd(
     settings = get_settings()
     if split not in ("train", "val", "test"):
         raise UserError(f"--split: expected train, val or test, got {split!r}")
+    if constrained not in (None, "off", "on", "both"):
+        raise UserError(f"--constrained: expected off, on or both, got {constrained!r}")
     adapters = []
     for item in adapter or []:
         label, _, path = item.rpartition("=")
@@ -371,7 +375,8 @@ def eval_cmd(
         adapters.append(Adapter(f"tuned_v{number}", adapter_path(settings, number), prompt_style(settings, number)))
     cfg = EvalConfig(base_model=base_model, split=split, logs=logs, baselines=baselines,
                      examples=examples or settings.evaluation.examples,
-                     shots=settings.evaluation.shots if shots is None else shots)
+                     shots=settings.evaluation.shots if shots is None else shots,
+                     constrained=constrained or settings.evaluation.constrained)
     report = evaluate(settings, cfg, adapters, name, console)
     if as_json:
         _emit(report.to_dict(), True, "")

@@ -127,6 +127,8 @@ class TritonSettings(_Section):
                                   "base model's 3-shot benchmark prompts (every tool schema + 3 examples, ~840 on "
                                   "average, some over 1024); `flywheel bench` checks its prompts against it first")
     max_new_tokens: int = Field(64, ge=8, description="the longest logged tool call is 57 SmolLM2 tokens")
+    constrained: bool = Field(True, description="decode every served tool call under the offered tools' grammar "
+                              "(the client sends them as TOOLS): the smoke test, canary and `flywheel bench` use it")
     smoke_requests: int = Field(6, ge=1, description="test-split requests a new deployment must answer first")
     smoke_min_valid_json: float = Field(1.0, ge=0, le=1, description="share of smoke answers that must parse "
                                         "as JSON, on top of every answer being well formed (no error, not empty), "
@@ -165,6 +167,10 @@ class TrainSettings(_Section):
 class EvaluationSettings(_Section):
     examples: int = Field(24, ge=1, description="test requests per evaluation (seeded sample)")
     shots: int = Field(3, ge=0, description="in-context examples for the base few-shot condition")
+    constrained: Literal["off", "on", "both"] = Field(
+        "both", description="evaluate each condition unconstrained, under the tool-call grammar (rows named "
+        "`<condition>_constrained`), or both; the gate compares the rows of the way models are served "
+        "(`triton.constrained`)")
     judge_url: str | None = Field(None, description="OpenAI-compatible endpoint for an optional LLM-as-judge")
     judge_model: str | None = None
     judge_api_key: SecretStr | None = None
@@ -175,6 +181,9 @@ class BenchSettings(_Section):
     concurrency: list[int] = Field(default_factory=lambda: [1, 4], description="requests in flight, per level")
     shots: int = Field(3, ge=0, description="in-context examples of the base-model baseline")
     protocol: Literal["http", "grpc"] = "http"
+    constrained: Literal["off", "on", "both"] = Field(
+        "both", description="time each model unconstrained, under the tool-call grammar, or both (rows side by "
+        "side); the headline comparison uses the way models are served (`triton.constrained`)")
     direct: bool = Field(True, description="also time in-process inference (Triton's overhead)")
 
     @field_validator("concurrency")

@@ -186,7 +186,8 @@ def evaluate(trained: dict[str, Any], settings: Settings | None = None) -> dict[
     # a drift retrain needs candidate vs champion for the gate; the base-model baselines are the daily run's
     baselines = not (trained.get("drift_run") and champion is not None)
     cfg = EvalConfig(base_model=sweep["base_model"], examples=settings.evaluation.examples,
-                     shots=settings.evaluation.shots, baselines=baselines, window=sweep.get("window"))
+                     shots=settings.evaluation.shots, baselines=baselines, window=sweep.get("window"),
+                     constrained=settings.evaluation.constrained)
     report = run_eval(settings, cfg, adapters, sweep["sweep_id"])
     _log_evaluation(settings, trained["best_run_id"], report)
     return {"json_uri": report.json_uri, "html_uri": report.html_uri, "table": report.table(),
@@ -225,8 +226,9 @@ def promote(registered: dict[str, Any], evaluated: dict[str, Any], params: dict[
 
     settings = settings or get_settings()
     rows = evaluation_rows(evaluated)
-    if "tuned_champion" in rows and evaluated.get("champion_version"):
-        rows["tuned_champion"]["version"] = str(evaluated["champion_version"])
+    for condition in ("tuned_champion", "tuned_champion_constrained"):
+        if condition in rows and evaluated.get("champion_version"):
+            rows[condition]["version"] = str(evaluated["champion_version"])
     reason = (params or {}).get("reason")
     decision = gate_and_promote(settings, rows, str(registered["version"]), f"[{reason}] " if reason else "")
     return decision.to_dict()

@@ -130,3 +130,20 @@ def test_free_text_searches_are_scored_on_query_text_f1(settings) -> None:
     assert verdict.promoted and verdict.numbers["task_score"] == pytest.approx([0.63, 0.41])
     worse = gate(row(0.0, 0.0, 950, search_products=(24, 0.0, 0.30)), None, settings, few_shot)
     assert not worse.promoted and "task score gain -0.110" in worse.reason
+
+
+def test_the_gate_compares_the_rows_decoded_the_way_models_are_served(settings) -> None:
+    from pipelines.registry.models import served_rows
+
+    rows = {"base_few_shot": row(0.40, 0.5), "tuned_candidate": row(0.30, 0.4),
+            "base_few_shot_constrained": row(0.45, 0.5), "tuned_candidate_constrained": row(0.70, 0.8)}
+    chosen, decoding = served_rows(settings, rows)  # triton.constrained: true by default
+    assert decoding == "constrained decoding" and chosen["tuned_candidate"]["exact_match"] == 0.70
+    assert gate(chosen["tuned_candidate"], None, settings, chosen["base_few_shot"]).promoted
+    free = load_settings(root=str(settings.root), triton={"constrained": False})
+    chosen, decoding = served_rows(free, rows)
+    assert decoding == "unconstrained decoding" and chosen["tuned_candidate"]["exact_match"] == 0.30
+    assert not gate(chosen["tuned_candidate"], None, free, chosen["base_few_shot"]).promoted
+    # an evaluation that measured one decoding only is gated on it
+    only_free = {k: v for k, v in rows.items() if not k.endswith("_constrained")}
+    assert served_rows(settings, only_free) == (only_free, "unconstrained decoding")

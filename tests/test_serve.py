@@ -57,6 +57,21 @@ def test_deploy_infers_rejects_bad_requests_and_rolls_back(registered) -> None:
         assert reply.error is not None and expected in reply.error
     assert client.infer_one(live.name, turns).error is None  # the server stayed up and still answers
 
+    # constrained decoding in the served model: with TOOLS the answer is one of the grammar's, else an error
+    ping = json.dumps([{"name": "ping", "parameters": {"type": "object", "properties": {}}}])
+    free = client.infer_one(live.name, turns)
+    assert free.text not in ('{"name":"ping","arguments":{}}', '{"name": null}', '{"name":null}')
+    for protocol in ("http", "grpc"):
+        constrained = TritonClient(settings, protocol)
+        reply = constrained.infer_one(live.name, turns, tools=ping)
+        assert reply.error is None and reply.text in ('{"name":"ping","arguments":{}}', '{"name": null}',
+                                                      '{"name":null}'), reply.text
+        constrained.close()
+    unenforceable = json.dumps([{"name": "tag", "parameters": {"type": "object", "properties": {"x": {"not": {}}}}}])
+    reply = client.infer_one(live.name, turns, tools=unenforceable)
+    assert reply.error is not None and "tool tag" in reply.error and "not" in reply.error
+    assert client.infer_one(live.name, turns, tools=ping).error is None
+
     # a broken repository fails to load while the old model keeps answering
     original = repository.MODEL_FILE
     broken = Path(str(settings.root)) / "broken_model.py"
@@ -152,13 +167,17 @@ def test_benchmark_compares_base_few_shot_with_the_tuned_model(registered) -> No
         deploy.deploy(settings, "champion")
     live = deploy.live_model(settings)
     report = run_bench(settings, BenchSettings(requests=4, concurrency=[2, 1], shots=1))
-    assert [(r["model"].split()[0], r["concurrency"]) for r in report["runs"]] == [
-        ("base", 1), ("base", 2), ("tuned", 1), ("tuned", 2)]
+    # each model unconstrained and constrained (bench.constrained: both), at each concurrency level
+    assert [(r["model"].split()[0], r["constrained"], r["concurrency"]) for r in report["runs"]] == [
+        ("base", False, 1), ("base", False, 2), ("base", True, 1), ("base", True, 2),
+        ("tuned", False, 1), ("tuned", False, 2), ("tuned", True, 1), ("tuned", True, 2)]
+    assert all(r["model"].endswith(", constrained") == r["constrained"] for r in report["runs"])
     assert all(r["errors"] == 0 and r["requests"] == 4 and r["p50_ms"] > 0 for r in report["runs"])
     assert all(r["p95_ms"] is None and r["p99_ms"] is None for r in report["runs"])  # 4 samples support no p95
     longest = report["longest_prompt_tokens"]
     assert settings.triton.max_input_tokens >= max(longest.values()) and len(longest) == 2
-    base, tuned = report["runs"][0], report["runs"][2]
+    base, tuned = report["runs"][2], report["runs"][6]  # the headline: decoded as served (constrained)
+    assert report["constrained"] is True and report["direct"]["model"].endswith(", constrained")
     assert base["prompt_tokens_mean"] > tuned["prompt_tokens_mean"]  # schemas + shots vs the short prompt
     assert report["comparison"]["prompt_tokens_change"] < 0 and report["direct"]["requests"] == 4
     assert Path(report["json_uri"]).is_file() and "<img" in Path(report["html_uri"]).read_text()

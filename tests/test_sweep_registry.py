@@ -103,11 +103,15 @@ def test_evaluation_report_compares_conditions_on_the_same_requests(settings, fi
 
     evaluated = tasks.evaluate(first_sweep, settings)
     rows = {r["condition"]: r for r in evaluated["table"]}
-    assert set(rows) == {"base_zero_shot", "base_few_shot", "tuned_candidate"}
+    conditions = ("base_zero_shot", "base_few_shot", "tuned_candidate")
+    assert set(rows) == {*conditions, *(f"{c}_constrained" for c in conditions)}  # evaluation.constrained: both
     assert rows["tuned_candidate"]["prompt_tokens_mean"] < rows["base_zero_shot"]["prompt_tokens_mean"] \
         < rows["base_few_shot"]["prompt_tokens_mean"]
+    for c in conditions:  # the same prompts, only the decoding differs
+        assert rows[f"{c}_constrained"]["prompt_tokens_mean"] == rows[c]["prompt_tokens_mean"]
     report = json.loads(Path(evaluated["json_uri"]).read_text())
     assert report["examples"] == 6 and all(c["confusion"] for c in report["conditions"])
+    assert [c["constrained"] for c in report["conditions"]] == [False, True] * 3
     html = Path(evaluated["html_uri"]).read_text()
     assert "confusion matrix tuned_candidate" in html and html.count("data:image/png;base64") >= 5
 
@@ -144,7 +148,8 @@ def test_register_promote_gate_both_ways_rollback_and_load_by_alias(settings, fi
 
     second_sweep = tasks.train({"sweep": _variant_of_tiny(settings)}, settings)
     measured = tasks.evaluate(second_sweep, settings)  # the champion is measured on the same requests
-    assert [r["condition"] for r in measured["table"]][-2:] == ["tuned_candidate", "tuned_champion"]
+    assert [r["condition"] for r in measured["table"]][-4:] == ["tuned_candidate", "tuned_candidate_constrained",
+                                                               "tuned_champion", "tuned_champion_constrained"]
     assert measured["champion_version"] == first["version"]
     second = tasks.register(second_sweep, evaluated, settings)
     assert second["version"] != first["version"] and alias_version(settings, CANDIDATE) == second["version"]

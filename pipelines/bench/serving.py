@@ -29,6 +29,9 @@ from pipelines.serve.deploy import DeployFailed, live_model, score_replies, smok
 from pipelines.storage import read_json, write_json, write_text
 
 
+CONSTRAINED_LABEL = ", constrained"  # a row decoded under the offered tools' grammar
+
+
 def min_samples(q: float) -> int:
     """The smallest sample that supports a q-th percentile: some values must lie above it (p95: 20,
     p99: 100); a median needs one."""
@@ -123,6 +126,8 @@ def run_bench(settings: Settings, cfg: BenchSettings | None = None, console: Con
     base_model = _base_model_of(settings, live)
     client = TritonClient(settings, cfg.protocol)  # type: ignore[arg-type]
     results: list[dict[str, Any]] = []
+    modes = {"off": [False], "on": [True], "both": [False, True]}[cfg.constrained]
+    served = settings.triton.constrained if settings.triton.constrained in modes else modes[0]
     started = time.perf_counter()
     try:
         base = _base_entry(settings, client, base_model)
@@ -139,27 +144,32 @@ def run_bench(settings: Settings, cfg: BenchSettings | None = None, console: Con
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       console=console, transient=False) as progress:
             for name in (base.name, live.name):
-                client.infer_one(name, conversations[name][0])  # warm-up, not timed
-                for level in cfg.concurrency:
-                    task = progress.add_task(f"{labels[name]} x{level}", total=len(rows))
-                    t0 = time.perf_counter()
-                    replies = client.infer(name, conversations[name], concurrency=level)
-                    progress.update(task, completed=len(rows))
-                    results.append(summarize_run(labels[name], level, rows, replies, time.perf_counter() - t0,
-                                                 client.timeout_s * 1000))
+                for constrained in modes:
+                    label = labels[name] + (CONSTRAINED_LABEL if constrained else "")
+                    tools = [r["tools_json"] for r in rows] if constrained else None
+                    client.infer_one(name, conversations[name][0], tools[0] if tools else None)  # warm-up
+                    for level in cfg.concurrency:
+                        task = progress.add_task(f"{label} x{level}", total=len(rows))
+                        t0 = time.perf_counter()
+                        replies = client.infer(name, conversations[name], concurrency=level, tools=tools)
+                        progress.update(task, completed=len(rows))
+                        results.append({**summarize_run(label, level, rows, replies, time.perf_counter() - t0,
+                                                        client.timeout_s * 1000), "constrained": constrained})
     finally:
         client.close()
-    direct = _direct(settings, live, conversations[live.name], rows) if cfg.direct else None
+    direct = _direct(settings, live, conversations[live.name], rows, served) if cfg.direct else None
     hardware = detect()
-    tuned = [r for r in results if r["model"] == labels[live.name]]
-    baseline = [r for r in results if r["model"] == labels[base.name]]
+    # the headline compares the rows decoded the way models are served (`triton.constrained`)
+    suffix = CONSTRAINED_LABEL if served else ""
+    tuned = [r for r in results if r["model"] == labels[live.name] + suffix]
+    baseline = [r for r in results if r["model"] == labels[base.name] + suffix]
     for r in results:
         r["usd_per_million_requests"] = _round(usd_per_million(r["requests_per_s"], hardware))
     comparison = _compare(baseline[0], tuned[0]) if baseline and tuned else {}
     report = {"generated_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "live": live.name,
               "version": live.version, "baseline": base.name, "requests": len(rows), "protocol": cfg.protocol,
               "hardware": hardware.__dict__, "longest_prompt_tokens": longest, "runs": results, "direct": direct,
-              "comparison": comparison,
+              "comparison": comparison, "constrained": served,
               "triton_overhead_ms": round(tuned[0]["p50_ms"] - direct["p50_ms"], 1) if direct and tuned else None,
               "seconds": round(time.perf_counter() - started, 1)}
     return write_report(settings, report)
@@ -190,21 +200,25 @@ def _tokenizer(settings: Settings, base_model: str) -> Any:
 
 
 def _direct(settings: Settings, live: Any, conversations: list[list[dict[str, str]]],
-            rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """The same requests through the same merged model in this process, batch 1: Triton's overhead."""
+            rows: list[dict[str, Any]], constrained: bool) -> dict[str, Any]:
+    """The same requests through the same merged model in this process, batch 1, decoded as served
+    (constrained or not): Triton's overhead."""
     from pipelines.evaluate.generate import generate
     from pipelines.evaluate.pipeline import load_model
     from pipelines.registry.models import adapter_path
 
     model, tokenizer = load_model(_base_model_of(settings, live), settings, adapter_path(settings, live.version))
+    tools = [r["tools_json"] for r in rows] if constrained else [None] * len(rows)
     generate(model, tokenizer, conversations[:1], max_new_tokens=settings.triton.max_new_tokens,
-             latency_samples=0)  # warm-up, as for the served models
+             latency_samples=0, tools=tools[:1] if constrained else None)  # warm-up, as for the served models
     replies = []
-    for turns in conversations:
+    for turns, offered in zip(conversations, tools):
         t0 = time.perf_counter()
-        out = generate(model, tokenizer, [turns], max_new_tokens=settings.triton.max_new_tokens, latency_samples=0)
+        out = generate(model, tokenizer, [turns], max_new_tokens=settings.triton.max_new_tokens, latency_samples=0,
+                       tools=[offered] if offered is not None else None)
         replies.append(Reply(out.texts[0], out.prompt_tokens[0], out.output_tokens[0], (time.perf_counter() - t0) * 1000))
-    return summarize_run(f"tuned v{live.version} in-process (no Triton)", 1, rows, replies,
+    return summarize_run(f"tuned v{live.version} in-process (no Triton){CONSTRAINED_LABEL if constrained else ''}", 1,
+                         rows, replies,
                          sum(r.latency_ms for r in replies) / 1000)
 
 
@@ -252,7 +266,8 @@ def _log_to_mlflow(settings: Settings, report: dict[str, Any], folder: str) -> N
         for file in ("report.json", "report.html"):
             (Path(tmp) / file).write_bytes(read_bytes(f"{folder}/{file}"))
         client.log_artifacts(run_id, tmp, "benchmark")
-    tuned = [r for r in report["runs"] if r["model"].startswith("tuned")]
+    tuned = [r for r in report["runs"] if r["model"].startswith("tuned")
+             and r.get("constrained", False) == report.get("constrained", False)]
     headline = {"hardware": report["hardware"]["name"], "p50_ms_c1": tuned[0]["p50_ms"] if tuned else None,
                 "best_requests_per_s": max((r["requests_per_s"] for r in tuned), default=None),
                 **{k: v for k, v in report["comparison"].items() if not isinstance(v, dict)}}

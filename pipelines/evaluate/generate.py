@@ -9,6 +9,13 @@ from typing import Any
 
 from rich.progress import Progress
 
+from pipelines.errors import NotRetryable
+
+
+class ToolsNotEnforceable(NotRetryable):
+    """An offered tool's schema cannot be turned into a grammar: constrained decoding refuses it (one line
+    naming the tool) rather than decode that turn unconstrained."""
+
 
 @dataclass
 class Generations:
@@ -34,11 +41,25 @@ def render_prompts(tokenizer: Any, conversations: list[list[dict[str, str]]]) ->
 
 def generate(model: Any, tokenizer: Any, conversations: list[list[dict[str, str]]], *, max_new_tokens: int = 96,
              batch_size: int = 8, latency_samples: int = 4, progress: Progress | None = None,
-             label: str = "generating") -> Generations:
-    """Greedy decoding (deterministic) of every conversation's next assistant turn."""
+             label: str = "generating", tools: list[str] | None = None) -> Generations:
+    """Greedy decoding (deterministic) of every conversation's next assistant turn. With `tools` (one
+    offered-tools JSON per conversation) each answer is decoded under its turn's tool-call grammar
+    (`serve.tool_grammar`); a tool set the grammar cannot express raises GrammarError before any work."""
     import torch
+    from transformers import LogitsProcessorList
+
+    from pipelines.serve.tool_grammar import GrammarError, ToolCallConstraint, grammar_for
 
     prompts = render_prompts(tokenizer, conversations)
+    if tools is not None:
+        if len(tools) != len(prompts):
+            raise ValueError(f"{len(tools)} tool sets for {len(prompts)} conversations")
+        for t in set(tools):
+            try:
+                grammar_for(t)
+            except GrammarError as exc:
+                raise ToolsNotEnforceable(f"constrained decoding: {exc}; set evaluation.constrained: off to "
+                                          "evaluate without the grammar") from None
     tokenizer.padding_side = "left"
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
@@ -48,26 +69,28 @@ def generate(model: Any, tokenizer: Any, conversations: list[list[dict[str, str]
     output_tokens = [0] * len(prompts)
     task = progress.add_task(label, total=len(prompts)) if progress else None
 
-    def run(batch_prompts: list[str]) -> tuple[list[str], list[int]]:
+    def run(batch_prompts: list[str], batch_tools: list[str] | None) -> tuple[list[str], list[int]]:
         enc = tokenizer(batch_prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+        extra = ({"logits_processor": LogitsProcessorList([ToolCallConstraint(tokenizer, batch_tools)])}
+                 if batch_tools is not None else {})
         with torch.inference_mode():
             out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False,
-                                 pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
+                                 pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, **extra)
         new = out[:, enc["input_ids"].shape[1]:]
         counts = [int((row != tokenizer.pad_token_id).sum()) for row in new]
         return tokenizer.batch_decode(new, skip_special_tokens=True), counts
 
     started = time.perf_counter()
     for i in range(0, len(prompts), batch_size):
-        decoded, counts = run(prompts[i:i + batch_size])
+        decoded, counts = run(prompts[i:i + batch_size], tools[i:i + batch_size] if tools is not None else None)
         texts[i:i + len(decoded)] = decoded
         output_tokens[i:i + len(counts)] = counts
         if progress is not None and task is not None:
             progress.advance(task, len(decoded))
     seconds = time.perf_counter() - started
     latency = []
-    for p in prompts[:latency_samples]:
+    for j, p in enumerate(prompts[:latency_samples]):
         t0 = time.perf_counter()
-        run([p])
+        run([p], [tools[j]] if tools is not None else None)
         latency.append((time.perf_counter() - t0) * 1000)
     return Generations(texts, prompt_tokens, output_tokens, round(seconds, 2), latency)

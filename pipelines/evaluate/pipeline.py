@@ -38,6 +38,9 @@ class EvalConfig(BaseModel):
     batch_size: int = Field(8, ge=1)
     latency_samples: int = Field(4, ge=0, description="requests also timed alone (batch 1) per condition")
     baselines: bool = Field(True, description="include base zero-shot and few-shot")
+    constrained: Literal["off", "on", "both"] = Field(
+        "both", description="decode under the offered tools' grammar: off, on (rows named `<condition>_constrained`) "
+        "or both rows for every condition")
     window: str | None = Field(None, description="the training set's window label; None: the current manifest")
 
 
@@ -48,6 +51,13 @@ class Adapter:
     label: str
     path: str
     prompt_style: Literal["full", "short", "names"] = "short"
+
+
+CONSTRAINED = "_constrained"  # the suffix of a condition decoded under the tool-call grammar
+
+
+def constrained_name(condition: str) -> str:
+    return f"{condition}{CONSTRAINED}"
 
 
 @dataclass
@@ -61,6 +71,7 @@ class ConditionResult:
     per_tool: dict[str, dict[str, Any]]
     confusion: dict[str, dict[str, int]]
     samples: list[dict[str, Any]] = field(default_factory=list)
+    constrained: bool = False
 
 
 # the side-by-side table's quality columns (text_f1: token F1 of free-text arguments, next to exact match)
@@ -121,17 +132,23 @@ def evaluate(settings: Settings, cfg: EvalConfig, adapters: list[Adapter], name:
         gen = {"max_new_tokens": cfg.max_new_tokens, "batch_size": cfg.batch_size,
                "latency_samples": cfg.latency_samples, "progress": progress}
 
+        modes = {"off": [False], "on": [True], "both": [False, True]}[cfg.constrained]
+
         def run(condition: str, label: str, style: str, shots: int, model: Any, tokenizer: Any,
                 chosen: list[Example], conversations: list[list[dict[str, str]]]) -> None:
-            out = generate(model, tokenizer, conversations, label=condition, **gen)
-            result = score_condition(condition, label, style, shots, chosen, out.texts, out.stats())
-            if settings.evaluation.judge_url:
-                from pipelines.evaluate.judge import judge_scores
+            for constrained in modes:
+                name = constrained_name(condition) if constrained else condition
+                out = generate(model, tokenizer, conversations, label=name, **gen,
+                               tools=[e.tools for e in chosen] if constrained else None)
+                result = score_condition(name, label, style, shots, chosen, out.texts, out.stats())
+                result.constrained = constrained
+                if settings.evaluation.judge_url:
+                    from pipelines.evaluate.judge import judge_scores
 
-                graded = [v for v in judge_scores(settings, [(e.query, e.target, t) for e, t in zip(chosen, out.texts)])
-                          if v is not None]
-                result.summary["judge_score"] = sum(graded) / len(graded) if graded else None
-            results.append(result)
+                    graded = [v for v in judge_scores(settings, [(e.query, e.target, t)
+                                                                 for e, t in zip(chosen, out.texts)]) if v is not None]
+                    result.summary["judge_score"] = sum(graded) / len(graded) if graded else None
+                results.append(result)
 
         if cfg.baselines:
             model, tokenizer = load_model(cfg.base_model, settings)

@@ -199,6 +199,20 @@ def evaluation_rows(evaluated: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return rows
 
 
+def served_rows(settings: Settings, rows: dict[str, dict[str, Any]]) -> tuple[dict[str, dict[str, Any]], str]:
+    """The evaluation rows decoded the way models are served (`triton.constrained`: the `_constrained`
+    rows, renamed to their condition), and which decoding that is; the other decoding's rows when the
+    evaluation did not measure the served one (`evaluation.constrained` off or on only)."""
+    from pipelines.evaluate.pipeline import CONSTRAINED
+
+    constrained = {k.removesuffix(CONSTRAINED): v for k, v in rows.items() if k.endswith(CONSTRAINED)}
+    free = {k: v for k, v in rows.items() if not k.endswith(CONSTRAINED)}
+    want_constrained = settings.triton.constrained
+    if "tuned_candidate" not in (constrained if want_constrained else free):
+        want_constrained = not want_constrained
+    return (constrained, "constrained decoding") if want_constrained else (free, "unconstrained decoding")
+
+
 def _now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
@@ -245,6 +259,7 @@ def promote(settings: Settings, rows: dict[str, dict[str, Any]], version: str | 
     champion = alias_version(settings, CHAMPION)
     if champion == candidate:
         return Decision(False, candidate, champion, "the candidate is already the champion", {})
+    rows, decoding = served_rows(settings, rows)
     candidate_row, champion_row = rows["tuned_candidate"], rows.get("tuned_champion")
     evaluated_champion = None if champion_row is None else champion_row.get("version")
     if champion is None:
@@ -256,8 +271,8 @@ def promote(settings: Settings, rows: dict[str, dict[str, Any]], version: str | 
         decision = Decision(False, candidate, champion, f"{reason_prefix}{why}", {})
     else:
         verdict = gate(candidate_row, champion_row, settings, rows.get(BASELINE))
-        decision = Decision(verdict.promoted, candidate, champion, f"{reason_prefix}{verdict.reason}",
-                            verdict.numbers, verdict.compared_with)
+        decision = Decision(verdict.promoted, candidate, champion, f"{reason_prefix}{verdict.reason} ({decoding})",
+                            {**verdict.numbers, "decoding": decoding}, verdict.compared_with)
     client = mlflow_client(settings)
     _record_decision(client, name, decision)
     if decision.promoted:

@@ -40,6 +40,11 @@ def conversation(row: dict[str, Any], style: str, settings: Settings | None = No
     return chat_turns(system_for(row, style), row["messages_json"])  # type: ignore[arg-type]
 
 
+def offered_tools(settings: Settings, rows: list[dict[str, Any]]) -> list[str] | None:
+    """The rows' offered tools for constrained decoding when serving is constrained (`triton.constrained`)."""
+    return [r["tools_json"] for r in rows] if settings.triton.constrained else None
+
+
 def target(settings: Settings, protocol: Protocol = "http") -> tuple[str, bool]:
     """(host:port, ssl) of the server for this protocol: `triton.url` (the cluster's Service; scheme
     optional, https means TLS), gRPC on the same host at `triton.grpc_port`. Without a url, the
@@ -105,39 +110,50 @@ class TritonClient:
         return sorted(r["name"] for r in rows if r.get("state") == "READY")
 
     # inference ----------------------------------------------------------------------------------
-    def _inputs(self, turns: list[dict[str, str]] | str) -> list[Any]:
+    def _inputs(self, turns: list[dict[str, str]] | str, tools: str | None = None) -> list[Any]:
         raw = turns if isinstance(turns, str) else json.dumps(turns, ensure_ascii=False)
-        tensor = self._module.InferInput("CONVERSATION", [1, 1], "BYTES")
-        tensor.set_data_from_numpy(np.array([[raw.encode("utf-8")]], dtype=np.object_))
-        return [tensor]
+        tensors = []
+        for name, value in (("CONVERSATION", raw), ("TOOLS", tools)):
+            if value is None:
+                continue
+            tensor = self._module.InferInput(name, [1, 1], "BYTES")
+            tensor.set_data_from_numpy(np.array([[value.encode("utf-8")]], dtype=np.object_))
+            tensors.append(tensor)
+        return tensors
 
-    def infer_one(self, model: str, turns: list[dict[str, str]] | str) -> Reply:
+    def infer_one(self, model: str, turns: list[dict[str, str]] | str, tools: str | None = None) -> Reply:
+        """One request; with `tools` (the offered tools' JSON) the server decodes under their grammar."""
         started = time.perf_counter()
         try:
-            result = self._client.infer(model, self._inputs(turns), **self._deadline)
+            result = self._client.infer(model, self._inputs(turns, tools), **self._deadline)
         except Exception as exc:  # noqa: BLE001 (the server's message is the useful part)
             return Reply(None, 0, 0, (time.perf_counter() - started) * 1000, _message(exc))
         return _reply(result, (time.perf_counter() - started) * 1000)
 
-    def infer(self, model: str, conversations: list[list[dict[str, str]]], concurrency: int = 1) -> list[Reply]:
-        """Every conversation through the server with `concurrency` requests in flight."""
+    def infer(self, model: str, conversations: list[list[dict[str, str]]], concurrency: int = 1,
+              tools: list[str] | None = None) -> list[Reply]:
+        """Every conversation through the server with `concurrency` requests in flight; `tools`: one
+        offered-tools JSON per conversation for constrained decoding."""
+        offered: list[str | None] = list(tools) if tools is not None else [None] * len(conversations)
+        if len(offered) != len(conversations):
+            raise ValueError(f"{len(offered)} tool sets for {len(conversations)} conversations")
         if concurrency <= 1:
-            return [self.infer_one(model, c) for c in conversations]
+            return [self.infer_one(model, c, t) for c, t in zip(conversations, offered)]
         import threading
         from concurrent.futures import ThreadPoolExecutor
 
         local = threading.local()  # the HTTP client is not thread-safe: one connection per worker thread
         made: list[TritonClient] = []
 
-        def one(turns: list[dict[str, str]]) -> Reply:
+        def one(job: tuple[list[dict[str, str]], str | None]) -> Reply:
             if not hasattr(local, "client"):
                 local.client = TritonClient(self.settings, self.protocol, timeout_s=self.timeout_s)
                 made.append(local.client)
-            return local.client.infer_one(model, turns)
+            return local.client.infer_one(model, *job)
 
         try:
             with ThreadPoolExecutor(max_workers=concurrency) as pool:
-                return list(pool.map(one, conversations))
+                return list(pool.map(one, zip(conversations, offered)))
         finally:
             for client in made:
                 client.close()

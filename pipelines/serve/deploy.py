@@ -25,7 +25,7 @@ from typing import Any
 from pipelines.config import Settings
 from pipelines.errors import NotRetryable
 from pipelines.serve import repository, server
-from pipelines.serve.client import Reply, TritonClient, conversation
+from pipelines.serve.client import Reply, TritonClient, conversation, offered_tools
 from pipelines.storage import Busy, lock_file, locked, read_json, write_json
 
 
@@ -131,7 +131,8 @@ def score_replies(rows: list[dict[str, Any]], replies: list[Reply]) -> dict[str,
 
 def smoke_test(settings: Settings, client: TritonClient, entry: Deployment) -> dict[str, Any]:
     rows = smoke_rows(settings, settings.triton.smoke_requests)
-    replies = client.infer(entry.name, [conversation(r, entry.prompt_style) for r in rows])
+    replies = client.infer(entry.name, [conversation(r, entry.prompt_style) for r in rows],
+                           tools=offered_tools(settings, rows))
     return score_replies(rows, replies)
 
 
@@ -300,7 +301,8 @@ def canary(settings: Settings, alias: str = "candidate", *, share: float | None 
             result = {}
             for entry in (live, candidate):
                 chosen = routed[entry.name]
-                replies = client.infer(entry.name, [conversation(r, entry.prompt_style) for r in chosen])
+                replies = client.infer(entry.name, [conversation(r, entry.prompt_style) for r in chosen],
+                                       tools=offered_tools(settings, chosen))
                 result[entry.name] = {"version": entry.version, **score_replies(chosen, replies)}
             _save(settings, current, {"event": "canary", "name": candidate.name, "version": version,
                                       "share": share, "result": result})

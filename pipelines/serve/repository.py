@@ -5,6 +5,7 @@ the champion (canary) and the previous version stays loaded for a rollback in se
 
     <repository>/tool_router_v3/config.pbtxt      Python backend, dynamic batching, parameters
     <repository>/tool_router_v3/1/model.py        pipelines/serve/triton_model.py, verbatim
+    <repository>/tool_router_v3/1/tool_grammar.py pipelines/serve/tool_grammar.py, verbatim
     <repository>/tool_router_v3/1/adapter/        the LoRA adapter (HF-PEFT), from MLflow
     <repository>/tool_router_v3/1/flywheel.json   registry version, base model, prompt style
 
@@ -25,6 +26,7 @@ from pipelines.config import Settings
 from pipelines.errors import NotRetryable
 
 MODEL_FILE = Path(__file__).with_name("triton_model.py")
+GRAMMAR_FILE = Path(__file__).with_name("tool_grammar.py")  # model.py's constrained decoder, copied beside it
 BASE_NAME = "base"  # the un-tuned base model (the few-shot baseline in benchmarks)
 
 
@@ -60,7 +62,8 @@ def config_pbtxt(settings: Settings, name: str, base_model_path: str, adapter: s
 backend: "python"
 max_batch_size: {t.max_batch_size}
 input [
-  {{ name: "CONVERSATION" data_type: TYPE_STRING dims: [ 1 ] }}
+  {{ name: "CONVERSATION" data_type: TYPE_STRING dims: [ 1 ] }},
+  {{ name: "TOOLS" data_type: TYPE_STRING dims: [ 1 ] optional: true }}
 ]
 output [
   {{ name: "TOOL_CALL" data_type: TYPE_STRING dims: [ 1 ] }},
@@ -77,7 +80,7 @@ parameters [
 
 def _fingerprint(config: str, adapter_dir: str | None) -> str:
     """Everything a model folder is built from: its config, model.py and the adapter's files."""
-    digest = hashlib.sha256(config.encode() + MODEL_FILE.read_bytes())
+    digest = hashlib.sha256(config.encode() + MODEL_FILE.read_bytes() + GRAMMAR_FILE.read_bytes())
     if adapter_dir:
         for file in sorted(p for p in Path(adapter_dir).rglob("*") if p.is_file()):
             digest.update(str(file.relative_to(adapter_dir)).encode() + file.read_bytes())
@@ -120,6 +123,7 @@ def write_model(settings: Settings, repository: Path, name: str, base_model_path
     (staging / "1").mkdir(parents=True)
     try:
         shutil.copy(MODEL_FILE, staging / "1" / "model.py")
+        shutil.copy(GRAMMAR_FILE, staging / "1" / GRAMMAR_FILE.name)
         if adapter_dir:
             shutil.copytree(adapter_dir, staging / "1" / "adapter")
         (staging / "1" / "flywheel.json").write_text(json.dumps(meta, indent=2, sort_keys=True))

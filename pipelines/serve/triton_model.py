@@ -6,9 +6,13 @@ Python): it imports nothing from `pipelines`. Requests carry the chat turns the 
 exactly as the training set did; responses carry the tool call text and token counts. Dynamic
 batching hands `execute` several requests at once: the valid ones are generated as one left-padded
 batch; a malformed or oversize request gets its own error response and the others still succeed.
+A request that also carries TOOLS (the offered tools, JSON) is decoded under their tool-call grammar
+(`tool_grammar.py`, copied beside this file); tools the grammar cannot express are that request's error.
 """
 
 import json
+import os
+import sys
 
 import numpy as np
 import triton_python_backend_utils as pb_utils  # provided by the Triton stub
@@ -42,6 +46,10 @@ class TritonPythonModel:
 
             model = PeftModel.from_pretrained(model, f"{version_dir}/{adapter}").merge_and_unload()
         self.model = model.to(self.device).eval()
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        import tool_grammar
+
+        self.grammar = tool_grammar
 
     def _prompt(self, raw):
         """The rendered prompt of one request, or a ValueError saying what is wrong with it."""
@@ -61,6 +69,23 @@ class TritonPythonModel:
             raise ValueError(f"prompt is {n} tokens; this model accepts at most {self.max_input_tokens}")
         return prompt, n
 
+    def _tools(self, request):
+        """The request's offered tools (JSON) when it asks for constrained decoding, else None; raises
+        ValueError (GrammarError) when they cannot be enforced."""
+        tensor = pb_utils.get_input_tensor_by_name(request, "TOOLS")
+        if tensor is None:
+            return None
+        values = tensor.as_numpy().reshape(-1)
+        if values.size != 1:
+            raise ValueError("send at most one TOOLS per request")
+        raw = values[0]
+        try:
+            tools = raw.decode("utf-8") if isinstance(raw, bytes) else str(raw)
+        except UnicodeDecodeError as exc:
+            raise ValueError(f"TOOLS is not UTF-8: {exc}") from None
+        self.grammar.grammar_for(tools)
+        return tools
+
     def execute(self, requests):
         import torch
 
@@ -73,19 +98,26 @@ class TritonPythonModel:
                 if values.size != 1:
                     raise ValueError("send exactly one CONVERSATION per request")
                 raw = values[0]
-                valid.append((i, *self._prompt(raw.decode("utf-8") if isinstance(raw, bytes) else str(raw))))
-            except ValueError as exc:
+                tools = self._tools(request)
+                valid.append((i, *self._prompt(raw.decode("utf-8") if isinstance(raw, bytes) else str(raw)), tools))
+            except ValueError as exc:  # GrammarError is a ValueError: the tools cannot be enforced
                 responses[i] = pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(str(exc)))
         if valid:
-            enc = self.tokenizer([p for _, p, _ in valid], return_tensors="pt", padding=True,
+            enc = self.tokenizer([p for _, p, _, _ in valid], return_tensors="pt", padding=True,
                                  add_special_tokens=False).to(self.device)
+            tools = [t for _, _, _, t in valid]
+            extra = {}
+            if any(t is not None for t in tools):
+                from transformers import LogitsProcessorList
+
+                extra["logits_processor"] = LogitsProcessorList([self.grammar.ToolCallConstraint(self.tokenizer, tools)])
             with torch.inference_mode():
                 out = self.model.generate(**enc, max_new_tokens=self.max_new_tokens, do_sample=False,
                                           pad_token_id=self.tokenizer.pad_token_id,
-                                          eos_token_id=self.tokenizer.eos_token_id)
+                                          eos_token_id=self.tokenizer.eos_token_id, **extra)
             new = out[:, enc["input_ids"].shape[1]:]
             texts = self.tokenizer.batch_decode(new, skip_special_tokens=True)
-            for (i, _, n), text, row in zip(valid, texts, new):
+            for (i, _, n, _), text, row in zip(valid, texts, new):
                 generated = int((row != self.tokenizer.pad_token_id).sum())
                 responses[i] = pb_utils.InferenceResponse(output_tensors=[
                     pb_utils.Tensor("TOOL_CALL", np.array([[text.strip().encode("utf-8")]], dtype=np.object_)),

@@ -37,6 +37,7 @@ class Example:
     target: str                  # the call text the model should write (name first)
     tool: str                    # expected tool, or NO_TOOL for an abstention
     query: str                   # the last user message (few-shot retrieval key)
+    tools: str = "[]"            # the offered tools (prompt.tools_json): the constrained decoder's grammar
 
     @property
     def expected(self) -> dict[str, Any]:
@@ -114,7 +115,7 @@ def to_examples(frame: pd.DataFrame, style: PromptStyle) -> list[Example]:
         target = call_text(row["target_json"])
         name = json.loads(target)["name"]
         out.append(Example(row["record_id"], turns, target, name if name is not None else NO_TOOL,
-                           turns[-1]["content"]))
+                           turns[-1]["content"], row["tools_json"]))
     return out
 
 

@@ -1,0 +1,195 @@
+"""The real-data benchmark: does the tuned model win on traffic nobody here wrote?
+
+Three cases from ../shared/data, each split by instruction/task (never by turn: no instruction is in
+both parts) into a training part and a held-out evaluation part:
+
+  (a) webshop        WebShop's human instruction -> search query pairs alone
+  (b) webshop_mixed  the same, mixed with one day of generated traffic (the other agent nodes)
+  (c) retail         tau-bench retail train tasks under their own 17 tool schemas
+
+For each: a fresh flywheel root -> `flywheel logs import-*` of the training part -> the whole
+`commerce_flywheel` DAG (`flywheel run --source landed --no-deploy`: prep, gates, features, LoRA sweep,
+evaluation, registry, promotion gate) -> the evaluation of base zero-shot, base few-shot and the version
+the run registered, each unconstrained and under the tool-call grammar, on the held-out part. Prints the
+table and writes bench/results/real_data.json (and each case's HTML report under its root).
+
+Usage: .venv/bin/python bench/real_data.py [--cases webshop,webshop_mixed,retail] [--examples 24]
+       [--work /tmp/flywheel-real-data] [--data ../shared/data]
+Not part of `make test`: about 15 minutes per case on the 2-core machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+DAY = "2026-11-20"
+CASES = ("webshop", "webshop_mixed", "retail")
+COLUMNS = ("exact_match", "text_f1", "name_accuracy", "arg_f1", "json_valid")
+
+
+def held_out(key: str, share: float = 0.2) -> bool:
+    """A stable split by instruction text: the same instruction always lands on the same side."""
+    return int(hashlib.sha256(key.encode()).hexdigest()[:8], 16) / 0xFFFFFFFF < share
+
+
+def flywheel(root: Path, *args: str, log: Path, timeout_s: float = 5400) -> str:
+    """Run one `flywheel` command on `root` as a user would; its output goes to `log`; stdout is returned."""
+    env = {**os.environ, "FLYWHEEL_ROOT": str(root)}
+    started = time.perf_counter()
+    print(f"  $ flywheel {' '.join(args)}", flush=True)
+    with log.open("a") as out:
+        done = subprocess.run([str(REPO / ".venv" / "bin" / "flywheel"), *args], env=env, stdout=subprocess.PIPE,
+                              stderr=out, timeout=timeout_s, check=False, text=True)
+        out.write(done.stdout)
+    print(f"    exit {done.returncode} in {time.perf_counter() - started:.0f} s (log: {log})", flush=True)
+    if done.returncode != 0:
+        raise SystemExit(f"error: flywheel {args[0]} failed for {root.parent.name}; see {log}")
+    return done.stdout
+
+
+def split_webshop(data: Path, work: Path) -> tuple[Path, Path]:
+    pairs = json.loads((data / "webshop" / "instruction_to_query.dev.json").read_text())
+    train = {k: v for k, v in pairs.items() if not held_out(k)}
+    test = {k: v for k, v in pairs.items() if held_out(k)}
+    paths = work / "webshop-train.json", work / "webshop-test.json"
+    for path, part in zip(paths, (train, test)):
+        path.write_text(json.dumps(part))
+    return paths
+
+
+def split_retail(data: Path, work: Path) -> tuple[Path, Path]:
+    lines = [line for line in (data / "retail_tools" / "tasks_train.jsonl").read_text().splitlines() if line.strip()]
+    train = [line for line in lines if not held_out(json.loads(line)["instruction"])]
+    test = [line for line in lines if held_out(json.loads(line)["instruction"])]
+    paths = work / "retail-train.jsonl", work / "retail-test.jsonl"
+    for path, part in zip(paths, (train, test)):
+        path.write_text("\n".join(part) + "\n")
+    return paths
+
+
+def prepare(case: str, data: Path, root: Path, work: Path, log: Path) -> Path:
+    """Import the case's training part into `root`'s raw zone; return the held-out evaluation log file."""
+    held = work / f"{case}-heldout"
+    if case.startswith("webshop"):
+        train, test = split_webshop(data, work)
+        flywheel(root, "logs", "import-webshop", str(train), "--date", DAY, log=log)
+        flywheel(root, "logs", "import-webshop", str(test), "--date", DAY, "--out", str(held), log=log)
+        if case == "webshop_mixed":
+            flywheel(root, "logs", "generate", "--records", "1500", "--end-date", DAY, "--seed", "7", log=log)
+            flywheel(root, "logs", "generate", "--records", "300", "--end-date", DAY, "--seed", "99",
+                     "--bad-share", "0", "--out", str(held), log=log)
+    else:
+        tools = data / "retail_tools" / "tools_openai_schema.json"
+        train, test = split_retail(data, work)
+        flywheel(root, "logs", "import-retail", str(tools), str(train), "--date", DAY, log=log)
+        flywheel(root, "logs", "import-retail", str(tools), str(test), "--date", DAY, "--out", str(held), log=log)
+    merged = work / f"{case}-heldout.jsonl"
+    with merged.open("wb") as out:
+        for file in sorted(held.rglob("*.jsonl")):
+            out.write(file.read_bytes())
+    return merged
+
+
+def evaluate_case(case: str, root: Path, heldout: Path, examples: int, log: Path) -> dict:
+    """Base zero-shot, base few-shot and the registered version, each with and without the grammar, on the
+    held-out part (`flywheel eval`, as a user would run it)."""
+    from pipelines.config import load_settings
+
+    listed = flywheel(root, "registry", "list", "--json", log=log)
+    versions = json.loads(listed[listed.index("{"):])["versions"]
+    if not versions:
+        raise SystemExit(f"error: {case}: the run registered no version; see {log}")
+    latest = max(versions, key=lambda v: int(v["version"]))
+    name = f"real-data-{case}"
+    flywheel(root, "eval", "--logs", str(heldout), "--version", str(latest["version"]), "--examples", str(examples),
+             "--constrained", "both", "--name", name, log=log)
+    reports = load_settings(root=str(root)).zone("reports")
+    report = json.loads(Path(reports.removeprefix("file://"), "evaluation", name, "report.json").read_text())
+    rows = [{"condition": c["condition"], **{k: c["summary"].get(k) for k in COLUMNS},
+             "prompt_tokens": c["stats"]["prompt_tokens_mean"], "latency_ms_p50": c["stats"]["latency_ms_p50"]}
+            for c in report["conditions"]]
+    return {"case": case, "version": latest["version"], "aliases": latest["aliases"],
+            "promoted": "champion" in latest["aliases"], "gate": latest.get("gate"), "examples": report["examples"],
+            "heldout_file": str(heldout), "report": str(Path(reports, "evaluation", name, "report.html")),
+            "rows": rows, "verdict": verdict(rows)}
+
+
+def verdict(rows: list[dict]) -> dict:
+    """The issue's goal: tuned + constraints beats base few-shot (its better decoding) on argument F1 (text F1
+    for searches) and name accuracy, at 5x fewer prompt tokens or better."""
+    by = {r["condition"]: r for r in rows}
+    tuned = next((r for c, r in by.items() if c.startswith("tuned_") and c.endswith("_constrained")), None)
+    bases = [by[c] for c in ("base_few_shot", "base_few_shot_constrained") if c in by]
+    if tuned is None or not bases:
+        return {"met": False, "why": "rows missing"}
+    base = max(bases, key=lambda r: (r["arg_f1"] or 0) + (r["name_accuracy"] or 0))
+    checks = {"arg_f1": (tuned["arg_f1"] or 0) > (base["arg_f1"] or 0),
+              "text_f1": (tuned["text_f1"] or 0) >= (base["text_f1"] or 0) if base.get("text_f1") is not None else None,
+              "name_accuracy": (tuned["name_accuracy"] or 0) > (base["name_accuracy"] or 0),
+              "prompt_tokens_5x": tuned["prompt_tokens"] * 5 <= base["prompt_tokens"]}
+    return {"met": all(v for v in checks.values() if v is not None), "against": base["condition"], "checks": checks}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--cases", default=",".join(CASES))
+    parser.add_argument("--examples", type=int, default=24, help="held-out requests evaluated per case")
+    parser.add_argument("--work", type=Path, default=Path("/tmp/flywheel-real-data"))
+    parser.add_argument("--data", type=Path, default=REPO.parent / "shared" / "data")
+    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "real_data.json")
+    args = parser.parse_args()
+    cases = [c for c in args.cases.split(",") if c]
+    unknown = sorted(set(cases) - set(CASES))
+    if unknown:
+        print(f"error: unknown case(s) {unknown}; choose from {CASES}", file=sys.stderr)
+        return 2
+    if not args.data.is_dir():
+        print(f"error: no data folder {args.data}", file=sys.stderr)
+        return 2
+    results = json.loads(args.out.read_text()) if args.out.is_file() else {"cases": {}}
+    for case in cases:
+        started = time.perf_counter()
+        root, work = args.work / case / "root", args.work / case
+        if root.exists():
+            import shutil
+
+            shutil.rmtree(root)
+        work.mkdir(parents=True, exist_ok=True)
+        log = work / "run.log"
+        log.write_text("")
+        print(f"[{case}] importing the training part, then the whole DAG ...", flush=True)
+        heldout = prepare(case, args.data, root, work, log)
+        flywheel(root, "run", "--end-date", DAY, "--window-days", "1", "--source", "landed", "--no-deploy", log=log)
+        print(f"[{case}] evaluating on the held-out part ...", flush=True)
+        result = evaluate_case(case, root, heldout, args.examples, log)
+        result["seconds"] = round(time.perf_counter() - started)
+        results["cases"][case] = result
+        results["generated_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(results, indent=1) + "\n")
+        print(table(result), flush=True)
+    return 0
+
+
+def table(result: dict) -> str:
+    head = ["condition", *COLUMNS, "prompt_tokens", "latency_ms_p50"]
+    lines = [f"{result['case']}: v{result['version']} ({'promoted' if result['promoted'] else 'not promoted'}), "
+             f"{result['examples']} held-out requests; goal met: {result['verdict']['met']}",
+             " | ".join(head)]
+    for r in result["rows"]:
+        lines.append(" | ".join("" if r[h] is None else f"{r[h]:.3f}" if isinstance(r[h], float) and h in COLUMNS
+                                else str(r[h]) for h in head))
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,169 @@
+"""Schema-constrained tool calls: every answer is decoded under a grammar built from the offered tools.
+
+The grammar (llguidance, compiled from one JSON Schema) admits exactly the answers a tool call may be:
+`{"name":"<an offered tool>","arguments":{...}}` whose arguments follow that tool's JSON Schema (names,
+types, enums, required fields; no other argument), or `{"name": null}` when no tool fits. Objects are
+compact and their keys come in the order the models were trained to write them (`name` first, the
+arguments sorted), so the constraint never fights what the adapter learned.
+
+This module imports nothing from `pipelines`: the Triton model (`triton_model.py`) loads it from its own
+folder, next to `model.py`, in the serving environment. Evaluation and the smoke test use the same code.
+A schema llguidance cannot express raises `GrammarError` naming the tool: never a silent unconstrained
+decode.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from typing import Any
+
+# the answer format of the training targets (prep.prompt.call_text): compact calls, `{"name": null}` with
+# one space; at most one space between tokens keeps both and stops a model from padding with blanks
+_OPTIONS = {"whitespace_flexible": True, "whitespace_pattern": " ?", "item_separator": ",", "key_separator": ":"}
+
+
+class GrammarError(ValueError):
+    """The offered tools cannot be turned into a grammar (a schema feature llguidance does not support)."""
+
+
+def _tool_entries(tools: Any) -> list[dict[str, Any]]:
+    """`tools` as [{name, parameters}]: the prompt's compact tools JSON (a string or list) or OpenAI
+    tool specs ({"type": "function", "function": {...}})."""
+    if isinstance(tools, str):
+        try:
+            tools = json.loads(tools)
+        except json.JSONDecodeError as exc:
+            raise GrammarError(f"the offered tools are not JSON: {exc}") from None
+    if not isinstance(tools, list) or not tools:
+        raise GrammarError("the offered tools must be a non-empty JSON list")
+    out = []
+    for t in tools:
+        spec = t.get("function", t) if isinstance(t, dict) else None
+        if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
+            raise GrammarError(f"an offered tool has no name: {str(t)[:80]}")
+        params = spec.get("parameters") or {"type": "object", "properties": {}}
+        if not isinstance(params, dict):
+            raise GrammarError(f"tool {spec['name']}: parameters must be a JSON Schema object")
+        out.append({"name": spec["name"], "parameters": params})
+    return out
+
+
+def _closed(schema: dict[str, Any]) -> dict[str, Any]:
+    """An object schema with its properties in sorted order (the trained order) and no other keys
+    admitted, recursively; other schemas unchanged."""
+    if not isinstance(schema, dict):
+        return schema
+    out = dict(schema)
+    if isinstance(schema.get("properties"), dict):
+        out["properties"] = {k: _closed(schema["properties"][k]) for k in sorted(schema["properties"])}
+        out.setdefault("additionalProperties", False)
+    if isinstance(schema.get("items"), dict):
+        out["items"] = _closed(schema["items"])
+    for key in ("anyOf", "oneOf", "allOf"):
+        if isinstance(schema.get(key), list):
+            out[key] = [_closed(s) for s in schema[key]]
+    return out
+
+
+def call_schema(tools: Any) -> dict[str, Any]:
+    """The JSON Schema of one answer to a turn offering `tools`."""
+    branches = [{"type": "object",
+                 "properties": {"name": {"const": t["name"]}, "arguments": _closed(t["parameters"])},
+                 "required": ["name", "arguments"], "additionalProperties": False}
+                for t in _tool_entries(tools)]
+    branches.append({"type": "object", "properties": {"name": {"type": "null"}}, "required": ["name"],
+                     "additionalProperties": False})
+    return {"anyOf": branches}
+
+
+@lru_cache(maxsize=1024)
+def grammar_for(tools_json: str) -> str:
+    """The llguidance grammar of the answers to a turn offering these tools (cached per tool set).
+    Raises GrammarError when a tool's schema cannot be expressed; the message names the tool."""
+    from llguidance import LLMatcher
+
+    entries = _tool_entries(tools_json)
+    for t in entries:  # check each tool alone first, so the error names the schema at fault
+        one = LLMatcher.grammar_from_json_schema(_closed(t["parameters"]), defaults=_OPTIONS)
+        error = LLMatcher.validate_grammar(one)
+        if error:
+            raise GrammarError(f"tool {t['name']}: its parameters schema cannot be enforced: {error}")
+    grammar = LLMatcher.grammar_from_json_schema(call_schema(entries), defaults=_OPTIONS)
+    error = LLMatcher.validate_grammar(grammar)
+    if error:
+        raise GrammarError(f"the offered tools cannot be enforced together: {error}")
+    return grammar
+
+
+def accepts(tokenizer: Any, tools_json: str, text: str) -> bool:
+    """Whether `text` is a complete answer the grammar admits (tests and diagnostics)."""
+    matcher = _matcher(_llg_tokenizer(tokenizer), grammar_for(tools_json))
+    ids = tokenizer(text, add_special_tokens=False).input_ids
+    return matcher.consume_tokens(ids) and matcher.is_accepting()
+
+
+_TOKENIZERS: dict[int, Any] = {}
+
+
+def _llg_tokenizer(tokenizer: Any) -> Any:
+    """llguidance's view of a Hugging Face fast tokenizer (about a second to build: cached)."""
+    key = id(tokenizer)
+    if key not in _TOKENIZERS:
+        import llguidance.hf
+
+        _TOKENIZERS[key] = llguidance.hf.from_tokenizer(tokenizer, n_vocab=len(tokenizer))
+    return _TOKENIZERS[key]
+
+
+def _matcher(llg_tokenizer: Any, grammar: str) -> Any:
+    from llguidance import LLMatcher
+
+    matcher = LLMatcher(llg_tokenizer, grammar, log_level=0)
+    if matcher.is_error():
+        raise GrammarError(matcher.get_error())
+    return matcher
+
+
+class ToolCallConstraint:
+    """A transformers logits processor that keeps each row of a (left-padded) batch inside its own
+    turn's grammar: `tools` holds one tools JSON per row, or None for a row decoded freely. A row whose
+    grammar is complete may only end (EOS); a row that already ended is left alone."""
+
+    def __init__(self, tokenizer: Any, tools: list[str | None]):
+        llg = _llg_tokenizer(tokenizer)
+        self.matchers = [_matcher(llg, grammar_for(t)) if t is not None else None for t in tools]
+        self.eos = tokenizer.eos_token_id
+        self.prompt_length: int | None = None
+        self.done = [False] * len(tools)
+
+    def __call__(self, input_ids: Any, scores: Any) -> Any:
+        import numpy as np
+        import torch
+
+        if self.prompt_length is None:
+            self.prompt_length = input_ids.shape[1]
+        fresh = input_ids.shape[1] > self.prompt_length
+        vocab = scores.shape[1]
+        for i, matcher in enumerate(self.matchers):
+            if matcher is None or self.done[i]:
+                continue
+            if fresh:
+                last = int(input_ids[i, -1])
+                if last == self.eos or matcher.is_stopped():
+                    self.done[i] = True
+                    continue
+                matcher.consume_token(last)
+            if matcher.is_error():  # cannot happen under the mask; end the row rather than decode freely
+                self.done[i] = True
+                allowed = np.zeros(vocab, dtype=bool)
+                allowed[self.eos] = True
+            else:
+                bits = np.unpackbits(np.frombuffer(matcher.compute_bitmask(), dtype=np.uint8), bitorder="little")
+                allowed = np.zeros(vocab, dtype=bool)
+                n = min(vocab, bits.size)
+                allowed[:n] = bits[:n].astype(bool)
+                if matcher.is_accepting():
+                    allowed[self.eos] = True
+            scores[i, torch.from_numpy(~allowed)] = float("-inf")
+        return scores
