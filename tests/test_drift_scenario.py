@@ -34,7 +34,8 @@ def test_drift_alert_retrains_once_under_the_scheduler(tmp_path: Path) -> None:
     env = {"FLYWHEEL_ROOT": str(root), "FLYWHEEL_AIRFLOW__PORT": str(free_port()),
            "FLYWHEEL_MLFLOW__PORT": str(free_port()), "FLYWHEEL_TRAIN__SWEEP": UNTRAINED,
            "FLYWHEEL_TRAIN__DRIFT_SWEEP": RETRAIN, "FLYWHEEL_EVALUATION__EXAMPLES": "8",
-           "FLYWHEEL_EVALUATION__SHOTS": "1",
+           "FLYWHEEL_EVALUATION__SHOTS": "1", "FLYWHEEL_EVALUATION__CONSTRAINED": "on",  # the served decoding only
+           "FLYWHEEL_BENCH__CONSTRAINED": "on",
            "FLYWHEEL_TRITON__HTTP_PORT": str(free_port()), "FLYWHEEL_TRITON__GRPC_PORT": str(free_port()),
            "FLYWHEEL_TRITON__METRICS_PORT": str(free_port()), "FLYWHEEL_TRITON__SMOKE_REQUESTS": "2",
            "FLYWHEEL_TRITON__SMOKE_MIN_VALID_JSON": "0", "FLYWHEEL_TRITON__MAX_NEW_TOKENS": "12",

@@ -60,6 +60,31 @@ def test_grid_and_random_search_and_clear_errors() -> None:
         variants(SweepConfig(name="x", grid={"learning_rate": [-1.0]}))
 
 
+def test_the_prompt_style_is_a_sweep_dimension(settings, first_sweep) -> None:
+    import yaml
+    from mlflow import MlflowClient
+
+    from pipelines.train.sweep import run_sweep, variant_points
+
+    with pytest.raises(ValueError, match="prompt_style"):
+        SweepConfig(name="x", grid={"prompt_style": ["tiny"]})
+    data = yaml.safe_load(Path(TINY).read_text())
+    data.update(name="tiny-styles", prompt_style="full", grid={"prompt_style": ["names", "short"]})
+    sweep = SweepConfig.model_validate(data)
+    assert [style for _, style in variant_points(sweep)] == ["names", "short"]
+    result = run_sweep(settings, sweep)
+    assert [v.prompt_style for v in result.variants] == ["names", "short"]
+    # what evaluation and the registry use: the best variant's style, not the sweep's default
+    assert result.prompt_style == result.best_variant.prompt_style != "full"
+    client = MlflowClient()
+    for v in result.variants:
+        run = client.get_run(v.run_id)
+        assert run.data.tags["flywheel.prompt_style"] == run.data.params["prompt_style"] == v.prompt_style
+    # the names prompt lists tool names only: its variant trained on shorter examples than the short one
+    tokens = {v.prompt_style: v.metrics["train_tokens"] for v in result.variants}
+    assert tokens["names"] < tokens["short"]
+
+
 def test_short_prompt_keeps_signatures_and_allowed_values_only() -> None:
     tools = tools_json_for(["track_shipment", "get_order"])
     line = tool_signatures(tools)

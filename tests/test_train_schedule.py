@@ -73,3 +73,37 @@ def test_the_hf_backend_trains_the_resolved_number_of_steps(tmp_path) -> None:
     rows = examples()  # 24 rows: half an epoch in batches of 4 is 3 steps
     result = train_lora(rows, tiny_config(epochs=0.5), tmp_path / "run", tiny_loader(str(tmp_path / "models")))
     assert len(rows) == 24 and result.steps == 3
+
+
+def _frame(sizes: dict[tuple[str, str], int]):
+    import pandas as pd
+
+    rows = [{"record_id": f"{source}_0_{tool}_{i:04d}", "tool": tool}
+            for (tool, source), n in sizes.items() for i in range(n)]
+    return pd.DataFrame(rows)
+
+
+def test_a_balanced_training_sample_spreads_over_tools_and_sources() -> None:
+    from pipelines.train.dataset import balanced_sample, source_of
+
+    frame = _frame({("search_products", "webshop"): 300, ("get_order", "rec"): 12, ("get_invoice", "rec"): 5,
+                    ("search_products", "rec"): 40})
+    sample = balanced_sample(frame, 60, seed=1)
+    counts = sample.groupby([sample["tool"], sample["record_id"].map(source_of)]).size().to_dict()
+    # by hand: 4 strata, 15 each; get_invoice gives its 5 and get_order its 12, the two others share the
+    # 13 left (6 each, the last one to the first in sorted order)
+    assert counts == {("get_invoice", "rec"): 5, ("get_order", "rec"): 12, ("search_products", "rec"): 22,
+                      ("search_products", "webshop"): 21}
+    assert len(sample) == 60 and sample["record_id"].is_unique
+    assert balanced_sample(frame, 60, seed=1).equals(sample)  # seeded
+    assert len(balanced_sample(frame, 1000)) == len(frame)
+
+
+def test_the_validation_sample_is_stratified_with_every_stratum_present() -> None:
+    from pipelines.train.dataset import source_of, stratified_sample
+
+    frame = _frame({("search_products", "webshop"): 100, ("get_order", "rec"): 10, ("get_invoice", "retail"): 2})
+    sample = stratified_sample(frame, 12, seed=0)
+    counts = sample.groupby([sample["tool"], sample["record_id"].map(source_of)]).size().to_dict()
+    # proportional: 10.7, 1.07, 0.21 -> 10 / 1 / 1 (the rare stratum is judged too)
+    assert counts == {("search_products", "webshop"): 10, ("get_order", "rec"): 1, ("get_invoice", "retail"): 1}

@@ -59,10 +59,68 @@ def manifest(settings: Settings, window: str | None = None) -> dict[str, Any]:
     return data
 
 
+def source_of(record_id: str) -> str:
+    """Where a record came from: its id's prefix (`webshop`, `retail`, ...; `rec` = our generated traffic)."""
+    return record_id.split("_", 1)[0] if "_" in record_id else "unknown"
+
+
+def _strata(frame: pd.DataFrame) -> pd.Series:
+    return frame["tool"].fillna(NO_TOOL).astype(str) + "|" + frame["record_id"].map(source_of)
+
+
+def balanced_sample(frame: pd.DataFrame, n: int, seed: int = 0) -> pd.DataFrame:
+    """`n` rows spread as evenly as the data allows over (tool, source) strata: every stratum gets an equal
+    share; one smaller than its share gives all its rows and the others share the rest (water-filling).
+    A few hundred WebShop searches then cannot crowd out the order and invoice tools, nor the reverse."""
+    if len(frame) <= n:
+        return frame
+    groups = {k: g for k, g in frame.groupby(_strata(frame), sort=True)}
+    quota, left, open_ = {}, n, dict(sorted((k, len(g)) for k, g in groups.items()))
+    while open_ and left > 0:
+        share = max(1, left // len(open_))
+        for key, size in list(open_.items()):
+            take = min(size - quota.get(key, 0), share, left)
+            quota[key] = quota.get(key, 0) + take
+            left -= take
+            if quota[key] >= size:
+                del open_[key]
+            if left == 0:
+                break
+    parts = [groups[k].sample(n=q, random_state=seed) for k, q in quota.items() if q]
+    return pd_concat(parts).sort_values("record_id").reset_index(drop=True)
+
+
+def stratified_sample(frame: pd.DataFrame, n: int, seed: int = 0) -> pd.DataFrame:
+    """`n` rows in the proportions of the (tool, source) strata, every stratum at least once while `n`
+    allows (largest remainders): a validation set that judges every tool and source the window has."""
+    if len(frame) <= n:
+        return frame
+    strata = _strata(frame)
+    sizes = strata.value_counts().sort_index()
+    exact = sizes * n / len(frame)
+    quota = exact.astype(int).clip(lower=1).clip(upper=sizes)
+    while quota.sum() > n:  # the minimum of one per stratum overshot: take back from the largest
+        quota[quota.idxmax()] -= 1
+    for key in (exact - exact.astype(int)).sort_values(ascending=False).index:
+        if quota.sum() >= n:
+            break
+        if quota[key] < sizes[key]:
+            quota[key] += 1
+    parts = [frame[strata == k].sample(n=int(q), random_state=seed) for k, q in quota.items() if q]
+    return pd_concat(parts).sort_values("record_id").reset_index(drop=True)
+
+
+def pd_concat(parts: list[pd.DataFrame]) -> pd.DataFrame:
+    import pandas as pd
+
+    return pd.concat(parts, ignore_index=True)
+
+
 def load_split(settings: Settings, split: str, limit: int | None = None, seed: int = 0,
-               window: str | None = None) -> pd.DataFrame:
+               window: str | None = None, sampling: Literal["random", "balanced", "stratified"] = "random"
+               ) -> pd.DataFrame:
     """One split of a window's training set (default: the current manifest's), in record order;
-    `limit` takes a seeded sample."""
+    `limit` takes a seeded sample: random, `balanced` over (tool, source) or `stratified` by them."""
     import pandas as pd
 
     if split not in SPLITS:
@@ -75,6 +133,10 @@ def load_split(settings: Settings, split: str, limit: int | None = None, seed: i
     frame = pd.concat([pd.read_parquet(f) for f in files], ignore_index=True).sort_values("record_id")
     frame = frame.reset_index(drop=True)
     if limit is not None and len(frame) > limit:
+        if sampling == "balanced":
+            return balanced_sample(frame, limit, seed)
+        if sampling == "stratified":
+            return stratified_sample(frame, limit, seed)
         frame = frame.sample(n=limit, random_state=seed).sort_values("record_id").reset_index(drop=True)
     return frame
 

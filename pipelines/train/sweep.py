@@ -28,6 +28,7 @@ from pipelines.storage import write_json
 from pipelines.train.hf_backend import TrainConfig, TrainResult, epochs_seen, steps_for
 
 SELECT_METRICS = ("exact_match", "arg_f1", "name_accuracy")
+PROMPT_STYLES = ("names", "short", "full")
 
 
 class SweepConfig(BaseModel):
@@ -39,22 +40,31 @@ class SweepConfig(BaseModel):
     samples: int | None = Field(None, ge=1, description="random search: how many variants")
     seed: int = 0
     base: TrainConfig = Field(default_factory=TrainConfig)
-    grid: dict[str, list[Any]] = Field(default_factory=dict, description="TrainConfig field -> values")
-    prompt_style: Literal["short", "names", "full"] = "short"
+    grid: dict[str, list[Any]] = Field(default_factory=dict, description="TrainConfig field -> values; also "
+                                       "`prompt_style` (names, short, full): the data decides the prompt")
+    prompt_style: Literal["short", "names", "full"] = Field("short", description="the prompt every variant trains "
+                                                            "with, unless the grid varies `prompt_style`")
     train_examples: int | None = Field(None, ge=1, description="seeded sample of the train split; None = all")
-    val_examples: int = Field(16, ge=1)
+    train_sampling: Literal["random", "balanced"] = Field(
+        "balanced", description="how `train_examples` are drawn: `balanced` spreads them evenly over (tool, source) "
+        "strata (a stratum with fewer rows gives all it has), `random` keeps the window's mix")
+    val_examples: int = Field(16, ge=1, description="validation requests, stratified by tool and source (every "
+                              "stratum at least once while the count allows): the variant is selected on them")
     select_metric: Literal["exact_match", "arg_f1", "name_accuracy"] = "exact_match"
     tensor_parallel_size: int = Field(1, ge=1, description="NeMo on GPUs: tensor-parallel size per variant")
     gpus_per_variant: int = Field(1, ge=1)
 
     @model_validator(mode="after")
     def _check_grid(self) -> SweepConfig:
-        unknown = sorted(set(self.grid) - set(TrainConfig.model_fields))
+        unknown = sorted(set(self.grid) - set(TrainConfig.model_fields) - {"prompt_style"})
         if unknown:
             raise ValueError(f"grid: unknown hyperparameter(s) {unknown}; choose from {sorted(TrainConfig.model_fields)}")
         empty = [k for k, v in self.grid.items() if not v]
         if empty:
             raise ValueError(f"grid: no values for {empty}")
+        bad_styles = sorted(set(map(str, self.grid.get("prompt_style", []))) - set(PROMPT_STYLES))
+        if bad_styles:
+            raise ValueError(f"grid: prompt_style {bad_styles}; choose from {list(PROMPT_STYLES)}")
         if self.method == "random" and not self.samples:
             raise ValueError("samples: random search needs the number of variants")
         return self
@@ -79,8 +89,8 @@ def load_sweep(path: str, backend: str | None = None) -> SweepConfig:
         raise ConfigError(f"{path}: {where}: {first['msg']}") from None
 
 
-def variants(sweep: SweepConfig) -> list[TrainConfig]:
-    """Every grid point (or a seeded random sample of them), each validated as a TrainConfig."""
+def variant_points(sweep: SweepConfig) -> list[tuple[TrainConfig, str]]:
+    """Every grid point (or a seeded random sample of them): its TrainConfig and its prompt style."""
     keys = sorted(sweep.grid)
     points = [dict(zip(keys, values)) for values in itertools.product(*(sweep.grid[k] for k in keys))] or [{}]
     if sweep.method == "random":
@@ -88,11 +98,17 @@ def variants(sweep: SweepConfig) -> list[TrainConfig]:
     base = sweep.base.model_dump()
     out = []
     for point in points:
+        style = str(point.pop("prompt_style", sweep.prompt_style))
         try:
-            out.append(TrainConfig.model_validate({**base, **point}))
+            out.append((TrainConfig.model_validate({**base, **point}), style))
         except ValidationError as exc:
             raise ConfigError(f"sweep {sweep.name}: variant {point}: {exc.errors()[0]['msg']}") from None
     return out
+
+
+def variants(sweep: SweepConfig) -> list[TrainConfig]:
+    """Every grid point's TrainConfig (see `variant_points` for their prompt styles)."""
+    return [cfg for cfg, _ in variant_points(sweep)]
 
 
 @dataclass
@@ -103,6 +119,7 @@ class VariantResult:
     status: str
     adapter_dir: str
     metrics: dict[str, float] = field(default_factory=dict)
+    prompt_style: str = ""  # the prompt it trained and was validated with (empty: the sweep's, older results)
 
 
 @dataclass
@@ -201,7 +218,9 @@ def run_sweep(settings: Settings, sweep: SweepConfig, console: Console | None = 
     digest = lineage["training_set"]["digest"]
     sweep_id = sweep_id_for(settings, sweep, reference_days, window)
     folder = work_folder(settings, sweep_id)
-    configs = variants(sweep)
+    points = variant_points(sweep)
+    configs = [cfg for cfg, _ in points]
+    styles = sorted({style for _, style in points})
     collect = settings.train.runner == "kubernetes"
     experiment_id = use_tracking(settings)
     parent_id = find_or_start_run(experiment_id, {"flywheel.sweep_id": sweep_id, "flywheel.kind": "sweep"},
@@ -209,27 +228,32 @@ def run_sweep(settings: Settings, sweep: SweepConfig, console: Console | None = 
     results: list[VariantResult] = []
     with mlflow.start_run(run_id=parent_id):
         if not collect:
-            rows = load_split(settings, "train", sweep.train_examples, sweep.seed, window)
+            rows = load_split(settings, "train", sweep.train_examples, sweep.seed, window, sweep.train_sampling)
             if reference_days:  # a drift retrain: the recent window plus a sample of the champion's training window
                 rows = with_reference_sample(settings, rows, reference_days, settings.drift.retrain_reference_share,
                                              sweep.seed)
-            train = training_pairs(to_examples(rows, sweep.prompt_style))
-            val = to_examples(load_split(settings, "val", sweep.val_examples, sweep.seed, window), sweep.prompt_style)
+            val_rows = load_split(settings, "val", sweep.val_examples, sweep.seed, window, "stratified")
+            # the same rows in each prompt style the grid names: variants of different styles are compared on
+            # the same validation requests
+            train = {style: training_pairs(to_examples(rows, style)) for style in styles}
+            val = {style: to_examples(val_rows, style) for style in styles}
             mlflow.log_params({"sweep": sweep.name, "backend": sweep.backend, "method": sweep.method,
-                               "variants": len(configs), "prompt_style": sweep.prompt_style,
-                               "base_model": sweep.base.base_model, "train_examples": len(train),
-                               "val_examples": len(val), "dataset_digest": digest})
+                               "variants": len(configs), "prompt_style": ",".join(styles),
+                               "train_sampling": sweep.train_sampling, "val_sampling": "stratified",
+                               "base_model": sweep.base.base_model, "train_examples": len(rows),
+                               "val_examples": len(val_rows), "dataset_digest": digest})
             mlflow.log_dict(sweep.model_dump(mode="json"), "sweep.json")
-        for index, cfg in enumerate(configs):
+        for index, (cfg, style) in enumerate(points):
             if only is not None and index not in only:
                 continue
             if collect:
-                results.append(_collect_variant(sweep_id, index, folder, experiment_id))
+                results.append(_collect_variant(sweep_id, index, folder, experiment_id, style))
                 continue
             console.print(f"[bold]variant {index + 1}/{len(configs)}[/bold] "
-                          + ", ".join(f"{k}={getattr(cfg, k)}" for k in sorted(sweep.grid)))
-            results.append(_run_variant(settings, sweep, sweep_id, index, cfg, train, val, folder, experiment_id,
-                                        parent_id, console))
+                          + ", ".join(f"{k}={style if k == 'prompt_style' else getattr(cfg, k)}"
+                                      for k in sorted(sweep.grid)))
+            results.append(_run_variant(settings, sweep, sweep_id, index, cfg, style, train[style], val[style],
+                                        folder, experiment_id, parent_id, console))
         finished = [r for r in results if r.status == "completed"]
         best = max(finished, key=lambda r: (r.metrics.get(f"val_{sweep.select_metric}", 0.0),
                                             -r.metrics.get("final_loss", 0.0)), default=None)
@@ -238,13 +262,15 @@ def run_sweep(settings: Settings, sweep: SweepConfig, console: Console | None = 
         elif best is not None:
             mlflow.log_metrics({f"best_val_{sweep.select_metric}": best.metrics[f"val_{sweep.select_metric}"]})
             mlflow.set_tags({"flywheel.best_run_id": best.run_id, "flywheel.best_variant": str(best.index)})
-    result = SweepResult(sweep_id, sweep.name, sweep.backend, parent_id, digest, sweep.prompt_style,
+    # the sweep's prompt style is its best variant's: evaluation, the registry and serving use that one
+    style = (best.prompt_style or sweep.prompt_style) if best is not None else sweep.prompt_style
+    result = SweepResult(sweep_id, sweep.name, sweep.backend, parent_id, digest, style,
                          sweep.base.base_model, results, results.index(best) if best else None, window=window)
     result.uri = write_json(str(folder / "sweep.json"), result.to_dict())
     return result
 
 
-def _collect_variant(sweep_id: str, index: int, folder: Path, experiment_id: str) -> VariantResult:
+def _collect_variant(sweep_id: str, index: int, folder: Path, experiment_id: str, style: str) -> VariantResult:
     """A variant a pod trained: its finished child run, and its adapter fetched from the artifact store."""
     import mlflow
 
@@ -261,7 +287,8 @@ def _collect_variant(sweep_id: str, index: int, folder: Path, experiment_id: str
         out.mkdir(parents=True, exist_ok=True)
         adapter_dir = mlflow.artifacts.download_artifacts(run_id=run.info.run_id, artifact_path="adapter",
                                                           dst_path=str(out))
-    return VariantResult(index, run.info.run_id, dict(run.data.params), status, adapter_dir, dict(run.data.metrics))
+    return VariantResult(index, run.info.run_id, dict(run.data.params), status, adapter_dir, dict(run.data.metrics),
+                         run.data.tags.get("flywheel.prompt_style", style))
 
 
 def find_or_start_run(experiment_id: str, tags: dict[str, str], name: str, parent_id: str | None = None) -> str:
@@ -277,7 +304,7 @@ def find_or_start_run(experiment_id: str, tags: dict[str, str], name: str, paren
     return client.create_run(experiment_id, tags=all_tags, run_name=name).info.run_id
 
 
-def _run_variant(settings: Settings, sweep: SweepConfig, sweep_id: str, index: int, cfg: TrainConfig,
+def _run_variant(settings: Settings, sweep: SweepConfig, sweep_id: str, index: int, cfg: TrainConfig, style: str,
                  train: list[tuple[list[dict[str, str]], str]], val: list[Any], folder: Path, experiment_id: str,
                  parent_id: str, console: Console) -> VariantResult:
     import mlflow
@@ -286,16 +313,16 @@ def _run_variant(settings: Settings, sweep: SweepConfig, sweep_id: str, index: i
     done = out / "result.json"
     if done.is_file():  # a retried task: this variant finished in an earlier attempt
         console.print(f"  already trained: {done}")
-        return VariantResult(**json.loads(done.read_text()))
+        return VariantResult(**{"prompt_style": style, **json.loads(done.read_text())})
     run_id = find_or_start_run(experiment_id, {"flywheel.sweep_id": sweep_id, "flywheel.variant": str(index)},
                                 f"{sweep.name}-{index:02d}", parent_id)
     steps = steps_for(cfg, len(train))  # the schedule both backends resolve from the training set's size
     with mlflow.start_run(run_id=run_id, nested=True):
-        mlflow.log_params(_flat_params(cfg))
+        mlflow.log_params({**_flat_params(cfg), "prompt_style": style})
         mlflow.log_params({"resolved_steps": steps,
                            "resolved_epochs": round(epochs_seen(steps, cfg.batch_size, len(train)), 4)})
         mlflow.set_tags({"flywheel.backend": sweep.backend, "flywheel.hardware": hardware(),
-                         "flywheel.base_model": cfg.base_model, "flywheel.prompt_style": sweep.prompt_style})
+                         "flywheel.base_model": cfg.base_model, "flywheel.prompt_style": style})
         client = mlflow.MlflowClient()
 
         def on_step(step: int, loss: float, lr: float) -> None:
@@ -316,7 +343,7 @@ def _run_variant(settings: Settings, sweep: SweepConfig, sweep_id: str, index: i
             mlflow.log_artifacts(trained.adapter_dir, "adapter")
         mlflow.log_metrics(metrics)
         mlflow.set_tag("flywheel.status", trained.status)
-    result = VariantResult(index, run_id, _flat_params(cfg), trained.status, trained.adapter_dir, metrics)
+    result = VariantResult(index, run_id, _flat_params(cfg), trained.status, trained.adapter_dir, metrics, style)
     done.write_text(json.dumps(asdict(result), indent=2))
     console.print(f"  {trained.status}: loss {trained.final_loss:.3f}, {trained.tokens_per_s:.0f} tokens/s, "
                   + ", ".join(f"{k} {v:.2f}" for k, v in metrics.items() if k.startswith("val_")))
