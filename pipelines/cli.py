@@ -156,16 +156,20 @@ def logs_import_retail(
     tasks_file: Annotated[Path, typer.Argument(help="tau-bench retail tasks_*.jsonl")],
     day: Annotated[str, typer.Option("--date", help="Partition to write, YYYY-MM-DD.")],
     out: Annotated[Path | None, typer.Option(help="Raw zone folder; default: the configured raw zone.")] = None,
+    db: Annotated[Path | None, typer.Option(help="tau-bench's db.json: each touched order is looked up first "
+                                            "(get_order_details with its real result); default: db.json beside "
+                                            "the tools file when there is one")] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Turn tau-bench retail tasks into turns under their own tool schemas (registered as a toolset)."""
     from pipelines.logs.importers import retail_to_raw
 
-    for f in (tools_file, tasks_file):
+    db = db or (tools_file.parent / "db.json" if (tools_file.parent / "db.json").is_file() else None)
+    for f in (tools_file, tasks_file, *([db] if db else [])):
         if not f.is_file():
             raise UserError(f"no such file: {f}")
     result = retail_to_raw(tools_file, tasks_file, out or Path(get_settings().zone("raw")),
-                           _parse_date(day, "--date"))
+                           _parse_date(day, "--date"), db_file=db)
     _emit(result, as_json, "retail import")
 
 

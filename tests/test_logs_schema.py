@@ -158,6 +158,32 @@ def test_retail_importer_registers_its_toolset_and_validates_against_it(tmp_path
         "system", "user", "assistant", "tool"]
 
 
+def test_retail_history_carries_the_order_lookups_the_database_answers(tmp_path) -> None:
+    from pipelines.logs.importers import UNRECORDED, retail_to_raw
+
+    lookup = {"type": "function", "function": {"name": "get_order_details", "parameters": {
+        "type": "object", "properties": {"order_id": {"type": "string"}}, "required": ["order_id"]}}}
+    tools_file, tasks_file, db_file = tmp_path / "tools.json", tmp_path / "tasks.jsonl", tmp_path / "db.json"
+    tools_file.write_text(json.dumps([*RETAIL_LIKE_TOOLS, lookup]))
+    tasks_file.write_text(json.dumps({"instruction": "Cancel #W1 and #W9.", "actions": [
+        {"name": "cancel_pending_order", "arguments": {"order_id": "#W1", "reason": "no longer needed"}},
+        {"name": "cancel_pending_order", "arguments": {"order_id": "#W9", "reason": "no longer needed"}}]}))
+    order = {"order_id": "#W1", "status": "pending", "items": [{"name": "Kettle", "item_id": "111"}]}
+    db_file.write_text(json.dumps({"orders": {"#W1": order}, "users": {}, "products": {}}))
+    result = retail_to_raw(tools_file, tasks_file, tmp_path / "raw", date(2026, 10, 2), db_file=db_file)
+    # #W1 is looked up first (its real details), #W9 is not in the database: no invented lookup
+    assert (result["records"], result["lookups_from_db"], result["results_not_recorded"]) == (3, 1, 2)
+    lines = [orjson.loads(x) for x in (tmp_path / "raw/dt=2026-10-02/retail.jsonl").read_bytes().splitlines()]
+    assert [teacher_call(r)["name"] for r in lines] == ["get_order_details", "cancel_pending_order",
+                                                         "cancel_pending_order"]
+    history = lines[2]["request"]["messages"]
+    tool_results = [m["content"] for m in history if m["role"] == "tool"]
+    assert json.loads(tool_results[0]) == order and tool_results[1] == UNRECORDED  # never an empty {}
+    # without the database the write calls' results still say they were not recorded
+    plain = retail_to_raw(tools_file, tasks_file, tmp_path / "raw2", date(2026, 10, 2))
+    assert (plain["records"], plain["lookups_from_db"]) == (2, 0)
+
+
 def test_a_toolset_may_not_redefine_catalogue_tools(tmp_path) -> None:
     from pipelines.logs.toolsets import register_toolset
 

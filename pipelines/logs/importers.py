@@ -54,20 +54,39 @@ RETAIL_TOOLSET = "retail"
 SKIPPED_RETAIL_ACTIONS = {"think"}  # a scratchpad, not a call the agent makes on the shop
 
 
-def retail_to_raw(tools_file: Path, tasks_file: Path, raw_root: Path, day: date, seed: int = 0
-                  ) -> dict[str, int | str]:
+UNRECORDED = json.dumps({"result": "not recorded by the source"})  # a write call's result we do not have
+
+
+def _order_lookup(db: dict | None, tools: list[dict], order_id: object) -> str | None:
+    """The order's details as `get_order_details` would return them (from tau-bench's db.json), when the
+    source has them and the toolset offers that call; else None."""
+    if not db or not isinstance(order_id, str) or order_id not in db.get("orders", {}):
+        return None
+    if not any(t.get("function", {}).get("name") == "get_order_details" for t in tools):
+        return None
+    return json.dumps(db["orders"][order_id], separators=(",", ":"), ensure_ascii=False)
+
+
+def retail_to_raw(tools_file: Path, tasks_file: Path, raw_root: Path, day: date, seed: int = 0,
+                  db_file: Path | None = None) -> dict[str, int | str]:
     """tau-bench retail tasks (instruction + expected tool calls) -> turns under their own tool schemas.
 
     Each task is a session: the user's request, then one turn per expected action, with the earlier
-    calls and their (unknown, so empty) results in the history. The tools are registered as the
-    `retail` toolset, so prep validates the calls against the retail schemas.
+    calls and their results in the history. The tasks list only write actions, whose results the source
+    does not record: their tool message says so (`UNRECORDED`), never an empty `{}` that looks like a
+    real answer. With the source's `db_file` (tau-bench's db.json), each order an action touches is first
+    looked up: a `get_order_details` turn (the read an agent makes before acting, e.g. to find the item
+    ids behind "Electric Kettle") whose result comes from the database, so the history carries the state
+    that decides the next step. The tools are registered as the `retail` toolset, so prep validates the
+    calls against the retail schemas.
     """
     from pipelines.logs.toolsets import register_toolset
 
-    for f in (tools_file, tasks_file):
+    for f in (tools_file, tasks_file, *([db_file] if db_file else [])):
         if not f.is_file():
             raise FileNotFoundError(f"no such file: {f}")
     tools = json.loads(tools_file.read_text(encoding="utf-8"))
+    db = json.loads(db_file.read_text(encoding="utf-8")) if db_file else None
     register_toolset(str(raw_root), RETAIL_TOOLSET, tools)
     tasks = [json.loads(line) for line in tasks_file.read_text(encoding="utf-8").splitlines() if line.strip()]
     gen = TrafficGenerator(GeneratorConfig(seed=seed, records=0, end_date=day))
@@ -75,15 +94,26 @@ def retail_to_raw(tools_file: Path, tasks_file: Path, raw_root: Path, day: date,
     rng = random.Random(seed)
     start = datetime(day.year, day.month, day.day, tzinfo=timezone.utc).timestamp()
     system = {"role": "system", "content": f"You are the retail agent of a commerce assistant. Today is {day}."}
+    sessions = []
+    for task in tasks:
+        calls: list[tuple[dict, str, bool]] = []  # (action, the result the history shows, from the database)
+        seen: set[str] = set()
+        for action in (a for a in task["actions"] if a["name"] not in SKIPPED_RETAIL_ACTIONS):
+            order_id = (action.get("arguments") or {}).get("order_id")
+            details = _order_lookup(db, tools, order_id) if order_id not in seen else None
+            if details is not None:
+                seen.add(order_id)
+                calls.append(({"name": "get_order_details", "arguments": {"order_id": order_id}}, details, True))
+            calls.append((action, UNRECORDED, False))
+        sessions.append((task, calls))
+    total = sum(len(calls) for _, calls in sessions)
     lines: list[bytes] = []
-    turns = [(t, [a for a in t["actions"] if a["name"] not in SKIPPED_RETAIL_ACTIONS]) for t in tasks]
-    total = sum(len(actions) for _, actions in turns)
-    n = 0
-    for s, (task, actions) in enumerate(turns):
+    n = lookups = 0
+    for s, (task, calls) in enumerate(sessions):
         customer = customers[rng.randrange(len(customers))]
         session_id = f"retail_{seed}_{s:05d}"
         history: list[dict] = [system, {"role": "user", "content": " ".join(task["instruction"].split())}]
-        for k, action in enumerate(actions):
+        for k, (action, result, from_db) in enumerate(calls):
             call_id = f"call_retail_{s}_{k}"
             assistant = {"role": "assistant", "content": None, "tool_calls": [
                 {"id": call_id, "type": "function",
@@ -93,9 +123,11 @@ def retail_to_raw(tools_file: Path, tasks_file: Path, raw_root: Path, day: date,
             record["record_id"] = f"retail_{seed}_{s:05d}_{k}"
             record["timestamp"] = _iso(start + 86_399.0 * n / max(total, 1))
             lines.append(orjson.dumps(record))
-            history += [assistant, {"role": "tool", "tool_call_id": call_id, "content": "{}"}]
+            history += [assistant, {"role": "tool", "tool_call_id": call_id, "content": result}]
+            lookups += from_db
             n += 1
     target = partition_dir(raw_root, day) / "retail.jsonl"
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_bytes(b"\n".join(lines) + (b"\n" if lines else b""))
-    return {"tasks": len(tasks), "records": n, "file": str(target), "toolset": RETAIL_TOOLSET}
+    return {"tasks": len(tasks), "records": n, "file": str(target), "toolset": RETAIL_TOOLSET,
+            "lookups_from_db": lookups, "results_not_recorded": n - lookups}
