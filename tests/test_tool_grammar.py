@@ -50,6 +50,8 @@ def test_the_grammar_admits_offered_calls_and_abstention_only(tiny) -> None:
     assert not accepts(tok, ORDERS, '{"name":"get_order","arguments":{}}')
     assert not accepts(tok, ORDERS, '{"name":"search_products","arguments":{"category":"cars","query":"x"}}')
     assert not accepts(tok, ORDERS, 'Sure: {"name": null}')
+    # a turn that offers no tool: abstention is the only answer
+    assert accepts(tok, "[]", '{"name": null}') and not accepts(tok, "[]", '{"name":"get_order","arguments":{}}')
 
 
 def test_a_schema_the_grammar_cannot_express_is_an_error_naming_the_tool() -> None:

@@ -35,8 +35,8 @@ def _tool_entries(tools: Any) -> list[dict[str, Any]]:
             tools = json.loads(tools)
         except json.JSONDecodeError as exc:
             raise GrammarError(f"the offered tools are not JSON: {exc}") from None
-    if not isinstance(tools, list) or not tools:
-        raise GrammarError("the offered tools must be a non-empty JSON list")
+    if not isinstance(tools, list):
+        raise GrammarError("the offered tools must be a JSON list (empty: only abstention is possible)")
     out = []
     for t in tools:
         spec = t.get("function", t) if isinstance(t, dict) else None
