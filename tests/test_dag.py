@@ -1,4 +1,5 @@
-"""The commerce_flywheel DAG under `airflow dags test`, and under the real scheduler (`flywheel up`)."""
+"""The commerce_flywheel DAG under `airflow dags test`. Under the real scheduler (`flywheel up`, a run
+triggered through the REST API): test_drift_scenario, which shares that server's start-up."""
 
 from __future__ import annotations
 
@@ -8,7 +9,6 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from helpers import processes_with_env, run_flywheel
 from pipelines.clients.airflow import dags_test
 from pipelines.config import load_settings
 from pipelines.services import free_port
@@ -33,7 +33,9 @@ def _run(root: Path, serving: dict[str, str] | None = None, **conf) -> tuple[boo
     conf = {"end_date": DAY, "window_days": 1, "seed": 3, "train": False, **conf}
     result = dags_test(settings, "commerce_flywheel", conf,
                        extra_env={"FLYWHEEL_ROOT": str(root), "FLYWHEEL_EVALUATION__EXAMPLES": "4",
-                                  "FLYWHEEL_EVALUATION__SHOTS": "1", **(serving or {})})
+                                  "FLYWHEEL_EVALUATION__SHOTS": "1",
+                                  # plumbing: the served decoding only (both rows: test_sweep_registry)
+                                  "FLYWHEEL_EVALUATION__CONSTRAINED": "on", **(serving or {})})
     out = result.stdout + result.stderr
     return result.returncode == 0 and "state=success" in out, out
 
@@ -88,25 +90,6 @@ def test_failing_gate_stops_the_dag_before_features_and_quarantines_the_batch(tm
     result = json.loads((failed[0] / "gate_result.json").read_text())
     assert result["success"] is False and result["raw_files"]
     assert not list((tmp_path / "curated" / "examples").glob(f"split=*/dt={DAY}"))
-
-
-def test_dag_runs_under_the_scheduler_triggered_through_the_rest_api(tmp_path: Path) -> None:
-    root = tmp_path / "fw"
-    # unpausing the DAG also starts its latest scheduled (daily) run, which trains: with the tiny sweep here
-    env = {"FLYWHEEL_ROOT": str(root), "FLYWHEEL_AIRFLOW__PORT": str(free_port()),
-           "FLYWHEEL_MLFLOW__PORT": str(free_port()), "FLYWHEEL_TRAIN__SWEEP": TINY_SWEEP,
-           "FLYWHEEL_EVALUATION__EXAMPLES": "4", "FLYWHEEL_EVALUATION__SHOTS": "1", **_small_serving_env()}
-    try:
-        up = run_flywheel("up", "--only", "airflow", "--json", env=env)
-        assert up.returncode == 0, up.stderr
-        run = run_flywheel("run", "--scheduler", "--end-date", DAY, "--records-per-day", "800", "--no-train", "--json",
-                           env=env)
-        assert run.returncode == 0, run.stdout + run.stderr
-        assert json.loads(run.stdout)["state"] == "success"
-        assert (root / "curated" / "manifest.json").is_file()
-    finally:
-        run_flywheel("down", env=env)
-    assert processes_with_env(f"FLYWHEEL_ROOT={root}") == []
 
 
 def test_dag_files_parse_without_heavy_imports() -> None:

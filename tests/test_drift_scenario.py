@@ -1,4 +1,5 @@
-"""The drift loop under the real scheduler (`flywheel up`): baseline -> champion deployed; holiday
+"""The drift loop under the real scheduler (`flywheel up`): baseline -> champion deployed (and a run
+triggered through the REST API with `flywheel run --scheduler`); holiday
 traffic -> drift_monitor alerts -> the asset-triggered commerce_flywheel run retrains on the drifted
 window, evaluates the candidate against the champion, and the gate promotes it (it must: the first
 champion is SmolLM2 with a one-step adapter, the retrain a real short sweep on the drifted window) and
@@ -63,6 +64,15 @@ def test_drift_alert_retrains_once_under_the_scheduler(tmp_path: Path) -> None:
         baseline = wait_for(lambda: finished("commerce_flywheel", "scheduled"), 900, "the daily run")[0]
         assert baseline["state"] == "success", baseline
         assert alias_version(settings, CHAMPION) == "1" and deploy.live_model(settings).version == "1"
+
+        # `flywheel run --scheduler`: a run triggered through the REST API, waited for, its state printed
+        # (an older window with no training: it neither moves the current training set nor the champion)
+        run = run_flywheel("run", "--scheduler", "--end-date", "2026-11-20", "--records-per-day", "800",
+                           "--no-train", "--json", env=env)
+        assert run.returncode == 0, run.stdout + run.stderr
+        assert json.loads(run.stdout)["state"] == "success"
+        assert (root / "curated" / "manifests" / "2026-11-20_2026-11-20.json").is_file()
+        assert alias_version(settings, CHAMPION) == "1"
 
         generate = run_flywheel("logs", "generate", "--records", "700", "--seed", "9", "--end-date", drift_day,
                                 "--drift", "holiday", "--drift-magnitude", "0.9", "--bad-share", "0.03", env=env)

@@ -127,7 +127,7 @@ def test_text_f1_reaches_the_side_by_side_table_the_per_tool_table_and_the_gate_
     from pipelines.train.dataset import Example
 
     gold = json.dumps({"name": "search_products", "arguments": {"query": "red running shoes"}})
-    examples = [Example(f"r{i}", [], gold, "search_products", "shoes?") for i in range(2)]
+    examples = [Example(f"r{i}", [], gold, "search_products", "shoes?", "[]") for i in range(2)]
     outputs = ['{"name": "search_products", "arguments": {"query": "Running shoes, red!"}}',  # text F1 1.0
                '{"name": "search_products", "arguments": {"query": "red shoes"}}']            # text F1 0.8
     result = score_condition("tuned", "adapter", "short", 0, examples, outputs, {"latency_ms_p50": 5.0})

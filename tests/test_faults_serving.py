@@ -146,8 +146,8 @@ def test_an_empty_answer_fails_the_smoke_test_even_without_a_json_bar(registered
     _serving(settings, live=v1)
 
     class Mute(TritonClient):
-        def infer(self, model, conversations, concurrency=1):
-            replies = super().infer(model, conversations, concurrency)  # the real server answers ...
+        def infer(self, model, conversations, concurrency=1, tools=None):
+            replies = super().infer(model, conversations, concurrency, tools)  # the real server answers ...
             return [Reply("" if model == _name(v2) else r.text, r.prompt_tokens, 0 if model == _name(v2)
                           else r.output_tokens, r.latency_ms, r.error) for r in replies]  # ... v2 says nothing
 

@@ -168,7 +168,9 @@ def test_retail_history_carries_the_order_lookups_the_database_answers(tmp_path)
     tasks_file.write_text(json.dumps({"instruction": "Cancel #W1 and #W9.", "actions": [
         {"name": "cancel_pending_order", "arguments": {"order_id": "#W1", "reason": "no longer needed"}},
         {"name": "cancel_pending_order", "arguments": {"order_id": "#W9", "reason": "no longer needed"}}]}))
-    order = {"order_id": "#W1", "status": "pending", "items": [{"name": "Kettle", "item_id": "111"}]}
+    order = {"order_id": "#W1", "status": "pending", "user_id": "u1", "address": {"city": "X"},
+             "items": [{"name": "Kettle", "item_id": "111", "product_id": "9", "price": 5.0, "options": {"c": "red"}}],
+             "payment_history": [{"payment_method_id": "card_1", "amount": 5.0}]}
     db_file.write_text(json.dumps({"orders": {"#W1": order}, "users": {}, "products": {}}))
     result = retail_to_raw(tools_file, tasks_file, tmp_path / "raw", date(2026, 10, 2), db_file=db_file)
     # #W1 is looked up first (its real details), #W9 is not in the database: no invented lookup
@@ -178,7 +180,10 @@ def test_retail_history_carries_the_order_lookups_the_database_answers(tmp_path)
                                                          "cancel_pending_order"]
     history = lines[2]["request"]["messages"]
     tool_results = [m["content"] for m in history if m["role"] == "tool"]
-    assert json.loads(tool_results[0]) == order and tool_results[1] == UNRECORDED  # never an empty {}
+    # the order's state that decides the next call (the item id behind "Kettle"), not the whole record
+    assert json.loads(tool_results[0]) == {"order_id": "#W1", "status": "pending", "payment_method_ids": ["card_1"],
+                                           "items": [{"name": "Kettle", "item_id": "111", "options": {"c": "red"}}]}
+    assert tool_results[1] == UNRECORDED  # never an empty {}
     # without the database the write calls' results still say they were not recorded
     plain = retail_to_raw(tools_file, tasks_file, tmp_path / "raw2", date(2026, 10, 2))
     assert (plain["records"], plain["lookups_from_db"]) == (2, 0)

@@ -65,6 +65,7 @@ def test_dag_trains_and_registers_with_airflow_and_mlflow_on_postgres(tmp_path: 
            "FLYWHEEL_FEAST__REGISTRY": postgres.uri("feast"),
            "FLYWHEEL_FEAST__ONLINE_STORE": postgres.uri("feast"),
            "FLYWHEEL_EVALUATION__EXAMPLES": "4", "FLYWHEEL_EVALUATION__SHOTS": "1",
+           "FLYWHEEL_EVALUATION__CONSTRAINED": "on",
            "FLYWHEEL_PROMOTION__BASELINE": "none"}  # plumbing: the untrained tiny model is promoted unchecked
     settings = load_settings(root=str(root), airflow={"sql_alchemy_conn": env["FLYWHEEL_AIRFLOW__SQL_ALCHEMY_CONN"]},
                              mlflow={"tracking_uri": postgres.uri("mlflow")},
@@ -163,6 +164,7 @@ def test_scheduler_on_postgres_runs_tasks_in_parallel_with_an_authenticated_mlfl
            "FLYWHEEL_FEAST__ONLINE_STORE": postgres.uri("feast_sched"),
            "FLYWHEEL_TRAIN__SWEEP": TINY_SWEEP, "FLYWHEEL_EVALUATION__EXAMPLES": "4",
            "FLYWHEEL_EVALUATION__SHOTS": "1", "FLYWHEEL_DRIFT__MIN_RECORDS": "100",
+           "FLYWHEEL_EVALUATION__CONSTRAINED": "on", "FLYWHEEL_BENCH__CONSTRAINED": "on",
            "FLYWHEEL_PROMOTION__BASELINE": "none",  # plumbing: the untrained tiny model is promoted unchecked
            "FLYWHEEL_DRIFT__EMBEDDING_SAMPLE": "80",
            # the daily run deploys the (untrained, tiny) champion: Triton on free ports, a lenient smoke test
@@ -213,7 +215,7 @@ def test_scheduler_on_postgres_runs_tasks_in_parallel_with_an_authenticated_mlfl
         assert alias_version(tracked, CHAMPION) == "1"  # registered through the authenticated server
 
         # a data-path run and a drift check triggered together: LocalExecutor runs their tasks side by side
-        second = rest.trigger("commerce_flywheel", {"end_date": new_day, "records_per_day": 2500, "seed": 5,
+        second = rest.trigger("commerce_flywheel", {"end_date": new_day, "records_per_day": 1200, "seed": 5,
                                                     "train": False})
         check = rest.trigger("drift_monitor", {"end_date": trained_day})
         assert wait_for(lambda: finished("commerce_flywheel", second), 900, "the data-path run") == "success"

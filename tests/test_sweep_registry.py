@@ -94,7 +94,7 @@ def test_short_prompt_keeps_signatures_and_allowed_values_only() -> None:
     assert "description" not in prompt and "2026-11-20" in prompt and "country DE" in prompt
     assert len(prompt) < len(tools) / 2
     assert call_text('{"arguments":{"a":1},"name":"t"}') == '{"name":"t","arguments":{"a":1}}'
-    assert call_text('{"name":null}') == '{"name": null}'
+    assert call_text('{"name": null}') == '{"name":null}'
 
 
 def test_sweep_logs_parent_and_child_runs_and_a_retry_reuses_them(settings, first_sweep) -> None:
@@ -329,7 +329,7 @@ def test_few_shot_retrieval_picks_similar_requests() -> None:
 
     def ex(i: str, text: str, tool: str) -> Example:
         return Example(i, [{"role": "system", "content": "S"}, {"role": "user", "content": text}],
-                       json.dumps({"name": tool, "arguments": {}}), tool, text)
+                       json.dumps({"name": tool, "arguments": {}}), tool, text, "[]")
 
     pool = [ex("a", "where is my parcel 1Z999 with UPS", "track_shipment"),
             ex("b", "cancel my subscription I-123", "cancel_subscription"),

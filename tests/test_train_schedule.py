@@ -59,7 +59,7 @@ def test_a_variant_run_logs_its_resolved_schedule(tmp_path, monkeypatch) -> None
     monkeypatch.setattr(sweep_module, "train_variant", fake_train)
     sweep = sweep_module.SweepConfig(name="s", base=cfg)
     parent = sweep_module.find_or_start_run(experiment_id, {"flywheel.kind": "test"}, "parent")
-    result = sweep_module._run_variant(settings, sweep, "sid", 0, cfg, train, [], tmp_path / "work",
+    result = sweep_module._run_variant(settings, sweep, "sid", 0, cfg, "short", train, [], tmp_path / "work",
                                        experiment_id, parent, Console(quiet=True))
     run = mlflow.MlflowClient().get_run(result.run_id).data
     assert run.params["resolved_steps"] == "3" and run.params["resolved_epochs"] == "1.2"  # 3 * 4 / 10

@@ -144,7 +144,7 @@ def run_bench(settings: Settings, cfg: BenchSettings | None = None, console: Con
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       console=console, transient=False) as progress:
             for name in (base.name, live.name):
-                for constrained in modes:
+                for constrained in (m for m in modes if not m or client.accepts_tools(name)):
                     label = labels[name] + (CONSTRAINED_LABEL if constrained else "")
                     tools = [r["tools_json"] for r in rows] if constrained else None
                     client.infer_one(name, conversations[name][0], tools[0] if tools else None)  # warm-up

@@ -44,7 +44,8 @@ def generate(model: Any, tokenizer: Any, conversations: list[list[dict[str, str]
              label: str = "generating", tools: list[str] | None = None) -> Generations:
     """Greedy decoding (deterministic) of every conversation's next assistant turn. With `tools` (one
     offered-tools JSON per conversation) each answer is decoded under its turn's tool-call grammar
-    (`serve.tool_grammar`); a tool set the grammar cannot express raises GrammarError before any work."""
+    (`serve.tool_grammar`); a tool set the grammar cannot express raises ToolsNotEnforceable (one line
+    naming the tool) before any work."""
     import torch
     from transformers import LogitsProcessorList
 
@@ -58,8 +59,8 @@ def generate(model: Any, tokenizer: Any, conversations: list[list[dict[str, str]
             try:
                 grammar_for(t)
             except GrammarError as exc:
-                raise ToolsNotEnforceable(f"constrained decoding: {exc}; set evaluation.constrained: off to "
-                                          "evaluate without the grammar") from None
+                raise ToolsNotEnforceable(f"constrained decoding: {exc}; decode without the grammar instead "
+                                          "(evaluation.constrained: off, `flywheel eval --constrained off`)") from None
     tokenizer.padding_side = "left"
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token

@@ -64,7 +64,15 @@ def _order_lookup(db: dict | None, tools: list[dict], order_id: object) -> str |
         return None
     if not any(t.get("function", {}).get("name") == "get_order_details" for t in tools):
         return None
-    return json.dumps(db["orders"][order_id], separators=(",", ":"), ensure_ascii=False)
+    order = db["orders"][order_id]
+    # what decides the next call (status, the item ids behind the names, payment ids), not the whole record:
+    # a full order is ~400 tokens and would push the instruction out of a 512-token training example
+    brief = {"order_id": order.get("order_id", order_id), "status": order.get("status"),
+             "items": [{"name": i.get("name"), "item_id": i.get("item_id"), "options": i.get("options")}
+                       for i in order.get("items") or []],
+             "payment_method_ids": sorted({p.get("payment_method_id") for p in order.get("payment_history") or []
+                                           if p.get("payment_method_id")})}
+    return json.dumps(brief, separators=(",", ":"), ensure_ascii=False)
 
 
 def retail_to_raw(tools_file: Path, tasks_file: Path, raw_root: Path, day: date, seed: int = 0,
@@ -100,7 +108,8 @@ def retail_to_raw(tools_file: Path, tasks_file: Path, raw_root: Path, day: date,
         seen: set[str] = set()
         for action in (a for a in task["actions"] if a["name"] not in SKIPPED_RETAIL_ACTIONS):
             order_id = (action.get("arguments") or {}).get("order_id")
-            details = _order_lookup(db, tools, order_id) if order_id not in seen else None
+            order_id = order_id if isinstance(order_id, str) else None
+            details = _order_lookup(db, tools, order_id) if order_id and order_id not in seen else None
             if details is not None:
                 seen.add(order_id)
                 calls.append(({"name": "get_order_details", "arguments": {"order_id": order_id}}, details, True))

@@ -121,9 +121,10 @@ def short_system_prompt(tools: str, day: str, context: str | None = None, signat
 
 
 def call_text(target: str) -> str:
-    """The answer text a model is trained to write and the server returns: name first, then arguments."""
+    """The answer text a model is trained to write and the server returns: name first, then arguments,
+    compact (the one serialization the tool-call grammar admits; `{"name":null}` when no tool fits)."""
     call = json.loads(target)
     if call.get("name") is None:
-        return json.dumps({"name": None})
+        return json.dumps({"name": None}, separators=(",", ":"))  # compact, like every call
     return json.dumps({"name": call["name"], "arguments": call.get("arguments") or {}}, separators=(",", ":"),
                       ensure_ascii=False)

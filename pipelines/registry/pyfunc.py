@@ -3,7 +3,7 @@ reference to the base model (never a copy of the base), and answers chat request
 
 `mlflow.pyfunc.load_model("models:/commerce-tool-caller@champion")` gives a ready model:
 `predict(pandas.DataFrame({"messages": [...], "tools_json": [...], "event_time": [...]}))`. Answers are
-decoded under the offered tools' grammar (`serve.tool_grammar`) unless `params={"constrained": False}`.
+decoded under the offered tools' grammar (`serve.tool_grammar`), as the served model does.
 """
 
 from __future__ import annotations
@@ -40,7 +40,5 @@ class ToolCallerModel(mlflow.pyfunc.PythonModel):
                 raise ValueError("this model was trained with the full prompt: pass `system_prompt`")
             conversations.append(chat_turns(system_for(row, self.meta["prompt_style"]), row["messages"]))
         max_new = int((params or {}).get("max_new_tokens", 96))
-        constrained = bool((params or {}).get("constrained", True))
-        tools = [str(t) for t in model_input["tools_json"]] if constrained else None
         return generate(self.model, self.tokenizer, conversations, max_new_tokens=max_new, latency_samples=0,
-                        tools=tools).texts
+                        tools=[str(t) for t in model_input["tools_json"]]).texts

@@ -40,9 +40,16 @@ def conversation(row: dict[str, Any], style: str, settings: Settings | None = No
     return chat_turns(system_for(row, style), row["messages_json"])  # type: ignore[arg-type]
 
 
-def offered_tools(settings: Settings, rows: list[dict[str, Any]]) -> list[str] | None:
-    """The rows' offered tools for constrained decoding when serving is constrained (`triton.constrained`)."""
-    return [r["tools_json"] for r in rows] if settings.triton.constrained else None
+def offered_tools(settings: Settings, rows: list[dict[str, Any]], client: TritonClient | None = None,
+                  model: str | None = None) -> list[str] | None:
+    """The rows' offered tools for constrained decoding when serving is constrained (`triton.constrained`)
+    and the model takes them (a folder built before the TOOLS input existed and kept while in use does
+    not: it is decoded as it was built, and deploy rebuilds it once it is no longer in use)."""
+    if not settings.triton.constrained:
+        return None
+    if client is not None and model is not None and not client.accepts_tools(model):
+        return None
+    return [r["tools_json"] for r in rows]
 
 
 def target(settings: Settings, protocol: Protocol = "http") -> tuple[str, bool]:
@@ -84,6 +91,7 @@ class TritonClient:
             self._client = module.InferenceServerClient(address, ssl=ssl)
             self._deadline = {"client_timeout": timeout_s}
         self._module = module
+        self._tools_input: dict[str, bool] = {}
 
     # model control ------------------------------------------------------------------------------
     def load(self, name: str) -> None:
@@ -103,6 +111,18 @@ class TritonClient:
             return bool(self._client.is_model_ready(name, **self._deadline))
         except Exception:  # noqa: BLE001 (an unknown model is simply not ready)
             return False
+
+    def accepts_tools(self, name: str) -> bool:
+        """Whether the model declares the optional TOOLS input (constrained decoding)."""
+        if name not in self._tools_input:
+            try:
+                config = self._client.get_model_config(name, **self._deadline)
+            except Exception:  # noqa: BLE001 (an unknown model takes nothing)
+                return False
+            inputs = config.get("input", []) if isinstance(config, dict) else config.config.input
+            self._tools_input[name] = any((i.get("name") if isinstance(i, dict) else i.name) == "TOOLS"
+                                          for i in inputs)
+        return self._tools_input[name]
 
     def loaded(self) -> list[str]:
         index = self._client.get_model_repository_index(**self._deadline)

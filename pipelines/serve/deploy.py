@@ -131,9 +131,9 @@ def score_replies(rows: list[dict[str, Any]], replies: list[Reply]) -> dict[str,
 
 def smoke_test(settings: Settings, client: TritonClient, entry: Deployment) -> dict[str, Any]:
     rows = smoke_rows(settings, settings.triton.smoke_requests)
-    replies = client.infer(entry.name, [conversation(r, entry.prompt_style) for r in rows],
-                           tools=offered_tools(settings, rows))
-    return score_replies(rows, replies)
+    tools = offered_tools(settings, rows, client, entry.name)
+    replies = client.infer(entry.name, [conversation(r, entry.prompt_style) for r in rows], tools=tools)
+    return {**score_replies(rows, replies), "constrained": tools is not None}
 
 
 def smoke_failure(settings: Settings, smoke: dict[str, Any]) -> str | None:
@@ -302,7 +302,7 @@ def canary(settings: Settings, alias: str = "candidate", *, share: float | None 
             for entry in (live, candidate):
                 chosen = routed[entry.name]
                 replies = client.infer(entry.name, [conversation(r, entry.prompt_style) for r in chosen],
-                                       tools=offered_tools(settings, chosen))
+                                       tools=offered_tools(settings, chosen, client, entry.name))
                 result[entry.name] = {"version": entry.version, **score_replies(chosen, replies)}
             _save(settings, current, {"event": "canary", "name": candidate.name, "version": version,
                                       "share": share, "result": result})

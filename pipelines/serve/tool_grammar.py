@@ -2,7 +2,7 @@
 
 The grammar (llguidance, compiled from one JSON Schema) admits exactly the answers a tool call may be:
 `{"name":"<an offered tool>","arguments":{...}}` whose arguments follow that tool's JSON Schema (names,
-types, enums, required fields; no other argument), or `{"name": null}` when no tool fits. Objects are
+types, enums, required fields; no other argument), or `{"name":null}` when no tool fits. Objects are
 compact and their keys come in the order the models were trained to write them (`name` first, the
 arguments sorted), so the constraint never fights what the adapter learned.
 
@@ -18,9 +18,16 @@ import json
 from functools import lru_cache
 from typing import Any
 
-# the answer format of the training targets (prep.prompt.call_text): compact calls, `{"name": null}` with
-# one space; at most one space between tokens keeps both and stops a model from padding with blanks
-_OPTIONS = {"whitespace_flexible": True, "whitespace_pattern": " ?", "item_separator": ",", "key_separator": ":"}
+# the answer format of the training targets (prep.prompt.call_text): compact JSON, no whitespace, so each
+# call has exactly one admitted serialization (and no model can pad an answer with blanks)
+_OPTIONS = {"whitespace_flexible": False, "item_separator": ",", "key_separator": ":"}
+
+
+# prep's PII redaction tokens (pipelines/prep/redact.py; a test keeps the two lists equal): a redacted
+# argument in the logs is `<EMAIL>`, which a pattern such as an email's would otherwise reject, so a
+# pattern- or format-constrained string also admits them (the model learned them from redacted logs)
+REDACTION_TOKENS = ("<EMAIL>", "<CARD>", "<PHONE>", "<ADDRESS>")
+MAX_TOOLS_BYTES = 65_536  # a request's offered tools; more is refused before anything is compiled
 
 
 class GrammarError(ValueError):
@@ -31,6 +38,8 @@ def _tool_entries(tools: Any) -> list[dict[str, Any]]:
     """`tools` as [{name, parameters}]: the prompt's compact tools JSON (a string or list) or OpenAI
     tool specs ({"type": "function", "function": {...}})."""
     if isinstance(tools, str):
+        if len(tools.encode("utf-8")) > MAX_TOOLS_BYTES:
+            raise GrammarError(f"the offered tools are {len(tools.encode('utf-8'))} bytes; at most {MAX_TOOLS_BYTES}")
         try:
             tools = json.loads(tools)
         except json.JSONDecodeError as exc:
@@ -54,6 +63,8 @@ def _closed(schema: dict[str, Any]) -> dict[str, Any]:
     admitted, recursively; other schemas unchanged."""
     if not isinstance(schema, dict):
         return schema
+    if schema.get("type") == "string" and ("pattern" in schema or "format" in schema):
+        return {"anyOf": [schema, {"enum": list(REDACTION_TOKENS)}]}
     out = dict(schema)
     if isinstance(schema.get("properties"), dict):
         out["properties"] = {k: _closed(schema["properties"][k]) for k in sorted(schema["properties"])}
@@ -103,17 +114,26 @@ def accepts(tokenizer: Any, tools_json: str, text: str) -> bool:
     return matcher.consume_tokens(ids) and matcher.is_accepting()
 
 
-_TOKENIZERS: dict[int, Any] = {}
+_TOKENIZERS: list[tuple[Any, Any]] = []  # (HF tokenizer, its llguidance view): a process holds one or two
 
 
 def _llg_tokenizer(tokenizer: Any) -> Any:
-    """llguidance's view of a Hugging Face fast tokenizer (about a second to build: cached)."""
-    key = id(tokenizer)
-    if key not in _TOKENIZERS:
-        import llguidance.hf
+    """llguidance's view of a Hugging Face fast tokenizer (about a second to build: cached by identity;
+    the cache holds the tokenizer itself, so an id is never reused for another vocabulary)."""
+    for known, view in _TOKENIZERS:
+        if known is tokenizer:
+            return view
+    import llguidance.hf
 
-        _TOKENIZERS[key] = llguidance.hf.from_tokenizer(tokenizer, n_vocab=len(tokenizer))
-    return _TOKENIZERS[key]
+    view = llguidance.hf.from_tokenizer(tokenizer, n_vocab=len(tokenizer))
+    _TOKENIZERS.append((tokenizer, view))
+    del _TOKENIZERS[:-4]
+    return view
+
+
+def prepare(tokenizer: Any) -> None:
+    """Build the tokenizer's llguidance view now (a server does it at load, not on its first request)."""
+    _llg_tokenizer(tokenizer)
 
 
 def _matcher(llg_tokenizer: Any, grammar: str) -> Any:

@@ -47,9 +47,11 @@ class TritonPythonModel:
             model = PeftModel.from_pretrained(model, f"{version_dir}/{adapter}").merge_and_unload()
         self.model = model.to(self.device).eval()
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        import llguidance  # noqa: F401 (the constrained decoder: a model without it fails to load, clearly)
         import tool_grammar
 
         self.grammar = tool_grammar
+        tool_grammar.prepare(self.tokenizer)  # about a second: at load, not on the first constrained request
 
     def _prompt(self, raw):
         """The rendered prompt of one request, or a ValueError saying what is wrong with it."""
@@ -100,7 +102,7 @@ class TritonPythonModel:
                 raw = values[0]
                 tools = self._tools(request)
                 valid.append((i, *self._prompt(raw.decode("utf-8") if isinstance(raw, bytes) else str(raw)), tools))
-            except ValueError as exc:  # GrammarError is a ValueError: the tools cannot be enforced
+            except Exception as exc:  # noqa: BLE001 (GrammarError and any other failure is this request's error)
                 responses[i] = pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(str(exc)))
         if valid:
             enc = self.tokenizer([p for _, p, _, _ in valid], return_tensors="pt", padding=True,

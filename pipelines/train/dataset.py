@@ -37,7 +37,7 @@ class Example:
     target: str                  # the call text the model should write (name first)
     tool: str                    # expected tool, or NO_TOOL for an abstention
     query: str                   # the last user message (few-shot retrieval key)
-    tools: str = "[]"            # the offered tools (prompt.tools_json): the constrained decoder's grammar
+    tools: str                   # the offered tools (prompt.tools_json): the constrained decoder's grammar
 
     @property
     def expected(self) -> dict[str, Any]:
