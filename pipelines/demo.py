@@ -84,13 +84,16 @@ def run_demo(settings: Settings, *, records_per_day: int, days: int, seed: int, 
 
     evaluation = _latest_evaluation(settings)
     if evaluation:
-        table = Table(title=f"tool-calling evaluation on {evaluation['examples']} test requests")
-        for column in ("condition", "exact match", "name acc.", "arg F1", "prompt tokens", "latency p50 ms"):
+        table = Table(title=f"tool-calling evaluation on {evaluation['examples']} test requests "
+                            "(grammar: decoded under the offered tools' schemas)")
+        for column in ("condition", "decoding", "exact", "name acc.", "arg F1", "text F1", "prompt tok.", "p50 ms"):
             table.add_column(column)
         for c in evaluation["conditions"]:
-            table.add_row(c["condition"], f"{c['summary']['exact_match']:.3f}", f"{c['summary']['name_accuracy']:.3f}",
-                          f"{c['summary']['arg_f1'] or 0:.3f}", f"{c['stats']['prompt_tokens_mean']:.0f}",
-                          f"{c['stats']['latency_ms_p50']:.0f}")
+            s = c["summary"]
+            table.add_row(c["condition"].removesuffix("_constrained"), "grammar" if c.get("constrained") else "free",
+                          f"{s['exact_match']:.3f}", f"{s['name_accuracy']:.3f}", f"{s['arg_f1'] or 0:.3f}",
+                          "n/a" if s.get("text_f1") is None else f"{s['text_f1']:.3f}",
+                          f"{c['stats']['prompt_tokens_mean']:.0f}", f"{c['stats']['latency_ms_p50']:.0f}")
         console.print(table)
     _require_a_champion(settings)
 
@@ -105,7 +108,8 @@ def run_demo(settings: Settings, *, records_per_day: int, days: int, seed: int, 
             table.add_row(*row)
         console.print(table)
         change = bench["comparison"]
-        console.print(f"tuned vs base + few-shot: latency p50 {change['latency_p50_change']:+.0%}, prompt tokens "
+        console.print(f"tuned vs base + few-shot ({'grammar' if bench.get('constrained') else 'free'} decoding, "
+                      f"as served): latency p50 {change['latency_p50_change']:+.0%}, prompt tokens "
                       f"{change['prompt_tokens_change']:+.0%}, throughput {change['throughput_change']:+.0%}")
 
     outputs = {

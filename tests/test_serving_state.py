@@ -53,7 +53,8 @@ def test_percentiles_the_sample_cannot_support_are_none() -> None:
     run = summarize_run("tuned", 1, [{"target_json": CALL}] * 8, [Reply(RIGHT, 50, 10, 10.0 * i) for i in range(8)], 1.0)
     assert run["p95_ms"] is None and run["p99_ms"] is None and run["p50_ms"] == 30.0
     cells = table_rows({"runs": [{**run, "usd_per_million_requests": None}], "direct": None})[0]
-    assert cells[3] == "0" and cells[5:7] == ["n/a", "n/a"]  # errors column; unsupported percentiles
+    assert cells[4] == "0" and cells[6:8] == ["n/a", "n/a"]  # errors column; unsupported percentiles
+    assert cells[:3] == ["tuned", "free", "1"]
 
 
 def test_a_prompt_over_the_served_limit_stops_the_benchmark_before_it_starts() -> None:

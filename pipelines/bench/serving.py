@@ -67,8 +67,10 @@ def summarize_run(label: str, concurrency: int, rows: list[dict[str, Any]], repl
             "first_error": next((r.error for r in replies if r.error), None)}
 
 
-TABLE_COLUMNS = ("model", "concurrency", "requests", "errors", "p50_ms", "p95_ms", "p99_ms", "requests_per_s",
-                 "prompt_tokens_mean", "exact_match", "usd_per_million_requests")
+TABLE_COLUMNS = ("model", "decoding", "in flight", "requests", "errors", "p50 ms", "p95 ms", "p99 ms", "req/s",
+                 "prompt tokens", "exact", "$/M req")
+_TABLE_KEYS = ("concurrency", "requests", "errors", "p50_ms", "p95_ms", "p99_ms", "requests_per_s",
+               "prompt_tokens_mean", "exact_match", "usd_per_million_requests")
 
 
 def table_rows(report: dict[str, Any]) -> list[list[str]]:
@@ -80,7 +82,12 @@ def table_rows(report: dict[str, Any]) -> list[list[str]]:
         return f"{value:.3f}" if isinstance(value, float) and abs(value) < 10 else str(value)
 
     runs = [*report["runs"], *([report["direct"]] if report.get("direct") else [])]
-    return [[cell(r.get(c)) for c in TABLE_COLUMNS] for r in runs]
+    rows = []
+    for r in runs:
+        constrained = r.get("constrained", r["model"].endswith(CONSTRAINED_LABEL))
+        name = r["model"].removesuffix(CONSTRAINED_LABEL)
+        rows.append([name, "grammar" if constrained else "free", *(cell(r.get(k)) for k in _TABLE_KEYS)])
+    return rows
 
 
 def prompt_tokens(tokenizer: Any, turns: list[dict[str, str]]) -> int:
