@@ -47,8 +47,11 @@ def flywheel(root: Path, *args: str, log: Path, timeout_s: float = 5400) -> str:
     started = time.perf_counter()
     print(f"  $ flywheel {' '.join(args)}", flush=True)
     with log.open("a") as out:
-        done = subprocess.run([str(REPO / ".venv" / "bin" / "flywheel"), *args], env=env, stdout=subprocess.PIPE,
-                              stderr=out, timeout=timeout_s, check=False, text=True)
+        try:
+            done = subprocess.run([str(REPO / ".venv" / "bin" / "flywheel"), *args], env=env, stdout=subprocess.PIPE,
+                                  stderr=out, timeout=timeout_s, check=False, text=True)
+        except subprocess.TimeoutExpired:
+            raise SystemExit(f"error: flywheel {args[0]} ran past {timeout_s:.0f} s for {root.parent.name}; see {log}")
         out.write(done.stdout)
     print(f"    exit {done.returncode} in {time.perf_counter() - started:.0f} s (log: {log})", flush=True)
     if done.returncode != 0:
@@ -105,6 +108,8 @@ def evaluate_case(case: str, root: Path, heldout: Path, examples: int, log: Path
     from pipelines.config import load_settings
 
     listed = flywheel(root, "registry", "list", "--json", log=log)
+    if "{" not in listed:
+        raise SystemExit(f"error: {case}: `flywheel registry list --json` printed no JSON; see {log}")
     versions = json.loads(listed[listed.index("{"):])["versions"]
     if not versions:
         raise SystemExit(f"error: {case}: the run registered no version; see {log}")
