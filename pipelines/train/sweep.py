@@ -366,12 +366,14 @@ def train_variant(settings: Settings, sweep: SweepConfig, cfg: TrainConfig,
 
 
 def _validate(settings: Settings, base_model: str, adapter_dir: str, val: list[Any], console: Console) -> dict[str, float]:
-    """Generation on the validation split: the sweep's selection metric (no latency timing here)."""
+    """Generation on the validation split, decoded as models are served (`triton.constrained`: under the
+    offered tools' grammar): the sweep's selection metric (no latency timing here)."""
     from pipelines.evaluate import metrics as m
     from pipelines.evaluate.generate import generate
     from pipelines.evaluate.pipeline import load_model
 
     model, tokenizer = load_model(base_model, settings, adapter_dir)
-    out = generate(model, tokenizer, [e.turns for e in val], latency_samples=0)
+    out = generate(model, tokenizer, [e.turns for e in val], latency_samples=0,
+                   tools=[e.tools for e in val] if settings.triton.constrained else None)
     summary = m.summarize([m.score(t, e.expected) for t, e in zip(out.texts, val)])
     return {f"val_{k}": float(summary[k] or 0.0) for k in SELECT_METRICS + ("json_valid",)}
