@@ -108,9 +108,10 @@ def run_demo(settings: Settings, *, records_per_day: int, days: int, seed: int, 
             table.add_row(*row)
         console.print(table)
         change = bench["comparison"]
-        console.print(f"tuned vs base + few-shot ({'grammar' if bench.get('constrained') else 'free'} decoding, "
-                      f"as served): latency p50 {change['latency_p50_change']:+.0%}, prompt tokens "
-                      f"{change['prompt_tokens_change']:+.0%}, throughput {change['throughput_change']:+.0%}")
+        if change:
+            console.print(f"tuned vs base + few-shot ({'grammar' if bench.get('constrained') else 'free'} decoding, "
+                          f"as served): latency p50 {change['latency_p50_change']:+.0%}, prompt tokens "
+                          f"{change['prompt_tokens_change']:+.0%}, throughput {change['throughput_change']:+.0%}")
 
     outputs = {
         "raw logs": settings.zone("raw"),

@@ -182,7 +182,8 @@ def test_retail_history_carries_the_order_lookups_the_database_answers(tmp_path)
     tool_results = [m["content"] for m in history if m["role"] == "tool"]
     # the order's state that decides the next call (the item id behind "Kettle"), not the whole record
     assert json.loads(tool_results[0]) == {"order_id": "#W1", "status": "pending", "payment_method_ids": ["card_1"],
-                                           "items": [{"name": "Kettle", "item_id": "111", "options": {"c": "red"}}]}
+                                           "items": [{"name": "Kettle", "item_id": "111", "product_id": "9",
+                                                      "options": {"c": "red"}}]}
     assert tool_results[1] == UNRECORDED  # never an empty {}
     # without the database the write calls' results still say they were not recorded
     plain = retail_to_raw(tools_file, tasks_file, tmp_path / "raw2", date(2026, 10, 2))

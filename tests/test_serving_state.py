@@ -55,6 +55,8 @@ def test_percentiles_the_sample_cannot_support_are_none() -> None:
     cells = table_rows({"runs": [{**run, "usd_per_million_requests": None}], "direct": None})[0]
     assert cells[4] == "0" and cells[6:8] == ["n/a", "n/a"]  # errors column; unsupported percentiles
     assert cells[:3] == ["tuned", "free", "1"]
+    graded = {**run, "model": "tuned, constrained", "constrained": True, "usd_per_million_requests": None}
+    assert table_rows({"runs": [graded], "direct": None})[0][:2] == ["tuned", "grammar"]
 
 
 def test_a_prompt_over_the_served_limit_stops_the_benchmark_before_it_starts() -> None:

@@ -107,3 +107,13 @@ def test_the_validation_sample_is_stratified_with_every_stratum_present() -> Non
     counts = sample.groupby([sample["tool"], sample["record_id"].map(source_of)]).size().to_dict()
     # proportional: 10.7, 1.07, 0.21 -> 10 / 1 / 1 (the rare stratum is judged too)
     assert counts == {("search_products", "webshop"): 10, ("get_order", "rec"): 1, ("get_invoice", "retail"): 1}
+
+
+def test_a_validation_sample_smaller_than_the_strata_keeps_the_largest() -> None:
+    from pipelines.train.dataset import stratified_sample
+
+    frame = _frame({("search_products", "webshop"): 100, ("get_order", "rec"): 1, ("get_invoice", "rec"): 2,
+                    ("track_shipment", "rec"): 1})
+    sample = stratified_sample(frame, 2, seed=0)
+    assert sorted(sample["tool"]) == ["get_invoice", "search_products"]  # the two largest strata, one each
+    assert not stratified_sample(frame, 12, seed=0).equals(stratified_sample(frame, 12, seed=5))  # seeded draws

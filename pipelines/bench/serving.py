@@ -167,9 +167,13 @@ def run_bench(settings: Settings, cfg: BenchSettings | None = None, console: Con
     direct = _direct(settings, live, conversations[live.name], rows, served) if cfg.direct else None
     hardware = detect()
     # the headline compares the rows decoded the way models are served (`triton.constrained`)
-    suffix = CONSTRAINED_LABEL if served else ""
-    tuned = [r for r in results if r["model"] == labels[live.name] + suffix]
-    baseline = [r for r in results if r["model"] == labels[base.name] + suffix]
+    def rows_of(name: str, constrained: bool) -> list[dict[str, Any]]:
+        return [r for r in results if r["model"] == labels[name] and not constrained
+                or r["model"] == labels[name] + CONSTRAINED_LABEL and constrained]
+
+    if served and not (rows_of(live.name, True) and rows_of(base.name, True)):
+        served = False  # a model without the TOOLS input (kept from before) was timed unconstrained only
+    tuned, baseline = rows_of(live.name, served), rows_of(base.name, served)
     for r in results:
         r["usd_per_million_requests"] = _round(usd_per_million(r["requests_per_s"], hardware))
     comparison = _compare(baseline[0], tuned[0]) if baseline and tuned else {}

@@ -68,7 +68,8 @@ def _order_lookup(db: dict | None, tools: list[dict], order_id: object) -> str |
     # what decides the next call (status, the item ids behind the names, payment ids), not the whole record:
     # a full order is ~400 tokens and would push the instruction out of a 512-token training example
     brief = {"order_id": order.get("order_id", order_id), "status": order.get("status"),
-             "items": [{"name": i.get("name"), "item_id": i.get("item_id"), "options": i.get("options")}
+             "items": [{"name": i.get("name"), "item_id": i.get("item_id"), "product_id": i.get("product_id"),
+                        "options": i.get("options")}
                        for i in order.get("items") or []],
              "payment_method_ids": sorted({p.get("payment_method_id") for p in order.get("payment_history") or []
                                            if p.get("payment_method_id")})}

@@ -39,8 +39,8 @@ def _system_prompt(tools: str, day: str, context: str | None) -> str:
         f"You are the tool-calling step of a commerce assistant. Today is {day}.",
         "Tools:",
         *(json.dumps(t, separators=(",", ":"), sort_keys=True) for t in json.loads(tools)),
-        'Answer with one JSON object: {"name": "<tool>", "arguments": {...}} using values from the '
-        'conversation, or {"name": null} when no tool fits.',
+        'Answer with one compact JSON object: {"name":"<tool>","arguments":{...}} using values from the '
+        'conversation, or {"name":null} when no tool fits.',
     ]
     if context:
         lines.append(f"Customer context: {context}")
@@ -81,7 +81,8 @@ def chat_turns(system: str, messages_json: str) -> list[dict[str, str]]:
     for m in json.loads(messages_json):
         if m["role"] == "assistant" and m.get("tool_calls"):
             call = m["tool_calls"][0]
-            turns.append({"role": "assistant", "content": target_json(call["name"], call.get("arguments"))})
+            # earlier calls in the answer format itself (name first, compact), as the model writes them
+            turns.append({"role": "assistant", "content": call_text(target_json(call["name"], call.get("arguments")))})
         elif m["role"] == "assistant":
             turns.append({"role": "assistant", "content": m.get("content") or ""})
         elif m["role"] == "tool":
@@ -114,7 +115,7 @@ def short_system_prompt(tools: str, day: str, context: str | None = None, signat
     then needs a retrain, which is what the flywheel does), and each example is ~5x shorter."""
     listed = tool_signatures(tools) if signatures else ", ".join(sorted(t["name"] for t in json.loads(tools)))
     lines = [f"Commerce tool router. Today is {day}. Tools:", listed,
-             'Reply with one JSON tool call, or {"name": null}.']
+             'Reply with one JSON tool call, or {"name":null}.']
     if context:
         lines.append(f"Customer context: {context}")
     return "\n".join(lines)

@@ -97,6 +97,10 @@ def stratified_sample(frame: pd.DataFrame, n: int, seed: int = 0) -> pd.DataFram
         return frame
     strata = _strata(frame)
     sizes = strata.value_counts().sort_index()
+    if n < len(sizes):  # fewer rows wanted than strata: one from each of the n largest
+        largest = sizes.sort_values(ascending=False, kind="stable").index[:n]
+        parts = [frame[strata == k].sample(n=1, random_state=seed) for k in sorted(largest)]
+        return pd_concat(parts).sort_values("record_id").reset_index(drop=True)
     exact = sizes * n / len(frame)
     quota = exact.astype(int).clip(lower=1).clip(upper=sizes)
     while quota.sum() > n:  # the minimum of one per stratum overshot: take back from the largest
