@@ -44,8 +44,10 @@ def test_drift_alert_retrains_once_under_the_scheduler(tmp_path: Path) -> None:
            "FLYWHEEL_BENCH__DIRECT": "false", "FLYWHEEL_DRIFT__MIN_RECORDS": "100",
            "FLYWHEEL_DRIFT__EMBEDDING_SAMPLE": "80",
            # the first (untrained) champion is promoted unchecked; the retrain then faces the real gate against
-           # it, except for latency: p50 of two SmolLM2 adapters on a loaded 2-core machine is noise here
-           "FLYWHEEL_PROMOTION__BASELINE": "none", "FLYWHEEL_PROMOTION__MAX_LATENCY_INCREASE": "1.0"}
+           # it, except for latency: under the grammar the untrained champion mostly abstains (`{"name":null}`,
+           # a few tokens) while the retrain writes whole calls, so the champion's p50 is no reference here
+           # (measured +311 %); the latency rule itself is tested in test_gate
+           "FLYWHEEL_PROMOTION__BASELINE": "none", "FLYWHEEL_PROMOTION__MAX_LATENCY_INCREASE": "10.0"}
     settings = load_settings(root=str(root), triton={"http_port": int(env["FLYWHEEL_TRITON__HTTP_PORT"]),
                                                      "grpc_port": int(env["FLYWHEEL_TRITON__GRPC_PORT"])},
                              airflow={"port": int(env["FLYWHEEL_AIRFLOW__PORT"])})
