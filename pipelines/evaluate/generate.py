@@ -35,6 +35,19 @@ class Generations:
         }
 
 
+def require_grammars(tool_sets: set[str], what: str = "constrained decoding",
+                     instead: str = "decode without the grammar instead (evaluation.constrained: off, "
+                                    "`flywheel eval --constrained off`)") -> None:
+    """Every tool set compiles to a grammar, or one ToolsNotEnforceable line naming the tool, before any work."""
+    from pipelines.serve.tool_grammar import GrammarError, grammar_for
+
+    for tools in sorted(tool_sets):
+        try:
+            grammar_for(tools)
+        except GrammarError as exc:
+            raise ToolsNotEnforceable(f"{what}: {exc}; {instead}") from None
+
+
 def render_prompts(tokenizer: Any, conversations: list[list[dict[str, str]]]) -> list[str]:
     return [tokenizer.apply_chat_template(c, tokenize=False, add_generation_prompt=True) for c in conversations]
 
@@ -49,18 +62,13 @@ def generate(model: Any, tokenizer: Any, conversations: list[list[dict[str, str]
     import torch
     from transformers import LogitsProcessorList
 
-    from pipelines.serve.tool_grammar import GrammarError, ToolCallConstraint, grammar_for
+    from pipelines.serve.tool_grammar import ToolCallConstraint
 
     prompts = render_prompts(tokenizer, conversations)
     if tools is not None:
         if len(tools) != len(prompts):
             raise ValueError(f"{len(tools)} tool sets for {len(prompts)} conversations")
-        for t in set(tools):
-            try:
-                grammar_for(t)
-            except GrammarError as exc:
-                raise ToolsNotEnforceable(f"constrained decoding: {exc}; decode without the grammar instead "
-                                          "(evaluation.constrained: off, `flywheel eval --constrained off`)") from None
+        require_grammars(set(tools))
     tokenizer.padding_side = "left"
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token

@@ -238,7 +238,11 @@ def run_sweep(settings: Settings, sweep: SweepConfig, console: Console | None = 
             train = {style: training_pairs(to_examples(rows, style)) for style in styles}
             val = {style: to_examples(val_rows, style) for style in styles}
             if settings.triton.constrained:  # validation decodes under the grammar: refuse before training
-                _check_grammars(set(val_rows["tools_json"]))
+                from pipelines.evaluate.generate import require_grammars
+
+                require_grammars(set(val_rows["tools_json"]),
+                                 "sweep validation decodes under the offered tools' grammar (triton.constrained)",
+                                 "set triton.constrained: false to train and serve without it")
             mlflow.log_params({"sweep": sweep.name, "backend": sweep.backend, "method": sweep.method,
                                "variants": len(configs), "prompt_style": ",".join(styles),
                                "train_sampling": sweep.train_sampling, "val_sampling": "stratified",
@@ -365,17 +369,6 @@ def train_variant(settings: Settings, sweep: SweepConfig, cfg: TrainConfig,
     from pipelines.train.models import load_base
 
     return train_lora(train, cfg, out, lambda name: load_base(name, settings), on_step)
-
-
-def _check_grammars(tool_sets: set[str]) -> None:
-    from pipelines.serve.tool_grammar import GrammarError, grammar_for
-
-    for tools in sorted(tool_sets):
-        try:
-            grammar_for(tools)
-        except GrammarError as exc:
-            raise NotRetryable(f"sweep validation decodes under the offered tools' grammar (triton.constrained): "
-                               f"{exc}; set triton.constrained: false to train and serve without it") from None
 
 
 def _validate(settings: Settings, base_model: str, adapter_dir: str, val: list[Any], console: Console) -> dict[str, float]:
