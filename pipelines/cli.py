@@ -18,6 +18,10 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
+from pipelines.cli_common import JsonOpt, UserError, console
+from pipelines.cli_common import emit as _emit
+from pipelines.cli_common import local_settings as _local_settings
+from pipelines.cli_gateway import gateway_app
 from pipelines.config import ConfigError, Settings, get_settings
 from pipelines.errors import keep_traceback, one_line
 from pipelines.security import mask_uri_passwords, redact_uri
@@ -34,22 +38,7 @@ config_app = typer.Typer(help="Show the effective configuration.", no_args_is_he
 app.add_typer(logs_app, name="logs")
 app.add_typer(config_app, name="config")
 
-console = Console(stderr=True)
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print a machine-readable JSON result on stdout.")]
-
-
-class UserError(Exception):
-    """Something the user can fix; printed as one line."""
-
-
-def _emit(data: dict[str, Any], as_json: bool, title: str) -> None:
-    if as_json:
-        sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
-        return
-    table = Table(title=title, show_header=False)
-    for key, value in data.items():
-        table.add_row(str(key), json.dumps(value, default=str) if isinstance(value, (dict, list)) else str(value))
-    Console().print(table)
+app.add_typer(gateway_app, name="gateway")
 
 
 def _progress() -> Progress:
@@ -577,10 +566,11 @@ def bench_cmd(
 # ---- local servers --------------------------------------------------------------------------
 @app.command("up")
 def up(
-    only: Annotated[str | None, typer.Option(help="Start just one server: airflow or mlflow.")] = None,
+    only: Annotated[str | None, typer.Option(help="Start just one server: airflow, mlflow or gateway.")] = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Start the local MLflow server and Airflow (standalone), bound to 127.0.0.1; wait until healthy."""
+    """Start the local MLflow server, Airflow (standalone) and the OpenAI-compatible gateway, bound to
+    127.0.0.1; wait until healthy."""
     from pipelines.clients import airflow, mlflow
     from pipelines.services import start
 
@@ -602,6 +592,12 @@ def up(
                                    host=settings.airflow.host, port=settings.airflow.port).to_dict()
         results["airflow"]["password_file"] = str(airflow.password_file(settings))
         results["airflow"]["username"] = "admin"
+    if "gateway" in names:
+        from pipelines.serve import gateway
+
+        console.print("starting the gateway ...")
+        gateway.up(settings)
+        results["gateway"] = gateway.status(settings)
     _emit(results, as_json, "flywheel is up")
 
 
@@ -611,7 +607,7 @@ def down(as_json: JsonOpt = False) -> None:
     from pipelines.services import stop
 
     settings = _local_settings("down")
-    stopped = {name: stop(str(settings.root), name) for name in ("airflow", "mlflow", "triton")}
+    stopped = {name: stop(str(settings.root), name) for name in ("gateway", "airflow", "mlflow", "triton")}
     _emit({"stopped": [n for n, s in stopped.items() if s]}, as_json, "flywheel is down")
 
 
@@ -619,6 +615,7 @@ def down(as_json: JsonOpt = False) -> None:
 def status_cmd(as_json: JsonOpt = False) -> None:
     """Show which local servers run, whether they answer, and where."""
     from pipelines.clients import airflow, mlflow
+    from pipelines.serve import gateway
     from pipelines.services import status
 
     settings = get_settings()
@@ -628,6 +625,7 @@ def status_cmd(as_json: JsonOpt = False) -> None:
     rows = {
         "airflow": status(root, "airflow", a.health_url, a.url).to_dict(),
         "mlflow": status(root, "mlflow", m.health_url, m.url).to_dict(),
+        "gateway": gateway.status(settings),
     }
     _emit(rows, as_json, f"flywheel status ({settings.profile} profile, root {root})")
 
@@ -691,17 +689,10 @@ def _parse_date(value: str | None, option: str) -> date:
 
 def _service_names(only: str | None) -> tuple[str, ...]:
     if only is None:
-        return ("mlflow", "airflow")
-    if only not in ("mlflow", "airflow"):
-        raise UserError(f"--only: expected airflow or mlflow, got {only!r}")
+        return ("mlflow", "airflow", "gateway")
+    if only not in ("mlflow", "airflow", "gateway"):
+        raise UserError(f"--only: expected airflow, mlflow or gateway, got {only!r}")
     return (only,)
-
-
-def _local_settings(command: str) -> Settings:
-    settings = get_settings()
-    if not settings.is_local:
-        raise UserError(f"`flywheel {command}` manages local servers; the cluster profile runs them on Kubernetes")
-    return settings
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -139,6 +139,24 @@ class TritonSettings(_Section):
                                         "one's lock on serving/state.json (a deploy's smoke test takes minutes)")
 
 
+class GatewaySettings(_Section):
+    """The OpenAI-compatible front door (`pipelines/serve/gateway.py`): what agents call."""
+
+    host: str = LOOPBACK
+    port: int = Field(8400, ge=1, le=65535)
+    api_key: SecretStr | None = Field(None, description="the bearer key callers send; default: one generated "
+                                      "once per local root into <root>/runs/gateway.key (0600)")
+    max_request_bytes: int = Field(1_000_000, ge=1024, description="larger request bodies are refused (413)")
+    request_timeout_s: float = Field(120, gt=0, description="how long one request may wait for the model")
+    few_shot: int = Field(3, ge=0, le=8, description="retrieved examples in the `base` model's prompt")
+    capture: bool = Field(True, description="write every served turn into the raw zone as one log record")
+    capture_rotate_bytes: int = Field(16_000_000, ge=1024, description="start a new capture file past this size")
+    country: str = Field("US", pattern=r"^[A-Z]{2}$", description="a captured turn's country when the request "
+                         "names none (metadata.country)")
+    currency: str = Field("USD", pattern=r"^[A-Z]{3}$")
+    channel: Literal["web", "mobile_app", "chat_widget", "voice", "api"] = "api"
+
+
 class QualitySettings(_Section):
     """Great Expectations gate thresholds: per-record problems are quarantined by prep; a batch
     whose share of problems passes these limits stops the flywheel before training."""
@@ -273,6 +291,7 @@ class Settings(BaseSettings):
     spark: SparkSettings = Field(default_factory=SparkSettings)
     feast: FeastSettings = Field(default_factory=FeastSettings)
     triton: TritonSettings = Field(default_factory=TritonSettings)
+    gateway: GatewaySettings = Field(default_factory=GatewaySettings)
     kubernetes: KubernetesSettings = Field(default_factory=KubernetesSettings)
     train: TrainSettings = Field(default_factory=TrainSettings)
     evaluation: EvaluationSettings = Field(default_factory=EvaluationSettings)
@@ -322,7 +341,7 @@ class Settings(BaseSettings):
         t.url = t.url or f"{t.host}:{t.http_port}"
         t.model_repository = t.model_repository or str(root / "serving" / "model_repository")
         t.execution_env = t.execution_env or str(REPO_ROOT / ".venv-serve")
-        for section, name in ((a, "airflow"), (m, "mlflow"), (t, "triton")):
+        for section, name in ((a, "airflow"), (m, "mlflow"), (t, "triton"), (self.gateway, "gateway")):
             if section.host != LOOPBACK:
                 raise ValueError(f"{name}.host: the local profile binds servers to {LOOPBACK} only")
 

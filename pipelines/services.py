@@ -8,6 +8,7 @@ service under `<root>/run/`.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -65,9 +66,16 @@ def _started_at(pid: int) -> float | None:
     import psutil
 
     try:
-        return psutil.Process(pid).create_time()
+        process = psutil.Process(pid)
+        if process.status() != psutil.STATUS_ZOMBIE:
+            return process.create_time()
+    except psutil.ZombieProcess:
+        pass
     except (psutil.NoSuchProcess, psutil.AccessDenied):
         return None
+    with contextlib.suppress(ChildProcessError):  # killed, not yet reaped: gone; reap it when it is our child
+        os.waitpid(pid, os.WNOHANG)
+    return None
 
 
 def _write_pid(root: str, name: str, pid: int) -> None:

@@ -18,18 +18,19 @@ pytestmark = pytest.mark.slow
 def test_up_then_down_leaves_no_process_behind(tmp_path: Path) -> None:
     root = tmp_path / "fw"
     env = {"FLYWHEEL_ROOT": str(root), "FLYWHEEL_AIRFLOW__PORT": str(free_port()),
-           "FLYWHEEL_MLFLOW__PORT": str(free_port())}
+           "FLYWHEEL_MLFLOW__PORT": str(free_port()), "FLYWHEEL_GATEWAY__PORT": str(free_port())}
     marker = f"FLYWHEEL_ROOT={root}"
     try:
         up = run_flywheel("up", "--json", env=env)
         assert up.returncode == 0, up.stderr
         info = json.loads(up.stdout)
-        assert info["airflow"]["healthy"] and info["mlflow"]["healthy"]
+        assert info["airflow"]["healthy"] and info["mlflow"]["healthy"] and info["gateway"]["healthy"]
+        assert info["gateway"]["url"] == f"http://127.0.0.1:{env['FLYWHEEL_GATEWAY__PORT']}/v1"
         assert Path(info["airflow"]["password_file"]).is_file()
         with urllib.request.urlopen(info["mlflow"]["url"] + "/health", timeout=5) as r:
             assert r.status == 200
         pids = processes_with_env(marker)
-        assert len(pids) >= 5, "scheduler, dag processor, triggerer, API server, MLflow"
+        assert len(pids) >= 6, "scheduler, dag processor, triggerer, API server, MLflow, gateway"
         # Every listening socket of ours is on the loopback interface.
         assert {address for address, _ in listening_sockets(pids)} == {"127.0.0.1"}
 
@@ -41,7 +42,7 @@ def test_up_then_down_leaves_no_process_behind(tmp_path: Path) -> None:
         down = run_flywheel("down", "--json", env=env)
     assert down.returncode == 0, down.stderr
     assert processes_with_env(marker) == []
-    for port in (env["FLYWHEEL_AIRFLOW__PORT"], env["FLYWHEEL_MLFLOW__PORT"]):
+    for port in (env["FLYWHEEL_AIRFLOW__PORT"], env["FLYWHEEL_MLFLOW__PORT"], env["FLYWHEEL_GATEWAY__PORT"]):
         with socket.socket() as s:
             assert s.connect_ex(("127.0.0.1", int(port))) != 0
     status = json.loads(run_flywheel("status", "--json", env=env).stdout)

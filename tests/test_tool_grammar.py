@@ -57,6 +57,11 @@ def test_the_grammar_admits_offered_calls_and_abstention_only(tiny) -> None:
     assert not accepts(tok, ORDERS, 'Sure: {"name":null}')
     # a turn that offers no tool: abstention is the only answer
     assert accepts(tok, "[]", '{"name":null}') and not accepts(tok, "[]", '{"name":"get_order","arguments":{}}')
+    required = json.dumps({"tools": json.loads(ORDERS), "abstain": False})  # tool_choice: required
+    assert accepts(tok, required, '{"name":"get_order","arguments":{"order_id":"ORD-123456"}}')
+    assert not accepts(tok, required, '{"name":null}')
+    with pytest.raises(GrammarError, match="no tool is offered"):
+        grammar_for(json.dumps({"tools": [], "abstain": False}))
 
 
 def test_a_schema_the_grammar_cannot_express_is_an_error_naming_the_tool() -> None:

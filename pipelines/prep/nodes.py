@@ -76,18 +76,7 @@ def prepare_line(line: str | bytes, source_file: str = "", tools: Mapping[str, d
 
     r = verdict.record
     counts: Counter[str] = Counter()
-    conversation = []
-    for m in r["request"]["messages"]:
-        if m["role"] == "system":
-            continue
-        msg: dict[str, Any] = {"role": m["role"], "content": redact_text(m.get("content") or "", counts) or None}
-        if m.get("tool_calls"):
-            msg["tool_calls"] = [{"name": c["function"]["name"],
-                                  "arguments": redact_value(orjson.loads(c["function"]["arguments"]), counts)}
-                                 for c in m["tool_calls"]]
-        if m.get("tool_call_id"):
-            msg["tool_call_id"] = m["tool_call_id"]
-        conversation.append(msg)
+    conversation = conversation_of(r["request"]["messages"], counts)
     calls = r["response"]["choices"][0]["message"].get("tool_calls") or []
     if calls:
         tool = calls[0]["function"]["name"]
@@ -122,6 +111,27 @@ def prepare_line(line: str | bytes, source_file: str = "", tools: Mapping[str, d
     for t in PII_TYPES:
         row[f"redacted_{t.lower()}"] = counts[t]
     return row
+
+
+def conversation_of(messages: list[dict[str, Any]], counts: Counter[str] | None = None) -> list[dict[str, Any]]:
+    """A request's messages (OpenAI shape) as the conversation the prompt shows: system messages left
+    out (ours replaces them), calls as {name, arguments}. With `counts` (prep), PII is redacted and
+    counted; without (the gateway serving a live request), the text stays as the caller sent it, so a
+    call can carry the caller's real values."""
+    text = (lambda t: redact_text(t, counts)) if counts is not None else (lambda t: t)
+    value = (lambda v: redact_value(v, counts)) if counts is not None else (lambda v: v)
+    conversation = []
+    for m in messages:
+        if m["role"] == "system":
+            continue
+        msg: dict[str, Any] = {"role": m["role"], "content": text(m.get("content") or "") or None}
+        if m.get("tool_calls"):
+            msg["tool_calls"] = [{"name": c["function"]["name"], "arguments": value(orjson.loads(c["function"]["arguments"]))}
+                                 for c in m["tool_calls"]]
+        if m.get("tool_call_id"):
+            msg["tool_call_id"] = m["tool_call_id"]
+        conversation.append(msg)
+    return conversation
 
 
 def _str(value: Any) -> str | None:

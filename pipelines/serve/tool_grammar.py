@@ -35,15 +35,8 @@ class GrammarError(ValueError):
 
 
 def _tool_entries(tools: Any) -> list[dict[str, Any]]:
-    """`tools` as [{name, parameters}]: the prompt's compact tools JSON (a string or list) or OpenAI
-    tool specs ({"type": "function", "function": {...}})."""
-    if isinstance(tools, str):
-        if len(tools.encode("utf-8")) > MAX_TOOLS_BYTES:
-            raise GrammarError(f"the offered tools are {len(tools.encode('utf-8'))} bytes; at most {MAX_TOOLS_BYTES}")
-        try:
-            tools = json.loads(tools)
-        except json.JSONDecodeError as exc:
-            raise GrammarError(f"the offered tools are not JSON: {exc}") from None
+    """`tools` (parsed) as [{name, parameters}]: the prompt's compact tools list or OpenAI tool specs
+    ({"type": "function", "function": {...}})."""
     if not isinstance(tools, list):
         raise GrammarError("the offered tools must be a JSON list (empty: only abstention is possible)")
     out = []
@@ -77,14 +70,37 @@ def _closed(schema: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _offer(tools: Any) -> tuple[list[dict[str, Any]], bool]:
+    """(the offered tools, whether "no tool fits" is an answer). `tools` is a tools list (JSON or
+    parsed), or `{"tools": [...], "abstain": false}` when a call is required (OpenAI's
+    `tool_choice: required` or a named tool)."""
+    if isinstance(tools, str):
+        if len(tools.encode("utf-8")) > MAX_TOOLS_BYTES:
+            raise GrammarError(f"the offered tools are {len(tools.encode('utf-8'))} bytes; at most {MAX_TOOLS_BYTES}")
+        try:
+            tools = json.loads(tools)
+        except json.JSONDecodeError as exc:
+            raise GrammarError(f"the offered tools are not JSON: {exc}") from None
+    if isinstance(tools, dict) and "tools" in tools:
+        if not isinstance(tools.get("abstain", True), bool):
+            raise GrammarError("`abstain` must be true or false")
+        entries, abstain = _tool_entries(tools["tools"]), tools.get("abstain", True)
+        if not entries and not abstain:
+            raise GrammarError("a call is required but no tool is offered")
+        return entries, abstain
+    return _tool_entries(tools), True
+
+
 def call_schema(tools: Any) -> dict[str, Any]:
-    """The JSON Schema of one answer to a turn offering `tools`."""
+    """The JSON Schema of one answer to a turn offering `tools` (see `_offer`)."""
+    entries, abstain = _offer(tools)
     branches = [{"type": "object",
                  "properties": {"name": {"const": t["name"]}, "arguments": _closed(t["parameters"])},
                  "required": ["name", "arguments"], "additionalProperties": False}
-                for t in _tool_entries(tools)]
-    branches.append({"type": "object", "properties": {"name": {"type": "null"}}, "required": ["name"],
-                     "additionalProperties": False})
+                for t in entries]
+    if abstain:
+        branches.append({"type": "object", "properties": {"name": {"type": "null"}}, "required": ["name"],
+                         "additionalProperties": False})
     return {"anyOf": branches}
 
 
@@ -94,13 +110,13 @@ def grammar_for(tools_json: str) -> str:
     Raises GrammarError when a tool's schema cannot be expressed; the message names the tool."""
     from llguidance import LLMatcher
 
-    entries = _tool_entries(tools_json)
+    entries, abstain = _offer(tools_json)
     for t in entries:  # check each tool alone first, so the error names the schema at fault
         one = LLMatcher.grammar_from_json_schema(_closed(t["parameters"]), defaults=_OPTIONS)
         error = LLMatcher.validate_grammar(one)
         if error:
             raise GrammarError(f"tool {t['name']}: its parameters schema cannot be enforced: {error}")
-    grammar = LLMatcher.grammar_from_json_schema(call_schema(entries), defaults=_OPTIONS)
+    grammar = LLMatcher.grammar_from_json_schema(call_schema({"tools": entries, "abstain": abstain}), defaults=_OPTIONS)
     error = LLMatcher.validate_grammar(grammar)
     if error:
         raise GrammarError(f"the offered tools cannot be enforced together: {error}")

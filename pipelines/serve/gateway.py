@@ -1,0 +1,357 @@
+"""The OpenAI-compatible front door: an agent switches to the tuned model by changing its `base_url`.
+
+`POST /v1/chat/completions` (sync, or `stream: true` as server-sent events) and `GET /v1/models`,
+behind a bearer API key, on 127.0.0.1. A request is turned into the row the training set would hold
+(`openai_api.request_row`, prep's own functions), rendered by the serving client's `conversation`
+(Feast's online context for `user`, the customer id, as training did), sent to the Triton model
+behind the asked alias, decoded under the offered tools' grammar (`triton.constrained`), answered in
+the OpenAI shape, and captured as one log record in the raw zone before the answer leaves
+(`capture.CaptureWriter`). Aliases: `champion` (the live deployment), `previous`, `candidate` (the
+registry alias, when its model is loaded), `v<N>` (any loaded registered version) and `base` (the
+base model with retrieved examples: the serving alternative).
+
+Run it with `flywheel gateway up` (a process of its own, like the other local servers).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import secrets
+import sys
+import threading
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, Request  # resolved at module level: the routes' annotations name them
+from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from pipelines import services
+from pipelines.config import ConfigError, Settings
+
+LOG = logging.getLogger("flywheel.gateway")
+SERVICE = "gateway"
+OWNER = "commerce-flywheel"
+SETTINGS_ENV = "FLYWHEEL_GATEWAY_SETTINGS"
+ALIAS_TTL_S = 10.0
+
+
+# ---- keys and the process ---------------------------------------------------------------------
+def api_key_file(settings: Settings) -> Path:
+    return Path(str(settings.root)) / "runs" / "gateway.key"
+
+
+def api_key(settings: Settings) -> str:
+    """`gateway.api_key` when set (cluster: from a secret), else one generated once per local root into a
+    0600 file (as the MLflow password is)."""
+    if settings.gateway.api_key is not None:
+        return settings.gateway.api_key.get_secret_value()
+    if not settings.is_local:
+        raise ConfigError("gateway.api_key: required by the cluster profile (FLYWHEEL_GATEWAY__API_KEY from a secret)")
+    file = api_key_file(settings)
+    if not file.is_file():
+        file.parent.mkdir(parents=True, exist_ok=True)
+        file.touch(mode=0o600)
+        file.write_text(f"fw-{secrets.token_urlsafe(32)}")
+    return file.read_text().strip()
+
+
+def base_url(settings: Settings) -> str:
+    return f"http://{settings.gateway.host}:{settings.gateway.port}/v1"
+
+
+def _settings_file(settings: Settings) -> Path:
+    """The settings the gateway process runs with, secrets included, in a 0600 file under run/."""
+    from pydantic import SecretStr
+
+    path = services.run_dir(str(settings.root)) / "gateway-settings.json"
+    data = json.dumps(settings.model_dump(mode="python"), default=lambda v: v.get_secret_value()
+                      if isinstance(v, SecretStr) else str(v))
+    path.touch(mode=0o600)
+    os.chmod(path, 0o600)
+    path.write_text(data)
+    return path
+
+
+def server_spec(settings: Settings) -> services.ServiceSpec:
+    api_key(settings)  # generated before the process starts, so `status` can name it at once
+    env = {**os.environ, SETTINGS_ENV: str(_settings_file(settings)), "NO_PROXY": "127.0.0.1,localhost"}
+    url = f"http://{settings.gateway.host}:{settings.gateway.port}"
+    return services.ServiceSpec(SERVICE, [sys.executable, "-m", "pipelines.serve.gateway"], env,
+                                f"{url}/health", base_url(settings))
+
+
+def up(settings: Settings, timeout_s: float = 120) -> services.ServiceStatus:
+    return services.start(str(settings.root), server_spec(settings), host=settings.gateway.host,
+                          port=settings.gateway.port, timeout_s=timeout_s)
+
+
+def down(settings: Settings) -> bool:
+    return services.stop(str(settings.root), SERVICE)
+
+
+def status(settings: Settings) -> dict[str, Any]:
+    url = f"http://{settings.gateway.host}:{settings.gateway.port}"
+    row = services.status(str(settings.root), SERVICE, f"{url}/health", base_url(settings)).to_dict()
+    return {**row, "url": base_url(settings), "api_key_file": str(api_key_file(settings))
+            if settings.gateway.api_key is None else "gateway.api_key (configured)"}
+
+
+# ---- routing ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Target:
+    alias: str
+    name: str            # the Triton model
+    version: str | None  # the registry version (None: the base model)
+    prompt_style: str
+
+
+class Router:
+    """Aliases -> loaded Triton models, and one Triton connection per worker thread."""
+
+    def __init__(self, settings: Settings):
+        self.settings = settings
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self._styles: dict[str, str] = {}
+        self._candidate: tuple[float, str | None] = (0.0, None)
+        self._pool: list[Any] | None = None
+        self._warned = 0.0
+
+    def client(self) -> Any:
+        from pipelines.serve.client import TritonClient
+
+        if not hasattr(self._local, "client"):
+            self._local.client = TritonClient(self.settings, timeout_s=self.settings.gateway.request_timeout_s)
+        return self._local.client
+
+    def _style(self, name: str) -> str:
+        from pipelines.serve import repository
+        from pipelines.storage import read_json
+
+        if name not in self._styles:
+            self._styles[name] = read_json(f"{repository.model_uri(self.settings, name)}/1/flywheel.json")["prompt_style"]
+        return self._styles[name]
+
+    def _candidate_version(self) -> str | None:
+        from pipelines.registry.models import alias_version
+
+        at, version = self._candidate
+        if time.monotonic() - at > ALIAS_TTL_S:
+            try:
+                version = alias_version(self.settings, "candidate")
+            except Exception:  # noqa: BLE001 (the registry unreachable: no candidate route, the others still serve)
+                version = None
+            self._candidate = (time.monotonic(), version)
+        return version
+
+    def targets(self) -> dict[str, Target]:
+        """Every alias that a loaded model answers now."""
+        from pipelines.serve import deploy, repository
+
+        loaded = set(self.client().loaded())
+        prefix = f"{self.settings.triton.model_name}_v"
+        out: dict[str, Target] = {}
+        for name in sorted(loaded):
+            if name.startswith(prefix):
+                version = name.removeprefix(prefix)
+                out[f"v{version}"] = Target(f"v{version}", name, version, self._style(name))
+        current = deploy.state(self.settings)
+        for alias in ("live", "previous"):
+            entry = current.get(alias)
+            if entry and entry["name"] in loaded:
+                key = "champion" if alias == "live" else alias
+                out[key] = Target(key, entry["name"], entry.get("version"), entry["prompt_style"])
+        candidate = self._candidate_version()
+        if candidate and f"v{candidate}" in out:
+            out["candidate"] = Target("candidate", out[f"v{candidate}"].name, candidate, out[f"v{candidate}"].prompt_style)
+        base = repository.triton_name(self.settings, None)
+        if base in loaded:
+            out["base"] = Target("base", base, None, "full")
+        return out
+
+    def resolve(self, model: str) -> Target:
+        from pipelines.serve.openai_api import ApiError
+
+        found = self.targets().get(model)
+        if found is None:
+            raise ApiError(404, f"The model '{model}' does not exist or is not loaded (GET /v1/models lists "
+                                f"the ones that are)", param="model", code="model_not_found")
+        return found
+
+    def turns(self, target: Target, row: dict[str, Any]) -> list[dict[str, str]]:
+        """The prompt the model was trained on; for `base`, the full prompt with retrieved examples."""
+        from pipelines.serve.client import conversation
+
+        turns = conversation({**row, "context": self.context(row["customer_id"])}, target.prompt_style)
+        if target.version is not None or self.settings.gateway.few_shot == 0:
+            return turns
+        from pipelines.evaluate.fewshot import with_shots
+        from pipelines.train.dataset import Example
+
+        query = Example(row["record_id"], turns, '{"name":null}', "", turns[-1]["content"], row["tools_json"])
+        return with_shots([query], self._shot_pool(), self.settings.gateway.few_shot)[0]
+
+    def context(self, customer_id: str) -> str:
+        """The customer's context line from Feast's online store, as training had it; empty (as for a
+        customer training never saw) when there is no customer or the store cannot answer, logged."""
+        from pipelines.features.pipeline import online_context
+
+        if not customer_id:
+            return ""
+        try:
+            return online_context(customer_id, self.settings)
+        except Exception as exc:  # noqa: BLE001 (Feast unreachable or not applied: serve without context)
+            now = time.monotonic()
+            if now - self._warned > 60:
+                self._warned = now
+                LOG.warning("no customer context from the online store (%s: %s); serving without it",
+                            type(exc).__name__, str(exc)[:200])
+            return ""
+
+    def _shot_pool(self) -> list[Any]:
+        """Single-turn training examples to retrieve from (none before a training set exists)."""
+        from pipelines.evaluate.fewshot import single_turn
+        from pipelines.train.dataset import DatasetMissing, load_split, to_examples
+
+        with self._lock:
+            if self._pool is None:
+                try:
+                    self._pool = single_turn(to_examples(load_split(self.settings, "train", 2000), "full"))
+                except DatasetMissing:
+                    self._pool = []
+            return self._pool
+
+
+# ---- the app -----------------------------------------------------------------------------------
+def create_app(settings: Settings) -> Any:
+    from pipelines.serve import openai_api as api
+    from pipelines.serve.capture import CaptureWriter
+    from pipelines.serve.client import offered_tools
+    from pipelines.serve.tool_grammar import GrammarError, grammar_for
+
+    key = api_key(settings)
+    router = Router(settings)
+    spool = Path.home() / ".flywheel" / "gateway-spool"
+    capture = (CaptureWriter(settings.zone("raw"), settings.gateway.capture_rotate_bytes, spool)
+               if settings.gateway.capture else None)
+    defaults = {"country": settings.gateway.country, "currency": settings.gateway.currency,
+                "channel": settings.gateway.channel}
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app: Any) -> AsyncIterator[None]:
+        yield
+        if capture is not None:
+            capture.close()  # the open capture file is closed (and uploaded, on object storage) at shutdown
+
+    app = FastAPI(title="commerce-flywheel gateway", docs_url=None, redoc_url=None, openapi_url=None,
+                  lifespan=lifespan)
+
+    def error(exc: api.ApiError) -> JSONResponse:
+        return JSONResponse(exc.body(), status_code=exc.status)
+
+    @app.exception_handler(api.ApiError)
+    async def _api_error(_request: Request, exc: api.ApiError) -> JSONResponse:
+        return error(exc)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return error(api.ApiError(exc.status_code, str(exc.detail), code="not_found" if exc.status_code == 404 else None))
+
+    @app.middleware("http")
+    async def _authenticate(request: Request, call_next: Any) -> Any:
+        if request.url.path.startswith("/v1/"):
+            given = request.headers.get("authorization", "")
+            token = given[7:].strip() if given[:7].lower() == "bearer " else ""
+            if not secrets.compare_digest(token.encode(), key.encode()):
+                return error(api.ApiError(401, "Incorrect API key provided (send `Authorization: Bearer <key>`; "
+                                               "the key is in the file `flywheel gateway status` names)",
+                                          code="invalid_api_key"))
+        return await call_next(request)
+
+    @app.get("/health")
+    def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/v1/models")
+    def models() -> dict[str, Any]:
+        try:
+            targets = router.targets()
+        except Exception as exc:  # noqa: BLE001 (Triton down: the caller gets a 503, the gateway stays up)
+            raise api.ApiError(503, f"the model server is not reachable ({type(exc).__name__})",
+                               kind="server_error") from None
+        return {"object": "list", "data": [
+            {"id": t.alias, "object": "model", "created": 0, "owned_by": OWNER, "root": t.name,
+             "version": t.version, "prompt_style": t.prompt_style} for t in targets.values()]}
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Any:
+        declared = request.headers.get("content-length")
+        if declared and declared.isdigit() and int(declared) > settings.gateway.max_request_bytes:
+            raise api.ApiError(413, f"request body is {declared} bytes; this gateway accepts at most "
+                                    f"{settings.gateway.max_request_bytes}", code="request_too_large")
+        parsed = api.parse_request(await request.body(), settings.gateway.max_request_bytes)
+        from starlette.concurrency import run_in_threadpool
+
+        body = await run_in_threadpool(serve, parsed)
+        if not parsed.stream:
+            return JSONResponse(body)
+        include_usage = bool((parsed.stream_options or {}).get("include_usage"))
+        frames = [api.sse(c) for c in api.chunks(body, include_usage)] + [api.sse("[DONE]")]
+        return StreamingResponse(iter(frames), media_type="text/event-stream")
+
+    def serve(parsed: Any) -> dict[str, Any]:
+        started = api.now_ms()
+        served = api.request_row(parsed)
+        if parsed.tool_choice == "none":
+            choice, target_name, prompt, output = {"message": {"role": "assistant", "content": ""},
+                                                   "finish_reason": "stop"}, None, 0, 0
+        else:
+            target = router.resolve(parsed.model)
+            turns = router.turns(target, served.row)
+            client = router.client()
+            tools = offered_tools(settings, [served.row], client, target.name)
+            if tools and (parsed.tool_choice == "required" or isinstance(parsed.tool_choice, dict)):
+                tools = [json.dumps({"tools": json.loads(tools[0]), "abstain": False})]  # a call is required
+            if tools:
+                try:
+                    grammar_for(tools[0])  # what the model would refuse, refused here with the reason
+                except GrammarError as exc:
+                    raise api.ApiError(400, f"constrained decoding: {exc}", param="tools",
+                                       code="unsupported_tool_schema") from None
+            reply = client.infer_one(target.name, turns, tools[0] if tools else None)
+            if reply.error is not None:
+                raise api.model_error(target.name, reply.error)
+            choice, target_name = api.answer(reply.text or "", served.specs), target.name
+            prompt, output = reply.prompt_tokens, reply.output_tokens
+        body = api.completion(served, parsed.model, choice, prompt, output, target_name)
+        if capture is not None:
+            capture.write(api.capture_record(parsed, served, body, latency_ms=api.now_ms() - started,
+                                             defaults=defaults))
+        return body
+
+    app.state.router = router
+    app.state.capture = capture
+    return app
+
+
+def main() -> None:
+    """`python -m pipelines.serve.gateway`: serve with uvicorn on the configured loopback address."""
+    import uvicorn
+
+    from pipelines.config import load_settings
+
+    source = os.environ.get(SETTINGS_ENV)
+    settings = load_settings(**json.loads(Path(source).read_text())) if source else load_settings()
+    uvicorn.run(create_app(settings), host=settings.gateway.host, port=settings.gateway.port, log_level="info",
+                timeout_graceful_shutdown=30)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,263 @@
+"""The OpenAI chat-completions shape, as pure functions: the gateway's request validation, the row a
+request becomes (built with the training set's own functions, so the served prompt is the trained
+prompt), the answer a model's tool-call text becomes (a `tool_calls` message, or `content` when no
+tool fits), its streamed chunks, OpenAI-style error bodies, and the log record a served turn is
+captured as (our log schema: the next training data).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from pipelines.logs.tools import TOOL_WORKLOAD, WORKLOAD_TOOLS, WORKLOADS
+from pipelines.prep.nodes import conversation_of
+from pipelines.prep.prompt import system_prompt, tools_json
+
+
+class ApiError(Exception):
+    """An OpenAI-style error: HTTP status, message, type, param and code."""
+
+    def __init__(self, status: int, message: str, kind: str = "invalid_request_error", param: str | None = None,
+                 code: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.kind, self.param, self.code = status, message, kind, param, code
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
+
+
+class _Open(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class Function(_Open):
+    name: str = Field(min_length=1)
+    arguments: str
+
+
+class Call(_Open):
+    id: str = Field(min_length=1)
+    type: Literal["function"] = "function"
+    function: Function
+
+
+class Message(_Open):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[dict[str, Any]] | None = None
+    tool_calls: list[Call] | None = None
+    tool_call_id: str | None = None
+
+    @field_validator("content")
+    @classmethod
+    def _text(cls, value: Any) -> str | None:
+        """Content parts (`[{"type": "text", "text": ...}]`) joined: only text reaches a tool router."""
+        if isinstance(value, list):
+            if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in value):
+                raise ValueError("only text content parts are supported")
+            return "".join(p["text"] for p in value)
+        return value
+
+
+class FunctionSpec(_Open):
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")
+    description: str = ""
+    parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object", "properties": {}})
+
+
+class ToolSpec(_Open):
+    type: Literal["function"] = "function"
+    function: FunctionSpec
+
+
+class ChatCompletionRequest(_Open):
+    model: str = Field(min_length=1)
+    messages: list[Message] = Field(min_length=1)
+    tools: list[ToolSpec] | None = None
+    tool_choice: Literal["auto", "none", "required"] | dict[str, Any] | None = None
+    stream: bool = False
+    stream_options: dict[str, Any] | None = None
+    user: str | None = None
+    metadata: dict[str, str] | None = None
+
+
+def model_error(model: str, message: str) -> ApiError:
+    """A Triton error as the caller's error: the request's fault (too long, tools the grammar cannot
+    express) is a 400; anything else (the server down, a timeout) a 503 to retry."""
+    if "this model accepts at most" in message:
+        return ApiError(400, f"{model}: {message}", param="messages", code="context_length_exceeded")
+    if message.startswith(("tool ", "the offered tools", "an offered tool")):  # tool_grammar.GrammarError
+        return ApiError(400, f"{model}: {message}", param="tools", code="unsupported_tool_schema")
+    return ApiError(503, f"{model}: {message}", kind="server_error", code="model_unavailable")
+
+
+def parse_request(body: bytes, limit: int) -> ChatCompletionRequest:
+    """The validated request, or an ApiError naming what is wrong (as the OpenAI API words it)."""
+    if len(body) > limit:
+        raise ApiError(413, f"request body is {len(body)} bytes; this gateway accepts at most {limit}",
+                       code="request_too_large")
+    try:
+        data = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ApiError(400, f"We could not parse the JSON body of your request ({exc})") from None
+    if not isinstance(data, dict):
+        raise ApiError(400, "the request body must be a JSON object")
+    try:
+        request = ChatCompletionRequest.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        param = ".".join(str(p) for p in first["loc"])
+        raise ApiError(400, f"Invalid value for '{param}': {first['msg']}", param=param,
+                       code="invalid_value") from None
+    if not any(m.role == "user" for m in request.messages):
+        raise ApiError(400, "messages must contain at least one user message", param="messages")
+    if request.messages[-1].role not in ("user", "tool"):
+        raise ApiError(400, "the last message must be the user's request (or a tool result)", param="messages")
+    if not request.tools and request.tool_choice != "none":
+        raise ApiError(400, "this model routes tool calls: send the offered `tools`", param="tools")
+    offered(request)  # a named tool_choice must name an offered tool
+    return request
+
+
+def offered(request: ChatCompletionRequest) -> list[dict[str, Any]]:
+    """The tools the model may call, as OpenAI tool specs; a named `tool_choice` narrows them to that one."""
+    specs = [t.model_dump(exclude_none=True) for t in request.tools or []]
+    choice = request.tool_choice
+    if isinstance(choice, dict):
+        name = (choice.get("function") or {}).get("name")
+        specs = [s for s in specs if s["function"]["name"] == name]
+        if not specs:
+            raise ApiError(400, f"tool_choice names {name!r}, which is not in `tools`", param="tool_choice")
+    return specs
+
+
+@dataclass(frozen=True)
+class Served:
+    """One request as a row in our training-set format, and the ids it is answered and captured with."""
+
+    row: dict[str, Any]
+    specs: list[dict[str, Any]]
+    messages: list[dict[str, Any]]  # as sent, `developer` written as `system` (our log schema's roles)
+    response_id: str
+    created: int
+
+
+def request_row(request: ChatCompletionRequest, now: datetime | None = None) -> Served:
+    """The row the training set would hold for this request (tools_json, messages_json, event_time,
+    customer_id, system_prompt), built with prep's own functions; `conversation()` then renders it
+    exactly as training did. The text is not redacted: the answer must carry the caller's values."""
+    now = now or datetime.now(timezone.utc)
+    specs = offered(request)
+    messages = [m.model_dump(exclude_none=True) for m in request.messages]
+    for m in messages:  # developer messages are the newer name for system messages
+        m["role"] = "system" if m["role"] == "developer" else m["role"]
+    offered_json = tools_json(specs) if specs else "[]"
+    row = {"record_id": f"gateway-{uuid.uuid4().hex}", "customer_id": request.user or "",
+           "event_time": now.isoformat(timespec="microseconds"), "tools_json": offered_json,
+           "messages_json": json.dumps(conversation_of(messages), separators=(",", ":"), ensure_ascii=False),
+           "system_prompt": system_prompt(offered_json, now.date().isoformat())}
+    return Served(row, specs, messages, f"chatcmpl-{uuid.uuid4().hex}", int(now.timestamp()))
+
+
+def answer(text: str, specs: list[dict[str, Any]]) -> dict[str, Any]:
+    """A model's tool-call text as the assistant message the caller gets, with its finish reason:
+    `{"name": <offered tool>, "arguments": {...}}` -> one tool call; `{"name": null}` (no tool fits) ->
+    empty content; anything else (an unconstrained model's free text) -> that text as content."""
+    names = {s["function"]["name"] for s in specs}
+    try:
+        call = json.loads(text)
+    except json.JSONDecodeError:
+        call = None
+    if isinstance(call, dict) and call.get("name") in names and isinstance(call.get("arguments", {}), dict):
+        arguments = json.dumps(call.get("arguments", {}), separators=(",", ":"), ensure_ascii=False)
+        message = {"role": "assistant", "content": None, "tool_calls": [
+            {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+             "function": {"name": call["name"], "arguments": arguments}}]}
+        return {"message": message, "finish_reason": "tool_calls"}
+    content = "" if isinstance(call, dict) and call.get("name") is None and set(call) <= {"name", "arguments"} else text
+    return {"message": {"role": "assistant", "content": content}, "finish_reason": "stop"}
+
+
+def completion(served: Served, model: str, choice: dict[str, Any], prompt_tokens: int,
+               completion_tokens: int, fingerprint: str | None) -> dict[str, Any]:
+    return {"id": served.response_id, "object": "chat.completion", "created": served.created, "model": model,
+            "system_fingerprint": fingerprint,
+            "choices": [{"index": 0, "message": choice["message"], "logprobs": None,
+                         "finish_reason": choice["finish_reason"]}],
+            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                      "total_tokens": prompt_tokens + completion_tokens}}
+
+
+def chunks(body: dict[str, Any], include_usage: bool) -> list[dict[str, Any]]:
+    """A finished completion as the `chat.completion.chunk` sequence a streaming caller reads: the role,
+    the call's name and id, its arguments, then the finish reason (and the usage, when asked)."""
+    base = {k: body[k] for k in ("id", "created", "model", "system_fingerprint")} | {"object": "chat.completion.chunk"}
+    choice = body["choices"][0]
+    message = choice["message"]
+
+    def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+        return {**base, "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
+
+    out = [chunk({"role": "assistant", "content": "" if not message.get("tool_calls") else None})]
+    for i, call in enumerate(message.get("tool_calls") or []):
+        out.append(chunk({"tool_calls": [{"index": i, "id": call["id"], "type": "function",
+                                          "function": {"name": call["function"]["name"], "arguments": ""}}]}))
+        out.append(chunk({"tool_calls": [{"index": i, "function": {"arguments": call["function"]["arguments"]}}]}))
+    if message.get("content"):
+        out.append(chunk({"content": message["content"]}))
+    out.append(chunk({}, choice["finish_reason"]))
+    if include_usage:
+        out.append({**base, "choices": [], "usage": body["usage"]})
+    return out
+
+
+def workload_of(specs: list[dict[str, Any]], called: str | None, hint: str | None) -> str:
+    """The agent node a served turn belongs to: the caller's `metadata.workload_id` when it is one of
+    ours, else the node whose tool set overlaps the offered tools most (ties: the called tool's node)."""
+    if hint in WORKLOADS:
+        return hint  # type: ignore[return-value]
+    names = {s["function"]["name"] for s in specs}
+    preferred = TOOL_WORKLOAD.get(called or "")
+    return max(WORKLOADS, key=lambda w: (len(names & set(WORKLOAD_TOOLS[w])), w == preferred))
+
+
+def capture_record(request: ChatCompletionRequest, served: Served, body: dict[str, Any], *, latency_ms: float,
+                   defaults: dict[str, str]) -> dict[str, Any]:
+    """The served turn as one record of our log schema (`pipelines.logs.schema.AgentTurn`): the request as
+    the caller sent it (prep redacts it on its way to training), the answer it got, the model, tokens,
+    latency and the customer fields (`metadata` may carry session_id, workload_id, country, currency,
+    channel; the rest come from the gateway's settings)."""
+    meta = request.metadata or {}
+    message = body["choices"][0]["message"]
+    called = (message.get("tool_calls") or [{}])[0].get("function", {}).get("name")
+    user_turns = sum(1 for m in request.messages if m.role == "user")
+    request_json = {"messages": served.messages,
+                    "tools": served.specs or [t.model_dump(exclude_none=True) for t in request.tools or []]}
+    return {
+        "record_id": served.response_id, "timestamp": served.row["event_time"],
+        "session_id": meta.get("session_id") or served.response_id, "turn_index": max(0, user_turns - 1),
+        "customer_id": request.user or "anonymous",
+        "workload_id": workload_of(served.specs, called, meta.get("workload_id")),
+        "model": body["model"], "request": request_json,
+        "response": {"id": served.response_id, "choices": [{"index": 0, "message": message,
+                                                            "finish_reason": body["choices"][0]["finish_reason"]}]},
+        "latency_ms": round(latency_ms, 3), "retrieval_latency_ms": 0.0,
+        "prompt_tokens": body["usage"]["prompt_tokens"], "completion_tokens": body["usage"]["completion_tokens"],
+        "country": meta.get("country") or defaults["country"], "currency": meta.get("currency") or defaults["currency"],
+        "channel": meta.get("channel") or defaults["channel"], "feedback": "none",
+    }
+
+
+def sse(data: dict[str, Any] | str) -> bytes:
+    text = data if isinstance(data, str) else json.dumps(data, separators=(",", ":"), ensure_ascii=False)
+    return f"data: {text}\n\n".encode("utf-8")
+
+
+def now_ms() -> float:
+    return time.perf_counter() * 1000

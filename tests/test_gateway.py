@@ -1,0 +1,184 @@
+"""The OpenAI-compatible gateway as an agent meets it: the official `openai` client against the gateway
+process on loopback, in front of the real Triton server serving registered tiny-model adapters (v1
+champion, v2 candidate) and the base model. Answers, streaming, errors, the API key, and the capture
+of served turns into the raw zone, including across a kill under load."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from datetime import date
+from pathlib import Path
+
+import httpx
+import jsonschema
+import orjson
+import pytest
+
+from serving_fixtures import registered  # noqa: F401 (the module-scoped fixture: v1 champion, v2 candidate)
+from pipelines.logs.generator import GeneratorConfig, TrafficGenerator
+from pipelines.logs.schema import check_line
+from pipelines.services import free_port, read_pid
+
+pytestmark = pytest.mark.slow
+
+# bounded arguments (enums, ranges, short strings): every answer the grammar admits fits the token budget
+TOOLS = [
+    {"type": "function", "function": {"name": "track", "description": "Track a parcel", "parameters": {
+        "type": "object", "required": ["carrier", "days"],
+        "properties": {"carrier": {"type": "string", "enum": ["ups", "dhl", "fedex"]},
+                       "days": {"type": "integer", "minimum": 1, "maximum": 30}}}}},
+    {"type": "function", "function": {"name": "refund", "description": "Refund an order", "parameters": {
+        "type": "object", "required": ["order"],
+        "properties": {"order": {"type": "string", "pattern": "^ORD-[0-9]{4}$"}, "full": {"type": "boolean"}}}}},
+]
+ASK = [{"role": "system", "content": "You route requests."}, {"role": "user", "content": "where is my dhl parcel?"}]
+
+
+@pytest.fixture(scope="module")
+def gateway(registered):  # noqa: F811
+    from pipelines.serve import deploy, gateway as gw, repository
+    from pipelines.serve.client import TritonClient
+
+    settings = registered["settings"]
+    settings.triton.max_new_tokens = 40  # a whole bounded call (the shared fixture's 12 cut it short)
+    settings.gateway.port = free_port()
+    deploy.deploy(settings, "champion")
+    client = TritonClient(settings)
+    try:
+        for entry in (repository.build_version(settings, registered["v2"]), repository.build_base(settings, "tiny-llama")):
+            client.load(entry.name)
+    finally:
+        client.close()
+    gw.up(settings)
+    yield {**registered, "url": gw.base_url(settings), "key": gw.api_key(settings)}
+    gw.down(settings)
+
+
+def _client(gateway, key: str | None = None):
+    from openai import OpenAI
+
+    return OpenAI(base_url=gateway["url"], api_key=key or gateway["key"], timeout=120, max_retries=0)
+
+
+def _captured(settings) -> dict[str, dict]:
+    raw = Path(settings.zone("raw"))
+    return {r["record_id"]: r for f in sorted(raw.glob("dt=*/gateway-*.jsonl"))
+            for r in (orjson.loads(line) for line in f.read_bytes().splitlines())}
+
+
+def test_the_openai_client_gets_tool_calls_sync_and_streamed(gateway) -> None:
+    client = _client(gateway)
+    ids = {m.id for m in client.models.list().data}
+    assert ids >= {"champion", f"v{gateway['v1']}", f"v{gateway['v2']}", "candidate", "base"}, ids
+
+    answer = client.chat.completions.create(model="champion", messages=ASK, tools=TOOLS, tool_choice="required",
+                                            user="cus_0000001")
+    choice = answer.choices[0]
+    assert choice.finish_reason == "tool_calls" and answer.usage.prompt_tokens > 20
+    call = choice.message.tool_calls[0]
+    schema = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}[call.function.name]
+    jsonschema.validate(json.loads(call.function.arguments), schema)
+
+    stream = client.chat.completions.create(model="champion", messages=ASK, tools=TOOLS, tool_choice="required",
+                                            user="cus_0000001", stream=True, stream_options={"include_usage": True})
+    name, arguments, finish, usage = None, "", None, None
+    for chunk in stream:
+        usage = chunk.usage or usage
+        for c in chunk.choices:
+            finish = c.finish_reason or finish
+            for d in c.delta.tool_calls or []:
+                name = d.function.name or name
+                arguments += d.function.arguments or ""
+    assert (name, arguments, finish) == (call.function.name, call.function.arguments, "tool_calls")
+    assert usage is not None and usage.completion_tokens == answer.usage.completion_tokens
+
+    for model in ("base", "candidate", f"v{gateway['v2']}"):  # every listed alias answers
+        other = client.chat.completions.create(model=model, messages=ASK, tools=TOOLS,
+                                               tool_choice={"type": "function", "function": {"name": "refund"}})
+        assert other.choices[0].message.tool_calls[0].function.name == "refund", model
+
+    captured = _captured(gateway["settings"])
+    assert answer.id in captured and captured[answer.id]["response"]["choices"][0]["message"]["tool_calls"]
+    assert captured[answer.id]["model"] == "champion" and captured[answer.id]["customer_id"] == "cus_0000001"
+
+
+def test_bad_requests_get_openai_errors_and_the_server_stays_up(gateway) -> None:
+    import openai
+
+    with pytest.raises(openai.AuthenticationError):
+        _client(gateway, key="fw-wrong").models.list()
+    headers = {"Authorization": f"Bearer {gateway['key']}", "Content-Type": "application/json"}
+    url = f"{gateway['url']}/chat/completions"
+    assert httpx.get(f"{gateway['url']}/models", timeout=30).status_code == 401  # no key at all
+    cases = [
+        (b"{oops", 400, None),
+        (json.dumps({"model": "nope", "messages": ASK, "tools": TOOLS}).encode(), 404, "model_not_found"),
+        (json.dumps({"model": "champion", "messages": [{"role": "user", "content": "hi"}]}).encode(), 400, None),
+        (json.dumps({"model": "champion", "messages": [{"role": "user", "content": "parcel " * 3000}],
+                     "tools": TOOLS}).encode(), 400, "context_length_exceeded"),
+        (b"x" * 1_100_000, 413, "request_too_large"),
+        (json.dumps({"model": "champion", "messages": ASK, "tools": [{"type": "function", "function": {
+            "name": "odd", "parameters": {"type": "object", "properties": {"a": {"not": {"type": "string"}}}}}}]}).encode(),
+         400, "unsupported_tool_schema"),
+    ]
+    for body, status, code in cases:
+        response = httpx.post(url, content=body, headers=headers, timeout=120)
+        assert response.status_code == status, (body[:80], response.text[:300])
+        error = response.json()["error"]
+        assert error["message"] and (code is None or error["code"] == code), error
+    with pytest.raises(openai.NotFoundError):
+        _client(gateway).chat.completions.create(model="v999", messages=ASK, tools=TOOLS)
+    ok = _client(gateway).chat.completions.create(model="champion", messages=ASK, tools=TOOLS, tool_choice="required")
+    assert ok.choices[0].message.tool_calls  # still serving
+
+
+def test_captured_turns_pass_the_schema_check_and_survive_a_kill_under_load(gateway) -> None:
+    """Requests in flight from four threads; the gateway is SIGKILLed mid-traffic: every answered request's
+    record is in the raw zone, whole, and every captured line passes our log schema check."""
+    from pipelines.serve import gateway as gw
+
+    settings = gateway["settings"]
+    gen = TrafficGenerator(GeneratorConfig(seed=3, records=40, bad_share=0.0, end_date=date(2026, 11, 20)))
+    records = [orjson.loads(line) for _, line, _ in gen.lines()]
+    acknowledged: list[str] = []
+    errors: list[str] = []
+    stop = threading.Event()
+
+    def traffic(part: list[dict]) -> None:
+        client = _client(gateway)
+        for r in part:
+            if stop.is_set():
+                return
+            try:
+                answer = client.chat.completions.create(model="champion", messages=r["request"]["messages"],
+                                                        tools=r["request"]["tools"], user=r["customer_id"],
+                                                        metadata={"session_id": r["session_id"],
+                                                                  "workload_id": r["workload_id"]})
+                acknowledged.append(answer.id)
+            except Exception as exc:  # noqa: BLE001 (the kill: connection errors are expected)
+                errors.append(type(exc).__name__)
+
+    threads = [threading.Thread(target=traffic, args=(records[i::4],)) for i in range(4)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 120
+    while len(acknowledged) < 6 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    pid = read_pid(str(settings.root), gw.SERVICE)
+    os.killpg(pid, signal.SIGKILL)
+    stop.set()
+    for t in threads:
+        t.join(timeout=180)
+    assert len(acknowledged) >= 6 and errors, (len(acknowledged), errors)
+    captured = _captured(settings)
+    assert set(acknowledged) <= set(captured), "an answered request's record was lost"
+    for record in captured.values():
+        verdict = check_line(orjson.dumps(record))
+        assert verdict.ok or (verdict.reason.value == "unknown_tool" and record["request"]["tools"][0]["function"][
+            "name"] in {"track", "refund", "odd"}), (verdict.reason, verdict.detail)
+    gw.up(settings)  # the next start serves again
+    assert _client(gateway).models.list().data

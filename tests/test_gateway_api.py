@@ -1,0 +1,140 @@
+"""The gateway's OpenAI shape without servers: a request renders the training prompt, answers become
+tool calls or content, bad requests become OpenAI-style errors, and captured turns are log records
+prep accepts (with the label the caller got). The servers themselves: test_gateway.py."""
+
+from __future__ import annotations
+
+import json
+import threading
+from datetime import date, datetime
+from pathlib import Path
+
+import orjson
+import pytest
+
+from pipelines.logs.generator import GeneratorConfig, TrafficGenerator
+from pipelines.logs.schema import check_line
+from pipelines.prep.nodes import prepare_line
+from pipelines.prep.prompt import call_text, chat_turns
+from pipelines.serve import openai_api as api
+from pipelines.serve.capture import CaptureWriter
+from pipelines.train.dataset import system_for
+
+DEFAULTS = {"country": "US", "currency": "USD", "channel": "api"}
+
+
+def _records(n: int = 300) -> list[dict]:
+    gen = TrafficGenerator(GeneratorConfig(seed=11, records=n, bad_share=0.0, end_date=date(2026, 11, 20)))
+    return [orjson.loads(line) for _, line, _ in gen.lines()]
+
+
+def _request(record: dict, **extra) -> api.ChatCompletionRequest:
+    body = {"model": "champion", "messages": record["request"]["messages"], "tools": record["request"]["tools"],
+            "user": record["customer_id"], **extra}
+    return api.parse_request(json.dumps(body).encode(), 1_000_000)
+
+
+def test_a_served_request_renders_exactly_the_prompt_training_saw() -> None:
+    checked = 0
+    for record in _records():
+        row = prepare_line(orjson.dumps(record))
+        if any(row[k] for k in row if k.startswith("redacted_")):
+            continue  # PII: training sees it redacted, the gateway serves the caller's own text
+        served = api.request_row(_request(record), now=datetime.fromisoformat(row["event_time"]))
+        for style in ("names", "short", "full"):
+            assert (chat_turns(system_for(served.row, style), served.row["messages_json"])
+                    == chat_turns(system_for(row, style), row["messages_json"])), (record["record_id"], style)
+        checked += 1
+    assert checked > 100
+
+
+def test_answers_become_tool_calls_or_content() -> None:
+    specs = [{"type": "function", "function": {"name": "get_order", "parameters": {"type": "object"}}}]
+    call = api.answer('{"name":"get_order","arguments":{"order_id":"ord_1"}}', specs)
+    assert call["finish_reason"] == "tool_calls" and call["message"]["content"] is None
+    function = call["message"]["tool_calls"][0]["function"]
+    assert function["name"] == "get_order" and json.loads(function["arguments"]) == {"order_id": "ord_1"}
+    assert api.answer('{"name":null}', specs) == {"message": {"role": "assistant", "content": ""},
+                                                  "finish_reason": "stop"}
+    unoffered = api.answer('{"name":"refund","arguments":{}}', specs)  # never a call to a tool not offered
+    assert unoffered["finish_reason"] == "stop" and unoffered["message"]["content"] == '{"name":"refund","arguments":{}}'
+    assert api.answer("sure, let me check", specs)["message"]["content"] == "sure, let me check"
+
+
+def test_streamed_chunks_rebuild_the_same_answer() -> None:
+    record = _records(5)[0]
+    request = _request(record)
+    served = api.request_row(request)
+    name = served.specs[0]["function"]["name"]
+    body = api.completion(served, "champion", api.answer(json.dumps({"name": name, "arguments": {"a": 1}}),
+                                                         served.specs), 100, 9, "tool_router_v1")
+    chunks = api.chunks(body, include_usage=True)
+    assert {c["id"] for c in chunks} == {body["id"]} and chunks[-1]["usage"] == body["usage"]
+    arguments = "".join(d["function"].get("arguments", "") for c in chunks for ch in c["choices"]
+                        for d in ch["delta"].get("tool_calls", []))
+    assert arguments == body["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"]
+    assert [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]][-1] == "tool_calls"
+
+
+@pytest.mark.parametrize("body, status, where", [
+    (b"{not json", 400, "parse the JSON"),
+    (b"[1, 2]", 400, "JSON object"),
+    (json.dumps({"model": "champion", "messages": []}).encode(), 400, "'messages'"),
+    (json.dumps({"model": "champion", "messages": [{"role": "assistant", "content": "hi"}],
+                 "tools": [{"type": "function", "function": {"name": "a"}}]}).encode(), 400, "user message"),
+    (json.dumps({"model": "champion", "messages": [{"role": "user", "content": "hi"}]}).encode(), 400, "tools"),
+    (json.dumps({"model": "champion", "messages": [{"role": "user", "content": "hi"}],
+                 "tools": [{"type": "function", "function": {"name": "a"}}],
+                 "tool_choice": {"type": "function", "function": {"name": "b"}}}).encode(), 400, "tool_choice"),
+    (json.dumps({"model": "champion", "messages": [{"role": "user", "content": "x" * 5000}]}).encode(), 413, "at most"),
+])
+def test_bad_requests_are_openai_style_errors(body: bytes, status: int, where: str) -> None:
+    with pytest.raises(api.ApiError) as caught:
+        api.parse_request(body, 4096)
+    assert caught.value.status == status and where in caught.value.message
+    error = caught.value.body()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["type"] == "invalid_request_error"
+
+
+def test_a_captured_turn_is_a_log_record_prep_trains_on_with_the_label_served() -> None:
+    for record in _records(40)[:20]:
+        request = _request(record, metadata={"session_id": "s-1", "channel": "web"})
+        served = api.request_row(request)
+        name = served.specs[-1]["function"]["name"]
+        body = api.completion(served, "champion", api.answer(json.dumps({"name": name, "arguments": {}}), served.specs),
+                              50, 5, "tool_router_v1")
+        captured = api.capture_record(request, served, body, latency_ms=12.5, defaults=DEFAULTS)
+        verdict = check_line(orjson.dumps(captured))
+        assert verdict.ok or verdict.reason.value == "invalid_arguments", verdict  # {} may lack required args
+        assert captured["session_id"] == "s-1" and captured["channel"] == "web" and captured["country"] == "US"
+        assert captured["customer_id"] == record["customer_id"] and captured["model"] == "champion"
+        if verdict.ok:
+            row = prepare_line(orjson.dumps(captured))
+            assert json.loads(call_text(row["target_json"])) == {"name": name, "arguments": {}}
+    abstained = api.capture_record(request, served, api.completion(served, "champion", api.answer('{"name":null}', served.specs),
+                                                                   50, 3, None), latency_ms=1, defaults=DEFAULTS)
+    row = prepare_line(orjson.dumps(abstained))
+    assert row["status"] == "clean" and json.loads(call_text(row["target_json"])) == {"name": None}
+
+
+def test_concurrent_captures_are_whole_lines_rotated_and_partitioned_by_day(tmp_path: Path) -> None:
+    writer = CaptureWriter(str(tmp_path / "raw"), rotate_bytes=4096)
+    records = [{"record_id": f"r{i}", "timestamp": f"2026-11-2{i % 2}T10:00:00+00:00", "pad": "x" * 200}
+               for i in range(200)]
+
+    def write(chunk: list[dict]) -> None:
+        for r in chunk:
+            writer.write(r)
+
+    threads = [threading.Thread(target=write, args=(records[i::4],)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    writer.close()
+    files = sorted((tmp_path / "raw").glob("dt=*/gateway-*.jsonl"))
+    assert len(files) > 2 and all(f.stat().st_size <= 4096 for f in files)
+    seen = [orjson.loads(line) for f in files for line in f.read_bytes().splitlines()]
+    assert sorted(r["record_id"] for r in seen) == sorted(r["record_id"] for r in records)
+    for f in files:  # every record sits in its own day's partition
+        assert {orjson.loads(line)["timestamp"][:10] for line in f.read_bytes().splitlines()} == {f.parent.name[3:]}
