@@ -155,6 +155,17 @@ class GatewaySettings(_Section):
                          "names none (metadata.country)")
     currency: str = Field("USD", pattern=r"^[A-Z]{3}$")
     channel: Literal["web", "mobile_app", "chat_widget", "voice", "api"] = "api"
+    teacher_url: str | None = Field(None, description="shadow/canary reference: an OpenAI-compatible base URL "
+                                    "(the large model serving the agent today); unset: this gateway's `base` route")
+    teacher_model: str = Field("base", description="the model name sent to the teacher")
+    teacher_api_key: SecretStr | None = None
+    canary_share: float = Field(0.2, gt=0, lt=1, description="share of a canary route's requests sent to the candidate")
+    agreement_metric: Literal["name", "exact", "arg_f1"] = Field("name", description="what the live gate compares")
+    min_agreement: float = Field(0.8, ge=0, le=1, description="live agreement with the teacher a candidate needs")
+    gate_requests: int = Field(50, ge=1, description="compared requests before the live gate moves a route")
+    canary_max_error_share: float = Field(0.05, ge=0, le=1)
+    shadow_queue: int = Field(16, ge=1, description="off-path comparisons waiting at most; more are skipped "
+                              "(counted), so a slow candidate never slows the caller")
 
 
 class QualitySettings(_Section):

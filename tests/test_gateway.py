@@ -35,6 +35,7 @@ TOOLS = [
         "type": "object", "required": ["order"],
         "properties": {"order": {"type": "string", "pattern": "^ORD-[0-9]{4}$"}, "full": {"type": "boolean"}}}}},
 ]
+PING = [{"type": "function", "function": {"name": "ping", "parameters": {"type": "object", "properties": {}}}}]
 ASK = [{"role": "system", "content": "You route requests."}, {"role": "user", "content": "where is my dhl parcel?"}]
 
 
@@ -46,6 +47,7 @@ def gateway(registered):  # noqa: F811
     settings = registered["settings"]
     settings.triton.max_new_tokens = 40  # a whole bounded call (the shared fixture's 12 cut it short)
     settings.gateway.port = free_port()
+    settings.gateway.gate_requests, settings.gateway.min_agreement = 6, 0.0  # the live gate moves after 6 comparisons
     deploy.deploy(settings, "champion")
     client = TritonClient(settings)
     try:
@@ -103,7 +105,7 @@ def test_the_openai_client_gets_tool_calls_sync_and_streamed(gateway) -> None:
 
     captured = _captured(gateway["settings"])
     assert answer.id in captured and captured[answer.id]["response"]["choices"][0]["message"]["tool_calls"]
-    assert captured[answer.id]["model"] == "champion" and captured[answer.id]["customer_id"] == "cus_0000001"
+    assert captured[answer.id]["model"] == f"tool_router_v{gateway['v1']}" and captured[answer.id]["customer_id"] == "cus_0000001"
 
 
 def test_bad_requests_get_openai_errors_and_the_server_stays_up(gateway) -> None:
@@ -134,6 +136,64 @@ def test_bad_requests_get_openai_errors_and_the_server_stays_up(gateway) -> None
         _client(gateway).chat.completions.create(model="v999", messages=ASK, tools=TOOLS)
     ok = _client(gateway).chat.completions.create(model="champion", messages=ASK, tools=TOOLS, tool_choice="required")
     assert ok.choices[0].message.tool_calls  # still serving
+
+
+def _wait(predicate, timeout_s: float, what: str):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+
+
+def test_shadow_answers_with_the_teacher_and_the_live_gate_moves_the_route_to_canary(gateway) -> None:
+    from pipelines.serve import routes
+    from pipelines.serve.traffic import read_comparisons
+
+    settings, client = gateway["settings"], _client(gateway)
+    ask = {"messages": ASK, "tools": TOOLS, "tool_choice": "required"}
+    teacher = client.chat.completions.create(model="base", **ask).choices[0].message.tool_calls[0].function
+    started = routes.set_route(settings, "champion", "shadow")["since"]
+    time.sleep(1.2)  # the gateway re-reads routes each second
+    answers = [client.chat.completions.create(model="champion", **ask) for _ in range(6)]
+    for a in answers:  # the caller gets the teacher's answer
+        call = a.choices[0].message.tool_calls[0].function
+        assert (call.name, call.arguments) == (teacher.name, teacher.arguments)
+    compared = _wait(lambda: [r for r in read_comparisons(settings, started) if r["mode"] == "shadow"
+                              and r["agreement"] is not None] if len(read_comparisons(settings, started)) >= 6 else None,
+                     120, "six shadow comparisons")
+    assert {r["record_id"] for r in compared} == {a.id for a in answers}
+    assert all(set(r["agreement"]) == {"name", "exact", "arg_f1"} and r["candidate_latency_ms"] > 0 for r in compared)
+    captured = _captured(settings)
+    assert {captured[a.id]["model"] for a in answers} == {"tool_router_base"}  # the label is the teacher's
+    route = _wait(lambda: routes.route_of(routes.read_routes(settings), "champion")
+                  if routes.route_of(routes.read_routes(settings), "champion")["mode"] == "canary" else None,
+                  30, "the live gate's move to canary")
+    assert route["share"] == settings.gateway.canary_share
+    assert "shadow agreement" in routes.read_routes(settings)["history"][-1]["reason"]
+
+
+def test_a_canary_splits_live_traffic_by_its_share(gateway) -> None:
+    from pipelines.serve import routes
+
+    settings, client = gateway["settings"], _client(gateway)
+    routes.set_route(settings, "champion", "canary", share=0.5)
+    time.sleep(1.2)
+    from concurrent.futures import ThreadPoolExecutor
+
+    def ask(_: int) -> str:
+        return client.chat.completions.create(model="champion", messages=ASK, tools=PING, tool_choice="required").id
+
+    with ThreadPoolExecutor(4) as pool:  # four callers at once, as agents are
+        ids = list(pool.map(ask, range(100)))
+    captured = _captured(settings)
+    by = [captured[i]["model"] for i in ids]
+    assert set(by) == {f"tool_router_v{gateway['v1']}", f"tool_router_v{gateway['v2']}"}
+    assert 40 <= by.count(f"tool_router_v{gateway['v2']}") <= 60, by.count(f"tool_router_v{gateway['v2']}")
+    routes.set_route(settings, "champion", "serve")
+    time.sleep(1.2)
 
 
 def test_captured_turns_pass_the_schema_check_and_survive_a_kill_under_load(gateway) -> None:
@@ -179,6 +239,6 @@ def test_captured_turns_pass_the_schema_check_and_survive_a_kill_under_load(gate
     for record in captured.values():
         verdict = check_line(orjson.dumps(record))
         assert verdict.ok or (verdict.reason.value == "unknown_tool" and record["request"]["tools"][0]["function"][
-            "name"] in {"track", "refund", "odd"}), (verdict.reason, verdict.detail)
+            "name"] in {"track", "refund", "odd", "ping"}), (verdict.reason, verdict.detail)
     gw.up(settings)  # the next start serves again
     assert _client(gateway).models.list().data

@@ -138,3 +138,51 @@ def test_concurrent_captures_are_whole_lines_rotated_and_partitioned_by_day(tmp_
     assert sorted(r["record_id"] for r in seen) == sorted(r["record_id"] for r in records)
     for f in files:  # every record sits in its own day's partition
         assert {orjson.loads(line)["timestamp"][:10] for line in f.read_bytes().splitlines()} == {f.parent.name[3:]}
+
+
+def test_routes_change_atomically_with_history_and_the_gate_decides_by_agreement_and_errors(tmp_path: Path) -> None:
+    from pipelines.config import load_settings
+    from pipelines.serve import routes as rt
+
+    settings = load_settings(root=str(tmp_path), gateway={"gate_requests": 4, "min_agreement": 0.75,
+                                                           "canary_max_error_share": 0.25})
+    assert rt.route_of(rt.read_routes(settings), "champion") == {"mode": "serve"}
+    for bad, message in ((("canary",), "strictly between"), (("fast",), "mode:")):
+        with pytest.raises(rt.RouteError, match=message):
+            rt.set_route(settings, "champion", *bad, share=1.0)
+    shadow = rt.set_route(settings, "champion", "shadow")
+    yes, no = {"name": True, "exact": True, "arg_f1": 1.0}, {"name": False, "exact": False, "arg_f1": 0.0}
+
+    def tally(*answers) -> rt.Tally:
+        t = rt.Tally(shadow["since"])
+        for a in answers:
+            t.add(a if a != "error" else None, a == "error")
+        return t
+
+    assert rt.decide(settings, shadow, tally(yes, yes, no)) is None  # too few compared
+    assert rt.decide(settings, shadow, tally(yes, yes, yes, no))[0] == "canary"  # 0.75 agree
+    assert rt.decide(settings, shadow, tally(yes, yes, no, no)) is None  # shadow never demotes: callers unaffected
+    canary = rt.set_route(settings, "champion", "canary", share=0.3, reason="test")
+    assert rt.decide(settings, canary, tally(yes, yes, yes, yes)) is None
+    assert rt.canary_ready(settings, canary, tally(yes, yes, yes, yes))[0]
+    failed = rt.decide(settings, canary, tally(yes, no, no, no))
+    assert failed[0] == "serve" and "agreement" in failed[1]
+    errored = rt.decide(settings, canary, tally(yes, yes, "error", "error"))
+    assert errored[0] == "serve" and "errored" in errored[1]
+    assert rt.set_route(settings, "champion", "serve", expect="shadow")["mode"] == "canary"  # moved meanwhile: kept
+    history = rt.read_routes(settings)["history"]
+    assert [(h["from"], h["to"]) for h in history] == [("serve", "shadow"), ("shadow", "canary")]
+    (tmp_path / "serving" / "routes.json").write_text("{torn")
+    with pytest.raises(rt.RouteError, match="not valid JSON"):
+        rt.read_routes(settings)
+
+
+def test_agreement_uses_the_evaluation_scoring() -> None:
+    from pipelines.serve.routes import agreement, call_of
+
+    teacher = call_of({"tool_calls": [{"function": {"name": "get_order", "arguments": '{"order_id":"ORD-1"}'}}]})
+    assert agreement(teacher, {"name": "get_order", "arguments": {"order_id": "ORD-1"}}) == \
+        {"name": True, "exact": True, "arg_f1": 1.0}
+    assert agreement(teacher, {"name": "get_order", "arguments": {"order_id": "ORD-2"}})["exact"] is False
+    assert agreement(teacher, {"name": None})["name"] is False
+    assert call_of({"content": "no tool"}) == {"name": None}

@@ -16,6 +16,7 @@ Run it with `flywheel gateway up` (a process of its own, like the other local se
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import logging
 import os
@@ -233,20 +234,20 @@ class Router:
 def create_app(settings: Settings) -> Any:
     from pipelines.serve import openai_api as api
     from pipelines.serve.capture import CaptureWriter
-    from pipelines.serve.client import offered_tools
-    from pipelines.serve.tool_grammar import GrammarError, grammar_for
+    from pipelines.serve.traffic import Traffic
 
     key = api_key(settings)
     router = Router(settings)
-    spool = Path.home() / ".flywheel" / "gateway-spool"
+    raw_zone = settings.zone("raw")  # a local spool (object storage only) per raw zone: never another root's
+    spool = Path.home() / ".flywheel" / "gateway-spool" / hashlib.sha1(raw_zone.encode()).hexdigest()[:12]
     capture = (CaptureWriter(settings.zone("raw"), settings.gateway.capture_rotate_bytes, spool)
                if settings.gateway.capture else None)
-    defaults = {"country": settings.gateway.country, "currency": settings.gateway.currency,
-                "channel": settings.gateway.channel}
+    traffic = Traffic(settings, router, capture, spool)
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: Any) -> AsyncIterator[None]:
         yield
+        traffic.close()  # comparisons in flight finish first
         if capture is not None:
             capture.close()  # the open capture file is closed (and uploaded, on object storage) at shutdown
 
@@ -299,45 +300,16 @@ def create_app(settings: Settings) -> Any:
         parsed = api.parse_request(await request.body(), settings.gateway.max_request_bytes)
         from starlette.concurrency import run_in_threadpool
 
-        body = await run_in_threadpool(serve, parsed)
+        body = await run_in_threadpool(traffic.handle, parsed)
         if not parsed.stream:
             return JSONResponse(body)
         include_usage = bool((parsed.stream_options or {}).get("include_usage"))
         frames = [api.sse(c) for c in api.chunks(body, include_usage)] + [api.sse("[DONE]")]
         return StreamingResponse(iter(frames), media_type="text/event-stream")
 
-    def serve(parsed: Any) -> dict[str, Any]:
-        started = api.now_ms()
-        served = api.request_row(parsed)
-        if parsed.tool_choice == "none":
-            choice, target_name, prompt, output = {"message": {"role": "assistant", "content": ""},
-                                                   "finish_reason": "stop"}, None, 0, 0
-        else:
-            target = router.resolve(parsed.model)
-            turns = router.turns(target, served.row)
-            client = router.client()
-            tools = offered_tools(settings, [served.row], client, target.name)
-            if tools and (parsed.tool_choice == "required" or isinstance(parsed.tool_choice, dict)):
-                tools = [json.dumps({"tools": json.loads(tools[0]), "abstain": False})]  # a call is required
-            if tools:
-                try:
-                    grammar_for(tools[0])  # what the model would refuse, refused here with the reason
-                except GrammarError as exc:
-                    raise api.ApiError(400, f"constrained decoding: {exc}", param="tools",
-                                       code="unsupported_tool_schema") from None
-            reply = client.infer_one(target.name, turns, tools[0] if tools else None)
-            if reply.error is not None:
-                raise api.model_error(target.name, reply.error)
-            choice, target_name = api.answer(reply.text or "", served.specs), target.name
-            prompt, output = reply.prompt_tokens, reply.output_tokens
-        body = api.completion(served, parsed.model, choice, prompt, output, target_name)
-        if capture is not None:
-            capture.write(api.capture_record(parsed, served, body, latency_ms=api.now_ms() - started,
-                                             defaults=defaults))
-        return body
-
     app.state.router = router
     app.state.capture = capture
+    app.state.traffic = traffic
     return app
 
 

@@ -228,10 +228,11 @@ def workload_of(specs: list[dict[str, Any]], called: str | None, hint: str | Non
 
 
 def capture_record(request: ChatCompletionRequest, served: Served, body: dict[str, Any], *, latency_ms: float,
-                   defaults: dict[str, str]) -> dict[str, Any]:
+                   defaults: dict[str, str], served_by: str | None = None) -> dict[str, Any]:
     """The served turn as one record of our log schema (`pipelines.logs.schema.AgentTurn`): the request as
     the caller sent it (prep redacts it on its way to training), the answer it got, the model, tokens,
-    latency and the customer fields (`metadata` may carry session_id, workload_id, country, currency,
+    latency and the customer fields; `model` is the model that answered (`served_by`: a Triton model, or
+    `teacher:<name>` in shadow), else the name asked for (`metadata` may carry session_id, workload_id, country, currency,
     channel; the rest come from the gateway's settings)."""
     meta = request.metadata or {}
     message = body["choices"][0]["message"]
@@ -244,7 +245,7 @@ def capture_record(request: ChatCompletionRequest, served: Served, body: dict[st
         "session_id": meta.get("session_id") or served.response_id, "turn_index": max(0, user_turns - 1),
         "customer_id": request.user or "anonymous",
         "workload_id": workload_of(served.specs, called, meta.get("workload_id")),
-        "model": body["model"], "request": request_json,
+        "model": served_by or body["model"], "request": request_json,
         "response": {"id": served.response_id, "choices": [{"index": 0, "message": message,
                                                             "finish_reason": body["choices"][0]["finish_reason"]}]},
         "latency_ms": round(latency_ms, 3), "retrieval_latency_ms": 0.0,

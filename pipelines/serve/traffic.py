@@ -1,0 +1,254 @@
+"""What the gateway does with one request: answer it by its route's mode (`routes.py`), capture the turn,
+and compare a candidate with the teacher off the request path.
+
+`serve`: the asked alias answers. `shadow`: the teacher answers the caller (its answer is the captured
+label); the candidate answers a copy in a background worker, and the agreement is recorded. `canary`:
+the route's share goes to the candidate (the rest to the asked alias); the teacher answers a copy of the
+candidate's requests off the path. Comparisons go to `<serving zone>/gateway/agreement/dt=<day>/`
+(appended durably, as captures are); the live gate (`routes.decide`) runs after each one. A queue of
+`gateway.shadow_queue` pending comparisons at most: beyond it a comparison is skipped and counted, never
+slowing the caller.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from pipelines.config import Settings
+from pipelines.serve import openai_api as api
+from pipelines.serve import routes as rt
+from pipelines.serve.capture import CaptureWriter
+
+LOG = logging.getLogger("flywheel.gateway")
+ROUTES_TTL_S = 1.0
+
+
+def agreement_zone(settings: Settings) -> str:
+    return f"{settings.zone('serving')}/gateway/agreement"
+
+
+def read_comparisons(settings: Settings, since: str | None = None) -> list[dict[str, Any]]:
+    """Every recorded comparison (from `since`, an ISO time, on), oldest first."""
+    from pipelines.storage import glob, read_bytes
+
+    day = since[:10] if since else ""
+    out = []
+    for uri in sorted(glob(f"{agreement_zone(settings)}/dt=*/gateway-*.jsonl")):
+        if uri.rsplit("/", 2)[-2][3:] < day:
+            continue
+        for line in read_bytes(uri).splitlines():
+            try:
+                record = orjson.loads(line)
+            except orjson.JSONDecodeError:
+                continue  # a torn last line of a killed gateway
+            if since is None or record["timestamp"] >= since:
+                out.append(record)
+    return sorted(out, key=lambda r: r["timestamp"])
+
+
+def tally_of(settings: Settings, model: str, route: dict[str, Any]) -> rt.Tally:
+    """A route's comparisons since it entered its current mode (from the recorded files)."""
+    tally = rt.Tally(route.get("since", ""))
+    for r in read_comparisons(settings, route.get("since")):
+        if r["route"] == model and r["mode"] == route["mode"] and r["arm"] == "candidate":
+            tally.add(r["agreement"], r["error"] is not None)
+    return tally
+
+
+class Traffic:
+    def __init__(self, settings: Settings, router: Any, capture: CaptureWriter | None, spool: Path):
+        self.settings = settings
+        self.router = router
+        self.capture = capture
+        self.comparisons = CaptureWriter(agreement_zone(settings), settings.gateway.capture_rotate_bytes,
+                                         spool / "agreement")
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="shadow")
+        self._pending = threading.BoundedSemaphore(settings.gateway.shadow_queue)
+        self._lock = threading.Lock()
+        self._routes: tuple[float, dict[str, Any]] = (0.0, {"routes": {}})
+        self._tallies: dict[tuple[str, str], rt.Tally] = {}
+        self._credit: dict[tuple[str, str], float] = {}
+        self.defaults = {"country": settings.gateway.country, "currency": settings.gateway.currency,
+                         "channel": settings.gateway.channel}
+
+    # routes -----------------------------------------------------------------------------------
+    def route(self, model: str) -> dict[str, Any]:
+        at, data = self._routes
+        if time.monotonic() - at > ROUTES_TTL_S:
+            try:
+                data = rt.read_routes(self.settings)
+            except rt.RouteError as exc:
+                LOG.warning("%s: every route serves", exc)
+                data = {"routes": {}}
+            self._routes = (time.monotonic(), data)
+        return rt.route_of(data, model)
+
+    def _tally(self, model: str, route: dict[str, Any]) -> rt.Tally:
+        key = (model, route.get("since", ""))
+        with self._lock:
+            if key not in self._tallies:
+                self._tallies[key] = tally_of(self.settings, model, route)
+            return self._tallies[key]
+
+    def _to_candidate(self, model: str, route: dict[str, Any]) -> bool:
+        """Smooth weighted split: each request adds `share` to the route's credit and a full credit sends
+        one to the candidate, so over any run of requests the candidate gets the share to within one."""
+        key = (model, route.get("since", ""))
+        with self._lock:
+            credit = self._credit.get(key, 0.0) + route["share"]
+            chosen = credit >= 1.0 - 1e-9
+            self._credit[key] = credit - 1.0 if chosen else credit
+            return chosen
+
+    # answering --------------------------------------------------------------------------------
+    def handle(self, parsed: api.ChatCompletionRequest) -> dict[str, Any]:
+        started = api.now_ms()
+        served = api.request_row(parsed)
+        route = self.route(parsed.model)
+        if parsed.tool_choice == "none":  # the caller allows no call: nothing for a tool router to do
+            body, by = api.completion(served, parsed.model, {"message": {"role": "assistant", "content": ""},
+                                                             "finish_reason": "stop"}, 0, 0, None), "none"
+        elif route["mode"] == "shadow":
+            body, by = self.teacher(parsed, served)
+            self._off_path(parsed, served, route, body, candidate_answers=True)
+        elif route["mode"] == "canary" and self._to_candidate(parsed.model, route):
+            try:
+                body, by = self.local(route["candidate"], parsed, served)
+                self._off_path(parsed, served, route, body, candidate_answers=False)
+            except api.ApiError as exc:
+                if exc.status < 500:
+                    raise  # the request's own fault: the champion would refuse it too
+                self._record(parsed, served, route, "candidate", None, None, exc.message, None, None)
+                body, by = self.local(parsed.model, parsed, served)  # the caller still gets an answer
+        else:
+            body, by = self.local(parsed.model, parsed, served)
+            if route["mode"] == "canary":
+                self._record(parsed, served, route, "champion", None, None, None, 0.0, 0.0)
+        if self.capture is not None:
+            self.capture.write(api.capture_record(parsed, served, body, latency_ms=api.now_ms() - started,
+                                                  defaults=self.defaults, served_by=by))
+        return body
+
+    def local(self, alias: str, parsed: api.ChatCompletionRequest, served: api.Served) -> tuple[dict[str, Any], str]:
+        """One of our aliases answers: (the OpenAI body, the Triton model that answered)."""
+        from pipelines.serve.client import offered_tools
+        from pipelines.serve.tool_grammar import GrammarError, grammar_for
+
+        target = self.router.resolve(alias)
+        turns = self.router.turns(target, served.row)
+        client = self.router.client()
+        tools = offered_tools(self.settings, [served.row], client, target.name)
+        if tools and (parsed.tool_choice == "required" or isinstance(parsed.tool_choice, dict)):
+            tools = [json.dumps({"tools": json.loads(tools[0]), "abstain": False})]  # a call is required
+        if tools:
+            try:
+                grammar_for(tools[0])  # what the model would refuse, refused here with the reason
+            except GrammarError as exc:
+                raise api.ApiError(400, f"constrained decoding: {exc}", param="tools",
+                                   code="unsupported_tool_schema") from None
+        reply = client.infer_one(target.name, turns, tools[0] if tools else None)
+        if reply.error is not None:
+            raise api.model_error(target.name, reply.error)
+        body = api.completion(served, parsed.model, api.answer(reply.text or "", served.specs), reply.prompt_tokens,
+                              reply.output_tokens, target.name)
+        return body, target.name
+
+    def teacher(self, parsed: api.ChatCompletionRequest, served: api.Served) -> tuple[dict[str, Any], str]:
+        """The reference model answers: the upstream in `gateway.teacher_url`, else our `base` route."""
+        g = self.settings.gateway
+        if not g.teacher_url:
+            return self.local("base", parsed, served)
+        import httpx
+
+        payload = {**parsed.model_dump(exclude_none=True), "model": g.teacher_model, "stream": False}
+        payload.pop("stream_options", None)
+        headers = {"Authorization": f"Bearer {g.teacher_api_key.get_secret_value()}"} if g.teacher_api_key else {}
+        try:
+            response = httpx.post(f"{g.teacher_url.rstrip('/')}/chat/completions", json=payload, headers=headers,
+                                  timeout=g.request_timeout_s)
+        except httpx.HTTPError as exc:
+            raise api.ApiError(503, f"the teacher at {g.teacher_url} did not answer ({type(exc).__name__})",
+                               kind="server_error", code="teacher_unavailable") from None
+        if response.status_code != 200:
+            raise api.ApiError(502, f"the teacher answered {response.status_code}: {response.text[:300]}",
+                               kind="server_error", code="teacher_error")
+        upstream = response.json()
+        usage = upstream.get("usage") or {}
+        choice = upstream["choices"][0]
+        body = api.completion(served, parsed.model, {"message": choice["message"], "finish_reason": choice["finish_reason"]},
+                              int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0),
+                              upstream.get("model"))
+        return body, f"teacher:{upstream.get('model') or g.teacher_model}"
+
+    # comparing --------------------------------------------------------------------------------
+    def _off_path(self, parsed: api.ChatCompletionRequest, served: api.Served, route: dict[str, Any],
+                  body: dict[str, Any], *, candidate_answers: bool) -> None:
+        """Shadow: the candidate answers a copy (the caller had the teacher's). Canary: the teacher answers
+        a copy of a request the candidate served. Skipped (recorded) when the queue is full."""
+        if not self._pending.acquire(blocking=False):
+            self._record(parsed, served, route, "candidate", None, None, "skipped: comparison queue full", 0, 0,
+                         skipped=True)
+            return
+
+        def compare() -> None:
+            try:
+                t0 = api.now_ms()
+                try:
+                    other, _ = (self.local(route["candidate"], parsed, served) if candidate_answers
+                                else self.teacher(parsed, served))
+                    error = None
+                except api.ApiError as exc:
+                    other, error = None, exc.message
+                took = api.now_ms() - t0
+                first = rt.call_of(body["choices"][0]["message"])
+                second = rt.call_of(other["choices"][0]["message"]) if other else None
+                reference, answer = (first, second) if candidate_answers else (second, first)
+                candidate_ms, reference_ms = (took, None) if candidate_answers else (None, took)
+                if not candidate_answers and error is not None:  # the teacher failed: not the candidate's error
+                    self._record(parsed, served, route, "candidate", None, answer, None, candidate_ms, reference_ms,
+                                 skipped=True, note=f"teacher: {error}")
+                    return
+                self._record(parsed, served, route, "candidate", reference, answer, error, candidate_ms, reference_ms)
+            except Exception:  # noqa: BLE001 (off the request path: logged, never raised at the caller)
+                LOG.exception("shadow comparison failed")
+            finally:
+                self._pending.release()
+
+        self._pool.submit(compare)
+
+    def _record(self, parsed: api.ChatCompletionRequest, served: api.Served, route: dict[str, Any], arm: str,
+                reference: dict[str, Any] | None, answer: dict[str, Any] | None, error: str | None,
+                candidate_ms: float | None, reference_ms: float | None, *, skipped: bool = False,
+                note: str | None = None) -> None:
+        agreed = rt.agreement(reference, answer) if reference is not None and answer is not None else None
+        if arm == "candidate" and error is None and agreed is None and not skipped:
+            agreed = {"name": False, "exact": False, "arg_f1": 0.0}
+        self.comparisons.write({
+            "record_id": served.response_id, "timestamp": datetime.now(timezone.utc).isoformat(timespec="microseconds"),
+            "route": parsed.model, "mode": route["mode"], "arm": arm, "candidate": route.get("candidate"),
+            "reference": reference, "answer": answer, "agreement": agreed, "error": error, "skipped": skipped,
+            "note": note, "candidate_latency_ms": candidate_ms, "reference_latency_ms": reference_ms})
+        if arm != "candidate" or skipped:
+            return
+        tally = self._tally(parsed.model, route)
+        with self._lock:
+            tally.add(agreed, error is not None)
+            move = rt.decide(self.settings, route, tally)
+        if move is not None:
+            changed = rt.set_route(self.settings, parsed.model, move[0], candidate=route["candidate"],
+                                   share=route.get("share"), reason=move[1], expect=route["mode"])
+            LOG.warning("route %s: %s -> %s (%s)", parsed.model, route["mode"], changed["mode"], move[1])
+            self._routes = (0.0, {"routes": {}})  # re-read at the next request
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=False)
+        self.comparisons.close()
