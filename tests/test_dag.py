@@ -58,11 +58,47 @@ def test_dag_runs_and_rerunning_a_date_is_idempotent(tmp_path: Path) -> None:
     assert len(list((tmp_path / "raw" / f"dt={DAY}").glob("*.jsonl"))) == 1
 
 
+def _gateway_captures(raw: Path, n: int = 60) -> list[str]:
+    """Turns as the gateway captures them (its own functions: request row, answer, capture record, the
+    durable writer), answered with the generator's logged calls, and a thumbs-down for the first five."""
+    from datetime import date, datetime
+
+    import orjson
+
+    from pipelines.logs.feedback import feedback_zone
+    from pipelines.logs.generator import GeneratorConfig, TrafficGenerator
+    from pipelines.serve import openai_api as api
+    from pipelines.serve.capture import CaptureWriter
+
+    writer, ids = CaptureWriter(str(raw), 1 << 20), []
+    for _, line, _ in TrafficGenerator(GeneratorConfig(seed=21, records=n, bad_share=0.0,
+                                                       end_date=date.fromisoformat(DAY))).lines():
+        r = orjson.loads(line)
+        request = api.parse_request(json.dumps({"model": "champion", "messages": r["request"]["messages"],
+                                                "tools": r["request"]["tools"], "user": r["customer_id"]}).encode(), 1 << 20)
+        served = api.request_row(request, now=datetime.fromisoformat(r["timestamp"]))
+        choice = r["response"]["choices"][0]
+        body = api.completion(served, "champion", {"message": choice["message"], "finish_reason": choice["finish_reason"]},
+                              100, 10, "tool_router_v1")
+        writer.write(api.capture_record(request, served, body, latency_ms=90.0,
+                                        defaults={"country": "US", "currency": "USD", "channel": "api"},
+                                        served_by="tool_router_v1"))
+        ids.append(served.response_id)
+    writer.close()
+    ratings = CaptureWriter(feedback_zone(str(raw)), 1 << 20)
+    for record_id in ids[:5]:
+        ratings.write({"record_id": record_id, "rating": "down", "timestamp": f"{DAY}T23:00:00+00:00"})
+    ratings.close()
+    return ids
+
+
 def test_dag_trains_evaluates_registers_promotes_deploys_and_benchmarks(tmp_path: Path) -> None:
+    """... on a day holding generated traffic plus turns the gateway captured (and rated) in that day."""
     from pipelines.registry.models import CHAMPION, alias_version
     from pipelines.serve import deploy, server
 
     serving = _small_serving_env()
+    captured = _gateway_captures(tmp_path / "raw")
     try:
         # plumbing: the untrained tiny model cannot beat base few-shot, so the first candidate is promoted unchecked
         ok, out = _run(tmp_path, {**serving, "FLYWHEEL_PROMOTION__BASELINE": "none"}, records_per_day=1200,
@@ -70,6 +106,15 @@ def test_dag_trains_evaluates_registers_promotes_deploys_and_benchmarks(tmp_path
         assert ok, out[-3000:]
         settings = load_settings(root=str(tmp_path), triton={"http_port": int(serving["FLYWHEEL_TRITON__HTTP_PORT"])})
         assert alias_version(settings, CHAMPION) == "1"
+        manifest = json.loads((tmp_path / "curated" / "manifest.json").read_text())
+        assert manifest["counts"]["input"] == 1200 + len(captured)  # the captured turns were read with the day's
+        logs = pd.read_parquet(tmp_path / "curated" / "clean_logs")
+        mine = logs[logs["record_id"].isin(captured)]
+        assert len(mine) > len(captured) // 2 and set(mine["model"]) == {"tool_router_v1"}
+        rated = mine[mine["record_id"].isin(captured[:5])]
+        assert len(rated) and set(rated["feedback"]) == {"down"} and set(mine[~mine.index.isin(rated.index)]["feedback"]) == {"none"}
+        sft = pd.read_parquet(tmp_path / "curated" / "sft")
+        assert sft["record_id"].isin(captured).any()  # the next training set holds served traffic
         assert list((tmp_path / "reports" / "evaluation").glob("tiny-*/report.html"))
         live = deploy.live_model(settings)
         assert live is not None and live.version == "1" and server.status(settings).healthy

@@ -132,6 +132,14 @@ def test_bad_requests_get_openai_errors_and_the_server_stays_up(gateway) -> None
         assert response.status_code == status, (body[:80], response.text[:300])
         error = response.json()["error"]
         assert error["message"] and (code is None or error["code"] == code), error
+    from pipelines.logs.feedback import read_feedback
+
+    answered = _client(gateway).chat.completions.create(model="champion", messages=ASK, tools=TOOLS)
+    rated = httpx.post(f"{gateway['url']}/feedback", json={"id": answered.id, "rating": "down"}, headers=headers, timeout=30)
+    assert rated.status_code == 200 and rated.json()["recorded"] is True
+    assert read_feedback(gateway["settings"].zone("raw"))[answered.id] == "down"
+    for bad in ({"id": answered.id, "rating": "meh"}, {"rating": "up"}):
+        assert httpx.post(f"{gateway['url']}/feedback", json=bad, headers=headers, timeout=30).status_code == 400
     with pytest.raises(openai.NotFoundError):
         _client(gateway).chat.completions.create(model="v999", messages=ASK, tools=TOOLS)
     ok = _client(gateway).chat.completions.create(model="champion", messages=ASK, tools=TOOLS, tool_choice="required")

@@ -186,3 +186,21 @@ def test_agreement_uses_the_evaluation_scoring() -> None:
     assert agreement(teacher, {"name": "get_order", "arguments": {"order_id": "ORD-2"}})["exact"] is False
     assert agreement(teacher, {"name": None})["name"] is False
     assert call_of({"content": "no tool"}) == {"name": None}
+
+
+def test_the_latest_rating_of_a_record_replaces_its_feedback_in_prep(tmp_path: Path) -> None:
+    from pipelines.logs.feedback import feedback_zone, read_feedback
+
+    raw = str(tmp_path / "raw")
+    ratings = CaptureWriter(feedback_zone(raw), 1 << 20)
+    record = _records(3)[0]
+    for at, rating in (("2026-11-21T10:00:00+00:00", "down"), ("2026-11-22T09:00:00+00:00", "up"),
+                       ("2026-11-21T11:00:00+00:00", "down")):  # written out of order: the latest time wins
+        ratings.write({"record_id": record["record_id"], "rating": rating, "timestamp": at})
+    ratings.write({"record_id": "other", "rating": "meh", "timestamp": "2026-11-22T09:00:00+00:00"})  # not a rating
+    ratings.close()
+    with open(next(Path(feedback_zone(raw)).glob("dt=2026-11-22/*.jsonl")), "ab") as torn:
+        torn.write(b'{"record_id": "x", "rat')  # a killed gateway's last line
+    assert read_feedback(raw) == {record["record_id"]: "up"}
+    assert prepare_line(orjson.dumps(record), feedback=read_feedback(raw))["feedback"] == "up"
+    assert prepare_line(orjson.dumps(record))["feedback"] == record["feedback"]

@@ -51,11 +51,12 @@ def normalize_text(text: str) -> str:
     return _SPACES.sub(" ", text.lower()).strip().rstrip("!?.,; ")
 
 
-def prepare_line(line: str | bytes, source_file: str = "", tools: Mapping[str, dict[str, Any]] | None = None
-                 ) -> dict[str, Any]:
+def prepare_line(line: str | bytes, source_file: str = "", tools: Mapping[str, dict[str, Any]] | None = None,
+                 feedback: Mapping[str, str] | None = None) -> dict[str, Any]:
     """One raw line -> one row: clean (with its SFT fields) or quarantined (with a reason).
 
-    `tools`: the catalogue including imported toolsets (default: ours)."""
+    `tools`: the catalogue including imported toolsets (default: ours). `feedback`: ratings given after
+    the turn was logged (the gateway's `/v1/feedback`, by record id), which replace the record's own."""
     row: dict[str, Any] = dict.fromkeys(PREPARED_COLUMNS)
     row["source_file"] = source_file
     verdict = check_line(line, tools)
@@ -97,7 +98,7 @@ def prepare_line(line: str | bytes, source_file: str = "", tools: Mapping[str, d
     row.update(
         status="clean", record_id=r["record_id"], session_id=r["session_id"], customer_id=r["customer_id"],
         workload_id=r["workload_id"], event_time=event_time, turn_index=r["turn_index"], model=r["model"],
-        country=r["country"], currency=r["currency"], channel=r["channel"], feedback=r["feedback"],
+        country=r["country"], currency=r["currency"], channel=r["channel"], feedback=(feedback or {}).get(r["record_id"], r["feedback"]),
         latency_ms=float(r["latency_ms"]), retrieval_latency_ms=float(r["retrieval_latency_ms"]),
         prompt_tokens=r["prompt_tokens"], completion_tokens=r["completion_tokens"],
         tool=tool, arguments_json=arguments_json, category=_str(args.get("category")),
@@ -142,13 +143,13 @@ def _num(value: Any) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
-def prepare_batches(batches: Iterator[pd.DataFrame], tools: Mapping[str, dict[str, Any]] | None = None
-                    ) -> Iterator[pd.DataFrame]:
+def prepare_batches(batches: Iterator[pd.DataFrame], tools: Mapping[str, dict[str, Any]] | None = None,
+                    feedback: Mapping[str, str] | None = None) -> Iterator[pd.DataFrame]:
     """mapInPandas body: (value, source_file) lines -> PREPARED_SCHEMA rows."""
     import pandas as pd
 
     for batch in batches:
-        rows = [prepare_line(v, f, tools) for v, f in zip(batch["value"], batch["source_file"])]
+        rows = [prepare_line(v, f, tools, feedback) for v, f in zip(batch["value"], batch["source_file"])]
         frame = pd.DataFrame(rows, columns=PREPARED_COLUMNS)
         for col in ("turn_index", "prompt_tokens", "completion_tokens", "approx_tokens",
                     *(f"redacted_{t.lower()}" for t in PII_TYPES)):
@@ -157,7 +158,8 @@ def prepare_batches(batches: Iterator[pd.DataFrame], tools: Mapping[str, dict[st
 
 
 # ---- DataFrame nodes ------------------------------------------------------------------------
-def prepare(lines: DataFrame, tools: Mapping[str, dict[str, Any]] | None = None) -> DataFrame:
+def prepare(lines: DataFrame, tools: Mapping[str, dict[str, Any]] | None = None,
+            feedback: Mapping[str, str] | None = None) -> DataFrame:
     """Raw text lines (value, source_file) -> prepared rows with a typed `event_timestamp`.
 
     `dt` is the raw partition a row came from (not its timestamp), so each output partition is
@@ -165,7 +167,7 @@ def prepare(lines: DataFrame, tools: Mapping[str, dict[str, Any]] | None = None)
     """
     from pyspark.sql import functions as F
 
-    prepared = lines.mapInPandas(partial(prepare_batches, tools=tools), PREPARED_SCHEMA)
+    prepared = lines.mapInPandas(partial(prepare_batches, tools=tools, feedback=feedback), PREPARED_SCHEMA)
     return prepared.withColumn("event_timestamp", F.try_to_timestamp("event_time")).withColumn(
         "dt", F.regexp_extract("source_file", r"dt=([0-9]{4}-[0-9]{2}-[0-9]{2})", 1))
 

@@ -19,6 +19,7 @@ from typing import Any
 from pipelines import __version__
 from pipelines.config import REPO_ROOT, Settings
 from pipelines.errors import NotRetryable
+from pipelines.logs.feedback import read_feedback
 from pipelines.logs.raw import unreadable_reason
 from pipelines.logs.tools import TOOLSET_VERSION
 from pipelines.logs.toolsets import extra_tool_names, registered_catalogue
@@ -119,7 +120,8 @@ def run_prep(settings: Settings, window: DateWindow, spark: Any = None, run_id: 
     lines = spark.read.text(files).withColumn("source_file", F.input_file_name())
     non_blank = lines.filter(F.trim("value") != "")
     tools = registered_catalogue(settings.zone("raw"))
-    nodes.prepare(non_blank, tools).write.mode("overwrite").parquet(staging)
+    feedback = read_feedback(settings.zone("raw"))  # ratings sent after the turns (gateway /v1/feedback)
+    nodes.prepare(non_blank, tools, feedback).write.mode("overwrite").parquet(staging)
     prepared = spark.read.parquet(staging)
     input_records = non_blank.count()
 

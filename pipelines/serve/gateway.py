@@ -26,6 +26,7 @@ import threading
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -234,6 +235,7 @@ class Router:
 def create_app(settings: Settings) -> Any:
     from pipelines.serve import openai_api as api
     from pipelines.serve.capture import CaptureWriter
+    from pipelines.logs.feedback import RATINGS, feedback_zone
     from pipelines.serve.traffic import Traffic
 
     key = api_key(settings)
@@ -243,11 +245,13 @@ def create_app(settings: Settings) -> Any:
     capture = (CaptureWriter(settings.zone("raw"), settings.gateway.capture_rotate_bytes, spool)
                if settings.gateway.capture else None)
     traffic = Traffic(settings, router, capture, spool)
+    ratings = CaptureWriter(feedback_zone(raw_zone), settings.gateway.capture_rotate_bytes, spool / "feedback")
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: Any) -> AsyncIterator[None]:
         yield
         traffic.close()  # comparisons in flight finish first
+        ratings.close()
         if capture is not None:
             capture.close()  # the open capture file is closed (and uploaded, on object storage) at shutdown
 
@@ -275,6 +279,25 @@ def create_app(settings: Settings) -> Any:
                                                "the key is in the file `flywheel gateway status` names)",
                                           code="invalid_api_key"))
         return await call_next(request)
+
+    @app.post("/v1/feedback")
+    async def feedback(request: Request) -> dict[str, Any]:
+        """A caller's rating of an answer: {"id": "<the completion's id>", "rating": "up"|"down"|"none"}.
+        Recorded durably; prep applies it to that turn's captured record."""
+        try:
+            data = json.loads(await request.body())
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise api.ApiError(400, f"We could not parse the JSON body of your request ({exc})") from None
+        if not isinstance(data, dict) or not str(data.get("id", "")).startswith("chatcmpl-"):
+            raise api.ApiError(400, "send {\"id\": \"chatcmpl-...\", \"rating\": \"up\"|\"down\"}", param="id")
+        if data.get("rating") not in RATINGS:
+            raise api.ApiError(400, f"rating: expected one of {', '.join(RATINGS)}", param="rating")
+        event = {"record_id": data["id"], "rating": data["rating"],
+                 "timestamp": datetime.now(timezone.utc).isoformat(timespec="microseconds")}
+        from starlette.concurrency import run_in_threadpool
+
+        await run_in_threadpool(ratings.write, event)
+        return {"id": data["id"], "rating": data["rating"], "recorded": True}
 
     @app.get("/health")
     def health() -> dict[str, str]:
