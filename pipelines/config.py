@@ -196,6 +196,8 @@ class TrainSettings(_Section):
 class EvaluationSettings(_Section):
     examples: int = Field(24, ge=1, description="test requests per evaluation (seeded sample)")
     shots: int = Field(3, ge=0, description="in-context examples for the base few-shot condition")
+    baselines: bool = Field(True, description="also evaluate the base model (zero-shot, few-shot); off skips them "
+                            "only where no gate needs them (`promotion.baseline: none`)")
     constrained: Literal["off", "on", "both"] = Field(
         "both", description="evaluate each condition unconstrained, under the tool-call grammar (rows named "
         "`<condition>_constrained`), or both; the gate compares the rows of the way models are served "

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
@@ -113,6 +114,8 @@ def run_demo(settings: Settings, *, records_per_day: int, days: int, seed: int, 
                           f"as served): latency p50 {change['latency_p50_change']:+.0%}, prompt tokens "
                           f"{change['prompt_tokens_change']:+.0%}, throughput {change['throughput_change']:+.0%}")
 
+    gateway_url = _ask_the_gateway(settings, end, seed, console) if bench else None
+
     outputs = {
         "raw logs": settings.zone("raw"),
         "curated SFT Parquet (train/val/test)": manifest["training_set"]["uri"],
@@ -130,6 +133,8 @@ def run_demo(settings: Settings, *, records_per_day: int, days: int, seed: int, 
         outputs["serving benchmark report"] = bench["html_uri"]
         outputs["Triton (champion live)"] = f"http://{settings.triton.host}:{settings.triton.http_port} "\
                                             f"(`flywheel serve status`; stop: `flywheel serve down`)"
+    if gateway_url:
+        outputs["OpenAI-compatible gateway"] = f"{gateway_url} (`flywheel gateway status`; stop: `flywheel gateway down`)"
     table = Table(title=f"demo finished in {time.perf_counter() - started:.0f} s")
     table.add_column("output")
     table.add_column("where")
@@ -139,6 +144,38 @@ def run_demo(settings: Settings, *, records_per_day: int, days: int, seed: int, 
     console.print("Next: `flywheel up` for the Airflow (http://127.0.0.1:8080) and MLflow (http://127.0.0.1:5000) "
                   "UIs; `flywheel registry list`; `flywheel features context <customer_id>` for the online context.")
     return outputs
+
+
+def _ask_the_gateway(settings: Settings, day: Any, seed: int, console: Console) -> str:
+    """Start the OpenAI-compatible gateway and send it one shopper request with the official `openai`
+    client, as an agent would; print the lines a user copies (the key stays in its file)."""
+    import orjson
+    from openai import OpenAI
+
+    from pipelines.logs.generator import GeneratorConfig, TrafficGenerator
+    from pipelines.serve import gateway
+
+    console.rule("the agent's front door: the OpenAI API")
+    gateway.up(settings)
+    url, key_file = gateway.base_url(settings), gateway.api_key_file(settings)
+    record = orjson.loads(next(TrafficGenerator(GeneratorConfig(seed=seed + 7, records=1, bad_share=0.0,
+                                                                end_date=day)).lines())[1])
+    client = OpenAI(base_url=url, api_key=gateway.api_key(settings), timeout=settings.gateway.request_timeout_s,
+                    max_retries=1)
+    answer = client.chat.completions.create(model="champion", messages=record["request"]["messages"],
+                                            tools=record["request"]["tools"], user=record["customer_id"])
+    message = answer.choices[0].message
+    said = (f"{message.tool_calls[0].function.name}({message.tool_calls[0].function.arguments})"
+            if message.tool_calls else f"no tool: {message.content!r}")
+    console.print(f"request: {record['request']['messages'][-1]['content']!r}")
+    console.print(f"champion answered: {said} ({answer.usage.prompt_tokens} prompt tokens; captured into the raw "
+                  f"zone as tomorrow's training data)")
+    console.print(f"curl {url}/chat/completions -H \"Authorization: Bearer $(cat {key_file})\" "
+                  f"-H 'Content-Type: application/json' -d '{{\"model\": \"champion\", \"messages\": [{{\"role\": "
+                  f"\"user\", \"content\": \"track order ORD-123456\"}}], \"tools\": [...]}}'", soft_wrap=True)
+    console.print(f"python: OpenAI(base_url=\"{url}\", api_key=open(\"{key_file}\").read().strip())"
+                  f".chat.completions.create(model=\"champion\", messages=..., tools=...)", soft_wrap=True)
+    return url
 
 
 def run_drift_demo(settings: Settings, *, records: int, seed: int, console: Console) -> dict[str, object]:

@@ -125,8 +125,9 @@ def scan_platform(settings) -> list[Finding]:
     """Logs, reports and MLflow params/tags of this root, for the configured secrets and credential shapes."""
     from pipelines.clients.mlflow import client
 
-    secrets = configured_secrets(settings)
     root = Path(str(settings.root))
+    generated = [*sorted((root / "runs").glob("*.password")), root / "runs" / "gateway.key"]  # 0600 files, per root
+    secrets = sorted({*configured_secrets(settings), *(p.read_text().strip() for p in generated if p.is_file())} - {""})
     findings = scan_files([root / "logs", root / "airflow" / "logs", root / "reports"], secrets)
     mlflow_client = client(settings)
     experiments = [e.experiment_id for e in mlflow_client.search_experiments()]

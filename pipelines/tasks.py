@@ -185,6 +185,8 @@ def evaluate(trained: dict[str, Any], settings: Settings | None = None) -> dict[
         adapters.append(Adapter("tuned_champion", adapter_path(settings, champion), prompt_style(settings, champion)))
     # a drift retrain needs candidate vs champion for the gate; the base-model baselines are the daily run's
     baselines = not (trained.get("drift_run") and champion is not None)
+    if not settings.evaluation.baselines and settings.promotion.baseline == "none":
+        baselines = False  # nothing compares with them: skipped on request (tests of other behaviour)
     cfg = EvalConfig(base_model=sweep["base_model"], examples=settings.evaluation.examples,
                      shots=settings.evaluation.shots, baselines=baselines, window=sweep.get("window"),
                      constrained=settings.evaluation.constrained)

@@ -124,12 +124,13 @@ def test_a_run_past_its_time_limit_is_stopped_with_one_line_naming_the_task(tmp_
     resume (exit 2), no traceback, and nothing of the run left running (Spark's JVM included)."""
     from helpers import processes_with_env
 
-    # 1,500 records a day: the data path alone takes over a minute here, so 30 s stop it mid-way
+    # 1,500 records a day: the data path alone takes over a minute here (prep runs ~6-22 s in), so 20 s stop
+    # it mid-way
     result = run_flywheel("run", "--end-date", "2026-11-20", "--no-train",
-                          env={"FLYWHEEL_ROOT": str(tmp_path), "FLYWHEEL_AIRFLOW__RUN_TIMEOUT_S": "30"}, timeout=400)
+                          env={"FLYWHEEL_ROOT": str(tmp_path), "FLYWHEEL_AIRFLOW__RUN_TIMEOUT_S": "20"}, timeout=400)
     assert result.returncode == 2 and "Traceback" not in result.stderr, (result.stdout[-2000:], result.stderr)
     lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: commerce_flywheel did not finish within 30 s"), lines
+    assert len(lines) == 1 and lines[0].startswith("error: commerce_flywheel did not finish within 20 s"), lines
     assert "run the same command again to resume" in lines[0] and "dags-test.log" in lines[0]
     assert " ran;" in lines[0] or "before its first task started" in lines[0]
     assert processes_with_env(f"FLYWHEEL_ROOT={tmp_path}") == []

@@ -53,3 +53,18 @@ def test_config_show_and_scan_secrets_cli(tmp_path: Path) -> None:
     report = json.loads(found.stdout)
     assert report["findings"] == 1 and report["where"] == [f"{log}:2: secret value"]
     assert "planted-secret-value" not in found.stdout + found.stderr
+
+
+def test_scan_secrets_knows_the_generated_gateway_key(tmp_path: Path) -> None:
+    from pipelines.config import load_settings
+    from pipelines.serve.gateway import api_key, api_key_file
+
+    settings = load_settings(root=str(tmp_path / "fw"))
+    key = api_key(settings)
+    assert oct(api_key_file(settings).stat().st_mode & 0o777) == "0o600" and api_key(settings) == key  # once per root
+    log = tmp_path / "fw" / "logs" / "gateway.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.write_text(f"INFO request with Authorization: Bearer {key}\n")
+    found = run_flywheel("scan-secrets", "--json", env={"FLYWHEEL_ROOT": str(tmp_path / "fw")})
+    assert found.returncode == 1 and json.loads(found.stdout)["where"][0].startswith(f"{log}:1")
+    assert key not in found.stdout + found.stderr

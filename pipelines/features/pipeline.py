@@ -200,6 +200,6 @@ def _days(window: dict[str, str]) -> int:
     return len(DateWindow.parse(window["start"], window["end"]).days())
 
 
-def online_context(customer_id: str, settings: Settings) -> str:
+def online_context(customer_id: str, settings: Settings, store: Any = None) -> str:
     """The customer's context line from the online store (serving); same format as training."""
-    return format_context(feast_client.online_customer_features(settings, [customer_id])[0])
+    return format_context(feast_client.online_customer_features(settings, [customer_id], store)[0])

@@ -181,7 +181,11 @@ class Router:
     def resolve(self, model: str) -> Target:
         from pipelines.serve.openai_api import ApiError
 
-        found = self.targets().get(model)
+        try:
+            found = self.targets().get(model)
+        except Exception as exc:  # noqa: BLE001 (Triton or the serving state unreadable: retry later)
+            raise ApiError(503, f"the models cannot be listed now ({type(exc).__name__}: {str(exc)[:200]})",
+                           kind="server_error", code="model_unavailable") from None
         if found is None:
             raise ApiError(404, f"The model '{model}' does not exist or is not loaded (GET /v1/models lists "
                                 f"the ones that are)", param="model", code="model_not_found")
@@ -203,12 +207,15 @@ class Router:
     def context(self, customer_id: str) -> str:
         """The customer's context line from Feast's online store, as training had it; empty (as for a
         customer training never saw) when there is no customer or the store cannot answer, logged."""
+        from pipelines.clients.feast import feature_store
         from pipelines.features.pipeline import online_context
 
         if not customer_id:
             return ""
         try:
-            return online_context(customer_id, self.settings)
+            if not hasattr(self._local, "store"):  # one FeatureStore per worker thread (its registry is cached)
+                self._local.store = feature_store(self.settings)
+            return online_context(customer_id, self.settings, self._local.store)
         except Exception as exc:  # noqa: BLE001 (Feast unreachable or not applied: serve without context)
             now = time.monotonic()
             if now - self._warned > 60:
@@ -264,6 +271,12 @@ def create_app(settings: Settings) -> Any:
     @app.exception_handler(api.ApiError)
     async def _api_error(_request: Request, exc: api.ApiError) -> JSONResponse:
         return error(exc)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_request: Request, exc: Exception) -> JSONResponse:
+        LOG.error("request failed", exc_info=exc)  # the traceback in the gateway's log, one line to the caller
+        return error(api.ApiError(500, f"the gateway failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}",
+                                  kind="server_error"))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
