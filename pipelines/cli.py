@@ -500,17 +500,23 @@ def deploy_cmd(
     alias: Annotated[str, typer.Option(help="Registry alias to deploy.")] = "champion",
     version: Annotated[str | None, typer.Option(help="A version number instead of an alias.")] = None,
     canary: Annotated[float | None, typer.Option(min=0.0, max=1.0, help="Serve the alias next to the live "
-                                                 "model and send this share of replayed traffic to it.")] = None,
-    requests: Annotated[int, typer.Option(min=1, help="Replayed requests for --canary.")] = 24,
+                                                 "model: it answers replayed test rows, then this share of the "
+                                                 "gateway's live `champion` traffic (the live gate watches it).")] = None,
+    requests: Annotated[int, typer.Option(min=1, help="Replayed requests before a canary takes live traffic.")] = 8,
+    replay_only: Annotated[bool, typer.Option(help="--canary: compare on replayed rows only; live traffic "
+                                              "untouched.")] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Load a registered adapter into Triton, smoke-test it with real requests, then switch traffic to it."""
     from pipelines.serve import deploy as serving
+    from pipelines.serve.live_report import start_canary
 
     settings = get_settings()
     with console.status("deploying ..."):
-        if canary is not None:
+        if canary is not None and replay_only:
             result = serving.canary(settings, alias, share=canary, requests=requests)
+        elif canary is not None:
+            result = start_canary(settings, alias, share=canary, requests=requests)
         else:
             result = serving.deploy(settings, alias, version=version)
     _emit(result, as_json, "canary" if canary is not None else "deployed")

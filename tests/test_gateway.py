@@ -180,14 +180,18 @@ def test_shadow_answers_with_the_teacher_and_the_live_gate_moves_the_route_to_ca
                   if routes.route_of(routes.read_routes(settings), "champion")["mode"] == "canary" else None,
                   30, "the live gate's move to canary")
     assert route["share"] == settings.gateway.canary_share
-    assert "shadow agreement" in routes.read_routes(settings)["history"][-1]["reason"]
+    reason = routes.read_routes(settings)["history"][-1]["reason"]
+    assert "shadow agreement" in reason and "over 6 requests" in reason, reason  # each comparison counted once
 
 
 def test_a_canary_splits_live_traffic_by_its_share(gateway) -> None:
     from pipelines.serve import routes
 
+    from pipelines.serve.live_report import start_canary
+
     settings, client = gateway["settings"], _client(gateway)
-    routes.set_route(settings, "champion", "canary", share=0.5)
+    started = start_canary(settings, "candidate", 0.5, requests=2)  # `flywheel deploy --canary 0.5`
+    assert started["route"]["mode"] == "canary" and started["candidate"] == f"tool_router_v{gateway['v2']}"
     time.sleep(1.2)
     from concurrent.futures import ThreadPoolExecutor
 
@@ -201,6 +205,23 @@ def test_a_canary_splits_live_traffic_by_its_share(gateway) -> None:
     assert set(by) == {f"tool_router_v{gateway['v1']}", f"tool_router_v{gateway['v2']}"}
     assert 40 <= by.count(f"tool_router_v{gateway['v2']}") <= 60, by.count(f"tool_router_v{gateway['v2']}")
     routes.set_route(settings, "champion", "serve")
+    time.sleep(1.2)
+
+
+def test_a_failing_canary_falls_back_per_request_and_returns_the_route_to_serve_by_itself(gateway) -> None:
+    from pipelines.serve import routes
+
+    settings, client = gateway["settings"], _client(gateway)
+    routes.set_route(settings, "champion", "canary", share=0.5, candidate="v999")  # a version that is not loaded
+    time.sleep(1.2)
+    answers = [client.chat.completions.create(model="champion", messages=ASK, tools=PING, tool_choice="required")
+               for _ in range(12)]
+    assert all(a.choices[0].message.tool_calls for a in answers)  # every caller was answered by the champion
+    captured = _captured(settings)
+    assert {captured[a.id]["model"] for a in answers} == {f"tool_router_v{gateway['v1']}"}
+    route = routes.route_of(routes.read_routes(settings), "champion")
+    assert route["mode"] == "serve", route
+    assert "errored" in routes.read_routes(settings)["history"][-1]["reason"]
     time.sleep(1.2)
 
 

@@ -204,3 +204,64 @@ def test_the_latest_rating_of_a_record_replaces_its_feedback_in_prep(tmp_path: P
     assert read_feedback(raw) == {record["record_id"]: "up"}
     assert prepare_line(orjson.dumps(record), feedback=read_feedback(raw))["feedback"] == "up"
     assert prepare_line(orjson.dumps(record))["feedback"] == record["feedback"]
+
+
+def test_the_recorded_tally_skips_skipped_comparisons_and_a_canary_needs_comparisons_to_pass(tmp_path: Path) -> None:
+    from pipelines.config import load_settings
+    from pipelines.serve import routes as rt
+    from pipelines.serve.traffic import agreement_zone, tally_of
+
+    settings = load_settings(root=str(tmp_path), gateway={"gate_requests": 3, "min_agreement": 0.5,
+                                                           "canary_max_error_share": 0.2})
+    route = rt.set_route(settings, "champion", "canary", share=0.5)
+    writer = CaptureWriter(agreement_zone(settings), 1 << 20)
+    yes = {"name": True, "exact": True, "arg_f1": 1.0}
+
+    def record(i: int, **fields) -> None:
+        writer.write({"record_id": f"c{i}", "timestamp": "2999-01-01T00:00:00+00:00", "route": "champion",
+                      "mode": "canary", "arm": "candidate", "agreement": None, "error": None, "skipped": False,
+                      **fields})
+
+    for i in range(3):  # the teacher never answered: skipped, no evidence either way
+        record(i, skipped=True, error="skipped: comparison queue full")
+    record(3, arm="champion")
+    writer.close()
+    tally = tally_of(settings, "champion", route)
+    assert (tally.candidate_requests, tally.candidate_errors, tally.compared) == (0, 0, 0)
+    for i in range(3):
+        tally.add(None, False)  # answered by the candidate, never compared
+    ready, why = rt.canary_ready(settings, route, tally)
+    assert not ready and "compared" in why
+    for i in range(3):
+        tally.add(yes, False)
+    assert rt.canary_ready(settings, route, tally)[0]
+
+
+def test_malformed_call_arguments_more_than_one_answer_and_short_keys_are_refused(tmp_path: Path) -> None:
+    from pipelines.config import ConfigError, load_settings
+    from pipelines.serve.gateway import api_key
+
+    history = [{"role": "user", "content": "track it"},
+               {"role": "assistant", "content": None, "tool_calls": [
+                   {"id": "c1", "type": "function", "function": {"name": "track", "arguments": "{not json"}}]},
+               {"role": "tool", "tool_call_id": "c1", "content": "{}"}]
+    tools = [{"type": "function", "function": {"name": "track"}}]
+    for body in ({"model": "champion", "messages": history, "tools": tools},
+                 {"model": "champion", "messages": history[:1], "tools": tools, "n": 2}):
+        with pytest.raises(api.ApiError) as caught:
+            api.parse_request(json.dumps(body).encode(), 1 << 20)
+        assert caught.value.status == 400
+    for key in ("", "short"):
+        with pytest.raises(ConfigError, match="at least"):
+            api_key(load_settings(root=str(tmp_path), gateway={"api_key": key}))
+
+
+def test_a_cut_or_free_text_answer_is_never_a_training_label() -> None:
+    specs = [{"type": "function", "function": {"name": "get_order", "parameters": {"type": "object"}}}]
+    served = api.request_row(api.parse_request(json.dumps({"model": "m", "messages": [{"role": "user", "content": "x"}],
+                                                           "tools": specs}).encode(), 1 << 20))
+    cut = api.answer('{"name":"get_order","arguments":{"order_id":"OR', specs, cut=True)
+    assert cut["finish_reason"] == "length"
+    for choice, label in ((cut, False), (api.answer("hello", specs), False), (api.answer('{"name":null}', specs), True),
+                          (api.answer('{"name":"get_order","arguments":{}}', specs), True)):
+        assert api.is_label(api.completion(served, "m", choice, 1, 1, None)) is label

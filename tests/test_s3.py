@@ -279,3 +279,25 @@ def test_serving_state_and_model_metadata_on_s3(bucket: str, tmp_path: Path) -> 
     storage.write_text(f"{bucket}/fw/serving/state.json", '{"live": ')  # a torn or hand-edited state
     with pytest.raises(deploy.StateCorrupt, match="not valid JSON"):
         deploy.state(settings)
+
+
+def test_gateway_captures_reach_an_s3_raw_zone_whole_and_a_dead_gateways_spool_is_uploaded(
+        endpoint: str, bucket: str, tmp_path: Path) -> None:
+    import orjson
+
+    from pipelines.serve.capture import CaptureWriter
+
+    raw, spool = f"{bucket}/raw", tmp_path / "spool"
+    orphan = spool / "20261120T000000-999999999" / "dt=2026-11-20"  # a pid no process has: a killed gateway's
+    orphan.mkdir(parents=True)
+    (orphan / "gateway-old.jsonl").write_bytes(b'{"record_id": "old", "timestamp": "2026-11-20T10:00:00+00:00"}\n')
+    writer = CaptureWriter(raw, rotate_bytes=200, spool=spool)
+    assert not (orphan / "gateway-old.jsonl").exists()
+    for i in range(5):
+        writer.write({"record_id": f"r{i}", "timestamp": "2026-11-21T10:00:00+00:00", "pad": "x" * 60})
+    writer.close()
+    keys = _keys(raw)
+    assert "dt=2026-11-20/gateway-old.jsonl" in keys and len(keys) >= 3  # rotated at 200 bytes, each file uploaded
+    records = [orjson.loads(line) for k in keys for line in _raw_get(endpoint, f"{raw}/{k}").splitlines()]
+    assert sorted(r["record_id"] for r in records) == ["old", "r0", "r1", "r2", "r3", "r4"]
+    assert not list(spool.rglob("*.jsonl"))  # nothing left behind once uploaded

@@ -6,12 +6,13 @@ append under a thread lock, and every record is flushed and fsynced before its r
 an acknowledged record survives a kill of the gateway; a kill mid-write leaves at most one torn last
 line, which prep quarantines as `bad_json` (never silently lost). A file is closed at the next day or
 past `capture_rotate_bytes`. With the raw zone on object storage (no appends there), records go to
-a local spool with the same layout and each closed file is uploaded whole; files left in the spool
-by a killed gateway are uploaded when the next one starts.
+a local spool of the process's own with the same layout and each closed file is uploaded whole; files
+left in the spool by a gateway no longer running are uploaded when the next one starts.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -22,6 +23,8 @@ from typing import IO, Any
 import orjson
 
 from pipelines import storage
+
+LOG = logging.getLogger("flywheel.gateway")
 
 
 @dataclass
@@ -35,12 +38,17 @@ class CaptureWriter:
     def __init__(self, raw_zone: str, rotate_bytes: int, spool: Path | None = None):
         self.raw_zone = raw_zone.rstrip("/")
         self.remote = not storage.is_local(raw_zone)
-        self.folder = Path(spool) if self.remote and spool else Path(raw_zone.removeprefix("file://"))
+        if self.remote and spool is None:
+            raise ValueError(f"{raw_zone} is on object storage: a local spool folder is needed")
+        self._stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
+        self.spool = Path(spool) if spool else None
+        # on object storage: a spool folder of this process's own (another gateway's files are never touched)
+        self.folder = (self.spool / f"{self._stamp}-{os.getpid()}" if self.remote and self.spool
+                       else Path(raw_zone.removeprefix("file://")))
         self.rotate_bytes = rotate_bytes
         self._lock = threading.Lock()
         self._open: dict[str, _Open] = {}  # day -> its current file (two days at most: around midnight)
         self._n = 0
-        self._stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
         self.written = 0
         if self.remote:
             self.upload_spool()
@@ -90,12 +98,23 @@ class CaptureWriter:
         path.unlink()
 
     def upload_spool(self) -> int:
-        """Upload every file left in the spool by an earlier (killed) gateway; returns how many."""
-        mine = {o.path for o in self._open.values()}
-        files = sorted(p for p in self.folder.glob("dt=*/gateway-*.jsonl") if p not in mine)
-        for path in files:
-            self._upload(path)
-        return len(files)
+        """Upload the files that gateways no longer running left in the spool (each process spools into
+        `<start>-<pid>/`); returns how many. A failed upload is logged and left for the next start."""
+        import psutil
+
+        done = 0
+        assert self.spool is not None
+        for folder in sorted(self.spool.glob("*-*")):
+            pid = folder.name.rsplit("-", 1)[-1]
+            if folder == self.folder or not pid.isdigit() or psutil.pid_exists(int(pid)):
+                continue
+            for path in sorted(folder.glob("dt=*/gateway-*.jsonl")):
+                try:
+                    self._upload(path)
+                    done += 1
+                except Exception as exc:  # noqa: BLE001 (the zone unreachable: kept for the next start)
+                    LOG.warning("spooled %s not uploaded yet (%s: %s)", path, type(exc).__name__, exc)
+        return done
 
     def close(self) -> None:
         with self._lock:

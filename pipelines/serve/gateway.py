@@ -42,6 +42,8 @@ SERVICE = "gateway"
 OWNER = "commerce-flywheel"
 SETTINGS_ENV = "FLYWHEEL_GATEWAY_SETTINGS"
 ALIAS_TTL_S = 10.0
+MIN_KEY_CHARS = 16
+MAX_FEEDBACK_BYTES = 10_000
 
 
 # ---- keys and the process ---------------------------------------------------------------------
@@ -52,16 +54,21 @@ def api_key_file(settings: Settings) -> Path:
 def api_key(settings: Settings) -> str:
     """`gateway.api_key` when set (cluster: from a secret), else one generated once per local root into a
     0600 file (as the MLflow password is)."""
+    from pipelines.storage import write_text
+
     if settings.gateway.api_key is not None:
-        return settings.gateway.api_key.get_secret_value()
-    if not settings.is_local:
+        key = settings.gateway.api_key.get_secret_value().strip()
+    elif not settings.is_local:
         raise ConfigError("gateway.api_key: required by the cluster profile (FLYWHEEL_GATEWAY__API_KEY from a secret)")
-    file = api_key_file(settings)
-    if not file.is_file():
-        file.parent.mkdir(parents=True, exist_ok=True)
-        file.touch(mode=0o600)
-        file.write_text(f"fw-{secrets.token_urlsafe(32)}")
-    return file.read_text().strip()
+    else:
+        file = api_key_file(settings)
+        if not file.is_file() or not file.read_text().strip():
+            write_text(str(file), f"fw-{secrets.token_urlsafe(32)}")  # atomic, 0600 (mkstemp), never half a key
+        key = file.read_text().strip()
+    if len(key) < MIN_KEY_CHARS:
+        raise ConfigError(f"gateway.api_key: at least {MIN_KEY_CHARS} characters (an empty or short key would let "
+                          f"anyone call the gateway)")
+    return key
 
 
 def base_url(settings: Settings) -> str:
@@ -72,18 +79,20 @@ def _settings_file(settings: Settings) -> Path:
     """The settings the gateway process runs with, secrets included, in a 0600 file under run/."""
     from pydantic import SecretStr
 
+    from pipelines.storage import write_text
+
     path = services.run_dir(str(settings.root)) / "gateway-settings.json"
     data = json.dumps(settings.model_dump(mode="python"), default=lambda v: v.get_secret_value()
                       if isinstance(v, SecretStr) else str(v))
-    path.touch(mode=0o600)
-    os.chmod(path, 0o600)
-    path.write_text(data)
+    write_text(str(path), data)  # atomic and 0600 (mkstemp); removed again by `down`
     return path
 
 
 def server_spec(settings: Settings) -> services.ServiceSpec:
     api_key(settings)  # generated before the process starts, so `status` can name it at once
-    env = {**os.environ, SETTINGS_ENV: str(_settings_file(settings)), "NO_PROXY": "127.0.0.1,localhost"}
+    env = {**os.environ, SETTINGS_ENV: str(_settings_file(settings)), "NO_PROXY": "127.0.0.1,localhost",
+           # a registry lookup on the request path fails fast instead of MLflow's 120 s x 7 retries
+           "MLFLOW_HTTP_REQUEST_TIMEOUT": "5", "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0"}
     url = f"http://{settings.gateway.host}:{settings.gateway.port}"
     return services.ServiceSpec(SERVICE, [sys.executable, "-m", "pipelines.serve.gateway"], env,
                                 f"{url}/health", base_url(settings))
@@ -95,7 +104,9 @@ def up(settings: Settings, timeout_s: float = 120) -> services.ServiceStatus:
 
 
 def down(settings: Settings) -> bool:
-    return services.stop(str(settings.root), SERVICE)
+    stopped = services.stop(str(settings.root), SERVICE, grace_s=45)  # uvicorn drains for 20 s, then closes
+    (services.run_dir(str(settings.root)) / "gateway-settings.json").unlink(missing_ok=True)
+    return stopped
 
 
 def status(settings: Settings) -> dict[str, Any]:
@@ -123,6 +134,7 @@ class Router:
         self._lock = threading.Lock()
         self._styles: dict[str, str] = {}
         self._candidate: tuple[float, str | None] = (0.0, None)
+        self._refreshing = threading.Lock()
         self._pool: list[Any] | None = None
         self._warned = 0.0
 
@@ -142,15 +154,19 @@ class Router:
         return self._styles[name]
 
     def _candidate_version(self) -> str | None:
+        """The registry's `candidate` version, refreshed every ALIAS_TTL_S by one thread at a time (the others
+        use the value they have meanwhile; the registry unreachable: the last known one)."""
         from pipelines.registry.models import alias_version
 
         at, version = self._candidate
-        if time.monotonic() - at > ALIAS_TTL_S:
+        if time.monotonic() - at > ALIAS_TTL_S and self._refreshing.acquire(blocking=False):
             try:
                 version = alias_version(self.settings, "candidate")
-            except Exception:  # noqa: BLE001 (the registry unreachable: no candidate route, the others still serve)
-                version = None
-            self._candidate = (time.monotonic(), version)
+            except Exception:  # noqa: BLE001 (the registry unreachable: keep the last known candidate)
+                LOG.warning("the registry did not answer; the candidate route stays v%s", version)
+            finally:
+                self._candidate = (time.monotonic(), version)
+                self._refreshing.release()
         return version
 
     def targets(self) -> dict[str, Target]:
@@ -257,10 +273,10 @@ def create_app(settings: Settings) -> Any:
     @contextlib.asynccontextmanager
     async def lifespan(_app: Any) -> AsyncIterator[None]:
         yield
-        traffic.close()  # comparisons in flight finish first
-        ratings.close()
         if capture is not None:
-            capture.close()  # the open capture file is closed (and uploaded, on object storage) at shutdown
+            capture.close()  # the open capture file first (uploaded, on object storage): no request is left
+        ratings.close()
+        traffic.close()  # then the off-path comparisons (the running one finishes; queued ones are dropped)
 
     app = FastAPI(title="commerce-flywheel gateway", docs_url=None, redoc_url=None, openapi_url=None,
                   lifespan=lifespan)
@@ -284,10 +300,10 @@ def create_app(settings: Settings) -> Any:
 
     @app.middleware("http")
     async def _authenticate(request: Request, call_next: Any) -> Any:
-        if request.url.path.startswith("/v1/"):
+        if request.url.path != "/health":  # deny by default: only the health check is open
             given = request.headers.get("authorization", "")
             token = given[7:].strip() if given[:7].lower() == "bearer " else ""
-            if not secrets.compare_digest(token.encode(), key.encode()):
+            if not token or not secrets.compare_digest(token.encode(), key.encode()):
                 return error(api.ApiError(401, "Incorrect API key provided (send `Authorization: Bearer <key>`; "
                                                "the key is in the file `flywheel gateway status` names)",
                                           code="invalid_api_key"))
@@ -297,8 +313,11 @@ def create_app(settings: Settings) -> Any:
     async def feedback(request: Request) -> dict[str, Any]:
         """A caller's rating of an answer: {"id": "<the completion's id>", "rating": "up"|"down"|"none"}.
         Recorded durably; prep applies it to that turn's captured record."""
+        raw = await request.body()
+        if len(raw) > MAX_FEEDBACK_BYTES:
+            raise api.ApiError(413, f"a rating is at most {MAX_FEEDBACK_BYTES} bytes", code="request_too_large")
         try:
-            data = json.loads(await request.body())
+            data = json.loads(raw)
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise api.ApiError(400, f"We could not parse the JSON body of your request ({exc})") from None
         if not isinstance(data, dict) or not str(data.get("id", "")).startswith("chatcmpl-"):
@@ -358,7 +377,7 @@ def main() -> None:
     source = os.environ.get(SETTINGS_ENV)
     settings = load_settings(**json.loads(Path(source).read_text())) if source else load_settings()
     uvicorn.run(create_app(settings), host=settings.gateway.host, port=settings.gateway.port, log_level="info",
-                timeout_graceful_shutdown=30)
+                timeout_graceful_shutdown=20)
 
 
 if __name__ == "__main__":

@@ -135,3 +135,22 @@ def gate(settings: Settings, model: str = "champion") -> dict[str, Any]:
     rt.set_route(settings, model, "serve", reason=f"{reason}; v{version} deployed as the live model", expect="canary")
     return {"route": model, "mode": "serve", "moved": True, "reason": reason, "deployed": deployed.get("deployed"),
             "tally": tally.to_dict()}
+
+
+def start_canary(settings: Settings, alias: str = "candidate", share: float | None = None, requests: int = 8,
+                 route: str = "champion") -> dict[str, Any]:
+    """`flywheel deploy --canary`: the candidate is loaded next to the live model and answers `requests`
+    replayed test rows first (no live caller sees a model that cannot answer), then the gateway's route
+    sends it `share` of live traffic; the live gate watches it from there."""
+    from pipelines.serve import deploy
+
+    share = settings.gateway.canary_share if share is None else share
+    replayed = deploy.canary(settings, alias, share=0.5, requests=requests)
+    candidate = replayed["models"][replayed["candidate"]]
+    if candidate["errors"]:
+        raise deploy.DeployFailed(f"canary: {replayed['candidate']} failed {candidate['errors']} of {candidate['requests']} "
+                                  f"replayed requests; live traffic stays with {replayed['live']}")
+    changed = rt.set_route(settings, route, "canary", share=share, candidate=alias,
+                           reason=f"flywheel deploy --canary {share} ({replayed['candidate']} answered "
+                                  f"{candidate['requests']} replayed requests)")
+    return {**replayed, "route": {"name": route, **changed}}

@@ -41,6 +41,17 @@ class Function(_Open):
     name: str = Field(min_length=1)
     arguments: str
 
+    @field_validator("arguments")
+    @classmethod
+    def _json_object(cls, value: str) -> str:
+        try:
+            parsed = json.loads(value or "{}")
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"arguments must be a JSON object ({exc})") from None
+        if not isinstance(parsed, dict):
+            raise ValueError("arguments must be a JSON object")
+        return value
+
 
 class Call(_Open):
     id: str = Field(min_length=1)
@@ -85,6 +96,7 @@ class ChatCompletionRequest(_Open):
     stream_options: dict[str, Any] | None = None
     user: str | None = None
     metadata: dict[str, str] | None = None
+    n: int = Field(1, ge=1, le=1, description="one answer per request")
 
 
 def model_error(model: str, message: str) -> ApiError:
@@ -165,10 +177,11 @@ def request_row(request: ChatCompletionRequest, now: datetime | None = None) -> 
     return Served(row, specs, messages, f"chatcmpl-{uuid.uuid4().hex}", int(now.timestamp()))
 
 
-def answer(text: str, specs: list[dict[str, Any]]) -> dict[str, Any]:
+def answer(text: str, specs: list[dict[str, Any]], cut: bool = False) -> dict[str, Any]:
     """A model's tool-call text as the assistant message the caller gets, with its finish reason:
     `{"name": <offered tool>, "arguments": {...}}` -> one tool call; `{"name": null}` (no tool fits) ->
-    empty content; anything else (an unconstrained model's free text) -> that text as content."""
+    empty content; anything else (an unconstrained model's free text) -> that text as content, with
+    finish reason `length` when the model stopped at its token limit (`cut`)."""
     names = {s["function"]["name"] for s in specs}
     try:
         call = json.loads(text)
@@ -180,8 +193,17 @@ def answer(text: str, specs: list[dict[str, Any]]) -> dict[str, Any]:
             {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
              "function": {"name": call["name"], "arguments": arguments}}]}
         return {"message": message, "finish_reason": "tool_calls"}
-    content = "" if isinstance(call, dict) and call.get("name") is None and set(call) <= {"name", "arguments"} else text
-    return {"message": {"role": "assistant", "content": content}, "finish_reason": "stop"}
+    if isinstance(call, dict) and call.get("name") is None and set(call) <= {"name", "arguments"}:
+        return {"message": {"role": "assistant", "content": ""}, "finish_reason": "stop"}
+    return {"message": {"role": "assistant", "content": text}, "finish_reason": "length" if cut else "stop"}
+
+
+def is_label(body: dict[str, Any]) -> bool:
+    """Whether a served answer may become a training label: a tool call, or an explicit "no tool fits"
+    (empty content). A cut or free-text answer is a failure of the model, not a label."""
+    choice = body["choices"][0]
+    return bool(choice["message"].get("tool_calls")) or (choice["finish_reason"] == "stop"
+                                                          and not choice["message"].get("content"))
 
 
 def completion(served: Served, model: str, choice: dict[str, Any], prompt_tokens: int,

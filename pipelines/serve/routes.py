@@ -173,5 +173,9 @@ def canary_ready(settings: Settings, route: dict[str, Any], tally: Tally) -> tup
     failed = decide(settings, route, tally)
     if failed:
         return False, failed[1]
+    rate = tally.rate(g.agreement_metric)
+    if tally.compared < g.gate_requests or rate is None:
+        return False, (f"only {tally.compared} of the candidate's requests were compared with the teacher "
+                       f"({g.gate_requests} needed): no evidence of agreement yet")
     return True, (f"canary passed: {tally.candidate_requests} requests, {tally.candidate_errors} errors, agreement "
                   f"({g.agreement_metric}) {tally.rate(g.agreement_metric)}")

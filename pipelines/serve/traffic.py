@@ -59,7 +59,7 @@ def tally_of(settings: Settings, model: str, route: dict[str, Any]) -> rt.Tally:
     """A route's comparisons since it entered its current mode (from the recorded files)."""
     tally = rt.Tally(route.get("since", ""))
     for r in read_comparisons(settings, route.get("since")):
-        if r["route"] == model and r["mode"] == route["mode"] and r["arm"] == "candidate":
+        if r["route"] == model and r["mode"] == route["mode"] and r["arm"] == "candidate" and not r["skipped"]:
             tally.add(r["agreement"], r["error"] is not None)
     return tally
 
@@ -71,6 +71,8 @@ class Traffic:
         self.capture = capture
         self.comparisons = CaptureWriter(agreement_zone(settings), settings.gateway.capture_rotate_bytes,
                                          spool / "agreement")
+        self.unusable = CaptureWriter(f"{settings.zone('serving')}/gateway/unusable", settings.gateway.capture_rotate_bytes,
+                                      spool / "unusable")
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="shadow")
         self._pending = threading.BoundedSemaphore(settings.gateway.shadow_queue)
         self._lock = threading.Lock()
@@ -93,11 +95,15 @@ class Traffic:
         return rt.route_of(data, model)
 
     def _tally(self, model: str, route: dict[str, Any]) -> rt.Tally:
+        """The route's tally since its mode began (read from the recorded files once, outside the lock)."""
         key = (model, route.get("since", ""))
         with self._lock:
-            if key not in self._tallies:
-                self._tallies[key] = tally_of(self.settings, model, route)
-            return self._tallies[key]
+            known = self._tallies.get(key)
+        if known is not None:
+            return known
+        loaded = tally_of(self.settings, model, route)
+        with self._lock:
+            return self._tallies.setdefault(key, loaded)
 
     def _to_candidate(self, model: str, route: dict[str, Any]) -> bool:
         """Smooth weighted split: each request adds `share` to the route's credit and a full credit sends
@@ -114,28 +120,28 @@ class Traffic:
         started = api.now_ms()
         served = api.request_row(parsed)
         route = self.route(parsed.model)
-        if parsed.tool_choice == "none":  # the caller allows no call: nothing for a tool router to do
-            body, by = api.completion(served, parsed.model, {"message": {"role": "assistant", "content": ""},
-                                                             "finish_reason": "stop"}, 0, 0, None), "none"
-        elif route["mode"] == "shadow":
+        if parsed.tool_choice == "none":  # the caller allows no call: no model answers, nothing to capture
+            return api.completion(served, parsed.model, {"message": {"role": "assistant", "content": ""},
+                                                         "finish_reason": "stop"}, 0, 0, None)
+        if route["mode"] == "shadow":
             body, by = self.teacher(parsed, served)
             self._off_path(parsed, served, route, body, candidate_answers=True)
         elif route["mode"] == "canary" and self._to_candidate(parsed.model, route):
             try:
                 body, by = self.local(route["candidate"], parsed, served)
                 self._off_path(parsed, served, route, body, candidate_answers=False)
-            except api.ApiError as exc:
-                if exc.status < 500:
-                    raise  # the request's own fault: the champion would refuse it too
+            except api.ApiError as exc:  # counted against the candidate; the champion answers (or refuses) instead
                 self._record(parsed, served, route, "candidate", None, None, exc.message, None, None)
-                body, by = self.local(parsed.model, parsed, served)  # the caller still gets an answer
+                body, by = self.local(parsed.model, parsed, served)
         else:
             body, by = self.local(parsed.model, parsed, served)
             if route["mode"] == "canary":
                 self._record(parsed, served, route, "champion", None, None, None, 0.0, 0.0)
         if self.capture is not None:
-            self.capture.write(api.capture_record(parsed, served, body, latency_ms=api.now_ms() - started,
-                                                  defaults=self.defaults, served_by=by))
+            record = api.capture_record(parsed, served, body, latency_ms=api.now_ms() - started,
+                                        defaults=self.defaults, served_by=by)
+            # a call or an explicit "no tool" is a label; a cut or free-text answer is kept apart, never trained on
+            (self.capture if api.is_label(body) else self.unusable).write(record)
         return body
 
     def local(self, alias: str, parsed: api.ChatCompletionRequest, served: api.Served) -> tuple[dict[str, Any], str]:
@@ -147,7 +153,12 @@ class Traffic:
         turns = self.router.turns(target, served.row)
         client = self.router.client()
         tools = offered_tools(self.settings, [served.row], client, target.name)
-        if tools and (parsed.tool_choice == "required" or isinstance(parsed.tool_choice, dict)):
+        must_call = parsed.tool_choice == "required" or isinstance(parsed.tool_choice, dict)
+        if must_call and not tools:
+            raise api.ApiError(400, f"tool_choice {json.dumps(parsed.tool_choice)} needs constrained decoding, which "
+                                    f"{target.name} does not do here (triton.constrained off, or a model folder built "
+                                    f"before the TOOLS input)", param="tool_choice")
+        if tools and must_call:
             tools = [json.dumps({"tools": json.loads(tools[0]), "abstain": False})]  # a call is required
         if tools:
             try:
@@ -158,8 +169,9 @@ class Traffic:
         reply = client.infer_one(target.name, turns, tools[0] if tools else None)
         if reply.error is not None:
             raise api.model_error(target.name, reply.error)
-        body = api.completion(served, parsed.model, api.answer(reply.text or "", served.specs), reply.prompt_tokens,
-                              reply.output_tokens, target.name)
+        cut = reply.output_tokens >= self.settings.triton.max_new_tokens
+        body = api.completion(served, parsed.model, api.answer(reply.text or "", served.specs, cut=cut),
+                              reply.prompt_tokens, reply.output_tokens, target.name)
         return body, target.name
 
     def teacher(self, parsed: api.ChatCompletionRequest, served: api.Served) -> tuple[dict[str, Any], str]:
@@ -169,21 +181,30 @@ class Traffic:
             return self.local("base", parsed, served)
         import httpx
 
-        payload = {**parsed.model_dump(exclude_none=True), "model": g.teacher_model, "stream": False}
-        payload.pop("stream_options", None)
+        from pipelines.security import redact_uri
+
+        # only what the teacher needs: never the customer id or metadata to a third party
+        payload = {"model": g.teacher_model, "messages": served.messages, "tools": served.specs, "stream": False,
+                   **({"tool_choice": parsed.tool_choice} if parsed.tool_choice is not None else {})}
         headers = {"Authorization": f"Bearer {g.teacher_api_key.get_secret_value()}"} if g.teacher_api_key else {}
+        where = redact_uri(g.teacher_url)
         try:
             response = httpx.post(f"{g.teacher_url.rstrip('/')}/chat/completions", json=payload, headers=headers,
                                   timeout=g.request_timeout_s)
         except httpx.HTTPError as exc:
-            raise api.ApiError(503, f"the teacher at {g.teacher_url} did not answer ({type(exc).__name__})",
+            raise api.ApiError(503, f"the teacher at {where} did not answer ({type(exc).__name__})",
                                kind="server_error", code="teacher_unavailable") from None
         if response.status_code != 200:
-            raise api.ApiError(502, f"the teacher answered {response.status_code}: {response.text[:300]}",
-                               kind="server_error", code="teacher_error")
-        upstream = response.json()
-        usage = upstream.get("usage") or {}
-        choice = upstream["choices"][0]
+            raise api.ApiError(502, f"the teacher at {where} answered HTTP {response.status_code}", kind="server_error",
+                               code="teacher_error")
+        try:
+            upstream = response.json()
+            usage = upstream.get("usage") or {}
+            choice = upstream["choices"][0]
+            choice["message"]["role"]
+        except (ValueError, KeyError, IndexError, TypeError, AttributeError):
+            raise api.ApiError(502, f"the teacher at {where} sent no chat completion", kind="server_error",
+                               code="teacher_error") from None
         body = api.completion(served, parsed.model, {"message": choice["message"], "finish_reason": choice["finish_reason"]},
                               int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0),
                               upstream.get("model"))
@@ -232,14 +253,15 @@ class Traffic:
         agreed = rt.agreement(reference, answer) if reference is not None and answer is not None else None
         if arm == "candidate" and error is None and agreed is None and not skipped:
             agreed = {"name": False, "exact": False, "arg_f1": 0.0}
+        counted = arm == "candidate" and not skipped
+        tally = self._tally(parsed.model, route) if counted else None  # before the write: the files hold it after
         self.comparisons.write({
             "record_id": served.response_id, "timestamp": datetime.now(timezone.utc).isoformat(timespec="microseconds"),
             "route": parsed.model, "mode": route["mode"], "arm": arm, "candidate": route.get("candidate"),
             "reference": reference, "answer": answer, "agreement": agreed, "error": error, "skipped": skipped,
             "note": note, "candidate_latency_ms": candidate_ms, "reference_latency_ms": reference_ms})
-        if arm != "candidate" or skipped:
+        if tally is None:
             return
-        tally = self._tally(parsed.model, route)
         with self._lock:
             tally.add(agreed, error is not None)
             move = rt.decide(self.settings, route, tally)
@@ -250,5 +272,7 @@ class Traffic:
             self._routes = (0.0, {"routes": {}})  # re-read at the next request
 
     def close(self) -> None:
-        self._pool.shutdown(wait=True, cancel_futures=False)
+        """Comparisons not started are dropped (they are off the request path); the one running finishes."""
+        self._pool.shutdown(wait=True, cancel_futures=True)
         self.comparisons.close()
+        self.unusable.close()
