@@ -49,7 +49,6 @@ class CaptureWriter:
         self._lock = threading.Lock()
         self._open: dict[str, _Open] = {}  # day -> its current file (two days at most: around midnight)
         self._n = 0
-        self.written = 0
         if self.remote:
             self.upload_spool()
 
@@ -65,7 +64,6 @@ class CaptureWriter:
             current.handle.flush()
             os.fsync(current.handle.fileno())
             current.size += len(line)
-            self.written += 1
             return str(current.path)
 
     def _rotate(self, day: str) -> _Open:

@@ -32,6 +32,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request  # resolved at module level: the routes' annotations name them
 from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from pipelines import services
@@ -326,8 +327,6 @@ def create_app(settings: Settings) -> Any:
             raise api.ApiError(400, f"rating: expected one of {', '.join(RATINGS)}", param="rating")
         event = {"record_id": data["id"], "rating": data["rating"],
                  "timestamp": datetime.now(timezone.utc).isoformat(timespec="microseconds")}
-        from starlette.concurrency import run_in_threadpool
-
         await run_in_threadpool(ratings.write, event)
         return {"id": data["id"], "rating": data["rating"], "recorded": True}
 
@@ -353,8 +352,6 @@ def create_app(settings: Settings) -> Any:
             raise api.ApiError(413, f"request body is {declared} bytes; this gateway accepts at most "
                                     f"{settings.gateway.max_request_bytes}", code="request_too_large")
         parsed = api.parse_request(await request.body(), settings.gateway.max_request_bytes)
-        from starlette.concurrency import run_in_threadpool
-
         body = await run_in_threadpool(traffic.handle, parsed)
         if not parsed.stream:
             return JSONResponse(body)
@@ -362,9 +359,6 @@ def create_app(settings: Settings) -> Any:
         frames = [api.sse(c) for c in api.chunks(body, include_usage)] + [api.sse("[DONE]")]
         return StreamingResponse(iter(frames), media_type="text/event-stream")
 
-    app.state.router = router
-    app.state.capture = capture
-    app.state.traffic = traffic
     return app
 
 
