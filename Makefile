@@ -16,8 +16,10 @@ CHECKOV_VENV := .venv-checkov
 CHECKOV_STAMP := $(CHECKOV_VENV)/.installed
 S3_VENV := .venv-s3
 S3_STAMP := $(S3_VENV)/.installed
+AIPERF_VENV := .venv-aiperf
+AIPERF_STAMP := $(AIPERF_VENV)/.installed
 
-.PHONY: setup nemo-env serve-env checkov-env s3-env demo test test-fast lock bench clean-data help
+.PHONY: setup nemo-env serve-env checkov-env s3-env aiperf-env demo test test-fast lock bench clean-data help
 
 help:
 	@echo "make demo   install what is missing, then run the whole flywheel on embedded defaults"
@@ -67,6 +69,12 @@ s3-env: $(S3_STAMP)
 
 $(S3_STAMP): requirements/s3.in
 	$(call side_venv,$(S3_VENV),requirements/s3.in,an S3-compatible test server (moto; about 1 min))
+
+# NVIDIA AIPerf for bench/aiperf.py (not needed by demo or test).
+aiperf-env: $(AIPERF_STAMP)
+
+$(AIPERF_STAMP): requirements/aiperf.in
+	$(call side_venv,$(AIPERF_VENV),requirements/aiperf.in,NVIDIA AIPerf (about 2 min; 1 GB))
 
 demo: setup serve-env
 	$(VENV)/bin/flywheel demo

@@ -535,6 +535,8 @@ def bench_cmd(
     requests: Annotated[int | None, typer.Option(min=1, help="Test requests per model and level.")] = None,
     concurrency: Annotated[str | None, typer.Option(help="Comma-separated levels, e.g. 1,2,4.")] = None,
     protocol: Annotated[str | None, typer.Option(help="http or grpc.")] = None,
+    aiperf: Annotated[bool, typer.Option("--aiperf", help="Measure through the gateway with NVIDIA AIPerf "
+                                         "(streamed; `make aiperf-env` first) instead of the Triton client.")] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Benchmark the live model against base + few-shot through Triton (latency, throughput, tokens, cost)."""
@@ -555,6 +557,23 @@ def bench_cmd(
     except ValidationError as exc:
         first = exc.errors()[0]
         raise UserError(f"bench.{first['loc'][0]}: {first['msg'].removeprefix('Value error, ')}") from None
+    if aiperf:
+        from pipelines.bench.aiperf import AiperfFailed, COLUMNS, run_aiperf
+
+        try:
+            result = run_aiperf(settings, cfg.requests, cfg.concurrency, say=console.print)
+        except AiperfFailed as exc:
+            raise UserError(str(exc)) from None
+        if as_json:
+            _emit(result, True, "bench")
+            return
+        table = Table(title=f"AIPerf {result['aiperf']} through the gateway: {result['html_uri']}")
+        for column in COLUMNS:
+            table.add_column(column)
+        for run in result["runs"]:
+            table.add_row(*("n/a" if run.get(c) is None else str(run.get(c)) for c in COLUMNS))
+        Console().print(table)
+        return
     report = run_bench(settings, cfg, console=console)
     if as_json:
         _emit(report, True, "bench")

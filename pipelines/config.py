@@ -122,6 +122,10 @@ class TritonSettings(_Section):
                                       "default .venv-serve locally, none in a Triton container that has the packages")
     instance_kind: Literal["KIND_CPU", "KIND_GPU"] = "KIND_CPU"
     max_batch_size: int = Field(8, ge=1, le=256)
+    instances: int = Field(1, ge=1, le=64, description="model instances per Triton model (instance_group count)")
+    threads: int = Field(1, ge=0, le=256, description="torch threads per CPU instance (0: torch's default, the "
+                         "cores). 1 measured best on this 2-core machine: as fast per token as 2 alone, and 2 threads "
+                         "stall 4-8x whenever anything else runs (a load generator, the gateway); README, serving")
     queue_delay_us: int = Field(5000, ge=0, description="dynamic batching: how long a request waits for others")
     max_input_tokens: int = Field(2048, ge=16, description="longest prompt a model accepts (tokens); covers the "
                                   "base model's 3-shot benchmark prompts (every tool schema + 3 examples, ~840 on "

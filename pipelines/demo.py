@@ -7,6 +7,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
@@ -102,11 +103,22 @@ def run_demo(settings: Settings, *, records_per_day: int, days: int, seed: int, 
     if bench:
         from pipelines.bench.serving import TABLE_COLUMNS, table_rows
 
-        table = Table(title=f"served by Triton ({bench['hardware']['name']}): {bench['live']} vs {bench['baseline']}")
-        for column in TABLE_COLUMNS:
-            table.add_column(column)
+        table = Table(title=f"served by Triton ({bench['hardware']['name']}): {bench['live']} vs {bench['baseline']}",
+                      box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, padding=0)
+        # the columns a terminal has room for, whole milliseconds (the HTML report has them all)
+        keep = [i for i, c in enumerate(TABLE_COLUMNS) if c not in ("requests", "p95 ms", "p99 ms", "$/M req")]
+        rows = []
         for row in table_rows(bench):
-            table.add_row(*row)
+            row[0] = row[0].split(" (")[0].replace(" in-process", " in-proc.")  # "tuned v1 (names prompt)" -> "tuned v1"
+            cells = {TABLE_COLUMNS[i]: row[i] for i in keep}
+            for column in ("TTFT ms", "ITL ms", "p50 ms", "prompt tokens"):
+                if cells[column] != "n/a":
+                    cells[column] = f"{float(cells[column]):.0f}"
+            rows.append(list(cells.values()))
+        for n, i in enumerate(keep):  # cells keep their width; headers wrap
+            table.add_column(TABLE_COLUMNS[i], min_width=max(len(r[n]) for r in rows), no_wrap=n == 0)
+        for cells in rows:
+            table.add_row(*cells)
         console.print(table)
         change = bench["comparison"]
         if change:

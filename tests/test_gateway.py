@@ -87,16 +87,21 @@ def test_the_openai_client_gets_tool_calls_sync_and_streamed(gateway) -> None:
 
     stream = client.chat.completions.create(model="champion", messages=ASK, tools=TOOLS, tool_choice="required",
                                             user="cus_0000001", stream=True, stream_options={"include_usage": True})
-    name, arguments, finish, usage = None, "", None, None
+    name, arguments, finish, usage, pieces, call_id = None, "", None, None, 0, None
     for chunk in stream:
         usage = chunk.usage or usage
         for c in chunk.choices:
             finish = c.finish_reason or finish
             for d in c.delta.tool_calls or []:
                 name = d.function.name or name
+                call_id = d.id or call_id
                 arguments += d.function.arguments or ""
+                pieces += bool(d.function.arguments)
     assert (name, arguments, finish) == (call.function.name, call.function.arguments, "tool_calls")
     assert usage is not None and usage.completion_tokens == answer.usage.completion_tokens
+    assert pieces > 3, pieces  # the arguments came as the model generated them, not whole at the end
+    streamed = _captured(gateway["settings"])[chunk.id]["response"]["choices"][0]["message"]["tool_calls"][0]
+    assert (streamed["id"], streamed["function"]["arguments"]) == (call_id, arguments)  # captured as streamed
 
     for model in ("base", "candidate", f"v{gateway['v2']}"):  # every listed alias answers
         other = client.chat.completions.create(model=model, messages=ASK, tools=TOOLS,
@@ -142,6 +147,12 @@ def test_bad_requests_get_openai_errors_and_the_server_stays_up(gateway) -> None
         assert httpx.post(f"{gateway['url']}/feedback", json=bad, headers=headers, timeout=30).status_code == 400
     with pytest.raises(openai.NotFoundError):
         _client(gateway).chat.completions.create(model="v999", messages=ASK, tools=TOOLS)
+    # streamed: an error found before the first token is an ordinary error response, not a broken stream
+    streamed = httpx.post(url, json={"model": "champion", "messages": [{"role": "user", "content": "parcel " * 3000}],
+                                     "tools": TOOLS, "stream": True}, headers=headers, timeout=120)
+    assert streamed.status_code == 400 and streamed.json()["error"]["code"] == "context_length_exceeded"
+    with pytest.raises(openai.NotFoundError):
+        _client(gateway).chat.completions.create(model="v999", messages=ASK, tools=TOOLS, stream=True)
     ok = _client(gateway).chat.completions.create(model="champion", messages=ASK, tools=TOOLS, tool_choice="required")
     assert ok.choices[0].message.tool_calls  # still serving
 

@@ -265,3 +265,77 @@ def test_a_cut_or_free_text_answer_is_never_a_training_label() -> None:
     for choice, label in ((cut, False), (api.answer("hello", specs), False), (api.answer('{"name":null}', specs), True),
                           (api.answer('{"name":"get_order","arguments":{}}', specs), True)):
         assert api.is_label(api.completion(served, "m", choice, 1, 1, None)) is label
+
+
+def _streamed(texts: list[str], body: dict, final_text: str | None, names: set[str]) -> tuple[list[dict], dict]:
+    from pipelines.serve.streaming import ToolCallStream
+
+    stream = ToolCallStream(body["id"], body["created"], body["model"], names)
+    out = [c for t in texts for c in stream.grow(t)]
+    return out + stream.finish(body, final_text, include_usage=True), body
+
+
+def _assembled(chunks: list[dict]) -> tuple[str | None, str, str | None, str, str | None]:
+    """(call id, arguments, name, content, finish reason) as the openai client accumulates them."""
+    call_id, name, arguments, content, finish = None, None, "", "", None
+    for c in chunks:
+        for ch in c["choices"]:
+            finish = ch["finish_reason"] or finish
+            content += ch["delta"].get("content") or ""
+            for d in ch["delta"].get("tool_calls", []):
+                call_id = d.get("id") or call_id
+                name = d["function"].get("name") or name
+                arguments += d["function"].get("arguments", "")
+    return call_id, arguments, name, content, finish
+
+
+def test_a_streamed_call_goes_out_as_it_grows_and_ends_as_the_answer_the_caller_assembled() -> None:
+    record = _records(5)[0]
+    served = api.request_row(_request(record))
+    name = served.specs[0]["function"]["name"]
+    text = json.dumps({"name": name, "arguments": {"order_id": "ORD-12", "note": "caf\u00e9"}}, separators=(",", ":"),
+                      ensure_ascii=True)  # the model's escapes differ from the body's re-serialization
+    prefixes = [text[:i] for i in range(1, len(text) + 1)]
+    body = api.completion(served, "champion", api.answer(text, served.specs, response_id=served.response_id),
+                          100, 30, "tool_router_v1")
+    before = json.loads(json.dumps(body))  # what the gateway captured, before the stream closed
+    chunks, body = _streamed(prefixes, body, text, {s["function"]["name"] for s in served.specs})
+    assert {c["id"] for c in chunks} == {served.response_id}
+    assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"  # at the first token, before the name
+    header = next(i for i, c in enumerate(chunks) if c["choices"] and c["choices"][0]["delta"].get("tool_calls"))
+    assert header == 1 and chunks[header]["choices"][0]["delta"]["tool_calls"][0]["function"]["name"] == name
+    argument_chunks = [c for c in chunks[header + 1:] if c["choices"] and c["choices"][0]["delta"].get("tool_calls")]
+    assert len(argument_chunks) > 10  # streamed piece by piece, not in one go at the end
+    call_id, arguments, got_name, content, finish = _assembled(chunks)
+    assert (got_name, finish, content) == (name, "tool_calls", "")
+    assert json.loads(arguments) == {"order_id": "ORD-12", "note": "caf\u00e9"}
+    for sent in (before, body):  # captured = what the caller saw
+        call = sent["choices"][0]["message"]["tool_calls"][0]
+        assert (call["id"], call["function"]["arguments"]) == (call_id, arguments)
+    assert chunks[-1]["usage"] == body["usage"]
+
+
+def test_a_no_tool_answer_a_cut_call_and_a_teacher_answer_close_the_stream_correctly() -> None:
+    record = _records(5)[0]
+    served = api.request_row(_request(record))
+    names = {s["function"]["name"] for s in served.specs}
+    name = sorted(names)[0]
+
+    abstain = '{"name":null}'
+    body = api.completion(served, "champion", api.answer(abstain, served.specs), 100, 5, "m")
+    chunks, _ = _streamed([abstain[:i] for i in range(1, len(abstain) + 1)], body, abstain, names)
+    assert _assembled(chunks)[1:] == ("", None, "", "stop")
+    assert sum(1 for c in chunks if c["choices"] and "role" in c["choices"][0]["delta"]) == 1
+
+    cut = f'{{"name":"{name}","arguments":{{"order_id":"ORD-'
+    body = api.completion(served, "champion", api.answer(cut, served.specs, cut=True), 100, 64, "m")
+    chunks, _ = _streamed([cut[:i] for i in range(1, len(cut) + 1)], body, cut, names)
+    call_id, arguments, got_name, _, finish = _assembled(chunks)
+    assert (got_name, arguments, finish) == (name, '{"order_id":"ORD-', "length")
+
+    # the teacher answers whole (no text streamed): the whole answer, as chunks() makes it
+    whole = json.dumps({"name": name, "arguments": {"a": 1}}, separators=(",", ":"))
+    body = api.completion(served, "champion", api.answer(whole, served.specs), 100, 9, "teacher")
+    chunks, _ = _streamed([], body, None, names)
+    assert _assembled(chunks)[1:] == ('{"a":1}', name, "", "tool_calls")
+    assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"

@@ -49,6 +49,14 @@ def test_deploy_infers_rejects_bad_requests_and_rolls_back(registered) -> None:
         client = TritonClient(settings, protocol)
         reply = client.infer_one(live.name, turns)
         assert reply.error is None and reply.prompt_tokens > 10 and 0 < reply.output_tokens <= 12
+        assert reply.first_token_ms is None  # not streamed: one response
+        texts: list[str] = []
+        streamed = client.infer_one(live.name, turns, on_text=texts.append)  # decoupled: the text as it grows
+        assert streamed.error is None and streamed.text == reply.text, protocol
+        assert len(texts) >= 2 and all(b.startswith(a) for a, b in zip(texts, texts[1:])) and texts[-1] == reply.text
+        assert 0 < streamed.first_token_ms < streamed.latency_ms and streamed.inter_token_ms is not None
+        concurrent = client.infer(live.name, [turns] * 3, concurrency=3, stream=True)  # one stream per thread
+        assert [r.text for r in concurrent] == [reply.text] * 3 and all(r.first_token_ms for r in concurrent)
         client.close()
 
     client = TritonClient(settings)
@@ -182,6 +190,8 @@ def test_benchmark_compares_base_few_shot_with_the_tuned_model(registered) -> No
         ("tuned", False, 1), ("tuned", False, 2), ("tuned", True, 1), ("tuned", True, 2)]
     assert all(r["model"].endswith(", constrained") == r["constrained"] for r in report["runs"])
     assert all(r["errors"] == 0 and r["requests"] == 4 and r["p50_ms"] > 0 for r in report["runs"])
+    # streamed: the grammar makes every constrained answer text (an untrained model's free answer may be empty)
+    assert all(0 < r["ttft_ms"] <= r["p50_ms"] and r["itl_ms"] > 0 for r in report["runs"] if r["constrained"])
     assert all(r["p95_ms"] is None and r["p99_ms"] is None for r in report["runs"])  # 4 samples support no p95
     longest = report["longest_prompt_tokens"]
     assert settings.triton.max_input_tokens >= max(longest.values()) and len(longest) == 2

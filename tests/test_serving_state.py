@@ -53,7 +53,11 @@ def test_percentiles_the_sample_cannot_support_are_none() -> None:
     run = summarize_run("tuned", 1, [{"target_json": CALL}] * 8, [Reply(RIGHT, 50, 10, 10.0 * i) for i in range(8)], 1.0)
     assert run["p95_ms"] is None and run["p99_ms"] is None and run["p50_ms"] == 30.0
     cells = table_rows({"runs": [{**run, "usd_per_million_requests": None}], "direct": None})[0]
-    assert cells[4] == "0" and cells[6:8] == ["n/a", "n/a"]  # errors column; unsupported percentiles
+    assert cells[4] == "0" and cells[8:10] == ["n/a", "n/a"]  # errors column; unsupported percentiles
+    assert cells[5:7] == ["n/a", "n/a"]  # not streamed: no time to first token, no inter-token latency
+    streamed = [Reply(RIGHT, 50, 11, 1000.0 + i, first_token_ms=100.0 + i) for i in range(3)]
+    timed = summarize_run("tuned", 1, [{"target_json": CALL}] * 3, streamed, 1.0)
+    assert (timed["ttft_ms"], timed["itl_ms"]) == (101.0, 90.0)  # (1001 - 101) / (11 - 1)
     assert cells[:3] == ["tuned", "free", "1"]
     graded = {**run, "model": "tuned, constrained", "constrained": True, "usd_per_million_requests": None}
     assert table_rows({"runs": [graded], "direct": None})[0][:2] == ["tuned", "grammar"]
@@ -96,22 +100,75 @@ def test_every_grpc_call_carries_the_client_timeout(tmp_path: Path) -> None:
 
     class Result:
         def as_numpy(self, name):
-            return np.array([[RIGHT.encode()]], dtype=np.object_) if name == "TOOL_CALL" else np.array([[3]])
+            return {"TOOL_CALL": np.array([[RIGHT.encode()]], dtype=np.object_),
+                    "FINAL": np.array([[True]])}.get(name, np.array([[3]]))
 
     class Recorder:
         def __getattr__(self, method):
             def call(*args, **kwargs):
                 calls.append((method, kwargs))
-                return {"infer": Result(), "get_model_repository_index": [], "is_model_ready": False}.get(method)
+                return {"get_model_repository_index": [], "is_model_ready": False}.get(method)
             return call
 
-    client = TritonClient(_settings(tmp_path), "grpc", timeout_s=7)  # a gRPC channel connects lazily
+    class Stream(Recorder):  # the per-thread streaming connection: answers each request with one final response
+        def start_stream(self, callback, **kwargs):
+            calls.append(("start_stream", kwargs))
+            self.callback = callback
+
+        def async_stream_infer(self, model, inputs, **kwargs):
+            calls.append(("async_stream_infer", kwargs))
+            if model == "m":
+                self.callback(Result(), None)
+
+    client = TritonClient(_settings(tmp_path), "grpc", timeout_s=0.5)  # a gRPC channel connects lazily
     client._client = Recorder()
+    client._local.grpc = Stream()
     client.load("m"), client.unload("m"), client.ready("m"), client.loaded()
     assert client.infer_one("m", [{"role": "user", "content": "hi"}]).text == RIGHT
     assert [m for m, _ in calls] == ["load_model", "unload_model", "is_model_ready", "get_model_repository_index",
-                                     "infer"]
-    assert all(kwargs.get("client_timeout") == 7 for _, kwargs in calls)
+                                     "start_stream", "async_stream_infer", "stop_stream"]
+    assert all(kwargs.get("client_timeout") == 0.5 for _, kwargs in calls[:4])
+    assert calls[4][1]["stream_timeout"] == 0.5
+    silent = client.infer_one("quiet", [{"role": "user", "content": "hi"}])  # a model that never answers
+    assert silent.text is None and "no answer from quiet within 0.5 s" in silent.error
+
+
+def test_a_model_folder_built_before_streaming_is_called_as_built(tmp_path: Path) -> None:
+    """A live folder is never rewritten, so after an upgrade the client still meets models without the
+    STREAM input and FINAL output: it must not send STREAM, and each answer is final."""
+    import numpy as np
+
+    from pipelines.serve.client import TritonClient
+
+    sent: list[list[str]] = []
+
+    class Old:  # one response per request, no FINAL tensor
+        def as_numpy(self, name):
+            return {"TOOL_CALL": np.array([[RIGHT.encode()]], dtype=np.object_),
+                    "PROMPT_TOKENS": np.array([[3]]), "OUTPUT_TOKENS": np.array([[5]])}.get(name)
+
+    class Control:
+        def get_model_config(self, name, **kwargs):
+            return {"input": [{"name": "CONVERSATION"}, {"name": "TOOLS"}]}
+
+    class Stream:
+        def start_stream(self, callback, **kwargs):
+            self.callback = callback
+
+        def async_stream_infer(self, model, inputs, **kwargs):
+            sent.append([i.name() for i in inputs])
+            self.callback(Old(), None)
+
+        def stop_stream(self, **kwargs):
+            pass
+
+    client = TritonClient(_settings(tmp_path), "grpc", timeout_s=5)
+    client._client = Control()
+    client._local.grpc = Stream()
+    texts: list[str] = []
+    reply = client.infer_one("tool_router_v1", [{"role": "user", "content": "hi"}], on_text=texts.append)
+    assert (reply.text, reply.output_tokens, reply.error, reply.first_token_ms) == (RIGHT, 5, None, None)
+    assert sent == [["CONVERSATION"]] and texts == []  # no STREAM input for a model that does not declare it
 
 
 # --- the serving state -----------------------------------------------------------------------------

@@ -34,8 +34,9 @@ def render_html(report: dict[str, Any]) -> str:
                          + [{"metric": f"exact match, {k}", "value": v}
                             for k, v in (comparison.get("exact_match") or {}).items()]
                          + [{"metric": "Triton overhead at concurrency 1 (p50, ms)", "value": report.get("triton_overhead_ms")}])
-    notes = ("<p>Time to first token and inter-token latency: not applicable (the Python-backend model "
-             "returns whole answers; a streaming vLLM deployment reports them).</p>")
+    notes = ("<p>Every request is streamed from the decoupled model: TTFT is the median time to its first "
+             "text, ITL the median of each request's mean time per output token after the first. The in-process "
+             "row is not streamed.</p>")
     return page(f"Serving benchmark: {report['live']} vs {report['baseline']}", [
         ("Base + few-shot vs tuned", summary),
         ("Runs", table_html(rows) + notes),

@@ -5,8 +5,8 @@ demonstrations) against (b) the tuned model with its short prompt, both through 
 concurrency on the same test-split requests; and (c) Triton's overhead against direct in-process
 inference of the tuned model (batch 1). Quality is scored on the very answers that were timed.
 The hardware table (`pipelines.bench.hardware`) turns throughput into $ per million requests.
-Time to first token and inter-token latency need a streaming (decoupled) model; this Python model
-answers whole, so they are reported as not applicable.
+Every request is streamed (the model is decoupled): time to first token (TTFT) is when its first text
+arrived, inter-token latency (ITL) the mean time per output token after the first, both as medians.
 """
 
 from __future__ import annotations
@@ -63,14 +63,16 @@ def summarize_run(label: str, concurrency: int, rows: list[dict[str, Any]], repl
             "p99_ms": percentile(latencies, 99), "requests_per_s": round(len(ok) / seconds, 3) if seconds else 0.0,
             "output_tokens_per_s": round(out_tokens / seconds, 1) if seconds else 0.0,
             "prompt_tokens_mean": quality["prompt_tokens_mean"], "exact_match": quality["exact_match"],
-            "name_accuracy": quality["name_accuracy"], "ttft_ms": None, "itl_ms": None,
+            "name_accuracy": quality["name_accuracy"],
+            "ttft_ms": percentile([r.first_token_ms for r in ok if r.first_token_ms is not None], 50),
+            "itl_ms": percentile([r.inter_token_ms for r in ok if r.inter_token_ms is not None], 50),
             "first_error": next((r.error for r in replies if r.error), None)}
 
 
-TABLE_COLUMNS = ("model", "decoding", "in flight", "requests", "errors", "p50 ms", "p95 ms", "p99 ms", "req/s",
-                 "prompt tokens", "exact", "$/M req")
-_TABLE_KEYS = ("concurrency", "requests", "errors", "p50_ms", "p95_ms", "p99_ms", "requests_per_s",
-               "prompt_tokens_mean", "exact_match", "usd_per_million_requests")
+TABLE_COLUMNS = ("model", "decoding", "in flight", "requests", "errors", "TTFT ms", "ITL ms", "p50 ms", "p95 ms",
+                 "p99 ms", "req/s", "prompt tokens", "exact", "$/M req")
+_TABLE_KEYS = ("concurrency", "requests", "errors", "ttft_ms", "itl_ms", "p50_ms", "p95_ms", "p99_ms",
+               "requests_per_s", "prompt_tokens_mean", "exact_match", "usd_per_million_requests")
 
 
 def table_rows(report: dict[str, Any]) -> list[list[str]]:
@@ -158,7 +160,8 @@ def run_bench(settings: Settings, cfg: BenchSettings | None = None, console: Con
                     for level in cfg.concurrency:
                         task = progress.add_task(f"{label} x{level}", total=len(rows))
                         t0 = time.perf_counter()
-                        replies = client.infer(name, conversations[name], concurrency=level, tools=tools)
+                        replies = client.infer(name, conversations[name], concurrency=level, tools=tools,
+                                               stream=True)
                         progress.update(task, completed=len(rows))
                         results.append({**summarize_run(label, level, rows, replies, time.perf_counter() - t0,
                                                         client.timeout_s * 1000), "constrained": constrained})

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from pipelines.train.dataset import Example
 
 
@@ -10,14 +12,16 @@ def single_turn(examples: list[Example]) -> list[Example]:
     return [e for e in examples if len(e.turns) == 2]
 
 
-def with_shots(queries: list[Example], pool: list[Example], k: int) -> list[list[dict[str, str]]]:
+def with_shots(queries: list[Example], pool: list[Example], k: int, pool_vectors: Any = None) -> list[list[dict[str, str]]]:
     """Each query's conversation with its k most similar pool examples inserted after the system prompt
-    as earlier user/assistant exchanges (the usual chat few-shot layout)."""
+    as earlier user/assistant exchanges (the usual chat few-shot layout). `pool_vectors`: the pool's
+    embeddings when the caller keeps them (a server embeds its pool once, not per request)."""
     from pipelines.embeddings import embed
 
     if k <= 0 or not pool:
         return [q.turns for q in queries]
-    pool_vectors = embed([p.query for p in pool])
+    if pool_vectors is None:
+        pool_vectors = embed([p.query for p in pool])
     query_vectors = embed([q.query for q in queries])
     similarity = query_vectors @ pool_vectors.T
     conversations = []

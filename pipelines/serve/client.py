@@ -1,4 +1,5 @@
-"""Client of the served tool router: tritonclient over HTTP or gRPC.
+"""Client of the served tool router: tritonclient (model control over HTTP or gRPC; inference over gRPC
+streaming, since the model is decoupled: see `triton_model.py`).
 
 It builds each request's chat turns exactly as the training set did (`pipelines.train.dataset.
 system_for` + `chat_turns`), taking the customer context from Feast's online store, so the prompt a
@@ -8,7 +9,10 @@ model sees in production is the prompt it was trained on (tested).
 from __future__ import annotations
 
 import json
+import queue
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -19,6 +23,7 @@ from pipelines.prep.prompt import chat_turns
 from pipelines.train.dataset import system_for
 
 Protocol = Literal["http", "grpc"]
+OUTPUTS = ("TOOL_CALL", "PROMPT_TOKENS", "OUTPUT_TOKENS", "FINAL")  # every response of the model
 
 
 @dataclass
@@ -28,6 +33,14 @@ class Reply:
     output_tokens: int
     latency_ms: float
     error: str | None = None
+    first_token_ms: float | None = None  # streamed requests: when the first text arrived
+
+    @property
+    def inter_token_ms(self) -> float | None:
+        """Mean time between output tokens after the first (streamed requests with two tokens or more)."""
+        if self.first_token_ms is None or self.output_tokens < 2:
+            return None
+        return (self.latency_ms - self.first_token_ms) / (self.output_tokens - 1)
 
 
 def conversation(row: dict[str, Any], style: str, settings: Settings | None = None) -> list[dict[str, str]]:
@@ -70,9 +83,10 @@ def target(settings: Settings, protocol: Protocol = "http") -> tuple[str, bool]:
 
 
 class TritonClient:
-    """One connection to the server; `infer` sends one request per conversation, `concurrency` at a time.
-    Every call is bounded by `timeout_s` (HTTP: the connection's connect and network timeouts; gRPC:
-    each call's deadline)."""
+    """One connection to the server for model control (`protocol`), and one gRPC stream connection per
+    calling thread for inference: `infer_one` is safe to call from many threads, `infer` sends
+    `concurrency` requests at a time. Every call is bounded by `timeout_s` (HTTP: the connection's connect
+    and network timeouts; gRPC: each call's deadline; a streamed answer: the whole answer)."""
 
     def __init__(self, settings: Settings, protocol: Protocol = "http", timeout_s: float = 600):
         self.settings = settings
@@ -91,7 +105,11 @@ class TritonClient:
             self._client = module.InferenceServerClient(address, ssl=ssl)
             self._deadline = {"client_timeout": timeout_s}
         self._module = module
-        self._tools_input: dict[str, bool] = {}
+        self._inputs_of: dict[str, set[str]] = {}
+        self._local = threading.local()
+        self._streams: list[tuple[threading.Thread, Any]] = []  # (the calling thread, its connection)
+        self._streams_lock = threading.Lock()
+        self._control_lock = threading.Lock()
 
     # model control ------------------------------------------------------------------------------
     def load(self, name: str) -> None:
@@ -112,17 +130,22 @@ class TritonClient:
         except Exception:  # noqa: BLE001 (an unknown model is simply not ready)
             return False
 
+    def declares(self, name: str, input_name: str) -> bool:
+        """Whether the model declares an input (TOOLS: constrained decoding; STREAM: streamed answers, a
+        model folder built before them and kept while in use lacks them)."""
+        with self._control_lock:  # the control connection is shared by the calling threads
+            if name not in self._inputs_of:
+                try:
+                    config = self._client.get_model_config(name, **self._deadline)
+                except Exception:  # noqa: BLE001 (an unknown model takes nothing; not remembered)
+                    return False
+                inputs = config.get("input", []) if isinstance(config, dict) else config.config.input
+                self._inputs_of[name] = {(i.get("name") if isinstance(i, dict) else i.name) for i in inputs}
+            return input_name in self._inputs_of[name]
+
     def accepts_tools(self, name: str) -> bool:
         """Whether the model declares the optional TOOLS input (constrained decoding)."""
-        if name not in self._tools_input:
-            try:
-                config = self._client.get_model_config(name, **self._deadline)
-            except Exception:  # noqa: BLE001 (an unknown model takes nothing)
-                return False
-            inputs = config.get("input", []) if isinstance(config, dict) else config.config.input
-            self._tools_input[name] = any((i.get("name") if isinstance(i, dict) else i.name) == "TOOLS"
-                                          for i in inputs)
-        return self._tools_input[name]
+        return self.declares(name, "TOOLS")
 
     def loaded(self) -> list[str]:
         index = self._client.get_model_repository_index(**self._deadline)
@@ -130,63 +153,178 @@ class TritonClient:
         return sorted(r["name"] for r in rows if r.get("state") == "READY")
 
     # inference ----------------------------------------------------------------------------------
-    def _inputs(self, turns: list[dict[str, str]] | str, tools: str | None = None) -> list[Any]:
-        raw = turns if isinstance(turns, str) else json.dumps(turns, ensure_ascii=False)
-        tensors = []
-        for name, value in (("CONVERSATION", raw), ("TOOLS", tools)):
-            if value is None:
-                continue
-            tensor = self._module.InferInput(name, [1, 1], "BYTES")
-            tensor.set_data_from_numpy(np.array([[value.encode("utf-8")]], dtype=np.object_))
-            tensors.append(tensor)
-        return tensors
+    def _stream_client(self) -> Any:
+        """This thread's gRPC connection for streamed inference (a gRPC client holds one stream at a time)."""
+        client = getattr(self._local, "grpc", None)
+        if client is None:
+            import tritonclient.grpc as grpc
 
-    def infer_one(self, model: str, turns: list[dict[str, str]] | str, tools: str | None = None) -> Reply:
-        """One request; with `tools` (the offered tools' JSON) the server decodes under their grammar."""
+            address, ssl = target(self.settings, "grpc")
+            client = self._local.grpc = grpc.InferenceServerClient(address, ssl=ssl)
+            with self._streams_lock:
+                self._streams.append((threading.current_thread(), client))
+        return client
+
+    def infer_one(self, model: str, turns: list[dict[str, str]] | str, tools: str | None = None, *,
+                  stream: bool = False, on_text: Callable[[str], None] | None = None) -> Reply:
+        """One request; with `tools` (the offered tools' JSON) the server decodes under their grammar. With
+        `stream` (or `on_text`) the server sends the text as it grows: `on_text` gets the text so far each
+        time, and the reply records when the first text came (`first_token_ms`). gRPC: a bidirectional
+        stream; HTTP: Triton's generate endpoints (`generate_stream` as server-sent events)."""
+        stream = (stream or on_text is not None) and self.declares(model, "STREAM")
+        raw = turns if isinstance(turns, str) else json.dumps(turns, ensure_ascii=False)
         started = time.perf_counter()
+        state: dict[str, float | None] = {"first": None}
+
+        def step(event: dict[str, Any]) -> Reply | None:
+            """One response of the model: the finished reply when it is the final one."""
+            reply = Reply(str(event["TOOL_CALL"]), int(event["PROMPT_TOKENS"]), int(event["OUTPUT_TOKENS"]),
+                          (time.perf_counter() - started) * 1000)
+            if state["first"] is None and reply.text:
+                state["first"] = reply.latency_ms
+            if event.get("FINAL", True):  # a model built before streaming answers once
+                reply.first_token_ms = state["first"] if stream else None
+                return reply
+            if on_text is not None:
+                on_text(reply.text or "")
+            return None
+
         try:
-            result = self._client.infer(model, self._inputs(turns, tools), **self._deadline)
+            if self.protocol == "http":
+                return self._generate(model, raw, tools, stream, step)
+            return self._stream(model, raw, tools, stream, step)
         except Exception as exc:  # noqa: BLE001 (the server's message is the useful part)
             return Reply(None, 0, 0, (time.perf_counter() - started) * 1000, _message(exc))
-        return _reply(result, (time.perf_counter() - started) * 1000)
+
+    def _stream(self, model: str, raw: str, tools: str | None, stream: bool,
+                step: Callable[[dict[str, Any]], Reply | None]) -> Reply:
+        import tritonclient.grpc as grpc
+
+        inputs = []
+        for name, value in (("CONVERSATION", raw), ("TOOLS", tools)):
+            if value is not None:
+                tensor = grpc.InferInput(name, [1, 1], "BYTES")
+                tensor.set_data_from_numpy(np.array([[value.encode("utf-8")]], dtype=np.object_))
+                inputs.append(tensor)
+        if stream:
+            flag = grpc.InferInput("STREAM", [1, 1], "BOOL")
+            flag.set_data_from_numpy(np.array([[True]], dtype=np.bool_))
+            inputs.append(flag)
+        answers: queue.Queue[tuple[Any, Any]] = queue.Queue()
+        client = self._stream_client()
+        try:
+            client.start_stream(callback=lambda result, error: answers.put((result, error)),
+                                stream_timeout=self.timeout_s)
+        except Exception:  # a stream left open by a failed call: this thread connects afresh next time
+            self._drop_stream_client()
+            raise
+        deadline = time.perf_counter() + self.timeout_s
+        try:
+            client.async_stream_infer(model, inputs)
+            while True:
+                try:
+                    result, error = answers.get(timeout=max(0.0, deadline - time.perf_counter()))
+                except queue.Empty:
+                    raise TimeoutError(f"no answer from {model} within {self.timeout_s:g} s") from None
+                if error is not None:
+                    raise error
+                event = {k: v.reshape(-1)[0] for k in OUTPUTS if (v := result.as_numpy(k)) is not None}
+                text = event["TOOL_CALL"]
+                event["TOOL_CALL"] = text.decode("utf-8") if isinstance(text, bytes) else str(text)
+                done = step(event)
+                if done is not None:
+                    return done
+        finally:
+            try:
+                client.stop_stream(cancel_requests=True)
+            except Exception:  # noqa: BLE001 (a broken stream: this thread connects afresh next time)
+                self._drop_stream_client()
+
+    def _generate(self, model: str, raw: str, tools: str | None, stream: bool,
+                  step: Callable[[dict[str, Any]], Reply | None]) -> Reply:
+        import httpx
+
+        address, ssl = target(self.settings, "http")
+        url = f"{'https' if ssl else 'http'}://{address}/v2/models/{model}/generate{'_stream' if stream else ''}"
+        payload: dict[str, Any] = {"CONVERSATION": raw, **({"TOOLS": tools} if tools is not None else {}),
+                                   **({"STREAM": True} if stream else {})}
+        client = getattr(self._local, "http", None)
+        if client is None:
+            client = self._local.http = httpx.Client(timeout=self.timeout_s)
+            with self._streams_lock:
+                self._streams.append((threading.current_thread(), client))
+        deadline = time.perf_counter() + self.timeout_s
+        with client.stream("POST", url, json=payload) as response:
+            if response.status_code >= 400:  # Triton's reason, as JSON, whichever endpoint
+                body = response.read()
+                try:
+                    reason = json.loads(body).get("error", body.decode("utf-8", "replace"))
+                except (ValueError, AttributeError):
+                    reason = body.decode("utf-8", "replace")
+                raise RuntimeError(str(reason)[:500])
+            if not stream:
+                event = json.loads(response.read())
+                if "error" in event:
+                    raise RuntimeError(event["error"])
+                done = step(event)
+                if done is None:
+                    raise RuntimeError(f"{model} answered without a final response")
+                return done
+            for line in response.iter_lines():
+                if time.perf_counter() > deadline:
+                    raise TimeoutError(f"no answer from {model} within {self.timeout_s:g} s")
+                if not line.startswith("data:"):
+                    continue
+                event = json.loads(line[5:])
+                if "error" in event:
+                    raise RuntimeError(event["error"])
+                done = step(event)
+                if done is not None:
+                    return done
+        raise RuntimeError(f"{model}'s stream ended before its final response")
+
+    def _drop_stream_client(self) -> None:
+        client = getattr(self._local, "grpc", None)
+        self._local.grpc = None
+        if client is not None:
+            with self._streams_lock:
+                self._streams = [(t, c) for t, c in self._streams if c is not client]
+            try:
+                client.close()
+            except Exception:  # noqa: BLE001
+                pass
 
     def infer(self, model: str, conversations: list[list[dict[str, str]]], concurrency: int = 1,
-              tools: list[str] | None = None) -> list[Reply]:
+              tools: list[str] | None = None, stream: bool = False) -> list[Reply]:
         """Every conversation through the server with `concurrency` requests in flight; `tools`: one
         offered-tools JSON per conversation for constrained decoding."""
         offered: list[str | None] = list(tools) if tools is not None else [None] * len(conversations)
         if len(offered) != len(conversations):
             raise ValueError(f"{len(offered)} tool sets for {len(conversations)} conversations")
         if concurrency <= 1:
-            return [self.infer_one(model, c, t) for c, t in zip(conversations, offered)]
-        import threading
+            return [self.infer_one(model, c, t, stream=stream) for c, t in zip(conversations, offered)]
         from concurrent.futures import ThreadPoolExecutor
-
-        local = threading.local()  # the HTTP client is not thread-safe: one connection per worker thread
-        made: list[TritonClient] = []
-
-        def one(job: tuple[list[dict[str, str]], str | None]) -> Reply:
-            if not hasattr(local, "client"):
-                local.client = TritonClient(self.settings, self.protocol, timeout_s=self.timeout_s)
-                made.append(local.client)
-            return local.client.infer_one(model, *job)
 
         try:
             with ThreadPoolExecutor(max_workers=concurrency) as pool:
-                return list(pool.map(one, zip(conversations, offered)))
+                return list(pool.map(lambda job: self.infer_one(model, *job, stream=stream),
+                                     zip(conversations, offered)))
         finally:
-            for client in made:
+            self._close_streams(lambda thread: not thread.is_alive())  # the pool's threads are gone
+
+    def _close_streams(self, which: Callable[[threading.Thread], bool]) -> None:
+        with self._streams_lock:
+            closing = [c for t, c in self._streams if which(t)]
+            self._streams = [(t, c) for t, c in self._streams if not which(t)]
+        for client in closing:
+            try:
                 client.close()
+            except Exception:  # noqa: BLE001 (closing a broken connection)
+                pass
 
     def close(self) -> None:
         self._client.close()
-
-
-def _reply(result: Any, latency_ms: float) -> Reply:
-    text = result.as_numpy("TOOL_CALL").reshape(-1)[0]
-    return Reply(text.decode("utf-8") if isinstance(text, bytes) else str(text),
-                 int(result.as_numpy("PROMPT_TOKENS").reshape(-1)[0]),
-                 int(result.as_numpy("OUTPUT_TOKENS").reshape(-1)[0]), latency_ms)
+        self._close_streams(lambda thread: True)
 
 
 def _message(exc: Exception) -> str:

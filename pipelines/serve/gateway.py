@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Request  # resolved at module level: the routes' annotations name them
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -136,7 +136,7 @@ class Router:
         self._styles: dict[str, str] = {}
         self._candidate: tuple[float, str | None] = (0.0, None)
         self._refreshing = threading.Lock()
-        self._pool: list[Any] | None = None
+        self._pool: tuple[list[Any], Any] | None = None
         self._warned = 0.0
 
     def client(self) -> Any:
@@ -219,7 +219,8 @@ class Router:
         from pipelines.train.dataset import Example
 
         query = Example(row["record_id"], turns, '{"name":null}', "", turns[-1]["content"], row["tools_json"])
-        return with_shots([query], self._shot_pool(), self.settings.gateway.few_shot)[0]
+        pool, vectors = self._shot_pool()
+        return with_shots([query], pool, self.settings.gateway.few_shot, vectors)[0]
 
     def context(self, customer_id: str) -> str:
         """The customer's context line from Feast's online store, as training had it; empty (as for a
@@ -241,17 +242,20 @@ class Router:
                             type(exc).__name__, str(exc)[:200])
             return ""
 
-    def _shot_pool(self) -> list[Any]:
-        """Single-turn training examples to retrieve from (none before a training set exists)."""
+    def _shot_pool(self) -> tuple[list[Any], Any]:
+        """Single-turn training examples to retrieve from (none before a training set exists) and their
+        embeddings, computed once (embedding the pool per request cost ~20 s on this CPU)."""
+        from pipelines.embeddings import embed
         from pipelines.evaluate.fewshot import single_turn
         from pipelines.train.dataset import DatasetMissing, load_split, to_examples
 
         with self._lock:
             if self._pool is None:
                 try:
-                    self._pool = single_turn(to_examples(load_split(self.settings, "train", 2000), "full"))
+                    pool = single_turn(to_examples(load_split(self.settings, "train", 2000), "full"))
                 except DatasetMissing:
-                    self._pool = []
+                    pool = []
+                self._pool = (pool, embed([p.query for p in pool]) if pool else None)
             return self._pool
 
 
@@ -260,6 +264,7 @@ def create_app(settings: Settings) -> Any:
     from pipelines.serve import openai_api as api
     from pipelines.serve.capture import CaptureWriter
     from pipelines.logs.feedback import RATINGS, feedback_zone
+    from pipelines.serve.streaming import stream_response
     from pipelines.serve.traffic import Traffic
 
     key = api_key(settings)
@@ -352,12 +357,9 @@ def create_app(settings: Settings) -> Any:
             raise api.ApiError(413, f"request body is {declared} bytes; this gateway accepts at most "
                                     f"{settings.gateway.max_request_bytes}", code="request_too_large")
         parsed = api.parse_request(await request.body(), settings.gateway.max_request_bytes)
-        body = await run_in_threadpool(traffic.handle, parsed)
         if not parsed.stream:
-            return JSONResponse(body)
-        include_usage = bool((parsed.stream_options or {}).get("include_usage"))
-        frames = [api.sse(c) for c in api.chunks(body, include_usage)] + [api.sse("[DONE]")]
-        return StreamingResponse(iter(frames), media_type="text/event-stream")
+            return JSONResponse(await run_in_threadpool(traffic.handle, parsed))
+        return await stream_response(traffic, parsed)
 
     return app
 

@@ -8,6 +8,7 @@ captured as (our log schema: the next training data).
 from __future__ import annotations
 
 import json
+import re
 import time
 import uuid
 from dataclasses import dataclass
@@ -177,20 +178,44 @@ def request_row(request: ChatCompletionRequest, now: datetime | None = None) -> 
     return Served(row, specs, messages, f"chatcmpl-{uuid.uuid4().hex}", int(now.timestamp()))
 
 
-def answer(text: str, specs: list[dict[str, Any]], cut: bool = False) -> dict[str, Any]:
+CALL_PREFIX = re.compile(r'^\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"arguments"\s*:\s*')
+
+
+def call_id(response_id: str) -> str:
+    """The id of a response's tool call (one call per response: known before the call is generated)."""
+    return f"call_{response_id[-24:]}"
+
+
+def arguments_text(text: str | None) -> str | None:
+    """The arguments object of a whole call `{"name":"x","arguments":{...}}` exactly as the model wrote
+    it (what a streaming caller assembles), or None when the text is not such a call."""
+    found = CALL_PREFIX.match(text or "")
+    stripped = (text or "").rstrip()
+    if found is None or not stripped.endswith("}"):
+        return None
+    candidate = stripped[found.end():-1].rstrip()
+    try:
+        return candidate if isinstance(json.loads(candidate), dict) else None
+    except json.JSONDecodeError:
+        return None
+
+
+def answer(text: str, specs: list[dict[str, Any]], cut: bool = False, response_id: str | None = None) -> dict[str, Any]:
     """A model's tool-call text as the assistant message the caller gets, with its finish reason:
-    `{"name": <offered tool>, "arguments": {...}}` -> one tool call; `{"name": null}` (no tool fits) ->
-    empty content; anything else (an unconstrained model's free text) -> that text as content, with
-    finish reason `length` when the model stopped at its token limit (`cut`)."""
+    `{"name": <offered tool>, "arguments": {...}}` -> one tool call (the arguments as the model wrote
+    them, the id from `response_id`); `{"name": null}` (no tool fits) -> empty content; anything else
+    (an unconstrained model's free text) -> that text as content, with finish reason `length` when the
+    model stopped at its token limit (`cut`)."""
     names = {s["function"]["name"] for s in specs}
     try:
         call = json.loads(text)
     except json.JSONDecodeError:
         call = None
     if isinstance(call, dict) and call.get("name") in names and isinstance(call.get("arguments", {}), dict):
-        arguments = json.dumps(call.get("arguments", {}), separators=(",", ":"), ensure_ascii=False)
+        arguments = arguments_text(text) or json.dumps(call.get("arguments", {}), separators=(",", ":"),
+                                                       ensure_ascii=False)
         message = {"role": "assistant", "content": None, "tool_calls": [
-            {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+            {"id": call_id(response_id) if response_id else f"call_{uuid.uuid4().hex[:24]}", "type": "function",
              "function": {"name": call["name"], "arguments": arguments}}]}
         return {"message": message, "finish_reason": "tool_calls"}
     if isinstance(call, dict) and call.get("name") is None and set(call) <= {"name", "arguments"}:

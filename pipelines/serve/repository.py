@@ -54,7 +54,8 @@ def triton_name(settings: Settings, version: str | None) -> str:
 def config_pbtxt(settings: Settings, name: str, base_model_path: str, adapter: str | None) -> str:
     t = settings.triton
     params = {"base_model_path": base_model_path, "adapter": adapter or "",
-              "max_input_tokens": str(t.max_input_tokens), "max_new_tokens": str(t.max_new_tokens)}
+              "max_input_tokens": str(t.max_input_tokens), "max_new_tokens": str(t.max_new_tokens),
+              "threads": str(t.threads)}
     if t.execution_env:
         params["EXECUTION_ENV_PATH"] = t.execution_env
     rendered = ",\n".join(f'  {{ key: "{k}" value: {{ string_value: {json.dumps(v)} }} }}' for k, v in params.items())
@@ -63,15 +64,18 @@ backend: "python"
 max_batch_size: {t.max_batch_size}
 input [
   {{ name: "CONVERSATION" data_type: TYPE_STRING dims: [ 1 ] }},
-  {{ name: "TOOLS" data_type: TYPE_STRING dims: [ 1 ] optional: true }}
+  {{ name: "TOOLS" data_type: TYPE_STRING dims: [ 1 ] optional: true }},
+  {{ name: "STREAM" data_type: TYPE_BOOL dims: [ 1 ] optional: true }}
 ]
 output [
   {{ name: "TOOL_CALL" data_type: TYPE_STRING dims: [ 1 ] }},
   {{ name: "PROMPT_TOKENS" data_type: TYPE_INT32 dims: [ 1 ] }},
-  {{ name: "OUTPUT_TOKENS" data_type: TYPE_INT32 dims: [ 1 ] }}
+  {{ name: "OUTPUT_TOKENS" data_type: TYPE_INT32 dims: [ 1 ] }},
+  {{ name: "FINAL" data_type: TYPE_BOOL dims: [ 1 ] }}
 ]
+model_transaction_policy {{ decoupled: true }}
 dynamic_batching {{ max_queue_delay_microseconds: {t.queue_delay_us} }}
-instance_group [ {{ count: 1 kind: {t.instance_kind} }} ]
+instance_group [ {{ count: {t.instances} kind: {t.instance_kind} }} ]
 parameters [
 {rendered}
 ]

@@ -16,6 +16,7 @@ import json
 import logging
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 from pathlib import Path
@@ -116,9 +117,13 @@ class Traffic:
             return chosen
 
     # answering --------------------------------------------------------------------------------
-    def handle(self, parsed: api.ChatCompletionRequest) -> dict[str, Any]:
+    def handle(self, parsed: api.ChatCompletionRequest, on_text: Callable[[str], None] | None = None,
+               served: api.Served | None = None) -> dict[str, Any]:
+        """The caller's answer (OpenAI body); `on_text` gets the answering model's text as it grows, its
+        whole text last (not called when the teacher answers: its answer comes whole); `served`: the
+        request's row and ids when the caller made them already (a stream announces the id first)."""
         started = api.now_ms()
-        served = api.request_row(parsed)
+        served = served or api.request_row(parsed)
         route = self.route(parsed.model)
         if parsed.tool_choice == "none":  # the caller allows no call: no model answers, nothing to capture
             return api.completion(served, parsed.model, {"message": {"role": "assistant", "content": ""},
@@ -127,14 +132,22 @@ class Traffic:
             body, by = self.teacher(parsed, served)
             self._off_path(parsed, served, route, body, candidate_answers=True)
         elif route["mode"] == "canary" and self._to_candidate(parsed.model, route):
+            streamed: list[str] = []
+
+            def candidate_text(text: str) -> None:
+                streamed.append(text)
+                on_text(text)  # type: ignore[misc]
+
             try:
-                body, by = self.local(route["candidate"], parsed, served)
+                body, by = self.local(route["candidate"], parsed, served, candidate_text if on_text else None)
                 self._off_path(parsed, served, route, body, candidate_answers=False)
             except api.ApiError as exc:  # counted against the candidate; the champion answers (or refuses) instead
                 self._record(parsed, served, route, "candidate", None, None, exc.message, None, None)
-                body, by = self.local(parsed.model, parsed, served)
+                if streamed:  # the caller holds part of the candidate's answer: no other model may finish it
+                    raise
+                body, by = self.local(parsed.model, parsed, served, on_text)
         else:
-            body, by = self.local(parsed.model, parsed, served)
+            body, by = self.local(parsed.model, parsed, served, on_text)
             if route["mode"] == "canary":
                 self._record(parsed, served, route, "champion", None, None, None, 0.0, 0.0)
         if self.capture is not None:
@@ -144,7 +157,8 @@ class Traffic:
             (self.capture if api.is_label(body) else self.unusable).write(record)
         return body
 
-    def local(self, alias: str, parsed: api.ChatCompletionRequest, served: api.Served) -> tuple[dict[str, Any], str]:
+    def local(self, alias: str, parsed: api.ChatCompletionRequest, served: api.Served,
+              on_text: Callable[[str], None] | None = None) -> tuple[dict[str, Any], str]:
         """One of our aliases answers: (the OpenAI body, the Triton model that answered)."""
         from pipelines.serve.client import offered_tools
         from pipelines.serve.tool_grammar import GrammarError, grammar_for
@@ -166,11 +180,14 @@ class Traffic:
             except GrammarError as exc:
                 raise api.ApiError(400, f"constrained decoding: {exc}", param="tools",
                                    code="unsupported_tool_schema") from None
-        reply = client.infer_one(target.name, turns, tools[0] if tools else None)
+        reply = client.infer_one(target.name, turns, tools[0] if tools else None, on_text=on_text)
         if reply.error is not None:
             raise api.model_error(target.name, reply.error)
+        if on_text is not None:
+            on_text(reply.text or "")
         cut = reply.output_tokens >= self.settings.triton.max_new_tokens
-        body = api.completion(served, parsed.model, api.answer(reply.text or "", served.specs, cut=cut),
+        body = api.completion(served, parsed.model, api.answer(reply.text or "", served.specs, cut=cut,
+                                                                    response_id=served.response_id),
                               reply.prompt_tokens, reply.output_tokens, target.name)
         return body, target.name
 

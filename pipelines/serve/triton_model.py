@@ -8,6 +8,12 @@ batching hands `execute` several requests at once: the valid ones are generated 
 batch; a malformed or oversize request gets its own error response and the others still succeed.
 A request that also carries TOOLS (the offered tools, JSON) is decoded under their tool-call grammar
 (`tool_grammar.py`, copied beside this file); tools the grammar cannot express are that request's error.
+
+The model is decoupled (gRPC streaming): every request gets its responses through its own sender, the last
+one with FINAL true and the whole answer. A request with STREAM true also gets one response per decoding
+step that grew its text (TOOL_CALL = the text so far, FINAL false), so a caller sees the first token as
+soon as it exists; the others get the final response only. Each request ends with exactly one final
+response, an error or the answer.
 """
 
 import json
@@ -18,6 +24,17 @@ import numpy as np
 import triton_python_backend_utils as pb_utils  # provided by the Triton stub
 
 ROLES = {"system", "user", "assistant"}
+
+
+def _send(sender, response, flags=0):
+    """Send one response; False when the caller is gone (cancelled, disconnected): that must never stop
+    the other requests of the batch from getting theirs."""
+    try:
+        sender.send(response, flags=flags)
+        return True
+    except Exception as exc:  # noqa: BLE001 (pb_utils raises TritonModelException for a cancelled request)
+        pb_utils.Logger.log_warn(f"a response could not be sent (the caller left?): {type(exc).__name__}: {exc}")
+        return False
 
 
 class TritonPythonModel:
@@ -88,12 +105,26 @@ class TritonPythonModel:
         self.grammar.grammar_for(tools)
         return tools
 
+    def _flag(self, request, name):
+        tensor = pb_utils.get_input_tensor_by_name(request, name)
+        return tensor is not None and bool(tensor.as_numpy().reshape(-1)[0])
+
+    @staticmethod
+    def _response(text, prompt_tokens, output_tokens, final):
+        return pb_utils.InferenceResponse(output_tensors=[
+            pb_utils.Tensor("TOOL_CALL", np.array([[text.encode("utf-8")]], dtype=np.object_)),
+            pb_utils.Tensor("PROMPT_TOKENS", np.array([[prompt_tokens]], dtype=np.int32)),
+            pb_utils.Tensor("OUTPUT_TOKENS", np.array([[output_tokens]], dtype=np.int32)),
+            pb_utils.Tensor("FINAL", np.array([[final]], dtype=np.bool_)),
+        ])
+
     def execute(self, requests):
         import torch
 
-        responses = [None] * len(requests)
-        valid = []
-        for i, request in enumerate(requests):
+        final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        valid = []  # (sender, prompt, prompt tokens, tools, stream)
+        for request in requests:
+            sender = request.get_response_sender()
             tensor = pb_utils.get_input_tensor_by_name(request, "CONVERSATION")
             try:
                 values = tensor.as_numpy().reshape(-1)
@@ -101,32 +132,80 @@ class TritonPythonModel:
                     raise ValueError("send exactly one CONVERSATION per request")
                 raw = values[0]
                 tools = self._tools(request)
-                valid.append((i, *self._prompt(raw.decode("utf-8") if isinstance(raw, bytes) else str(raw)), tools))
+                prompt, n = self._prompt(raw.decode("utf-8") if isinstance(raw, bytes) else str(raw))
+                valid.append((sender, prompt, n, tools, self._flag(request, "STREAM")))
             except Exception as exc:  # noqa: BLE001 (GrammarError and any other failure is this request's error)
-                responses[i] = pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(str(exc)))
-        if valid:
-            enc = self.tokenizer([p for _, p, _, _ in valid], return_tensors="pt", padding=True,
+                _send(sender, pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(str(exc))),
+                      flags=final)
+        if not valid:
+            return None
+        steps = _Steps(self, valid)
+        try:
+            enc = self.tokenizer([v[1] for v in valid], return_tensors="pt", padding=True,
                                  add_special_tokens=False).to(self.device)
-            tools = [t for _, _, _, t in valid]
+            tools = [v[3] for v in valid]
             extra = {}
             if any(t is not None for t in tools):
                 from transformers import LogitsProcessorList
 
                 extra["logits_processor"] = LogitsProcessorList([self.grammar.ToolCallConstraint(self.tokenizer, tools)])
+            extra["streamer"] = steps
             with torch.inference_mode():
                 out = self.model.generate(**enc, max_new_tokens=self.max_new_tokens, do_sample=False,
                                           pad_token_id=self.tokenizer.pad_token_id,
                                           eos_token_id=self.tokenizer.eos_token_id, **extra)
-            new = out[:, enc["input_ids"].shape[1]:]
-            texts = self.tokenizer.batch_decode(new, skip_special_tokens=True)
-            for (i, _, n, _), text, row in zip(valid, texts, new):
+        except Exception as exc:  # noqa: BLE001 (every request of the batch still open ends, with the reason)
+            for sender, *_ in (v for v, row in zip(valid, steps.rows) if not row["final"]):
+                _send(sender, pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(
+                    f"generation failed: {type(exc).__name__}: {exc}")), flags=final)
+            return None
+        new = out[:, enc["input_ids"].shape[1]:]
+        texts = self.tokenizer.batch_decode(new, skip_special_tokens=True)
+        for (sender, _, n, _, _), text, row, step in zip(valid, texts, new, steps.rows):
+            if not step["final"]:  # stopped at max_new_tokens (a row that ended earlier was answered then)
                 generated = int((row != self.tokenizer.pad_token_id).sum())
-                responses[i] = pb_utils.InferenceResponse(output_tensors=[
-                    pb_utils.Tensor("TOOL_CALL", np.array([[text.strip().encode("utf-8")]], dtype=np.object_)),
-                    pb_utils.Tensor("PROMPT_TOKENS", np.array([[n]], dtype=np.int32)),
-                    pb_utils.Tensor("OUTPUT_TOKENS", np.array([[generated]], dtype=np.int32)),
-                ])
-        return responses
+                _send(sender, self._response(text.strip(), n, generated, True), flags=final)
+        return None
 
     def finalize(self):
         self.model = None
+
+
+class _Steps:
+    """A `generate` streamer for a batch: after each decoding step, every streaming request whose text grew
+    gets it (the text so far; a step that ends inside a multi-byte character waits for the next one), and a
+    request whose answer ended (its end-of-sequence token) gets its final response at once, not when the
+    longest answer of the batch is done."""
+
+    def __init__(self, model, valid):
+        self.model = model
+        self.rows = [{"sender": v[0], "prompt": v[2], "stream": v[4], "ids": [], "final": False, "sent": ""}
+                     for v in valid]
+        self.prompt_seen = False
+        eos = model.tokenizer.eos_token_id
+        self.eos = set(eos) if isinstance(eos, (list, tuple)) else {eos}
+
+    def put(self, value):
+        if not self.prompt_seen:  # the first call hands over the prompts
+            self.prompt_seen = True
+            return
+        final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        for row, token in zip(self.rows, value.reshape(-1).tolist()):
+            if row["final"]:
+                continue
+            if token in self.eos:
+                row["final"] = True
+                text = self.model.tokenizer.decode(row["ids"], skip_special_tokens=True).strip()
+                _send(row["sender"], self.model._response(text, row["prompt"], len(row["ids"]), True), flags=final)
+                continue
+            row["ids"].append(token)
+            if not row["stream"]:
+                continue
+            text = self.model.tokenizer.decode(row["ids"], skip_special_tokens=True).lstrip()
+            if text and text != row["sent"] and not text.endswith("\ufffd"):
+                row["sent"] = text
+                if not _send(row["sender"], self.model._response(text, row["prompt"], len(row["ids"]), False)):
+                    row["stream"] = False  # the caller left: no more steps for it (its final send fails quietly)
+
+    def end(self):
+        pass

@@ -1,0 +1,169 @@
+"""A model's growing tool-call text as OpenAI `chat.completion.chunk`s, while it is generated (pure).
+
+The served model writes one compact call, `{"name":"<tool>","arguments":{...}}`, or `{"name":null}`
+when no tool fits (the grammar admits nothing else; an unconstrained model may write anything). A
+streaming caller gets the role as soon as the first token exists, the call's id and name as soon as
+the name is complete, then the arguments as they grow. What is not yet certain is held back: the last
+character of the text (it may close the call, not the arguments), and anything that is not a call of
+an offered tool (no-tool answers and free text come whole at the end, as `chunks` makes them).
+`finish` closes the stream from the finished completion body, which it makes consistent with what
+was streamed (the same call id, the arguments the caller assembled), so the captured turn is what the
+caller saw.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+from pipelines.serve import openai_api as api
+from pipelines.serve.openai_api import CALL_PREFIX, arguments_text, call_id, chunks
+
+LOG = logging.getLogger("flywheel.gateway")
+
+
+class ToolCallStream:
+    def __init__(self, response_id: str, created: int, model: str, names: set[str]):
+        self.base = {"id": response_id, "object": "chat.completion.chunk", "created": created, "model": model,
+                     "system_fingerprint": None}
+        self.names = names
+        self.role_sent = False
+        self.call: dict[str, Any] | None = None  # {"id", "name", "at"}: the streamed call, once its name is known
+        self.args_sent = ""
+
+    def _chunk(self, delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+        return {**self.base, "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
+
+    def _role(self) -> list[dict[str, Any]]:
+        if self.role_sent:
+            return []
+        self.role_sent = True
+        return [self._chunk({"role": "assistant", "content": None})]
+
+    def grow(self, text: str, fingerprint: str | None = None) -> list[dict[str, Any]]:
+        """The chunks that the text so far adds to what was sent (text that does not extend the streamed
+        call, as a fallback model's answer would not, adds nothing: `finish` settles it)."""
+        if not text:
+            return []
+        self.base["system_fingerprint"] = self.base["system_fingerprint"] or fingerprint
+        out = self._role()
+        if self.call is None:
+            found = CALL_PREFIX.match(text)
+            if found is None:
+                return out
+            try:
+                name = json.loads(f'"{found.group(1)}"')
+            except json.JSONDecodeError:
+                return out
+            if name not in self.names:
+                return out
+            self.call = {"id": call_id(self.base["id"]), "name": name, "at": found.end(),
+                         "prefix": text[:found.end()]}
+            out.append(self._chunk({"tool_calls": [{"index": 0, "id": self.call["id"], "type": "function",
+                                                    "function": {"name": name, "arguments": ""}}]}))
+        if not text.startswith(self.call["prefix"]):
+            return out
+        arguments = text[self.call["at"]:-1]  # the last character may close the call
+        if arguments.startswith(self.args_sent) and len(arguments) > len(self.args_sent):
+            out.append(self._chunk({"tool_calls": [{"index": 0, "function": {
+                "arguments": arguments[len(self.args_sent):]}}]}))
+            self.args_sent = arguments
+        return out
+
+    def finish(self, body: dict[str, Any], text: str | None, include_usage: bool) -> list[dict[str, Any]]:
+        """The closing chunks from the finished completion `body` (answered from the model's whole `text`,
+        or by another model, as a teacher or a fallback is); `body` is updated to what the caller saw."""
+        self.base["system_fingerprint"] = self.base["system_fingerprint"] or body.get("system_fingerprint")
+        choice = body["choices"][0]
+        calls = choice["message"].get("tool_calls") or []
+        if self.call is None:  # nothing of a call went out: the whole answer now, after the role
+            rest = chunks({**body, **{k: self.base[k] for k in ("id", "created", "model", "system_fingerprint")}},
+                          include_usage)
+            return self._role() + (rest[1:] if self.role_sent else rest)
+        out: list[dict[str, Any]] = []
+        whole = arguments_text(text) if text and text.startswith(self.call["prefix"]) else None
+        if calls and calls[0]["function"]["name"] == self.call["name"] and whole is not None \
+                and whole.startswith(self.args_sent) and _same_json(whole, calls[0]["function"]["arguments"]):
+            calls[0]["id"] = self.call["id"]
+            calls[0]["function"]["arguments"] = whole  # the string the caller assembled
+            finish = choice["finish_reason"]
+        else:  # the model stopped inside the call (its token limit), or another model answered otherwise:
+            # the caller keeps the call it got, marked cut
+            whole = text[self.call["at"]:] if text and text.startswith(self.call["prefix"]) else ""
+            finish = "length"
+        if whole and whole.startswith(self.args_sent) and len(whole) > len(self.args_sent):
+            out.append(self._chunk({"tool_calls": [{"index": 0, "function": {"arguments": whole[len(self.args_sent):]}}]}))
+            self.args_sent = whole
+        out.append(self._chunk({}, finish))
+        if include_usage:
+            out.append({**self.base, "choices": [], "usage": body["usage"]})
+        return out
+
+
+def _same_json(a: str, b: str) -> bool:
+    try:
+        return json.loads(a) == json.loads(b)
+    except json.JSONDecodeError:
+        return False
+
+
+async def stream_response(traffic: Any, parsed: api.ChatCompletionRequest) -> Any:
+    """The gateway's answer to `stream: true`: server-sent events as the model generates. The request runs
+    in a worker thread (`traffic.handle`) whose growing text comes here through a queue. Until the first
+    text, an error is an ordinary error response; after it, an error event ends the stream."""
+    import asyncio
+
+    from fastapi.responses import StreamingResponse
+    from starlette.concurrency import run_in_threadpool
+
+    loop = asyncio.get_running_loop()
+    events: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
+    last: dict[str, str | None] = {"text": None}
+    served = api.request_row(parsed)  # its response id is the stream's, and the captured turn's
+
+    def on_text(text: str) -> None:
+        last["text"] = text
+        loop.call_soon_threadsafe(events.put_nowait, ("text", text))
+
+    async def run() -> None:
+        try:
+            body = await run_in_threadpool(traffic.handle, parsed, on_text, served)
+        except Exception as exc:  # noqa: BLE001 (handed to the response below)
+            events.put_nowait(("error", exc))
+        else:
+            events.put_nowait(("done", body))
+
+    worker = asyncio.create_task(run())
+    kind, value = await events.get()
+    if kind == "error":
+        raise value
+    include_usage = bool((parsed.stream_options or {}).get("include_usage"))
+    specs = api.offered(parsed)
+    assembler = ToolCallStream(served.response_id, served.created, parsed.model,
+                               {s["function"]["name"] for s in specs})
+
+    async def frames(kind: str, value: Any) -> AsyncIterator[bytes]:
+        try:
+            while True:
+                if kind == "text":
+                    for chunk in assembler.grow(value):
+                        yield api.sse(chunk)
+                elif kind == "done":
+                    for chunk in assembler.finish(value, last["text"], include_usage):
+                        yield api.sse(chunk)
+                    yield api.sse("[DONE]")
+                    return
+                else:
+                    failure = value if isinstance(value, api.ApiError) else api.ApiError(
+                        500, f"the gateway failed: {type(value).__name__}", kind="server_error")
+                    if not isinstance(value, api.ApiError):
+                        LOG.error("streamed request failed", exc_info=value)
+                    yield api.sse(failure.body())
+                    return
+                kind, value = await events.get()
+        finally:
+            await asyncio.shield(worker)  # the answer is captured even when the caller left early
+
+    return StreamingResponse(frames(kind, value), media_type="text/event-stream")
