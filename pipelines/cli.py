@@ -567,12 +567,8 @@ def bench_cmd(
         if as_json:
             _emit(result, True, "bench")
             return
-        table = Table(title=f"AIPerf {result['aiperf']} through the gateway: {result['html_uri']}")
-        for column in COLUMNS:
-            table.add_column(column)
-        for run in result["runs"]:
-            table.add_row(*("n/a" if run.get(c) is None else str(run.get(c)) for c in COLUMNS))
-        Console().print(table)
+        _print_table(f"AIPerf {result['aiperf']} through the gateway: {result['html_uri']}", COLUMNS,
+                     [["n/a" if run.get(c) is None else str(run.get(c)) for c in COLUMNS] for run in result["runs"]])
         return
     report = run_bench(settings, cfg, console=console)
     if as_json:
@@ -580,10 +576,15 @@ def bench_cmd(
         return
     from pipelines.bench.serving import TABLE_COLUMNS, table_rows
 
-    table = Table(title=f"serving benchmark ({report['hardware']['name']}): {report['html_uri']}")
-    for column in TABLE_COLUMNS:
+    _print_table(f"serving benchmark ({report['hardware']['name']}): {report['html_uri']}", TABLE_COLUMNS,
+                 table_rows(report))
+
+
+def _print_table(title: str, columns: tuple[str, ...], rows: list[list[str]]) -> None:
+    table = Table(title=title)
+    for column in columns:
         table.add_column(column)
-    for row in table_rows(report):
+    for row in rows:
         table.add_row(*row)
     Console().print(table)
 

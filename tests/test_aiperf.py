@@ -54,3 +54,12 @@ def test_a_missing_aiperf_is_one_clear_error(monkeypatch: pytest.MonkeyPatch, tm
     monkeypatch.setenv(aiperf.AIPERF_ENV, str(tmp_path / "nowhere" / "aiperf"))
     with pytest.raises(aiperf.AiperfFailed, match="make aiperf-env"):
         aiperf.executable()
+
+
+def test_the_report_page_has_the_table_and_the_plot() -> None:
+    row = {"model": "champion", "concurrency": 1, "requests": 24, "errors": 1, "ttft_p50_ms": 600.0, "ttft_p99_ms": None,
+           "itl_p50_ms": 28.0, "latency_p50_ms": 1700.0, "latency_p99_ms": 2300.0, "requests_per_s": 0.58,
+           "prompt_tokens_p50": 118.0, "output_tokens_p50": 35.0}
+    page = aiperf.render_html({"runs": [row, {**row, "concurrency": 4, "latency_p50_ms": 6000.0}], "live": "tool_router_v1",
+                               "aiperf": "0.13.0", "requests_per_run": 24, "generated_at": "2026-11-24T05:00:00+00:00"})
+    assert "<img" in page and "tool_router_v1" in page and "1700.0" in page.replace(",", "") and "n/a" in page

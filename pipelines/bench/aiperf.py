@@ -169,20 +169,12 @@ def run_aiperf(settings: Settings, requests: int, levels: list[int], models: tup
 
 
 def render_html(report: dict[str, Any]) -> str:
-    from pipelines.reports import figure_html, new_figure, page, table_html
+    from pipelines.bench.report import concurrency_figure
+    from pipelines.reports import figure_html, page, table_html
 
     runs = report["runs"]
-    fig, (left, right) = new_figure(11, 3.6, ncols=2)
-    for model in dict.fromkeys(r["model"] for r in runs):
-        mine = [r for r in runs if r["model"] == model]
-        levels = [r["concurrency"] for r in mine]
-        left.plot(levels, [r["ttft_p50_ms"] for r in mine], marker="o", label=f"{model} TTFT p50")
-        left.plot(levels, [r["latency_p50_ms"] for r in mine], marker="x", linestyle="--", label=f"{model} latency p50")
-        right.plot(levels, [r["requests_per_s"] for r in mine], marker="o", label=model)
-    left.set(xlabel="concurrent requests", ylabel="ms", title="time to first token and latency")
-    right.set(xlabel="concurrent requests", ylabel="requests/s", title="throughput")
-    left.legend(fontsize=7)
-    right.legend(fontsize=7)
+    fig = concurrency_figure(runs, ("ttft_p50_ms", "TTFT p50"), ("latency_p50_ms", "latency p50"),
+                             "time to first token and latency")
     rows = [{c: ("n/a" if r.get(c) is None else r.get(c)) for c in COLUMNS} for r in runs]
     return page(f"AIPerf against the gateway: {report['live']} vs base + few-shot", [
         ("Runs", table_html(rows)),

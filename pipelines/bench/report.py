@@ -10,6 +10,24 @@ COLUMNS = ("model", "concurrency", "requests", "errors", "p50_ms", "p95_ms", "p9
            "output_tokens_per_s", "prompt_tokens_mean", "exact_match", "usd_per_million_requests")
 
 
+def concurrency_figure(runs: list[dict[str, Any]], solid: tuple[str, str], dashed: tuple[str, str],
+                       latency_title: str) -> Any:
+    """Latency (two series per model: `solid` and `dashed`, each (key, label)) and throughput against
+    concurrency, one line per model: the serving benchmark's and AIPerf's figure."""
+    fig, (left, right) = new_figure(11, 3.6, ncols=2)
+    for model in dict.fromkeys(r["model"] for r in runs):
+        mine = [r for r in runs if r["model"] == model]
+        levels = [r["concurrency"] for r in mine]
+        left.plot(levels, [r[solid[0]] for r in mine], marker="o", label=f"{model} {solid[1]}")
+        left.plot(levels, [r[dashed[0]] for r in mine], marker="x", linestyle="--", label=f"{model} {dashed[1]}")
+        right.plot(levels, [r["requests_per_s"] for r in mine], marker="o", label=model)
+    left.set(xlabel="concurrent requests", ylabel="latency (ms)", title=latency_title)
+    right.set(xlabel="concurrent requests", ylabel="requests/s", title="throughput")
+    left.legend(fontsize=7)
+    right.legend(fontsize=7)
+    return fig
+
+
 def render_html(report: dict[str, Any]) -> str:
     runs = report["runs"]
     rows = [{c: r.get(c) for c in COLUMNS} for r in runs]
@@ -17,17 +35,7 @@ def render_html(report: dict[str, Any]) -> str:
         rows.append({c: report["direct"].get(c) for c in COLUMNS})
     for row in rows:  # percentiles the sample does not support (pipelines.bench.serving.percentile)
         row.update({c: "n/a" for c in ("p50_ms", "p95_ms", "p99_ms") if row[c] is None})
-    fig, (left, right) = new_figure(11, 3.6, ncols=2)
-    for model in dict.fromkeys(r["model"] for r in runs):
-        mine = [r for r in runs if r["model"] == model]
-        levels = [r["concurrency"] for r in mine]
-        left.plot(levels, [r["p50_ms"] for r in mine], marker="o", label=f"{model} p50")
-        left.plot(levels, [r["p95_ms"] for r in mine], marker="x", linestyle="--", label=f"{model} p95")
-        right.plot(levels, [r["requests_per_s"] for r in mine], marker="o", label=model)
-    left.set(xlabel="concurrent requests", ylabel="latency (ms)", title="latency")
-    right.set(xlabel="concurrent requests", ylabel="requests/s", title="throughput")
-    left.legend(fontsize=7)
-    right.legend(fontsize=7)
+    fig = concurrency_figure(runs, ("p50_ms", "p50"), ("p95_ms", "p95"), "latency")
     hw = report["hardware"]
     comparison = report.get("comparison") or {}
     summary = table_html([{"metric": k, "value": v} for k, v in comparison.items() if not isinstance(v, dict)]
