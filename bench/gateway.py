@@ -22,7 +22,7 @@ import json
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from datetime import date, datetime, timezone
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
 
@@ -30,14 +30,11 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def _requests(n: int) -> list[dict[str, Any]]:
-    import orjson
+    """The generated shopper turns AIPerf replays (`pipelines.bench.aiperf.trace_lines`), as request bodies."""
+    from pipelines.bench.aiperf import trace_lines
 
-    from pipelines.logs.generator import GeneratorConfig, TrafficGenerator
-
-    gen = TrafficGenerator(GeneratorConfig(seed=41, records=n, bad_share=0.0, end_date=date.today()))
-    records = [orjson.loads(line) for _, line, _ in gen.lines()]
-    return [{"model": "champion", "messages": r["request"]["messages"], "tools": r["request"]["tools"],
-             "user": r["customer_id"]} for r in records]
+    return [{"model": "champion", "messages": t["messages"], "tools": t["tools"], "user": t["extra"]["user"]}
+            for t in trace_lines(n)]
 
 
 def _run(label: str, level: int, jobs: list[dict[str, Any]], one: Callable[[dict[str, Any]], dict[str, Any]]

@@ -74,7 +74,9 @@ class ToolCallStream:
 
     def finish(self, body: dict[str, Any], text: str | None, include_usage: bool) -> list[dict[str, Any]]:
         """The closing chunks from the finished completion `body` (answered from the model's whole `text`,
-        or by another model, as a teacher or a fallback is); `body` is updated to what the caller saw."""
+        or by another model, as a teacher or a fallback is). A body made by `openai_api.answer` from the
+        streamed text already carries the streamed call's id and arguments (what is captured is what the
+        caller assembled)."""
         self.base["system_fingerprint"] = self.base["system_fingerprint"] or body.get("system_fingerprint")
         choice = body["choices"][0]
         calls = choice["message"].get("tool_calls") or []
@@ -84,10 +86,8 @@ class ToolCallStream:
             return self._role() + (rest[1:] if self.role_sent else rest)
         out: list[dict[str, Any]] = []
         whole = arguments_text(text) if text and text.startswith(self.call["prefix"]) else None
-        if calls and calls[0]["function"]["name"] == self.call["name"] and whole is not None \
-                and whole.startswith(self.args_sent) and _same_json(whole, calls[0]["function"]["arguments"]):
-            calls[0]["id"] = self.call["id"]
-            calls[0]["function"]["arguments"] = whole  # the string the caller assembled
+        if whole is not None and whole.startswith(self.args_sent) and calls \
+                and (calls[0]["id"], calls[0]["function"]["arguments"]) == (self.call["id"], whole):
             finish = choice["finish_reason"]
         else:  # the model stopped inside the call (its token limit), or another model answered otherwise:
             # the caller keeps the call it got, marked cut
@@ -100,13 +100,6 @@ class ToolCallStream:
         if include_usage:
             out.append({**self.base, "choices": [], "usage": body["usage"]})
         return out
-
-
-def _same_json(a: str, b: str) -> bool:
-    try:
-        return json.loads(a) == json.loads(b)
-    except json.JSONDecodeError:
-        return False
 
 
 async def stream_response(traffic: Any, parsed: api.ChatCompletionRequest) -> Any:
