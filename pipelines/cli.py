@@ -369,7 +369,8 @@ def eval_cmd(
     cfg = EvalConfig(base_model=base_model, split=split, logs=logs, baselines=baselines,
                      examples=examples or settings.evaluation.examples,
                      shots=settings.evaluation.shots if shots is None else shots,
-                     constrained=constrained or settings.evaluation.constrained)
+                     constrained=constrained or settings.evaluation.constrained,
+                     max_new_tokens=settings.evaluation.max_new_tokens)
     report = evaluate(settings, cfg, adapters, name, console)
     if as_json:
         _emit(report.to_dict(), True, "")

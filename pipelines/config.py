@@ -206,6 +206,10 @@ class EvaluationSettings(_Section):
         "both", description="evaluate each condition unconstrained, under the tool-call grammar (rows named "
         "`<condition>_constrained`), or both; the gate compares the rows of the way models are served "
         "(`triton.constrained`)")
+    max_new_tokens: int = Field(64, ge=8, description="generation budget per answer (evaluation and the sweep's "
+                                "validation): the longest generated call is 57 SmolLM2 tokens; tau-bench retail "
+                                "calls reach ~220 (item lists). Answers that stop at the budget are counted "
+                                "(`cut_at_max_new_tokens`) and reported with a warning")
     judge_url: str | None = Field(None, description="OpenAI-compatible endpoint for an optional LLM-as-judge")
     judge_model: str | None = None
     judge_api_key: SecretStr | None = None

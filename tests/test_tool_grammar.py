@@ -84,6 +84,10 @@ def test_constrained_decoding_of_a_tiny_model_always_parses_and_validates(tiny) 
                    tools=[BOUNDED] * len(requests))
     for text in out.texts:
         assert _valid(text), text
+    # the budget is accounted: the untrained free answers run to it, every grammar answer ended before it
+    assert free.cut == sum(1 for n in free.output_tokens if n == 48) > 0
+    assert free.stats()["cut_at_max_new_tokens"] == free.cut
+    assert out.cut == 0 and max(out.output_tokens) < 48
 
 
 def _valid(text: str) -> bool:

@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from train_data import examples, tiny_config, tiny_loader
-from pipelines.train.hf_backend import cosine_lr, encode, train_lora
+from pipelines.train.hf_backend import (_target_loss, cosine_lr, encode, pack_rows, packed_batch, padded_batch,
+                                        train_lora)
 
 STEPS = 8
 
@@ -123,3 +124,56 @@ def test_killed_run_resumes_and_ends_with_the_same_adapter(trained, tmp_path: Pa
     for key in a:
         assert torch.allclose(a[key], b[key], atol=1e-6), key
     assert result["losses"] == pytest.approx(uninterrupted.losses, abs=1e-5)
+
+
+def test_first_fit_decreasing_packing_by_hand() -> None:
+    # longest first: 7 opens row 0, 6 row 1, 5 row 2; 3 fits row 0 (room 3), 2 row 1 (room 4), 2 row 1 again
+    assert pack_rows([2, 7, 3, 6, 5, 2], 10) == [[1, 2], [3, 0, 5], [4]]
+    assert pack_rows([4, 4, 4], 12) == [[0, 1, 2]]
+    with pytest.raises(ValueError, match="does not fit"):
+        pack_rows([5, 13], 12)
+
+
+def test_a_packed_step_has_the_loss_of_the_same_examples_padded(model_root: str) -> None:
+    """Packing changes the layout, not the step: the same examples give the same target loss, because no
+    example attends to another (position ids restart per example) and the padding carries no label."""
+    from peft import LoraConfig, get_peft_model
+
+    model, tokenizer = tiny_loader(model_root)("tiny-llama")
+    model = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"],
+                                             task_type="CAUSAL_LM")).eval()
+    rows = [encode(tokenizer, turns, target, 512) for turns, target in examples()[:6]]
+    padded = padded_batch(rows, tokenizer.pad_token_id or 0)
+    packed = packed_batch(rows, 1024, tokenizer.pad_token_id or 0)
+    assert packed["input_ids"].shape[0] < padded["input_ids"].shape[0], "several examples share a row"
+    assert int(packed["attention_mask"].sum()) == int(padded["attention_mask"].sum()), "no token lost or added"
+    with torch.no_grad():
+        want, got = _target_loss(model, padded), _target_loss(model, packed)
+        # the same rows laid end to end with running positions: the later examples see the earlier ones
+        leaky = {**packed, "position_ids": torch.arange(packed["input_ids"].shape[1]).expand_as(packed["input_ids"])}
+        lengths = [len(ids) for ids, _ in rows]
+        states = {name: _example_states(model, batch, lengths, packed=name != "padded") for name, batch in
+                  (("padded", padded), ("packed", packed), ("leaky", leaky))}
+    assert float(got) == pytest.approx(float(want), abs=1e-4)
+    assert torch.allclose(states["packed"], states["padded"], atol=1e-4)
+    assert (states["leaky"] - states["padded"]).abs().max() > 1e-2, "the check can tell a leaking pack from a clean one"
+
+
+def _example_states(model, batch, lengths: list[int], packed: bool) -> torch.Tensor:
+    """The decoder's output at every real token, example after example in input order, whatever the layout."""
+    inputs = {"position_ids": batch["position_ids"]} if packed else {"attention_mask": batch["attention_mask"]}
+    hidden = model.get_base_model().get_decoder()(input_ids=batch["input_ids"], use_cache=False, **inputs).last_hidden_state
+    where = {i: (i, 0) for i in range(len(lengths))}
+    if packed:
+        for r, group in enumerate(pack_rows(lengths, 1024)):
+            at = 0
+            for i in group:
+                where[i], at = (r, at), at + lengths[i]
+    return torch.cat([hidden[where[i][0], where[i][1]:where[i][1] + n] for i, n in enumerate(lengths)])
+
+
+def test_packed_training_runs_the_same_schedule(model_root: str, tmp_path: Path) -> None:
+    result = train_lora(examples(), tiny_config(max_steps=4, packed_seq_len=1024), tmp_path, tiny_loader(model_root))
+    assert result.status == "completed" and result.steps == 4 and result.losses[-1] < result.losses[0]
+    with pytest.raises(ValueError, match="one whole example"):
+        tiny_config(packed_seq_len=256)  # max_seq_len 512 would not fit a row

@@ -52,3 +52,19 @@ def test_nemo_recipe_trains_a_lora_adapter_stock_peft_loads(tmp_path: Path) -> N
     with torch.no_grad():
         after = tuned(ids).logits
     assert not torch.allclose(before, after), "the trained adapter changes the model"
+
+
+def test_nemo_packs_the_examples_with_automodel_s_own_packing(tmp_path: Path) -> None:
+    """`packed_seq_len` reaches AutoModel as its `packed_sequence` block and the recipe trains on the packed
+    rows: the same steps; a pack holds ~4 of these examples, so a step takes one pack (4 examples)."""
+    import yaml
+
+    settings = load_settings(root=str(tmp_path / "root"))
+    result = train_nemo(settings, tiny_config(max_steps=4, lora_layers=1, packed_seq_len=2048), examples(),
+                        tmp_path / "run")
+    spec = yaml.safe_load((tmp_path / "run" / "nemo-recipe.yaml").read_text())
+    assert spec["packed_sequence"]["packed_sequence_size"] == 2048
+    assert spec["step_scheduler"]["global_batch_size"] == 1 and spec["step_scheduler"]["max_steps"] == 4
+    assert result.status == "completed" and result.steps == 4
+    log = (tmp_path / "run" / "nemo-train.log").read_text()
+    assert "NEAT-packing dataset with size: 2048" in log, "AutoModel packed the dataset itself"

@@ -99,6 +99,22 @@ def test_a_balanced_training_sample_spreads_over_tools_and_sources() -> None:
     assert len(balanced_sample(frame, 1000)) == len(frame)
 
 
+def test_a_square_root_sample_keeps_more_of_a_large_source_and_still_lifts_the_rare_tools() -> None:
+    from pipelines.train.dataset import balanced_sample, share_quotas, source_of
+
+    frame = _frame({("search_products", "webshop"): 300, ("get_order", "rec"): 12, ("get_invoice", "rec"): 5,
+                    ("search_products", "rec"): 40})
+    sample = balanced_sample(frame, 60, seed=1, power=0.5)
+    counts = sample.groupby([sample["tool"], sample["record_id"].map(source_of)]).size().to_dict()
+    # by hand: sqrt sizes 17.32 / 3.46 / 2.24 / 6.32 (sum 29.35) of 60 -> 35.41 / 7.08 / 4.57 / 12.93: 35, 7, 4,
+    # 12 and the 2 rows left to the largest remainders (search_products|rec .93, get_invoice .57)
+    assert counts == {("search_products", "webshop"): 35, ("get_order", "rec"): 7, ("get_invoice", "rec"): 5,
+                      ("search_products", "rec"): 13}
+    # equal shares would give WebShop 21 of 60, its random share is 50 of 60 (300 of 357 rows)
+    assert share_quotas({"a": 300, "b": 5}, 60, 1.0) == {"a": 59, "b": 1}  # power 1: the mix, 59.02 and 0.98
+    assert share_quotas({"a": 3, "b": 4}, 60, 0.5) == {"a": 3, "b": 4}  # fewer rows than wanted: all of them
+
+
 def test_the_validation_sample_is_stratified_with_every_stratum_present() -> None:
     from pipelines.train.dataset import source_of, stratified_sample
 
@@ -117,3 +133,27 @@ def test_a_validation_sample_smaller_than_the_strata_keeps_the_largest() -> None
     sample = stratified_sample(frame, 2, seed=0)
     assert sorted(sample["tool"]) == ["get_invoice", "search_products"]  # the two largest strata, one each
     assert not stratified_sample(frame, 12, seed=0).equals(stratified_sample(frame, 12, seed=5))  # seeded draws
+
+
+def test_a_packed_nemo_recipe_takes_as_many_packs_per_step_as_hold_a_batch() -> None:
+    from pipelines.train.nemo_backend import packs_per_step, recipe
+
+    cfg = TrainConfig(base_model="tiny-llama", batch_size=4, epochs=2, max_seq_len=512, packed_seq_len=1000)
+    lengths = [300] * 12  # three 300-token examples fill a 1000-token row: 4 packs; 4 examples ~ 1.33 packs -> 1
+    assert packs_per_step(cfg, lengths) == (4, 1)
+    assert packs_per_step(cfg.model_copy(update={"batch_size": 8}), lengths) == (4, 3)  # 8 * 4 / 12 = 2.67 -> 3
+    spec = recipe(cfg, base_model_path="/m", num_layers=2, train_file="/d.jsonl", checkpoint_dir="/c", examples=12,
+                  lengths=lengths)
+    assert spec["packed_sequence"] == {"packed_sequence_size": 1000, "packing_strategy": "neat",
+                                       "drop_long_samples": False}
+    # the step count stays the unpacked one (ceil(12 * 2 / 4) = 6); each step takes one pack, 4 packs an epoch
+    assert spec["step_scheduler"]["max_steps"] == 6 and spec["step_scheduler"]["global_batch_size"] == 1
+    assert spec["step_scheduler"]["num_epochs"] == 2
+    unpacked = recipe(cfg.model_copy(update={"packed_seq_len": None}), base_model_path="/m", num_layers=2,
+                      train_file="/d.jsonl", checkpoint_dir="/c", examples=12)
+    assert "packed_sequence" not in unpacked and unpacked["step_scheduler"]["global_batch_size"] == 4
+    on_gpus = recipe(cfg, base_model_path="/m", num_layers=2, train_file="/d.jsonl", checkpoint_dir="/c", examples=12,
+                     lengths=lengths, gpus=8)  # one pack a step would not split over 8 data-parallel ranks
+    assert on_gpus["step_scheduler"]["global_batch_size"] == 8 and on_gpus["step_scheduler"]["local_batch_size"] == 1
+    with pytest.raises(ValueError, match="token length"):
+        recipe(cfg, base_model_path="/m", num_layers=2, train_file="/d.jsonl", checkpoint_dir="/c", examples=12)

@@ -24,12 +24,19 @@ class Generations:
     output_tokens: list[int]
     seconds: float            # wall time of the batched pass over all requests
     latency_ms: list[float]   # single-request (batch 1) latencies on the first few requests
+    max_new_tokens: int = 0   # the budget each answer had (0: unknown)
+
+    @property
+    def cut(self) -> int:
+        """Answers that stopped at the budget rather than at their end (likely cut short)."""
+        return sum(1 for n in self.output_tokens if n >= self.max_new_tokens) if self.max_new_tokens else 0
 
     def stats(self) -> dict[str, float]:
         n = max(1, len(self.texts))
         return {
             "prompt_tokens_mean": round(sum(self.prompt_tokens) / n, 1),
             "output_tokens_mean": round(sum(self.output_tokens) / n, 1),
+            "cut_at_max_new_tokens": self.cut,
             "latency_ms_p50": round(statistics.median(self.latency_ms), 1) if self.latency_ms else float("nan"),
             "seconds_per_request_batched": round(self.seconds / n, 3),
         }
@@ -102,4 +109,4 @@ def generate(model: Any, tokenizer: Any, conversations: list[list[dict[str, str]
         t0 = time.perf_counter()
         run([p], [tools[j]] if tools is not None else None)
         latency.append((time.perf_counter() - t0) * 1000)
-    return Generations(texts, prompt_tokens, output_tokens, round(seconds, 2), latency)
+    return Generations(texts, prompt_tokens, output_tokens, round(seconds, 2), latency, max_new_tokens)

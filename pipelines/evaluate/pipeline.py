@@ -34,7 +34,7 @@ class EvalConfig(BaseModel):
     seed: int = 0
     shots: int = Field(3, ge=0, description="in-context examples for the few-shot condition")
     shot_pool: int = Field(2000, ge=1, description="train examples the few-shot retrieval searches")
-    max_new_tokens: int = Field(64, ge=8, description="the longest logged tool call is 57 SmolLM2 tokens")
+    max_new_tokens: int = Field(64, ge=8, description="generation budget per answer (evaluation.max_new_tokens)")
     batch_size: int = Field(8, ge=1)
     latency_samples: int = Field(4, ge=0, description="requests also timed alone (batch 1) per condition")
     baselines: bool = Field(True, description="include base zero-shot and few-shot")
@@ -142,6 +142,10 @@ def evaluate(settings: Settings, cfg: EvalConfig, adapters: list[Adapter], name:
                                tools=[e.tools for e in chosen] if constrained else None)
                 result = score_condition(name, label, style, shots, chosen, out.texts, out.stats())
                 result.constrained = constrained
+                if out.cut and console is not None:
+                    console.print(f"warning: {name}: {out.cut} of {len(chosen)} answers stopped at max_new_tokens "
+                                  f"({cfg.max_new_tokens}) and may be cut short: raise evaluation.max_new_tokens "
+                                  f"(FLYWHEEL_EVALUATION__MAX_NEW_TOKENS)")
                 if settings.evaluation.judge_url:
                     from pipelines.evaluate.judge import judge_scores
 

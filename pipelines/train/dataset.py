@@ -68,26 +68,39 @@ def _strata(frame: pd.DataFrame) -> pd.Series:
     return frame["tool"].fillna(NO_TOOL).astype(str) + "|" + frame["record_id"].map(source_of)
 
 
-def balanced_sample(frame: pd.DataFrame, n: int, seed: int = 0) -> pd.DataFrame:
-    """`n` rows spread as evenly as the data allows over (tool, source) strata: every stratum gets an equal
-    share; one smaller than its share gives all its rows and the others share the rest (water-filling).
-    A few hundred WebShop searches then cannot crowd out the order and invoice tools, nor the reverse."""
+def balanced_sample(frame: pd.DataFrame, n: int, seed: int = 0, power: float = 0.0) -> pd.DataFrame:
+    """`n` rows spread over (tool, source) strata in proportion to size**power: 0 gives every stratum an
+    equal share, 0.5 (`sqrt`) a share that grows with the square root of its size (a large source keeps
+    more than an equal share, a rare tool still gets far more than its random share), 1 the window's mix.
+    A stratum smaller than its share gives all its rows and the others share the rest (water-filling);
+    the last rows go by largest remainder (ties in stratum order)."""
     if len(frame) <= n:
         return frame
     groups = {k: g for k, g in frame.groupby(_strata(frame), sort=True)}
-    quota, left, open_ = {}, n, dict(sorted((k, len(g)) for k, g in groups.items()))
-    while open_ and left > 0:
-        share = max(1, left // len(open_))
-        for key, size in list(open_.items()):
-            take = min(size - quota.get(key, 0), share, left)
-            quota[key] = quota.get(key, 0) + take
-            left -= take
-            if quota[key] >= size:
-                del open_[key]
-            if left == 0:
-                break
+    quota = share_quotas({k: len(g) for k, g in groups.items()}, n, power)
     parts = [groups[k].sample(n=q, random_state=seed) for k, q in quota.items() if q]
     return pd_concat(parts).sort_values("record_id").reset_index(drop=True)
+
+
+def share_quotas(sizes: dict[str, int], n: int, power: float) -> dict[str, int]:
+    """Rows per stratum for `balanced_sample`: n split in proportion to size**power, capped at each size."""
+    quota: dict[str, int] = {}
+    open_, left = dict(sorted(sizes.items())), n
+    while open_:
+        weights = {k: size ** power for k, size in open_.items()}
+        total = sum(weights.values())
+        full = [k for k, size in open_.items() if size <= left * weights[k] / total]
+        if not full:
+            exact = {k: left * w / total for k, w in weights.items()}
+            quota.update({k: int(v) for k, v in exact.items()})
+            rest = left - sum(int(v) for v in exact.values())
+            for k in sorted(exact, key=lambda k: (int(exact[k]) - exact[k], k))[:rest]:
+                quota[k] += 1
+            break
+        for k in full:
+            quota[k] = open_.pop(k)
+            left -= quota[k]
+    return dict(sorted(quota.items()))
 
 
 def stratified_sample(frame: pd.DataFrame, n: int, seed: int = 0) -> pd.DataFrame:
@@ -121,7 +134,7 @@ def pd_concat(parts: list[pd.DataFrame]) -> pd.DataFrame:
 
 
 def load_split(settings: Settings, split: str, limit: int | None = None, seed: int = 0,
-               window: str | None = None, sampling: Literal["random", "balanced", "stratified"] = "random"
+               window: str | None = None, sampling: Literal["random", "balanced", "sqrt", "stratified"] = "random"
                ) -> pd.DataFrame:
     """One split of a window's training set (default: the current manifest's), in record order;
     `limit` takes a seeded sample: random, `balanced` over (tool, source) or `stratified` by them."""
@@ -137,8 +150,8 @@ def load_split(settings: Settings, split: str, limit: int | None = None, seed: i
     frame = pd.concat([pd.read_parquet(f) for f in files], ignore_index=True).sort_values("record_id")
     frame = frame.reset_index(drop=True)
     if limit is not None and len(frame) > limit:
-        if sampling == "balanced":
-            return balanced_sample(frame, limit, seed)
+        if sampling in ("balanced", "sqrt"):
+            return balanced_sample(frame, limit, seed, power=0.5 if sampling == "sqrt" else 0.0)
         if sampling == "stratified":
             return stratified_sample(frame, limit, seed)
         frame = frame.sample(n=limit, random_state=seed).sort_values("record_id").reset_index(drop=True)

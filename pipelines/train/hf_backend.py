@@ -49,6 +49,10 @@ class TrainConfig(BaseModel):
     max_steps_cap: int | None = Field(None, ge=1, description="upper bound on the resolved step count")
     batch_size: int = Field(8, ge=1)
     max_seq_len: int = Field(768, ge=16)
+    packed_seq_len: int | None = Field(None, ge=16, description="pack each step's examples into rows of up to this "
+                                       "many tokens (first-fit decreasing; each example attends only to itself, its "
+                                       "positions restart at 0): no padding, the same examples per step and the same "
+                                       "loss as unpacked; None = one padded row per example")
     checkpoint_every: int = Field(20, ge=1)
     seed: int = 0
     divergence_factor: float = Field(4.0, gt=1)
@@ -57,6 +61,9 @@ class TrainConfig(BaseModel):
     def _one_schedule(self) -> TrainConfig:
         if self.epochs is not None and self.max_steps is not None:
             raise ValueError("set epochs (bounded by max_steps_cap) or max_steps, not both")
+        if self.packed_seq_len is not None and self.packed_seq_len < self.max_seq_len:
+            raise ValueError(f"packed_seq_len ({self.packed_seq_len}) must hold one whole example of max_seq_len "
+                             f"({self.max_seq_len}) tokens")
         return self
 
 
@@ -201,15 +208,41 @@ def train_lora(examples: list[tuple[list[dict[str, str]], str]], cfg: TrainConfi
                        final_loss=losses[-1], losses=losses, learning_rates=lrs)
 
 
+def pack_rows(lengths: list[int], size: int) -> list[list[int]]:
+    """First-fit decreasing: the indices of `lengths` grouped into rows whose lengths sum to at most `size`
+    (longest first; ties in index order, so the packing is deterministic)."""
+    rows: list[list[int]] = []
+    room: list[int] = []
+    for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+        if lengths[i] > size:
+            raise ValueError(f"packing: an example of {lengths[i]} tokens does not fit a row of {size}")
+        row = next((r for r, free in enumerate(room) if lengths[i] <= free), None)
+        if row is None:
+            rows.append([i])
+            room.append(size - lengths[i])
+        else:
+            rows[row].append(i)
+            room[row] -= lengths[i]
+    return rows
+
+
 def _batch(encoded: list[tuple[list[int], list[int]]], step: int, steps_per_epoch: int, cfg: TrainConfig,
            pad_id: int) -> dict[str, Any]:
-    """The step's batch, padded to its longest example."""
-    import torch
-
+    """The step's batch: one row per example padded to the longest, or (packed_seq_len) the same examples
+    packed into as few rows as fit, with position ids that restart per example."""
     epoch, index = divmod(step, steps_per_epoch)
     batches = _epoch_batches(len(encoded), [len(ids) for ids, _ in encoded], cfg.batch_size,
                              cfg.seed * 1_000_003 + epoch)
     rows = [encoded[i] for i in batches[index]] if index < len(batches) else [encoded[0]]
+    if cfg.packed_seq_len is not None:
+        return packed_batch(rows, cfg.packed_seq_len, pad_id)
+    return padded_batch(rows, pad_id)
+
+
+def padded_batch(rows: list[tuple[list[int], list[int]]], pad_id: int) -> dict[str, Any]:
+    """One row per example, padded to the longest; attention_mask marks the real tokens."""
+    import torch
+
     width = max(len(ids) for ids, _ in rows)
     ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
     labels = torch.full((len(rows), width), -100, dtype=torch.long)
@@ -221,13 +254,44 @@ def _batch(encoded: list[tuple[list[int], list[int]]], step: int, steps_per_epoc
     return {"input_ids": ids, "labels": labels, "attention_mask": mask}
 
 
+def packed_batch(rows: list[tuple[list[int], list[int]]], size: int, pad_id: int) -> dict[str, Any]:
+    """The examples packed into rows of at most `size` tokens, padded to the longest row. No attention mask
+    goes to the model: the position ids, restarting at 0 for every example (and for the padding), make
+    transformers build a block-diagonal causal mask, so no example sees another. `attention_mask` here only
+    marks the real tokens (for counting); the loss skips the padding through its -100 labels."""
+    import torch
+
+    groups = pack_rows([len(ids) for ids, _ in rows], size)
+    width = max(sum(len(rows[i][0]) for i in group) for group in groups)
+    ids = torch.full((len(groups), width), pad_id, dtype=torch.long)
+    labels = torch.full((len(groups), width), -100, dtype=torch.long)
+    mask = torch.zeros((len(groups), width), dtype=torch.long)
+    positions = torch.zeros((len(groups), width), dtype=torch.long)
+    for r, group in enumerate(groups):
+        at = 0
+        for i in group:
+            seq, lab = rows[i]
+            ids[r, at:at + len(seq)] = torch.tensor(seq)
+            labels[r, at:at + len(lab)] = torch.tensor(lab)
+            labels[r, at] = -100  # the first token of an example is never predicted from the one before it
+            mask[r, at:at + len(seq)] = 1
+            positions[r, at:at + len(seq)] = torch.arange(len(seq))
+            at += len(seq)
+        positions[r, at:] = torch.arange(width - at)
+    return {"input_ids": ids, "labels": labels, "attention_mask": mask, "position_ids": positions}
+
+
 def _target_loss(model: Any, batch: dict[str, Any]) -> Any:
     """Mean next-token cross-entropy over the target tokens, computing the LM head only where a label is
     (the same value as the model's own loss; the prompt's logits, most of the sequence, are never built)."""
     import torch.nn.functional as F
 
     base = model.get_base_model()
-    hidden = base.get_decoder()(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state
+    if "position_ids" in batch:  # packed: the position ids separate the examples (see packed_batch)
+        inputs = {"position_ids": batch["position_ids"]}
+    else:
+        inputs = {"attention_mask": batch["attention_mask"]}
+    hidden = base.get_decoder()(input_ids=batch["input_ids"], use_cache=False, **inputs).last_hidden_state
     labels = batch["labels"][:, 1:]
     keep = labels != -100
     logits = base.get_output_embeddings()(hidden[:, :-1][keep])

@@ -29,7 +29,7 @@ from rich.console import Console
 from pipelines.config import REPO_ROOT, Settings
 from pipelines.errors import NotRetryable
 from pipelines.services import free_port, stop_group
-from pipelines.train.hf_backend import TrainConfig, TrainResult, steps_for, top_layers
+from pipelines.train.hf_backend import TrainConfig, TrainResult, encode, pack_rows, steps_for, top_layers
 
 RECIPE_MODULE = "nemo_automodel.recipes.llm.train_ft"
 STEP_LINE = re.compile(r"\bstep (\d+) \| epoch \d+ \| loss ([-+0-9.eEnaif]+) \|.*?\blr ([0-9.eE+-]+) \|.*?\btps ([0-9.]+)")
@@ -62,12 +62,31 @@ def target_patterns(cfg: TrainConfig, num_layers: int) -> list[str]:
     return [f"*.layers.{i}.*.{m}" for i in layers for m in cfg.target_modules]
 
 
+def packs_per_step(cfg: TrainConfig, lengths: list[int]) -> tuple[int, int]:
+    """(packs in the training set, packs per optimizer step) for `packed_seq_len`: AutoModel's batch counts
+    packed rows, ours counts examples, so a step takes as many packs as hold `batch_size` examples on
+    average (first-fit decreasing over the real token lengths; NeMo's greedy knapsack makes as many packs or
+    a few more, so the recipe's epochs still cover its steps). Whole packs: a step holds ~batch_size examples."""
+    packs = len(pack_rows(lengths, cfg.packed_seq_len or cfg.max_seq_len))
+    return packs, max(1, round(cfg.batch_size * packs / max(1, len(lengths))))
+
+
 def recipe(cfg: TrainConfig, *, base_model_path: str, num_layers: int, train_file: str, checkpoint_dir: str,
-           examples: int, gpus: int = 0, tensor_parallel_size: int = 1) -> dict[str, Any]:
-    """The AutoModel fine-tuning recipe (`_target_` YAML) for one sweep variant."""
+           examples: int, gpus: int = 0, tensor_parallel_size: int = 1,
+           lengths: list[int] | None = None) -> dict[str, Any]:
+    """The AutoModel fine-tuning recipe (`_target_` YAML) for one sweep variant. With `packed_seq_len`,
+    `lengths` (each example's tokens) size the packed batch so that a step sees ~batch_size examples and
+    the step count stays the unpacked one."""
     steps = total_steps(cfg, examples)
     on_gpu = gpus > 0
-    return {
+    batch, rows = cfg.batch_size, examples
+    if cfg.packed_seq_len is not None:
+        if not lengths or len(lengths) != examples:
+            raise ValueError("recipe: packing needs every training example's token length")
+        rows, batch = packs_per_step(cfg, lengths)
+    dp = max(1, gpus // tensor_parallel_size) if on_gpu else 1
+    batch = math.ceil(batch / dp) * dp  # AutoModel needs the global batch to be a multiple of the data-parallel size
+    spec = {
         "recipe": "TrainFinetuneRecipeForNextTokenPrediction",
         "seed": cfg.seed,
         "dist_env": {"backend": "nccl" if on_gpu else "gloo", "timeout_minutes": 30},
@@ -77,10 +96,8 @@ def recipe(cfg: TrainConfig, *, base_model_path: str, num_layers: int, train_fil
         "distributed": {"_target_": "nemo_automodel.components.distributed.fsdp2.FSDP2Manager",
                         "dp_size": max(1, gpus // tensor_parallel_size) if on_gpu else 1,
                         "tp_size": tensor_parallel_size if on_gpu else 1, "pp_size": 1, "cp_size": 1},
-        "step_scheduler": {"global_batch_size": cfg.batch_size,
-                           "local_batch_size": max(1, cfg.batch_size // max(1, gpus // tensor_parallel_size))
-                           if on_gpu else cfg.batch_size,
-                           "max_steps": steps, "num_epochs": epochs_to_cover(steps, cfg.batch_size, examples),
+        "step_scheduler": {"global_batch_size": batch, "local_batch_size": max(1, batch // dp),
+                           "max_steps": steps, "num_epochs": epochs_to_cover(steps, batch, rows),
                            "ckpt_every_steps": cfg.checkpoint_every, "val_every_steps": steps + 1},
         "optimizer": {"_target_": "torch.optim.AdamW" if cfg.optimizer == "adamw" else "torch.optim.Adam",
                       "lr": cfg.learning_rate, "weight_decay": cfg.weight_decay, "betas": [0.9, 0.999], "eps": 1e-8},
@@ -99,6 +116,10 @@ def recipe(cfg: TrainConfig, *, base_model_path: str, num_layers: int, train_fil
                  "target_modules": target_patterns(cfg, num_layers), "use_triton": on_gpu},
         "loss_fn": {"_target_": "nemo_automodel.components.loss.masked_ce.MaskedCrossEntropy"},
     }
+    if cfg.packed_seq_len is not None:  # AutoModel's bin-packing; "neat" works with any attention implementation
+        spec["packed_sequence"] = {"packed_sequence_size": cfg.packed_seq_len, "packing_strategy": "neat",
+                                   "drop_long_samples": False}
+    return spec
 
 
 def write_chat_dataset(pairs: list[tuple[list[dict[str, str]], str]], path: Path) -> int:
@@ -144,9 +165,15 @@ def train_nemo(settings: Settings, cfg: TrainConfig, pairs: list[tuple[list[dict
     write_chat_dataset(pairs, train_file)
     checkpoints = out / "nemo-checkpoints"
     resumed = _latest_checkpoint(checkpoints)
+    lengths = None
+    if cfg.packed_seq_len is not None:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(base)
+        lengths = [len(encode(tokenizer, turns, target, cfg.max_seq_len)[0]) for turns, target in pairs]
     spec = recipe(cfg, base_model_path=base, num_layers=num_layers, train_file=str(train_file),
                   checkpoint_dir=str(checkpoints), examples=len(pairs), gpus=gpus,
-                  tensor_parallel_size=tensor_parallel_size)
+                  tensor_parallel_size=tensor_parallel_size, lengths=lengths)
     config_path = out / "nemo-recipe.yaml"
     config_path.write_text(yaml.safe_dump(spec, sort_keys=False))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])),

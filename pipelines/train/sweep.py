@@ -45,9 +45,11 @@ class SweepConfig(BaseModel):
     prompt_style: Literal["short", "names", "full"] = Field("short", description="the prompt every variant trains "
                                                             "with, unless the grid varies `prompt_style`")
     train_examples: int | None = Field(None, ge=1, description="seeded sample of the train split; None = all")
-    train_sampling: Literal["random", "balanced"] = Field(
-        "balanced", description="how `train_examples` are drawn: `balanced` spreads them evenly over (tool, source) "
-        "strata (a stratum with fewer rows gives all it has), `random` keeps the window's mix")
+    train_sampling: Literal["random", "balanced", "sqrt"] = Field(
+        "sqrt", description="how `train_examples` are drawn over (tool, source) strata: `sqrt` gives each a share "
+        "that grows with the square root of its size (a large source keeps more than an equal share, a rare tool "
+        "far more than its random share), `balanced` equal shares, `random` the window's mix; a stratum with "
+        "fewer rows than its share gives all it has")
     val_examples: int = Field(16, ge=1, description="validation requests, stratified by tool and source (every "
                               "stratum at least once while the count allows): the variant is selected on them")
     select_metric: Literal["exact_match", "arg_f1", "name_accuracy"] = "exact_match"
@@ -380,6 +382,7 @@ def _validate(settings: Settings, base_model: str, adapter_dir: str, val: list[A
 
     model, tokenizer = load_model(base_model, settings, adapter_dir)
     out = generate(model, tokenizer, [e.turns for e in val], latency_samples=0,
+                   max_new_tokens=settings.evaluation.max_new_tokens,
                    tools=[e.tools for e in val] if settings.triton.constrained else None)
     summary = m.summarize([m.score(t, e.expected) for t, e in zip(out.texts, val)])
     return {f"val_{k}": float(summary[k] or 0.0) for k in SELECT_METRICS + ("json_valid",)}
