@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import jsonschema
@@ -88,6 +89,31 @@ def test_constrained_decoding_of_a_tiny_model_always_parses_and_validates(tiny) 
     assert free.cut == sum(1 for n in free.output_tokens if n == 48) > 0
     assert free.stats()["cut_at_max_new_tokens"] == free.cut
     assert out.cut == 0 and max(out.output_tokens) < 48
+
+
+def test_answer_lengths_and_cuts_do_not_depend_on_the_pad_token(tiny) -> None:
+    """An answer is cut when it has no end token, whatever the pad token is: with a pad distinct from the
+    end token, an answer whose end token lands on the budget's last slot ended (it is not cut)."""
+    model, tok = tiny
+    requests = [[{"role": "user", "content": text}] for text in ("where is my parcel", "refund ORD-1234",
+                                                                  "hello", "note this")]
+    tools = [BOUNDED] * len(requests)
+    whole = generate(model, tok, requests, max_new_tokens=48, batch_size=4, latency_samples=0, tools=tools)
+    assert whole.cut == 0, whole.output_tokens
+    shortest = min(whole.output_tokens)
+    old = tok.pad_token
+    try:
+        other = next(t for t in tok.all_special_tokens if t != tok.eos_token)  # SmolLM2's <|endoftext|>
+        # budgets: the shortest answer's end token just past the budget (cut), then on its last slot (ended)
+        for pad, budget in itertools.product((tok.eos_token, other), (shortest, shortest + 1)):
+            tok.pad_token = pad
+            short = generate(model, tok, requests, max_new_tokens=budget, batch_size=4, latency_samples=0,
+                             tools=tools)
+            assert short.output_tokens == [min(n, budget) for n in whole.output_tokens], (pad, short.output_tokens)
+            expected_cut = sum(1 for n in whole.output_tokens if n >= budget)
+            assert short.cut == expected_cut, (pad, budget, short.cut, expected_cut)
+    finally:
+        tok.pad_token = old
 
 
 def _valid(text: str) -> bool:

@@ -25,10 +25,13 @@ class Generations:
     seconds: float            # wall time of the batched pass over all requests
     latency_ms: list[float]   # single-request (batch 1) latencies on the first few requests
     max_new_tokens: int = 0   # the budget each answer had (0: unknown)
+    ended: list[bool] | None = None  # per answer: whether it ended with the end-of-sequence token
 
     @property
     def cut(self) -> int:
-        """Answers that stopped at the budget rather than at their end (likely cut short)."""
+        """Answers that stopped at the budget without their end token (cut short)."""
+        if self.ended is not None:
+            return sum(1 for e in self.ended if not e)
         return sum(1 for n in self.output_tokens if n >= self.max_new_tokens) if self.max_new_tokens else 0
 
     def stats(self) -> dict[str, float]:
@@ -83,9 +86,12 @@ def generate(model: Any, tokenizer: Any, conversations: list[list[dict[str, str]
     texts: list[str] = [""] * len(prompts)
     prompt_tokens = [len(tokenizer(p, add_special_tokens=False).input_ids) for p in prompts]
     output_tokens = [0] * len(prompts)
+    ended = [False] * len(prompts)
+    eos = tokenizer.eos_token_id
+    eos_ids = set(eos) if isinstance(eos, list) else {eos}
     task = progress.add_task(label, total=len(prompts)) if progress else None
 
-    def run(batch_prompts: list[str], batch_tools: list[str] | None) -> tuple[list[str], list[int]]:
+    def run(batch_prompts: list[str], batch_tools: list[str] | None) -> tuple[list[str], list[int], list[bool]]:
         enc = tokenizer(batch_prompts, return_tensors="pt", padding=True, add_special_tokens=False)
         extra = ({"logits_processor": LogitsProcessorList([ToolCallConstraint(tokenizer, batch_tools)])}
                  if batch_tools is not None else {})
@@ -93,14 +99,18 @@ def generate(model: Any, tokenizer: Any, conversations: list[list[dict[str, str]
             out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False,
                                  pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, **extra)
         new = out[:, enc["input_ids"].shape[1]:]
-        counts = [int((row != tokenizer.pad_token_id).sum()) for row in new]
-        return tokenizer.batch_decode(new, skip_special_tokens=True), counts
+        # an answer's tokens are those before its first end token (padding follows it in a batch, whatever
+        # the pad token is); one without an end token ran the whole budget
+        ends = [next((k for k, t in enumerate(row) if t in eos_ids), None) for row in new.tolist()]
+        counts = [len(row) if end is None else end for row, end in zip(new.tolist(), ends)]
+        return tokenizer.batch_decode(new, skip_special_tokens=True), counts, [end is not None for end in ends]
 
     started = time.perf_counter()
     for i in range(0, len(prompts), batch_size):
-        decoded, counts = run(prompts[i:i + batch_size], tools[i:i + batch_size] if tools is not None else None)
+        decoded, counts, done = run(prompts[i:i + batch_size], tools[i:i + batch_size] if tools is not None else None)
         texts[i:i + len(decoded)] = decoded
         output_tokens[i:i + len(counts)] = counts
+        ended[i:i + len(done)] = done
         if progress is not None and task is not None:
             progress.advance(task, len(decoded))
     seconds = time.perf_counter() - started
@@ -109,4 +119,4 @@ def generate(model: Any, tokenizer: Any, conversations: list[list[dict[str, str]
         t0 = time.perf_counter()
         run([p], [tools[j]] if tools is not None else None)
         latency.append((time.perf_counter() - t0) * 1000)
-    return Generations(texts, prompt_tokens, output_tokens, round(seconds, 2), latency, max_new_tokens)
+    return Generations(texts, prompt_tokens, output_tokens, round(seconds, 2), latency, max_new_tokens, ended)
