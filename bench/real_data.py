@@ -206,7 +206,9 @@ def main() -> int:
         results["cases"][case] = result
         results["generated_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(results, indent=1) + "\n")
+        partial = args.out.with_name(f".{args.out.name}.{os.getpid()}.tmp")  # whole or not at all: earlier cases kept
+        partial.write_text(json.dumps(results, indent=1) + "\n")
+        os.replace(partial, args.out)
         print(table(result), flush=True)
     return 0
 
