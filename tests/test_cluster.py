@@ -78,10 +78,15 @@ def test_plan_one_gpu_pod_per_variant_rendered_by_the_dags_operator(root: Path) 
         assert [e.config_map_ref.name if e.config_map_ref else e.secret_ref.name for e in container.env_from] == [
             SETTINGS_CONFIG_MAP, SECRETS]
         assert_kubernetes_schema(pod_dict)
-    config_map = settings_config_map(_kubernetes_settings(root, feast={"online_store": "postgresql://f:pw-xyz@db/f"}))
+    config_map = settings_config_map(_kubernetes_settings(
+        root, feast={"online_store": "postgresql://f:pw-xyz@db/f"},
+        evaluation={"max_new_tokens": 256, "judge_api_key": "judge-k3y"}))
     rendered = yaml.safe_dump(pods) + yaml.safe_dump(config_map)
     assert "s3cret-value" not in rendered and "pw-xyz" not in rendered, "secrets are referenced, never inlined"
+    assert "JUDGE_API_KEY" not in rendered and "judge-k3y" not in rendered
     assert config_map["data"]["FLYWHEEL_MLFLOW__REGISTERED_MODEL"] == "commerce-tool-caller"
+    # the pods' validation decodes with the evaluation's budget (retail calls need more than the default 64)
+    assert config_map["data"]["FLYWHEEL_EVALUATION__MAX_NEW_TOKENS"] == "256"
     assert "FLYWHEEL_FEAST__ONLINE_STORE" not in config_map["data"]  # it carries a password: the Secret's
 
 

@@ -20,6 +20,8 @@ import json
 import re
 from typing import Any
 
+from pydantic import SecretStr
+
 from pipelines.config import Settings
 
 SETTINGS_CONFIG_MAP = "flywheel-settings"
@@ -80,9 +82,12 @@ def settings_config_map(settings: Settings) -> dict[str, Any]:
     from pipelines.security import redact_uri
 
     data: dict[str, str] = {"FLYWHEEL_PROFILE": settings.profile, "FLYWHEEL_ROOT": str(settings.root)}
-    for section in ("mlflow", "spark", "feast", "triton"):
-        for key, value in getattr(settings, section).model_dump(mode="json").items():
+    for section in ("mlflow", "spark", "feast", "triton", "evaluation"):  # evaluation: the validation's budget
+        part = getattr(settings, section)
+        for key, value in part.model_dump(mode="json").items():
             if value is None or isinstance(value, (dict, list)) or key in ("password", "username"):
+                continue
+            if isinstance(getattr(part, key), SecretStr):  # a key (evaluation.judge_api_key): never in a ConfigMap
                 continue
             if redact_uri(str(value)) != str(value):  # carries a password: the Secret's business
                 continue

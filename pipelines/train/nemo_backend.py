@@ -97,7 +97,10 @@ def recipe(cfg: TrainConfig, *, base_model_path: str, num_layers: int, train_fil
                         "dp_size": max(1, gpus // tensor_parallel_size) if on_gpu else 1,
                         "tp_size": tensor_parallel_size if on_gpu else 1, "pp_size": 1, "cp_size": 1},
         "step_scheduler": {"global_batch_size": batch, "local_batch_size": max(1, batch // dp),
-                           "max_steps": steps, "num_epochs": epochs_to_cover(steps, batch, rows),
+                           # packed: one epoch more than our first-fit count needs, in case NEAT's greedy knapsack
+                           # makes fewer packs (max_steps ends the run first; a short run is an error, see train_nemo)
+                           "max_steps": steps, "num_epochs": epochs_to_cover(steps, batch, rows)
+                           + (1 if cfg.packed_seq_len is not None else 0),
                            "ckpt_every_steps": cfg.checkpoint_every, "val_every_steps": steps + 1},
         "optimizer": {"_target_": "torch.optim.AdamW" if cfg.optimizer == "adamw" else "torch.optim.Adam",
                       "lr": cfg.learning_rate, "weight_decay": cfg.weight_decay, "betas": [0.9, 0.999], "eps": 1e-8},
@@ -182,6 +185,7 @@ def train_nemo(settings: Settings, cfg: TrainConfig, pairs: list[tuple[list[dict
         env.update({"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
                     "MASTER_PORT": str(free_port())})
     losses, lrs, tps = [], [], []
+    last_step = -1
     log = out / "nemo-train.log"
     started = time.perf_counter()
     limit = settings.train.variant_timeout_s
@@ -200,6 +204,7 @@ def train_nemo(settings: Settings, cfg: TrainConfig, pairs: list[tuple[list[dict
                 for m in STEP_LINE.finditer(line):
                     step, loss, lr = int(m.group(1)), float(m.group(2)), float(m.group(3))
                     losses.append(loss)
+                    last_step = max(last_step, step)
                     lrs.append(lr)
                     tps.append(float(m.group(4)))
                     if on_step:
@@ -215,6 +220,11 @@ def train_nemo(settings: Settings, cfg: TrainConfig, pairs: list[tuple[list[dict
                               f"stopped; a retry resumes from its last checkpoint; see {log}")
     if code != 0:
         raise NemoUnavailable(f"the NeMo AutoModel recipe exited with {code}; see {log}")
+    max_steps = spec["step_scheduler"]["max_steps"]
+    if last_step + 1 < max_steps:  # its data loader ran out before max_steps: not the schedule we asked for
+        raise NemoUnavailable(f"the NeMo AutoModel recipe stopped at step {last_step + 1} of {max_steps} "
+                              f"(its epochs ran out: step_scheduler.num_epochs too small for the batches it made); "
+                              f"see {log}")
     latest = _latest_checkpoint(checkpoints)
     if latest is None:
         raise NemoUnavailable(f"the NeMo AutoModel recipe wrote no adapter under {checkpoints}; see {log}")
