@@ -148,7 +148,7 @@ def test_a_packed_nemo_recipe_takes_as_many_packs_per_step_as_hold_a_batch() -> 
                                        "drop_long_samples": False}
     # the step count stays the unpacked one (ceil(12 * 2 / 4) = 6); each step takes one pack, 4 packs an epoch
     assert spec["step_scheduler"]["max_steps"] == 6 and spec["step_scheduler"]["global_batch_size"] == 1
-    assert spec["step_scheduler"]["num_epochs"] == 2
+    assert spec["step_scheduler"]["num_epochs"] == 2 + 1  # 6 steps of 4 packs: 2 epochs, and one spare for NEAT
     unpacked = recipe(cfg.model_copy(update={"packed_seq_len": None}), base_model_path="/m", num_layers=2,
                       train_file="/d.jsonl", checkpoint_dir="/c", examples=12)
     assert "packed_sequence" not in unpacked and unpacked["step_scheduler"]["global_batch_size"] == 4
