@@ -80,10 +80,11 @@ def test_plan_one_gpu_pod_per_variant_rendered_by_the_dags_operator(root: Path) 
         assert_kubernetes_schema(pod_dict)
     config_map = settings_config_map(_kubernetes_settings(
         root, feast={"online_store": "postgresql://f:pw-xyz@db/f"},
-        evaluation={"max_new_tokens": 256, "judge_api_key": "judge-k3y"}))
+        evaluation={"max_new_tokens": 256, "judge_api_key": "judge-k3y",
+                    "judge_url": "https://tok3n@judge.example/v1?api-key=judge-q"}))
     rendered = yaml.safe_dump(pods) + yaml.safe_dump(config_map)
     assert "s3cret-value" not in rendered and "pw-xyz" not in rendered, "secrets are referenced, never inlined"
-    assert "JUDGE_API_KEY" not in rendered and "judge-k3y" not in rendered
+    assert "JUDGE" not in rendered and "tok3n" not in rendered and "judge-q" not in rendered  # not the pods' business
     assert config_map["data"]["FLYWHEEL_MLFLOW__REGISTERED_MODEL"] == "commerce-tool-caller"
     # the pods' validation decodes with the evaluation's budget (retail calls need more than the default 64)
     assert config_map["data"]["FLYWHEEL_EVALUATION__MAX_NEW_TOKENS"] == "256"

@@ -25,6 +25,8 @@ from pydantic import SecretStr
 from pipelines.config import Settings
 
 SETTINGS_CONFIG_MAP = "flywheel-settings"
+# sections the pods need only a few fields of (the validation decodes as the evaluation does)
+POD_ONLY = {"evaluation": {"max_new_tokens", "constrained"}}
 SECRETS = "flywheel-secrets"
 GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Equal", "value": "true", "effect": "NoSchedule"}
 
@@ -82,12 +84,14 @@ def settings_config_map(settings: Settings) -> dict[str, Any]:
     from pipelines.security import redact_uri
 
     data: dict[str, str] = {"FLYWHEEL_PROFILE": settings.profile, "FLYWHEEL_ROOT": str(settings.root)}
-    for section in ("mlflow", "spark", "feast", "triton", "evaluation"):  # evaluation: the validation's budget
+    for section in ("mlflow", "spark", "feast", "triton", "evaluation"):
         part = getattr(settings, section)
         for key, value in part.model_dump(mode="json").items():
             if value is None or isinstance(value, (dict, list)) or key in ("password", "username"):
                 continue
-            if isinstance(getattr(part, key), SecretStr):  # a key (evaluation.judge_api_key): never in a ConfigMap
+            if section in POD_ONLY and key not in POD_ONLY[section]:  # e.g. the judge's URL and key: not the pods'
+                continue
+            if isinstance(getattr(part, key), SecretStr):  # a key: never in a ConfigMap
                 continue
             if redact_uri(str(value)) != str(value):  # carries a password: the Secret's business
                 continue

@@ -221,8 +221,13 @@ def train_nemo(settings: Settings, cfg: TrainConfig, pairs: list[tuple[list[dict
     if code != 0:
         raise NemoUnavailable(f"the NeMo AutoModel recipe exited with {code}; see {log}")
     max_steps = spec["step_scheduler"]["max_steps"]
-    if last_step + 1 < max_steps:  # its data loader ran out before max_steps: not the schedule we asked for
-        raise NemoUnavailable(f"the NeMo AutoModel recipe stopped at step {last_step + 1} of {max_steps} "
+    resumed_from = int(re.search(r"step_(\d+)$", resumed.name).group(1)) + 1 if resumed else 0
+    trained = max(last_step + 1, resumed_from)  # a retry of a finished run resumes at max_steps and logs no step
+    if last_step < 0 and trained < max_steps:
+        raise NemoUnavailable(f"the NeMo AutoModel recipe exited 0 but logged no training step its log format "
+                              f"(`step N | epoch E | loss ...`) matches; see {log}")
+    if trained < max_steps:  # its data loader ran out before max_steps: not the schedule we asked for
+        raise NemoUnavailable(f"the NeMo AutoModel recipe stopped at step {trained} of {max_steps} "
                               f"(its epochs ran out: step_scheduler.num_epochs too small for the batches it made); "
                               f"see {log}")
     latest = _latest_checkpoint(checkpoints)
@@ -234,6 +239,6 @@ def train_nemo(settings: Settings, cfg: TrainConfig, pairs: list[tuple[list[dict
     status = "completed" if losses and all(math.isfinite(v) for v in losses) else "diverged"
     rate = statistics.median(tps[1:] or tps) if tps else 0.0
     return TrainResult(adapter_dir=str(adapter), status=status, steps=len(losses),
-                       resumed_from=int(re.search(r"step_(\d+)$", resumed.name).group(1)) + 1 if resumed else 0,
+                       resumed_from=resumed_from,
                        tokens=int(rate * seconds), seconds=round(seconds, 2), tokens_per_s=round(rate, 1),
                        final_loss=losses[-1] if losses else float("nan"), losses=losses, learning_rates=lrs)
