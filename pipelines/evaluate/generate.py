@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from rich.progress import Progress
@@ -24,15 +24,12 @@ class Generations:
     output_tokens: list[int]
     seconds: float            # wall time of the batched pass over all requests
     latency_ms: list[float]   # single-request (batch 1) latencies on the first few requests
-    max_new_tokens: int = 0   # the budget each answer had (0: unknown)
-    ended: list[bool] | None = None  # per answer: whether it ended with the end-of-sequence token
+    ended: list[bool] = field(default_factory=list)  # per answer: whether it ended with the end token
 
     @property
     def cut(self) -> int:
         """Answers that stopped at the budget without their end token (cut short)."""
-        if self.ended is not None:
-            return sum(1 for e in self.ended if not e)
-        return sum(1 for n in self.output_tokens if n >= self.max_new_tokens) if self.max_new_tokens else 0
+        return self.ended.count(False)
 
     def stats(self) -> dict[str, float]:
         n = max(1, len(self.texts))
@@ -87,8 +84,6 @@ def generate(model: Any, tokenizer: Any, conversations: list[list[dict[str, str]
     prompt_tokens = [len(tokenizer(p, add_special_tokens=False).input_ids) for p in prompts]
     output_tokens = [0] * len(prompts)
     ended = [False] * len(prompts)
-    eos = tokenizer.eos_token_id
-    eos_ids = set(eos) if isinstance(eos, list) else {eos}
     task = progress.add_task(label, total=len(prompts)) if progress else None
 
     def run(batch_prompts: list[str], batch_tools: list[str] | None) -> tuple[list[str], list[int], list[bool]]:
@@ -101,8 +96,9 @@ def generate(model: Any, tokenizer: Any, conversations: list[list[dict[str, str]
         new = out[:, enc["input_ids"].shape[1]:]
         # an answer's tokens are those before its first end token (padding follows it in a batch, whatever
         # the pad token is); one without an end token ran the whole budget
-        ends = [next((k for k, t in enumerate(row) if t in eos_ids), None) for row in new.tolist()]
-        counts = [len(row) if end is None else end for row, end in zip(new.tolist(), ends)]
+        tokens = new.tolist()
+        ends = [row.index(tokenizer.eos_token_id) if tokenizer.eos_token_id in row else None for row in tokens]
+        counts = [len(row) if end is None else end for row, end in zip(tokens, ends)]
         return tokenizer.batch_decode(new, skip_special_tokens=True), counts, [end is not None for end in ends]
 
     started = time.perf_counter()
@@ -119,4 +115,4 @@ def generate(model: Any, tokenizer: Any, conversations: list[list[dict[str, str]
         t0 = time.perf_counter()
         run([p], [tools[j]] if tools is not None else None)
         latency.append((time.perf_counter() - t0) * 1000)
-    return Generations(texts, prompt_tokens, output_tokens, round(seconds, 2), latency, max_new_tokens, ended)
+    return Generations(texts, prompt_tokens, output_tokens, round(seconds, 2), latency, ended)
