@@ -66,7 +66,7 @@ def main() -> None:
     from openai import OpenAI
 
     from pipelines.config import get_settings
-    from pipelines.serve import gateway, openai_api as api
+    from pipelines.gateway import app as gateway, openai_api as api
     from pipelines.serve.client import TritonClient
 
     settings = get_settings()
@@ -76,7 +76,7 @@ def main() -> None:
     bodies = _requests(args.requests)
     prepared = []
     for body in bodies:  # the direct path's prompts, built as the gateway builds them (untimed)
-        served = api.request_row(api.parse_request(json.dumps(body).encode(), 10_000_000))
+        served = api.request_row(api.parse_request(json.dumps(body).encode()))
         prepared.append((router.turns(target, served.row), served.row["tools_json"]))
     jobs_direct = [{"turns": t, "tools": tools} for t, tools in prepared]
     key = gateway.api_key(settings)

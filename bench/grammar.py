@@ -29,7 +29,7 @@ REPO = Path(__file__).resolve().parent.parent
 def requests(n: int) -> list[dict[str, Any]]:
     from pipelines.logs.generator import GeneratorConfig, TrafficGenerator
     from pipelines.prep.nodes import prepare_line
-    from pipelines.prep.prompt import chat_turns
+    from pipelines.toolcall.prompt import chat_turns
 
     gen = TrafficGenerator(GeneratorConfig(seed=11, records=400, bad_share=0.0, end_date=date(2026, 11, 20)))
     rows = [prepare_line(line) for _, line, _ in gen.lines()]
@@ -40,7 +40,7 @@ def requests(n: int) -> list[dict[str, Any]]:
 def valid(text: str, tools: str) -> bool:
     import jsonschema
 
-    from pipelines.serve.tool_grammar import call_schema
+    from pipelines.toolcall.grammar import call_schema
 
     try:
         jsonschema.validate(json.loads(text), call_schema(tools))
@@ -91,7 +91,7 @@ def main() -> int:
     from transformers import LogitsProcessorList
 
     from pipelines.config import load_settings
-    from pipelines.serve.tool_grammar import ToolCallConstraint, call_schema
+    from pipelines.toolcall.grammar import ToolCallConstraint, call_schema
     from pipelines.train.models import load_base
 
     torch.manual_seed(0)

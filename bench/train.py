@@ -30,7 +30,7 @@ from pipelines.bench.hardware import detect, mfu, training_flops_per_token
 from pipelines.config import load_settings
 from pipelines.logs.generator import GeneratorConfig, TrafficGenerator
 from pipelines.prep.nodes import prepare_line
-from pipelines.train.dataset import to_examples, training_pairs
+from pipelines.toolcall.examples import to_examples, training_pairs
 from pipelines.train.hf_backend import TrainConfig, train_lora
 from pipelines.train.models import load_base, prepare_base
 from pipelines.train.nemo_backend import train_nemo

@@ -165,7 +165,7 @@ def _ask_the_gateway(settings: Settings, day: Any, seed: int, console: Console) 
     from openai import OpenAI
 
     from pipelines.logs.generator import GeneratorConfig, TrafficGenerator
-    from pipelines.serve import gateway
+    from pipelines.gateway import app as gateway
 
     console.rule("the agent's front door: the OpenAI API")
     gateway.up(settings)

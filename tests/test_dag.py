@@ -67,15 +67,15 @@ def _gateway_captures(raw: Path, n: int = 60) -> list[str]:
 
     from pipelines.logs.feedback import feedback_zone
     from pipelines.logs.generator import GeneratorConfig, TrafficGenerator
-    from pipelines.serve import openai_api as api
-    from pipelines.serve.capture import CaptureWriter
+    from pipelines.gateway import openai_api as api
+    from pipelines.gateway.capture import CaptureWriter
 
     writer, ids = CaptureWriter(str(raw), 1 << 20), []
     for _, line, _ in TrafficGenerator(GeneratorConfig(seed=21, records=n, bad_share=0.0,
                                                        end_date=date.fromisoformat(DAY))).lines():
         r = orjson.loads(line)
         request = api.parse_request(json.dumps({"model": "champion", "messages": r["request"]["messages"],
-                                                "tools": r["request"]["tools"], "user": r["customer_id"]}).encode(), 1 << 20)
+                                                "tools": r["request"]["tools"], "user": r["customer_id"]}).encode())
         served = api.request_row(request, now=datetime.fromisoformat(r["timestamp"]))
         choice = r["response"]["choices"][0]
         body = api.completion(served, "champion", {"message": choice["message"], "finish_reason": choice["finish_reason"]},

@@ -323,7 +323,7 @@ def test_a_numeric_signal_with_few_values_is_not_judged() -> None:
 
 def test_drift_sweep_id_includes_the_reference_days(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A drift retrain mixes the reference days into its rows: it must not reuse an unmixed sweep's variants."""
-    from pipelines.train import dataset
+    from pipelines.prep import dataset
     from pipelines.train.sweep import load_sweep, sweep_id_for
 
     monkeypatch.setattr(dataset, "manifest", lambda settings, window=None: {"training_set": {"digest": "0123456789abcdef"}})

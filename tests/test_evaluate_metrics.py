@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from pipelines.evaluate.metrics import (INVALID, NO_TOOL, confusion, parse_call, per_tool, score, summarize,
-                                       text_f1)
+from pipelines.toolcall.calls import INVALID, NO_TOOL, parse_call
+from pipelines.toolcall.score import confusion, per_tool, score, summarize, text_f1
 
 GOLD = {"name": "search_products", "arguments": {"query": "hoodie", "color": "red", "max_price": 40}}
 
@@ -124,7 +124,7 @@ def test_text_f1_reaches_the_side_by_side_table_the_per_tool_table_and_the_gate_
     from pipelines.evaluate.report import _per_tool_rows
     from pipelines.registry.models import evaluation_rows
     from pipelines.storage import write_json
-    from pipelines.train.dataset import Example
+    from pipelines.toolcall.examples import Example
 
     gold = json.dumps({"name": "search_products", "arguments": {"query": "red running shoes"}})
     examples = [Example(f"r{i}", [], gold, "search_products", "shoes?", "[]") for i in range(2)]

@@ -21,7 +21,7 @@ import pytest
 from serving_fixtures import registered  # noqa: F401 (the module-scoped fixture: v1 champion, v2 candidate)
 from pipelines.logs.generator import GeneratorConfig, TrafficGenerator
 from pipelines.logs.schema import check_line
-from pipelines.serve import openai_api as api
+from pipelines.gateway import openai_api as api
 from pipelines.services import free_port, read_pid
 
 pytestmark = pytest.mark.slow
@@ -42,7 +42,8 @@ ASK = [{"role": "system", "content": "You route requests."}, {"role": "user", "c
 
 @pytest.fixture(scope="module")
 def gateway(registered):  # noqa: F811
-    from pipelines.serve import deploy, gateway as gw, repository
+    from pipelines.serve import deploy, repository
+    from pipelines.gateway import app as gw
     from pipelines.serve.client import TritonClient
 
     settings = registered["settings"]
@@ -175,8 +176,8 @@ def _wait(predicate, timeout_s: float, what: str):
 
 
 def test_shadow_answers_with_the_teacher_and_the_live_gate_moves_the_route_to_canary(gateway) -> None:
-    from pipelines.serve import routes
-    from pipelines.serve.traffic import read_comparisons
+    from pipelines.gateway import routes
+    from pipelines.gateway.traffic import read_comparisons
 
     settings, client = gateway["settings"], _client(gateway)
     ask = {"messages": ASK, "tools": TOOLS, "tool_choice": "required"}
@@ -203,9 +204,9 @@ def test_shadow_answers_with_the_teacher_and_the_live_gate_moves_the_route_to_ca
 
 
 def test_a_canary_splits_live_traffic_by_its_share(gateway) -> None:
-    from pipelines.serve import routes
+    from pipelines.gateway import routes
 
-    from pipelines.serve.live_report import start_canary
+    from pipelines.gateway.live_report import start_canary
 
     settings, client = gateway["settings"], _client(gateway)
     started = start_canary(settings, "candidate", 0.5, requests=2)  # `flywheel deploy --canary 0.5`
@@ -227,7 +228,7 @@ def test_a_canary_splits_live_traffic_by_its_share(gateway) -> None:
 
 
 def test_a_failing_canary_falls_back_per_request_and_returns_the_route_to_serve_by_itself(gateway) -> None:
-    from pipelines.serve import routes
+    from pipelines.gateway import routes
 
     settings, client = gateway["settings"], _client(gateway)
     routes.set_route(settings, "champion", "canary", share=0.5, candidate="v999")  # a version that is not loaded
@@ -246,7 +247,7 @@ def test_a_failing_canary_falls_back_per_request_and_returns_the_route_to_serve_
 def test_captured_turns_pass_the_schema_check_and_survive_a_kill_under_load(gateway) -> None:
     """Requests in flight from four threads; the gateway is SIGKILLed mid-traffic: every answered request's
     record is in the raw zone, whole, and every captured line passes our log schema check."""
-    from pipelines.serve import gateway as gw
+    from pipelines.gateway import app as gw
 
     settings = gateway["settings"]
     gen = TrafficGenerator(GeneratorConfig(seed=3, records=40, bad_share=0.0, end_date=date(2026, 11, 20)))

@@ -4,10 +4,12 @@ prep accepts (with the label the caller got). The servers themselves: test_gatew
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 from datetime import date, datetime
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
@@ -15,10 +17,12 @@ import pytest
 from pipelines.logs.generator import GeneratorConfig, TrafficGenerator
 from pipelines.logs.schema import check_line
 from pipelines.prep.nodes import prepare_line
-from pipelines.prep.prompt import call_text, chat_turns
-from pipelines.serve import openai_api as api
-from pipelines.serve.capture import CaptureWriter
-from pipelines.train.dataset import system_for
+from pipelines.toolcall.calls import call_text
+from pipelines.toolcall.prompt import chat_turns
+from pipelines.gateway import openai_api as api
+from pipelines.gateway.app import read_body
+from pipelines.gateway.capture import CaptureWriter
+from pipelines.toolcall.prompt import system_for
 
 DEFAULTS = {"country": "US", "currency": "USD", "channel": "api"}
 
@@ -31,7 +35,7 @@ def _records(n: int = 300) -> list[dict]:
 def _request(record: dict, **extra) -> api.ChatCompletionRequest:
     body = {"model": "champion", "messages": record["request"]["messages"], "tools": record["request"]["tools"],
             "user": record["customer_id"], **extra}
-    return api.parse_request(json.dumps(body).encode(), 1_000_000)
+    return api.parse_request(json.dumps(body).encode())
 
 
 def test_a_served_request_renders_exactly_the_prompt_training_saw() -> None:
@@ -90,10 +94,41 @@ def test_streamed_chunks_rebuild_the_same_answer() -> None:
 ])
 def test_bad_requests_are_openai_style_errors(body: bytes, status: int, where: str) -> None:
     with pytest.raises(api.ApiError) as caught:
-        api.parse_request(body, 4096)
+        api.parse_request(asyncio.run(read_body(_http_request(body, declared=True)[0], 4096)))
     assert caught.value.status == status and where in caught.value.message
     error = caught.value.body()["error"]
     assert set(error) == {"message", "type", "param", "code"} and error["type"] == "invalid_request_error"
+
+
+def _http_request(body: bytes, declared: bool, part: int = 1000) -> Any:
+    """A Starlette request whose body arrives in parts, with or without a Content-Length."""
+    from starlette.requests import Request
+
+    parts = [body[i:i + part] for i in range(0, len(body), part)] or [b""]
+    sent: list[bytes] = []
+
+    async def receive() -> dict[str, Any]:
+        if len(sent) == len(parts):
+            return {"type": "http.disconnect"}
+        sent.append(parts[len(sent)])
+        return {"type": "http.request", "body": sent[-1], "more_body": len(sent) < len(parts)}
+
+    headers = [(b"content-length", str(len(body)).encode())] if declared else [(b"transfer-encoding", b"chunked")]
+    return Request({"type": "http", "method": "POST", "path": "/", "headers": headers}, receive), sent
+
+
+def test_an_oversize_body_is_refused_from_its_length_or_while_it_is_read_never_read_whole() -> None:
+    body = json.dumps({"model": "champion", "messages": [{"role": "user", "content": "x" * 50_000}]}).encode()
+    declared, sent = _http_request(body, declared=True)
+    with pytest.raises(api.ApiError) as caught:
+        asyncio.run(read_body(declared, 4096))
+    assert caught.value.status == 413 and not sent  # refused from its Content-Length: nothing read
+    chunked, sent = _http_request(body, declared=False)
+    with pytest.raises(api.ApiError) as caught:
+        asyncio.run(read_body(chunked, 4096))
+    assert caught.value.status == 413 and len(sent) <= 5  # stopped at the limit, not after 51 parts
+    small, _ = _http_request(b'{"a": 1}', declared=False)
+    assert asyncio.run(read_body(small, 4096)) == b'{"a": 1}'
 
 
 def test_a_captured_turn_is_a_log_record_prep_trains_on_with_the_label_served() -> None:
@@ -142,7 +177,7 @@ def test_concurrent_captures_are_whole_lines_rotated_and_partitioned_by_day(tmp_
 
 def test_routes_change_atomically_with_history_and_the_gate_decides_by_agreement_and_errors(tmp_path: Path) -> None:
     from pipelines.config import load_settings
-    from pipelines.serve import routes as rt
+    from pipelines.gateway import routes as rt
 
     settings = load_settings(root=str(tmp_path), gateway={"gate_requests": 4, "min_agreement": 0.75,
                                                            "canary_max_error_share": 0.25})
@@ -178,7 +213,7 @@ def test_routes_change_atomically_with_history_and_the_gate_decides_by_agreement
 
 
 def test_agreement_uses_the_evaluation_scoring() -> None:
-    from pipelines.serve.routes import agreement, call_of
+    from pipelines.gateway.routes import agreement, call_of
 
     teacher = call_of({"tool_calls": [{"function": {"name": "get_order", "arguments": '{"order_id":"ORD-1"}'}}]})
     assert agreement(teacher, {"name": "get_order", "arguments": {"order_id": "ORD-1"}}) == \
@@ -208,8 +243,8 @@ def test_the_latest_rating_of_a_record_replaces_its_feedback_in_prep(tmp_path: P
 
 def test_the_recorded_tally_skips_skipped_comparisons_and_a_canary_needs_comparisons_to_pass(tmp_path: Path) -> None:
     from pipelines.config import load_settings
-    from pipelines.serve import routes as rt
-    from pipelines.serve.traffic import agreement_zone, tally_of
+    from pipelines.gateway import routes as rt
+    from pipelines.gateway.traffic import agreement_zone, tally_of
 
     settings = load_settings(root=str(tmp_path), gateway={"gate_requests": 3, "min_agreement": 0.5,
                                                            "canary_max_error_share": 0.2})
@@ -239,7 +274,7 @@ def test_the_recorded_tally_skips_skipped_comparisons_and_a_canary_needs_compari
 
 def test_malformed_call_arguments_more_than_one_answer_and_short_keys_are_refused(tmp_path: Path) -> None:
     from pipelines.config import ConfigError, load_settings
-    from pipelines.serve.gateway import api_key
+    from pipelines.gateway.app import api_key
 
     history = [{"role": "user", "content": "track it"},
                {"role": "assistant", "content": None, "tool_calls": [
@@ -249,7 +284,7 @@ def test_malformed_call_arguments_more_than_one_answer_and_short_keys_are_refuse
     for body in ({"model": "champion", "messages": history, "tools": tools},
                  {"model": "champion", "messages": history[:1], "tools": tools, "n": 2}):
         with pytest.raises(api.ApiError) as caught:
-            api.parse_request(json.dumps(body).encode(), 1 << 20)
+            api.parse_request(json.dumps(body).encode())
         assert caught.value.status == 400
     for key in ("", "short"):
         with pytest.raises(ConfigError, match="at least"):
@@ -259,7 +294,7 @@ def test_malformed_call_arguments_more_than_one_answer_and_short_keys_are_refuse
 def test_a_cut_or_free_text_answer_is_never_a_training_label() -> None:
     specs = [{"type": "function", "function": {"name": "get_order", "parameters": {"type": "object"}}}]
     served = api.request_row(api.parse_request(json.dumps({"model": "m", "messages": [{"role": "user", "content": "x"}],
-                                                           "tools": specs}).encode(), 1 << 20))
+                                                           "tools": specs}).encode()))
     cut = api.answer('{"name":"get_order","arguments":{"order_id":"OR', specs, cut=True)
     assert cut["finish_reason"] == "length"
     for choice, label in ((cut, False), (api.answer("hello", specs), False), (api.answer('{"name":null}', specs), True),
@@ -268,7 +303,7 @@ def test_a_cut_or_free_text_answer_is_never_a_training_label() -> None:
 
 
 def _streamed(texts: list[str], body: dict, final_text: str | None, names: set[str]) -> tuple[list[dict], dict]:
-    from pipelines.serve.streaming import ToolCallStream
+    from pipelines.gateway.streaming import ToolCallStream
 
     stream = ToolCallStream(body["id"], body["created"], body["model"], names)
     out = [c for t in texts for c in stream.grow(t)]

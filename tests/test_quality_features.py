@@ -15,7 +15,7 @@ from pipelines.config import load_settings
 from pipelines.features.nodes import CUSTOMER_FEATURES
 from pipelines.features.pipeline import online_context, run_features
 from pipelines.prep.pipeline import run_prep
-from pipelines.prep.prompt import format_context
+from pipelines.toolcall.prompt import format_context
 from pipelines.quality.gates import QualityGateFailed, run_gates
 from pipelines.window import DateWindow
 
@@ -122,9 +122,9 @@ def test_online_and_offline_context_agree(window_root) -> None:
 def test_serving_client_builds_the_training_prompt(window_root) -> None:
     """A live request's prompt (context from the online store) equals the prompt the training set
     builder makes for the same request with the point-in-time features of that moment."""
-    from pipelines.prep.prompt import chat_turns
+    from pipelines.toolcall.prompt import chat_turns
     from pipelines.serve.client import conversation
-    from pipelines.train.dataset import system_for
+    from pipelines.toolcall.prompt import system_for
 
     settings, root = window_root["settings"], window_root["root"]
     rows = pd.read_parquet(root / "curated" / "sft").drop(columns=["context"]).head(30).to_dict("records")
@@ -168,7 +168,7 @@ def test_a_backfill_builds_its_own_window_and_never_moves_the_current_training_s
     built, `curated/manifest.json` (what training reads by default) stays on the newer window, and
     training pinned to the old window reads only its rows."""
     from pipelines.logs.generator import GeneratorConfig, write_raw_logs
-    from pipelines.train.dataset import load_split, manifest
+    from pipelines.prep.dataset import load_split, manifest
 
     settings = load_settings(root=str(tmp_path))
     old_day = END - timedelta(days=5)

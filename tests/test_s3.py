@@ -285,7 +285,7 @@ def test_gateway_captures_reach_an_s3_raw_zone_whole_and_a_dead_gateways_spool_i
         endpoint: str, bucket: str, tmp_path: Path) -> None:
     import orjson
 
-    from pipelines.serve.capture import CaptureWriter
+    from pipelines.gateway.capture import CaptureWriter
 
     raw, spool = f"{bucket}/raw", tmp_path / "spool"
     orphan = spool / "20261120T000000-999999999" / "dt=2026-11-20"  # a pid no process has: a killed gateway's

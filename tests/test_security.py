@@ -57,7 +57,7 @@ def test_config_show_and_scan_secrets_cli(tmp_path: Path) -> None:
 
 def test_scan_secrets_knows_the_generated_gateway_key(tmp_path: Path) -> None:
     from pipelines.config import load_settings
-    from pipelines.serve.gateway import api_key, api_key_file
+    from pipelines.gateway.app import api_key, api_key_file
 
     settings = load_settings(root=str(tmp_path / "fw"))
     key = api_key(settings)

@@ -11,7 +11,8 @@ import pytest
 
 from train_data import write_training_set
 from pipelines.config import ConfigError, load_settings
-from pipelines.prep.prompt import call_text, short_system_prompt, tool_signatures, tools_json_for
+from pipelines.toolcall.calls import call_text
+from pipelines.toolcall.prompt import short_system_prompt, tool_signatures, tools_json_for
 from pipelines.train.sweep import SweepConfig, load_sweep, variants
 
 TINY = str(Path(__file__).resolve().parent.parent / "conf" / "sweeps" / "tiny.yaml")
@@ -207,7 +208,7 @@ def test_register_promote_gate_both_ways_rollback_and_load_by_alias(settings, fi
     assert run.inputs.dataset_inputs and run.inputs.dataset_inputs[0].dataset.digest
 
     model = mlflow.pyfunc.load_model(f"models:/{settings.mlflow.registered_model}@champion")
-    from pipelines.train.dataset import load_split
+    from pipelines.prep.dataset import load_split
 
     rows = load_split(settings, "test", 2, 0)
     out = model.predict(pd.DataFrame({"messages": rows["messages_json"], "tools_json": rows["tools_json"],
@@ -307,7 +308,7 @@ def test_a_large_decision_goes_to_an_artifact_and_the_tag_keeps_a_summary(light)
 
 
 def first_sweep_digest(settings) -> str:
-    from pipelines.train.dataset import manifest
+    from pipelines.prep.dataset import manifest
 
     return manifest(settings)["training_set"]["digest"]
 
@@ -324,8 +325,8 @@ def _variant_of_tiny(settings) -> str:
 
 
 def test_few_shot_retrieval_picks_similar_requests() -> None:
-    from pipelines.evaluate.fewshot import with_shots
-    from pipelines.train.dataset import Example
+    from pipelines.toolcall.fewshot import with_shots
+    from pipelines.toolcall.examples import Example
 
     def ex(i: str, text: str, tool: str) -> Example:
         return Example(i, [{"role": "system", "content": "S"}, {"role": "user", "content": text}],

@@ -1,4 +1,4 @@
-"""Schema-constrained tool calls (pipelines.serve.tool_grammar): what the grammar admits, and decoding under it."""
+"""Schema-constrained tool calls (pipelines.toolcall.grammar): what the grammar admits, and decoding under it."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import jsonschema
 import pytest
 
 from pipelines.config import load_settings
-from pipelines.evaluate.generate import generate
+from pipelines.toolcall.decode import generate
 from pipelines.logs.tools import TOOLS_BY_NAME
-from pipelines.prep.prompt import tools_json
-from pipelines.serve.tool_grammar import GrammarError, accepts, call_schema, grammar_for
+from pipelines.toolcall.prompt import tools_json
+from pipelines.toolcall.grammar import GrammarError, accepts, grammar_for
 from pipelines.train.models import load_base
 
 ORDERS = tools_json([TOOLS_BY_NAME["get_order"], TOOLS_BY_NAME["search_products"]])
@@ -120,7 +120,7 @@ def _valid(text: str) -> bool:
     """Parses, names an offered tool (or abstains) and its arguments validate against that tool's own schema,
     checked independently of the grammar's (a patterned string may also be a redaction token, `<EMAIL>`,
     as in our redacted logs)."""
-    from pipelines.serve.tool_grammar import REDACTION_TOKENS
+    from pipelines.toolcall.grammar import REDACTION_TOKENS
 
     try:
         call = json.loads(text)
@@ -157,9 +157,9 @@ def test_every_training_target_of_generated_traffic_is_admitted(tiny) -> None:
 
     from pipelines.logs.generator import GeneratorConfig, TrafficGenerator
     from pipelines.prep.nodes import prepare_line
-    from pipelines.prep.prompt import call_text
+    from pipelines.toolcall.calls import call_text
     from pipelines.prep.redact import PII_TYPES
-    from pipelines.serve.tool_grammar import REDACTION_TOKENS
+    from pipelines.toolcall.grammar import REDACTION_TOKENS
 
     assert REDACTION_TOKENS == tuple(f"<{t}>" for t in PII_TYPES)
     _, tok = tiny
@@ -175,8 +175,8 @@ def test_each_row_of_a_batch_is_decoded_under_its_own_tools(tiny) -> None:
     import torch
     from transformers import LogitsProcessorList
 
-    from pipelines.evaluate.generate import render_prompts
-    from pipelines.serve.tool_grammar import ToolCallConstraint
+    from pipelines.toolcall.decode import render_prompts
+    from pipelines.toolcall.grammar import ToolCallConstraint
 
     model, tok = tiny
     ping = json.dumps([{"name": "ping", "parameters": {"type": "object", "properties": {}}}])

@@ -84,7 +84,7 @@ def _frame(sizes: dict[tuple[str, str], int]):
 
 
 def test_a_balanced_training_sample_spreads_over_tools_and_sources() -> None:
-    from pipelines.train.dataset import balanced_sample, source_of
+    from pipelines.prep.dataset import balanced_sample, source_of
 
     frame = _frame({("search_products", "webshop"): 300, ("get_order", "rec"): 12, ("get_invoice", "rec"): 5,
                     ("search_products", "rec"): 40})
@@ -100,7 +100,7 @@ def test_a_balanced_training_sample_spreads_over_tools_and_sources() -> None:
 
 
 def test_a_square_root_sample_keeps_more_of_a_large_source_and_still_lifts_the_rare_tools() -> None:
-    from pipelines.train.dataset import balanced_sample, share_quotas, source_of
+    from pipelines.prep.dataset import balanced_sample, share_quotas, source_of
 
     frame = _frame({("search_products", "webshop"): 300, ("get_order", "rec"): 12, ("get_invoice", "rec"): 5,
                     ("search_products", "rec"): 40})
@@ -116,7 +116,7 @@ def test_a_square_root_sample_keeps_more_of_a_large_source_and_still_lifts_the_r
 
 
 def test_the_validation_sample_is_stratified_with_every_stratum_present() -> None:
-    from pipelines.train.dataset import source_of, stratified_sample
+    from pipelines.prep.dataset import source_of, stratified_sample
 
     frame = _frame({("search_products", "webshop"): 100, ("get_order", "rec"): 10, ("get_invoice", "retail"): 2})
     sample = stratified_sample(frame, 12, seed=0)
@@ -126,7 +126,7 @@ def test_the_validation_sample_is_stratified_with_every_stratum_present() -> Non
 
 
 def test_a_validation_sample_smaller_than_the_strata_keeps_the_largest() -> None:
-    from pipelines.train.dataset import stratified_sample
+    from pipelines.prep.dataset import stratified_sample
 
     frame = _frame({("search_products", "webshop"): 100, ("get_order", "rec"): 1, ("get_invoice", "rec"): 2,
                     ("track_shipment", "rec"): 1})

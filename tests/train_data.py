@@ -10,7 +10,7 @@ from pathlib import Path
 from pipelines.config import load_settings
 from pipelines.logs.generator import GeneratorConfig, TrafficGenerator
 from pipelines.prep.nodes import prepare_line
-from pipelines.prep.prompt import chat_turns
+from pipelines.toolcall.prompt import chat_turns
 from pipelines.train.hf_backend import TrainConfig
 from pipelines.train.models import load_base
 

@@ -102,7 +102,8 @@ def run_aiperf(settings: Settings, requests: int, levels: list[int], models: tup
     """AIPerf against the running gateway for each model alias and concurrency; the report (JSON + HTML
     under `reports/aiperf/<time>/`, AIPerf's own exports beside them)."""
     from pipelines.bench.serving import _base_entry
-    from pipelines.serve import deploy, gateway
+    from pipelines.serve import deploy
+    from pipelines.gateway import app as gateway
     from pipelines.serve.client import TritonClient
     from pipelines.train.models import prepare_base
 

@@ -118,8 +118,9 @@ class PromptTooLong(NotRetryable):
 
 def run_bench(settings: Settings, cfg: BenchSettings | None = None, console: Console | None = None) -> dict[str, Any]:
     """Benchmark the live model and the base+few-shot baseline through the running Triton server."""
-    from pipelines.evaluate.fewshot import single_turn, with_shots
-    from pipelines.train.dataset import load_split, to_examples
+    from pipelines.toolcall.fewshot import single_turn, with_shots
+    from pipelines.prep.dataset import load_split
+    from pipelines.toolcall.examples import to_examples
 
     cfg = cfg or settings.bench
     live = live_model(settings)
@@ -217,8 +218,8 @@ def _direct(settings: Settings, live: Any, conversations: list[list[dict[str, st
             rows: list[dict[str, Any]], constrained: bool) -> dict[str, Any]:
     """The same requests through the same merged model in this process, batch 1, decoded as served
     (constrained or not): Triton's overhead."""
-    from pipelines.evaluate.generate import generate
-    from pipelines.evaluate.pipeline import load_model
+    from pipelines.toolcall.decode import generate
+    from pipelines.train.models import load_model
     from pipelines.registry.models import adapter_path
 
     model, tokenizer = load_model(_base_model_of(settings, live), settings, adapter_path(settings, live.version))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 from datetime import datetime
+from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -71,11 +72,7 @@ def feature_store(settings: Settings) -> FeatureStore:
 
 def definitions(settings: Settings) -> dict[str, Any]:
     """feature_repo/features.py's objects, with offline data read from this settings' features zone."""
-    path = Path(settings.feast.repo_path) / "features.py"
-    spec = importlib.util.spec_from_file_location("flywheel_feature_repo", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.build(settings.zone("features"))
+    return _repo_module(settings.feast.repo_path).build(settings.zone("features"))
 
 
 def apply(settings: Settings) -> list[str]:
@@ -89,9 +86,22 @@ def materialize(settings: Settings, start: datetime, end: datetime, views: list[
 
 
 def customer_feature_refs(settings: Settings) -> list[str]:
-    from pipelines.features.nodes import CUSTOMER_FEATURES
+    """The customer view's features as Feast references, in the order the feature repository declares them
+    (`feature_repo/features.py` is the one definition; read once per repository and zone)."""
+    return list(_view_features(settings.feast.repo_path, settings.zone("features"), "customer_profile"))
 
-    return [f"customer_profile:{name}" for name in CUSTOMER_FEATURES]
+
+def _repo_module(repo_path: str) -> Any:
+    spec = importlib.util.spec_from_file_location("flywheel_feature_repo", Path(repo_path) / "features.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@lru_cache(maxsize=16)
+def _view_features(repo_path: str, features_zone: str, view: str) -> tuple[str, ...]:
+    found = _repo_module(repo_path).build(features_zone)[view]
+    return tuple(f"{view}:{field.name}" for field in found.features)
 
 
 def online_customer_features(settings: Settings, customer_ids: list[str], store: FeatureStore | None = None

@@ -8,7 +8,7 @@ Output: `report.json` and `report.html` (per-tool breakdown, confusion matrix) u
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -16,12 +16,15 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from pipelines.config import Settings
-from pipelines.evaluate import metrics
-from pipelines.evaluate.fewshot import single_turn, with_shots
-from pipelines.evaluate.generate import generate
+from pipelines.evaluate.results import TABLE_METRICS, ConditionResult, EvalReport  # noqa: F401 (re-exported)
+from pipelines.toolcall import score as metrics
+from pipelines.toolcall.fewshot import single_turn, with_shots
+from pipelines.toolcall.decode import generate
+from pipelines.train.models import load_model
 from pipelines.storage import makedirs, read_json, write_json, write_text
 from pipelines.logs.toolsets import registered_catalogue
-from pipelines.train.dataset import Example, frame_from_logs, load_split, to_examples
+from pipelines.toolcall.examples import Example, to_examples
+from pipelines.prep.dataset import frame_from_logs, load_split
 
 
 class EvalConfig(BaseModel):
@@ -58,54 +61,6 @@ CONSTRAINED = "_constrained"  # the suffix of a condition decoded under the tool
 
 def constrained_name(condition: str) -> str:
     return f"{condition}{CONSTRAINED}"
-
-
-@dataclass
-class ConditionResult:
-    condition: str
-    model: str
-    prompt_style: str
-    shots: int
-    summary: dict[str, Any]
-    stats: dict[str, float]
-    per_tool: dict[str, dict[str, Any]]
-    confusion: dict[str, dict[str, int]]
-    samples: list[dict[str, Any]] = field(default_factory=list)
-    constrained: bool = False
-
-
-# the side-by-side table's quality columns (text_f1: token F1 of free-text arguments, next to exact match)
-TABLE_METRICS = ("exact_match", "text_f1", "name_accuracy", "arg_f1", "json_valid", "abstention_recall")
-
-
-@dataclass
-class EvalReport:
-    name: str
-    dataset: str
-    examples: int
-    conditions: list[ConditionResult]
-    json_uri: str = ""
-    html_uri: str = ""
-    seconds: float = 0.0
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    def table(self) -> list[dict[str, Any]]:
-        return [{"condition": c.condition, **{k: c.summary.get(k) for k in TABLE_METRICS}, **c.stats}
-                for c in self.conditions]
-
-
-def load_model(base_model: str, settings: Settings, adapter: str | None = None) -> tuple[Any, Any]:
-    """The base model, with `adapter` merged in when given (merged weights: no LoRA overhead per token)."""
-    from pipelines.train.models import load_base
-
-    model, tokenizer = load_base(base_model, settings)
-    if adapter:
-        from peft import PeftModel
-
-        model = PeftModel.from_pretrained(model, adapter).merge_and_unload()
-    return model, tokenizer
 
 
 def score_condition(name: str, model_label: str, style: str, shots: int, examples: list[Example],

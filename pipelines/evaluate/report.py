@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from pipelines.evaluate.results import ConditionResult, EvalReport
 from pipelines.reports import figure_html, new_figure, page, table_html
-
-if TYPE_CHECKING:
-    from pipelines.evaluate.pipeline import ConditionResult, EvalReport
 
 QUALITY = ("exact_match", "text_f1", "name_accuracy", "arg_f1", "json_valid")
 

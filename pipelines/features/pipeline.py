@@ -19,7 +19,7 @@ from pipelines.config import Settings
 from pipelines.security import redact_uri
 from pipelines.features import nodes
 from pipelines.prep.pipeline import PrepError, window_lock, zone_paths
-from pipelines.prep.prompt import format_context, system_prompt
+from pipelines.toolcall.prompt import format_context, system_prompt
 from pipelines.storage import (glob, locked, makedirs, read_bytes, read_json, remove, window_partitions,
                                write_json)
 from pipelines.window import DateWindow

@@ -17,6 +17,7 @@ from typing import Any
 import jsonschema
 
 TOOLSET_VERSION = "2026.11.1"
+NO_TOOL = "<abstain>"  # the expected "tool" of a turn where no offered tool fits (an abstention)
 
 CURRENCIES = ["USD", "EUR", "GBP", "CAD", "AUD", "JPY", "MXN", "BRL", "INR"]
 CATEGORIES = [

@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from pipelines.logs.schema import check_line
-from pipelines.prep.prompt import ABSTAIN, system_prompt, target_json, tools_json
+from pipelines.toolcall.calls import NO_TOOL as ABSTAIN, target_json
+from pipelines.toolcall.prompt import system_prompt, tools_json
 from pipelines.prep.redact import PII_TYPES, redact_text, redact_value
 
 if TYPE_CHECKING:

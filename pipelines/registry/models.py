@@ -81,10 +81,10 @@ def register(settings: Settings, sweep: dict[str, Any], evaluation: dict[str, An
     from mlflow.data.http_dataset_source import HTTPDatasetSource
 
     from pipelines.clients.mlflow import client as mlflow_client
-    from pipelines.prep.prompt import tools_json
+    from pipelines.toolcall.prompt import tools_json
     from pipelines.logs.tools import TOOLS
     from pipelines.registry.pyfunc import ToolCallerModel
-    from pipelines.train.dataset import manifest
+    from pipelines.prep.dataset import manifest
 
     if sweep.get("best") is None:
         raise RegistryError(f"sweep {sweep['sweep_id']}: no variant completed; nothing to register")
@@ -107,8 +107,8 @@ def register(settings: Settings, sweep: dict[str, Any], evaluation: dict[str, An
     meta = {"base_model": sweep["base_model"], "prompt_style": sweep["prompt_style"], "backend": sweep["backend"],
             "tool_schema_version": tool_schema_version, "dataset_digest": sweep["dataset_digest"],
             "sweep_id": sweep["sweep_id"], "code_version": code_version(),
-            "prompt_template": "pipelines.prep.prompt.system_prompt" if sweep["prompt_style"] == "full"
-            else f"pipelines.prep.prompt.short_system_prompt (style {sweep['prompt_style']})"}
+            "prompt_template": "pipelines.toolcall.prompt.system_prompt" if sweep["prompt_style"] == "full"
+            else f"pipelines.toolcall.prompt.short_system_prompt (style {sweep['prompt_style']})"}
     card = _model_card(name, sweep, variant, evaluation)
     with tempfile.TemporaryDirectory() as tmp:
         meta_file = Path(tmp) / "flywheel.json"

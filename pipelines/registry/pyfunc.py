@@ -3,7 +3,7 @@ reference to the base model (never a copy of the base), and answers chat request
 
 `mlflow.pyfunc.load_model("models:/commerce-tool-caller@champion")` gives a ready model:
 `predict(pandas.DataFrame({"messages": [...], "tools_json": [...], "event_time": [...]}))`. Answers are
-decoded under the offered tools' grammar (`serve.tool_grammar`), as the served model does.
+decoded under the offered tools' grammar (`toolcall.grammar`), as the served model does.
 """
 
 from __future__ import annotations
@@ -19,15 +19,15 @@ class ToolCallerModel(mlflow.pyfunc.PythonModel):
 
     def load_context(self, context: Any) -> None:
         from pipelines.config import get_settings
-        from pipelines.evaluate.pipeline import load_model
+        from pipelines.train.models import load_model
 
         self.meta = json.loads(open(context.artifacts["flywheel"], encoding="utf-8").read())
         self.model, self.tokenizer = load_model(self.meta["base_model"], get_settings(), context.artifacts["adapter"])
 
     def predict(self, context, model_input, params=None):  # untyped: MLflow validates typed signatures
-        from pipelines.evaluate.generate import generate
-        from pipelines.prep.prompt import chat_turns
-        from pipelines.train.dataset import system_for
+        from pipelines.toolcall.decode import generate
+        from pipelines.toolcall.prompt import chat_turns
+        from pipelines.toolcall.prompt import system_for
 
         conversations = []
         for row in model_input.to_dict("records"):

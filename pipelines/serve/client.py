@@ -19,11 +19,11 @@ from typing import Any, Literal
 import numpy as np
 
 from pipelines.config import Settings
-from pipelines.prep.prompt import chat_turns
-from pipelines.train.dataset import system_for
+from pipelines.toolcall.prompt import chat_turns
+from pipelines.toolcall.prompt import system_for
 
 Protocol = Literal["http", "grpc"]
-OUTPUTS = ("TOOL_CALL", "PROMPT_TOKENS", "OUTPUT_TOKENS", "FINAL")  # every response of the model
+OUTPUTS = ("TOOL_CALL", "PROMPT_TOKENS", "OUTPUT_TOKENS", "FINAL", "CUT")  # a response (CUT: final ones, newer folders)
 
 
 @dataclass
@@ -34,6 +34,7 @@ class Reply:
     latency_ms: float
     error: str | None = None
     first_token_ms: float | None = None  # streamed requests: when the first text arrived
+    cut: bool = False  # the answer had no end token within the model's budget (the model says so)
 
     @property
     def inter_token_ms(self) -> float | None:
@@ -113,11 +114,13 @@ class TritonClient:
 
     # model control ------------------------------------------------------------------------------
     def load(self, name: str) -> None:
-        self._client.load_model(name, **self._deadline)
+        with self._control_lock:  # the control connection is shared by the calling threads
+            self._client.load_model(name, **self._deadline)
 
     def unload(self, name: str, wait_s: float = 0) -> None:
         """Unload; with `wait_s`, wait (at most that long) until the server no longer reports it ready."""
-        self._client.unload_model(name, **self._deadline)
+        with self._control_lock:
+            self._client.unload_model(name, **self._deadline)
         deadline = time.monotonic() + wait_s
         while wait_s and self.ready(name):
             if time.monotonic() > deadline:
@@ -126,7 +129,8 @@ class TritonClient:
 
     def ready(self, name: str) -> bool:
         try:
-            return bool(self._client.is_model_ready(name, **self._deadline))
+            with self._control_lock:
+                return bool(self._client.is_model_ready(name, **self._deadline))
         except Exception:  # noqa: BLE001 (an unknown model is simply not ready)
             return False
 
@@ -148,7 +152,8 @@ class TritonClient:
         return self.declares(name, "TOOLS")
 
     def loaded(self) -> list[str]:
-        index = self._client.get_model_repository_index(**self._deadline)
+        with self._control_lock:
+            index = self._client.get_model_repository_index(**self._deadline)
         rows = index if isinstance(index, list) else [{"name": m.name, "state": m.state} for m in index.models]
         return sorted(r["name"] for r in rows if r.get("state") == "READY")
 
@@ -184,6 +189,7 @@ class TritonClient:
                 state["first"] = reply.latency_ms
             if event.get("FINAL", True):  # a model built before streaming answers once
                 reply.first_token_ms = state["first"] if stream else None
+                reply.cut = bool(event.get("CUT", False))  # a folder built before CUT never says
                 return reply
             if on_text is not None:
                 on_text(reply.text or "")

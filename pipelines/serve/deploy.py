@@ -104,7 +104,7 @@ def live_model(settings: Settings) -> Deployment | None:
 
 def smoke_rows(settings: Settings, n: int, seed: int = 0) -> list[dict[str, Any]]:
     """Real requests from the test split (with their training-time context), as plain dicts."""
-    from pipelines.train.dataset import load_split
+    from pipelines.prep.dataset import load_split
 
     return load_split(settings, "test", n, seed).to_dict("records")
 
@@ -112,8 +112,8 @@ def smoke_rows(settings: Settings, n: int, seed: int = 0) -> list[dict[str, Any]
 def score_replies(rows: list[dict[str, Any]], replies: list[Reply]) -> dict[str, Any]:
     """Quality and latency of served answers against the rows' logged tool calls. Every request
     counts: an errored one is a wrong (invalid) answer and a latency sample at the time it took."""
-    from pipelines.evaluate import metrics
-    from pipelines.prep.prompt import call_text
+    from pipelines.toolcall import score as metrics
+    from pipelines.toolcall.calls import call_text
 
     scores = [metrics.score(rep.text if rep.error is None else "", json.loads(call_text(r["target_json"])))
               for r, rep in zip(rows, replies)]

@@ -5,7 +5,7 @@ the champion (canary) and the previous version stays loaded for a rollback in se
 
     <repository>/tool_router_v3/config.pbtxt      Python backend, dynamic batching, parameters
     <repository>/tool_router_v3/1/model.py        pipelines/serve/triton_model.py, verbatim
-    <repository>/tool_router_v3/1/tool_grammar.py pipelines/serve/tool_grammar.py, verbatim
+    <repository>/tool_router_v3/1/tool_grammar.py pipelines/toolcall/grammar.py, verbatim
     <repository>/tool_router_v3/1/adapter/        the LoRA adapter (HF-PEFT), from MLflow
     <repository>/tool_router_v3/1/flywheel.json   registry version, base model, prompt style
 
@@ -26,7 +26,8 @@ from pipelines.config import Settings
 from pipelines.errors import NotRetryable
 
 MODEL_FILE = Path(__file__).with_name("triton_model.py")
-GRAMMAR_FILE = Path(__file__).with_name("tool_grammar.py")  # model.py's constrained decoder, copied beside it
+GRAMMAR_FILE = Path(__file__).parents[1] / "toolcall" / "grammar.py"  # model.py's constrained decoder, copied beside it
+GRAMMAR_MODULE = "tool_grammar.py"  # its name there (model.py imports `tool_grammar`)
 BASE_NAME = "base"  # the un-tuned base model (the few-shot baseline in benchmarks)
 
 
@@ -71,7 +72,8 @@ output [
   {{ name: "TOOL_CALL" data_type: TYPE_STRING dims: [ 1 ] }},
   {{ name: "PROMPT_TOKENS" data_type: TYPE_INT32 dims: [ 1 ] }},
   {{ name: "OUTPUT_TOKENS" data_type: TYPE_INT32 dims: [ 1 ] }},
-  {{ name: "FINAL" data_type: TYPE_BOOL dims: [ 1 ] }}
+  {{ name: "FINAL" data_type: TYPE_BOOL dims: [ 1 ] }},
+  {{ name: "CUT" data_type: TYPE_BOOL dims: [ 1 ] }}
 ]
 model_transaction_policy {{ decoupled: true }}
 dynamic_batching {{ max_queue_delay_microseconds: {t.queue_delay_us} }}
@@ -127,7 +129,7 @@ def write_model(settings: Settings, repository: Path, name: str, base_model_path
     (staging / "1").mkdir(parents=True)
     try:
         shutil.copy(MODEL_FILE, staging / "1" / "model.py")
-        shutil.copy(GRAMMAR_FILE, staging / "1" / GRAMMAR_FILE.name)
+        shutil.copy(GRAMMAR_FILE, staging / "1" / GRAMMAR_MODULE)
         if adapter_dir:
             shutil.copytree(adapter_dir, staging / "1" / "adapter")
         (staging / "1" / "flywheel.json").write_text(json.dumps(meta, indent=2, sort_keys=True))

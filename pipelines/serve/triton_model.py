@@ -110,12 +110,14 @@ class TritonPythonModel:
         return tensor is not None and bool(tensor.as_numpy().reshape(-1)[0])
 
     @staticmethod
-    def _response(text, prompt_tokens, output_tokens, final):
+    def _response(text, prompt_tokens, output_tokens, final, cut=False):
+        """CUT: the final answer had no end token (`tool_grammar.answer_length`, the one definition)."""
         return pb_utils.InferenceResponse(output_tensors=[
             pb_utils.Tensor("TOOL_CALL", np.array([[text.encode("utf-8")]], dtype=np.object_)),
             pb_utils.Tensor("PROMPT_TOKENS", np.array([[prompt_tokens]], dtype=np.int32)),
             pb_utils.Tensor("OUTPUT_TOKENS", np.array([[output_tokens]], dtype=np.int32)),
             pb_utils.Tensor("FINAL", np.array([[final]], dtype=np.bool_)),
+            pb_utils.Tensor("CUT", np.array([[cut]], dtype=np.bool_)),
         ])
 
     def execute(self, requests):
@@ -162,9 +164,9 @@ class TritonPythonModel:
         new = out[:, enc["input_ids"].shape[1]:]
         texts = self.tokenizer.batch_decode(new, skip_special_tokens=True)
         for (sender, _, n, _, _), text, row, step in zip(valid, texts, new, steps.rows):
-            if not step["final"]:  # stopped at max_new_tokens (a row that ended earlier was answered then)
-                generated = int((row != self.tokenizer.pad_token_id).sum())
-                _send(sender, self._response(text.strip(), n, generated, True), flags=final)
+            if not step["final"]:  # no end token within max_new_tokens (a row that ended was answered then)
+                generated, ended = self.grammar.answer_length(row.tolist(), steps.eos)
+                _send(sender, self._response(text.strip(), n, generated, True, cut=not ended), flags=final)
         return None
 
     def finalize(self):

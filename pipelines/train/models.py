@@ -15,7 +15,7 @@ from __future__ import annotations
 import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pipelines.config import Settings
 
@@ -160,4 +160,14 @@ def load_base(name: str, settings: Settings) -> tuple[PreTrainedModel, PreTraine
     except OSError as exc:
         raise ModelUnavailable(f"{name}: cannot load {source} here ({exc.__class__.__name__}); "
                                "hub models need a GPU cluster with a model store") from None
+    return model, tokenizer
+
+
+def load_model(base_model: str, settings: Settings, adapter: str | None = None) -> tuple[Any, Any]:
+    """The base model, with `adapter` merged in when given (merged weights: no LoRA overhead per token)."""
+    model, tokenizer = load_base(base_model, settings)
+    if adapter:
+        from peft import PeftModel
+
+        model = PeftModel.from_pretrained(model, adapter).merge_and_unload()
     return model, tokenizer

@@ -184,7 +184,7 @@ def sweep_id_for(settings: Settings, sweep: SweepConfig, reference_days: list[st
     """The sweep file's content and the training set's digest: the same pair is the same sweep. A drift
     retrain (`reference_days`) mixes a sample of those days into its training rows, so the days (sorted)
     and the mixed share are part of its id: it never reuses variants trained without that mix."""
-    from pipelines.train.dataset import manifest
+    from pipelines.prep.dataset import manifest
 
     sweep_id = f"{sweep.name}-{sweep.digest()}-{manifest(settings, window)['training_set']['digest'][:10]}"
     if reference_days:
@@ -212,7 +212,8 @@ def run_sweep(settings: Settings, sweep: SweepConfig, console: Console | None = 
     import mlflow
 
     from pipelines.clients.mlflow import use_tracking
-    from pipelines.train.dataset import load_split, manifest, to_examples, training_pairs, with_reference_sample
+    from pipelines.prep.dataset import load_split, manifest, with_reference_sample
+    from pipelines.toolcall.examples import to_examples, training_pairs
 
     console = console or Console()
     lineage = manifest(settings, window)  # read once: the whole sweep trains on this window's training set
@@ -240,7 +241,7 @@ def run_sweep(settings: Settings, sweep: SweepConfig, console: Console | None = 
             train = {style: training_pairs(to_examples(rows, style)) for style in styles}
             val = {style: to_examples(val_rows, style) for style in styles}
             if settings.triton.constrained:  # validation decodes under the grammar: refuse before training
-                from pipelines.evaluate.generate import require_grammars
+                from pipelines.toolcall.decode import require_grammars
 
                 require_grammars(set(val_rows["tools_json"]),
                                  "sweep validation decodes under the offered tools' grammar (triton.constrained)",
@@ -376,9 +377,9 @@ def train_variant(settings: Settings, sweep: SweepConfig, cfg: TrainConfig,
 def _validate(settings: Settings, base_model: str, adapter_dir: str, val: list[Any], console: Console) -> dict[str, float]:
     """Generation on the validation split, decoded as models are served (`triton.constrained`: under the
     offered tools' grammar): the sweep's selection metric (no latency timing here)."""
-    from pipelines.evaluate import metrics as m
-    from pipelines.evaluate.generate import generate
-    from pipelines.evaluate.pipeline import load_model
+    from pipelines.toolcall import score as m
+    from pipelines.toolcall.decode import generate
+    from pipelines.train.models import load_model
 
     model, tokenizer = load_model(base_model, settings, adapter_dir)
     out = generate(model, tokenizer, [e.turns for e in val], latency_samples=0,

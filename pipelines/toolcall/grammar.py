@@ -30,6 +30,18 @@ REDACTION_TOKENS = ("<EMAIL>", "<CARD>", "<PHONE>", "<ADDRESS>")
 MAX_TOOLS_BYTES = 65_536  # a request's offered tools; more is refused before anything is compiled
 
 
+def answer_length(tokens: list[int], end_ids: set[int] | int) -> tuple[int, bool]:
+    """The one definition of an answer's length and of a cut answer, for evaluation, the sweep's validation
+    and the Triton model alike: its tokens before the first end token (padding follows it in a batch,
+    whatever the pad token is), and whether it had one. An answer without an end token ran the whole
+    budget: it is cut, and its text may be an unfinished call."""
+    ends = {end_ids} if isinstance(end_ids, int) else set(end_ids)
+    for i, token in enumerate(tokens):
+        if token in ends:
+            return i, True
+    return len(tokens), False
+
+
 class GrammarError(ValueError):
     """The offered tools cannot be turned into a grammar (a schema feature llguidance does not support)."""
 

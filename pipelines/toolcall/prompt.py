@@ -1,4 +1,4 @@
-"""The SFT prompt format, shared by the dataset builder, training, evaluation and the serving client.
+"""The prompt styles, shared by the dataset builder, training, evaluation, Triton's client and the gateway.
 
 A prompt is: a system message (the date, the tools offered with their JSON schemas, the answer
 format, and the customer's context from Feast when available), then the conversation (earlier user
@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import json
 from functools import lru_cache
-from typing import Any
+from typing import Any, Literal
 
 from pipelines.logs.tools import TOOLS_BY_NAME
+from pipelines.toolcall.calls import call_text, target_json
 
-ABSTAIN = "<abstain>"
-
+PromptStyle = Literal["full", "short", "names"]
 
 def tools_json(specs: list[dict[str, Any]]) -> str:
     """The offered tools (OpenAI tool specs) as the compact JSON list the prompt shows."""
@@ -45,12 +45,6 @@ def _system_prompt(tools: str, day: str, context: str | None) -> str:
     if context:
         lines.append(f"Customer context: {context}")
     return "\n".join(lines)
-
-
-def target_json(tool: str, arguments: dict[str, Any] | None) -> str:
-    if tool == ABSTAIN:
-        return json.dumps({"name": None})
-    return json.dumps({"name": tool, "arguments": arguments or {}}, separators=(",", ":"), sort_keys=True)
 
 
 def chat_messages(system: str, conversation: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -121,11 +115,12 @@ def short_system_prompt(tools: str, day: str, context: str | None = None, signat
     return "\n".join(lines)
 
 
-def call_text(target: str) -> str:
-    """The answer text a model is trained to write and the server returns: name first, then arguments,
-    compact (the one serialization the tool-call grammar admits; `{"name":null}` when no tool fits)."""
-    call = json.loads(target)
-    if call.get("name") is None:
-        return json.dumps({"name": None}, separators=(",", ":"))  # compact, like every call
-    return json.dumps({"name": call["name"], "arguments": call.get("arguments") or {}}, separators=(",", ":"),
-                      ensure_ascii=False)
+def system_for(row: dict[str, Any], style: PromptStyle) -> str:
+    if style == "full":
+        return row["system_prompt"]
+    day = _day(row.get("event_timestamp") or row["event_time"])
+    return short_system_prompt(row["tools_json"], day, row.get("context") or None, signatures=style == "short")
+
+
+def _day(value: Any) -> str:
+    return value.date().isoformat() if hasattr(value, "date") else str(value)[:10]

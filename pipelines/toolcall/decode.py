@@ -46,7 +46,7 @@ def require_grammars(tool_sets: set[str], what: str = "constrained decoding",
                      instead: str = "decode without the grammar instead (evaluation.constrained: off, "
                                     "`flywheel eval --constrained off`)") -> None:
     """Every tool set compiles to a grammar, or one ToolsNotEnforceable line naming the tool, before any work."""
-    from pipelines.serve.tool_grammar import GrammarError, grammar_for
+    from pipelines.toolcall.grammar import GrammarError, grammar_for
 
     for tools in sorted(tool_sets):
         try:
@@ -64,12 +64,12 @@ def generate(model: Any, tokenizer: Any, conversations: list[list[dict[str, str]
              label: str = "generating", tools: list[str] | None = None) -> Generations:
     """Greedy decoding (deterministic) of every conversation's next assistant turn. With `tools` (one
     offered-tools JSON per conversation) each answer is decoded under its turn's tool-call grammar
-    (`serve.tool_grammar`); a tool set the grammar cannot express raises ToolsNotEnforceable (one line
+    (`toolcall.grammar`); a tool set the grammar cannot express raises ToolsNotEnforceable (one line
     naming the tool) before any work."""
     import torch
     from transformers import LogitsProcessorList
 
-    from pipelines.serve.tool_grammar import ToolCallConstraint
+    from pipelines.toolcall.grammar import ToolCallConstraint, answer_length
 
     prompts = render_prompts(tokenizer, conversations)
     if tools is not None:
@@ -94,12 +94,9 @@ def generate(model: Any, tokenizer: Any, conversations: list[list[dict[str, str]
             out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False,
                                  pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, **extra)
         new = out[:, enc["input_ids"].shape[1]:]
-        # an answer's tokens are those before its first end token (padding follows it in a batch, whatever
-        # the pad token is); one without an end token ran the whole budget
-        tokens = new.tolist()
-        ends = [row.index(tokenizer.eos_token_id) if tokenizer.eos_token_id in row else None for row in tokens]
-        counts = [len(row) if end is None else end for row, end in zip(tokens, ends)]
-        return tokenizer.batch_decode(new, skip_special_tokens=True), counts, [end is not None for end in ends]
+        lengths = [answer_length(row, tokenizer.eos_token_id) for row in new.tolist()]
+        return (tokenizer.batch_decode(new, skip_special_tokens=True), [n for n, _ in lengths],
+                [ended for _, ended in lengths])
 
     started = time.perf_counter()
     for i in range(0, len(prompts), batch_size):

@@ -95,7 +95,7 @@ def server_spec(settings: Settings) -> services.ServiceSpec:
            # a registry lookup on the request path fails fast instead of MLflow's 120 s x 7 retries
            "MLFLOW_HTTP_REQUEST_TIMEOUT": "5", "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0"}
     url = f"http://{settings.gateway.host}:{settings.gateway.port}"
-    return services.ServiceSpec(SERVICE, [sys.executable, "-m", "pipelines.serve.gateway"], env,
+    return services.ServiceSpec(SERVICE, [sys.executable, "-m", "pipelines.gateway"], env,
                                 f"{url}/health", base_url(settings))
 
 
@@ -127,12 +127,14 @@ class Target:
 
 
 class Router:
-    """Aliases -> loaded Triton models, and one Triton connection per worker thread."""
+    """Aliases -> loaded Triton models, through one Triton client (a connection per worker thread inside it)."""
 
     def __init__(self, settings: Settings):
         self.settings = settings
-        self._local = threading.local()
+        self._local = threading.local()  # a FeatureStore per worker thread
         self._lock = threading.Lock()
+        self._client: Any = None
+        self._client_lock = threading.Lock()
         self._styles: dict[str, str] = {}
         self._candidate: tuple[float, str | None] = (0.0, None)
         self._refreshing = threading.Lock()
@@ -140,11 +142,13 @@ class Router:
         self._warned = 0.0
 
     def client(self) -> Any:
+        """The one Triton client of this gateway (it keeps a connection per calling thread itself)."""
         from pipelines.serve.client import TritonClient
 
-        if not hasattr(self._local, "client"):
-            self._local.client = TritonClient(self.settings, timeout_s=self.settings.gateway.request_timeout_s)
-        return self._local.client
+        with self._client_lock:
+            if self._client is None:
+                self._client = TritonClient(self.settings, timeout_s=self.settings.gateway.request_timeout_s)
+            return self._client
 
     def _style(self, name: str) -> str:
         from pipelines.serve import repository
@@ -196,7 +200,7 @@ class Router:
         return out
 
     def resolve(self, model: str) -> Target:
-        from pipelines.serve.openai_api import ApiError
+        from pipelines.gateway.openai_api import ApiError
 
         try:
             found = self.targets().get(model)
@@ -215,8 +219,8 @@ class Router:
         turns = conversation({**row, "context": self.context(row["customer_id"])}, target.prompt_style)
         if target.version is not None or self.settings.gateway.few_shot == 0:
             return turns
-        from pipelines.evaluate.fewshot import with_shots
-        from pipelines.train.dataset import Example
+        from pipelines.toolcall.fewshot import with_shots
+        from pipelines.toolcall.examples import Example
 
         query = Example(row["record_id"], turns, '{"name":null}', "", turns[-1]["content"], row["tools_json"])
         pool, vectors = self._shot_pool()
@@ -246,8 +250,9 @@ class Router:
         """Single-turn training examples to retrieve from (none before a training set exists) and their
         embeddings, computed once (embedding the pool per request cost ~20 s on this CPU)."""
         from pipelines.embeddings import embed
-        from pipelines.evaluate.fewshot import single_turn
-        from pipelines.train.dataset import DatasetMissing, load_split, to_examples
+        from pipelines.toolcall.fewshot import single_turn
+        from pipelines.prep.dataset import DatasetMissing, load_split
+        from pipelines.toolcall.examples import to_examples
 
         with self._lock:
             if self._pool is None:
@@ -261,11 +266,11 @@ class Router:
 
 # ---- the app -----------------------------------------------------------------------------------
 def create_app(settings: Settings) -> Any:
-    from pipelines.serve import openai_api as api
-    from pipelines.serve.capture import CaptureWriter
+    from pipelines.gateway import openai_api as api
+    from pipelines.gateway.capture import CaptureWriter
     from pipelines.logs.feedback import RATINGS, feedback_zone
-    from pipelines.serve.streaming import stream_response
-    from pipelines.serve.traffic import Traffic
+    from pipelines.gateway.streaming import stream_response
+    from pipelines.gateway.traffic import Traffic
 
     key = api_key(settings)
     router = Router(settings)
@@ -319,9 +324,7 @@ def create_app(settings: Settings) -> Any:
     async def feedback(request: Request) -> dict[str, Any]:
         """A caller's rating of an answer: {"id": "<the completion's id>", "rating": "up"|"down"|"none"}.
         Recorded durably; prep applies it to that turn's captured record."""
-        raw = await request.body()
-        if len(raw) > MAX_FEEDBACK_BYTES:
-            raise api.ApiError(413, f"a rating is at most {MAX_FEEDBACK_BYTES} bytes", code="request_too_large")
+        raw = await read_body(request, MAX_FEEDBACK_BYTES)
         try:
             data = json.loads(raw)
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -352,11 +355,7 @@ def create_app(settings: Settings) -> Any:
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Any:
-        declared = request.headers.get("content-length")
-        if declared and declared.isdigit() and int(declared) > settings.gateway.max_request_bytes:
-            raise api.ApiError(413, f"request body is {declared} bytes; this gateway accepts at most "
-                                    f"{settings.gateway.max_request_bytes}", code="request_too_large")
-        parsed = api.parse_request(await request.body(), settings.gateway.max_request_bytes)
+        parsed = api.parse_request(await read_body(request, settings.gateway.max_request_bytes))
         if not parsed.stream:
             return JSONResponse(await run_in_threadpool(traffic.handle, parsed))
         return await stream_response(traffic, parsed)
@@ -364,8 +363,25 @@ def create_app(settings: Settings) -> Any:
     return app
 
 
+async def read_body(request: Any, limit: int) -> bytes:
+    """The request's body, refused with a 413 as soon as it is over `limit` bytes: by its declared
+    Content-Length before reading, else while reading (a chunked body is never read whole). The one
+    size check of every body the gateway reads."""
+    from pipelines.gateway import openai_api as api
+
+    declared = request.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > limit:
+        raise api.too_large(int(declared), limit)
+    body = bytearray()
+    async for part in request.stream():
+        body += part
+        if len(body) > limit:
+            raise api.too_large(len(body), limit)
+    return bytes(body)
+
+
 def main() -> None:
-    """`python -m pipelines.serve.gateway`: serve with uvicorn on the configured loopback address."""
+    """`python -m pipelines.gateway`: serve with uvicorn on the configured loopback address."""
     import uvicorn
 
     from pipelines.config import load_settings

@@ -1,47 +1,27 @@
-"""The curated SFT Parquet (features stage) as chat examples for training and evaluation.
+"""The curated SFT Parquet (features stage) read back: a window's manifest and its splits, seeded samples
+stratified by (tool, source), a drift retrain's reference sample, and any log file as evaluation rows.
 
-Three prompt styles over the same rows: `full` (the logged system prompt with every offered tool's
-JSON schema: what a base model needs), `short` (tool signatures with allowed values, date and customer
-context) and `names` (only the offered tools' names, date and context): what tuned models are trained
-and served with.
+The rows become chat examples in `pipelines.toolcall.examples` (the prompt styles live there).
 """
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
 from pipelines.config import Settings
 from pipelines.errors import NotRetryable
-from pipelines.evaluate.metrics import NO_TOOL
-from pipelines.prep.prompt import call_text, chat_turns, short_system_prompt
+from pipelines.logs.tools import NO_TOOL
 from pipelines.storage import glob, read_json
 
 if TYPE_CHECKING:
     import pandas as pd
 
-PromptStyle = Literal["full", "short", "names"]
 SPLITS = ("train", "val", "test")
 
 
 class DatasetMissing(NotRetryable):
     """No curated training set yet (run the data path first), or an empty split."""
-
-
-@dataclass(frozen=True)
-class Example:
-    record_id: str
-    turns: list[dict[str, str]]  # system + conversation, ending with the user turn to answer
-    target: str                  # the call text the model should write (name first)
-    tool: str                    # expected tool, or NO_TOOL for an abstention
-    query: str                   # the last user message (few-shot retrieval key)
-    tools: str                   # the offered tools (prompt.tools_json): the constrained decoder's grammar
-
-    @property
-    def expected(self) -> dict[str, Any]:
-        return json.loads(self.target)
 
 
 def manifest(settings: Settings, window: str | None = None) -> dict[str, Any]:
@@ -176,28 +156,6 @@ def with_reference_sample(settings: Settings, frame: pd.DataFrame, reference_day
     return mixed.sort_values("record_id").reset_index(drop=True)
 
 
-def system_for(row: dict[str, Any], style: PromptStyle) -> str:
-    if style == "full":
-        return row["system_prompt"]
-    day = _day(row.get("event_timestamp") or row["event_time"])
-    return short_system_prompt(row["tools_json"], day, row.get("context") or None, signatures=style == "short")
-
-
-def _day(value: Any) -> str:
-    return value.date().isoformat() if hasattr(value, "date") else str(value)[:10]
-
-
-def to_examples(frame: pd.DataFrame, style: PromptStyle) -> list[Example]:
-    out = []
-    for row in frame.to_dict("records"):
-        turns = chat_turns(system_for(row, style), row["messages_json"])
-        target = call_text(row["target_json"])
-        name = json.loads(target)["name"]
-        out.append(Example(row["record_id"], turns, target, name if name is not None else NO_TOOL,
-                           turns[-1]["content"], row["tools_json"]))
-    return out
-
-
 def frame_from_logs(path: str, tools: Mapping[str, dict[str, Any]] | None = None) -> pd.DataFrame:
     """Any file in our log format (JSONL, optionally gzipped) as evaluation rows: the same prep
     function as the Spark job, with the same tools (`tools`: our catalogue plus the registered
@@ -215,7 +173,3 @@ def frame_from_logs(path: str, tools: Mapping[str, dict[str, Any]] | None = None
     if not clean:
         raise DatasetMissing(f"{path}: none of its {len(rows)} lines is a valid agent turn")
     return pd.DataFrame(clean).assign(context="").sort_values("record_id").reset_index(drop=True)
-
-
-def training_pairs(examples: list[Example]) -> list[tuple[list[dict[str, str]], str]]:
-    return [(e.turns, e.target) for e in examples]

@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from pipelines.cli_common import JsonOpt, console, emit, local_settings
+from pipelines.cli.common import JsonOpt, console, emit, local_settings
 
 gateway_app = typer.Typer(help="The OpenAI-compatible gateway in front of the served models (127.0.0.1, API key).",
                           no_args_is_help=True)
@@ -15,7 +15,7 @@ gateway_app = typer.Typer(help="The OpenAI-compatible gateway in front of the se
 @gateway_app.command("up")
 def gateway_up(as_json: JsonOpt = False) -> None:
     """Start the gateway (idempotent); Triton must be up for it to answer (`flywheel serve up`)."""
-    from pipelines.serve import gateway
+    from pipelines.gateway import app as gateway
 
     settings = local_settings("gateway up")
     with console.status("starting the gateway ..."):
@@ -26,7 +26,7 @@ def gateway_up(as_json: JsonOpt = False) -> None:
 @gateway_app.command("down")
 def gateway_down(as_json: JsonOpt = False) -> None:
     """Stop the gateway; it finishes the requests in flight first (their records are captured)."""
-    from pipelines.serve import gateway
+    from pipelines.gateway import app as gateway
 
     emit({"stopped": gateway.down(local_settings("gateway down"))}, as_json, "gateway")
 
@@ -35,7 +35,7 @@ def gateway_down(as_json: JsonOpt = False) -> None:
 def gateway_status(as_json: JsonOpt = False) -> None:
     """Whether the gateway runs, its OpenAI base URL and the file holding its API key."""
     from pipelines.config import get_settings
-    from pipelines.serve import gateway
+    from pipelines.gateway import app as gateway
 
     emit(gateway.status(get_settings()), as_json, "gateway")
 
@@ -50,7 +50,7 @@ def gateway_route(
 ) -> None:
     """Put a route in a traffic mode (recorded); the gateway follows within a second."""
     from pipelines.config import get_settings
-    from pipelines.serve import routes
+    from pipelines.gateway import routes
 
     settings = get_settings()
     if mode is None:
@@ -69,7 +69,7 @@ def gateway_report(
 ) -> None:
     """Live agreement of candidates with the teacher (shadow and canary traffic): HTML + JSON, MLflow."""
     from pipelines.config import get_settings
-    from pipelines.serve.live_report import build_report
+    from pipelines.gateway.live_report import build_report
 
     report = build_report(get_settings(), since)
     if as_json:
@@ -88,6 +88,6 @@ def gateway_gate(
     """Apply the live gate now: shadow -> canary, a failing canary -> serve, a passing canary -> serve with
     its candidate deployed as the live model."""
     from pipelines.config import get_settings
-    from pipelines.serve.live_report import gate
+    from pipelines.gateway.live_report import gate
 
     emit(gate(get_settings(), model), as_json, f"live gate, route {model}")

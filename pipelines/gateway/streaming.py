@@ -18,23 +18,22 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
-from pipelines.serve import openai_api as api
-from pipelines.serve.openai_api import CALL_PREFIX, arguments_text, call_id, chunks
+from pipelines.gateway import openai_api as api
+from pipelines.gateway.openai_api import CALL_PREFIX, arguments_text, call_id, chunks
 
 LOG = logging.getLogger("flywheel.gateway")
 
 
 class ToolCallStream:
     def __init__(self, response_id: str, created: int, model: str, names: set[str]):
-        self.base = {"id": response_id, "object": "chat.completion.chunk", "created": created, "model": model,
-                     "system_fingerprint": None}
+        self.base = api.chunk_base(response_id, created, model, None)
         self.names = names
         self.role_sent = False
         self.call: dict[str, Any] | None = None  # {"id", "name", "at"}: the streamed call, once its name is known
         self.args_sent = ""
 
     def _chunk(self, delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
-        return {**self.base, "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
+        return api.chunk_of(self.base, delta, finish)
 
     def _role(self) -> list[dict[str, Any]]:
         if self.role_sent:

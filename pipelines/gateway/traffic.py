@@ -25,9 +25,9 @@ from typing import Any
 import orjson
 
 from pipelines.config import Settings
-from pipelines.serve import openai_api as api
-from pipelines.serve import routes as rt
-from pipelines.serve.capture import CaptureWriter
+from pipelines.gateway import openai_api as api
+from pipelines.gateway import routes as rt
+from pipelines.gateway.capture import CaptureWriter
 
 LOG = logging.getLogger("flywheel.gateway")
 ROUTES_TTL_S = 1.0
@@ -161,7 +161,7 @@ class Traffic:
               on_text: Callable[[str], None] | None = None) -> tuple[dict[str, Any], str]:
         """One of our aliases answers: (the OpenAI body, the Triton model that answered)."""
         from pipelines.serve.client import offered_tools
-        from pipelines.serve.tool_grammar import GrammarError, grammar_for
+        from pipelines.toolcall.grammar import GrammarError, grammar_for
 
         target = self.router.resolve(alias)
         turns = self.router.turns(target, served.row)
@@ -185,7 +185,7 @@ class Traffic:
             raise api.model_error(target.name, reply.error)
         if on_text is not None:
             on_text(reply.text or "")
-        cut = reply.output_tokens >= self.settings.triton.max_new_tokens
+        cut = reply.cut
         body = api.completion(served, parsed.model, api.answer(reply.text or "", served.specs, cut=cut,
                                                                     response_id=served.response_id),
                               reply.prompt_tokens, reply.output_tokens, target.name)

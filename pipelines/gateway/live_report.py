@@ -12,8 +12,8 @@ from datetime import datetime, timezone
 from typing import Any
 
 from pipelines.config import Settings
-from pipelines.serve import routes as rt
-from pipelines.serve.traffic import read_comparisons, tally_of
+from pipelines.gateway import routes as rt
+from pipelines.gateway.traffic import read_comparisons, tally_of
 from pipelines.storage import write_json, write_text
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pipelines.train.dataset import Example
+from pipelines.toolcall.examples import Example
 
 
 def single_turn(examples: list[Example]) -> list[Example]:

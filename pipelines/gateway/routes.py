@@ -106,7 +106,7 @@ def call_of(message: dict[str, Any]) -> dict[str, Any]:
 def agreement(reference: dict[str, Any], answer: dict[str, Any]) -> dict[str, Any]:
     """How far an answer agrees with the reference call: the evaluation's own scoring, the reference
     taken as the expected call."""
-    from pipelines.evaluate.metrics import score
+    from pipelines.toolcall.score import score
 
     s = score(json.dumps(answer), reference)
     return {"name": s.name_match, "exact": s.exact_match, "arg_f1": s.arg_f1}

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from pipelines.logs.tools import TOOL_WORKLOAD, WORKLOAD_TOOLS, WORKLOADS
 from pipelines.prep.nodes import conversation_of
-from pipelines.prep.prompt import system_prompt, tools_json
+from pipelines.toolcall.prompt import system_prompt, tools_json
 
 
 class ApiError(Exception):
@@ -110,11 +110,13 @@ def model_error(model: str, message: str) -> ApiError:
     return ApiError(503, f"{model}: {message}", kind="server_error", code="model_unavailable")
 
 
-def parse_request(body: bytes, limit: int) -> ChatCompletionRequest:
-    """The validated request, or an ApiError naming what is wrong (as the OpenAI API words it)."""
-    if len(body) > limit:
-        raise ApiError(413, f"request body is {len(body)} bytes; this gateway accepts at most {limit}",
-                       code="request_too_large")
+def too_large(size: int, limit: int) -> ApiError:
+    return ApiError(413, f"request body is {size} bytes; this gateway accepts at most {limit}", code="request_too_large")
+
+
+def parse_request(body: bytes) -> ChatCompletionRequest:
+    """The validated request (its size already checked where it was read: `app.read_body`), or an ApiError
+    naming what is wrong (as the OpenAI API words it)."""
     try:
         data = json.loads(body)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -241,15 +243,26 @@ def completion(served: Served, model: str, choice: dict[str, Any], prompt_tokens
                       "total_tokens": prompt_tokens + completion_tokens}}
 
 
+def chunk_base(response_id: str, created: int, model: str, fingerprint: str | None) -> dict[str, Any]:
+    """What every `chat.completion.chunk` of one response repeats."""
+    return {"id": response_id, "object": "chat.completion.chunk", "created": created, "model": model,
+            "system_fingerprint": fingerprint}
+
+
+def chunk_of(base: dict[str, Any], delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+    """One streamed chunk (the one place chunks are built: finished answers and live streams alike)."""
+    return {**base, "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
+
+
 def chunks(body: dict[str, Any], include_usage: bool) -> list[dict[str, Any]]:
     """A finished completion as the `chat.completion.chunk` sequence a streaming caller reads: the role,
     the call's name and id, its arguments, then the finish reason (and the usage, when asked)."""
-    base = {k: body[k] for k in ("id", "created", "model", "system_fingerprint")} | {"object": "chat.completion.chunk"}
+    base = chunk_base(body["id"], body["created"], body["model"], body["system_fingerprint"])
     choice = body["choices"][0]
     message = choice["message"]
 
     def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
-        return {**base, "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
+        return chunk_of(base, delta, finish)
 
     out = [chunk({"role": "assistant", "content": "" if not message.get("tool_calls") else None})]
     for i, call in enumerate(message.get("tool_calls") or []):

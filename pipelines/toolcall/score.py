@@ -10,39 +10,13 @@ Aggregates are plain means, with a per-tool breakdown and a confusion matrix of 
 
 from __future__ import annotations
 
-import json
 import math
 import unicodedata
 from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass
 from typing import Any
 
-NO_TOOL = "<abstain>"
-INVALID = "<invalid>"
-
-
-def parse_call(text: str) -> dict[str, Any] | None:
-    """The first JSON object in `text` that looks like a call; None when there is none."""
-    decoder = json.JSONDecoder()
-    start = text.find("{")
-    while start != -1:
-        try:
-            value, _ = decoder.raw_decode(text, start)
-        except json.JSONDecodeError:
-            start = text.find("{", start + 1)
-            continue
-        if isinstance(value, dict) and "name" in value and (value["name"] is None or isinstance(value["name"], str)):
-            args = value.get("arguments", {})
-            if isinstance(args, str):
-                try:
-                    args = json.loads(args)
-                except json.JSONDecodeError:
-                    return None
-            if not isinstance(args, dict):
-                return None
-            return {"name": value["name"], "arguments": args if value["name"] is not None else {}}
-        start = text.find("{", start + 1)
-    return None
+from pipelines.toolcall.calls import INVALID, NO_TOOL, parse_call
 
 
 def _canonical(value: Any) -> Any:

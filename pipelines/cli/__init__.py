@@ -1,0 +1,83 @@
+"""`flywheel`: one entry point for every stage and the local servers, one module per group of commands.
+
+Commands only parse arguments and call `pipelines` functions; errors a user can fix (bad config,
+bad arguments, a busy port) print one line and exit 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import typer
+from typer.exceptions import TyperException
+
+from pipelines.cli import admin, data, logs, models, serving, stack
+from pipelines.cli.common import UserError
+from pipelines.cli.gateway import gateway_app
+from pipelines.config import ConfigError, get_settings
+from pipelines.errors import keep_traceback, one_line
+from pipelines.security import mask_uri_passwords
+
+app = typer.Typer(
+    name="flywheel",
+    help="Commerce Flywheel: keep a commerce agent's tool-calling model fast, cheap and good.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+for _module in (admin, logs, data, models, serving, stack):
+    app.add_typer(_module.app)  # top-level commands (no group name)
+app.add_typer(logs.logs_app, name="logs")
+app.add_typer(admin.config_app, name="config")
+app.add_typer(data.features_app, name="features")
+app.add_typer(models.registry_app, name="registry")
+app.add_typer(serving.serve_app, name="serve")
+app.add_typer(stack.drift_app, name="drift")
+app.add_typer(gateway_app, name="gateway")
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point: usage and configuration errors become one line on stderr and exit code 2."""
+    from pipelines.demo import DemoFailed
+    from pipelines.errors import NotRetryable
+    from pipelines.services import ServiceError
+
+    command = typer.main.get_command(app)
+    try:
+        code = command.main(args=argv, prog_name="flywheel", standalone_mode=False)
+        if isinstance(code, int) and code:  # click returns (not raises) typer.Exit's code here
+            sys.exit(code)
+    except typer.Exit as exc:
+        sys.exit(exc.exit_code)
+    except typer.Abort:
+        sys.stderr.write("aborted\n")
+        sys.exit(130)
+    except TyperException as exc:  # usage errors: unknown command, bad option value, ...
+        if type(exc).__name__ == "NoArgsIsHelpError":
+            sys.exit(0)
+        message = exc.format_message() if hasattr(exc, "format_message") else str(exc)
+        sys.stderr.write(f"error: {message}\n")
+        sys.exit(2)
+    except (ConfigError, UserError, ServiceError, DemoFailed, NotRetryable) as exc:
+        sys.stderr.write(f"error: {mask_uri_passwords(str(exc))}\n")
+        sys.exit(2)
+    except KeyboardInterrupt:
+        sys.stderr.write("aborted\n")
+        sys.exit(130)
+    except Exception as exc:  # noqa: BLE001 (MLflow, Triton, a corrupt file, ...: one line, the traceback kept)
+        sys.stderr.write(f"error: {one_line(exc)} (traceback: {keep_traceback(exc, _logs_folder())})\n")
+        sys.exit(1)
+
+
+def _logs_folder() -> Path:
+    import tempfile
+
+    try:
+        return Path(str(get_settings().root)) / "logs"
+    except Exception:  # noqa: BLE001 (a broken configuration: still keep the traceback)
+        return Path(tempfile.gettempdir())
+
+
+if __name__ == "__main__":
+    main()

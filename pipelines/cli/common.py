@@ -1,0 +1,75 @@
+"""What every `flywheel` command module shares: the stderr console, `--json`, one-line user errors
+and the result printer (kept apart so command modules never import each other)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from datetime import date, datetime, timezone
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
+
+from pipelines.config import Settings, get_settings
+
+console = Console(stderr=True)
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print a machine-readable JSON result on stdout.")]
+
+
+class UserError(Exception):
+    """Something the user can fix; printed as one line."""
+
+
+def emit(data: dict[str, Any], as_json: bool, title: str) -> None:
+    if as_json:
+        sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
+        return
+    table = Table(title=title, show_header=False)
+    for key, value in data.items():
+        table.add_row(str(key), json.dumps(value, default=str) if isinstance(value, (dict, list)) else str(value))
+    Console().print(table)
+
+
+def local_settings(command: str) -> Settings:
+    settings = get_settings()
+    if not settings.is_local:
+        raise UserError(f"`flywheel {command}` manages local servers; the cluster profile runs them on Kubernetes")
+    return settings
+
+
+def progress() -> Progress:
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                    TimeRemainingColumn(), console=console, transient=True)
+
+
+def parse_date(value: str | None, option: str) -> date:
+    if value is None:
+        return datetime.now(timezone.utc).date()
+    try:
+        return date.fromisoformat(value)
+    except ValueError:
+        raise UserError(f"{option}: expected a date like 2026-11-22, got {value!r}") from None
+
+
+EndOpt = Annotated[str | None, typer.Option("--end-date", help="Last day of the window, YYYY-MM-DD (default: yesterday).")]
+DaysOpt = Annotated[int, typer.Option("--window-days", min=1, help="Days in the window, ending at --end-date.")]
+
+
+def window_arg(end_date: str | None, window_days: int) -> dict[str, str]:
+    from pipelines.tasks import resolve_window
+
+    if end_date:
+        parse_date(end_date, "--end-date")
+    return resolve_window({"end_date": end_date, "window_days": window_days})
+
+
+def print_table(title: str, columns: tuple[str, ...], rows: list[list[str]]) -> None:
+    table = Table(title=title)
+    for column in columns:
+        table.add_column(column)
+    for row in rows:
+        table.add_row(*row)
+    Console().print(table)

@@ -1,0 +1,136 @@
+"""The data path: prep, validate, features, and `flywheel run` (the whole DAG)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from pipelines.cli.common import DaysOpt, EndOpt, JsonOpt, UserError, console
+from pipelines.cli.common import emit as _emit
+from pipelines.cli.common import parse_date as _parse_date
+from pipelines.cli.common import window_arg as _window_arg
+from pipelines.config import get_settings
+from pipelines.security import redact_uri
+
+app = typer.Typer()  # this module's top-level commands (merged into `flywheel`)
+
+
+features_app = typer.Typer(help="Feast: compute, register and materialize features; look up context.",
+                           no_args_is_help=True)
+@app.command("prep")
+def prep_cmd(end_date: EndOpt = None, window_days: DaysOpt = 1, as_json: JsonOpt = False) -> None:
+    """Spark prep of a window: quarantine with reasons, redact PII, dedupe, SFT examples, splits, manifest."""
+    from pipelines import tasks
+
+    with console.status("Spark prep ..."):
+        result = tasks.prep(_window_arg(end_date, window_days))
+    _emit(result, as_json, result["message"])
+
+
+@app.command("validate")
+def validate_cmd(end_date: EndOpt = None, window_days: DaysOpt = 1, as_json: JsonOpt = False) -> None:
+    """Great Expectations gates on the window's raw logs and curated examples (exit 1 when a gate fails)."""
+    from pipelines.quality.gates import run_gates
+    from pipelines.window import DateWindow
+
+    w = _window_arg(end_date, window_days)
+    with console.status("Great Expectations ..."):
+        report = run_gates(get_settings(), DateWindow.parse(w["start"], w["end"]), raise_on_failure=False)
+    _emit({"success": report.success, "failures": report.failures, "data_docs": report.data_docs,
+           "result": report.result_uri, "quarantined_to": report.quarantined_to}, as_json, "quality gates")
+    if not report.success:
+        raise typer.Exit(1)
+
+
+@features_app.command("apply")
+def features_apply(as_json: JsonOpt = False) -> None:
+    """Register the entities, feature views and feature service of feature_repo/ in the Feast registry."""
+    from pipelines.clients import feast
+
+    _emit({"applied": feast.apply(get_settings())}, as_json, "feast apply")
+
+
+@features_app.command("materialize")
+def features_materialize(end_date: EndOpt = None, window_days: DaysOpt = 1, as_json: JsonOpt = False) -> None:
+    """Compute the window's feature snapshots (Spark), register them, and load them into the online store."""
+    from pipelines.clients import feast
+    from pipelines.features.pipeline import compute_features, materialize_window
+    from pipelines.window import DateWindow
+
+    settings = get_settings()
+    w = _window_arg(end_date, window_days)
+    window = DateWindow.parse(w["start"], w["end"])
+    with console.status("computing features ..."):
+        customers, categories = compute_features(settings, window)
+        feast.apply(settings)
+        materialize_window(settings, window)
+    _emit({"customer_rows": customers, "category_rows": categories,
+           "online_store": redact_uri(settings.feast.online_store)},
+          as_json, "feast materialize")
+
+
+@features_app.command("build")
+def features_build(end_date: EndOpt = None, window_days: DaysOpt = 1, as_json: JsonOpt = False) -> None:
+    """Compute, apply, materialize, and write the training set with point-in-time customer context."""
+    from pipelines import tasks
+
+    with console.status("features ..."):
+        result = tasks.features(_window_arg(end_date, window_days))
+    _emit(result, as_json, "features")
+
+
+@features_app.command("context")
+def features_context(customer_id: Annotated[str, typer.Argument(help="e.g. cus_0000042")]) -> None:
+    """Print a customer's prompt context from the online store (what serving adds to the prompt)."""
+    from pipelines.features.pipeline import online_context
+
+    sys.stdout.write((online_context(customer_id, get_settings()) or "(no context)") + "\n")
+
+
+@app.command("run")
+def run_cmd(
+    end_date: EndOpt = None,
+    window_days: DaysOpt = 1,
+    records_per_day: Annotated[int, typer.Option(min=1, help="Synthetic records per day.")] = 1500,
+    source: Annotated[str, typer.Option(help="synthetic (generate traffic) or landed (the agent's logs).")] = "synthetic",
+    bad_share: Annotated[float, typer.Option(min=0.0, max=1.0)] = 0.05,
+    drift: Annotated[str, typer.Option(help="none, holiday, new-category, locale, tool-mix")] = "none",
+    seed: Annotated[int, typer.Option(help="0: derived from the date")] = 0,
+    scheduler: Annotated[bool, typer.Option(help="Trigger through the running scheduler (REST) instead of "
+                                            "`airflow dags test`.")] = False,
+    train: Annotated[bool, typer.Option(help="Train, evaluate, register and promote after the data path.")] = True,
+    sweep: Annotated[str | None, typer.Option(help="Sweep file (default: train.sweep in the config).")] = None,
+    deploy: Annotated[bool, typer.Option(help="Deploy the champion to Triton, smoke-test and benchmark it.")] = True,
+    as_json: JsonOpt = False,
+) -> None:
+    """Run the commerce_flywheel DAG for a window (in-process `dags test`, or via `flywheel up`'s scheduler)."""
+    from pipelines.clients import airflow
+
+    conf = {"end_date": end_date, "window_days": window_days, "records_per_day": records_per_day,
+            "source": source, "bad_share": bad_share, "drift": drift, "seed": seed, "train": train,
+            "sweep": str(Path(sweep).resolve()) if sweep else None, "deploy": deploy}
+    if end_date:
+        _parse_date(end_date, "--end-date")
+    settings = get_settings()
+    if scheduler:
+        rest = airflow.AirflowRest(settings)
+        limit = settings.airflow.run_timeout_s
+        with console.status("waiting for the DAG run ..."):
+            state = airflow.trigger_and_wait(rest, "commerce_flywheel", conf, timeout_s=limit)
+        if state["state"] == "timeout":
+            raise UserError(f"commerce_flywheel run {state['dag_run_id']} did not finish within {limit:g} s "
+                            f"(airflow.run_timeout_s); it goes on in the scheduler: see {airflow.base_url(settings)}")
+        _emit(state, as_json, f"commerce_flywheel: {state['state']}")
+        if state["state"] != "success":
+            raise typer.Exit(1)
+        return
+    log = Path(str(settings.root)) / "logs" / "dags-test.log"
+    with console.status(f"airflow dags test commerce_flywheel (progress: {log}) ..."):
+        result = airflow.dags_test(settings, "commerce_flywheel", conf, log=log)
+    ok = result.returncode == 0 and "state=success" in result.stdout + result.stderr
+    _emit({"state": "success" if ok else "failed", "log": str(log)}, as_json, "commerce_flywheel")
+    if not ok:
+        raise typer.Exit(1)

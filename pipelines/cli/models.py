@@ -1,0 +1,136 @@
+"""Train, evaluate and browse the adapter registry."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from pipelines.cli.common import JsonOpt, UserError, console
+from pipelines.cli.common import emit as _emit
+from pipelines.config import get_settings
+
+app = typer.Typer()  # this module's top-level commands (merged into `flywheel`)
+
+
+registry_app = typer.Typer(help="Browse and move the adapter registry's aliases (MLflow).", no_args_is_help=True)
+
+
+@app.command("train")
+def train_cmd(
+    sweep: Annotated[str | None, typer.Option(help="Sweep file (YAML); default: train.sweep in the config.")] = None,
+    backend: Annotated[str | None, typer.Option(help="hf or nemo: override the sweep file's backend.")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Run a LoRA sweep on the latest training set: one MLflow child run per variant, best one picked."""
+    from pipelines.train.sweep import load_sweep, run_sweep
+
+    settings = get_settings()
+    if backend not in (None, "hf", "nemo"):
+        raise UserError(f"--backend: expected hf or nemo, got {backend!r}")
+    result = run_sweep(settings, load_sweep(sweep or settings.train.sweep, backend or settings.train.backend),
+                       console)
+    rows = {f"variant {v.index}": f"{v.status}; " + ", ".join(f"{k}={x:.3g}" for k, x in v.metrics.items()
+                                                              if k.startswith("val_") or k in ("final_loss", "tokens_per_s"))
+            for v in result.variants}
+    _emit({"sweep": result.sweep_id, "parent run": result.parent_run_id, **rows, "best": result.best,
+           "result": result.uri} if not as_json else result.to_dict(), as_json, "sweep")
+
+
+@app.command("eval")
+def eval_cmd(
+    adapter: Annotated[list[str] | None, typer.Option(help="Adapter folder(s) to evaluate (label=path or path).")] = None,
+    version: Annotated[list[str] | None, typer.Option(help="Registered version(s) or alias(es), e.g. champion.")] = None,
+    logs: Annotated[str | None, typer.Option(help="Evaluate on this log file (our log format) instead of a split.")] = None,
+    split: Annotated[str, typer.Option(help="train, val or test")] = "test",
+    examples: Annotated[int | None, typer.Option(min=1, help="Requests (seeded sample).")] = None,
+    base_model: Annotated[str, typer.Option(help="Base model of the adapters (catalogue name or path).")] = "smollm2-135m-instruct",
+    shots: Annotated[int | None, typer.Option(min=0, help="In-context examples for the few-shot baseline.")] = None,
+    baselines: Annotated[bool, typer.Option(help="Include base zero-shot and few-shot.")] = True,
+    constrained: Annotated[str | None, typer.Option(help="off, on or both: decode under the offered tools' grammar "
+                                                    "(default: evaluation.constrained)")] = None,
+    name: Annotated[str, typer.Option(help="Report folder name under reports/evaluation/.")] = "manual",
+    as_json: JsonOpt = False,
+) -> None:
+    """Evaluate base zero-shot, base few-shot and tuned adapters side by side (JSON + HTML report)."""
+    from pipelines.evaluate.pipeline import Adapter, EvalConfig, evaluate
+    from pipelines.registry.models import adapter_path, alias_version, prompt_style
+
+    settings = get_settings()
+    if split not in ("train", "val", "test"):
+        raise UserError(f"--split: expected train, val or test, got {split!r}")
+    if constrained not in (None, "off", "on", "both"):
+        raise UserError(f"--constrained: expected off, on or both, got {constrained!r}")
+    adapters = []
+    for item in adapter or []:
+        label, _, path = item.rpartition("=")
+        if not Path(path, "adapter_config.json").is_file():
+            raise UserError(f"--adapter: no adapter_config.json in {path}")
+        adapters.append(Adapter(label or f"tuned_{Path(path).parent.name}", path))
+    for ref in version or []:
+        number = ref if ref.isdigit() else alias_version(settings, ref)
+        if number is None:
+            raise UserError(f"--version: no version or alias {ref!r} in {settings.mlflow.registered_model}")
+        adapters.append(Adapter(f"tuned_v{number}", adapter_path(settings, number), prompt_style(settings, number)))
+    cfg = EvalConfig(base_model=base_model, split=split, logs=logs, baselines=baselines,
+                     examples=examples or settings.evaluation.examples,
+                     shots=settings.evaluation.shots if shots is None else shots,
+                     constrained=constrained or settings.evaluation.constrained,
+                     max_new_tokens=settings.evaluation.max_new_tokens)
+    report = evaluate(settings, cfg, adapters, name, console)
+    if as_json:
+        _emit(report.to_dict(), True, "")
+        return
+    table = Table(title=f"evaluation on {report.examples} requests ({report.html_uri})")
+    for column in ("condition", "exact_match", "name_accuracy", "arg_f1", "prompt_tokens_mean", "latency_ms_p50"):
+        table.add_column(column)
+    for row in report.table():
+        table.add_row(*(f"{row[c]:.3f}" if isinstance(row[c], float) and c != "latency_ms_p50" else str(row[c])
+                        for c in ("condition", "exact_match", "name_accuracy", "arg_f1", "prompt_tokens_mean",
+                                  "latency_ms_p50")))
+    Console().print(table)
+
+
+@registry_app.command("list")
+def registry_list(as_json: JsonOpt = False) -> None:
+    """Every registered version with its aliases, sweep and gate decision."""
+    from pipelines.clients.mlflow import client
+
+    settings = get_settings()
+    name = settings.mlflow.registered_model
+    registry = client(settings)
+    versions = registry.search_model_versions(f"name='{name}'")
+    aliases: dict[str, list[str]] = {}  # search results carry no aliases; the registered model does
+    if versions:
+        for alias, number in sorted(registry.get_registered_model(name).aliases.items()):
+            aliases.setdefault(str(number), []).append(alias)
+    rows = [{"version": v.version, "aliases": aliases.get(str(v.version), []),
+             "sweep": v.tags.get("flywheel.sweep_id"),
+             "base_model": v.tags.get("flywheel.base_model"), "gate": v.tags.get("flywheel.gate", "")}
+            for v in sorted(versions, key=lambda v: int(v.version))]
+    _emit({"versions": rows} if as_json else {f"v{r['version']}": r for r in rows}, as_json,
+          settings.mlflow.registered_model)
+
+
+@registry_app.command("history")
+def registry_history(as_json: JsonOpt = False) -> None:
+    """Champion changes: promotions and rollbacks, with their reasons."""
+    from pipelines.registry.models import history
+
+    entries = history(get_settings())
+    _emit({"history": entries} if as_json else {f"{i}. {e.get('at', '')}": e for i, e in enumerate(entries, 1)},
+          as_json, "champion history")
+
+
+@registry_app.command("rollback")
+def registry_rollback(as_json: JsonOpt = False) -> None:
+    """Point `champion` back at the version it replaced."""
+    from pipelines.registry.models import RegistryError, rollback
+
+    try:
+        _emit(rollback(get_settings()), as_json, "rollback")
+    except RegistryError as exc:
+        raise UserError(str(exc)) from None

@@ -1,0 +1,168 @@
+"""Serving: the local Triton server, deploy, rollback and the serving benchmark."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from pipelines.cli.common import JsonOpt, UserError, console
+from pipelines.cli.common import emit as _emit
+from pipelines.cli.common import local_settings as _local_settings
+from pipelines.cli.common import print_table as _print_table
+from pipelines.config import get_settings
+
+app = typer.Typer()  # this module's top-level commands (merged into `flywheel`)
+
+
+serve_app = typer.Typer(help="The local Triton server (the real tritonserver binary, 127.0.0.1).", no_args_is_help=True)
+
+
+@serve_app.command("up")
+def serve_up(as_json: JsonOpt = False) -> None:
+    """Start Triton with explicit model control (models load on `flywheel deploy`)."""
+    from pipelines.serve import server
+
+    with console.status("starting Triton ..."):
+        _emit(server.up(_local_settings("serve up")).to_dict(), as_json, "triton is up")
+
+
+@serve_app.command("down")
+def serve_down(as_json: JsonOpt = False) -> None:
+    """Stop Triton and every model process it started."""
+    from pipelines.serve import server
+
+    _emit({"stopped": server.down(_local_settings("serve down"))}, as_json, "triton")
+
+
+@serve_app.command("status")
+def serve_status(as_json: JsonOpt = False) -> None:
+    """Whether Triton runs, which models are loaded and which one takes traffic."""
+    from pipelines.serve import deploy as serving, server
+    from pipelines.serve.client import TritonClient
+
+    settings = get_settings()
+    row: dict[str, Any] = server.status(settings).to_dict()
+    if row["healthy"]:
+        client = TritonClient(settings)
+        row["loaded"] = client.loaded()
+        client.close()
+    current = serving.state(settings)
+    row.update(live=current.get("live"), previous=current.get("previous"))
+    _emit(row, as_json, "triton")
+
+
+@serve_app.command("manifests")
+def serve_manifests(
+    out: Annotated[Path, typer.Option(help="Folder for the YAML files (kubectl apply -f FOLDER).")],
+    replicas: Annotated[int, typer.Option(min=1, help="Triton pods.")] = 2,
+    gpus: Annotated[int, typer.Option(min=1, help="GPUs per Triton pod.")] = 1,
+    role_arn: Annotated[str | None, typer.Option(help="IAM role of the `triton` service account "
+                                                 "(terraform output service_account_roles.triton).")] = None,
+    region: Annotated[str, typer.Option(help="AWS region of the model repository bucket.")] = "us-east-1",
+    as_json: JsonOpt = False,
+) -> None:
+    """Kubernetes manifests for Triton on the cluster (official image, model repository on S3, GPU
+    pool), and the training pods' settings ConfigMap."""
+    import yaml
+
+    from pipelines.serve.kubernetes import triton_manifests
+    from pipelines.train.kubernetes import settings_config_map
+
+    settings = get_settings()
+    try:
+        docs = triton_manifests(settings, replicas=replicas, gpus=gpus, role_arn=role_arn, region=region)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    out.mkdir(parents=True, exist_ok=True)
+    files = {"triton.yaml": docs, "flywheel-settings.yaml": [settings_config_map(settings)]}
+    for name, manifests in files.items():
+        (out / name).write_text(yaml.safe_dump_all(manifests, sort_keys=False))
+    _emit({"files": [str(out / name) for name in files], "objects": sum(len(m) for m in files.values())},
+          as_json, "kubernetes manifests")
+
+
+@app.command("deploy")
+def deploy_cmd(
+    alias: Annotated[str, typer.Option(help="Registry alias to deploy.")] = "champion",
+    version: Annotated[str | None, typer.Option(help="A version number instead of an alias.")] = None,
+    canary: Annotated[float | None, typer.Option(min=0.0, max=1.0, help="Serve the alias next to the live "
+                                                 "model: it answers replayed test rows, then this share of the "
+                                                 "gateway's live `champion` traffic (the live gate watches it).")] = None,
+    requests: Annotated[int, typer.Option(min=1, help="Replayed requests before a canary takes live traffic.")] = 8,
+    replay_only: Annotated[bool, typer.Option(help="--canary: compare on replayed rows only; live traffic "
+                                              "untouched.")] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Load a registered adapter into Triton, smoke-test it with real requests, then switch traffic to it."""
+    from pipelines.serve import deploy as serving
+    from pipelines.gateway.live_report import start_canary
+
+    settings = get_settings()
+    with console.status("deploying ..."):
+        if canary is not None and replay_only:
+            result = serving.canary(settings, alias, share=canary, requests=requests)
+        elif canary is not None:
+            result = start_canary(settings, alias, share=canary, requests=requests)
+        else:
+            result = serving.deploy(settings, alias, version=version)
+    _emit(result, as_json, "canary" if canary is not None else "deployed")
+
+
+@app.command("rollback")
+def rollback_cmd(as_json: JsonOpt = False) -> None:
+    """Send traffic back to the previously deployed model (it stays loaded: seconds)."""
+    from pipelines.serve import deploy as serving
+
+    _emit(serving.rollback(get_settings()), as_json, "rolled back")
+
+
+@app.command("bench")
+def bench_cmd(
+    requests: Annotated[int | None, typer.Option(min=1, help="Test requests per model and level.")] = None,
+    concurrency: Annotated[str | None, typer.Option(help="Comma-separated levels, e.g. 1,2,4.")] = None,
+    protocol: Annotated[str | None, typer.Option(help="http or grpc.")] = None,
+    aiperf: Annotated[bool, typer.Option("--aiperf", help="Measure through the gateway with NVIDIA AIPerf "
+                                         "(streamed; `make aiperf-env` first) instead of the Triton client.")] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Benchmark the live model against base + few-shot through Triton (latency, throughput, tokens, cost)."""
+    from pydantic import ValidationError
+
+    from pipelines.bench.serving import run_bench
+    from pipelines.config import BenchSettings
+
+    settings = get_settings()
+    overrides: dict[str, Any] = {"requests": requests, "protocol": protocol}
+    if concurrency:
+        try:
+            overrides["concurrency"] = [int(v) for v in concurrency.split(",")]
+        except ValueError:
+            raise UserError(f"--concurrency: expected numbers like 1,2,4, got {concurrency!r}") from None
+    try:
+        cfg = BenchSettings(**{**settings.bench.model_dump(), **{k: v for k, v in overrides.items() if v is not None}})
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise UserError(f"bench.{first['loc'][0]}: {first['msg'].removeprefix('Value error, ')}") from None
+    if aiperf:
+        from pipelines.bench.aiperf import AiperfFailed, COLUMNS, run_aiperf
+
+        try:
+            result = run_aiperf(settings, cfg.requests, cfg.concurrency, say=console.print)
+        except AiperfFailed as exc:
+            raise UserError(str(exc)) from None
+        if as_json:
+            _emit(result, True, "bench")
+            return
+        _print_table(f"AIPerf {result['aiperf']} through the gateway: {result['html_uri']}", COLUMNS,
+                     [["n/a" if run.get(c) is None else str(run.get(c)) for c in COLUMNS] for run in result["runs"]])
+        return
+    report = run_bench(settings, cfg, console=console)
+    if as_json:
+        _emit(report, True, "bench")
+        return
+    from pipelines.bench.serving import TABLE_COLUMNS, table_rows
+
+    _print_table(f"serving benchmark ({report['hardware']['name']}): {report['html_uri']}", TABLE_COLUMNS,
+                 table_rows(report))

@@ -1,0 +1,137 @@
+"""The local platform: up, down, status, the demo and drift checks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from pipelines.cli.common import EndOpt, JsonOpt, UserError, console
+from pipelines.cli.common import emit as _emit
+from pipelines.cli.common import local_settings as _local_settings
+from pipelines.cli.common import parse_date as _parse_date
+from pipelines.config import get_settings
+
+app = typer.Typer()  # this module's top-level commands (merged into `flywheel`)
+
+
+@app.command("up")
+def up(
+    only: Annotated[str | None, typer.Option(help="Start just one server: airflow, mlflow or gateway.")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Start the local MLflow server, Airflow (standalone) and the OpenAI-compatible gateway, bound to
+    127.0.0.1; wait until healthy."""
+    from pipelines.clients import airflow, mlflow
+    from pipelines.services import start
+
+    settings = _local_settings("up")
+    results = {}
+    names = _service_names(only)
+    if "mlflow" in names:
+        console.print("starting MLflow ...")
+        results["mlflow"] = start(str(settings.root), mlflow.server_spec(settings),
+                                  host=settings.mlflow.host, port=settings.mlflow.port).to_dict()
+        if settings.mlflow.auth:
+            results["mlflow"]["username"] = mlflow.ADMIN
+            results["mlflow"]["password_file"] = str(Path(str(settings.root)) / "runs" / "mlflow-admin.password")
+    if "airflow" in names:
+        console.print("starting Airflow standalone (about 30 s) ...")
+        tracking = ({"FLYWHEEL_MLFLOW__TRACKING_URI": mlflow.server_url(settings), **mlflow.server_credentials(settings)}
+                    if "mlflow" in names else {})
+        results["airflow"] = start(str(settings.root), airflow.standalone_spec(settings, tracking),
+                                   host=settings.airflow.host, port=settings.airflow.port).to_dict()
+        results["airflow"]["password_file"] = str(airflow.password_file(settings))
+        results["airflow"]["username"] = "admin"
+    if "gateway" in names:
+        from pipelines.gateway import app as gateway
+
+        console.print("starting the gateway ...")
+        gateway.up(settings)
+        results["gateway"] = gateway.status(settings)
+    _emit(results, as_json, "flywheel is up")
+
+
+@app.command("down")
+def down(as_json: JsonOpt = False) -> None:
+    """Stop every local server started by `flywheel up`, with all the processes they forked."""
+    from pipelines.services import stop
+
+    settings = _local_settings("down")
+    stopped = {name: stop(str(settings.root), name) for name in ("gateway", "airflow", "mlflow", "triton")}
+    _emit({"stopped": [n for n, s in stopped.items() if s]}, as_json, "flywheel is down")
+
+
+@app.command("status")
+def status_cmd(as_json: JsonOpt = False) -> None:
+    """Show which local servers run, whether they answer, and where."""
+    from pipelines.clients import airflow, mlflow
+    from pipelines.gateway import app as gateway
+    from pipelines.services import status
+
+    settings = get_settings()
+    root = str(settings.root)
+    a = airflow.standalone_spec(settings)
+    m = mlflow.server_spec(settings)
+    rows = {
+        "airflow": status(root, "airflow", a.health_url, a.url).to_dict(),
+        "mlflow": status(root, "mlflow", m.health_url, m.url).to_dict(),
+        "gateway": gateway.status(settings),
+    }
+    _emit(rows, as_json, f"flywheel status ({settings.profile} profile, root {root})")
+
+
+@app.command("demo")
+def demo(
+    part: Annotated[str, typer.Argument(help="flywheel (the whole flywheel) or drift (after it: drifted traffic, "
+                                        "alert, retrain, gate, deployment)")] = "flywheel",
+    records_per_day: Annotated[int, typer.Option(min=10, help="Generated records per day.")] = 1500,
+    days: Annotated[int, typer.Option(min=1, help="Days of traffic to generate.")] = 7,
+    seed: Annotated[int, typer.Option(help="Seed of the demo traffic.")] = 7,
+) -> None:
+    """Run the whole flywheel on embedded defaults and say where every output is; `demo drift` then
+    shows drift monitoring retraining by itself."""
+    from pipelines.demo import run_demo, run_drift_demo
+
+    if part == "flywheel":
+        run_demo(get_settings(), records_per_day=records_per_day, days=days, seed=seed, console=console)
+    elif part == "drift":
+        run_drift_demo(get_settings(), records=records_per_day, seed=seed + 100, console=console)
+    else:
+        raise UserError(f"demo: expected flywheel or drift, got {part!r}")
+
+
+drift_app = typer.Typer(help="Drift monitoring: compare the latest logs with the champion's training data.",
+                        no_args_is_help=True)
+
+
+@drift_app.command("check")
+def drift_check_cmd(end_date: EndOpt = None, as_json: JsonOpt = False) -> None:
+    """Run the drift monitor once (what the hourly drift_monitor DAG does) and print its verdict."""
+    from pipelines.drift.monitor import run_monitor
+
+    end = _parse_date(end_date, "--end-date") if end_date else None
+    with console.status("checking drift ..."):
+        result = run_monitor(get_settings(), end)
+    if as_json:
+        _emit(result, True, "drift")
+        return
+    table = Table(title=f"drift {result['window']['start']}..{result['window']['end']}: {result['verdict']}"
+                        f"{' (alert)' if result['fire'] else ''}")
+    for column in ("signal", "metric", "value", "band"):
+        table.add_column(column)
+    for s in result["signals"]:
+        table.add_row(s["signal"], s["metric"], f"{s['value']:g}", s["band"])
+    Console().print(table)
+    console.print(f"report: {result.get('html_uri', '-')}  {result.get('reason', '')}")
+
+
+def _service_names(only: str | None) -> tuple[str, ...]:
+    if only is None:
+        return ("mlflow", "airflow", "gateway")
+    if only not in ("mlflow", "airflow", "gateway"):
+        raise UserError(f"--only: expected airflow, mlflow or gateway, got {only!r}")
+    return (only,)

@@ -1,0 +1,43 @@
+"""An evaluation's results: one row per condition (model, prompt style, shots, grammar) and the report
+that holds them; the pipeline fills them, the HTML report renders them."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass
+class ConditionResult:
+    condition: str
+    model: str
+    prompt_style: str
+    shots: int
+    summary: dict[str, Any]
+    stats: dict[str, float]
+    per_tool: dict[str, dict[str, Any]]
+    confusion: dict[str, dict[str, int]]
+    samples: list[dict[str, Any]] = field(default_factory=list)
+    constrained: bool = False
+
+
+# the side-by-side table's quality columns (text_f1: token F1 of free-text arguments, next to exact match)
+TABLE_METRICS = ("exact_match", "text_f1", "name_accuracy", "arg_f1", "json_valid", "abstention_recall")
+
+
+@dataclass
+class EvalReport:
+    name: str
+    dataset: str
+    examples: int
+    conditions: list[ConditionResult]
+    json_uri: str = ""
+    html_uri: str = ""
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def table(self) -> list[dict[str, Any]]:
+        return [{"condition": c.condition, **{k: c.summary.get(k) for k in TABLE_METRICS}, **c.stats}
+                for c in self.conditions]

@@ -1,0 +1,50 @@
+"""Curated rows as chat examples in one of three prompt styles (see `prompt.py`): what training,
+evaluation, the sweep's validation and the gateway's few-shot pool all build the same way.
+
+`full` is the logged system prompt with every offered tool's JSON schema (what a base model needs),
+`short` tool signatures with allowed values, date and customer context, `names` only the offered tools'
+names, date and context: what tuned models are trained and served with.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from pipelines.toolcall.calls import NO_TOOL, call_text
+from pipelines.toolcall.prompt import PromptStyle, chat_turns, system_for
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+__all__ = ["Example", "PromptStyle", "to_examples", "training_pairs"]
+
+
+@dataclass(frozen=True)
+class Example:
+    record_id: str
+    turns: list[dict[str, str]]  # system + conversation, ending with the user turn to answer
+    target: str                  # the call text the model should write (name first)
+    tool: str                    # expected tool, or NO_TOOL for an abstention
+    query: str                   # the last user message (few-shot retrieval key)
+    tools: str                   # the offered tools (prompt.tools_json): the constrained decoder's grammar
+
+    @property
+    def expected(self) -> dict[str, Any]:
+        return json.loads(self.target)
+
+
+def to_examples(frame: pd.DataFrame, style: PromptStyle) -> list[Example]:
+    out = []
+    for row in frame.to_dict("records"):
+        turns = chat_turns(system_for(row, style), row["messages_json"])
+        target = call_text(row["target_json"])
+        name = json.loads(target)["name"]
+        out.append(Example(row["record_id"], turns, target, name if name is not None else NO_TOOL,
+                           turns[-1]["content"], row["tools_json"]))
+    return out
+
+
+def training_pairs(examples: list[Example]) -> list[tuple[list[dict[str, str]], str]]:
+    return [(e.turns, e.target) for e in examples]
