@@ -41,6 +41,9 @@ class AirflowSettings(_Section):
     # `flywheel run`: how long one DAG run may take (dags test or the scheduler) before it is stopped
     run_timeout_s: float = Field(3600, gt=0)
     migrate_timeout_s: float = Field(300, gt=0)
+    schedules: Literal["active", "paused"] = Field(
+        "active", description="after `flywheel up`: the drift monitor (hourly) and the daily flywheel run on their "
+        "schedules (active), or wait for `flywheel schedules resume` (paused)")
 
 
 class MlflowSettings(_Section):
@@ -144,7 +147,7 @@ class TritonSettings(_Section):
 
 
 class GatewaySettings(_Section):
-    """The OpenAI-compatible front door (`pipelines/serve/gateway.py`): what agents call."""
+    """The OpenAI-compatible front door (`pipelines/gateway/`): what agents call."""
 
     host: str = LOOPBACK
     port: int = Field(8400, ge=1, le=65535)

@@ -27,7 +27,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("gateway",),            # the OpenAI-compatible front door (reaches models through serve.client)
     ("drift",),
     ("bench",),
-    ("tasks", "airflow_tasks", "demo", "cli"),  # wiring: the DAGs' tasks, the demo, the command line
+    ("tasks", "airflow_tasks", "schedules", "demo", "cli"),  # wiring: the DAGs' tasks, schedules, demo, CLI
 )
 RANK = {name: i for i, layer in enumerate(LAYERS) for name in layer}
 MAX_LINES = 450

@@ -18,7 +18,8 @@ pytestmark = pytest.mark.slow
 def test_up_then_down_leaves_no_process_behind(tmp_path: Path) -> None:
     root = tmp_path / "fw"
     env = {"FLYWHEEL_ROOT": str(root), "FLYWHEEL_AIRFLOW__PORT": str(free_port()),
-           "FLYWHEEL_MLFLOW__PORT": str(free_port()), "FLYWHEEL_GATEWAY__PORT": str(free_port())}
+           "FLYWHEEL_MLFLOW__PORT": str(free_port()), "FLYWHEEL_GATEWAY__PORT": str(free_port()),
+           "FLYWHEEL_AIRFLOW__SCHEDULES": "paused"}  # no daily run in the background of this test
     marker = f"FLYWHEEL_ROOT={root}"
     try:
         up = run_flywheel("up", "--json", env=env)

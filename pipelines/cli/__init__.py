@@ -34,6 +34,7 @@ app.add_typer(data.features_app, name="features")
 app.add_typer(models.registry_app, name="registry")
 app.add_typer(serving.serve_app, name="serve")
 app.add_typer(stack.drift_app, name="drift")
+app.add_typer(stack.schedules_app, name="schedules")
 app.add_typer(gateway_app, name="gateway")
 
 

@@ -1,4 +1,4 @@
-"""`flywheel gateway up|down|status`: the OpenAI-compatible endpoint (pipelines/serve/gateway.py)."""
+"""`flywheel gateway up|down|status`: the OpenAI-compatible endpoint (pipelines/gateway/)."""
 
 from __future__ import annotations
 

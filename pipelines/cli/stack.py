@@ -21,10 +21,12 @@ app = typer.Typer()  # this module's top-level commands (merged into `flywheel`)
 @app.command("up")
 def up(
     only: Annotated[str | None, typer.Option(help="Start just one server: airflow, mlflow or gateway.")] = None,
+    paused: Annotated[bool, typer.Option("--paused", help="Leave the DAGs paused (default: airflow.schedules, "
+                                         "active: the drift monitor runs hourly, the flywheel daily)")] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Start the local MLflow server, Airflow (standalone) and the OpenAI-compatible gateway, bound to
-    127.0.0.1; wait until healthy."""
+    127.0.0.1; wait until healthy. The DAGs then run on their schedules (unless paused)."""
     from pipelines.clients import airflow, mlflow
     from pipelines.services import start
 
@@ -46,6 +48,13 @@ def up(
                                    host=settings.airflow.host, port=settings.airflow.port).to_dict()
         results["airflow"]["password_file"] = str(airflow.password_file(settings))
         results["airflow"]["username"] = "admin"
+        from pipelines import schedules
+
+        hold = paused or settings.airflow.schedules == "paused"
+        rows = schedules.set_paused(settings, hold)
+        results["airflow"]["schedules"] = {r["dag"]: r["state"] for r in rows}
+        for row in rows:
+            console.print(schedules.one_line(row), soft_wrap=True, highlight=False)
     if "gateway" in names:
         from pipelines.gateway import app as gateway
 
@@ -81,7 +90,64 @@ def status_cmd(as_json: JsonOpt = False) -> None:
         "mlflow": status(root, "mlflow", m.health_url, m.url).to_dict(),
         "gateway": gateway.status(settings),
     }
+    dags: list[str] = []
+    if rows["airflow"].get("healthy"):
+        from pipelines import schedules
+
+        try:
+            described = schedules.describe(settings)
+            rows["airflow"]["dags"] = described
+            dags = [schedules.one_line(r) for r in described]
+        except airflow.AirflowUnavailable as exc:
+            rows["airflow"]["dags"] = dags = [f"DAGs unknown: {exc}"]
     _emit(rows, as_json, f"flywheel status ({settings.profile} profile, root {root})")
+    if not as_json:
+        for line in dags:
+            print(line)
+
+
+schedules_app = typer.Typer(help="What runs on its own: the DAGs' schedules, next and last runs; pause and resume.")
+
+
+@schedules_app.callback(invoke_without_command=True)
+def schedules_show(ctx: typer.Context, as_json: JsonOpt = False) -> None:
+    """Per DAG: active or paused, its schedule, the next run, the last run, its state and its trigger."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from pipelines import schedules
+
+    rows = schedules.describe(_local_settings("schedules"))
+    if as_json:
+        _emit({"dags": rows}, True, "")
+        return
+    for row in rows:
+        print(schedules.one_line(row))
+
+
+def _switch(dag: str | None, paused: bool, as_json: bool) -> None:
+    from pipelines import schedules
+
+    rows = schedules.set_paused(_local_settings("schedules"), paused, dag)
+    if as_json:
+        _emit({"dags": rows}, True, "")
+        return
+    for row in rows:
+        print(schedules.one_line(row))
+
+
+DagArg = Annotated[str | None, typer.Argument(help="commerce_flywheel or drift_monitor (default: both)")]
+
+
+@schedules_app.command("pause")
+def schedules_pause(dag: DagArg = None, as_json: JsonOpt = False) -> None:
+    """Pause the DAGs (or one): nothing starts on its own until `resume`."""
+    _switch(dag, True, as_json)
+
+
+@schedules_app.command("resume")
+def schedules_resume(dag: DagArg = None, as_json: JsonOpt = False) -> None:
+    """Resume the DAGs (or one): their schedules run again (catchup off: the latest interval, not every missed one)."""
+    _switch(dag, False, as_json)
 
 
 @app.command("demo")

@@ -40,6 +40,8 @@ def airflow_env(settings: Settings, extra: dict[str, str] | None = None) -> dict
         "AIRFLOW_HOME": str(a.home),
         "AIRFLOW__CORE__DAGS_FOLDER": a.dags_folder,
         "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        # `airflow.schedules`: new DAGs start active (their schedules run) unless the root asks for paused
+        "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": str(a.schedules == "paused"),
         "AIRFLOW__CORE__PARALLELISM": str(a.parallelism),
         "AIRFLOW__CORE__EXECUTOR": a.executor,
         "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": str(a.sql_alchemy_conn),
@@ -180,7 +182,7 @@ def dags_test(settings: Settings, dag_id: str, conf: dict[str, Any], timeout: fl
 
 
 class AirflowRest:
-    """The few REST calls the platform needs: token, unpause, trigger, poll (API v2)."""
+    """The few REST calls the platform needs: token, pause/unpause, trigger, poll, describe (API v2)."""
 
     def __init__(self, settings: Settings, username: str = "admin") -> None:
         self.url = base_url(settings)
@@ -212,7 +214,19 @@ class AirflowRest:
         return self._request("POST", path, body, auth)
 
     def unpause(self, dag_id: str) -> None:
-        self._request("PATCH", f"/api/v2/dags/{dag_id}", {"is_paused": False})
+        self.set_paused(dag_id, False)
+
+    def set_paused(self, dag_id: str, paused: bool) -> None:
+        self._request("PATCH", f"/api/v2/dags/{dag_id}", {"is_paused": paused})
+
+    def dag(self, dag_id: str) -> dict[str, Any] | None:
+        """The DAG's record (is_paused, timetable, next run), or None while Airflow has not parsed it."""
+        try:
+            return self._request("GET", f"/api/v2/dags/{dag_id}")
+        except AirflowUnavailable as exc:
+            if "HTTP 404" in str(exc):
+                return None
+            raise
 
     def trigger(self, dag_id: str, conf: dict[str, Any] | None = None) -> str:
         run = self._post(f"/api/v2/dags/{dag_id}/dagRuns", {"logical_date": None, "conf": conf or {}})
@@ -221,8 +235,9 @@ class AirflowRest:
     def dag_run(self, dag_id: str, run_id: str) -> dict[str, Any]:
         return self._request("GET", f"/api/v2/dags/{dag_id}/dagRuns/{run_id}")
 
-    def dag_runs(self, dag_id: str) -> list[dict[str, Any]]:
-        return self._request("GET", f"/api/v2/dags/{dag_id}/dagRuns?order_by=-start_date")["dag_runs"]
+    def dag_runs(self, dag_id: str, limit: int = 100) -> list[dict[str, Any]]:
+        """The DAG's runs, newest first (by when they were due to run: a queued run has no start yet)."""
+        return self._request("GET", f"/api/v2/dags/{dag_id}/dagRuns?order_by=-run_after&limit={limit}")["dag_runs"]
 
     def dags(self) -> list[str]:
         return [d["dag_id"] for d in self._request("GET", "/api/v2/dags")["dags"]]

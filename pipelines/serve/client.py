@@ -1,7 +1,7 @@
 """Client of the served tool router: tritonclient (model control over HTTP or gRPC; inference over gRPC
 streaming, since the model is decoupled: see `triton_model.py`).
 
-It builds each request's chat turns exactly as the training set did (`pipelines.train.dataset.
+It builds each request's chat turns exactly as the training set did (`pipelines.toolcall.prompt.
 system_for` + `chat_turns`), taking the customer context from Feast's online store, so the prompt a
 model sees in production is the prompt it was trained on (tested).
 """

@@ -18,7 +18,7 @@ import json
 from functools import lru_cache
 from typing import Any
 
-# the answer format of the training targets (prep.prompt.call_text): compact JSON, no whitespace, so each
+# the answer format of the training targets (toolcall.calls.call_text): compact JSON, no whitespace, so each
 # call has exactly one admitted serialization (and no model can pad an answer with blanks)
 _OPTIONS = {"whitespace_flexible": False, "item_separator": ",", "key_separator": ":"}
 
