@@ -273,6 +273,9 @@ class PromotionSettings(_Section):
     min_score_gain: float = Field(0.02, ge=-1, le=1, description="least rise of the task score: each tool's metric "
                                   "(`tool_metrics`; exact match by default) averaged over the examples")
     min_arg_f1_gain: float = Field(0.0, ge=-1, le=1)
+    max_extra_wrong_writes: int = Field(0, ge=0, description="wrong writes (a write tool the request did not ask "
+                                        "for, or other ids) the candidate may make beyond the reference's on the same "
+                                        "requests; more vetoes the promotion whatever its task score")
     max_latency_increase: float = Field(0.10, ge=0, description="tolerated p50 latency increase (measurement noise)")
     max_tool_regression: float = Field(0.20, ge=0, le=1, description="largest tolerated drop of one tool's exact "
                                        "match against the reference (no tool may collapse while the average rises)")

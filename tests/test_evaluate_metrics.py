@@ -140,3 +140,68 @@ def test_text_f1_reaches_the_side_by_side_table_the_per_tool_table_and_the_gate_
     uri = write_json(str(tmp_path / "report.json"), report.to_dict())
     rows = evaluation_rows({"table": report.table(), "json_uri": uri})
     assert rows["tuned"]["per_tool"]["search_products"]["text_f1"] == pytest.approx(0.9)
+
+
+RETAIL = {"cancel_pending_order": "write", "modify_pending_order_address": "write", "get_order_details": "read"}
+MODIFY = {"name": "modify_pending_order_address", "arguments": {"order_id": "#W1", "city": "Austin"}}
+
+
+@pytest.mark.parametrize(("output", "expected", "kind"), [
+    ('{"name":"cancel_pending_order","arguments":{"order_id":"#W1"}}', MODIFY, "wrong_tool"),
+    ('{"name":"modify_pending_order_address","arguments":{"order_id":"#W2","city":"Austin"}}', MODIFY, "other_ids"),
+    ('{"name":"cancel_pending_order","arguments":{"order_id":"#W1"}}',
+     {"name": "get_order_details", "arguments": {"order_id": "#W1"}}, "unexpected_write"),
+    ('{"name":"cancel_pending_order","arguments":{"order_id":"#W1"}}', {"name": None}, "unexpected_write"),
+    ('{"name":"refund_everything","arguments":{}}', {"name": None}, "unexpected_write"),  # undeclared: a write
+    ('{"name":"modify_pending_order_address","arguments":{"order_id":"#W1","city":"Dallas"}}', MODIFY, None),
+    ('{"name":"get_order_details","arguments":{"order_id":"#W7"}}', MODIFY, None),  # a wrong read: no write
+    ('{"name":null}', MODIFY, None),
+    ("not a call", MODIFY, None),
+])
+def test_a_wrong_write_is_counted_apart_by_kind(output: str, expected: dict, kind: str | None) -> None:
+    assert score(output, expected, RETAIL).wrong_write == kind
+
+
+def test_wrong_writes_are_summed_split_and_named_per_condition() -> None:
+    outputs = ['{"name":"cancel_pending_order","arguments":{"order_id":"#W1"}}'] * 2 + [
+        '{"name":"modify_pending_order_address","arguments":{"order_id":"#W1","city":"Austin"}}',
+        '{"name":"get_order_details","arguments":{"order_id":"#W1"}}']
+    expected = [MODIFY, MODIFY, MODIFY, {"name": "get_order_details", "arguments": {"order_id": "#W1"}}]
+    summary = summarize([score(o, e, RETAIL) for o, e in zip(outputs, expected)])
+    assert summary["wrong_writes"] == 2 and summary["wrong_write_rate"] == 0.5
+    assert summary["wrong_write_kinds"] == {"wrong_tool": 2, "other_ids": 0, "unexpected_write": 0}
+    assert summary["wrong_write_pairs"] == {"cancel_pending_order for modify_pending_order_address": 2}
+    assert summary["expected_writes"] == 3
+
+
+def test_wrong_writes_reach_the_report_page_the_gate_rows_and_the_veto(tmp_path) -> None:
+    import json
+
+    from pipelines.config import load_settings
+    from pipelines.evaluate.pipeline import EvalReport, score_condition
+    from pipelines.evaluate.report import render_html
+    from pipelines.registry.gate import gate
+    from pipelines.registry.models import evaluation_rows
+    from pipelines.storage import write_json
+    from pipelines.toolcall.examples import Example
+
+    gold = json.dumps(MODIFY)
+    examples = [Example(f"r{i}", [], gold, "modify_pending_order_address", f"move order {i}", "[]") for i in range(2)]
+    cancel = '{"name":"cancel_pending_order","arguments":{"order_id":"#W1"}}'
+    right = json.dumps(MODIFY)
+    stats = {"latency_ms_p50": 5.0, "prompt_tokens_mean": 80.0}
+    candidate = score_condition("tuned_candidate", "a", "short", 0, examples, [cancel, right], stats,
+                                RETAIL)
+    champion = score_condition("tuned_champion", "b", "short", 0, examples, [right, right], stats,
+                               RETAIL)
+    assert [w["record_id"] for w in candidate.wrong_writes] == ["r0"] and candidate.wrong_writes[0]["kind"] == "wrong_tool"
+    report = EvalReport("t", "d", 2, [candidate, champion])
+    page = render_html(report)
+    assert "wrong writes: 1 of 2" in page and "move order 0" in page  # listed request by request
+    uri = write_json(str(tmp_path / "report.json"), report.to_dict())
+    rows = evaluation_rows({"table": report.table(), "json_uri": uri})
+    assert rows["tuned_candidate"]["wrong_writes"] == 1 and rows["tuned_champion"]["wrong_writes"] == 0
+    assert rows["tuned_candidate"]["per_tool"]["modify_pending_order_address"]["write"] is True
+    verdict = gate(rows["tuned_candidate"], rows["tuned_champion"], load_settings(root=str(tmp_path)))
+    assert verdict.reason == ("refused: wrong writes 1 of 2 vs 0 of 2 "
+                              "(cancel_pending_order for modify_pending_order_address)")

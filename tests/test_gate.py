@@ -147,3 +147,35 @@ def test_the_gate_compares_the_rows_decoded_the_way_models_are_served(settings) 
     # an evaluation that measured one decoding only is gated on it
     only_free = {k: v for k, v in rows.items() if not k.endswith("_constrained")}
     assert served_rows(settings, only_free) == (only_free, "unconstrained decoding")
+
+
+def test_more_wrong_writes_than_the_reference_is_refused_whatever_the_task_score(settings) -> None:
+    """The candidate that cancels where a modification was asked: better on every other number, refused."""
+    reference = row(0.50, 0.60, 100, get_order_details=(8, 0.50))
+    reference.update(wrong_writes=0, examples=12, wrong_write_pairs={})
+    candidate = row(0.90, 0.95, 50, get_order_details=(8, 0.90))
+    candidate.update(wrong_writes=3, examples=12, wrong_write_pairs={
+        "cancel_pending_order for modify_pending_order_address": 2,
+        "cancel_pending_order for modify_pending_order_payment": 1})
+    for verdict in (gate(candidate, reference, settings), gate(candidate, None, settings, reference)):
+        assert not verdict.promoted
+        assert verdict.reason == ("refused: wrong writes 3 of 12 vs 0 of 12 (cancel_pending_order for "
+                                  "modify_pending_order_address x2, cancel_pending_order for "
+                                  "modify_pending_order_payment)")
+        assert verdict.numbers["wrong_writes"] == [3, 0]
+    # as many wrong writes as the reference: the other rules decide (here: promoted)
+    assert gate({**candidate, "wrong_writes": 0}, reference, settings).promoted
+    # a tolerated margin, stated in the settings
+    lenient = load_settings(root=settings.root, promotion={"max_extra_wrong_writes": 3})
+    assert gate(candidate, reference, lenient).promoted
+
+
+def test_a_write_tool_is_checked_at_any_count(settings) -> None:
+    """The 5-example floor keeps noise out of the per-tool check, but not for a write tool."""
+    reference = row(0.60, 0.60, 100, search_products=(10, 0.40), cancel_pending_order=(2, 1.0))
+    candidate = row(0.80, 0.80, 100, search_products=(10, 0.90), cancel_pending_order=(2, 0.0))
+    assert gate(candidate, reference, settings).promoted  # a read-like tool with 2 examples: not judged
+    for r in (reference, candidate):
+        r["per_tool"]["cancel_pending_order"]["write"] = True
+    verdict = gate(candidate, reference, settings)
+    assert not verdict.promoted and "cancel_pending_order exact match 1.00 -> 0.00" in verdict.reason

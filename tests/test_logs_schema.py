@@ -196,3 +196,31 @@ def test_a_toolset_may_not_redefine_catalogue_tools(tmp_path) -> None:
     with pytest.raises(ValueError, match="redefines catalogue tools: get_order"):
         register_toolset(str(tmp_path), "evil", [{"type": "function", "function": {
             "name": "get_order", "parameters": {"type": "object"}}}])
+
+
+def test_every_tool_declares_its_effect_and_an_undeclared_import_is_a_write(tmp_path) -> None:
+    """`flywheel tools list --json`: the catalogue and an imported toolset, each tool read or write; a tool the
+    import cannot place is registered as a write (fail safe) and the import says so."""
+    from helpers import run_flywheel
+    from pipelines.logs.importers import retail_to_raw
+
+    lookup = {"type": "function", "function": {"name": "get_order_details", "parameters": {
+        "type": "object", "properties": {"order_id": {"type": "string"}}, "required": ["order_id"]}}}
+    unknown = {"type": "function", "function": {"name": "teleport_order", "parameters": {
+        "type": "object", "properties": {"order_id": {"type": "string"}}}}}
+    tools_file, tasks_file = tmp_path / "tools.json", tmp_path / "tasks.jsonl"
+    tools_file.write_text(json.dumps([*RETAIL_LIKE_TOOLS, lookup, unknown]))
+    tasks_file.write_text(json.dumps({"instruction": "Cancel #W1.", "actions": [
+        {"name": "cancel_pending_order", "arguments": {"order_id": "#W1", "reason": "no longer needed"}}]}))
+    result = retail_to_raw(tools_file, tasks_file, tmp_path / "fw" / "raw", date(2026, 10, 2))
+    assert result["undeclared_tools_treated_as_writes"] == ["teleport_order"]
+    listed = run_flywheel("tools", "list", "--json", env={"FLYWHEEL_ROOT": str(tmp_path / "fw")})
+    assert listed.returncode == 0, listed.stderr
+    rows = {r["tool"]: r for r in json.loads(listed.stdout)["tools"]}
+    assert {t: rows[t]["effect"] for t in ("cancel_pending_order", "get_order_details", "teleport_order")} == {
+        "cancel_pending_order": "write", "get_order_details": "read", "teleport_order": "write"}
+    assert rows["cancel_pending_order"]["toolset"] == "retail" and rows["cancel_pending_order"]["id_arguments"] == ["order_id"]
+    writes = {t for t, r in rows.items() if r["toolset"] == "catalogue" and r["effect"] == "write"}
+    assert writes == {"create_order", "capture_order", "create_invoice", "send_invoice", "create_subscription",
+                      "cancel_subscription"}
+    assert all(r["effect"] in ("read", "write") for r in rows.values())

@@ -30,6 +30,7 @@ for _module in (admin, logs, data, models, serving, stack):
     app.add_typer(_module.app)  # top-level commands (no group name)
 app.add_typer(logs.logs_app, name="logs")
 app.add_typer(admin.config_app, name="config")
+app.add_typer(logs.tools_app, name="tools")
 app.add_typer(data.features_app, name="features")
 app.add_typer(models.registry_app, name="registry")
 app.add_typer(serving.serve_app, name="serve")

@@ -114,3 +114,22 @@ def logs_schema(write: Annotated[bool, typer.Option(help="Rewrite the committed 
         console.print(f"wrote {write_json_schema()}")
     else:
         sys.stdout.write(json.dumps(json_schema(), indent=2, sort_keys=True) + "\n")
+
+
+tools_app = typer.Typer(help="The tools agents call: our catalogue and imported toolsets, with their effects.",
+                        no_args_is_help=True)
+
+
+@tools_app.command("list")
+def tools_list(as_json: JsonOpt = False) -> None:
+    """Every registered tool (catalogue and toolsets) with its toolset, effect (read or write) and identifier
+    arguments; a tool nobody declared is a write."""
+    from pipelines.logs.toolsets import tools_table
+
+    rows = tools_table(get_settings().zone("raw"))
+    if as_json:
+        _emit({"tools": rows}, True, "")
+        return
+    for row in rows:
+        ids = ", ".join(row["id_arguments"]) or "-"
+        print(f"{row['tool']:<32} {row['toolset']:<10} {row['effect']:<6} ids: {ids}")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -22,7 +23,7 @@ from pipelines.toolcall.fewshot import single_turn, with_shots
 from pipelines.toolcall.decode import generate
 from pipelines.train.models import load_model
 from pipelines.storage import makedirs, read_json, write_json, write_text
-from pipelines.logs.toolsets import registered_catalogue
+from pipelines.logs.toolsets import registered_catalogue, tool_effects
 from pipelines.toolcall.examples import Example, to_examples
 from pipelines.prep.dataset import frame_from_logs, load_split
 
@@ -64,12 +65,16 @@ def constrained_name(condition: str) -> str:
 
 
 def score_condition(name: str, model_label: str, style: str, shots: int, examples: list[Example],
-                    texts: list[str], stats: dict[str, float]) -> ConditionResult:
-    scores = [metrics.score(t, e.expected) for t, e in zip(texts, examples)]
+                    texts: list[str], stats: dict[str, float], effects: Mapping[str, str] | None = None
+                    ) -> ConditionResult:
+    """`effects`: tool -> read/write (`logs.toolsets.tool_effects`); every wrong write is listed."""
+    scores = [metrics.score(t, e.expected, effects) for t, e in zip(texts, examples)]
     samples = [{"record_id": e.record_id, "request": e.query, "expected": e.target, "output": t,
                 "exact_match": s.exact_match} for e, t, s in zip(examples[:20], texts[:20], scores[:20])]
+    wrong = [{"record_id": e.record_id, "request": e.query, "expected": e.target, "output": t, "kind": s.wrong_write}
+             for e, t, s in zip(examples, texts, scores) if s.wrong_write]
     return ConditionResult(name, model_label, style, shots, metrics.summarize(scores), stats,
-                           metrics.per_tool(scores), metrics.confusion(scores), samples)
+                           metrics.per_tool(scores), metrics.confusion(scores), samples, wrong_writes=wrong)
 
 
 def evaluate(settings: Settings, cfg: EvalConfig, adapters: list[Adapter], name: str,
@@ -80,6 +85,7 @@ def evaluate(settings: Settings, cfg: EvalConfig, adapters: list[Adapter], name:
     if cfg.logs and cfg.examples and len(frame) > cfg.examples:
         frame = frame.sample(n=cfg.examples, random_state=cfg.seed).sort_values("record_id")
     dataset = cfg.logs or f"{settings.zone('curated')}/sft split={cfg.split}"
+    effects = tool_effects(settings.zone("raw"))
     full = to_examples(frame, "full")
     results: list[ConditionResult] = []
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
@@ -95,7 +101,7 @@ def evaluate(settings: Settings, cfg: EvalConfig, adapters: list[Adapter], name:
                 name = constrained_name(condition) if constrained else condition
                 out = generate(model, tokenizer, conversations, label=name, **gen,
                                tools=[e.tools for e in chosen] if constrained else None)
-                result = score_condition(name, label, style, shots, chosen, out.texts, out.stats())
+                result = score_condition(name, label, style, shots, chosen, out.texts, out.stats(), effects)
                 result.constrained = constrained
                 if out.cut and console is not None:
                     console.print(f"warning: {name}: {out.cut} of {len(chosen)} answers stopped at max_new_tokens "

@@ -52,14 +52,23 @@ def _confusion_plot(c: ConditionResult) -> str:
 
 def _per_tool_rows(c: ConditionResult) -> list[dict[str, Any]]:
     return [{"tool": tool, "examples": s["examples"], "name_accuracy": s["name_accuracy"],
-             "exact_match": s["exact_match"], "text_f1": s.get("text_f1"), "arg_f1": s["arg_f1"]}
+             "exact_match": s["exact_match"], "text_f1": s.get("text_f1"), "arg_f1": s["arg_f1"],
+             "wrong_writes": s.get("wrong_writes")}
             for tool, s in c.per_tool.items()]
+
+
+def _wrong_writes(c: ConditionResult) -> str:
+    """Every wrong write of a condition, request by request (the worst error a tool caller makes)."""
+    summary = c.summary
+    head = (f"<p><b>wrong writes: {summary.get('wrong_writes', 0)} of {summary.get('examples', 0)}</b> "
+            f"({', '.join(f'{k} {v}' for k, v in (summary.get('wrong_write_kinds') or {}).items())})</p>")
+    return head + (table_html(c.wrong_writes) if c.wrong_writes else "")
 
 
 def render_html(report: EvalReport) -> str:
     sections = [("Conditions", table_html(report.table()) + _quality_plot(report) + _cost_plot(report))]
     for c in report.conditions:
-        body = table_html(_per_tool_rows(c)) + _confusion_plot(c)
+        body = _wrong_writes(c) + table_html(_per_tool_rows(c)) + _confusion_plot(c)
         body += "<details><summary>sample outputs</summary>" + table_html(c.samples) + "</details>"
         sections.append((f"{c.condition} ({c.model}, {c.prompt_style} prompt, {c.shots} shots)", body))
     return page(f"Tool-calling evaluation: {report.name}", sections,

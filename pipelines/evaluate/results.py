@@ -19,10 +19,13 @@ class ConditionResult:
     confusion: dict[str, dict[str, int]]
     samples: list[dict[str, Any]] = field(default_factory=list)
     constrained: bool = False
+    wrong_writes: list[dict[str, Any]] = field(default_factory=list)  # every one, request by request
 
 
-# the side-by-side table's quality columns (text_f1: token F1 of free-text arguments, next to exact match)
-TABLE_METRICS = ("exact_match", "text_f1", "name_accuracy", "arg_f1", "json_valid", "abstention_recall")
+# the side-by-side table's quality columns (text_f1: token F1 of free-text arguments, next to exact match;
+# wrong writes: a write the request did not ask for, counted apart from every other error)
+TABLE_METRICS = ("exact_match", "text_f1", "name_accuracy", "arg_f1", "json_valid", "abstention_recall",
+                 "wrong_writes", "wrong_write_rate")
 
 
 @dataclass

@@ -51,6 +51,16 @@ def webshop_to_raw(pairs_file: Path, raw_root: Path, day: date, seed: int = 0) -
 
 
 RETAIL_TOOLSET = "retail"
+# tau-bench retail's tools by effect (its policy: a write needs the user's explicit confirmation); a tool
+# of another tools file that is not named here is registered as a write and the import says so
+RETAIL_EFFECTS = {
+    **dict.fromkeys(("calculate", "find_user_id_by_email", "find_user_id_by_name_zip", "get_order_details",
+                     "get_product_details", "get_user_details", "list_all_product_types", "get_item_details",
+                     "think"), "read"),
+    **dict.fromkeys(("cancel_pending_order", "exchange_delivered_order_items", "modify_pending_order_address",
+                     "modify_pending_order_items", "modify_pending_order_payment", "modify_user_address",
+                     "return_delivered_order_items", "transfer_to_human_agents"), "write"),
+}
 SKIPPED_RETAIL_ACTIONS = {"think"}  # a scratchpad, not a call the agent makes on the shop
 
 
@@ -96,7 +106,7 @@ def retail_to_raw(tools_file: Path, tasks_file: Path, raw_root: Path, day: date,
             raise FileNotFoundError(f"no such file: {f}")
     tools = json.loads(tools_file.read_text(encoding="utf-8"))
     db = json.loads(db_file.read_text(encoding="utf-8")) if db_file else None
-    register_toolset(str(raw_root), RETAIL_TOOLSET, tools)
+    _, undeclared = register_toolset(str(raw_root), RETAIL_TOOLSET, tools, RETAIL_EFFECTS)
     tasks = [json.loads(line) for line in tasks_file.read_text(encoding="utf-8").splitlines() if line.strip()]
     gen = TrafficGenerator(GeneratorConfig(seed=seed, records=0, end_date=day))
     customers = cat.customers(5000)
@@ -140,4 +150,5 @@ def retail_to_raw(tools_file: Path, tasks_file: Path, raw_root: Path, day: date,
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_bytes(b"\n".join(lines) + (b"\n" if lines else b""))
     return {"tasks": len(tasks), "records": n, "file": str(target), "toolset": RETAIL_TOOLSET,
-            "lookups_from_db": lookups, "results_not_recorded": n - lookups}
+            "lookups_from_db": lookups, "results_not_recorded": n - lookups,
+            "undeclared_tools_treated_as_writes": undeclared}

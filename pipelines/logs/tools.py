@@ -142,6 +142,12 @@ TOOLS: list[dict[str, Any]] = [
     }, ["dispute_id"]),
 ]
 
+# What each tool does to the world: a `write` changes it (an order, a payment, an invoice sent, a
+# subscription), a `read` only looks. A wrong write is the worst error a tool caller makes: evaluation
+# counts wrong writes apart and the promotion gate vetoes a candidate that makes more than its reference.
+EFFECTS = ("read", "write")
+WRITE_TOOLS = frozenset({"create_order", "capture_order", "create_invoice", "send_invoice", "create_subscription",
+                         "cancel_subscription"})
 TOOL_NAMES: tuple[str, ...] = tuple(t["function"]["name"] for t in TOOLS)
 TOOLS_BY_NAME: dict[str, dict[str, Any]] = {t["function"]["name"]: t for t in TOOLS}
 
@@ -191,3 +197,25 @@ def argument_errors(name: str, arguments: Any, tools: Mapping[str, dict[str, Any
     schema = json.dumps(known[name]["function"]["parameters"], sort_keys=True)
     errors = sorted(_validator(schema).iter_errors(arguments), key=lambda e: list(e.absolute_path))
     return [f"{'/'.join(map(str, e.absolute_path)) or '<root>'}: {e.message}" for e in errors]
+
+
+def catalogue_effects() -> dict[str, str]:
+    return {name: "write" if name in WRITE_TOOLS else "read" for name in TOOL_NAMES}
+
+
+def effect_of(name: str | None, effects: Mapping[str, str] | None = None) -> str | None:
+    """`read` or `write` for a tool (None for no call); a tool nobody declared is a write (fail safe)."""
+    if name is None:
+        return None
+    return (catalogue_effects() if effects is None else effects).get(name, "write")
+
+
+def id_arguments(spec: Mapping[str, Any]) -> list[str]:
+    """The arguments that name an object the call acts on: declared as `id_arguments` next to the tool's
+    `effect`, else every property named `*_id` or `*_ids`."""
+    declared = spec.get("id_arguments")
+    if isinstance(declared, list):
+        return [str(a) for a in declared]
+    fn = spec.get("function", spec)
+    props = (fn.get("parameters") or {}).get("properties") or {}
+    return sorted(k for k in props if k.endswith(("_id", "_ids")))

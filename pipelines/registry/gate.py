@@ -11,7 +11,10 @@ without a tuned model). It passes only if, against that reference:
   where exact match would be 0 for every condition and decide nothing;
 - p50 latency rises by at most `max_latency_increase` (against few-shot too: the tuned model must
   not be slower than the prompt-engineered alternative);
-- no tool with at least `min_tool_examples` examples in both rows loses more than
+- it makes no more wrong writes than the reference (`max_extra_wrong_writes`, default 0): a write the request
+  did not ask for (another write tool, other ids, or a write where a read or no call was expected) vetoes the
+  promotion whatever the task score, and the reason names them;
+- no tool with at least `min_tool_examples` examples in both rows (a write tool: any) loses more than
   `max_tool_regression` of its metric (no tool may collapse while the average rises). A tool's
   metric is `promotion.tool_metrics[tool]`, exact match for a tool not named there: a search is
   judged on the token F1 of its query (`text_f1`: a reworded query is not a failure), an order
@@ -73,7 +76,9 @@ def per_tool_numbers(candidate: dict[str, Any], reference: dict[str, Any],
         n = [_tool_count(c), _tool_count(r)]
         metric = judged_on[tool] = tool_metric(tool, c, r, settings)
         values = [c.get(metric), r.get(metric)]
-        checked = min(n) >= p.min_tool_examples and None not in values
+        # a write tool is checked at any n (a wrong write costs more than noise); the others need enough examples
+        enough = min(n) >= (1 if (c.get("write") or r.get("write")) else p.min_tool_examples)
+        checked = enough and None not in values
         numbers[tool] = {"n": n, "exact_match": [c.get("exact_match"), r.get("exact_match")],
                          "arg_f1": [c.get("arg_f1"), r.get("arg_f1")], metric: values, "checked": checked}
         if checked and values[1] - values[0] > p.max_tool_regression + 1e-9:
@@ -91,6 +96,19 @@ def task_score(row: dict[str, Any], judged_on: dict[str, str]) -> float:
     total = sum(_tool_count(s) for s in tools.values())
     return sum(_tool_count(s) * float(s.get(judged_on.get(t, DEFAULT_TOOL_METRIC)) or 0.0)
                for t, s in tools.items()) / total
+
+
+def wrong_write_veto(candidate: dict[str, Any], reference: dict[str, Any], margin: int) -> str | None:
+    """The refusal line when the candidate makes more wrong writes than the reference on the same requests
+    (beyond `margin`), whatever its task score; None when it does not (or a row does not count them)."""
+    ours, theirs = candidate.get("wrong_writes"), reference.get("wrong_writes")
+    if ours is None or theirs is None or ours <= theirs + margin:
+        return None
+    pairs = ", ".join(f"{pair} x{count}" if count > 1 else pair
+                      for pair, count in (candidate.get("wrong_write_pairs") or {}).items())
+    n = [candidate.get("examples"), reference.get("examples")]
+    return (f"refused: wrong writes {ours} of {n[0] or '?'} vs {theirs} of {n[1] or '?'}"
+            + (f" ({pairs})" if pairs else ""))
 
 
 def gate(candidate: dict[str, Any], champion: dict[str, Any] | None, settings: Settings,
@@ -111,6 +129,10 @@ def gate(candidate: dict[str, Any], champion: dict[str, Any] | None, settings: S
         return Verdict(False, f"not promoted: no champion and no {BASELINE} row to compare with "
                               "(the evaluation ran without baselines); serving unchanged", None, numbers)
     numbers.update({f"{label}_{k}": reference.get(k) for k in OVERALL})
+    veto = wrong_write_veto(candidate, reference, p.max_extra_wrong_writes)
+    if veto is not None:
+        numbers["wrong_writes"] = [candidate.get("wrong_writes"), reference.get("wrong_writes")]
+        return Verdict(False, veto, label, numbers)
     failures = []
     tools, judged_on, tool_failures = per_tool_numbers(candidate, reference, settings)
     score = [task_score(candidate, judged_on), task_score(reference, judged_on)]

@@ -194,8 +194,12 @@ def evaluation_rows(evaluated: dict[str, Any]) -> dict[str, dict[str, Any]]:
         row = rows.get(condition.get("condition"))
         if row is not None and "per_tool" not in row:
             row["per_tool"] = {tool: {"n": s.get("examples"), "exact_match": s.get("exact_match"),
-                                      "arg_f1": s.get("arg_f1"), "text_f1": s.get("text_f1")}
+                                      "arg_f1": s.get("arg_f1"), "text_f1": s.get("text_f1"),
+                                      "wrong_writes": s.get("wrong_writes"), "write": bool(s.get("expected_writes"))}
                                for tool, s in (condition.get("per_tool") or {}).items()}
+            summary = condition.get("summary") or {}
+            row.setdefault("examples", summary.get("examples"))
+            row.setdefault("wrong_write_pairs", summary.get("wrong_write_pairs"))
     return rows
 
 

@@ -13,9 +13,11 @@ from __future__ import annotations
 import math
 import unicodedata
 from collections import Counter, defaultdict
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from pipelines.logs.tools import effect_of
 from pipelines.toolcall.calls import INVALID, NO_TOOL, parse_call
 
 
@@ -75,22 +77,55 @@ class ExampleScore:
     arg_recall: float | None
     arg_f1: float | None
     text_f1: float | None = None  # mean token F1 of string arguments; None: abstention or no string argument
+    wrong_write: str | None = None  # WRONG_WRITES kind when the answer is a write it should not make
+    expected_write: bool = False    # the expected call is a write
 
 
-def score(prediction_text: str, expected: dict[str, Any]) -> ExampleScore:
-    """Score one model output against the expected call ({"name": ..., "arguments": ...})."""
+# A wrong write: the answer calls a write tool and it is not the expected call's tool (`wrong_tool`), or it
+# is but targets other ids (`other_ids`: the `*_id`/`*_ids` arguments differ), or a read or no call was
+# expected (`unexpected_write`). Counted apart from every other error: the gate vetoes on it.
+WRONG_WRITES = ("wrong_tool", "other_ids", "unexpected_write")
+
+
+def _ids(arguments: dict[str, Any]) -> dict[str, Any]:
+    return {k: _canonical(v) for k, v in arguments.items() if k.endswith(("_id", "_ids"))}
+
+
+def wrong_write(call: dict[str, Any] | None, expected: dict[str, Any], effects: Mapping[str, str] | None = None
+                ) -> str | None:
+    """The kind of wrong write `call` is against `expected` (None: no write, or the right one). A tool nobody
+    declared counts as a write (`logs.tools.effect_of`: fail safe)."""
+    if call is None or call.get("name") is None or effect_of(call["name"], effects) != "write":
+        return None
+    gold = expected.get("name")
+    if gold is None or effect_of(gold, effects) != "write":
+        return "unexpected_write"
+    if call["name"] != gold:
+        return "wrong_tool"
+    if _ids(call.get("arguments") or {}) != _ids(expected.get("arguments") or {}):
+        return "other_ids"
+    return None
+
+
+def score(prediction_text: str, expected: dict[str, Any], effects: Mapping[str, str] | None = None) -> ExampleScore:
+    """Score one model output against the expected call ({"name": ..., "arguments": ...}); `effects`: tool ->
+    read/write (default: our catalogue's; `logs.toolsets.tool_effects` adds the imported toolsets)."""
     gold_name = expected.get("name")
     gold_tool = gold_name if gold_name is not None else NO_TOOL
     gold_args = expected.get("arguments") or {}
+    gold_write = effect_of(gold_name, effects) == "write"
     call = parse_call(prediction_text)
     if call is None:
         empty = None if gold_name is None else 0.0
         text = None if gold_name is None else _string_arguments_f1(None, gold_args)
-        return ExampleScore(gold_tool, INVALID, False, False, False, empty, empty, empty, text)
+        return ExampleScore(gold_tool, INVALID, False, False, False, empty, empty, empty, text,
+                            expected_write=gold_write)
     predicted = call["name"] if call["name"] is not None else NO_TOOL
     name_match = predicted == gold_tool
+    wrong = wrong_write(call, expected, effects)
     if gold_name is None:
-        return ExampleScore(gold_tool, predicted, True, name_match, name_match, None, None, None)
+        return ExampleScore(gold_tool, predicted, True, name_match, name_match, None, None, None,
+                            wrong_write=wrong)
     gold_pairs = {(k, _canonical(v)) for k, v in gold_args.items()}
     pred_pairs = {(k, _canonical(v)) for k, v in call["arguments"].items()} if name_match else set()
     hit = len(gold_pairs & pred_pairs)
@@ -102,7 +137,7 @@ def score(prediction_text: str, expected: dict[str, Any]) -> ExampleScore:
         f1 = 2 * p * r / (p + r) if p + r else 0.0
     text = _string_arguments_f1(call["arguments"] if name_match else None, gold_args)
     return ExampleScore(gold_tool, predicted, True, name_match, name_match and gold_pairs == pred_pairs, p, r, f1,
-                        text)
+                        text, wrong, gold_write)
 
 
 def _mean(values: list[float]) -> float | None:
@@ -127,7 +162,18 @@ def summarize(scores: list[ExampleScore]) -> dict[str, Any]:
         "abstention_recall": correct_abstain / len(abstain_gold) if abstain_gold else None,
         "abstention_precision": correct_abstain / len(abstain_pred) if abstain_pred else None,
         "abstention_examples": len(abstain_gold),
+        **wrong_write_summary(scores),
     }
+
+
+def wrong_write_summary(scores: list[ExampleScore]) -> dict[str, Any]:
+    """`wrong_writes` (count), `wrong_write_rate`, the split by kind, and which write for which expected call."""
+    wrong = [s for s in scores if s.wrong_write]
+    pairs = Counter(f"{s.predicted} for {s.tool}" for s in wrong)
+    return {"wrong_writes": len(wrong), "wrong_write_rate": len(wrong) / len(scores) if scores else None,
+            "wrong_write_kinds": {k: sum(1 for s in wrong if s.wrong_write == k) for k in WRONG_WRITES},
+            "wrong_write_pairs": dict(pairs.most_common()),
+            "expected_writes": sum(1 for s in scores if s.expected_write)}
 
 
 def per_tool(scores: list[ExampleScore]) -> dict[str, dict[str, Any]]:

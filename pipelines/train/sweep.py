@@ -377,6 +377,7 @@ def train_variant(settings: Settings, sweep: SweepConfig, cfg: TrainConfig,
 def _validate(settings: Settings, base_model: str, adapter_dir: str, val: list[Any], console: Console) -> dict[str, float]:
     """Generation on the validation split, decoded as models are served (`triton.constrained`: under the
     offered tools' grammar): the sweep's selection metric (no latency timing here)."""
+    from pipelines.logs.toolsets import tool_effects
     from pipelines.toolcall import score as m
     from pipelines.toolcall.decode import generate
     from pipelines.train.models import load_model
@@ -385,5 +386,6 @@ def _validate(settings: Settings, base_model: str, adapter_dir: str, val: list[A
     out = generate(model, tokenizer, [e.turns for e in val], latency_samples=0,
                    max_new_tokens=settings.evaluation.max_new_tokens,
                    tools=[e.tools for e in val] if settings.triton.constrained else None)
-    summary = m.summarize([m.score(t, e.expected) for t, e in zip(out.texts, val)])
-    return {f"val_{k}": float(summary[k] or 0.0) for k in SELECT_METRICS + ("json_valid",)}
+    effects = tool_effects(settings.zone("raw"))
+    summary = m.summarize([m.score(t, e.expected, effects) for t, e in zip(out.texts, val)])
+    return {f"val_{k}": float(summary[k] or 0.0) for k in SELECT_METRICS + ("json_valid", "wrong_writes")}
