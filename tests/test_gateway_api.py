@@ -204,6 +204,18 @@ def test_routes_change_atomically_with_history_and_the_gate_decides_by_agreement
     assert failed[0] == "serve" and "agreement" in failed[1]
     errored = rt.decide(settings, canary, tally(yes, yes, "error", "error"))
     assert errored[0] == "serve" and "errored" in errored[1]
+    # the offline gate's veto, live: one write the reference did not make ends a shadow or a canary at once,
+    # however well the rest agrees (and however few requests were compared)
+    wrote = {"name": False, "exact": False, "arg_f1": 0.0, "wrong_write": "wrong_tool"}
+    for route in (shadow, canary):
+        vetoed = rt.decide(settings, route, tally(yes, wrote))
+        assert vetoed[0] == "serve" and vetoed[1].startswith("refused: wrong writes 1 of 2"), vetoed
+    assert not rt.canary_ready(settings, canary, tally(yes, yes, yes, yes, wrote))[0]
+    lenient = load_settings(root=str(tmp_path), gateway={"gate_requests": 4, "min_agreement": 0.75},
+                            promotion={"max_extra_wrong_writes": 1})
+    assert rt.decide(lenient, shadow, tally(yes, wrote)) is None
+    assert rt.agreement({"name": "send_invoice", "arguments": {"invoice_id": "INV-0000001"}},
+                        {"name": "send_invoice", "arguments": {"invoice_id": "INV-0000002"}})["wrong_write"] == "other_ids"
     assert rt.set_route(settings, "champion", "serve", expect="shadow")["mode"] == "canary"  # moved meanwhile: kept
     history = rt.read_routes(settings)["history"]
     assert [(h["from"], h["to"]) for h in history] == [("serve", "shadow"), ("shadow", "canary")]
@@ -217,7 +229,7 @@ def test_agreement_uses_the_evaluation_scoring() -> None:
 
     teacher = call_of({"tool_calls": [{"function": {"name": "get_order", "arguments": '{"order_id":"ORD-1"}'}}]})
     assert agreement(teacher, {"name": "get_order", "arguments": {"order_id": "ORD-1"}}) == \
-        {"name": True, "exact": True, "arg_f1": 1.0}
+        {"name": True, "exact": True, "arg_f1": 1.0, "wrong_write": None}
     assert agreement(teacher, {"name": "get_order", "arguments": {"order_id": "ORD-2"}})["exact"] is False
     assert agreement(teacher, {"name": None})["name"] is False
     assert call_of({"content": "no tool"}) == {"name": None}

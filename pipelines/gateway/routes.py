@@ -103,13 +103,14 @@ def call_of(message: dict[str, Any]) -> dict[str, Any]:
     return {"name": function["name"], "arguments": arguments if isinstance(arguments, dict) else {}}
 
 
-def agreement(reference: dict[str, Any], answer: dict[str, Any]) -> dict[str, Any]:
+def agreement(reference: dict[str, Any], answer: dict[str, Any], effects: dict[str, str] | None = None
+              ) -> dict[str, Any]:
     """How far an answer agrees with the reference call: the evaluation's own scoring, the reference
-    taken as the expected call."""
+    taken as the expected call; `wrong_write`: the answer is a write the reference did not make (its kind)."""
     from pipelines.toolcall.score import score
 
-    s = score(json.dumps(answer), reference)
-    return {"name": s.name_match, "exact": s.exact_match, "arg_f1": s.arg_f1}
+    s = score(json.dumps(answer), reference, effects)
+    return {"name": s.name_match, "exact": s.exact_match, "arg_f1": s.arg_f1, "wrong_write": s.wrong_write}
 
 
 @dataclass
@@ -124,12 +125,14 @@ class Tally:
     exact: int = 0
     arg_f1_sum: float = 0.0
     arg_f1_n: int = 0
+    wrong_writes: int = 0  # compared answers that wrote what the reference did not (the offline gate's veto)
 
     def add(self, agreed: dict[str, Any] | None, error: bool) -> None:
         self.candidate_requests += 1
         self.candidate_errors += int(error)
         if agreed is not None:
             self.compared += 1
+            self.wrong_writes += int(bool(agreed.get("wrong_write")))
             self.name += int(agreed["name"])
             self.exact += int(agreed["exact"])
             if agreed["arg_f1"] is not None:
@@ -149,6 +152,11 @@ def decide(settings: Settings, route: dict[str, Any], tally: Tally) -> tuple[str
     """The gate's move for a route, if any: (new mode, reason)."""
     g = settings.gateway
     rate = tally.rate(g.agreement_metric)
+    allowed = settings.promotion.max_extra_wrong_writes
+    if route["mode"] in ("shadow", "canary") and tally.wrong_writes > allowed:  # the same veto as the offline gate
+        back = "shadow ended, the champion serves alone" if route["mode"] == "shadow" else "traffic back to the champion"
+        return "serve", (f"refused: wrong writes {tally.wrong_writes} of {tally.compared} compared requests vs the "
+                         f"reference's calls (at most {allowed}); {back}")
     if route["mode"] == "shadow" and tally.compared >= g.gate_requests and rate is not None and rate >= g.min_agreement:
         return "canary", (f"shadow agreement ({g.agreement_metric}) {rate:.3f} >= {g.min_agreement} over "
                           f"{tally.compared} requests")

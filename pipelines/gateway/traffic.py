@@ -80,6 +80,7 @@ class Traffic:
         self._routes: tuple[float, dict[str, Any]] = (0.0, {"routes": {}})
         self._tallies: dict[tuple[str, str], rt.Tally] = {}
         self._credit: dict[tuple[str, str], float] = {}
+        self._effect_cache: tuple[float, dict[str, str]] = (0.0, {})
         self.defaults = {"country": settings.gateway.country, "currency": settings.gateway.currency,
                          "channel": settings.gateway.channel}
 
@@ -263,11 +264,22 @@ class Traffic:
 
         self._pool.submit(compare)
 
+    def _effects(self) -> dict[str, str]:
+        """Tool -> read/write (catalogue and registered toolsets), re-read at most once a minute."""
+        from pipelines.logs.toolsets import tool_effects
+
+        at, effects = self._effect_cache
+        if time.monotonic() - at > 60 or not effects:  # read outside any lock (object storage on a cluster)
+            effects = tool_effects(self.settings.zone("raw"))
+            self._effect_cache = (time.monotonic(), effects)
+        return effects
+
     def _record(self, parsed: api.ChatCompletionRequest, served: api.Served, route: dict[str, Any], arm: str,
                 reference: dict[str, Any] | None, answer: dict[str, Any] | None, error: str | None,
                 candidate_ms: float | None, reference_ms: float | None, *, skipped: bool = False,
                 note: str | None = None) -> None:
-        agreed = rt.agreement(reference, answer) if reference is not None and answer is not None else None
+        agreed = (rt.agreement(reference, answer, self._effects())
+                  if reference is not None and answer is not None else None)
         if arm == "candidate" and error is None and agreed is None and not skipped:
             agreed = {"name": False, "exact": False, "arg_f1": 0.0}
         counted = arm == "candidate" and not skipped
