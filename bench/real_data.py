@@ -42,7 +42,7 @@ CASES = ("webshop", "webshop_mixed", "retail")
 # answers get 256 new tokens instead of the generated traffic's 64 (a call over 64 tokens cannot end there)
 CASE_ENV = {"retail": {"FLYWHEEL_QUALITY__MAX_APPROX_TOKENS": "8192", "FLYWHEEL_EVALUATION__EXAMPLES": "12",
                        "FLYWHEEL_EVALUATION__MAX_NEW_TOKENS": "256"}}
-COLUMNS = ("exact_match", "text_f1", "name_accuracy", "arg_f1", "json_valid")
+COLUMNS = ("exact_match", "text_f1", "name_accuracy", "arg_f1", "json_valid", "wrong_writes", "wrong_write_rate")
 
 
 def held_out(key: str, share: float = 0.2) -> bool:
@@ -150,7 +150,10 @@ def verdict(rows: list[dict]) -> dict:
     checks = {"arg_f1": (tuned["arg_f1"] or 0) > (base["arg_f1"] or 0),
               "text_f1": (tuned["text_f1"] or 0) >= (base["text_f1"] or 0) if base.get("text_f1") is not None else None,
               "name_accuracy": (tuned["name_accuracy"] or 0) > (base["name_accuracy"] or 0),
-              "prompt_tokens_5x": tuned["prompt_tokens"] * 5 <= base["prompt_tokens"]}
+              "prompt_tokens_5x": tuned["prompt_tokens"] * 5 <= base["prompt_tokens"],
+              # never call a model better without counting its wrong writes (None: a report from before them)
+              "wrong_writes": (tuned["wrong_writes"] <= base["wrong_writes"]
+                               if None not in (tuned.get("wrong_writes"), base.get("wrong_writes")) else None)}
     return {"met": all(v for v in checks.values() if v is not None), "against": base["condition"], "checks": checks}
 
 
@@ -203,6 +206,7 @@ def main() -> int:
                                  "evaluation_again": result["seconds"]}
             result["settings_dag_run"] = earlier.get("settings_dag_run", earlier.get("settings"))
         result["settings"] = CASE_ENV.get(case, {})
+        result["commit"] = commit()
         results["cases"][case] = result
         results["generated_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
         args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -213,13 +217,21 @@ def main() -> int:
     return 0
 
 
+def commit() -> dict:
+    """The code a result was measured with: HEAD and whether the tree had uncommitted changes."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, timeout=30).stdout.strip()
+
+    return {"sha": git("rev-parse", "HEAD"), "dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}
+
+
 def table(result: dict) -> str:
     head = ["condition", *COLUMNS, "prompt_tokens", "latency_ms_p50", "cut_at_max_new_tokens"]
     lines = [f"{result['case']}: v{result['version']} ({'promoted' if result['promoted'] else 'not promoted'}), "
              f"{result['examples']} held-out requests; goal met: {result['verdict']['met']}",
              " | ".join(head)]
     for r in result["rows"]:
-        lines.append(" | ".join("" if r.get(h) is None else f"{r[h]:.3f}" if isinstance(r[h], float) and h in COLUMNS
+        lines.append(" | ".join("n/a" if r.get(h) is None else f"{r[h]:.3f}" if isinstance(r[h], float) and h in COLUMNS
                                 else str(r[h]) for h in head))
     return "\n".join(lines)
 
