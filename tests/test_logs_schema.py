@@ -4,6 +4,7 @@ import copy
 import itertools
 import json
 from datetime import date
+from pathlib import Path
 
 import jsonschema
 import orjson
@@ -111,10 +112,11 @@ def test_webshop_importer_writes_valid_search_turns(tmp_path) -> None:
     pairs.write_text(json.dumps({"i need a red hoodie under 40 dollars": ["red hoodie", "hoodie red"],
                                  "looking for gluten free granola bars": ["gluten free granola"]}))
     result = webshop_to_raw(pairs, tmp_path / "raw", date(2026, 10, 1))
-    assert result == {"instructions": 2, "records": 3, "file": str(tmp_path / "raw/dt=2026-10-01/webshop.jsonl")}
+    assert result == {"instructions": 2, "records": 3, "import_id": result["import_id"],
+                      "file": str(tmp_path / f"raw/dt=2026-10-01/webshop-{result['import_id']}.jsonl")}
     check = check_files(raw_files(tmp_path / "raw"))
     assert (check.lines, check.valid) == (3, 3)
-    lines = (tmp_path / "raw/dt=2026-10-01/webshop.jsonl").read_bytes().splitlines()
+    lines = Path(result["file"]).read_bytes().splitlines()
     calls = [teacher_call(orjson.loads(line)) for line in lines]
     assert {c["arguments"]["query"] for c in calls} == {"red hoodie", "hoodie red", "gluten free granola"}
     assert {c["name"] for c in calls} == {"search_products"}
@@ -147,7 +149,7 @@ def test_retail_importer_registers_its_toolset_and_validates_against_it(tmp_path
     assert (result["tasks"], result["records"]) == (2, 3)
     assert load_extra_tools(str(tmp_path / "raw")) == RETAIL_LIKE_TOOLS
     tools = catalogue(load_extra_tools(str(tmp_path / "raw")))
-    lines = (tmp_path / "raw/dt=2026-10-02/retail.jsonl").read_bytes().splitlines()
+    lines = Path(result["file"]).read_bytes().splitlines()
     verdicts = [check_line(line, tools) for line in lines]
     assert [v.reason for v in verdicts] == [None, None, Reason.INVALID_ARGUMENTS]  # "too slow" is not in the enum
     assert all(check_line(line).reason is Reason.UNKNOWN_TOOL for line in lines), "unknown without the toolset"
@@ -175,7 +177,7 @@ def test_retail_history_carries_the_order_lookups_the_database_answers(tmp_path)
     result = retail_to_raw(tools_file, tasks_file, tmp_path / "raw", date(2026, 10, 2), db_file=db_file)
     # #W1 is looked up first (its real details), #W9 is not in the database: no invented lookup
     assert (result["records"], result["lookups_from_db"], result["results_not_recorded"]) == (3, 1, 2)
-    lines = [orjson.loads(x) for x in (tmp_path / "raw/dt=2026-10-02/retail.jsonl").read_bytes().splitlines()]
+    lines = [orjson.loads(x) for x in Path(result["file"]).read_bytes().splitlines()]
     assert [teacher_call(r)["name"] for r in lines] == ["get_order_details", "cancel_pending_order",
                                                          "cancel_pending_order"]
     history = lines[2]["request"]["messages"]
@@ -224,3 +226,19 @@ def test_every_tool_declares_its_effect_and_an_undeclared_import_is_a_write(tmp_
     assert writes == {"create_order", "capture_order", "create_invoice", "send_invoice", "create_subscription",
                       "cancel_subscription"}
     assert all(r["effect"] in ("read", "write") for r in rows.values())
+
+
+def test_a_second_import_for_the_same_day_appends_with_its_own_ids_and_a_repeat_doubles_nothing(tmp_path) -> None:
+    from pipelines.logs.importers import webshop_to_raw
+    from pipelines.logs.raw import check_files, raw_files
+
+    first, second = tmp_path / "a.json", tmp_path / "b.json"
+    first.write_text(json.dumps({"i need a red hoodie": ["red hoodie"]}))
+    second.write_text(json.dumps({"gluten free granola please": ["granola gluten free", "granola"]}))
+    day, raw = date(2026, 10, 1), tmp_path / "raw"
+    one, two = webshop_to_raw(first, raw, day), webshop_to_raw(second, raw, day)
+    assert one["file"] != two["file"] and Path(one["file"]).is_file() and Path(two["file"]).is_file()
+    ids = [orjson.loads(x)["record_id"] for f in (one["file"], two["file"]) for x in Path(f).read_bytes().splitlines()]
+    assert len(ids) == len(set(ids)) == 3  # no id of one import collides with another's
+    again = webshop_to_raw(first, raw, day)  # a retry of the same import: the same file, nothing doubled
+    assert again == one and check_files(raw_files(raw)).lines == 3

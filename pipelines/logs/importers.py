@@ -7,6 +7,7 @@ files are read from where they are (e.g. ../shared/data); nothing is copied into
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 from datetime import date, datetime, timezone
@@ -18,10 +19,21 @@ from pipelines.logs import catalogue as cat
 from pipelines.logs.generator import GeneratorConfig, TrafficGenerator, _iso, _system_prompt, partition_dir
 
 
+def import_id(*sources: Path, seed: int = 0) -> str:
+    """One import's name: a digest of its source files and seed. Two imports of other files into the same
+    day append side by side (their file names and record ids differ); the same import again rewrites its
+    own file with the same ids (safe to retry, nothing doubled)."""
+    digest = hashlib.sha256(str(seed).encode())
+    for source in sources:
+        digest.update(source.read_bytes())
+    return digest.hexdigest()[:10]
+
+
 def webshop_to_raw(pairs_file: Path, raw_root: Path, day: date, seed: int = 0) -> dict[str, int | str]:
-    """instruction_to_query*.json ({instruction: [queries]}) -> raw/dt=DAY/webshop.jsonl."""
+    """instruction_to_query*.json ({instruction: [queries]}) -> raw/dt=DAY/webshop-<import id>.jsonl."""
     if not pairs_file.is_file():
         raise FileNotFoundError(f"no WebShop pairs file at {pairs_file}")
+    ident = import_id(pairs_file, seed=seed)
     pairs = json.loads(pairs_file.read_text(encoding="utf-8"))
     gen = TrafficGenerator(GeneratorConfig(seed=seed, records=0, end_date=day))
     rng = random.Random(seed)
@@ -31,7 +43,7 @@ def webshop_to_raw(pairs_file: Path, raw_root: Path, day: date, seed: int = 0) -
     lines, n = [], 0
     for s, (instruction, queries) in enumerate(sorted(pairs.items())):
         customer = customers[rng.randrange(len(customers))]
-        session_id = f"webshop_{seed}_{s:06d}"
+        session_id = f"webshop_{ident}_{s:06d}"
         for k, query in enumerate(queries):
             messages = [{"role": "system", "content": _system_prompt("search_discovery", day)},
                         {"role": "user", "content": " ".join(instruction.split())}]
@@ -40,14 +52,13 @@ def webshop_to_raw(pairs_file: Path, raw_root: Path, day: date, seed: int = 0) -
                 {"id": f"call_webshop_{s}_{k}", "type": "function",
                  "function": {"name": "search_products", "arguments": arguments}}]}
             record = gen.record(session_id, k, customer, "search_discovery", messages, assistant, "tool_calls")
-            record["record_id"] = f"webshop_{seed}_{s:06d}_{k}"
+            record["record_id"] = f"webshop_{ident}_{s:06d}_{k}"
             record["timestamp"] = _iso(start + 86_399.0 * n / max(total, 1))
             lines.append(orjson.dumps(record))
             n += 1
-    target = partition_dir(raw_root, day) / "webshop.jsonl"
-    target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_bytes(b"\n".join(lines) + (b"\n" if lines else b""))
-    return {"instructions": len(pairs), "records": n, "file": str(target)}
+    target = partition_dir(raw_root, day) / f"webshop-{ident}.jsonl"
+    _write_atomically(target, b"\n".join(lines) + (b"\n" if lines else b""))
+    return {"instructions": len(pairs), "records": n, "file": str(target), "import_id": ident}
 
 
 RETAIL_TOOLSET = "retail"
@@ -104,6 +115,7 @@ def retail_to_raw(tools_file: Path, tasks_file: Path, raw_root: Path, day: date,
     for f in (tools_file, tasks_file, *([db_file] if db_file else [])):
         if not f.is_file():
             raise FileNotFoundError(f"no such file: {f}")
+    ident = import_id(tools_file, tasks_file, *([db_file] if db_file else []), seed=seed)
     tools = json.loads(tools_file.read_text(encoding="utf-8"))
     db = json.loads(db_file.read_text(encoding="utf-8")) if db_file else None
     _, undeclared = register_toolset(str(raw_root), RETAIL_TOOLSET, tools, RETAIL_EFFECTS)
@@ -131,7 +143,7 @@ def retail_to_raw(tools_file: Path, tasks_file: Path, raw_root: Path, day: date,
     n = lookups = 0
     for s, (task, calls) in enumerate(sessions):
         customer = customers[rng.randrange(len(customers))]
-        session_id = f"retail_{seed}_{s:05d}"
+        session_id = f"retail_{ident}_{s:05d}"
         history: list[dict] = [system, {"role": "user", "content": " ".join(task["instruction"].split())}]
         for k, (action, result, from_db) in enumerate(calls):
             call_id = f"call_retail_{s}_{k}"
@@ -140,15 +152,24 @@ def retail_to_raw(tools_file: Path, tasks_file: Path, raw_root: Path, day: date,
                  "function": {"name": action["name"], "arguments": orjson.dumps(action["arguments"]).decode()}}]}
             record = gen.record(session_id, k, customer, "orders", list(history), assistant, "tool_calls")
             record["request"]["tools"] = tools
-            record["record_id"] = f"retail_{seed}_{s:05d}_{k}"
+            record["record_id"] = f"retail_{ident}_{s:05d}_{k}"
             record["timestamp"] = _iso(start + 86_399.0 * n / max(total, 1))
             lines.append(orjson.dumps(record))
             history += [assistant, {"role": "tool", "tool_call_id": call_id, "content": result}]
             lookups += from_db
             n += 1
-    target = partition_dir(raw_root, day) / "retail.jsonl"
-    target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_bytes(b"\n".join(lines) + (b"\n" if lines else b""))
-    return {"tasks": len(tasks), "records": n, "file": str(target), "toolset": RETAIL_TOOLSET,
+    target = partition_dir(raw_root, day) / f"retail-{ident}.jsonl"
+    _write_atomically(target, b"\n".join(lines) + (b"\n" if lines else b""))
+    return {"tasks": len(tasks), "records": n, "file": str(target), "import_id": ident, "toolset": RETAIL_TOOLSET,
             "lookups_from_db": lookups, "results_not_recorded": n - lookups,
             "undeclared_tools_treated_as_writes": undeclared}
+
+
+def _write_atomically(target: Path, data: bytes) -> None:
+    """Whole or not at all: a crashed import leaves no half file the next run would read."""
+    import os
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    partial.write_bytes(data)
+    os.replace(partial, target)
