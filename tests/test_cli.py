@@ -134,3 +134,13 @@ def test_a_run_past_its_time_limit_is_stopped_with_one_line_naming_the_task(tmp_
     assert "run the same command again to resume" in lines[0] and "dags-test.log" in lines[0]
     assert " ran;" in lines[0] or "before its first task started" in lines[0]
     assert processes_with_env(f"FLYWHEEL_ROOT={tmp_path}") == []
+
+
+def test_without_a_terminal_paths_and_names_are_printed_whole(tmp_path: Path) -> None:
+    """Under CI or a pipe rich would cut every cell at 80 columns (`/tmp/…/gateway.key`): whole paths instead."""
+    root = tmp_path / ("a-rather-long-folder-name-" * 4) / "flywheel"
+    result = run_flywheel("status", env={"FLYWHEEL_ROOT": str(root), "COLUMNS": ""})
+    assert result.returncode == 0, result.stderr
+    key = str(root / "runs" / "gateway.key")
+    assert any(key in line for line in result.stdout.splitlines()), result.stdout
+    assert "…" not in result.stdout

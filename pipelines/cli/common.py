@@ -4,6 +4,7 @@ and the result printer (kept apart so command modules never import each other)."
 from __future__ import annotations
 
 import json
+import os
 import sys
 from datetime import date, datetime, timezone
 from typing import Annotated, Any
@@ -15,6 +16,10 @@ from rich.table import Table
 
 from pipelines.config import Settings, get_settings
 
+# Under CI, a pipe or a file there is no terminal and rich would wrap and cut at 80 columns (paths ending in an
+# ellipsis): there, lines are as long as what they say. A terminal keeps its own width; COLUMNS, when set, wins.
+if not os.environ.get("COLUMNS") and not (sys.stdout.isatty() and sys.stderr.isatty()):
+    os.environ["COLUMNS"] = "1000"
 console = Console(stderr=True)
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print a machine-readable JSON result on stdout.")]
 
