@@ -299,6 +299,8 @@ class KubernetesSettings(_Section):
                                 "the registry from terraform output `training_image`")
     triton_image: str = Field("flywheel-triton:latest", description="docker/triton.Dockerfile: the official "
                               "Triton image plus our Python backend's packages")
+    gateway_image: str = Field("flywheel-platform:latest", description="an image with the `pipelines` package "
+                               "(the platform's requirements): the gateway runs `python -m pipelines.gateway`")
 
 
 class Settings(BaseSettings):

@@ -150,6 +150,17 @@ def test_triton_manifests_serve_the_s3_repository_on_the_gpu_pool(tmp_path: Path
     assert {p["name"]: p["port"] for p in service["spec"]["ports"]} == {"http": 8000, "grpc": 8001, "metrics": 8002}
     assert budget["spec"]["minAvailable"] == 1
     assert "s3cret-value" not in (out / "triton.yaml").read_text() + (out / "flywheel-settings.yaml").read_text()
+    # the gateway: Kubernetes restarts it on its liveness and sends it traffic on its readiness (Triton up,
+    # every route's model loaded), and its key comes from a Secret, never the manifest
+    gateway, gateway_service = yaml.safe_load_all((out / "gateway.yaml").read_text())
+    for doc in (gateway, gateway_service):
+        assert_kubernetes_schema(doc)
+    box = gateway["spec"]["template"]["spec"]["containers"][0]
+    assert box["livenessProbe"]["httpGet"]["path"] == "/livez" and box["readinessProbe"]["httpGet"]["path"] == "/ready"
+    assert box["command"] == ["python", "-m", "pipelines.gateway"]
+    key = next(e for e in box["env"] if e["name"] == "FLYWHEEL_GATEWAY__API_KEY")
+    assert "secretKeyRef" in key["valueFrom"] and "value" not in key
+    assert "s3cret-value" not in (out / "gateway.yaml").read_text()
 
     local = run_flywheel("serve", "manifests", "--out", str(out), env={"FLYWHEEL_ROOT": str(tmp_path / "fw")})
     assert local.returncode == 2 and "s3://" in local.stderr  # a local folder cannot be the cluster's repository

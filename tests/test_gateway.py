@@ -84,6 +84,9 @@ def test_the_openai_client_gets_tool_calls_sync_and_streamed(gateway) -> None:
     client = _client(gateway)
     ids = {m.id for m in client.models.list().data}
     assert ids >= {"champion", f"v{gateway['v1']}", f"v{gateway['v2']}", "candidate", "base"}, ids
+    # ready: Triton answers and the champion is loaded (the probe needs no key; it says nothing about data)
+    ready = httpx.get(gateway["url"].removesuffix("/v1") + "/ready", timeout=30)
+    assert ready.status_code == 200 and ready.json()["ready"] is True and ready.json()["routes"]["champion"] == "ready"
 
     answer = client.chat.completions.create(model="champion", messages=ASK, tools=TOOLS, tool_choice="required",
                                             user="cus_0000001")
@@ -295,3 +298,27 @@ def test_captured_turns_pass_the_schema_check_and_survive_a_kill_under_load(gate
             "name"] in {"track", "refund", "odd", "ping"}), (verdict.reason, verdict.detail)
     gw.up(settings)  # the next start serves again
     assert _client(gateway).models.list().data
+
+
+def test_alive_but_not_ready_while_triton_is_down(tmp_path: Path) -> None:
+    """With no Triton behind it the gateway is alive (a restart would not help) but not ready (no traffic):
+    `/livez` 200, `/ready` 503, and `flywheel gateway status --json` says `"ready": false`."""
+    from helpers import run_flywheel
+    from pipelines.config import load_settings
+    from pipelines.gateway import app as gw
+
+    env = {"FLYWHEEL_ROOT": str(tmp_path / "fw"), "FLYWHEEL_GATEWAY__PORT": str(free_port()),
+           "FLYWHEEL_TRITON__HTTP_PORT": str(free_port()), "FLYWHEEL_TRITON__GRPC_PORT": str(free_port()),
+           "FLYWHEEL_GATEWAY__REQUEST_TIMEOUT_S": "5"}
+    settings = load_settings(root=env["FLYWHEEL_ROOT"], gateway={"port": int(env["FLYWHEEL_GATEWAY__PORT"])})
+    try:
+        assert run_flywheel("gateway", "up", env=env).returncode == 0
+        base = f"http://127.0.0.1:{env['FLYWHEEL_GATEWAY__PORT']}"
+        assert httpx.get(f"{base}/livez", timeout=10).status_code == 200
+        ready = httpx.get(f"{base}/ready", timeout=30)
+        assert ready.status_code == 503 and ready.json()["ready"] is False, ready.text
+        assert ready.json()["backend"].startswith("unreachable")
+        shown = json.loads(run_flywheel("gateway", "status", "--json", env=env).stdout)
+        assert shown["running"] and shown["healthy"] and shown["ready"] is False, shown
+    finally:
+        gw.down(settings)

@@ -64,9 +64,10 @@ def serve_manifests(
     as_json: JsonOpt = False,
 ) -> None:
     """Kubernetes manifests for Triton on the cluster (official image, model repository on S3, GPU
-    pool), and the training pods' settings ConfigMap."""
+    pool), the gateway (probes: /livez, /ready), and the training pods' settings ConfigMap."""
     import yaml
 
+    from pipelines.gateway.kubernetes import gateway_manifests
     from pipelines.serve.kubernetes import triton_manifests
     from pipelines.train.kubernetes import settings_config_map
 
@@ -76,7 +77,8 @@ def serve_manifests(
     except ValueError as exc:
         raise UserError(str(exc)) from None
     out.mkdir(parents=True, exist_ok=True)
-    files = {"triton.yaml": docs, "flywheel-settings.yaml": [settings_config_map(settings)]}
+    files = {"triton.yaml": docs, "gateway.yaml": gateway_manifests(settings),
+             "flywheel-settings.yaml": [settings_config_map(settings)]}
     for name, manifests in files.items():
         (out / name).write_text(yaml.safe_dump_all(manifests, sort_keys=False))
     _emit({"files": [str(out / name) for name in files], "objects": sum(len(m) for m in files.values())},

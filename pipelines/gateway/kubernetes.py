@@ -1,0 +1,51 @@
+"""Kubernetes manifests for the gateway on the cluster: a Deployment whose probes are the gateway's own
+liveness (`/livez`: restart a stuck process) and readiness (`/ready`: no traffic while Triton is down or a
+route's model is not loaded), and its Service. The API key comes from a Secret, never from the manifest."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pipelines.config import Settings
+
+APP = "flywheel-gateway"
+PORT = 8400
+KEY_SECRET = "flywheel-gateway-key"  # kubectl create secret generic flywheel-gateway-key --from-literal=key=...
+
+
+def gateway_manifests(settings: Settings, *, replicas: int = 2) -> list[dict[str, Any]]:
+    k = settings.kubernetes
+    labels = {"app.kubernetes.io/name": APP, "app.kubernetes.io/part-of": "commerce-flywheel"}
+    meta = {"namespace": k.namespace, "labels": labels}
+    probe = {"periodSeconds": 10, "timeoutSeconds": 5}
+    deployment = {
+        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": APP, **meta},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": {"app.kubernetes.io/name": APP}},
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}},
+            "template": {"metadata": {"labels": labels}, "spec": {
+                "serviceAccountName": "airflow",  # reads the raw zone and the serving state (terraform/modules/iam)
+                "securityContext": {"runAsNonRoot": True, "runAsUser": 1000},
+                "containers": [{
+                    "name": "gateway", "image": k.gateway_image, "command": ["python", "-m", "pipelines.gateway"],
+                    "env": [{"name": "FLYWHEEL_PROFILE", "value": "cluster"},
+                            {"name": "FLYWHEEL_GATEWAY__HOST", "value": "0.0.0.0"},  # noqa: S104 (in the pod)
+                            {"name": "FLYWHEEL_GATEWAY__PORT", "value": str(PORT)},
+                            {"name": "FLYWHEEL_GATEWAY__API_KEY",
+                             "valueFrom": {"secretKeyRef": {"name": KEY_SECRET, "key": "key"}}}],
+                    "envFrom": [{"configMapRef": {"name": "flywheel-settings", "optional": True}}],
+                    "ports": [{"name": "http", "containerPort": PORT}],
+                    "startupProbe": {"httpGet": {"path": "/livez", "port": "http"}, **probe, "failureThreshold": 30},
+                    "livenessProbe": {"httpGet": {"path": "/livez", "port": "http"}, **probe, "failureThreshold": 3},
+                    "readinessProbe": {"httpGet": {"path": "/ready", "port": "http"}, **probe, "failureThreshold": 2},
+                    "resources": {"requests": {"cpu": "1", "memory": "2Gi"}},
+                    "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
+                }],
+            }},
+        },
+    }
+    service = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": APP, **meta},
+               "spec": {"type": "ClusterIP", "selector": {"app.kubernetes.io/name": APP},
+                        "ports": [{"name": "http", "port": PORT, "targetPort": "http"}]}}
+    return [deployment, service]

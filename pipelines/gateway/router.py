@@ -1,0 +1,179 @@
+"""The gateway's routing: OpenAI model names (aliases: `champion`, `candidate`, `previous`, `base`, `vN`) to the
+Triton models loaded now, the prompt each was trained with, its readiness, few-shot shots and context."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from pipelines.config import Settings
+
+LOG = logging.getLogger("flywheel.gateway")
+ALIAS_TTL_S = 10.0
+
+
+@dataclass(frozen=True)
+class Target:
+    alias: str
+    name: str            # the Triton model
+    version: str | None  # the registry version (None: the base model)
+    prompt_style: str
+
+
+class Router:
+    """Aliases -> loaded Triton models, through one Triton client (a connection per worker thread inside it)."""
+
+    def __init__(self, settings: Settings):
+        self.settings = settings
+        self._local = threading.local()  # a FeatureStore per worker thread
+        self._lock = threading.Lock()
+        self._client: Any = None
+        self._client_lock = threading.Lock()
+        self._styles: dict[str, str] = {}
+        self._candidate: tuple[float, str | None] = (0.0, None)
+        self._refreshing = threading.Lock()
+        self._pool: tuple[list[Any], Any] | None = None
+        self._warned = 0.0
+
+    def client(self) -> Any:
+        """The one Triton client of this gateway (it keeps a connection per calling thread itself)."""
+        from pipelines.serve.client import TritonClient
+
+        with self._client_lock:
+            if self._client is None:
+                self._client = TritonClient(self.settings, timeout_s=self.settings.gateway.request_timeout_s)
+            return self._client
+
+    def _style(self, name: str) -> str:
+        from pipelines.serve import repository
+        from pipelines.storage import read_json
+
+        if name not in self._styles:
+            self._styles[name] = read_json(f"{repository.model_uri(self.settings, name)}/1/flywheel.json")["prompt_style"]
+        return self._styles[name]
+
+    def _candidate_version(self) -> str | None:
+        """The registry's `candidate` version, refreshed every ALIAS_TTL_S by one thread at a time (the others
+        use the value they have meanwhile; the registry unreachable: the last known one)."""
+        from pipelines.registry.models import alias_version
+
+        at, version = self._candidate
+        if time.monotonic() - at > ALIAS_TTL_S and self._refreshing.acquire(blocking=False):
+            try:
+                version = alias_version(self.settings, "candidate")
+            except Exception:  # noqa: BLE001 (the registry unreachable: keep the last known candidate)
+                LOG.warning("the registry did not answer; the candidate route stays v%s", version)
+            finally:
+                self._candidate = (time.monotonic(), version)
+                self._refreshing.release()
+        return version
+
+    def targets(self) -> dict[str, Target]:
+        """Every alias that a loaded model answers now."""
+        from pipelines.serve import deploy, repository
+
+        loaded = set(self.client().loaded())
+        prefix = f"{self.settings.triton.model_name}_v"
+        out: dict[str, Target] = {}
+        for name in sorted(loaded):
+            if name.startswith(prefix):
+                version = name.removeprefix(prefix)
+                out[f"v{version}"] = Target(f"v{version}", name, version, self._style(name))
+        current = deploy.state(self.settings)
+        for alias in ("live", "previous"):
+            entry = current.get(alias)
+            if entry and entry["name"] in loaded:
+                key = "champion" if alias == "live" else alias
+                out[key] = Target(key, entry["name"], entry.get("version"), entry["prompt_style"])
+        candidate = self._candidate_version()
+        if candidate and f"v{candidate}" in out:
+            out["candidate"] = Target("candidate", out[f"v{candidate}"].name, candidate, out[f"v{candidate}"].prompt_style)
+        base = repository.triton_name(self.settings, None)
+        if base in loaded:
+            out["base"] = Target("base", base, None, "full")
+        return out
+
+    def readiness(self) -> dict[str, Any]:
+        """Whether the gateway can answer now: Triton reachable, the champion loaded, and every route's
+        candidate (shadow, canary) loaded; each route's state by name."""
+        from pipelines.gateway.routes import read_routes
+
+        try:
+            targets = self.targets()
+        except Exception as exc:  # noqa: BLE001 (Triton down or the serving state unreadable: not ready)
+            return {"ready": False, "backend": f"unreachable ({type(exc).__name__})", "routes": {}}
+        routes = {"champion": "ready" if "champion" in targets else "no live model loaded"}
+        for alias, route in sorted(read_routes(self.settings)["routes"].items()):
+            if route.get("mode") in ("shadow", "canary"):
+                candidate = route.get("candidate", "candidate")
+                ok = alias in targets and candidate in targets
+                routes[alias] = f"{route['mode']}: {'ready' if ok else f'{candidate} not loaded'}"
+        return {"ready": all(v == "ready" or v.endswith(": ready") for v in routes.values()), "backend": "ready",
+                "routes": routes}
+
+    def resolve(self, model: str) -> Target:
+        from pipelines.gateway.openai_api import ApiError
+
+        try:
+            found = self.targets().get(model)
+        except Exception as exc:  # noqa: BLE001 (Triton or the serving state unreadable: retry later)
+            raise ApiError(503, f"the models cannot be listed now ({type(exc).__name__}: {str(exc)[:200]})",
+                           kind="server_error", code="model_unavailable") from None
+        if found is None:
+            raise ApiError(404, f"The model '{model}' does not exist or is not loaded (GET /v1/models lists "
+                                f"the ones that are)", param="model", code="model_not_found")
+        return found
+
+    def turns(self, target: Target, row: dict[str, Any]) -> list[dict[str, str]]:
+        """The prompt the model was trained on; for `base`, the full prompt with retrieved examples."""
+        from pipelines.serve.client import conversation
+
+        turns = conversation({**row, "context": self.context(row["customer_id"])}, target.prompt_style)
+        if target.version is not None or self.settings.gateway.few_shot == 0:
+            return turns
+        from pipelines.toolcall.fewshot import with_shots
+        from pipelines.toolcall.examples import Example
+
+        query = Example(row["record_id"], turns, '{"name":null}', "", turns[-1]["content"], row["tools_json"])
+        pool, vectors = self._shot_pool()
+        return with_shots([query], pool, self.settings.gateway.few_shot, vectors)[0]
+
+    def context(self, customer_id: str) -> str:
+        """The customer's context line from Feast's online store, as training had it; empty (as for a
+        customer training never saw) when there is no customer or the store cannot answer, logged."""
+        from pipelines.clients.feast import feature_store
+        from pipelines.features.pipeline import online_context
+
+        if not customer_id:
+            return ""
+        try:
+            if not hasattr(self._local, "store"):  # one FeatureStore per worker thread (its registry is cached)
+                self._local.store = feature_store(self.settings)
+            return online_context(customer_id, self.settings, self._local.store)
+        except Exception as exc:  # noqa: BLE001 (Feast unreachable or not applied: serve without context)
+            now = time.monotonic()
+            if now - self._warned > 60:
+                self._warned = now
+                LOG.warning("no customer context from the online store (%s: %s); serving without it",
+                            type(exc).__name__, str(exc)[:200])
+            return ""
+
+    def _shot_pool(self) -> tuple[list[Any], Any]:
+        """Single-turn training examples to retrieve from (none before a training set exists) and their
+        embeddings, computed once (embedding the pool per request cost ~20 s on this CPU)."""
+        from pipelines.embeddings import embed
+        from pipelines.toolcall.fewshot import single_turn
+        from pipelines.prep.dataset import DatasetMissing, load_split
+        from pipelines.toolcall.examples import to_examples
+
+        with self._lock:
+            if self._pool is None:
+                try:
+                    pool = single_turn(to_examples(load_split(self.settings, "train", 2000), "full"))
+                except DatasetMissing:
+                    pool = []
+                self._pool = (pool, embed([p.query for p in pool]) if pool else None)
+            return self._pool
