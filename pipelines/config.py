@@ -155,6 +155,8 @@ class GatewaySettings(_Section):
                                       "once per local root into <root>/runs/gateway.key (0600)")
     max_request_bytes: int = Field(1_000_000, ge=1024, description="larger request bodies are refused (413)")
     request_timeout_s: float = Field(120, gt=0, description="how long one request may wait for the model")
+    max_concurrent_requests: int = Field(8, ge=1, description="completions in flight at once; more are refused at "
+                                         "once with 429 and Retry-After (never queued until they time out)")
     few_shot: int = Field(3, ge=0, le=8, description="retrieved examples in the `base` model's prompt")
     capture: bool = Field(True, description="write every served turn into the raw zone as one log record")
     capture_rotate_bytes: int = Field(16_000_000, ge=1024, description="start a new capture file past this size")

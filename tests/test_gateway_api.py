@@ -91,6 +91,7 @@ def test_streamed_chunks_rebuild_the_same_answer() -> None:
                  "tools": [{"type": "function", "function": {"name": "a"}}],
                  "tool_choice": {"type": "function", "function": {"name": "b"}}}).encode(), 400, "tool_choice"),
     (json.dumps({"model": "champion", "messages": [{"role": "user", "content": "x" * 5000}]}).encode(), 413, "at most"),
+    (b"[" * 2000 + b"]" * 2000, 400, "nested too deeply"),  # was a 500 and a traceback
 ])
 def test_bad_requests_are_openai_style_errors(body: bytes, status: int, where: str) -> None:
     with pytest.raises(api.ApiError) as caught:
@@ -386,3 +387,43 @@ def test_a_no_tool_answer_a_cut_call_and_a_teacher_answer_close_the_stream_corre
     chunks, _ = _streamed([], body, None, names)
     assert _assembled(chunks)[1:] == ('{"a":1}', name, "", "tool_calls")
     assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+
+
+def test_past_its_concurrency_limit_the_gateway_answers_429_at_once_and_its_probes_still_answer(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Twice the limit at once: exactly `max_concurrent_requests` are answered, every other one gets a 429 with
+    Retry-After at once (none queued, none lost), and /health answers while the slots are full."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from fastapi.testclient import TestClient
+
+    from pipelines.config import load_settings
+    from pipelines.gateway.app import api_key, create_app
+    from pipelines.gateway.traffic import Traffic
+
+    release, entered = threading.Event(), threading.Semaphore(0)
+
+    def handle(self, parsed, *args, **kwargs):  # the model's work, held until every request has arrived
+        entered.release()
+        assert release.wait(30)
+        return {"id": "chatcmpl-x", "choices": []}
+
+    monkeypatch.setattr(Traffic, "handle", handle)
+    settings = load_settings(root=str(tmp_path), gateway={"max_concurrent_requests": 3})
+    body = {"model": "champion", "messages": [{"role": "user", "content": "hi"}],
+            "tools": [{"type": "function", "function": {"name": "a", "parameters": {"type": "object"}}}]}
+    with TestClient(create_app(settings)) as client:
+        headers = {"Authorization": f"Bearer {api_key(settings)}"}
+        with ThreadPoolExecutor(6) as pool:
+            admitted = [pool.submit(client.post, "/v1/chat/completions", json=body, headers=headers) for _ in range(3)]
+            for _ in range(3):
+                assert entered.acquire(timeout=30)  # the three slots are taken
+            refused = [client.post("/v1/chat/completions", json=body, headers=headers) for _ in range(3)]
+            assert client.get("/health").status_code == 200  # the probe is not queued behind completions
+            release.set()
+            answered = [f.result(timeout=30) for f in admitted]
+        assert [r.status_code for r in answered] == [200, 200, 200]
+        assert [r.status_code for r in refused] == [429, 429, 429]
+        assert all(r.headers["retry-after"] == "1" and r.json()["error"]["code"] == "rate_limit_exceeded"
+                   for r in refused)
+        assert client.post("/v1/chat/completions", json=body, headers=headers).status_code == 200  # slots freed

@@ -157,7 +157,7 @@ def create_app(settings: Settings) -> Any:
                   lifespan=lifespan)
 
     def error(exc: api.ApiError) -> JSONResponse:
-        return JSONResponse(exc.body(), status_code=exc.status)
+        return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
 
     @app.exception_handler(api.ApiError)
     async def _api_error(_request: Request, exc: api.ApiError) -> JSONResponse:
@@ -232,12 +232,24 @@ def create_app(settings: Settings) -> Any:
             {"id": t.alias, "object": "model", "created": 0, "owned_by": OWNER, "root": t.name,
              "version": t.version, "prompt_style": t.prompt_style} for t in targets.values()]}
 
+    inflight = {"n": 0}  # completions being answered: counted on the event loop (no lock needed)
+    limit = settings.gateway.max_concurrent_requests
+
+    def leave() -> None:
+        inflight["n"] -= 1
+
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Any:
         parsed = api.parse_request(await read_body(request, settings.gateway.max_request_bytes))
+        if inflight["n"] >= limit:  # refused at once, before any work: the caller retries, nothing is half done
+            raise api.too_busy(limit)
+        inflight["n"] += 1
         if not parsed.stream:
-            return JSONResponse(await run_in_threadpool(traffic.handle, parsed))
-        return await stream_response(traffic, parsed)
+            try:
+                return JSONResponse(await run_in_threadpool(traffic.handle, parsed))
+            finally:
+                leave()
+        return await stream_response(traffic, parsed, on_done=leave)  # when the generation ends
 
     return app
 

@@ -26,9 +26,10 @@ class ApiError(Exception):
     """An OpenAI-style error: HTTP status, message, type, param and code."""
 
     def __init__(self, status: int, message: str, kind: str = "invalid_request_error", param: str | None = None,
-                 code: str | None = None):
+                 code: str | None = None, headers: dict[str, str] | None = None):
         super().__init__(message)
         self.status, self.message, self.kind, self.param, self.code = status, message, kind, param, code
+        self.headers = headers or {}
 
     def body(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
@@ -110,6 +111,12 @@ def model_error(model: str, message: str) -> ApiError:
     return ApiError(503, f"{model}: {message}", kind="server_error", code="model_unavailable")
 
 
+def too_busy(limit: int) -> ApiError:
+    return ApiError(429, f"the gateway is answering {limit} requests, its limit (gateway.max_concurrent_requests); "
+                         "retry after a second", kind="rate_limit_error", code="rate_limit_exceeded",
+                    headers={"Retry-After": "1"})
+
+
 def too_large(size: int, limit: int) -> ApiError:
     return ApiError(413, f"request body is {size} bytes; this gateway accepts at most {limit}", code="request_too_large")
 
@@ -121,6 +128,8 @@ def parse_request(body: bytes) -> ChatCompletionRequest:
         data = json.loads(body)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ApiError(400, f"We could not parse the JSON body of your request ({exc})") from None
+    except RecursionError:  # `[[[[...`: a body nested past what any request needs
+        raise ApiError(400, "We could not parse the JSON body of your request (nested too deeply)") from None
     if not isinstance(data, dict):
         raise ApiError(400, "the request body must be a JSON object")
     try:

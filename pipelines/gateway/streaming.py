@@ -101,7 +101,7 @@ class ToolCallStream:
         return out
 
 
-async def stream_response(traffic: Any, parsed: api.ChatCompletionRequest) -> Any:
+async def stream_response(traffic: Any, parsed: api.ChatCompletionRequest, on_done: Any = None) -> Any:
     """The gateway's answer to `stream: true`: server-sent events as the model generates. The request runs
     in a worker thread (`traffic.handle`) whose growing text comes here through a queue. Until the first
     text, an error is an ordinary error response; after it, an error event ends the stream."""
@@ -126,6 +126,9 @@ async def stream_response(traffic: Any, parsed: api.ChatCompletionRequest) -> An
             events.put_nowait(("error", exc))
         else:
             events.put_nowait(("done", body))
+        finally:
+            if on_done is not None:  # the generation is over (whether or not the caller is still there)
+                on_done()
 
     worker = asyncio.create_task(run())
     kind, value = await events.get()
