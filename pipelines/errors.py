@@ -19,6 +19,11 @@ class NotRetryable(RuntimeError):
     """The run must stop here; the message says why and what to do."""
 
 
+class DataProblem(NotRetryable):
+    """The data is what stops the run (a failed quality gate, an empty window, a tool schema that cannot be
+    enforced): the user fixes the data or the setting the message names; `flywheel run` exits 2."""
+
+
 def one_line(exc: BaseException) -> str:
     """An exception from a library as one readable line: the system it came from and the first line of
     its message (URI passwords masked)."""

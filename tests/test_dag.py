@@ -4,11 +4,13 @@ triggered through the REST API): test_drift_scenario, which shares that server's
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
+from helpers import run_flywheel
 from pipelines.clients.airflow import dags_test
 from pipelines.config import load_settings
 from pipelines.services import free_port
@@ -126,9 +128,17 @@ def test_dag_trains_evaluates_registers_promotes_deploys_and_benchmarks(tmp_path
 
 
 def test_failing_gate_stops_the_dag_before_features_and_quarantines_the_batch(tmp_path: Path) -> None:
-    ok, out = _run(tmp_path, records_per_day=1500, bad_share=0.6)
-    assert not ok
-    assert "quality gate failed" in out and "raw_outcomes: expect_column_values_to_be_in_set(outcome)" in out
+    """Through `flywheel run` as a user runs it: the failed task and its reason in one line (the gate's suite,
+    expectation, failing count and Data Docs), exit 2 (a data problem the user can fix)."""
+    result = run_flywheel("run", "--end-date", DAY, "--window-days", "1", "--seed", "3", "--no-train",
+                          "--records-per-day", "1500", "--bad-share", "0.6", env={"FLYWHEEL_ROOT": str(tmp_path)})
+    assert result.returncode == 2, result.stdout + result.stderr
+    [line] = [x for x in result.stderr.splitlines() if x.startswith("error:")]
+    assert line.startswith("error: task validate failed: quality gate failed"), line
+    assert re.search(r"raw_outcomes: expect_column_values_to_be_in_set\(outcome\) failing \d+", line), line
+    assert "Data Docs: " in line and "dags-test.log" in line
+    log = (tmp_path / "logs" / "dags-test.log").read_text()
+    assert "airflow.exceptions.AirflowFailException is deprecated" not in log  # our own imports do not flood it
     assert not (tmp_path / "curated" / "sft").exists(), "features (and training) never ran"
     failed = list((tmp_path / "quarantine" / "failed_batches").glob(f"{DAY}_{DAY}-*"))
     assert len(failed) == 1 and list((failed[0] / "examples").rglob("*.parquet"))

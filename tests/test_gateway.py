@@ -300,6 +300,40 @@ def test_captured_turns_pass_the_schema_check_and_survive_a_kill_under_load(gate
     assert _client(gateway).models.list().data
 
 
+def test_after_triton_and_the_gateway_are_killed_flywheel_up_serves_the_champion_with_no_deploy(gateway) -> None:
+    """A reboot or a crash: SIGKILL Triton and the gateway, then `flywheel up` alone (no `flywheel deploy`)
+    brings back the live model and the previous one from the serving state, smoke-tested, and the `openai`
+    client gets the champion's tool call; every turn captured before the kill is still there."""
+    from helpers import run_flywheel
+    from pipelines.gateway import app as gw
+    from pipelines.serve import deploy, server
+
+    settings = gateway["settings"]
+    before = set(_captured(settings))
+    live = deploy.state(settings)["live"]["name"]
+    for service in (server.SERVICE, gw.SERVICE):
+        os.killpg(read_pid(str(settings.root), service), signal.SIGKILL)
+    t = settings.triton
+    env = {"FLYWHEEL_ROOT": str(settings.root), "FLYWHEEL_TRITON__HTTP_PORT": str(t.http_port),
+           "FLYWHEEL_TRITON__GRPC_PORT": str(t.grpc_port), "FLYWHEEL_TRITON__METRICS_PORT": str(t.metrics_port),
+           "FLYWHEEL_TRITON__SMOKE_REQUESTS": "2", "FLYWHEEL_TRITON__SMOKE_MIN_VALID_JSON": "0",
+           "FLYWHEEL_TRITON__MAX_NEW_TOKENS": str(t.max_new_tokens),
+           "FLYWHEEL_TRITON__MAX_INPUT_TOKENS": str(t.max_input_tokens),
+           "FLYWHEEL_GATEWAY__PORT": str(settings.gateway.port)}
+    wait_for_exit = time.monotonic() + 30
+    while (server.status(settings).running or gw.status(settings)["running"]) and time.monotonic() < wait_for_exit:
+        time.sleep(0.2)
+    up = run_flywheel("up", "--only", "gateway", "--json", env=env)
+    assert up.returncode == 0, up.stdout + up.stderr
+    restored = json.loads(up.stdout)["triton"]["restored"]
+    assert restored["live"]["name"] == live and restored["live"]["failure"] is None
+    assert restored["live"]["was_loaded"] is False  # the fresh server had nothing: it was brought back
+    answer = _client(gateway).chat.completions.create(model="champion", messages=ASK, tools=TOOLS,
+                                                      tool_choice="required", user="cus_0000001")
+    assert answer.choices[0].finish_reason == "tool_calls" and answer.model == "champion"
+    assert before <= set(_captured(settings))  # nothing captured before the kill was lost
+
+
 def test_alive_but_not_ready_while_triton_is_down(tmp_path: Path) -> None:
     """With no Triton behind it the gateway is alive (a restart would not help) but not ready (no traffic):
     `/livez` 200, `/ready` 503, and `flywheel gateway status --json` says `"ready": false`."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Annotated
 
@@ -107,6 +108,7 @@ def run_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """Run the commerce_flywheel DAG for a window (in-process `dags test`, or via `flywheel up`'s scheduler)."""
+    from pipelines.airflow_tasks import last_failure
     from pipelines.clients import airflow
 
     conf = {"end_date": end_date, "window_days": window_days, "records_per_day": records_per_day,
@@ -118,6 +120,7 @@ def run_cmd(
     if scheduler:
         rest = airflow.AirflowRest(settings)
         limit = settings.airflow.run_timeout_s
+        started = datetime.now(timezone.utc).isoformat(timespec="microseconds")
         with console.status("waiting for the DAG run ..."):
             state = airflow.trigger_and_wait(rest, "commerce_flywheel", conf, timeout_s=limit)
         if state["state"] == "timeout":
@@ -125,12 +128,24 @@ def run_cmd(
                             f"(airflow.run_timeout_s); it goes on in the scheduler: see {airflow.base_url(settings)}")
         _emit(state, as_json, f"commerce_flywheel: {state['state']}")
         if state["state"] != "success":
-            raise typer.Exit(1)
+            _fail(last_failure(settings.zone("reports"), started), f"{airflow.base_url(settings)}/dags/commerce_flywheel")
         return
     log = Path(str(settings.root)) / "logs" / "dags-test.log"
+    started = datetime.now(timezone.utc).isoformat(timespec="microseconds")
     with console.status(f"airflow dags test commerce_flywheel (progress: {log}) ..."):
         result = airflow.dags_test(settings, "commerce_flywheel", conf, log=log)
     ok = result.returncode == 0 and "state=success" in result.stdout + result.stderr
-    _emit({"state": "success" if ok else "failed", "log": str(log)}, as_json, "commerce_flywheel")
+    failure = None if ok else last_failure(settings.zone("reports"), started)
+    _emit({"state": "success" if ok else "failed", "log": str(log),
+           **({"failed_task": failure["task"], "reason": failure["reason"]} if failure else {})},
+          as_json, "commerce_flywheel")
     if not ok:
-        raise typer.Exit(1)
+        _fail(failure, str(log))
+
+
+def _fail(failure: dict | None, where: str) -> None:
+    """One line: which task failed and why (a gate: suite, expectation, failing count, Data Docs); exit 2 for a
+    data problem the user can fix, 1 for anything else."""
+    why = f"task {failure['task']} failed: {failure['reason']}" if failure else "a task failed (see the log)"
+    sys.stderr.write(f"error: {why} (log: {where})\n")
+    raise typer.Exit(2 if failure and failure["data_problem"] else 1)

@@ -21,11 +21,15 @@ serve_app = typer.Typer(help="The local Triton server (the real tritonserver bin
 
 @serve_app.command("up")
 def serve_up(as_json: JsonOpt = False) -> None:
-    """Start Triton with explicit model control (models load on `flywheel deploy`)."""
-    from pipelines.serve import server
+    """Start Triton with explicit model control, and bring back what the serving state names (the live model
+    and the previous one, each smoke-tested): after a restart nothing needs deploying again."""
+    from pipelines.serve import deploy, server
 
-    with console.status("starting Triton ..."):
-        _emit(server.up(_local_settings("serve up")).to_dict(), as_json, "triton is up")
+    settings = _local_settings("serve up")
+    with console.status("starting Triton and restoring the live deployment ..."):
+        result = server.up(settings).to_dict()
+        result.update(deploy.restore(settings))
+    _emit(result, as_json, "triton is up")
 
 
 @serve_app.command("down")

@@ -57,6 +57,11 @@ def up(
             console.print(schedules.one_line(row), soft_wrap=True, highlight=False)
     if "gateway" in names:
         from pipelines.gateway import app as gateway
+        from pipelines.serve import deploy
+
+        if deploy.state(settings).get("live"):  # something was serving: bring it back before the front door opens
+            console.print("starting Triton and restoring the live deployment ...")
+            results["triton"] = deploy.restore(settings)
 
         console.print("starting the gateway ...")
         gateway.up(settings)

@@ -29,12 +29,12 @@ import pandas as pd
 
 from pipelines.config import Settings
 from pipelines.drift.signals import Summary, compare, summarize
-from pipelines.errors import NotRetryable
-from pipelines.storage import fs_for, glob, lock_file, read_bytes, read_json, write_bytes, write_json, write_text
+from pipelines.errors import DataProblem
+from pipelines.storage import glob, lock_file, read_bytes, read_json, write_bytes, write_json, write_text
 from pipelines.window import DateWindow
 
 
-class NoReference(NotRetryable):
+class NoReference(DataProblem):
     """There is no champion (or no training window, or no clean record in it) to compare with yet."""
 
 

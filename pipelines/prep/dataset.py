@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
 from pipelines.config import Settings
-from pipelines.errors import NotRetryable
+from pipelines.errors import DataProblem
 from pipelines.logs.tools import NO_TOOL
 from pipelines.storage import glob, read_json
 
@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 SPLITS = ("train", "val", "test")
 
 
-class DatasetMissing(NotRetryable):
+class DatasetMissing(DataProblem):
     """No curated training set yet (run the data path first), or an empty split."""
 
 

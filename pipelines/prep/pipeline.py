@@ -18,7 +18,7 @@ from typing import Any
 
 from pipelines import __version__
 from pipelines.config import REPO_ROOT, Settings
-from pipelines.errors import NotRetryable
+from pipelines.errors import DataProblem
 from pipelines.logs.feedback import read_feedback
 from pipelines.logs.raw import unreadable_reason
 from pipelines.logs.tools import TOOLSET_VERSION
@@ -33,7 +33,7 @@ VAL_SHARE = 0.1
 TEST_SHARE = 0.1
 
 
-class PrepError(NotRetryable):
+class PrepError(DataProblem):
     """Prep cannot produce a dataset for this window; the message says why."""
 
 

@@ -18,7 +18,7 @@ from datetime import datetime, time as dtime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
 
 from pipelines.config import Settings
-from pipelines.errors import NotRetryable
+from pipelines.errors import DataProblem
 from pipelines.logs.tools import TOOL_NAMES, WORKLOADS
 from pipelines.logs.toolsets import extra_tool_names
 from pipelines.prep.pipeline import raw_files_for, zone_paths
@@ -39,7 +39,7 @@ RAW_SCHEMA = (
 )
 
 
-class QualityGateFailed(NotRetryable):
+class QualityGateFailed(DataProblem):
     """A gate failed: the batch is quarantined and the flywheel stops before training."""
 
 
@@ -66,7 +66,9 @@ class QualityReport:
 
     @property
     def failures(self) -> list[str]:
-        return [f"{s.suite}: {f['expectation']}({f.get('column') or ''})" for s in self.suites for f in s.failed]
+        return [f"{s.suite}: {f['expectation']}({f.get('column') or ''})"
+                + (f" failing {f['unexpected_count']}" if f.get("unexpected_count") is not None else "")
+                for s in self.suites for f in s.failed]
 
 
 def raw_frame(spark: SparkSession, settings: Settings, window: DateWindow) -> DataFrame:

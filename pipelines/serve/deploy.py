@@ -209,6 +209,41 @@ def deploy(settings: Settings, alias: str = "champion", *, version: str | None =
             "stale_folder": model.stale, "seconds": round(time.perf_counter() - started, 1)}
 
 
+def restore(settings: Settings) -> dict[str, Any]:
+    """After a restart (a reboot, a crash, an upgrade): load what the serving state names, `live` and `previous`
+    (kept for rollback), and smoke-test each, so the gateway answers with no `flywheel deploy` in between. The
+    state itself never moves here. Raises DeployFailed (one line) when the live model cannot be brought back."""
+    current = state(settings)
+    wanted = {k: Deployment(**current[k]) for k in ("live", "previous") if current.get(k)}
+    if not wanted:
+        return {"restored": {}, "healthy": True, "note": "nothing deployed yet"}
+    server.up(settings)
+    client = TritonClient(settings)
+    restored: dict[str, Any] = {}
+    try:
+        for role, entry in wanted.items():
+            row: dict[str, Any] = {"name": entry.name, "version": entry.version,
+                                   "was_loaded": client.ready(entry.name)}
+            try:
+                if not row["was_loaded"]:
+                    client.load(entry.name)
+                smoke = smoke_test(settings, client, entry)
+                row.update(smoke=smoke, failure=smoke_failure(settings, smoke))
+            except Exception as exc:  # noqa: BLE001 (a folder gone, a load refused: said, and the other kept)
+                row["failure"] = f"failed to load or answer ({_one_line(exc)})"
+            restored[role] = row
+    finally:
+        client.close()
+    with state_lock(settings):
+        _save(settings, state(settings), {"event": "restored", **{k: {"name": v["name"], "failure": v["failure"]}
+                                                                   for k, v in restored.items()}})
+    live = restored.get("live")
+    if live is not None and live["failure"]:
+        raise DeployFailed(f"after the restart the live model {live['name']} could not be brought back: "
+                           f"{live['failure']}; `flywheel rollback` serves the previous one")
+    return {"restored": restored, "healthy": all(not v["failure"] for v in restored.values())}
+
+
 def _in_use(current: dict[str, Any], client: TritonClient, name: str) -> bool:
     """The model is live, previous, or loaded on the server: its folder must not be rewritten."""
     named = {d["name"] for d in (current.get("live"), current.get("previous")) if d}

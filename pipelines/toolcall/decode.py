@@ -9,10 +9,10 @@ from typing import Any
 
 from rich.progress import Progress
 
-from pipelines.errors import NotRetryable
+from pipelines.errors import DataProblem
 
 
-class ToolsNotEnforceable(NotRetryable):
+class ToolsNotEnforceable(DataProblem):
     """An offered tool's schema cannot be turned into a grammar: constrained decoding refuses it (one line
     naming the tool) rather than decode that turn unconstrained."""
 
