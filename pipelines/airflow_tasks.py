@@ -3,15 +3,17 @@ parsing a DAG file stays cheap)."""
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
-FAILURE_FILE = "runs/last-failure.json"  # under the reports zone: the newest failed task and why, in one line
+FAILURES = "runs/failures"  # under the reports zone: per DAG, its newest final task failure and why, in one line
+RUN_TOKEN = "FLYWHEEL_RUN_TOKEN"  # set by `flywheel run` for its `dags test`: the record names the run it belongs to
 
 
 def run_task(step: str, *args: Any) -> Any:
-    """Call `pipelines.tasks.<step>`; errors retrying cannot fix fail the task at once (no retries). Any
-    failure is also recorded (`FAILURE_FILE`: the task, its one-line reason, whether it is a data problem),
-    so `flywheel run` can say which task failed and why without the user opening a log."""
+    """Call `pipelines.tasks.<step>`; errors retrying cannot fix fail the task at once (no retries). A task's
+    final failure (no retry left, or not retryable) is also recorded (`FAILURES`: the task, its one-line
+    reason, whether it is a data problem, the DAG run), so `flywheel run` can say which task failed and why."""
     from airflow.sdk.exceptions import AirflowFailException
 
     from pipelines import tasks
@@ -20,36 +22,60 @@ def run_task(step: str, *args: Any) -> Any:
     try:
         return getattr(tasks, step)(*args)
     except NotRetryable as exc:
-        record_failure(step, exc)
+        record_failure(step, exc, final=True)
         raise AirflowFailException(str(exc)) from exc
-    except Exception as exc:
-        record_failure(step, exc)
+    except BaseException as exc:  # a timeout is a BaseException: recorded too, then raised as it was
+        record_failure(step, exc, final=None)
         raise
 
 
-def record_failure(step: str, exc: BaseException) -> None:
-    """Best effort: a failure to record the failure never hides the failure itself."""
+def _run_of() -> dict[str, Any]:
+    """This task's DAG run and try (empty outside Airflow)."""
+    try:
+        from airflow.sdk import get_current_context
+
+        ti = get_current_context()["ti"]
+        return {"dag_id": ti.dag_id, "run_id": ti.run_id, "try_number": ti.try_number,
+                "max_tries": getattr(ti, "max_tries", None)}
+    except Exception:  # noqa: BLE001 (called outside a task)
+        return {}
+
+
+def record_failure(step: str, exc: BaseException, final: bool | None) -> None:
+    """Best effort: a failure to record the failure never hides the failure itself. `final` None: final when no
+    retry is left."""
     from datetime import datetime, timezone
 
     from pipelines.config import get_settings
     from pipelines.errors import DataProblem, one_line
+    from pipelines.security import mask_uri_passwords
     from pipelines.storage import write_json
 
     try:
-        write_json(f"{get_settings().zone('reports')}/{FAILURE_FILE}", {
-            "task": step, "data_problem": isinstance(exc, DataProblem),
-            "reason": " ".join(str(exc).split()) if isinstance(exc, DataProblem) else one_line(exc),
+        run = _run_of()
+        if final is None:
+            tries, most = run.get("try_number"), run.get("max_tries")
+            final = not (isinstance(tries, int) and isinstance(most, int) and tries <= most)
+        if not final:
+            return
+        reason = " ".join(str(exc).split()) if isinstance(exc, DataProblem) else one_line(exc)
+        write_json(f"{get_settings().zone('reports')}/{FAILURES}/{run.get('dag_id', 'commerce_flywheel')}.json", {
+            "task": step, "data_problem": isinstance(exc, DataProblem), "reason": mask_uri_passwords(reason),
+            "dag_id": run.get("dag_id"), "run_id": run.get("run_id"), "token": os.environ.get(RUN_TOKEN),
             "at": datetime.now(timezone.utc).isoformat(timespec="microseconds")})
     except Exception:  # noqa: BLE001, S110 (the task's own error is what the caller must see)
         pass
 
 
-def last_failure(reports_zone: str, since: str) -> dict[str, Any] | None:
-    """The failure recorded at or after `since` (ISO time), if any."""
+def failure_of(reports_zone: str, dag_id: str, *, token: str | None = None, run_id: str | None = None
+               ) -> dict[str, Any] | None:
+    """The recorded final failure of exactly this run (by `flywheel run`'s token or the DAG run's id), if any."""
     from pipelines.storage import read_json
 
     try:
-        found = read_json(f"{reports_zone}/{FAILURE_FILE}")
+        found = read_json(f"{reports_zone}/{FAILURES}/{dag_id}.json")
     except (FileNotFoundError, ValueError):
         return None
-    return found if str(found.get("at", "")) >= since else None
+    if (token is not None and found.get("token") == token) or (run_id is not None and found.get("run_id") == run_id):
+        return found
+    return None

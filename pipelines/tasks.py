@@ -29,13 +29,13 @@ def run_params(params: dict[str, Any], drift_events: list[dict[str, Any]]) -> di
 
 def drift_check(params: dict[str, Any], settings: Settings | None = None) -> dict[str, Any]:
     """The drift monitor on the latest window of raw logs (or the window ending `end_date`)."""
-    from pipelines.drift.monitor import NoReference, alert_of, run_monitor
+    from pipelines.drift.monitor import NoChampion, alert_of, run_monitor
 
     settings = settings or get_settings()
     end = date.fromisoformat(str(params["end_date"])) if params.get("end_date") else None
     try:
         result = run_monitor(settings, end)
-    except NoReference as exc:  # nothing to compare with yet (no champion): an hourly check that passes, says why
+    except NoChampion as exc:  # nothing served yet: an hourly check that passes and says why (any other gap fails)
         return {"verdict": "no reference", "fire": False, "reason": str(exc), "window": None, "checked_at": None,
                 "html_uri": None, "suppressed_by_cooldown": False, "alert": None}
     return {k: result.get(k) for k in ("verdict", "fire", "reason", "window", "checked_at", "html_uri",

@@ -161,3 +161,11 @@ def test_lazy_and_type_checking_imports_are_walked() -> None:
 def test_no_file_is_a_big_room(path: Path) -> None:
     lines = len(path.read_text().splitlines())
     assert lines <= MAX_LINES, f"{path.relative_to(ROOT)}: {lines} lines (split it by concern)"
+
+
+@pytest.mark.parametrize("path", ["pipelines/toolcall/grammar.py", "pipelines/serve/triton_model.py"])
+def test_what_the_triton_model_runs_imports_nothing_from_pipelines(path: str) -> None:
+    """Copied into the model repository and run in the serving venv: an import of `pipelines` there fails."""
+    modules = {module_name(f) for f in PIPELINES.rglob("*.py")} | {"pipelines"}
+    assert imports_of(ROOT / path, modules) == set()
+    assert "import pipelines" not in (ROOT / path).read_text() and "from pipelines" not in (ROOT / path).read_text()

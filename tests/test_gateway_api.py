@@ -392,7 +392,8 @@ def test_a_no_tool_answer_a_cut_call_and_a_teacher_answer_close_the_stream_corre
 def test_past_its_concurrency_limit_the_gateway_answers_429_at_once_and_its_probes_still_answer(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Twice the limit at once: exactly `max_concurrent_requests` are answered, every other one gets a 429 with
-    Retry-After at once (none queued, none lost), and /health answers while the slots are full."""
+    Retry-After at once (none queued, none lost); a streamed request that fails before its worker starts gives
+    its slot back."""
     from concurrent.futures import ThreadPoolExecutor
 
     from fastapi.testclient import TestClient
@@ -412,14 +413,13 @@ def test_past_its_concurrency_limit_the_gateway_answers_429_at_once_and_its_prob
     settings = load_settings(root=str(tmp_path), gateway={"max_concurrent_requests": 3})
     body = {"model": "champion", "messages": [{"role": "user", "content": "hi"}],
             "tools": [{"type": "function", "function": {"name": "a", "parameters": {"type": "object"}}}]}
-    with TestClient(create_app(settings)) as client:
+    with TestClient(create_app(settings), raise_server_exceptions=False) as client:
         headers = {"Authorization": f"Bearer {api_key(settings)}"}
         with ThreadPoolExecutor(6) as pool:
             admitted = [pool.submit(client.post, "/v1/chat/completions", json=body, headers=headers) for _ in range(3)]
             for _ in range(3):
                 assert entered.acquire(timeout=30)  # the three slots are taken
             refused = [client.post("/v1/chat/completions", json=body, headers=headers) for _ in range(3)]
-            assert client.get("/health").status_code == 200  # the probe is not queued behind completions
             release.set()
             answered = [f.result(timeout=30) for f in admitted]
         assert [r.status_code for r in answered] == [200, 200, 200]
@@ -427,3 +427,13 @@ def test_past_its_concurrency_limit_the_gateway_answers_429_at_once_and_its_prob
         assert all(r.headers["retry-after"] == "1" and r.json()["error"]["code"] == "rate_limit_exceeded"
                    for r in refused)
         assert client.post("/v1/chat/completions", json=body, headers=headers).status_code == 200  # slots freed
+        # a streamed request that fails before its generation starts: a 500, and its slot is released
+        def broken(*_args, **_kwargs):
+            raise ValueError("no row")
+
+        monkeypatch.setattr(api, "request_row", broken)
+        for _ in range(4):  # more failures than slots: a leak would turn the next request into a 429
+            assert client.post("/v1/chat/completions", json={**body, "stream": True}, headers=headers).status_code == 500
+        monkeypatch.undo()
+        monkeypatch.setattr(Traffic, "handle", handle)
+        assert client.post("/v1/chat/completions", json=body, headers=headers).status_code == 200

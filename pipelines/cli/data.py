@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from datetime import datetime, timezone
+import uuid
 from pathlib import Path
 from typing import Annotated
 
@@ -108,7 +108,7 @@ def run_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """Run the commerce_flywheel DAG for a window (in-process `dags test`, or via `flywheel up`'s scheduler)."""
-    from pipelines.airflow_tasks import last_failure
+    from pipelines.airflow_tasks import RUN_TOKEN, failure_of
     from pipelines.clients import airflow
 
     conf = {"end_date": end_date, "window_days": window_days, "records_per_day": records_per_day,
@@ -120,7 +120,6 @@ def run_cmd(
     if scheduler:
         rest = airflow.AirflowRest(settings)
         limit = settings.airflow.run_timeout_s
-        started = datetime.now(timezone.utc).isoformat(timespec="microseconds")
         with console.status("waiting for the DAG run ..."):
             state = airflow.trigger_and_wait(rest, "commerce_flywheel", conf, timeout_s=limit)
         if state["state"] == "timeout":
@@ -128,14 +127,15 @@ def run_cmd(
                             f"(airflow.run_timeout_s); it goes on in the scheduler: see {airflow.base_url(settings)}")
         _emit(state, as_json, f"commerce_flywheel: {state['state']}")
         if state["state"] != "success":
-            _fail(last_failure(settings.zone("reports"), started), f"{airflow.base_url(settings)}/dags/commerce_flywheel")
+            _fail(failure_of(settings.zone("reports"), "commerce_flywheel", run_id=state["dag_run_id"]),
+                  f"{airflow.base_url(settings)}/dags/commerce_flywheel")
         return
     log = Path(str(settings.root)) / "logs" / "dags-test.log"
-    started = datetime.now(timezone.utc).isoformat(timespec="microseconds")
+    token = uuid.uuid4().hex  # the tasks of this run record it with their failure: no other run's is shown
     with console.status(f"airflow dags test commerce_flywheel (progress: {log}) ..."):
-        result = airflow.dags_test(settings, "commerce_flywheel", conf, log=log)
+        result = airflow.dags_test(settings, "commerce_flywheel", conf, log=log, extra_env={RUN_TOKEN: token})
     ok = result.returncode == 0 and "state=success" in result.stdout + result.stderr
-    failure = None if ok else last_failure(settings.zone("reports"), started)
+    failure = None if ok else failure_of(settings.zone("reports"), "commerce_flywheel", token=token)
     _emit({"state": "success" if ok else "failed", "log": str(log),
            **({"failed_task": failure["task"], "reason": failure["reason"]} if failure else {})},
           as_json, "commerce_flywheel")

@@ -44,6 +44,8 @@ def up(
         console.print("starting Airflow standalone (about 30 s) ...")
         tracking = ({"FLYWHEEL_MLFLOW__TRACKING_URI": mlflow.server_url(settings), **mlflow.server_credentials(settings)}
                     if "mlflow" in names else {})
+        if paused:  # a fresh Airflow creates the DAGs paused: no run starts before the REST call below lands
+            tracking["AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION"] = "True"
         results["airflow"] = start(str(settings.root), airflow.standalone_spec(settings, tracking),
                                    host=settings.airflow.host, port=settings.airflow.port).to_dict()
         results["airflow"]["password_file"] = str(airflow.password_file(settings))

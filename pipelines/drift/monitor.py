@@ -38,6 +38,10 @@ class NoReference(DataProblem):
     """There is no champion (or no training window, or no clean record in it) to compare with yet."""
 
 
+class NoChampion(NoReference):
+    """Nothing is served yet: an hourly check before the first promotion passes and says so."""
+
+
 class StateLockTimeout(TimeoutError):
     """Another check or alert held the monitor's state lock too long (retryable)."""
 
@@ -156,7 +160,7 @@ def reference_window(settings: Settings) -> DateWindow:
 
     version = alias_version(settings, CHAMPION)
     if version is None:
-        raise NoReference("no champion yet: the monitor compares traffic with the champion's training data")
+        raise NoChampion("no champion yet: the monitor compares traffic with the champion's training data")
     tags = mlflow_client(settings).get_model_version(settings.mlflow.registered_model, version).tags
     window = tags.get("flywheel.training_window")
     if not window:

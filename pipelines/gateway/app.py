@@ -43,6 +43,7 @@ OWNER = "commerce-flywheel"
 SETTINGS_ENV = "FLYWHEEL_GATEWAY_SETTINGS"
 MIN_KEY_CHARS = 16
 MAX_FEEDBACK_BYTES = 10_000
+READY_BUDGET_S = 3.0  # a readiness answer within a Kubernetes probe's timeout (5 s in our manifests)
 OPEN_PATHS = ("/health", "/livez", "/ready")  # the probes: no key (they say nothing about requests or data)
 
 
@@ -118,7 +119,7 @@ def status(settings: Settings) -> dict[str, Any]:
         import httpx
 
         try:
-            readiness = httpx.get(f"{url}/ready", timeout=settings.gateway.request_timeout_s + 5).json()
+            readiness = httpx.get(f"{url}/ready", timeout=READY_BUDGET_S + 2).json()
         except (httpx.HTTPError, ValueError) as exc:
             readiness = {"ready": False, "backend": f"/ready did not answer ({type(exc).__name__})", "routes": {}}
     return {**row, "ready": bool(readiness.get("ready")), "backend": readiness.get("backend"),
@@ -216,7 +217,7 @@ def create_app(settings: Settings) -> Any:
 
         try:
             found = await asyncio.wait_for(asyncio.get_running_loop().run_in_executor(probes, router.readiness),
-                                           settings.gateway.request_timeout_s)
+                                           READY_BUDGET_S)
         except TimeoutError:
             found = {"ready": False, "backend": "no answer in time", "routes": {}}
         return JSONResponse(found, status_code=200 if found["ready"] else 503)

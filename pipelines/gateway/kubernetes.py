@@ -29,7 +29,7 @@ def gateway_manifests(settings: Settings, *, replicas: int = 2) -> list[dict[str
                 "securityContext": {"runAsNonRoot": True, "runAsUser": 1000},
                 "containers": [{
                     "name": "gateway", "image": k.gateway_image, "command": ["python", "-m", "pipelines.gateway"],
-                    "env": [{"name": "FLYWHEEL_PROFILE", "value": "cluster"},
+                    "env": [{"name": "FLYWHEEL_PROFILE", "value": "cluster"}, {"name": "HOME", "value": "/home/flywheel"},
                             {"name": "FLYWHEEL_GATEWAY__HOST", "value": "0.0.0.0"},  # noqa: S104 (in the pod)
                             {"name": "FLYWHEEL_GATEWAY__PORT", "value": str(PORT)},
                             {"name": "FLYWHEEL_GATEWAY__API_KEY",
@@ -41,7 +41,10 @@ def gateway_manifests(settings: Settings, *, replicas: int = 2) -> list[dict[str
                     "readinessProbe": {"httpGet": {"path": "/ready", "port": "http"}, **probe, "failureThreshold": 2},
                     "resources": {"requests": {"cpu": "1", "memory": "2Gi"}},
                     "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
+                    # the capture spool (~/.flywheel) outlives a container restart inside the pod
+                    "volumeMounts": [{"name": "home", "mountPath": "/home/flywheel"}],
                 }],
+                "volumes": [{"name": "home", "emptyDir": {}}],
             }},
         },
     }

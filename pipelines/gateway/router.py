@@ -106,12 +106,17 @@ class Router:
         except Exception as exc:  # noqa: BLE001 (Triton down or the serving state unreadable: not ready)
             return {"ready": False, "backend": f"unreachable ({type(exc).__name__})", "routes": {}}
         routes = {"champion": "ready" if "champion" in targets else "no live model loaded"}
-        for alias, route in sorted(read_routes(self.settings)["routes"].items()):
+        try:
+            configured = read_routes(self.settings)["routes"]
+        except Exception as exc:  # noqa: BLE001 (a torn routes file: traffic serves every route plainly, say so)
+            configured, routes["routes_file"] = {}, f"unreadable ({type(exc).__name__}); every route serves"
+        for alias, route in sorted(configured.items()):
             if route.get("mode") in ("shadow", "canary"):
                 candidate = route.get("candidate", "candidate")
                 ok = alias in targets and candidate in targets
                 routes[alias] = f"{route['mode']}: {'ready' if ok else f'{candidate} not loaded'}"
-        return {"ready": all(v == "ready" or v.endswith(": ready") for v in routes.values()), "backend": "ready",
+        return {"ready": all(v == "ready" or v.endswith(": ready") or k == "routes_file" for k, v in routes.items()),
+                "backend": "ready",
                 "routes": routes}
 
     def resolve(self, model: str) -> Target:

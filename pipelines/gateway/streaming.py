@@ -113,7 +113,12 @@ async def stream_response(traffic: Any, parsed: api.ChatCompletionRequest, on_do
     loop = asyncio.get_running_loop()
     events: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
     last: dict[str, str | None] = {"text": None}
-    served = api.request_row(parsed)  # its response id is the stream's, and the captured turn's
+    try:
+        served = api.request_row(parsed)  # its response id is the stream's, and the captured turn's
+    except BaseException:
+        if on_done is not None:  # no worker will run: the caller's slot is given back here
+            on_done()
+        raise
 
     def on_text(text: str) -> None:
         last["text"] = text

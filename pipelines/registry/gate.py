@@ -121,6 +121,9 @@ def gate(candidate: dict[str, Any], champion: dict[str, Any] | None, settings: S
     if champion is not None:
         label, reference = "champion", champion
     elif p.baseline == "none":
+        veto = wrong_write_veto(candidate, baseline, p.max_extra_wrong_writes) if baseline is not None else None
+        if veto is not None:  # unchecked is never "more wrong writes than the base model"
+            return Verdict(False, veto, BASELINE, numbers)
         return Verdict(True, "no champion yet; promotion.baseline=none promotes the first candidate unchecked",
                        None, numbers)
     elif baseline is not None:

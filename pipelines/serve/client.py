@@ -23,7 +23,7 @@ from pipelines.toolcall.prompt import chat_turns
 from pipelines.toolcall.prompt import system_for
 
 Protocol = Literal["http", "grpc"]
-OUTPUTS = ("TOOL_CALL", "PROMPT_TOKENS", "OUTPUT_TOKENS", "FINAL", "CUT")  # a response (CUT: final ones, newer folders)
+OUTPUTS = ("TOOL_CALL", "PROMPT_TOKENS", "OUTPUT_TOKENS", "FINAL", "CUT")  # a response (CUT: newer folders only)
 
 
 @dataclass
@@ -189,7 +189,10 @@ class TritonClient:
                 state["first"] = reply.latency_ms
             if event.get("FINAL", True):  # a model built before streaming answers once
                 reply.first_token_ms = state["first"] if stream else None
-                reply.cut = bool(event.get("CUT", False))  # a folder built before CUT never says
+                # the model says whether its answer had no end token; a folder built before CUT is judged by its
+                # budget (without an end token an answer runs exactly max_new_tokens)
+                reply.cut = (bool(event["CUT"]) if "CUT" in event
+                             else reply.output_tokens >= self.settings.triton.max_new_tokens)
                 return reply
             if on_text is not None:
                 on_text(reply.text or "")

@@ -88,7 +88,9 @@ WRONG_WRITES = ("wrong_tool", "other_ids", "unexpected_write")
 
 
 def _ids(arguments: dict[str, Any]) -> dict[str, Any]:
-    return {k: _canonical(v) for k, v in arguments.items() if k.endswith(("_id", "_ids"))}
+    """The identifier arguments; a `*_ids` list as a multiset (the same items in another order are the same ids)."""
+    return {k: tuple(sorted(map(repr, _canonical(v)))) if k.endswith("_ids") and isinstance(v, list) else _canonical(v)
+            for k, v in arguments.items() if k.endswith(("_id", "_ids"))}
 
 
 def wrong_write(call: dict[str, Any] | None, expected: dict[str, Any], effects: Mapping[str, str] | None = None

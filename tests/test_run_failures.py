@@ -1,0 +1,65 @@
+"""What a failed run tells its user (`pipelines.airflow_tasks`): the final failure of exactly that run, with
+whether it is a data problem; and the hourly drift check before the first champion (a pass, not a failure)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pipelines.airflow_tasks import RUN_TOKEN, failure_of, record_failure
+from pipelines.config import get_settings
+
+
+@pytest.fixture()
+def reports(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    monkeypatch.setenv("FLYWHEEL_ROOT", str(tmp_path))
+    get_settings.cache_clear()  # record_failure reads the active settings, as a task does
+    yield get_settings().zone("reports")
+    get_settings.cache_clear()
+
+
+def test_a_run_sees_its_own_final_failure_only(reports: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from pipelines.quality.gates import QualityGateFailed
+
+    monkeypatch.setenv(RUN_TOKEN, "run-a")
+    record_failure("validate", QualityGateFailed("quality gate failed: postgres://u:secret@h/db"), final=True)
+    mine = failure_of(reports, "commerce_flywheel", token="run-a")
+    assert mine is not None and mine["task"] == "validate" and mine["data_problem"] is True
+    assert "secret" not in mine["reason"]  # a URI password never reaches the user's terminal
+    assert failure_of(reports, "commerce_flywheel", token="run-b") is None  # another run's failure is not ours
+    # a failure that will be retried is not recorded: the retry may pass
+    monkeypatch.setattr("pipelines.airflow_tasks._run_of", lambda: {"dag_id": "commerce_flywheel", "run_id": "r1",
+                                                                      "try_number": 1, "max_tries": 2})
+    monkeypatch.setenv(RUN_TOKEN, "run-c")
+    record_failure("train", RuntimeError("flaky"), final=None)
+    assert failure_of(reports, "commerce_flywheel", token="run-c") is None
+    # its last try is final: recorded, by the DAG run's id too, and not a data problem (exit 1, not 2)
+    monkeypatch.setattr("pipelines.airflow_tasks._run_of", lambda: {"dag_id": "commerce_flywheel", "run_id": "r1",
+                                                                      "try_number": 3, "max_tries": 2})
+    record_failure("train", RuntimeError("flaky"), final=None)
+    last = failure_of(reports, "commerce_flywheel", run_id="r1")
+    assert last is not None and last["task"] == "train" and last["data_problem"] is False
+
+
+def test_the_hourly_check_passes_before_the_first_champion_and_fails_on_any_other_gap(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from pipelines import tasks
+    from pipelines.config import load_settings
+    from pipelines.drift import monitor
+
+    settings = load_settings(root=str(tmp_path))
+
+    def no_champion(*_args):
+        raise monitor.NoChampion("no champion yet")
+
+    monkeypatch.setattr(monitor, "run_monitor", no_champion)
+    result = tasks.drift_check({}, settings)
+    assert result["verdict"] == "no reference" and result["fire"] is False and result["alert"] is None
+
+    def no_window(*_args):
+        raise monitor.NoReference("the champion's training window has no clean records")
+
+    monkeypatch.setattr(monitor, "run_monitor", no_window)
+    with pytest.raises(monitor.NoReference, match="no clean records"):  # monitoring off would go unnoticed
+        tasks.drift_check({}, settings)
