@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 import typer
-from rich.console import Console
 
+from pipelines.cli.common import stdout_console
 from pipelines.cli.common import JsonOpt, UserError
 from pipelines.cli.common import emit as _emit
 from pipelines.config import get_settings
@@ -24,7 +24,7 @@ def config_show(as_json: JsonOpt = False) -> None:
     if as_json:
         _emit(data, True, "")
     else:
-        Console().print_json(json.dumps(data))
+        stdout_console().print_json(json.dumps(data))
 
 
 @app.command("scan-secrets")

@@ -16,11 +16,22 @@ from rich.table import Table
 
 from pipelines.config import Settings, get_settings
 
-# Under CI, a pipe or a file there is no terminal and rich would wrap and cut at 80 columns (paths ending in an
-# ellipsis): there, lines are as long as what they say. A terminal keeps its own width; COLUMNS, when set, wins.
-if not os.environ.get("COLUMNS") and not (sys.stdout.isatty() and sys.stderr.isatty()):
-    os.environ["COLUMNS"] = "1000"
-console = Console(stderr=True)
+WIDE = 1000
+
+
+def _width(stream: object) -> int | None:
+    """Under CI, a pipe or a file there is no terminal and rich would wrap and cut at 80 columns (paths ending
+    in an ellipsis): there, lines are as long as what they say. A terminal keeps its own width; COLUMNS, when
+    set, wins. Per stream: `flywheel run --json > f` keeps its stderr spinner at the terminal's width."""
+    return None if os.environ.get("COLUMNS") or getattr(stream, "isatty", lambda: False)() else WIDE
+
+
+console = Console(stderr=True, width=_width(sys.stderr))
+
+
+def stdout_console() -> Console:
+    """Where tables and results go (stdout), at its own width."""
+    return Console(width=_width(sys.stdout))
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print a machine-readable JSON result on stdout.")]
 
 
@@ -35,7 +46,7 @@ def emit(data: dict[str, Any], as_json: bool, title: str) -> None:
     table = Table(title=title, show_header=False)
     for key, value in data.items():
         table.add_row(str(key), json.dumps(value, default=str) if isinstance(value, (dict, list)) else str(value))
-    Console().print(table)
+    stdout_console().print(table)
 
 
 def local_settings(command: str) -> Settings:
@@ -77,4 +88,4 @@ def print_table(title: str, columns: tuple[str, ...], rows: list[list[str]]) -> 
         table.add_column(column)
     for row in rows:
         table.add_row(*row)
-    Console().print(table)
+    stdout_console().print(table)

@@ -6,9 +6,9 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
+from pipelines.cli.common import stdout_console
 from pipelines.cli.common import JsonOpt, UserError, console
 from pipelines.cli.common import emit as _emit
 from pipelines.config import get_settings
@@ -91,7 +91,7 @@ def eval_cmd(
         table.add_row(*(f"{row[c]:.3f}" if isinstance(row[c], float) and c != "latency_ms_p50" else str(row[c])
                         for c in ("condition", "exact_match", "name_accuracy", "arg_f1", "prompt_tokens_mean",
                                   "latency_ms_p50")))
-    Console().print(table)
+    stdout_console().print(table)
 
 
 @registry_app.command("list")

@@ -6,9 +6,9 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
+from pipelines.cli.common import stdout_console
 from pipelines.cli.common import EndOpt, JsonOpt, UserError, console
 from pipelines.cli.common import emit as _emit
 from pipelines.cli.common import local_settings as _local_settings
@@ -198,7 +198,7 @@ def drift_check_cmd(end_date: EndOpt = None, as_json: JsonOpt = False) -> None:
         table.add_column(column)
     for s in result["signals"]:
         table.add_row(s["signal"], s["metric"], f"{s['value']:g}", s["band"])
-    Console().print(table)
+    stdout_console().print(table)
     console.print(f"report: {result.get('html_uri', '-')}  {result.get('reason', '')}")
 
 
