@@ -195,7 +195,8 @@ def test_shadow_answers_with_the_teacher_and_the_live_gate_moves_the_route_to_ca
                               and r["agreement"] is not None] if len(read_comparisons(settings, started)) >= 6 else None,
                      120, "six shadow comparisons")
     assert {r["record_id"] for r in compared} == {a.id for a in answers}
-    assert all(set(r["agreement"]) == {"name", "exact", "arg_f1"} and r["candidate_latency_ms"] > 0 for r in compared)
+    assert all(set(r["agreement"]) == {"name", "exact", "arg_f1", "wrong_write"} and r["candidate_latency_ms"] > 0
+               for r in compared)
     captured = _captured(settings)
     assert {captured[a.id]["model"] for a in answers} == {"tool_router_base"}  # the label is the teacher's
     route = _wait(lambda: routes.route_of(routes.read_routes(settings), "champion")

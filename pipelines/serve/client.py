@@ -8,6 +8,7 @@ model sees in production is the prompt it was trained on (tested).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import queue
 import threading
@@ -84,8 +85,8 @@ def target(settings: Settings, protocol: Protocol = "http") -> tuple[str, bool]:
 
 
 class TritonClient:
-    """One connection to the server for model control (`protocol`), and one gRPC stream connection per
-    calling thread for inference: `infer_one` is safe to call from many threads, `infer` sends
+    """One connection to the server for model control (`protocol`) and one gRPC stream connection for
+    inference, each per calling thread: `infer_one` is safe to call from many threads, `infer` sends
     `concurrency` requests at a time. Every call is bounded by `timeout_s` (HTTP: the connection's connect
     and network timeouts; gRPC: each call's deadline; a streamed answer: the whole answer)."""
 
@@ -93,34 +94,48 @@ class TritonClient:
         self.settings = settings
         self.protocol = protocol
         self.timeout_s = timeout_s
-        address, ssl = target(settings, protocol)
         if protocol == "http":
             import tritonclient.http as module
 
-            self._client = module.InferenceServerClient(address, ssl=ssl, connection_timeout=timeout_s,
-                                                        network_timeout=timeout_s)
             self._deadline: dict[str, float] = {}  # the HTTP client's timeouts are per connection
         else:
             import tritonclient.grpc as module
 
-            self._client = module.InferenceServerClient(address, ssl=ssl)
             self._deadline = {"client_timeout": timeout_s}
         self._module = module
         self._inputs_of: dict[str, set[str]] = {}
         self._local = threading.local()
+        self._controls: list[Any] = []  # every thread's control connection, closed by close()
         self._streams: list[tuple[threading.Thread, Any]] = []  # (the calling thread, its connection)
         self._streams_lock = threading.Lock()
         self._control_lock = threading.Lock()
 
     # model control ------------------------------------------------------------------------------
+    def _control(self) -> Any:
+        """This thread's control connection: tritonclient's HTTP client runs on gevent, whose connections
+        cannot be used from another OS thread, so one client object shared by many threads (the gateway's
+        workers, a pool of `infer` threads) keeps a control connection per calling thread."""
+        client = getattr(self._local, "control", None)
+        if client is None:
+            address, ssl = target(self.settings, self.protocol)
+            if self.protocol == "http":
+                client = self._module.InferenceServerClient(address, ssl=ssl, connection_timeout=self.timeout_s,
+                                                            network_timeout=self.timeout_s)
+            else:
+                client = self._module.InferenceServerClient(address, ssl=ssl)
+            self._local.control = client
+            with self._streams_lock:
+                self._controls.append(client)
+        return client
+
     def load(self, name: str) -> None:
-        with self._control_lock:  # the control connection is shared by the calling threads
-            self._client.load_model(name, **self._deadline)
+        with self._control_lock:
+            self._control().load_model(name, **self._deadline)
 
     def unload(self, name: str, wait_s: float = 0) -> None:
         """Unload; with `wait_s`, wait (at most that long) until the server no longer reports it ready."""
         with self._control_lock:
-            self._client.unload_model(name, **self._deadline)
+            self._control().unload_model(name, **self._deadline)
         deadline = time.monotonic() + wait_s
         while wait_s and self.ready(name):
             if time.monotonic() > deadline:
@@ -130,17 +145,17 @@ class TritonClient:
     def ready(self, name: str) -> bool:
         try:
             with self._control_lock:
-                return bool(self._client.is_model_ready(name, **self._deadline))
+                return bool(self._control().is_model_ready(name, **self._deadline))
         except Exception:  # noqa: BLE001 (an unknown model is simply not ready)
             return False
 
     def declares(self, name: str, input_name: str) -> bool:
         """Whether the model declares an input (TOOLS: constrained decoding; STREAM: streamed answers, a
         model folder built before them and kept while in use lacks them)."""
-        with self._control_lock:  # the control connection is shared by the calling threads
+        with self._control_lock:
             if name not in self._inputs_of:
                 try:
-                    config = self._client.get_model_config(name, **self._deadline)
+                    config = self._control().get_model_config(name, **self._deadline)
                 except Exception:  # noqa: BLE001 (an unknown model takes nothing; not remembered)
                     return False
                 inputs = config.get("input", []) if isinstance(config, dict) else config.config.input
@@ -153,7 +168,7 @@ class TritonClient:
 
     def loaded(self) -> list[str]:
         with self._control_lock:
-            index = self._client.get_model_repository_index(**self._deadline)
+            index = self._control().get_model_repository_index(**self._deadline)
         rows = index if isinstance(index, list) else [{"name": m.name, "state": m.state} for m in index.models]
         return sorted(r["name"] for r in rows if r.get("state") == "READY")
 
@@ -332,7 +347,11 @@ class TritonClient:
                 pass
 
     def close(self) -> None:
-        self._client.close()
+        with self._streams_lock:
+            controls, self._controls = self._controls, []
+        for client in controls:
+            with contextlib.suppress(Exception):  # a connection of a thread that is gone: nothing left to close
+                client.close()
         self._close_streams(lambda thread: True)
 
 
