@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from pipelines.config import Settings
+from pipelines.serve.kubernetes import rolling_deployment
 
 APP = "flywheel-gateway"
 PORT = 8400
@@ -18,13 +19,7 @@ def gateway_manifests(settings: Settings, *, replicas: int = 2) -> list[dict[str
     labels = {"app.kubernetes.io/name": APP, "app.kubernetes.io/part-of": "commerce-flywheel"}
     meta = {"namespace": k.namespace, "labels": labels}
     probe = {"periodSeconds": 10, "timeoutSeconds": 5}
-    deployment = {
-        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": APP, **meta},
-        "spec": {
-            "replicas": replicas,
-            "selector": {"matchLabels": {"app.kubernetes.io/name": APP}},
-            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}},
-            "template": {"metadata": {"labels": labels}, "spec": {
+    deployment = rolling_deployment(APP, meta, replicas, {"metadata": {"labels": labels}, "spec": {
                 "serviceAccountName": "airflow",  # reads the raw zone and the serving state (terraform/modules/iam)
                 "securityContext": {"runAsNonRoot": True, "runAsUser": 1000},
                 "containers": [{
@@ -45,9 +40,7 @@ def gateway_manifests(settings: Settings, *, replicas: int = 2) -> list[dict[str
                     "volumeMounts": [{"name": "home", "mountPath": "/home/flywheel"}],
                 }],
                 "volumes": [{"name": "home", "emptyDir": {}}],
-            }},
-        },
-    }
+            }})
     service = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": APP, **meta},
                "spec": {"type": "ClusterIP", "selector": {"app.kubernetes.io/name": APP},
                         "ports": [{"name": "http", "port": PORT, "targetPort": "http"}]}}

@@ -23,6 +23,14 @@ def _labels() -> dict[str, str]:
     return {"app.kubernetes.io/name": APP, "app.kubernetes.io/part-of": "commerce-flywheel"}
 
 
+def rolling_deployment(app: str, meta: dict[str, Any], replicas: int, template: dict[str, Any]) -> dict[str, Any]:
+    """A Deployment that never drops below `replicas` while it rolls (one pod more, none less)."""
+    return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": app, **meta},
+            "spec": {"replicas": replicas, "selector": {"matchLabels": {"app.kubernetes.io/name": app}},
+                     "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}},
+                     "template": template}}
+
+
 def triton_manifests(settings: Settings, *, replicas: int = 2, gpus: int = 1, role_arn: str | None = None,
                      region: str = "us-east-1") -> list[dict[str, Any]]:
     """ServiceAccount, Deployment, Service and PodDisruptionBudget for the Triton server."""
@@ -38,13 +46,7 @@ def triton_manifests(settings: Settings, *, replicas: int = 2, gpus: int = 1, ro
     probe = {"httpGet": {"path": "/v2/health/ready", "port": "http"}, "periodSeconds": 10, "failureThreshold": 3}
     account = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {
         "name": APP, **meta, **({"annotations": {"eks.amazonaws.com/role-arn": role_arn}} if role_arn else {})}}
-    deployment = {
-        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": APP, **meta},
-        "spec": {
-            "replicas": replicas,
-            "selector": {"matchLabels": {"app.kubernetes.io/name": APP}},
-            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}},
-            "template": {
+    deployment = rolling_deployment(APP, meta, replicas, {
                 "metadata": {"labels": _labels(), "annotations": {
                     "prometheus.io/scrape": "true", "prometheus.io/port": str(PORTS["metrics"])}},
                 "spec": {
@@ -72,9 +74,7 @@ def triton_manifests(settings: Settings, *, replicas: int = 2, gpus: int = 1, ro
                     "volumes": [{"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "16Gi"}},
                                 {"name": "cache", "emptyDir": {}}],
                 },
-            },
-        },
-    }
+            })
     service = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": APP, **meta},
                "spec": {"type": "ClusterIP", "selector": {"app.kubernetes.io/name": APP},
                         "ports": [{"name": name, "port": port, "targetPort": name} for name, port in PORTS.items()]}}
