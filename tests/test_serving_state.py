@@ -121,7 +121,7 @@ def test_every_grpc_call_carries_the_client_timeout(tmp_path: Path) -> None:
                 self.callback(Result(), None)
 
     client = TritonClient(_settings(tmp_path), "grpc", timeout_s=0.5)  # a gRPC channel connects lazily
-    client._client = Recorder()
+    client._local.control = Recorder()  # this thread's control connection
     client._local.grpc = Stream()
     client.load("m"), client.unload("m"), client.ready("m"), client.loaded()
     assert client.infer_one("m", [{"role": "user", "content": "hi"}]).text == RIGHT
@@ -163,7 +163,7 @@ def test_a_model_folder_built_before_streaming_is_called_as_built(tmp_path: Path
             pass
 
     client = TritonClient(_settings(tmp_path), "grpc", timeout_s=5)
-    client._client = Control()
+    client._local.control = Control()
     client._local.grpc = Stream()
     texts: list[str] = []
     reply = client.infer_one("tool_router_v1", [{"role": "user", "content": "hi"}], on_text=texts.append)
