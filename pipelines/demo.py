@@ -55,6 +55,14 @@ def _latest_bench(settings: Settings) -> dict | None:
     return read_json(str(latest)) if latest.is_file() else None
 
 
+def _heading(console: Console, text: str) -> None:
+    """A rule across a terminal; one plain line elsewhere (without a terminal lines are as wide as their text)."""
+    if console.is_terminal:
+        console.rule(text)
+    else:
+        console.print(f"== {text} ==", soft_wrap=True)
+
+
 def run_demo(settings: Settings, *, records_per_day: int, days: int, seed: int, console: Console) -> dict[str, str]:
     started = time.perf_counter()
     end = (datetime.now(timezone.utc) - timedelta(days=1)).date()
@@ -62,7 +70,7 @@ def run_demo(settings: Settings, *, records_per_day: int, days: int, seed: int, 
     conf = {"end_date": end.isoformat(), "window_days": days, "records_per_day": records_per_day,
             "source": "synthetic", "seed": seed}
 
-    console.rule(f"commerce_flywheel DAG: {days} days of traffic ending {end} ({records_per_day}/day)")
+    _heading(console, f"commerce_flywheel DAG: {days} days of traffic ending {end} ({records_per_day}/day)")
     console.print("ingest -> Spark prep -> Great Expectations gates -> Feast features -> LoRA sweep on "
                   "SmolLM2-135M -> evaluation -> MLflow registry -> promotion gate -> Triton deploy -> smoke test "
                   "-> benchmark (airflow dags test) ...")
@@ -167,7 +175,7 @@ def _ask_the_gateway(settings: Settings, day: Any, seed: int, console: Console) 
     from pipelines.logs.generator import GeneratorConfig, TrafficGenerator
     from pipelines.gateway import app as gateway
 
-    console.rule("the agent's front door: the OpenAI API")
+    _heading(console, "the agent's front door: the OpenAI API")
     gateway.up(settings)
     url, key_file = gateway.base_url(settings), gateway.api_key_file(settings)
     record = orjson.loads(next(TrafficGenerator(GeneratorConfig(seed=seed + 7, records=1, bad_share=0.0,
@@ -217,7 +225,7 @@ def run_drift_demo(settings: Settings, *, records: int, seed: int, console: Cons
         runs = 0
     kinds = (Drift.HOLIDAY, Drift.LOCALE, Drift.TOOL_MIX, Drift.NEW_CATEGORY)
     kind, previous_kind = kinds[runs % len(kinds)], (kinds[(runs - 1) % len(kinds)] if runs else Drift.NONE)
-    console.rule(f"drift: {kind} traffic on {day} against champion v{before} "
+    _heading(console, f"drift: {kind} traffic on {day} against champion v{before} "
                  f"(trained on {reference.start}..{reference.end})")
     write_raw_logs(GeneratorConfig(seed=seed + runs, records=records, end_date=day, bad_share=0.03, drift=kind,
                                    drift_magnitude=0.8), raw)
