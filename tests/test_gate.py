@@ -170,12 +170,15 @@ def test_more_wrong_writes_than_the_reference_is_refused_whatever_the_task_score
     assert gate(candidate, reference, lenient).promoted
 
 
-def test_a_write_tool_is_checked_at_any_count(settings) -> None:
-    """The 5-example floor keeps noise out of the per-tool check, but not for a write tool."""
-    reference = row(0.60, 0.60, 100, search_products=(10, 0.40), cancel_pending_order=(2, 1.0))
-    candidate = row(0.80, 0.80, 100, search_products=(10, 0.90), cancel_pending_order=(2, 0.0))
-    assert gate(candidate, reference, settings).promoted  # a read-like tool with 2 examples: not judged
+def test_one_wrong_write_vetoes_at_any_n_while_one_example_of_a_tool_stays_unjudged(settings) -> None:
+    """The per-tool floor keeps a one-example tool unjudged (1.00 -> 0.00 is noise, even for a write tool: the
+    miss may be a free-text note), but a single wrong write on the same requests vetoes."""
+    reference = row(0.60, 0.60, 100, search_products=(10, 0.40), send_invoice=(1, 1.0))
+    candidate = row(0.80, 0.80, 100, search_products=(10, 0.90), send_invoice=(1, 0.0))
     for r in (reference, candidate):
-        r["per_tool"]["cancel_pending_order"]["write"] = True
+        r["per_tool"]["send_invoice"]["write"] = True
+        r.update(examples=11, wrong_writes=0, wrong_write_pairs={})
+    assert gate(candidate, reference, settings).promoted
+    candidate.update(wrong_writes=1, wrong_write_pairs={"send_invoice for send_invoice": 1})
     verdict = gate(candidate, reference, settings)
-    assert not verdict.promoted and "cancel_pending_order exact match 1.00 -> 0.00" in verdict.reason
+    assert not verdict.promoted and verdict.reason.startswith("refused: wrong writes 1 of 11 vs 0 of 11")

@@ -14,7 +14,7 @@ without a tuned model). It passes only if, against that reference:
 - it makes no more wrong writes than the reference (`max_extra_wrong_writes`, default 0): a write the request
   did not ask for (another write tool, other ids, or a write where a read or no call was expected) vetoes the
   promotion whatever the task score, and the reason names them;
-- no tool with at least `min_tool_examples` examples in both rows (a write tool: any) loses more than
+- no tool with at least `min_tool_examples` examples in both rows loses more than
   `max_tool_regression` of its metric (no tool may collapse while the average rises). A tool's
   metric is `promotion.tool_metrics[tool]`, exact match for a tool not named there: a search is
   judged on the token F1 of its query (`text_f1`: a reworded query is not a failure), an order
@@ -76,9 +76,9 @@ def per_tool_numbers(candidate: dict[str, Any], reference: dict[str, Any],
         n = [_tool_count(c), _tool_count(r)]
         metric = judged_on[tool] = tool_metric(tool, c, r, settings)
         values = [c.get(metric), r.get(metric)]
-        # a write tool is checked at any n (a wrong write costs more than noise); the others need enough examples
-        enough = min(n) >= (1 if (c.get("write") or r.get("write")) else p.min_tool_examples)
-        checked = enough and None not in values
+        # the floor keeps noise out (one example of a tool is a 1.00 -> 0.00 swing); writes are guarded at any n by
+        # the wrong-write veto, which counts every single wrong write
+        checked = min(n) >= p.min_tool_examples and None not in values
         numbers[tool] = {"n": n, "exact_match": [c.get("exact_match"), r.get("exact_match")],
                          "arg_f1": [c.get("arg_f1"), r.get("arg_f1")], metric: values, "checked": checked}
         if checked and values[1] - values[0] > p.max_tool_regression + 1e-9:
