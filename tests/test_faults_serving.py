@@ -37,7 +37,7 @@ def _live_answers(settings) -> str:
     from pipelines.serve.client import TritonClient, conversation
 
     live = deploy.live_model(settings)
-    assert live is not None
+    assert live is not None, "precondition: a deploy records a live model (fails when the serving state has none)"
     client = TritonClient(settings, timeout_s=120)
     try:
         reply = client.infer_one(live.name, conversation(deploy.smoke_rows(settings, 1)[0], live.prompt_style))
@@ -82,7 +82,7 @@ def _kill_triton(settings) -> None:
     from pipelines import services
 
     pid = services.read_pid(str(settings.root), "triton")
-    assert pid is not None
+    assert pid is not None, "precondition: Triton left its pid file (fails when the server was not started by us)"
     os.killpg(pid, signal.SIGKILL)
     deadline = time.monotonic() + 30
     while services.group_alive(pid):
