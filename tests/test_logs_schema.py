@@ -160,36 +160,76 @@ def test_retail_importer_registers_its_toolset_and_validates_against_it(tmp_path
         "system", "user", "assistant", "tool"]
 
 
-def test_retail_history_carries_the_order_lookups_the_database_answers(tmp_path) -> None:
+def _tool(name: str, *args: str, items: tuple[str, ...] = ()) -> dict:
+    props = {a: {"type": "string"} for a in args} | {a: {"type": "array", "items": {"type": "string"}} for a in items}
+    return {"type": "function", "function": {"name": name, "parameters": {
+        "type": "object", "properties": props, "required": [*args, *items]}}}
+
+
+RETAIL_AGENT_TOOLS = [
+    _tool("find_user_id_by_email", "email"), _tool("find_user_id_by_name_zip", "first_name", "last_name", "zip"),
+    _tool("get_user_details", "user_id"), _tool("get_order_details", "order_id"),
+    _tool("get_product_details", "product_id"), _tool("cancel_pending_order", "order_id", "reason"),
+    _tool("exchange_delivered_order_items", "order_id", "payment_method_id", items=("item_ids", "new_item_ids"))]
+
+
+def test_retail_trajectory_reads_before_it_writes_and_shows_each_write_applied(tmp_path) -> None:
+    """tau-bench lists only the writes; the import runs the task as a policy-following agent does, answered
+    from db.json: identify, profile, order, the product whose variant changes, then the write whose result
+    is the database after it."""
     from pipelines.logs.importers import UNRECORDED, retail_to_raw
 
-    lookup = {"type": "function", "function": {"name": "get_order_details", "parameters": {
-        "type": "object", "properties": {"order_id": {"type": "string"}}, "required": ["order_id"]}}}
     tools_file, tasks_file, db_file = tmp_path / "tools.json", tmp_path / "tasks.jsonl", tmp_path / "db.json"
-    tools_file.write_text(json.dumps([*RETAIL_LIKE_TOOLS, lookup]))
-    tasks_file.write_text(json.dumps({"instruction": "Cancel #W1 and #W9.", "actions": [
-        {"name": "cancel_pending_order", "arguments": {"order_id": "#W1", "reason": "no longer needed"}},
-        {"name": "cancel_pending_order", "arguments": {"order_id": "#W9", "reason": "no longer needed"}}]}))
-    order = {"order_id": "#W1", "status": "pending", "user_id": "u1", "address": {"city": "X"},
-             "items": [{"name": "Kettle", "item_id": "111", "product_id": "9", "price": 5.0, "options": {"c": "red"}}],
+    tools_file.write_text(json.dumps(RETAIL_AGENT_TOOLS))
+    tasks_file.write_text("\n".join(json.dumps(t) for t in [
+        {"user_id": "ann_1", "instruction": "Your email is ann@example.com. Exchange the red kettle in #W1 for "
+                                            "the blue one, then cancel #W2.",
+         "actions": [{"name": "exchange_delivered_order_items", "arguments": {
+             "order_id": "#W1", "item_ids": ["111"], "new_item_ids": ["112"], "payment_method_id": "card_1"}},
+             {"name": "cancel_pending_order", "arguments": {"order_id": "#W2", "reason": "no longer needed"}}]},
+        {"user_id": "bob_2", "instruction": "Your name is Bob Ray and your zip code is 10001. Cancel #W9.",
+         "actions": [{"name": "cancel_pending_order", "arguments": {"order_id": "#W9", "reason": "ordered by mistake"}}]},
+    ]))
+    kettle = {"name": "Kettle", "product_id": "9", "variants": {
+        "111": {"item_id": "111", "options": {"color": "red"}, "available": True, "price": 5.0},
+        "112": {"item_id": "112", "options": {"color": "blue"}, "available": True, "price": 6.0}}}
+    order = {"order_id": "#W1", "status": "delivered", "user_id": "ann_1", "address": {"city": "X"},
+             "items": [{"name": "Kettle", "item_id": "111", "product_id": "9", "price": 5.0, "options": {"color": "red"}}],
              "payment_history": [{"payment_method_id": "card_1", "amount": 5.0}]}
-    db_file.write_text(json.dumps({"orders": {"#W1": order}, "users": {}, "products": {}}))
+    users = {"ann_1": {"user_id": "ann_1", "name": {"first_name": "Ann", "last_name": "Lee"}, "email": "ann@example.com",
+                       "address": {"zip": "94105"}, "payment_methods": {"card_1": {"source": "credit_card"}},
+                       "orders": ["#W1", "#W2"]},
+             "bob_2": {"user_id": "bob_2", "name": {"first_name": "Bob", "last_name": "Ray"}, "email": "b@example.com",
+                       "address": {"zip": "10001"}, "payment_methods": {}, "orders": ["#W9"]}}
+    db = {"orders": {"#W1": order, "#W2": {**order, "order_id": "#W2", "status": "pending"},
+                     "#W9": {**order, "order_id": "#W9", "status": "pending", "user_id": "bob_2"}},
+          "users": users, "products": {"9": kettle}}
+    db_file.write_text(json.dumps(db))
     result = retail_to_raw(tools_file, tasks_file, tmp_path / "raw", date(2026, 10, 2), db_file=db_file)
-    # #W1 is looked up first (its real details), #W9 is not in the database: no invented lookup
-    assert (result["records"], result["lookups_from_db"], result["results_not_recorded"]) == (3, 1, 2)
+    assert json.loads(db_file.read_text()) == db, "the database file is never written"
+    assert (result["reads"], result["writes"], result["results_not_recorded"]) == (8, 3, 0)
     lines = [orjson.loads(x) for x in Path(result["file"]).read_bytes().splitlines()]
-    assert [teacher_call(r)["name"] for r in lines] == ["get_order_details", "cancel_pending_order",
-                                                         "cancel_pending_order"]
-    history = lines[2]["request"]["messages"]
-    tool_results = [m["content"] for m in history if m["role"] == "tool"]
-    # the order's state that decides the next call (the item id behind "Kettle"), not the whole record
-    assert json.loads(tool_results[0]) == {"order_id": "#W1", "status": "pending", "payment_method_ids": ["card_1"],
-                                           "items": [{"name": "Kettle", "item_id": "111", "product_id": "9",
-                                                      "options": {"c": "red"}}]}
-    assert tool_results[1] == UNRECORDED  # never an empty {}
-    # without the database the write calls' results still say they were not recorded
+    assert [teacher_call(r)["name"] for r in lines] == [
+        "find_user_id_by_email", "get_user_details", "get_order_details", "get_product_details",
+        "exchange_delivered_order_items", "get_order_details", "cancel_pending_order",
+        "find_user_id_by_name_zip", "get_user_details", "get_order_details", "cancel_pending_order"]
+    assert teacher_call(lines[0])["arguments"] == {"email": "ann@example.com"}
+    assert teacher_call(lines[7])["arguments"] == {"first_name": "Bob", "last_name": "Ray", "zip": "10001"}
+    results = [m["content"] for m in lines[6]["request"]["messages"] if m["role"] == "tool"]
+    assert results[0] == "ann_1" and json.loads(results[1])["orders"] == ["#W1", "#W2"]
+    assert json.loads(results[2])["status"] == "delivered"
+    assert json.loads(results[3])["variants"]["112"].startswith("color blue, available")
+    applied = json.loads(results[4])  # the exchange as the database holds it after the write
+    assert (applied["status"], applied["exchange_items"], applied["exchange_new_items"]) == (
+        "exchange requested", ["111"], ["112"])
+    assert json.loads(results[5])["status"] == "pending", "#W2 read from the database as shipped"
+    # each task starts from the database as shipped: bob's #W9 was never touched by ann's task
+    assert json.loads([m["content"] for m in lines[10]["request"]["messages"] if m["role"] == "tool"][-1])[
+        "status"] == "pending"
+    assert UNRECORDED not in {m.get("content") for r in lines for m in r["request"]["messages"]}
+    # without the database only the writes remain, and their results say they were not recorded
     plain = retail_to_raw(tools_file, tasks_file, tmp_path / "raw2", date(2026, 10, 2))
-    assert (plain["records"], plain["lookups_from_db"]) == (2, 0)
+    assert (plain["records"], plain["reads"], plain["results_not_recorded"]) == (3, 0, 3)
 
 
 def test_a_toolset_may_not_redefine_catalogue_tools(tmp_path) -> None:

@@ -75,41 +75,22 @@ RETAIL_EFFECTS = {
 SKIPPED_RETAIL_ACTIONS = {"think"}  # a scratchpad, not a call the agent makes on the shop
 
 
-UNRECORDED = json.dumps({"result": "not recorded by the source"})  # a write call's result we do not have
-
-
-def _order_lookup(db: dict | None, tools: list[dict], order_id: object) -> str | None:
-    """The order's details as `get_order_details` would return them (from tau-bench's db.json), when the
-    source has them and the toolset offers that call; else None."""
-    if not db or not isinstance(order_id, str) or order_id not in db.get("orders", {}):
-        return None
-    if not any(t.get("function", {}).get("name") == "get_order_details" for t in tools):
-        return None
-    order = db["orders"][order_id]
-    # what decides the next call (status, the item ids behind the names, payment ids), not the whole record:
-    # a full order is ~400 tokens and would push the instruction out of a 512-token training example
-    brief = {"order_id": order.get("order_id", order_id), "status": order.get("status"),
-             "items": [{"name": i.get("name"), "item_id": i.get("item_id"), "product_id": i.get("product_id"),
-                        "options": i.get("options")}
-                       for i in order.get("items") or []],
-             "payment_method_ids": sorted({p.get("payment_method_id") for p in order.get("payment_history") or []
-                                           if p.get("payment_method_id")})}
-    return json.dumps(brief, separators=(",", ":"), ensure_ascii=False)
+UNRECORDED = json.dumps({"result": "not recorded by the source"})  # a write's result without the database
 
 
 def retail_to_raw(tools_file: Path, tasks_file: Path, raw_root: Path, day: date, seed: int = 0,
                   db_file: Path | None = None) -> dict[str, int | str]:
-    """tau-bench retail tasks (instruction + expected tool calls) -> turns under their own tool schemas.
+    """tau-bench retail tasks (instruction + expected write actions) -> turns under their own tool schemas.
 
-    Each task is a session: the user's request, then one turn per expected action, with the earlier
-    calls and their results in the history. The tasks list only write actions, whose results the source
-    does not record: their tool message says so (`UNRECORDED`), never an empty `{}` that looks like a
-    real answer. With the source's `db_file` (tau-bench's db.json), each order an action touches is first
-    looked up: a `get_order_details` turn (the read an agent makes before acting, e.g. to find the item
-    ids behind "Electric Kettle") whose result comes from the database, so the history carries the state
-    that decides the next step. The tools are registered as the `retail` toolset, so prep validates the
-    calls against the retail schemas.
+    Each task is a session: the user's request, then one turn per step, with the earlier calls and their
+    results in the history. With the source's `db_file` (tau-bench's db.json) each task is the whole
+    trajectory a policy-following agent runs (`logs.retail.trajectory`): identify the customer, read their
+    profile, each order it acts on and each product whose variant changes, then the writes, whose results
+    are the writes applied to the database. Without it only the writes remain, and their tool messages say
+    the source did not record a result (`UNRECORDED`), never an empty `{}` that looks like a real answer.
+    The tools are registered as the `retail` toolset, so prep validates the calls against their schemas.
     """
+    from pipelines.logs.retail import trajectory
     from pipelines.logs.toolsets import register_toolset
 
     for f in (tools_file, tasks_file, *([db_file] if db_file else [])):
@@ -117,35 +98,26 @@ def retail_to_raw(tools_file: Path, tasks_file: Path, raw_root: Path, day: date,
             raise FileNotFoundError(f"no such file: {f}")
     ident = import_id(tools_file, tasks_file, *([db_file] if db_file else []), seed=seed)
     tools = json.loads(tools_file.read_text(encoding="utf-8"))
-    db = json.loads(db_file.read_text(encoding="utf-8")) if db_file else None
+    db = json.loads(db_file.read_text(encoding="utf-8")) if db_file else {}
     _, undeclared = register_toolset(str(raw_root), RETAIL_TOOLSET, tools, RETAIL_EFFECTS)
+    offered = {t.get("function", {}).get("name") for t in tools}
     tasks = [json.loads(line) for line in tasks_file.read_text(encoding="utf-8").splitlines() if line.strip()]
     gen = TrafficGenerator(GeneratorConfig(seed=seed, records=0, end_date=day))
     customers = cat.customers(5000)
     rng = random.Random(seed)
     start = datetime(day.year, day.month, day.day, tzinfo=timezone.utc).timestamp()
     system = {"role": "system", "content": f"You are the retail agent of a commerce assistant. Today is {day}."}
-    sessions = []
-    for task in tasks:
-        calls: list[tuple[dict, str, bool]] = []  # (action, the result the history shows, from the database)
-        seen: set[str] = set()
-        for action in (a for a in task["actions"] if a["name"] not in SKIPPED_RETAIL_ACTIONS):
-            order_id = (action.get("arguments") or {}).get("order_id")
-            order_id = order_id if isinstance(order_id, str) else None
-            details = _order_lookup(db, tools, order_id) if order_id and order_id not in seen else None
-            if details is not None:
-                seen.add(order_id)
-                calls.append(({"name": "get_order_details", "arguments": {"order_id": order_id}}, details, True))
-            calls.append((action, UNRECORDED, False))
-        sessions.append((task, calls))
-    total = sum(len(calls) for _, calls in sessions)
+    sessions = [(task, trajectory(task, db, offered, SKIPPED_RETAIL_ACTIONS, UNRECORDED)) for task in tasks]
+    total = sum(len(steps) for _, steps in sessions)
     lines: list[bytes] = []
-    n = lookups = 0
-    for s, (task, calls) in enumerate(sessions):
+    n = 0
+    counts = {"read": 0, "write": 0}
+    unrecorded = 0
+    for s, (task, steps) in enumerate(sessions):
         customer = customers[rng.randrange(len(customers))]
         session_id = f"retail_{ident}_{s:05d}"
         history: list[dict] = [system, {"role": "user", "content": " ".join(task["instruction"].split())}]
-        for k, (action, result, from_db) in enumerate(calls):
+        for k, (action, result, effect) in enumerate(steps):
             call_id = f"call_retail_{s}_{k}"
             assistant = {"role": "assistant", "content": None, "tool_calls": [
                 {"id": call_id, "type": "function",
@@ -156,13 +128,14 @@ def retail_to_raw(tools_file: Path, tasks_file: Path, raw_root: Path, day: date,
             record["timestamp"] = _iso(start + 86_399.0 * n / max(total, 1))
             lines.append(orjson.dumps(record))
             history += [assistant, {"role": "tool", "tool_call_id": call_id, "content": result}]
-            lookups += from_db
+            counts[effect] += 1
+            unrecorded += result == UNRECORDED
             n += 1
     target = partition_dir(raw_root, day) / f"retail-{ident}.jsonl"
     _write_atomically(target, b"\n".join(lines) + (b"\n" if lines else b""))
     return {"tasks": len(tasks), "records": n, "file": str(target), "import_id": ident, "toolset": RETAIL_TOOLSET,
-            "lookups_from_db": lookups, "results_not_recorded": n - lookups,
-            "undeclared_tools_treated_as_writes": undeclared}
+            "reads": counts["read"], "writes": counts["write"], "results_from_db": n - unrecorded,
+            "results_not_recorded": unrecorded, "undeclared_tools_treated_as_writes": undeclared}
 
 
 def _write_atomically(target: Path, data: bytes) -> None:
