@@ -136,6 +136,10 @@ class TritonSettings(_Section):
     max_new_tokens: int = Field(64, ge=8, description="the longest logged tool call is 57 SmolLM2 tokens")
     constrained: bool = Field(True, description="decode every served tool call under the offered tools' grammar "
                               "(the client sends them as TOOLS): the smoke test, canary and `flywheel bench` use it")
+    grounded_ids: bool = Field(True, description="under the grammar, a write tool's id arguments (`*_id`, `*_ids`, "
+                               "or the toolset's declared `id_arguments`) only take values the conversation states: "
+                               "no invented order id. Served, evaluated and validated alike; off for a toolset whose "
+                               "ids come from elsewhere")
     smoke_requests: int = Field(6, ge=1, description="test-split requests a new deployment must answer first")
     smoke_min_valid_json: float = Field(1.0, ge=0, le=1, description="share of smoke answers that must parse "
                                         "as JSON, on top of every answer being well formed (no error, not empty), "

@@ -193,7 +193,7 @@ def evaluate(trained: dict[str, Any], settings: Settings | None = None) -> dict[
         baselines = False  # nothing compares with them: skipped on request (tests of other behaviour)
     cfg = EvalConfig(base_model=sweep["base_model"], examples=settings.evaluation.examples,
                      shots=settings.evaluation.shots, baselines=baselines, window=sweep.get("window"),
-                     constrained=settings.evaluation.constrained,
+                     constrained=settings.evaluation.constrained, grounded_ids=settings.triton.grounded_ids,
                      max_new_tokens=settings.evaluation.max_new_tokens)
     report = run_eval(settings, cfg, adapters, sweep["sweep_id"])
     _log_evaluation(settings, trained["best_run_id"], report)

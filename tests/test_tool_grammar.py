@@ -168,6 +168,50 @@ def test_every_training_target_of_generated_traffic_is_admitted(tiny) -> None:
     assert any("<EMAIL>" in r["target_json"] for r in rows)  # redacted arguments are part of the sample
     rejected = [call_text(r["target_json"]) for r in rows if not accepts(tok, r["tools_json"], call_text(r["target_json"]))]
     assert rejected == []
+    # ids grounded in the conversation as served: every write's id in our traffic is one the customer stated
+    from pipelines.logs.tools import WRITE_TOOLS
+    from pipelines.toolcall.grounding import ground
+
+    writes = [r for r in rows if json.loads(r["target_json"])["name"] in WRITE_TOOLS]
+    assert writes and any('_id"' in r["target_json"] for r in writes)
+    grounded = [call_text(r["target_json"]) for r in writes
+                if not accepts(tok, ground(r["tools_json"], json.loads(r["messages_json"]), {}), call_text(r["target_json"]))]
+    assert grounded == []
+
+
+def test_a_write_cannot_target_an_id_the_conversation_never_stated(tiny) -> None:
+    """Grounded ids: a write tool's `*_id`/`*_ids` arguments take only values from the user's words and the
+    tool results; reads and free-text arguments are not limited; a write whose id nobody stated is not offered."""
+    from pipelines.toolcall.grounding import ground
+
+    _, tok = tiny
+    tools = json.dumps([
+        {"name": "cancel_pending_order", "parameters": {"type": "object", "required": ["order_id", "reason"], "properties": {
+            "order_id": {"type": "string"}, "reason": {"type": "string", "enum": ["no longer needed", "ordered by mistake"]}}}},
+        {"name": "return_items", "parameters": {"type": "object", "required": ["item_ids", "order_id"], "properties": {
+            "order_id": {"type": "string"}, "item_ids": {"type": "array", "items": {"type": "string"}}}}},
+        {"name": "get_order_details", "parameters": {"type": "object", "required": ["order_id"],
+                                                     "properties": {"order_id": {"type": "string"}}}}])
+    effects = {"cancel_pending_order": "write", "return_items": "write", "get_order_details": "read"}
+    turns = [{"role": "system", "content": "Orders #W9999 and #W8888 exist."},  # the system prompt states nothing
+             {"role": "user", "content": "Please cancel #W1234, I no longer need it."},
+             {"role": "assistant", "content": '{"name":"get_order_details","arguments":{"order_id":"#W5555"}}'},
+             {"role": "user", "content": 'Tool result: {"order_id":"#W1234","items":[{"item_id":"111"},{"item_id":"222"}]}'}]
+    grounded = ground(tools, turns, effects)
+    cancel = '{{"name":"cancel_pending_order","arguments":{{"order_id":"{}","reason":"no longer needed"}}}}'
+    assert accepts(tok, grounded, cancel.format("#W1234"))
+    for invented in ("#W1235", "#W9999", "#W5555", "#W123"):  # made up, from the system prompt, from its own call
+        assert accepts(tok, tools, cancel.format(invented)), "the plain grammar admits any string"
+        assert not accepts(tok, grounded, cancel.format(invented)), invented
+    assert accepts(tok, grounded, '{"name":"return_items","arguments":{"item_ids":["222","111"],"order_id":"#W1234"}}')
+    assert not accepts(tok, grounded, '{"name":"return_items","arguments":{"item_ids":["333"],"order_id":"#W1234"}}')
+    assert accepts(tok, grounded, '{"name":"get_order_details","arguments":{"order_id":"#W7777"}}'), "reads are free"
+    # nothing stated: the write cannot be offered, the read and abstention still can
+    bare = ground(tools, [{"role": "user", "content": "cancel my last order"}], effects)
+    assert [t["name"] for t in json.loads(bare)] == ["get_order_details"]
+    assert accepts(tok, bare, '{"name":null}')
+    with pytest.raises(GrammarError, match="every offered write tool needs an id"):
+        ground(json.dumps({"tools": json.loads(tools)[:1], "abstain": False}), turns[:1], effects)
 
 
 def test_each_row_of_a_batch_is_decoded_under_its_own_tools(tiny) -> None:

@@ -53,6 +53,8 @@ def eval_cmd(
     constrained: Annotated[str | None, typer.Option(help="off, on or both: decode under the offered tools' grammar "
                                                     "(default: evaluation.constrained)")] = None,
     name: Annotated[str, typer.Option(help="Report folder name under reports/evaluation/.")] = "manual",
+    grounded_ids: Annotated[bool | None, typer.Option(help="Under the grammar, write ids only from the "
+                                                      "conversation (default: triton.grounded_ids)")] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Evaluate base zero-shot, base few-shot and tuned adapters side by side (JSON + HTML report)."""
@@ -79,6 +81,7 @@ def eval_cmd(
                      examples=examples or settings.evaluation.examples,
                      shots=settings.evaluation.shots if shots is None else shots,
                      constrained=constrained or settings.evaluation.constrained,
+                     grounded_ids=settings.triton.grounded_ids if grounded_ids is None else grounded_ids,
                      max_new_tokens=settings.evaluation.max_new_tokens)
     report = evaluate(settings, cfg, adapters, name, console)
     if as_json:

@@ -24,7 +24,7 @@ from pipelines.toolcall.decode import generate
 from pipelines.train.models import load_model
 from pipelines.storage import makedirs, read_json, write_json, write_text
 from pipelines.logs.toolsets import registered_catalogue, tool_effects
-from pipelines.toolcall.examples import Example, to_examples
+from pipelines.toolcall.examples import Example, grounded_tools, to_examples
 from pipelines.prep.dataset import frame_from_logs, load_split
 
 
@@ -46,6 +46,8 @@ class EvalConfig(BaseModel):
         "both", description="decode under the offered tools' grammar: off, on (rows named `<condition>_constrained`) "
         "or both rows for every condition")
     window: str | None = Field(None, description="the training set's window label; None: the current manifest")
+    grounded_ids: bool = Field(True, description="under the grammar, write ids only from the conversation "
+                               "(triton.grounded_ids: evaluated as served)")
 
 
 @dataclass
@@ -100,7 +102,7 @@ def evaluate(settings: Settings, cfg: EvalConfig, adapters: list[Adapter], name:
             for constrained in modes:
                 name = constrained_name(condition) if constrained else condition
                 out = generate(model, tokenizer, conversations, label=name, **gen,
-                               tools=[e.tools for e in chosen] if constrained else None)
+                               tools=grounded_tools(chosen, effects, cfg.grounded_ids) if constrained else None)
                 result = score_condition(name, label, style, shots, chosen, out.texts, out.stats(), effects)
                 result.constrained = constrained
                 if out.cut and console is not None:
@@ -130,7 +132,8 @@ def evaluate(settings: Settings, cfg: EvalConfig, adapters: list[Adapter], name:
             run(adapter.label, adapter.path, adapter.prompt_style, 0, model, tokenizer, chosen,
                 [e.turns for e in chosen])
             del model
-    report = EvalReport(name, dataset, len(frame), results, seconds=round(time.perf_counter() - started, 1))
+    report = EvalReport(name, dataset, len(frame), results, seconds=round(time.perf_counter() - started, 1),
+                        settings=cfg.model_dump())
     return write_report(settings, report)
 
 

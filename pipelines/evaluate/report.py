@@ -72,4 +72,12 @@ def render_html(report: EvalReport) -> str:
         body += "<details><summary>sample outputs</summary>" + table_html(c.samples) + "</details>"
         sections.append((f"{c.condition} ({c.model}, {c.prompt_style} prompt, {c.shots} shots)", body))
     return page(f"Tool-calling evaluation: {report.name}", sections,
-                f"{report.examples} requests from {report.dataset}; greedy decoding; {report.seconds:.0f} s")
+                f"{report.examples} requests from {report.dataset}; greedy decoding; {report.seconds:.0f} s"
+                + _grounding(report))
+
+
+def _grounding(report: EvalReport) -> str:
+    if "grounded_ids" not in report.settings:
+        return ""
+    return ("; under the grammar a write's ids come only from the conversation" if report.settings["grounded_ids"]
+            else "; under the grammar a write's ids are not grounded (triton.grounded_ids off)")

@@ -37,6 +37,7 @@ class EvalReport:
     json_uri: str = ""
     html_uri: str = ""
     seconds: float = 0.0
+    settings: dict[str, Any] = field(default_factory=dict)  # how it was decoded: budget, shots, seed, grammar, ids
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -64,7 +64,12 @@ def offered_tools(settings: Settings, rows: list[dict[str, Any]], client: Triton
         return None
     if client is not None and model is not None and not client.accepts_tools(model):
         return None
-    return [r["tools_json"] for r in rows]
+    if not settings.triton.grounded_ids:
+        return [r["tools_json"] for r in rows]
+    from pipelines.toolcall.grounding import ground, registered_effects
+
+    effects = registered_effects(settings.zone("raw"))
+    return [ground(r["tools_json"], json.loads(r["messages_json"]), effects) for r in rows]
 
 
 def target(settings: Settings, protocol: Protocol = "http") -> tuple[str, bool]:

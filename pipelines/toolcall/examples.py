@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from pipelines.toolcall.calls import NO_TOOL, call_text
@@ -44,6 +45,18 @@ def to_examples(frame: pd.DataFrame, style: PromptStyle) -> list[Example]:
         out.append(Example(row["record_id"], turns, target, name if name is not None else NO_TOOL,
                            turns[-1]["content"], row["tools_json"]))
     return out
+
+
+def grounded_tools(examples: list[Example], effects: Mapping[str, str] | None, grounded: bool = True) -> list[str]:
+    """Each example's offered tools for the grammar, with write ids limited to what its own conversation
+    states (`toolcall.grounding`; never a few-shot example's) unless `grounded` is off."""
+    if not grounded:
+        return [e.tools for e in examples]
+    from pipelines.logs.tools import catalogue_effects
+    from pipelines.toolcall.grounding import ground
+
+    known = catalogue_effects() if effects is None else effects
+    return [ground(e.tools, e.turns[1:], known) for e in examples]
 
 
 def training_pairs(examples: list[Example]) -> list[tuple[list[dict[str, str]], str]]:

@@ -15,6 +15,8 @@ decode.
 from __future__ import annotations
 
 import json
+import re
+from collections.abc import Iterable, Mapping, Sequence
 from functools import lru_cache
 from typing import Any
 
@@ -114,6 +116,92 @@ def call_schema(tools: Any) -> dict[str, Any]:
         branches.append({"type": "object", "properties": {"name": {"type": "null"}}, "required": ["name"],
                          "additionalProperties": False})
     return {"anyOf": branches}
+
+
+_STRING_LITERAL = re.compile(r'"((?:[^"\\]|\\.)*)"')
+_WORD = re.compile(r"[#\w][\w#\-./@+:]*")
+MAX_GROUNDED_VALUES = 2_000  # the values one id argument may take; a longer conversation keeps the first ones
+
+
+def _id_like(word: str) -> bool:
+    """A word that can be an identifier: it has a digit or a separator (`#W6067464`, `credit_card_4190576`,
+    `P-PRO-ANNUAL`); plain words (`cancel`, `order`) are not offered as ids."""
+    return any(c.isdigit() or c in "#_-" for c in word)
+
+
+def conversation_values(texts: Iterable[str]) -> set[str]:
+    """Every value a conversation states: the JSON string literals in its texts (a tool result's values, at
+    any depth) and its id-like words (`#W6067464`, `credit_card_4190576`, `ORD-7F3K2`), trailing punctuation
+    off."""
+    values: set[str] = set()
+    for text in texts:
+        if not isinstance(text, str):
+            continue
+        for literal in _STRING_LITERAL.findall(text):
+            try:
+                values.add(json.loads(f'"{literal}"'))
+            except json.JSONDecodeError:
+                continue
+        values.update(w for w in (w.rstrip(".,;:!?)/") for w in _WORD.findall(text)) if _id_like(w))
+    values.discard("")
+    return values
+
+
+def _fits(value: str, schema: dict[str, Any]) -> bool:
+    if "enum" in schema and value not in schema["enum"]:
+        return False
+    if len(value) < schema.get("minLength", 0) or len(value) > schema.get("maxLength", len(value)):
+        return False
+    pattern = schema.get("pattern")
+    try:
+        return not pattern or re.search(pattern, value) is not None
+    except re.error:
+        return True  # a pattern Python cannot read: the grammar still enforces it
+
+
+def _ground(params: dict[str, Any], arguments: Sequence[str], values: set[str]) -> dict[str, Any] | None:
+    """`params` with each id argument limited to the values the conversation states; None when a required
+    id argument has none (the call would need an invented id)."""
+    props = dict(params.get("properties") or {})
+    required = set(params.get("required") or [])
+    for arg in arguments:
+        schema = props.get(arg)
+        if not isinstance(schema, dict):
+            continue
+        many = schema.get("type") == "array" and isinstance(schema.get("items"), dict)
+        scalar = schema["items"] if many else schema
+        if scalar.get("type") not in ("string", None) or any(k in scalar for k in ("anyOf", "oneOf", "$ref")):
+            continue  # not an id string: left as the schema says
+        allowed = sorted(v for v in values if _fits(v, scalar))[:MAX_GROUNDED_VALUES]
+        if not allowed:
+            if arg in required:
+                return None
+            del props[arg]
+            continue
+        grounded = {"type": "string", "enum": allowed}
+        props[arg] = {**schema, "items": grounded} if many else grounded
+    return {**params, "properties": props}
+
+
+def ground_ids(tools: Any, writes: Mapping[str, Sequence[str]], values: set[str]) -> str:
+    """The offered tools (as `_offer` takes them) with every identifier argument of a write tool (`writes`:
+    tool -> its id arguments) limited to `values`, the ones the conversation states: under the grammar a
+    write cannot target an order, invoice or item nobody mentioned. A write tool whose required id has no
+    such value is not offered (no call to it can be right). Returns the same shape as JSON."""
+    entries, abstain = _offer(tools)
+    kept = []
+    for t in entries:
+        if t["name"] not in writes:
+            kept.append(t)
+            continue
+        params = _ground(t["parameters"], writes[t["name"]], values)
+        if params is not None:
+            kept.append({"name": t["name"], "parameters": params})
+    if not kept and not abstain:
+        raise GrammarError("a call is required, but every offered write tool needs an id the conversation "
+                           "does not state")
+    return json.dumps({"tools": kept, "abstain": abstain} if not abstain or isinstance(tools, dict) else kept,
+                      separators=(",", ":"), sort_keys=True)
 
 
 @lru_cache(maxsize=1024)

@@ -380,15 +380,16 @@ def _validate(settings: Settings, base_model: str, adapter_dir: str, val: list[A
     from pipelines.logs.toolsets import tool_effects
     from pipelines.toolcall import score as m
     from pipelines.toolcall.decode import generate
+    from pipelines.toolcall.examples import grounded_tools
     from pipelines.train.models import load_model
 
-    model, tokenizer = load_model(base_model, settings, adapter_dir)
-    out = generate(model, tokenizer, [e.turns for e in val], latency_samples=0,
-                   max_new_tokens=settings.evaluation.max_new_tokens,
-                   tools=[e.tools for e in val] if settings.triton.constrained else None)
     try:
         effects = tool_effects(settings.zone("raw"))
     except Exception:  # noqa: BLE001 (a training pod's role reads curated only: the catalogue's effects, undeclared = write)
         effects = None
+    model, tokenizer = load_model(base_model, settings, adapter_dir)
+    out = generate(model, tokenizer, [e.turns for e in val], latency_samples=0,
+                   max_new_tokens=settings.evaluation.max_new_tokens,
+                   tools=grounded_tools(val, effects, settings.triton.grounded_ids) if settings.triton.constrained else None)
     summary = m.summarize([m.score(t, e.expected, effects) for t, e in zip(out.texts, val)])
     return {f"val_{k}": float(summary[k] or 0.0) for k in SELECT_METRICS + ("json_valid", "wrong_writes")}
