@@ -136,10 +136,8 @@ class TritonSettings(_Section):
     max_new_tokens: int = Field(64, ge=8, description="the longest logged tool call is 57 SmolLM2 tokens")
     constrained: bool = Field(True, description="decode every served tool call under the offered tools' grammar "
                               "(the client sends them as TOOLS): the smoke test, canary and `flywheel bench` use it")
-    grounded_ids: bool = Field(True, description="under the grammar, a write tool's id arguments (`*_id`, `*_ids`, "
-                               "or the toolset's declared `id_arguments`) only take values the conversation states: "
-                               "no invented order id. Served, evaluated and validated alike; off for a toolset whose "
-                               "ids come from elsewhere")
+    grounded_ids: bool = Field(True, description="under the grammar, a write tool's `*_id`/`*_ids` arguments only "
+                               "take values the conversation states (served, evaluated and validated alike)")
     smoke_requests: int = Field(6, ge=1, description="test-split requests a new deployment must answer first")
     smoke_min_valid_json: float = Field(1.0, ge=0, le=1, description="share of smoke answers that must parse "
                                         "as JSON, on top of every answer being well formed (no error, not empty), "
@@ -207,7 +205,11 @@ class TrainSettings(_Section):
 
 
 class EvaluationSettings(_Section):
-    examples: int = Field(24, ge=1, description="test requests per evaluation (seeded sample)")
+    examples: int = Field(96, ge=1, description="the ceiling of test requests per evaluation (a seeded sample, "
+                          "stratified by tool): the DAG starts with `first_examples` and doubles the sample while "
+                          "the paired gate is undecided, up to this many")
+    first_examples: int = Field(24, ge=1, description="the first sample of the DAG's evaluation; every condition "
+                                "is evaluated on it, a larger sample only re-runs the two the gate compares")
     shots: int = Field(3, ge=0, description="in-context examples for the base few-shot condition")
     baselines: bool = Field(True, description="also evaluate the base model (zero-shot, few-shot); off skips them "
                             "only where no gate needs them (`promotion.baseline: none`)")
@@ -276,9 +278,19 @@ class PromotionSettings(_Section):
     `max_tool_regression`. The reference is the champion; with none yet, the `baseline` condition
     (the base model with retrieved in-context examples, the serving alternative to a tuned model)."""
 
-    min_score_gain: float = Field(0.02, ge=-1, le=1, description="least rise of the task score: each tool's metric "
-                                  "(`tool_metrics`; exact match by default) averaged over the examples")
-    min_arg_f1_gain: float = Field(0.0, ge=-1, le=1)
+    rule: Literal["paired", "point"] = Field(
+        "paired", description="paired: decide on the paired 95 % interval of the task-score difference on the same "
+        "requests (superior, non-inferior and cheaper, inferior, or undecided: evaluate more); point: the older "
+        "point comparison with `min_score_gain` (also used for rows without per-request scores)")
+    non_inferiority_margin: float = Field(0.05, ge=0, le=1, description="quality held: the paired interval's lower "
+                                          "bound of the task-score difference stays above -margin (README, the gate)")
+    min_cost_gain: float = Field(0.10, ge=0, le=1, description="non-inferior is promoted only when p50 latency or "
+                                 "prompt tokens per request fall by this share (equal cost: no reason to change)")
+    confidence: float = Field(0.95, gt=0.5, lt=1, description="the paired intervals' level")
+    bootstrap_resamples: int = Field(2000, ge=200, le=100_000)
+    min_score_gain: float = Field(0.02, ge=-1, le=1, description="point rule only: least rise of the task score: each "
+                                  "tool's metric (`tool_metrics`; exact match by default) averaged over the examples")
+    min_arg_f1_gain: float = Field(0.0, ge=-1, le=1, description="point rule only")
     max_extra_wrong_writes: int = Field(0, ge=0, description="wrong writes (a write tool the request did not ask "
                                         "for, or other ids) the candidate may make beyond the reference's on the same "
                                         "requests; more vetoes the promotion whatever its task score")

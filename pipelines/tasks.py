@@ -191,14 +191,45 @@ def evaluate(trained: dict[str, Any], settings: Settings | None = None) -> dict[
     baselines = not (trained.get("drift_run") and champion is not None)
     if not settings.evaluation.baselines and settings.promotion.baseline == "none":
         baselines = False  # nothing compares with them: skipped on request (tests of other behaviour)
-    cfg = EvalConfig(base_model=sweep["base_model"], examples=settings.evaluation.examples,
+    ceiling = settings.evaluation.examples
+    n = min(settings.evaluation.first_examples, ceiling)
+    cfg = EvalConfig(base_model=sweep["base_model"], examples=n,
                      shots=settings.evaluation.shots, baselines=baselines, window=sweep.get("window"),
                      constrained=settings.evaluation.constrained, grounded_ids=settings.triton.grounded_ids,
                      max_new_tokens=settings.evaluation.max_new_tokens)
     report = run_eval(settings, cfg, adapters, sweep["sweep_id"])
     _log_evaluation(settings, trained["best_run_id"], report)
+    first = report
+    rounds = [_sampling_round(settings, report, champion)]
+    # undecided (the paired interval spans the margin): more requests, the two compared conditions only
+    while rounds[-1]["decision"] == "undecided" and n < ceiling and report.examples >= n:
+        n = min(2 * n, ceiling)
+        only = ["tuned_candidate", "tuned_champion" if champion is not None else "base_few_shot"]
+        served = "on" if settings.triton.constrained else "off"
+        report = run_eval(settings, cfg.model_copy(update={"examples": n, "only": only, "constrained": served}),
+                          adapters, f"{sweep['sweep_id']}-n{n}")
+        _log_evaluation(settings, trained["best_run_id"], report)
+        rounds.append(_sampling_round(settings, report, champion))
+    from pipelines.evaluate.pipeline import write_report
+
+    report.settings["sampling"] = rounds  # how many requests it took and why
+    write_report(settings, report)
     return {"json_uri": report.json_uri, "html_uri": report.html_uri, "table": report.table(),
-            "champion_version": champion}
+            "champion_version": champion, "first_report": first.html_uri, "sampling": rounds}
+
+
+def _sampling_round(settings: Settings, report: Any, champion: str | None) -> dict[str, Any]:
+    """The gate's view of one evaluation (the registry gate itself decides after registration): whether the
+    paired interval already decides, on how many requests."""
+    from pipelines.registry.gate import BASELINE, gate
+    from pipelines.registry.models import evaluation_rows, served_rows
+
+    rows, _ = served_rows(settings, evaluation_rows({"json_uri": report.json_uri, "table": report.table()}))
+    if "tuned_candidate" not in rows:
+        return {"examples": report.examples, "decision": "n/a", "reason": "no candidate row"}
+    verdict = gate(rows["tuned_candidate"], rows.get("tuned_champion") if champion is not None else None, settings,
+                   rows.get(BASELINE))
+    return {"examples": report.examples, "decision": verdict.decision, "reason": verdict.reason}
 
 
 def _log_evaluation(settings: Settings, run_id: str, report: Any) -> None:

@@ -341,6 +341,36 @@ def test_few_shot_retrieval_picks_similar_requests() -> None:
     assert conversation[1]["content"] == pool[0].query and conversation[-1]["content"] == query.query
 
 
+def test_few_shot_pool_holds_later_turns_with_their_history_and_one_shot_per_tool() -> None:
+    """The strongest baseline: a write that follows a lookup is a candidate shot (with the lookup and its
+    result), and the k shots show k different tools rather than k copies of the nearest one."""
+    from pipelines.toolcall.examples import Example
+    from pipelines.toolcall.fewshot import shot_pool, with_shots
+
+    system = {"role": "system", "content": "S"}
+    ask = {"role": "user", "content": "Cancel order #W1, I no longer need it."}
+    lookup_call = '{"name":"get_order_details","arguments":{"order_id":"#W1"}}'
+    looked = [system, ask, {"role": "assistant", "content": lookup_call},
+              {"role": "user", "content": 'Tool result: {"order_id":"#W1","status":"pending"}'}]
+    cancel = Example("w1-1", looked, '{"name":"cancel_pending_order","arguments":{"order_id":"#W1"}}',
+                     "cancel_pending_order", looked[-1]["content"], "[]")
+    first = Example("w1-0", [system, ask], lookup_call, "get_order_details", ask["content"], "[]")
+    other = Example("w2-0", [system, {"role": "user", "content": "Cancel order #W2, no longer needed."}],
+                    '{"name":"get_order_details","arguments":{"order_id":"#W2"}}', "get_order_details",
+                    "Cancel order #W2, no longer needed.", "[]")
+    pool = shot_pool([first, cancel, other])
+    assert cancel in pool, "a later turn (a write after its lookup) is a candidate"
+    query = Example("q", [system, {"role": "user", "content": "Please cancel #W7, I do not need it any more."}],
+                    "{}", "cancel_pending_order", "Please cancel #W7, I do not need it any more.", "[]")
+    conversation = with_shots([query], pool, 2)[0]
+    calls = [t["content"] for t in conversation if t["role"] == "assistant"]
+    named = [json.loads(c)["name"] for c in calls]
+    assert sorted(set(named) - {"get_order_details"}) == ["cancel_pending_order"]
+    assert named.count("get_order_details") == 2, "the cancel shot's own lookup, and one lookup shot (not two)"
+    at = calls.index(cancel.target)
+    assert calls[at - 1] == lookup_call, "the write's shot carries the lookup before it"
+
+
 def test_llm_judge_scores_through_an_openai_compatible_endpoint(settings) -> None:
     """A local stand-in for a remote OpenAI-compatible endpoint (none can be reached here)."""
     import http.server

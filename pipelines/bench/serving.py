@@ -118,7 +118,7 @@ class PromptTooLong(NotRetryable):
 
 def run_bench(settings: Settings, cfg: BenchSettings | None = None, console: Console | None = None) -> dict[str, Any]:
     """Benchmark the live model and the base+few-shot baseline through the running Triton server."""
-    from pipelines.toolcall.fewshot import single_turn, with_shots
+    from pipelines.toolcall.fewshot import shot_pool, with_shots
     from pipelines.prep.dataset import load_split
     from pipelines.toolcall.examples import to_examples
 
@@ -132,7 +132,7 @@ def run_bench(settings: Settings, cfg: BenchSettings | None = None, console: Con
 
     frame = pd.DataFrame(rows)
     full = to_examples(frame, "full")
-    pool = single_turn(to_examples(load_split(settings, "train", 2000), "full"))
+    pool = shot_pool(to_examples(load_split(settings, "train", 2000), "full"))
     base_model = _base_model_of(settings, live)
     client = TritonClient(settings, cfg.protocol)  # type: ignore[arg-type]
     results: list[dict[str, Any]] = []

@@ -46,7 +46,8 @@ def eval_cmd(
     version: Annotated[list[str] | None, typer.Option(help="Registered version(s) or alias(es), e.g. champion.")] = None,
     logs: Annotated[str | None, typer.Option(help="Evaluate on this log file (our log format) instead of a split.")] = None,
     split: Annotated[str, typer.Option(help="train, val or test")] = "test",
-    examples: Annotated[int | None, typer.Option(min=1, help="Requests (seeded sample).")] = None,
+    examples: Annotated[int | None, typer.Option(min=1, help="Requests (a seeded sample stratified by tool; default: "
+                                                  "evaluation.first_examples).")] = None,
     base_model: Annotated[str, typer.Option(help="Base model of the adapters (catalogue name or path).")] = "smollm2-135m-instruct",
     shots: Annotated[int | None, typer.Option(min=0, help="In-context examples for the few-shot baseline.")] = None,
     baselines: Annotated[bool, typer.Option(help="Include base zero-shot and few-shot.")] = True,
@@ -78,7 +79,7 @@ def eval_cmd(
             raise UserError(f"--version: no version or alias {ref!r} in {settings.mlflow.registered_model}")
         adapters.append(Adapter(f"tuned_v{number}", adapter_path(settings, number), prompt_style(settings, number)))
     cfg = EvalConfig(base_model=base_model, split=split, logs=logs, baselines=baselines,
-                     examples=examples or settings.evaluation.examples,
+                     examples=examples or settings.evaluation.first_examples,
                      shots=settings.evaluation.shots if shots is None else shots,
                      constrained=constrained or settings.evaluation.constrained,
                      grounded_ids=settings.triton.grounded_ids if grounded_ids is None else grounded_ids,
@@ -94,7 +95,12 @@ def eval_cmd(
         table.add_row(*(f"{row[c]:.3f}" if isinstance(row[c], float) and c != "latency_ms_p50" else str(row[c])
                         for c in ("condition", "exact_match", "name_accuracy", "arg_f1", "prompt_tokens_mean",
                                   "latency_ms_p50")))
-    stdout_console().print(table)
+    out = stdout_console()
+    out.print(table)
+    from pipelines.evaluate.report import comparison_lines
+
+    for line in comparison_lines(report.comparisons):
+        out.print(line, markup=False, highlight=False)
 
 
 @registry_app.command("list")

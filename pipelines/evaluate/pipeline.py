@@ -19,7 +19,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from pipelines.config import Settings
 from pipelines.evaluate.results import TABLE_METRICS, ConditionResult, EvalReport  # noqa: F401 (re-exported)
 from pipelines.toolcall import score as metrics
-from pipelines.toolcall.fewshot import single_turn, with_shots
+from pipelines.toolcall.fewshot import shot_pool, with_shots
 from pipelines.toolcall.decode import generate
 from pipelines.train.models import load_model
 from pipelines.storage import makedirs, read_json, write_json, write_text
@@ -46,6 +46,11 @@ class EvalConfig(BaseModel):
         "both", description="decode under the offered tools' grammar: off, on (rows named `<condition>_constrained`) "
         "or both rows for every condition")
     window: str | None = Field(None, description="the training set's window label; None: the current manifest")
+    sampling: Literal["random", "stratified"] = Field(
+        "stratified", description="how the requests are drawn: stratified by (tool, source), every tool the split "
+        "has at least once while n allows, or a plain seeded random sample")
+    only: list[str] | None = Field(None, description="run only these conditions (e.g. the two the gate compares, "
+                                   "when it asks for more requests); None: all")
     grounded_ids: bool = Field(True, description="under the grammar, write ids only from the conversation "
                                "(triton.grounded_ids: evaluated as served)")
 
@@ -75,15 +80,42 @@ def score_condition(name: str, model_label: str, style: str, shots: int, example
                 "exact_match": s.exact_match} for e, t, s in zip(examples[:20], texts[:20], scores[:20])]
     wrong = [{"record_id": e.record_id, "request": e.query, "expected": e.target, "output": t, "kind": s.wrong_write}
              for e, t, s in zip(examples, texts, scores) if s.wrong_write]
+    per_request = [{"record_id": e.record_id, "tool": s.tool, "exact_match": int(s.exact_match),
+                    "name_match": int(s.name_match), "arg_f1": s.arg_f1, "text_f1": s.text_f1,
+                    "wrong_write": s.wrong_write} for e, s in zip(examples, scores)]
     return ConditionResult(name, model_label, style, shots, metrics.summarize(scores), stats,
-                           metrics.per_tool(scores), metrics.confusion(scores), samples, wrong_writes=wrong)
+                           metrics.per_tool(scores), metrics.confusion(scores), samples, wrong_writes=wrong,
+                           per_request=per_request)
+
+
+def comparisons(results: list[ConditionResult], judged_on: Mapping[str, str], min_tool_examples: int = 5
+                ) -> list[dict[str, Any]]:
+    """Each tuned condition against base few-shot (the strongest prompt) and the candidate against the
+    champion, decoded the same way: every paired difference with its 95 % interval (evaluate.paired)."""
+    from pipelines.evaluate.paired import compare
+
+    by = {r.condition: r for r in results}
+    out = []
+    for r in results:
+        if not r.condition.startswith("tuned_"):
+            continue
+        suffix = CONSTRAINED if r.condition.endswith(CONSTRAINED) else ""
+        refs = [f"base_few_shot{suffix}"]
+        if r.condition.removesuffix(suffix) == "tuned_candidate":
+            refs.append(f"tuned_champion{suffix}")
+        for ref in refs:
+            if ref in by and by[ref].per_request and r.per_request:
+                out.append({"condition": r.condition, "reference": ref,
+                            **compare(r.per_request, by[ref].per_request, judged_on,
+                                      min_tool_examples=min_tool_examples)})
+    return out
 
 
 def evaluate(settings: Settings, cfg: EvalConfig, adapters: list[Adapter], name: str,
              console: Console | None = None) -> EvalReport:
     started = time.perf_counter()
     frame = (frame_from_logs(cfg.logs, registered_catalogue(settings.zone("raw"))) if cfg.logs
-             else load_split(settings, cfg.split, cfg.examples, cfg.seed, cfg.window))
+             else load_split(settings, cfg.split, cfg.examples, cfg.seed, cfg.window, sampling=cfg.sampling))
     if cfg.logs and cfg.examples and len(frame) > cfg.examples:
         frame = frame.sample(n=cfg.examples, random_state=cfg.seed).sort_values("record_id")
     dataset = cfg.logs or f"{settings.zone('curated')}/sft split={cfg.split}"
@@ -99,6 +131,8 @@ def evaluate(settings: Settings, cfg: EvalConfig, adapters: list[Adapter], name:
 
         def run(condition: str, label: str, style: str, shots: int, model: Any, tokenizer: Any,
                 chosen: list[Example], conversations: list[list[dict[str, str]]]) -> None:
+            if cfg.only is not None and condition not in cfg.only:
+                return
             for constrained in modes:
                 name = constrained_name(condition) if constrained else condition
                 out = generate(model, tokenizer, conversations, label=name, **gen,
@@ -118,22 +152,27 @@ def evaluate(settings: Settings, cfg: EvalConfig, adapters: list[Adapter], name:
                 results.append(result)
 
         if cfg.baselines:
-            model, tokenizer = load_model(cfg.base_model, settings)
+            wanted = cfg.only is None or any(c.startswith("base_") for c in cfg.only)
+            model, tokenizer = load_model(cfg.base_model, settings) if wanted else (None, None)
             run("base_zero_shot", cfg.base_model, "full", 0, model, tokenizer, full, [e.turns for e in full])
-            if cfg.shots:
-                pool = single_turn(to_examples(load_split(settings, "train", cfg.shot_pool, cfg.seed, cfg.window),
+            if cfg.shots and (cfg.only is None or "base_few_shot" in cfg.only):
+                pool = shot_pool(to_examples(load_split(settings, "train", cfg.shot_pool, cfg.seed, cfg.window),
                                                "full"))
                 run("base_few_shot", cfg.base_model, "full", cfg.shots, model, tokenizer, full,
                     with_shots(full, pool, cfg.shots))
             del model
         for adapter in adapters:
+            if cfg.only is not None and adapter.label not in cfg.only:
+                continue
             model, tokenizer = load_model(cfg.base_model, settings, adapter.path)
             chosen = full if adapter.prompt_style == "full" else to_examples(frame, adapter.prompt_style)
             run(adapter.label, adapter.path, adapter.prompt_style, 0, model, tokenizer, chosen,
                 [e.turns for e in chosen])
             del model
     report = EvalReport(name, dataset, len(frame), results, seconds=round(time.perf_counter() - started, 1),
-                        settings=cfg.model_dump())
+                        settings=cfg.model_dump(),
+                        comparisons=comparisons(results, settings.promotion.tool_metrics,
+                                                settings.promotion.min_tool_examples))
     return write_report(settings, report)
 
 

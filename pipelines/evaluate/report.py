@@ -65,15 +65,60 @@ def _wrong_writes(c: ConditionResult) -> str:
     return head + (table_html(c.wrong_writes) if c.wrong_writes else "")
 
 
+PAIRED = ("task", "exact_match", "name_accuracy", "arg_f1", "text_f1")
+
+
+def comparison_rows(comparisons: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per (condition, reference, metric): the paired difference, its 95 % interval, n, and for
+    yes/no metrics McNemar's wins/losses/p."""
+    rows = []
+    for c in comparisons:
+        for metric in PAIRED:
+            e = c["metrics"].get(metric) or {}
+            if not e.get("n"):
+                continue
+            m = e.get("mcnemar") or {}
+            rows.append({"condition": c["condition"], "vs": c["reference"], "metric": metric, "n": e["n"],
+                         "difference": e["diff"], "ci_low": e["low"], "ci_high": e["high"],
+                         "mcnemar": f"{m['wins']} won / {m['losses']} lost, p={m['p']:.3f}" if m else "",
+                         "wrong_writes": f"{c['wrong_writes'][0]} vs {c['wrong_writes'][1]}"})
+    return rows
+
+
+def comparison_lines(comparisons: list[dict[str, Any]]) -> list[str]:
+    """`tuned_candidate_constrained vs base_few_shot_constrained: task score +0.083, 95% CI [...], n=24; ...`"""
+    from pipelines.evaluate.paired import describe
+
+    lines = []
+    for c in comparisons:
+        parts = [describe(c["metrics"][m], m.replace("_", " ")) for m in ("task", "exact_match", "arg_f1")
+                 if (c["metrics"].get(m) or {}).get("n")]
+        lines.append(f"{c['condition']} vs {c['reference']}: " + "; ".join(parts)
+                     + f"; wrong writes {c['wrong_writes'][0]} vs {c['wrong_writes'][1]}")
+    return lines
+
+
 def render_html(report: EvalReport) -> str:
     sections = [("Conditions", table_html(report.table()) + _quality_plot(report) + _cost_plot(report))]
+    if report.comparisons:
+        sections.append(("Paired comparisons (same requests, 95 % bootstrap intervals)",
+                         "<p>Each difference is candidate minus reference over the requests both answered; the "
+                         "interval resamples whole requests (paired). McNemar counts the requests where exactly "
+                         "one side is right.</p>" + table_html(comparison_rows(report.comparisons))))
     for c in report.conditions:
         body = _wrong_writes(c) + table_html(_per_tool_rows(c)) + _confusion_plot(c)
         body += "<details><summary>sample outputs</summary>" + table_html(c.samples) + "</details>"
         sections.append((f"{c.condition} ({c.model}, {c.prompt_style} prompt, {c.shots} shots)", body))
     return page(f"Tool-calling evaluation: {report.name}", sections,
                 f"{report.examples} requests from {report.dataset}; greedy decoding; {report.seconds:.0f} s"
-                + _grounding(report))
+                + _grounding(report) + _sampling(report))
+
+
+def _sampling(report: EvalReport) -> str:
+    rounds = report.settings.get("sampling") or []
+    if not rounds:
+        return ""
+    return "; sample size: " + " -> ".join(f"{r['examples']} requests ({r['decision']})" for r in rounds)
 
 
 def _grounding(report: EvalReport) -> str:

@@ -20,6 +20,9 @@ class ConditionResult:
     samples: list[dict[str, Any]] = field(default_factory=list)
     constrained: bool = False
     wrong_writes: list[dict[str, Any]] = field(default_factory=list)  # every one, request by request
+    # every request's scores (record_id, tool, exact_match, name_match, arg_f1, text_f1, wrong_write): what the
+    # paired comparisons (evaluate.paired) and the gate's intervals are computed from
+    per_request: list[dict[str, Any]] = field(default_factory=list)
 
 
 # the side-by-side table's quality columns (text_f1: token F1 of free-text arguments, next to exact match;
@@ -38,6 +41,7 @@ class EvalReport:
     html_uri: str = ""
     seconds: float = 0.0
     settings: dict[str, Any] = field(default_factory=dict)  # how it was decoded: budget, shots, seed, grammar, ids
+    comparisons: list[dict[str, Any]] = field(default_factory=list)  # paired differences (evaluate.paired.compare)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -167,18 +167,18 @@ class Router:
             return ""
 
     def _shot_pool(self) -> tuple[list[Any], Any]:
-        """Single-turn training examples to retrieve from (none before a training set exists) and their
+        """Training examples (every turn) to retrieve from (none before a training set exists) and their
         embeddings, computed once (embedding the pool per request cost ~20 s on this CPU)."""
         from pipelines.embeddings import embed
-        from pipelines.toolcall.fewshot import single_turn
+        from pipelines.toolcall.fewshot import retrieval_key, shot_pool
         from pipelines.prep.dataset import DatasetMissing, load_split
         from pipelines.toolcall.examples import to_examples
 
         with self._lock:
             if self._pool is None:
                 try:
-                    pool = single_turn(to_examples(load_split(self.settings, "train", 2000), "full"))
+                    pool = shot_pool(to_examples(load_split(self.settings, "train", 2000), "full"))
                 except DatasetMissing:
                     pool = []
-                self._pool = (pool, embed([p.query for p in pool]) if pool else None)
+                self._pool = (pool, embed([retrieval_key(p) for p in pool]) if pool else None)
             return self._pool

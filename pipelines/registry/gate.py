@@ -46,6 +46,11 @@ class Verdict:
     reason: str  # one line
     compared_with: str | None  # "champion", "base_few_shot", or None (nothing compared)
     numbers: dict[str, Any]
+    decision: str = ""  # promoted, refused, or undecided (the interval cannot tell yet: evaluate more)
+
+    def __post_init__(self) -> None:
+        if not self.decision:
+            self.decision = "promoted" if self.promoted else "refused"
 
 
 def _tool_count(stats: dict[str, Any]) -> int:
@@ -136,6 +141,8 @@ def gate(candidate: dict[str, Any], champion: dict[str, Any] | None, settings: S
     if veto is not None:
         numbers["wrong_writes"] = [candidate.get("wrong_writes"), reference.get("wrong_writes")]
         return Verdict(False, veto, label, numbers)
+    if p.rule == "paired" and candidate.get("per_request") and reference.get("per_request"):
+        return paired_gate(candidate, reference, label, settings, numbers)
     failures = []
     tools, judged_on, tool_failures = per_tool_numbers(candidate, reference, settings)
     score = [task_score(candidate, judged_on), task_score(reference, judged_on)]
@@ -165,4 +172,61 @@ def gate(candidate: dict[str, Any], champion: dict[str, Any] | None, settings: S
                 if tools else "per-tool numbers not measured")
     return Verdict(True, f"beats {label}: task score {score_gain:+.3f} (exact match {gain:+.3f}), arg F1 "
                          f"{f1_gain:+.3f}, latency {slower:+.0%}; "
-                         f"{per_tool}", label, numbers)
+                         f"{per_tool} (point comparison)", label, numbers)
+
+
+def _change(candidate: dict[str, Any], reference: dict[str, Any], key: str) -> float | None:
+    values = [candidate.get(key), reference.get(key)]
+    if not all(isinstance(v, (int, float)) and math.isfinite(v) and v > 0 for v in values):
+        return None
+    return values[0] / values[1] - 1
+
+
+def paired_gate(candidate: dict[str, Any], reference: dict[str, Any], label: str, settings: Settings,
+                numbers: dict[str, Any]) -> Verdict:
+    """The paired rule on the same requests (per-request scores of both rows), on the task score's paired
+    interval [low, high] at `promotion.confidence`:
+
+    - superior: low > 0, and not slower than `max_latency_increase` allows;
+    - non-inferior: low > -margin (quality held), and p50 latency or prompt tokens down by `min_cost_gain`;
+    - inferior: high < -margin: refused;
+    - otherwise undecided (the interval spans -margin): not promoted, and the DAG evaluates more requests
+      up to `evaluation.examples` before it decides.
+
+    A promoted candidate must also keep every tool with enough examples within `max_tool_regression` (point
+    check, its interval recorded beside it). The reason names the rule, the interval and n."""
+    from pipelines.evaluate.paired import compare, describe
+
+    p = settings.promotion
+    tools, judged_on, tool_failures = per_tool_numbers(candidate, reference, settings)
+    paired = compare(candidate["per_request"], reference["per_request"], judged_on, resamples=p.bootstrap_resamples,
+                     level=p.confidence, min_tool_examples=p.min_tool_examples)
+    task = paired["metrics"]["task"]
+    latency, tokens = _change(candidate, reference, "latency_ms_p50"), _change(candidate, reference, "prompt_tokens_mean")
+    numbers.update(paired=paired, per_tool=tools, tool_metrics=judged_on, latency_change=latency,
+                   prompt_tokens_change=tokens, thresholds=p.model_dump())
+    stated = describe(task, "task score")
+    margin = f"margin {p.non_inferiority_margin:.2f}"
+    cost = "; ".join(f"{what} {v:+.0%}" for what, v in (("latency", latency), ("prompt tokens", tokens))
+                     if v is not None) or "latency and prompt tokens not measured"
+    if not task["n"]:
+        return Verdict(False, f"not promoted vs {label}: no request answered by both", label, numbers)
+    if task["high"] < -p.non_inferiority_margin:
+        return Verdict(False, f"refused: inferior to {label}: {stated} (below -{margin}); {cost}", label, numbers)
+    if task["low"] <= -p.non_inferiority_margin:
+        return Verdict(False, f"undecided vs {label}: evaluate more: {stated} spans -{p.non_inferiority_margin:.2f}; "
+                              f"{cost}", label, numbers, decision="undecided")
+    superior = task["low"] > 0
+    if superior and latency is not None and latency > p.max_latency_increase:
+        return Verdict(False, f"refused: superior to {label} but slower: {stated}; latency {latency:+.0%} > "
+                              f"{p.max_latency_increase:+.0%}", label, numbers)
+    cheaper = any(v is not None and v <= -p.min_cost_gain for v in (latency, tokens))
+    if not superior and not cheaper:
+        return Verdict(False, f"refused: non-inferior to {label} ({stated}, {margin}) but neither latency nor "
+                              f"prompt tokens fall by {p.min_cost_gain:.0%} ({cost}): no reason to change", label,
+                       numbers)
+    if tool_failures:
+        return Verdict(False, f"refused vs {label}: " + "; ".join(tool_failures) + f" ({stated})", label, numbers)
+    rule = "superior" if superior else f"non-inferior ({margin})"
+    return Verdict(True, f"{rule} to {label}: {stated}; {cost}; wrong writes {paired['wrong_writes'][0]} vs "
+                         f"{paired['wrong_writes'][1]}", label, numbers)

@@ -199,6 +199,7 @@ def evaluation_rows(evaluated: dict[str, Any]) -> dict[str, dict[str, Any]]:
                                for tool, s in (condition.get("per_tool") or {}).items()}
             summary = condition.get("summary") or {}
             row.setdefault("examples", summary.get("examples"))
+            row.setdefault("per_request", condition.get("per_request") or [])
             row.setdefault("wrong_write_pairs", summary.get("wrong_write_pairs"))
     return rows
 

@@ -1,0 +1,145 @@
+"""The paired gate (issue 23): decisions on the paired interval of the same requests, never on noise."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+
+from pipelines.config import load_settings
+from pipelines.evaluate.paired import compare, interval, mcnemar
+from pipelines.registry.gate import gate
+
+
+@pytest.fixture(scope="module")
+def settings(tmp_path_factory: pytest.TempPathFactory):
+    return load_settings(root=str(tmp_path_factory.mktemp("paired-gate")))
+
+
+def requests(right: list[int], tool: str = "get_order", wrong_writes: int = 0) -> list[dict[str, Any]]:
+    return [{"record_id": f"r{i:03d}", "tool": tool, "exact_match": r, "name_match": 1, "arg_f1": float(r),
+             "text_f1": None, "wrong_write": "wrong_tool" if i < wrong_writes else None} for i, r in enumerate(right)]
+
+
+def row(right: list[int], latency: float = 100.0, tokens: float = 800.0, **kw: Any) -> dict[str, Any]:
+    per = requests(right, **kw)
+    share = sum(right) / len(right)
+    return {"exact_match": share, "arg_f1": share, "latency_ms_p50": latency, "prompt_tokens_mean": tokens,
+            "examples": len(right), "wrong_writes": sum(1 for r in per if r["wrong_write"]),
+            "per_tool": {"get_order": {"n": len(right), "exact_match": share, "arg_f1": share}}, "per_request": per}
+
+
+def flip(right: list[int], indices: range | list[int], to: int) -> list[int]:
+    out = list(right)
+    for i in indices:
+        out[i] = to
+    return out
+
+
+_RNG = random.Random(7)
+BASE = [1 if _RNG.random() < 0.6 else 0 for _ in range(96)]
+
+
+def test_the_bootstrap_is_paired() -> None:
+    """Two conditions that agree on most requests: the paired interval sees a small, consistent gain that two
+    independent resamples (an unpaired bootstrap) drown in the spread of each side."""
+    reference = [float(x) for x in BASE]
+    improved = flip(BASE, [i for i, x in enumerate(BASE) if not x][:10], 1)
+    paired = interval([float(x) for x in improved], reference, seed=1)
+    assert paired["n"] == 96 and paired["diff"] == pytest.approx(10 / 96, abs=1e-6)
+    assert paired["low"] > 0, paired
+    same = interval(reference, reference)
+    assert (same["low"], same["high"]) == (0.0, 0.0), "identical answers: no difference at all"
+    assert mcnemar(improved, BASE) == {"wins": 10, "losses": 0, "p": pytest.approx(2 / 2 ** 10, abs=1e-5)}
+    # requests are matched by record id, not by position
+    shuffled = list(reversed(requests(BASE)))
+    assert compare(requests(BASE), shuffled)["metrics"]["exact_match"]["diff"] == 0
+
+
+def test_a_candidate_made_worse_is_refused_with_its_interval(settings) -> None:
+    reference = row(BASE)
+    worse = row(flip(BASE, [i for i, x in enumerate(BASE) if x][:20], 0), latency=50, tokens=150)
+    verdict = gate(worse, None, settings, reference)
+    assert not verdict.promoted and verdict.decision == "refused"
+    assert verdict.reason.startswith("refused: inferior to base_few_shot: task score -0.208, 95% CI [")
+    assert "n=96" in verdict.reason and "\n" not in verdict.reason
+
+
+def test_an_identical_candidate_is_not_promoted_on_noise(settings) -> None:
+    verdict = gate(row(BASE), row(BASE), settings)
+    assert not verdict.promoted and "no reason to change" in verdict.reason
+    # a few requests either way on a small sample: undecided, not a promotion or a refusal on noise
+    small = BASE[:24]
+    noisy = flip(small, [i for i, x in enumerate(small) if x][:2], 0)
+    noisy = flip(noisy, [i for i, x in enumerate(small) if not x][:1], 1)
+    verdict = gate(row(noisy, latency=50), None, settings, row(small))
+    assert not verdict.promoted and verdict.decision == "undecided"
+    assert verdict.reason.startswith("undecided vs base_few_shot: evaluate more: task score -0.042, 95% CI [")
+    assert "n=24" in verdict.reason
+
+
+def test_quality_held_and_cheaper_is_promoted_naming_the_rule(settings) -> None:
+    reference = row(BASE, latency=100, tokens=870)
+    held = row(BASE, latency=55, tokens=146)  # same answers, 45 % faster, 83 % fewer prompt tokens
+    verdict = gate(held, None, settings, reference)
+    assert verdict.promoted, verdict.reason
+    assert verdict.reason.startswith("non-inferior (margin 0.05) to base_few_shot: task score +0.000, 95% CI "
+                                     "[+0.000, +0.000], n=96; latency -45%; prompt tokens -83%")
+    better = row(flip(BASE, [i for i, x in enumerate(BASE) if not x][:15], 1), latency=105)
+    verdict = gate(better, row(BASE), settings)
+    assert verdict.promoted and verdict.reason.startswith("superior to champion: task score +0.156")
+    # superior but much slower: the latency tolerance still holds
+    slow = gate(row(flip(BASE, [i for i, x in enumerate(BASE) if not x][:15], 1), latency=150), row(BASE), settings)
+    assert not slow.promoted and "slower" in slow.reason
+
+
+def test_wrong_writes_still_veto_a_non_inferior_candidate(settings) -> None:
+    verdict = gate(row(BASE, latency=50, wrong_writes=2), row(BASE), settings)
+    assert not verdict.promoted and verdict.reason.startswith("refused: wrong writes 2 of 96 vs 0 of 96")
+
+
+def test_the_dag_evaluates_more_requests_while_the_gate_is_undecided(settings, monkeypatch) -> None:
+    """evaluation.first_examples, doubled while undecided, up to evaluation.examples; the larger rounds run
+    only the two conditions the gate compares."""
+    import pipelines.evaluate.pipeline as pipeline
+    import pipelines.registry.models as models
+    import pipelines.tasks as tasks
+    from pipelines.evaluate.results import ConditionResult, EvalReport
+    from pipelines.storage import write_json
+
+    calls: list[tuple[int, list[str] | None]] = []
+    # the candidate misses one request the base gets right: undecided on 24 and 48, held on 96
+    candidate_right = [0] + [1] * 95
+
+    def fake_evaluate(s, cfg, adapters, name, console=None):
+        calls.append((cfg.examples, cfg.only))
+        n = cfg.examples
+        results = []
+        for condition, right, latency in (("base_few_shot", [1] * n, 100.0), ("tuned_candidate", candidate_right[:n], 40.0)):
+            if cfg.only is not None and condition not in cfg.only:
+                continue
+            per = requests(right)
+            summary = {"exact_match": sum(right) / n, "arg_f1": sum(right) / n, "examples": n, "wrong_writes": 0}
+            results.append(ConditionResult(condition, "m", "full", 0, summary,
+                                           {"latency_ms_p50": latency, "prompt_tokens_mean": 500.0}, {}, {},
+                                           per_request=per))
+        report = EvalReport(name, "d", n, results)
+        report.json_uri = f"{s.zone('reports')}/{name}.json"
+        write_json(report.json_uri, report.to_dict())
+        return report
+
+    monkeypatch.setattr(pipeline, "evaluate", fake_evaluate)
+    monkeypatch.setattr(pipeline, "write_report", lambda s, r: r)
+    monkeypatch.setattr(tasks, "_log_evaluation", lambda *a: None)
+    monkeypatch.setattr(models, "alias_version", lambda *a: None)
+    sweep_uri = f"{settings.zone('reports')}/sweep.json"
+    write_json(sweep_uri, {"prompt_style": "full", "base_model": "b", "sweep_id": "s"})
+    s = settings.model_copy(update={
+        "evaluation": settings.evaluation.model_copy(update={"first_examples": 24, "examples": 96, "constrained": "off"}),
+        "triton": settings.triton.model_copy(update={"constrained": False})})
+    out = tasks.evaluate({"sweep_uri": sweep_uri, "adapter_dir": "/nowhere", "best_run_id": "r"}, s)
+    assert [c[0] for c in calls] == [24, 48, 96]
+    assert calls[0][1] is None and calls[1][1] == ["tuned_candidate", "base_few_shot"]
+    assert [r["decision"] for r in out["sampling"]] == ["undecided", "undecided", "promoted"]
+    assert out["sampling"][-1]["examples"] == 96
