@@ -98,6 +98,22 @@ def test_text_f1_per_example_averages_string_arguments_only() -> None:
     assert score('{"name": "get_page", "arguments": {"page": 3}}', numbers_only).text_f1 is None
 
 
+def test_ids_are_exact_and_id_lists_are_sets_never_free_text() -> None:
+    """tau-bench calls carry order and item ids: a near-miss id is wrong (not a 0.9 text F1), and the same
+    item ids in another order are the same call."""
+    gold = {"name": "return_delivered_order_items",
+            "arguments": {"order_id": "#W6067464", "item_ids": ["9624127908", "8917609800"], "reason": "broken lid"}}
+    swapped = score('{"name":"return_delivered_order_items","arguments":{"item_ids":["8917609800","9624127908"],'
+                    '"order_id":"#W6067464","reason":"broken lid"}}', gold)
+    assert swapped.exact_match and swapped.arg_f1 == 1.0
+    near = score('{"name":"return_delivered_order_items","arguments":{"item_ids":["9624127908"],'
+                 '"order_id":"#W6067465","reason":"the lid is broken"}}', gold)
+    assert not near.exact_match and near.arg_f1 == 0.0
+    assert near.text_f1 == pytest.approx(text_f1("the lid is broken", "broken lid")), "only `reason` is free text"
+    only_ids = {"name": "get_order_details", "arguments": {"order_id": "#W1"}}
+    assert score('{"name":"get_order_details","arguments":{"order_id":"#W1"}}', only_ids).text_f1 is None
+
+
 def test_summary_and_per_tool_carry_text_f1() -> None:
     scores = [
         score('{"name": "search_products", "arguments": {"query": "hoodie", "color": "red", "max_price": 40}}',

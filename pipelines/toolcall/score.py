@@ -4,7 +4,8 @@ For one example the model's text is parsed into a call {"name": str | None, "arg
 (`{"name": null}` means "no tool fits"). Per example: JSON validity, name match, exact match of
 name and arguments, argument-level precision/recall/F1 over (key, value) pairs, abstention, and
 `text_f1`: for free-text (string) arguments such as a search query, where exact match is too strict,
-the mean token F1 of the predicted against the gold string after the same normalization of both.
+the mean token F1 of the predicted against the gold string after the same normalization of both. Ids
+(`*_id`, `*_ids`) are never free text: they count by exact match only, and an id list as a set.
 Aggregates are plain means, with a per-tool breakdown and a confusion matrix of names.
 """
 
@@ -59,7 +60,7 @@ def _string_arguments_f1(predicted: dict[str, Any] | None, gold: dict[str, Any])
     """Mean `text_f1` over the gold call's string-valued arguments, each against the predicted argument
     of the same name (missing or not a string: 0); None when the gold call has no string argument.
     `predicted` is None when the prediction is not a call of the gold tool (every argument scores 0)."""
-    strings = {k: v for k, v in gold.items() if isinstance(v, str)}
+    strings = {k: v for k, v in gold.items() if isinstance(v, str) and not _is_id(k)}
     if not strings:
         return None
     found = predicted or {}
@@ -87,10 +88,21 @@ class ExampleScore:
 WRONG_WRITES = ("wrong_tool", "other_ids", "unexpected_write")
 
 
+def _is_id(key: str) -> bool:
+    return key.endswith(("_id", "_ids"))
+
+
+def _argument(key: str, value: Any) -> Any:
+    """An argument as compared: an id list (`*_ids`) as a multiset (the same items in another order are the
+    same call), everything else as JSON (`_canonical`)."""
+    if key.endswith("_ids") and isinstance(value, list):
+        return tuple(sorted(map(repr, _canonical(value))))
+    return _canonical(value)
+
+
 def _ids(arguments: dict[str, Any]) -> dict[str, Any]:
     """The identifier arguments; a `*_ids` list as a multiset (the same items in another order are the same ids)."""
-    return {k: tuple(sorted(map(repr, _canonical(v)))) if k.endswith("_ids") and isinstance(v, list) else _canonical(v)
-            for k, v in arguments.items() if k.endswith(("_id", "_ids"))}
+    return {k: _argument(k, v) for k, v in arguments.items() if _is_id(k)}
 
 
 def wrong_write(call: dict[str, Any] | None, expected: dict[str, Any], effects: Mapping[str, str] | None = None
@@ -128,8 +140,8 @@ def score(prediction_text: str, expected: dict[str, Any], effects: Mapping[str, 
     if gold_name is None:
         return ExampleScore(gold_tool, predicted, True, name_match, name_match, None, None, None,
                             wrong_write=wrong)
-    gold_pairs = {(k, _canonical(v)) for k, v in gold_args.items()}
-    pred_pairs = {(k, _canonical(v)) for k, v in call["arguments"].items()} if name_match else set()
+    gold_pairs = {(k, _argument(k, v)) for k, v in gold_args.items()}
+    pred_pairs = {(k, _argument(k, v)) for k, v in call["arguments"].items()} if name_match else set()
     hit = len(gold_pairs & pred_pairs)
     if not gold_pairs and not pred_pairs:
         p = r = f1 = 1.0 if name_match else 0.0
