@@ -42,6 +42,7 @@ CASES = ("webshop", "webshop_mixed", "retail")
 # answers get 256 new tokens instead of the generated traffic's 64 (a call over 64 tokens cannot end there)
 CASE_ENV = {"retail": {"FLYWHEEL_QUALITY__MAX_APPROX_TOKENS": "8192", "FLYWHEEL_EVALUATION__EXAMPLES": "12",
                        "FLYWHEEL_EVALUATION__MAX_NEW_TOKENS": "256"}}
+UNGROUNDED_TOO = {"retail"}  # cases also evaluated with grounded ids off (the write-safety comparison)
 COLUMNS = ("exact_match", "text_f1", "name_accuracy", "arg_f1", "json_valid", "wrong_writes", "wrong_write_rate")
 
 
@@ -128,20 +129,58 @@ def evaluate_case(case: str, root: Path, heldout: Path, examples: int, log: Path
              "--constrained", "both", "--name", name, log=log)
     reports = load_settings(root=str(root)).zone("reports")
     report = json.loads(Path(reports.removeprefix("file://"), "evaluation", name, "report.json").read_text())
-    rows = [{"condition": c["condition"], **{k: c["summary"].get(k) for k in COLUMNS},
-             "prompt_tokens": c["stats"]["prompt_tokens_mean"], "latency_ms_p50": c["stats"]["latency_ms_p50"],
-             "cut_at_max_new_tokens": c["stats"].get("cut_at_max_new_tokens")}
-            for c in report["conditions"]]
+    rows = _rows(report)
+    comparisons = report.get("comparisons") or []
+    if case in UNGROUNDED_TOO:  # the wrong-write rate with and without grounded ids, on the same requests
+        flywheel(root, "eval", "--logs", str(heldout), "--version", str(latest["version"]), "--examples",
+                 str(examples), "--constrained", "on", "--no-grounded-ids", "--name", f"{name}-ungrounded", log=log)
+        other = json.loads(Path(reports.removeprefix("file://"), "evaluation", f"{name}-ungrounded",
+                                "report.json").read_text())
+        rows += [{**r, "condition": f"{r['condition']}_ungrounded"} for r in _rows(other)]
+        comparisons += [{**c, "condition": f"{c['condition']}_ungrounded", "reference": f"{c['reference']}_ungrounded"}
+                        for c in other.get("comparisons") or []]
     return {"case": case, "version": latest["version"], "aliases": latest["aliases"],
             "promoted": "champion" in latest["aliases"], "gate": latest.get("gate"), "examples": report["examples"],
             "heldout_file": str(heldout), "report": str(Path(reports, "evaluation", name, "report.html")),
-            "rows": rows, "verdict": verdict(rows)}
+            "eval_settings": report.get("settings"), "rows": rows, "comparisons": [_brief(c) for c in comparisons],
+            "verdict": verdict(rows, comparisons)}
 
 
-def verdict(rows: list[dict]) -> dict:
-    """The issue's goal: tuned + constraints beats base few-shot (its better decoding) on argument F1 (text F1
-    for searches) and name accuracy, at 5x fewer prompt tokens or better."""
+def _rows(report: dict) -> list[dict]:
+    return [{"condition": c["condition"], **{k: c["summary"].get(k) for k in COLUMNS},
+             "prompt_tokens": c["stats"]["prompt_tokens_mean"], "latency_ms_p50": c["stats"]["latency_ms_p50"],
+             "latency_n": c["stats"].get("latency_samples"),
+             "cut_at_max_new_tokens": c["stats"].get("cut_at_max_new_tokens")}
+            for c in report["conditions"]]
+
+
+def _brief(c: dict) -> dict:
+    """A paired comparison without its per-tool detail: each metric's difference, 95 % interval and n."""
+    return {"condition": c["condition"], "reference": c["reference"], "n": c["n"], "wrong_writes": c["wrong_writes"],
+            "metrics": {m: {k: e.get(k) for k in ("diff", "low", "high", "n", "mcnemar") if k in e}
+                        for m, e in c["metrics"].items()}}
+
+
+MARGIN = 0.05  # promotion.non_inferiority_margin's default: the same "quality held" as the gate
+
+
+def verdict(rows: list[dict], comparisons: list[dict] | None = None) -> dict:
+    """Tuned + grammar against base few-shot + grammar on the same requests: quality held (each paired 95 %
+    interval's lower bound above -MARGIN for task score, exact match and arg F1), no more wrong writes, and at
+    least 4x fewer prompt tokens. Without paired comparisons (an older report) the point comparison below."""
     by = {r["condition"]: r for r in rows}
+    paired = next((c for c in comparisons or [] if c["condition"].startswith("tuned_")
+                   and c["condition"].endswith("_constrained") and c["reference"] == "base_few_shot_constrained"), None)
+    if paired is not None and paired["condition"] in by and paired["reference"] in by:
+        tuned, base = by[paired["condition"]], by[paired["reference"]]
+        checks = {f"{m}_held": (paired["metrics"][m]["low"] > -MARGIN) if paired["metrics"].get(m, {}).get("n") else None
+                  for m in ("task", "exact_match", "arg_f1")}
+        checks["wrong_writes"] = paired["wrong_writes"][0] <= paired["wrong_writes"][1]
+        checks["prompt_tokens_4x"] = tuned["prompt_tokens"] * 4 <= base["prompt_tokens"]
+        return {"met": all(v for v in checks.values() if v is not None), "against": base["condition"],
+                "rule": f"paired 95% intervals, margin {MARGIN}", "checks": checks,
+                "intervals": {m: paired["metrics"][m] for m in ("task", "exact_match", "arg_f1")
+                              if m in paired["metrics"]}}
     tuned = next((r for c, r in by.items() if c.startswith("tuned_") and c.endswith("_constrained")), None)
     bases = [by[c] for c in ("base_few_shot", "base_few_shot_constrained") if c in by]
     if tuned is None or not bases:
@@ -205,7 +244,9 @@ def main() -> int:
             result["seconds"] = {"dag_run_earlier": dag.get("dag_run_earlier") if isinstance(dag, dict) else dag,
                                  "evaluation_again": result["seconds"]}
             result["settings_dag_run"] = earlier.get("settings_dag_run", earlier.get("settings"))
-        result["settings"] = CASE_ENV.get(case, {})
+        result["settings"] = {"env": CASE_ENV.get(case, {}), "examples": args.examples, "split": "held_out() by "
+                              "instruction/task sha256, share 0.2", "eval_seed": 0, "generate_seeds": [7, 99],
+                              "day": DAY}
         result["commit"] = commit()
         results["cases"][case] = result
         results["generated_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -23,7 +24,7 @@ class Generations:
     prompt_tokens: list[int]
     output_tokens: list[int]
     seconds: float            # wall time of the batched pass over all requests
-    latency_ms: list[float]   # single-request (batch 1) latencies on the first few requests
+    latency_ms: list[float]   # single-request (batch 1) latencies of a seeded random sample of the requests
     ended: list[bool] = field(default_factory=list)  # per answer: whether it ended with the end token
 
     @property
@@ -38,6 +39,7 @@ class Generations:
             "output_tokens_mean": round(sum(self.output_tokens) / n, 1),
             "cut_at_max_new_tokens": self.cut,
             "latency_ms_p50": round(statistics.median(self.latency_ms), 1) if self.latency_ms else float("nan"),
+            "latency_samples": len(self.latency_ms),  # n of the latency: a seeded random sample, batch 1
             "seconds_per_request_batched": round(self.seconds / n, 3),
         }
 
@@ -108,7 +110,9 @@ def generate(model: Any, tokenizer: Any, conversations: list[list[dict[str, str]
             progress.advance(task, len(decoded))
     seconds = time.perf_counter() - started
     latency = []
-    for j, p in enumerate(prompts[:latency_samples]):
+    timed = sorted(random.Random(0).sample(range(len(prompts)), min(latency_samples, len(prompts))))
+    for j in timed:  # a stated random sample (seed 0), not the first requests in record order
+        p = prompts[j]
         t0 = time.perf_counter()
         run([p], [tools[j]] if tools is not None else None)
         latency.append((time.perf_counter() - t0) * 1000)
