@@ -196,12 +196,19 @@ def test_routes_change_atomically_with_history_and_the_gate_decides_by_agreement
         return t
 
     assert rt.decide(settings, shadow, tally(yes, yes, no)) is None  # too few compared
-    assert rt.decide(settings, shadow, tally(yes, yes, yes, no))[0] == "canary"  # 0.75 agree
-    assert rt.decide(settings, shadow, tally(yes, yes, no, no)) is None  # shadow never demotes: callers unaffected
+    # a sequential test: 4 of 4 agreeing is a handful, not evidence (the always-valid interval spans 0.75) ...
+    assert rt.decide(settings, shadow, tally(yes, yes, yes, yes)) is None
+    # ... 60 of 60 is, and the reason states the interval and n
+    moved = rt.decide(settings, shadow, tally(*[yes] * 60))
+    assert moved[0] == "canary" and "always-valid 95% CI [0.8" in moved[1] and "n=60" in moved[1], moved
+    assert rt.decide(settings, shadow, tally(*[no] * 60)) is None  # shadow never demotes: callers unaffected
     canary = rt.set_route(settings, "champion", "canary", share=0.3, reason="test")
-    assert rt.decide(settings, canary, tally(yes, yes, yes, yes)) is None
-    assert rt.canary_ready(settings, canary, tally(yes, yes, yes, yes))[0]
-    failed = rt.decide(settings, canary, tally(yes, no, no, no))
+    assert rt.decide(settings, canary, tally(*[yes] * 60)) is None
+    assert rt.canary_ready(settings, canary, tally(*[yes] * 60))[0]
+    waiting = rt.canary_ready(settings, canary, tally(yes, yes, yes, no))
+    assert not waiting[0] and waiting[1].startswith("undecided"), waiting
+    assert rt.decide(settings, canary, tally(yes, no, no, no)) is None, "one in four is not a failure yet either"
+    failed = rt.decide(settings, canary, tally(yes, *[no] * 59))
     assert failed[0] == "serve" and "agreement" in failed[1]
     errored = rt.decide(settings, canary, tally(yes, yes, "error", "error"))
     assert errored[0] == "serve" and "errored" in errored[1]
@@ -280,7 +287,7 @@ def test_the_recorded_tally_skips_skipped_comparisons_and_a_canary_needs_compari
         tally.add(None, False)  # answered by the candidate, never compared
     ready, why = rt.canary_ready(settings, route, tally)
     assert not ready and "compared" in why
-    for i in range(3):
+    for i in range(20):  # 20 of 20 agreeing: the always-valid interval lies above 0.5
         tally.add(yes, False)
     assert rt.canary_ready(settings, route, tally)[0]
 

@@ -107,3 +107,23 @@ def describe(entry: Mapping[str, Any], label: str) -> str:
         return f"{label} n/a (no paired requests)"
     return (f"{label} {entry['diff']:+.3f}, {entry['level']:.0%} CI [{entry['low']:+.3f}, {entry['high']:+.3f}], "
             f"n={entry['n']}")
+
+
+def always_valid(successes: float, n: int, level: float = 0.95, binary: bool = True) -> tuple[float, float]:
+    """An interval for a rate in [0, 1] that holds at every n at once (a confidence sequence), so a live test
+    may look after every request and stop as soon as it decides: the level's error is spent over n as
+    alpha_n = alpha * 6 / (pi^2 n^2) (they sum to alpha), and each n gets the exact Clopper-Pearson interval
+    at 1 - alpha_n for a yes/no rate (`binary`), or Hoeffding's for a mean of values in [0, 1] (arg F1)."""
+    if n <= 0:
+        return 0.0, 1.0
+    alpha_n = (1 - level) * 6 / (math.pi ** 2 * n ** 2)
+    if not binary:
+        radius = math.sqrt(math.log(2 / alpha_n) / (2 * n))
+        mean = successes / n
+        return max(0.0, mean - radius), min(1.0, mean + radius)
+    from scipy.stats import beta
+
+    k = int(round(successes))
+    low = 0.0 if k == 0 else float(beta.ppf(alpha_n / 2, k, n - k + 1))
+    high = 1.0 if k == n else float(beta.ppf(1 - alpha_n / 2, k + 1, n - k))
+    return low, high

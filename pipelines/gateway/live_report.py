@@ -23,7 +23,10 @@ def _p50(values: list[float | None]) -> float | None:
 
 
 def summarize(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One row per (route, mode, arm): requests, comparisons, skips, errors, agreement, latencies."""
+    """One row per (route, mode, arm): requests, comparisons, skips, errors, agreement with its running
+    always-valid interval, latencies."""
+    from pipelines.evaluate.paired import always_valid
+
     groups: dict[tuple[str, str, str], list[dict[str, Any]]] = defaultdict(list)
     for r in records:
         groups[(r["route"], r["mode"], r["arm"])].append(r)
@@ -37,6 +40,10 @@ def summarize(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
                      "agreement_name": round(sum(a["name"] for a in compared) / len(compared), 4) if compared else None,
                      "agreement_exact": round(sum(a["exact"] for a in compared) / len(compared), 4) if compared else None,
                      "agreement_arg_f1": round(sum(f1) / len(f1), 4) if f1 else None,
+                     # the running always-valid 95 % intervals the live gate decides on (evaluate.paired)
+                     **{f"agreement_{m}_interval": [round(v, 3) for v in always_valid(
+                         sum(a[m] for a in compared), len(compared))] for m in ("name", "exact")},
+                     "agreement_arg_f1_interval": [round(v, 3) for v in always_valid(sum(f1), len(f1), binary=False)],
                      "candidate_p50_ms": _p50([r["candidate_latency_ms"] for r in group]),
                      "reference_p50_ms": _p50([r["reference_latency_ms"] for r in group])})
     return rows

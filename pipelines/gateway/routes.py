@@ -9,9 +9,10 @@ A route is the model name an agent calls (`champion` by default). Its mode:
   candidate's answers are compared off the path with the teacher's.
 
 State: `<serving zone>/routes.json`, every change written atomically under a lock and recorded in its
-history. The gate (`decide`) moves `shadow` -> `canary` once `gateway.gate_requests` compared
-requests agree at least `gateway.min_agreement`, and a failing `canary` (agreement below it, or
-errors above `gateway.canary_max_error_share`) back to `serve` by itself; `canary` -> `serve` with
+history. The gate (`decide`) is a sequential test: after at least `gateway.gate_requests` compared
+requests it moves `shadow` -> `canary` as soon as the agreement's always-valid interval (it holds however
+often the gate looks) lies above `gateway.min_agreement`, and a failing `canary` (the interval below it,
+or errors above `gateway.canary_max_error_share`) back to `serve` by itself; `canary` -> `serve` with
 the candidate deployed as champion is `flywheel gateway gate` (a deployment: smoke test, rollback).
 """
 
@@ -144,30 +145,47 @@ class Tally:
             return self.arg_f1_sum / self.arg_f1_n if self.arg_f1_n else None
         return getattr(self, metric) / self.compared if self.compared else None
 
+    def interval(self, metric: str, level: float) -> tuple[float, float]:
+        """The agreement's always-valid interval (`evaluate.paired.always_valid`): it holds however often the
+        gate looks, so the gate may decide after any request and never on a handful."""
+        from pipelines.evaluate.paired import always_valid
+
+        if metric == "arg_f1":
+            return always_valid(self.arg_f1_sum, self.arg_f1_n, level, binary=False)
+        return always_valid(getattr(self, metric), self.compared, level)
+
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), **{f"agreement_{m}": self.rate(m) for m in METRICS}}
+        return {**asdict(self), **{f"agreement_{m}": self.rate(m) for m in METRICS},
+                **{f"agreement_{m}_interval": [round(v, 4) for v in self.interval(m, 0.95)] for m in METRICS}}
+
+
+def _stated(tally: Tally, metric: str, level: float) -> str:
+    low, high = tally.interval(metric, level)
+    n = tally.arg_f1_n if metric == "arg_f1" else tally.compared
+    return f"agreement ({metric}) {tally.rate(metric):.3f}, always-valid {level:.0%} CI [{low:.3f}, {high:.3f}], n={n}"
 
 
 def decide(settings: Settings, route: dict[str, Any], tally: Tally) -> tuple[str, str] | None:
     """The gate's move for a route, if any: (new mode, reason)."""
     g = settings.gateway
     rate = tally.rate(g.agreement_metric)
+    level = settings.promotion.confidence
+    low, high = tally.interval(g.agreement_metric, level)
     allowed = settings.promotion.max_extra_wrong_writes
     if route["mode"] in ("shadow", "canary") and tally.wrong_writes > allowed:  # the same veto as the offline gate
         back = "shadow ended, the champion serves alone" if route["mode"] == "shadow" else "traffic back to the champion"
         return "serve", (f"refused: wrong writes {tally.wrong_writes} of {tally.compared} compared requests vs the "
                          f"reference's calls (at most {allowed}); {back}")
-    if route["mode"] == "shadow" and tally.compared >= g.gate_requests and rate is not None and rate >= g.min_agreement:
-        return "canary", (f"shadow agreement ({g.agreement_metric}) {rate:.3f} >= {g.min_agreement} over "
-                          f"{tally.compared} requests")
+    if route["mode"] == "shadow" and tally.compared >= g.gate_requests and rate is not None and low >= g.min_agreement:
+        return "canary", f"shadow passed: {_stated(tally, g.agreement_metric, level)} >= {g.min_agreement}"
     if route["mode"] == "canary" and tally.candidate_requests >= g.gate_requests:
         errors = tally.candidate_errors / tally.candidate_requests
         if errors > g.canary_max_error_share:
             return "serve", (f"canary failed: {errors:.1%} of the candidate's {tally.candidate_requests} requests "
                              f"errored (max {g.canary_max_error_share:.1%}); traffic back to the champion")
-        if tally.compared >= g.gate_requests and rate is not None and rate < g.min_agreement:
-            return "serve", (f"canary failed: agreement ({g.agreement_metric}) {rate:.3f} < {g.min_agreement} "
-                             f"over {tally.compared} requests; traffic back to the champion")
+        if tally.compared >= g.gate_requests and rate is not None and high < g.min_agreement:
+            return "serve", (f"canary failed: {_stated(tally, g.agreement_metric, level)} < {g.min_agreement}; "
+                             f"traffic back to the champion")
     return None
 
 
@@ -185,5 +203,8 @@ def canary_ready(settings: Settings, route: dict[str, Any], tally: Tally) -> tup
     if tally.compared < g.gate_requests or rate is None:
         return False, (f"only {tally.compared} of the candidate's requests were compared with the teacher "
                        f"({g.gate_requests} needed): no evidence of agreement yet")
-    return True, (f"canary passed: {tally.candidate_requests} requests, {tally.candidate_errors} errors, agreement "
-                  f"({g.agreement_metric}) {tally.rate(g.agreement_metric)}")
+    level = settings.promotion.confidence
+    stated = _stated(tally, g.agreement_metric, level)
+    if tally.interval(g.agreement_metric, level)[0] < g.min_agreement:
+        return False, f"undecided: {stated} spans {g.min_agreement}: keep the canary running"
+    return True, f"canary passed: {tally.candidate_requests} requests, {tally.candidate_errors} errors, {stated}"
