@@ -396,6 +396,36 @@ def test_a_no_tool_answer_a_cut_call_and_a_teacher_answer_close_the_stream_corre
     assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
 
 
+def test_a_redaction_token_never_reaches_a_caller_streamed_or_not() -> None:
+    """A model trained on redacted logs may answer `<EMAIL>` for a `format: email` field: the gateway fills in
+    the one email the conversation states, or asks for it instead of passing a placeholder on."""
+    tools = [{"type": "function", "function": {"name": "send_invoice_to", "parameters": {
+        "type": "object", "required": ["email"], "properties": {"email": {"type": "string", "format": "email"}}}}}]
+
+    def served_for(text: str) -> api.Served:
+        return api.request_row(api.parse_request(json.dumps({
+            "model": "champion", "tools": tools, "messages": [{"role": "user", "content": text}]}).encode()))
+
+    placeholder = '{"name":"send_invoice_to","arguments":{"email":"<EMAIL>"}}'
+    one = served_for("bill ana.lima@example.com for the catering, 120 EUR")
+    filled = api.answer(placeholder, one.specs, response_id=one.response_id, stated=api.stated_texts(one))
+    assert json.loads(filled["message"]["tool_calls"][0]["function"]["arguments"]) == {"email": "ana.lima@example.com"}
+    names = {"send_invoice_to"}
+    for text in ("bill the client for the catering", "bill ana@example.com or bo@example.com, whichever"):
+        served = served_for(text)
+        refused = api.answer(placeholder, served.specs, response_id=served.response_id, stated=api.stated_texts(served))
+        assert refused["finish_reason"] == "stop" and "email address" in refused["message"]["content"]
+        assert "<EMAIL>" not in json.dumps(refused) and not refused["message"].get("tool_calls")
+        body = api.completion(served, "champion", refused, 10, 10, "m")
+        assert not api.is_label(body), "never a training label"
+        chunks, _ = _streamed([placeholder[:i] for i in range(1, len(placeholder) + 1)], body, placeholder, names)
+        assert "<EMAIL>" not in json.dumps(chunks) and "<" not in _assembled(chunks)[1]
+    body = api.completion(one, "champion", filled, 10, 10, "m")
+    chunks, _ = _streamed([placeholder[:i] for i in range(1, len(placeholder) + 1)], body, placeholder, names)
+    assert "<EMAIL>" not in json.dumps(chunks)
+    assert json.loads(_assembled(chunks)[1]) == {"email": "ana.lima@example.com"} and _assembled(chunks)[4] == "tool_calls"
+
+
 def test_past_its_concurrency_limit_the_gateway_answers_429_at_once_and_its_probes_still_answer(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Twice the limit at once: exactly `max_concurrent_requests` are answered, every other one gets a 429 with

@@ -211,12 +211,15 @@ def arguments_text(text: str | None) -> str | None:
         return None
 
 
-def answer(text: str, specs: list[dict[str, Any]], cut: bool = False, response_id: str | None = None) -> dict[str, Any]:
+def answer(text: str, specs: list[dict[str, Any]], cut: bool = False, response_id: str | None = None,
+           stated: list[str] | None = None) -> dict[str, Any]:
     """A model's tool-call text as the assistant message the caller gets, with its finish reason:
     `{"name": <offered tool>, "arguments": {...}}` -> one tool call (the arguments as the model wrote
     them, the id from `response_id`); `{"name": null}` (no tool fits) -> empty content; anything else
     (an unconstrained model's free text) -> that text as content, with finish reason `length` when the
-    model stopped at its token limit (`cut`)."""
+    model stopped at its token limit (`cut`). A redaction token in the arguments is replaced by the value
+    the conversation (`stated`: its user and tool texts) gives for it, or the call is not passed on
+    (`gateway.pii`): a placeholder never reaches the caller."""
     names = {s["function"]["name"] for s in specs}
     try:
         call = json.loads(text)
@@ -225,6 +228,12 @@ def answer(text: str, specs: list[dict[str, Any]], cut: bool = False, response_i
     if isinstance(call, dict) and call.get("name") in names and isinstance(call.get("arguments", {}), dict):
         arguments = arguments_text(text) or json.dumps(call.get("arguments", {}), separators=(",", ":"),
                                                        ensure_ascii=False)
+        from pipelines.gateway.pii import ask_for, restore
+
+        restored, missing = restore(arguments, stated or [])
+        if restored is None:
+            return {"message": {"role": "assistant", "content": ask_for(missing)}, "finish_reason": "stop"}
+        arguments = restored
         message = {"role": "assistant", "content": None, "tool_calls": [
             {"id": call_id(response_id) if response_id else f"call_{uuid.uuid4().hex[:24]}", "type": "function",
              "function": {"name": call["name"], "arguments": arguments}}]}
@@ -232,6 +241,12 @@ def answer(text: str, specs: list[dict[str, Any]], cut: bool = False, response_i
     if isinstance(call, dict) and call.get("name") is None and set(call) <= {"name", "arguments"}:
         return {"message": {"role": "assistant", "content": ""}, "finish_reason": "stop"}
     return {"message": {"role": "assistant", "content": text}, "finish_reason": "length" if cut else "stop"}
+
+
+def stated_texts(served: Served) -> list[str]:
+    """What the caller's conversation states: its user turns and tool results (never the system prompt)."""
+    return [m["content"] for m in served.messages
+            if m.get("role") in ("user", "tool") and isinstance(m.get("content"), str)]
 
 
 def is_label(body: dict[str, Any]) -> bool:

@@ -19,9 +19,16 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from pipelines.gateway import openai_api as api
-from pipelines.gateway.openai_api import CALL_PREFIX, arguments_text, call_id, chunks
+from pipelines.gateway.openai_api import CALL_PREFIX, call_id, chunks
 
 LOG = logging.getLogger("flywheel.gateway")
+
+
+def _held(arguments: str) -> str:
+    """The arguments that may go out now: up to a `<` that may start a redaction token (`gateway.pii`); the
+    rest goes out with the finished body, placeholders filled in."""
+    at = arguments.find("<")
+    return arguments if at < 0 else arguments[:at]
 
 
 class ToolCallStream:
@@ -64,7 +71,7 @@ class ToolCallStream:
                                                     "function": {"name": name, "arguments": ""}}]}))
         if not text.startswith(self.call["prefix"]):
             return out
-        arguments = text[self.call["at"]:-1]  # the last character may close the call
+        arguments = _held(text[self.call["at"]:-1])  # the last character may close the call
         if arguments.startswith(self.args_sent) and len(arguments) > len(self.args_sent):
             out.append(self._chunk({"tool_calls": [{"index": 0, "function": {
                 "arguments": arguments[len(self.args_sent):]}}]}))
@@ -84,13 +91,13 @@ class ToolCallStream:
                           include_usage)
             return self._role() + (rest[1:] if self.role_sent else rest)
         out: list[dict[str, Any]] = []
-        whole = arguments_text(text) if text and text.startswith(self.call["prefix"]) else None
-        if whole is not None and whole.startswith(self.args_sent) and calls \
-                and (calls[0]["id"], calls[0]["function"]["arguments"]) == (self.call["id"], whole):
-            finish = choice["finish_reason"]
-        else:  # the model stopped inside the call (its token limit), or another model answered otherwise:
-            # the caller keeps the call it got, marked cut
-            whole = text[self.call["at"]:] if text and text.startswith(self.call["prefix"]) else ""
+        whole = calls[0]["function"]["arguments"] if calls and calls[0]["id"] == self.call["id"] else None
+        if whole is not None and whole.startswith(self.args_sent):
+            finish = choice["finish_reason"]  # the body's arguments: as streamed, placeholders filled in
+        else:  # the model stopped inside the call (its token limit), its call was not passed on (a placeholder
+            # nothing in the conversation fills), or another model answered otherwise: the caller keeps the
+            # call it got, marked cut, and never a placeholder
+            whole = _held(text[self.call["at"]:]) if text and text.startswith(self.call["prefix"]) else ""
             finish = "length"
         if whole and whole.startswith(self.args_sent) and len(whole) > len(self.args_sent):
             out.append(self._chunk({"tool_calls": [{"index": 0, "function": {"arguments": whole[len(self.args_sent):]}}]}))

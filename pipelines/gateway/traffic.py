@@ -188,7 +188,8 @@ class Traffic:
             on_text(reply.text or "")
         cut = reply.cut
         body = api.completion(served, parsed.model, api.answer(reply.text or "", served.specs, cut=cut,
-                                                                    response_id=served.response_id),
+                                                                    response_id=served.response_id,
+                                                                    stated=api.stated_texts(served)),
                               reply.prompt_tokens, reply.output_tokens, target.name)
         return body, target.name
 
