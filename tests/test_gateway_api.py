@@ -426,6 +426,18 @@ def test_a_redaction_token_never_reaches_a_caller_streamed_or_not() -> None:
     assert json.loads(_assembled(chunks)[1]) == {"email": "ana.lima@example.com"} and _assembled(chunks)[4] == "tool_calls"
 
 
+def test_a_call_that_breaks_what_the_grammar_left_out_is_not_passed_on() -> None:
+    tools = [{"type": "function", "function": {"name": "tag", "parameters": {"type": "object", "required": ["labels"],
+              "properties": {"labels": {"type": "array", "items": {"type": "string"}, "uniqueItems": True}}}}}]
+    served = api.request_row(api.parse_request(json.dumps({
+        "model": "champion", "tools": tools, "messages": [{"role": "user", "content": "tag it red and blue"}]}).encode()))
+    fine = api.answer('{"name":"tag","arguments":{"labels":["red","blue"]}}', served.specs)
+    assert fine["finish_reason"] == "tool_calls"
+    twice = api.answer('{"name":"tag","arguments":{"labels":["red","red"]}}', served.specs)
+    assert twice["finish_reason"] == "stop" and not twice["message"].get("tool_calls")
+    assert twice["message"]["content"].startswith("error: the answer's tag call breaks its schema")
+
+
 def test_past_its_concurrency_limit_the_gateway_answers_429_at_once_and_its_probes_still_answer(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Twice the limit at once: exactly `max_concurrent_requests` are answered, every other one gets a 429 with

@@ -251,7 +251,9 @@ def test_every_tool_declares_its_effect_and_an_undeclared_import_is_a_write(tmp_
     unknown = {"type": "function", "function": {"name": "teleport_order", "parameters": {
         "type": "object", "properties": {"order_id": {"type": "string"}}}}}
     tools_file, tasks_file = tmp_path / "tools.json", tmp_path / "tasks.jsonl"
-    tools_file.write_text(json.dumps([*RETAIL_LIKE_TOOLS, lookup, unknown]))
+    tagged = {"type": "function", "function": {"name": "list_all_product_types", "parameters": {
+        "type": "object", "properties": {"kinds": {"type": "array", "items": {"type": "string"}, "uniqueItems": True}}}}}
+    tools_file.write_text(json.dumps([*RETAIL_LIKE_TOOLS, lookup, unknown, tagged]))
     tasks_file.write_text(json.dumps({"instruction": "Cancel #W1.", "actions": [
         {"name": "cancel_pending_order", "arguments": {"order_id": "#W1", "reason": "no longer needed"}}]}))
     result = retail_to_raw(tools_file, tasks_file, tmp_path / "fw" / "raw", date(2026, 10, 2))
@@ -262,6 +264,9 @@ def test_every_tool_declares_its_effect_and_an_undeclared_import_is_a_write(tmp_
     assert {t: rows[t]["effect"] for t in ("cancel_pending_order", "get_order_details", "teleport_order")} == {
         "cancel_pending_order": "write", "get_order_details": "read", "teleport_order": "write"}
     assert rows["cancel_pending_order"]["toolset"] == "retail" and rows["cancel_pending_order"]["id_arguments"] == ["order_id"]
+    # a keyword the grammar lacks: that tool is constrained in part, and says which check waits for decoding
+    assert rows["list_all_product_types"]["constrained"] == "partly (checked after decoding: uniqueItems)"
+    assert rows["cancel_pending_order"]["constrained"] == "fully"
     writes = {t for t, r in rows.items() if r["toolset"] == "catalogue" and r["effect"] == "write"}
     assert writes == {"create_order", "capture_order", "create_invoice", "send_invoice", "create_subscription",
                       "cancel_subscription"}

@@ -65,10 +65,24 @@ def test_the_grammar_admits_offered_calls_and_abstention_only(tiny) -> None:
         grammar_for(json.dumps({"tools": [], "abstain": False}))
 
 
-def test_a_schema_the_grammar_cannot_express_is_an_error_naming_the_tool() -> None:
-    bad = json.dumps([{"name": "tag", "parameters": {"type": "object", "properties": {
-        "labels": {"type": "array", "items": {"type": "string"}, "uniqueItems": True}}}}])
-    with pytest.raises(GrammarError, match="tool tag: .*uniqueItems"):
+def test_a_keyword_the_grammar_lacks_is_left_out_of_that_tool_only_and_reported(tiny) -> None:
+    """One tool with `uniqueItems` (llguidance does not implement it) no longer breaks the request: that
+    tool is constrained without it (checked after decoding), the others fully; a schema that cannot be
+    compiled at all (a look-behind pattern) is still one error naming the tool."""
+    from pipelines.toolcall.grammar import partly_constrained
+
+    _, tok = tiny
+    tools = json.dumps([{"name": "tag", "parameters": {"type": "object", "required": ["labels"], "properties": {
+        "labels": {"type": "array", "items": {"type": "string", "enum": ["a", "b"]}, "uniqueItems": True}}}},
+        {"name": "get_order", "parameters": TOOLS_BY_NAME["get_order"]["function"]["parameters"]}])
+    assert partly_constrained(tools) == {"tag": ["uniqueItems"]}
+    assert accepts(tok, tools, '{"name":"tag","arguments":{"labels":["a","b"]}}')
+    assert accepts(tok, tools, '{"name":"tag","arguments":{"labels":["a","a"]}}'), "left to the check after decoding"
+    assert not accepts(tok, tools, '{"name":"tag","arguments":{"labels":["c"]}}'), "the rest is still enforced"
+    assert not accepts(tok, tools, '{"name":"get_order","arguments":{"order_number":"ORD-123456"}}')
+    bad = json.dumps([{"name": "x", "parameters": {"type": "object", "properties": {
+        "a": {"type": "string", "pattern": "(?<=a)b"}}}}])
+    with pytest.raises(GrammarError, match="tool x: .*look-behind"):
         grammar_for(bad)
     with pytest.raises(GrammarError, match="not JSON"):
         grammar_for("[{")
@@ -144,8 +158,9 @@ def test_evaluation_refuses_tools_it_cannot_enforce_in_one_line(tiny) -> None:
     from pipelines.errors import NotRetryable
 
     model, tok = tiny
-    bad = json.dumps([{"name": "tag", "parameters": {"type": "object", "properties": {"x": {"not": {}}}}}])
-    with pytest.raises(NotRetryable, match=r'^constrained decoding: tool tag: .*Unimplemented keys: \["not"\].*'
+    bad = json.dumps([{"name": "tag", "parameters": {"type": "object", "properties": {
+        "x": {"type": "string", "pattern": "(?<=a)b"}}}}])
+    with pytest.raises(NotRetryable, match=r'^constrained decoding: tool tag: .*look-behind.*'
                                           r'evaluation.constrained: off'):
         generate(model, tok, [[{"role": "user", "content": "hi"}]], tools=[bad], latency_samples=0)
 

@@ -122,14 +122,26 @@ tools_app = typer.Typer(help="The tools agents call: our catalogue and imported 
 
 @tools_app.command("list")
 def tools_list(as_json: JsonOpt = False) -> None:
-    """Every registered tool (catalogue and toolsets) with its toolset, effect (read or write) and identifier
-    arguments; a tool nobody declared is a write."""
-    from pipelines.logs.toolsets import tools_table
+    """Every registered tool (catalogue and toolsets) with its toolset, effect (read or write), identifier
+    arguments and how far the grammar constrains it; a tool nobody declared is a write."""
+    from pipelines.logs.tools import catalogue
+    from pipelines.logs.toolsets import load_extra_tools, tools_table
+    from pipelines.toolcall.grammar import GrammarError, partly_constrained
 
-    rows = tools_table(get_settings().zone("raw"))
+    raw = get_settings().zone("raw")
+    rows = tools_table(raw)
+    specs = catalogue(load_extra_tools(raw))
+    for row in rows:
+        fn = specs.get(row["tool"], {}).get("function", {})
+        try:
+            dropped = partly_constrained([{"name": row["tool"], "parameters": fn.get("parameters") or {}}])
+            row["constrained"] = f"partly (checked after decoding: {', '.join(dropped[row['tool']])})" \
+                if row["tool"] in dropped else "fully"
+        except GrammarError as exc:
+            row["constrained"] = f"no: {exc}"
     if as_json:
         _emit({"tools": rows}, True, "")
         return
     for row in rows:
         ids = ", ".join(row["id_arguments"]) or "-"
-        print(f"{row['tool']:<32} {row['toolset']:<10} {row['effect']:<6} ids: {ids}")
+        print(f"{row['tool']:<32} {row['toolset']:<10} {row['effect']:<6} ids: {ids:<24} grammar: {row['constrained']}")

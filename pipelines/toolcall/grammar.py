@@ -204,18 +204,79 @@ def ground_ids(tools: Any, writes: Mapping[str, Sequence[str]], values: set[str]
                       separators=(",", ":"), sort_keys=True)
 
 
+_UNIMPLEMENTED = re.compile(r"Unimplemented keys: \[([^\]]*)\]")
+
+
+def _without(schema: Any, keys: set[str]) -> Any:
+    """`schema` with the keywords `keys` removed wherever they occur (property names are kept)."""
+    if isinstance(schema, list):
+        return [_without(s, keys) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {}
+    for k, v in schema.items():
+        if k in keys:
+            continue
+        if k in ("properties", "$defs", "definitions", "patternProperties") and isinstance(v, dict):
+            out[k] = {name: _without(sub, keys) for name, sub in v.items()}
+        else:
+            out[k] = _without(v, keys)
+    return out
+
+
+@lru_cache(maxsize=1024)
+def enforceable(parameters_json: str) -> tuple[dict[str, Any], tuple[str, ...]]:
+    """(the largest part of a tool's parameters schema the grammar enforces, the keywords it leaves out):
+    a keyword llguidance does not implement (`uniqueItems`, `not`, `contains`, `if`/`then`, ...) is dropped
+    where it occurs and checked after decoding instead (the gateway validates every call against the whole
+    schema). Raises GrammarError when the schema still cannot be compiled."""
+    from llguidance import LLMatcher
+
+    params = json.loads(parameters_json)
+    dropped: list[str] = []
+    for _ in range(8):
+        error = LLMatcher.validate_grammar(LLMatcher.grammar_from_json_schema(_closed(params), defaults=_OPTIONS))
+        if not error:
+            return params, tuple(sorted(dropped))
+        found = _UNIMPLEMENTED.search(error)
+        keys = {k.strip().strip('"') for k in found.group(1).split(",")} if found else set()
+        keys -= {"type", "properties", "required", "items", "enum", "const", "anyOf"}
+        if not keys:
+            raise GrammarError(" ".join(error.split()))  # one line: llguidance's own message spans several
+        dropped += sorted(keys)
+        params = _without(params, keys)
+    raise GrammarError(f"still not enforceable after leaving out {', '.join(dropped)}")
+
+
+def partly_constrained(tools: Any) -> dict[str, list[str]]:
+    """Offered tool -> the schema keywords the grammar leaves out (only tools with some)."""
+    out = {}
+    for t in _offer(tools)[0]:
+        try:
+            _, dropped = enforceable(json.dumps(t["parameters"], sort_keys=True))
+        except GrammarError:
+            continue
+        if dropped:
+            out[t["name"]] = list(dropped)
+    return out
+
+
 @lru_cache(maxsize=1024)
 def grammar_for(tools_json: str) -> str:
-    """The llguidance grammar of the answers to a turn offering these tools (cached per tool set).
-    Raises GrammarError when a tool's schema cannot be expressed; the message names the tool."""
+    """The llguidance grammar of the answers to a turn offering these tools (cached per tool set). A
+    keyword the grammar cannot express is left out of that tool's grammar (`enforceable`); a schema that
+    still cannot be compiled raises GrammarError naming the tool."""
     from llguidance import LLMatcher
 
     entries, abstain = _offer(tools_json)
-    for t in entries:  # check each tool alone first, so the error names the schema at fault
-        one = LLMatcher.grammar_from_json_schema(_closed(t["parameters"]), defaults=_OPTIONS)
-        error = LLMatcher.validate_grammar(one)
-        if error:
-            raise GrammarError(f"tool {t['name']}: its parameters schema cannot be enforced: {error}")
+    relaxed = []
+    for t in entries:  # each tool alone first, so the error names the schema at fault
+        try:
+            params, _ = enforceable(json.dumps(t["parameters"], sort_keys=True))
+        except GrammarError as exc:
+            raise GrammarError(f"tool {t['name']}: its parameters schema cannot be enforced: {exc}") from None
+        relaxed.append({"name": t["name"], "parameters": params})
+    entries = relaxed
     grammar = LLMatcher.grammar_from_json_schema(call_schema({"tools": entries, "abstain": abstain}), defaults=_OPTIONS)
     error = LLMatcher.validate_grammar(grammar)
     if error:
