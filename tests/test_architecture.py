@@ -15,7 +15,7 @@ PIPELINES = ROOT / "pipelines"
 # Low to high: a module may import its own layer and the layers below it, never one above.
 LAYERS: tuple[tuple[str, ...], ...] = (
     # the foundation every stage stands on: settings, storage, errors, one thin client per external system
-    ("__init__", "errors", "storage", "config", "window", "reports", "embeddings", "security", "services", "clients"),
+    ("__init__", "errors", "storage", "config", "config_sections", "window", "reports", "embeddings", "security", "services", "clients"),
     ("logs",),               # the log format, the tool catalogue, generated and imported traffic
     ("toolcall",),           # the tool-call contract: prompt styles, call text, grammar, decoding, scoring
     ("prep",),               # raw -> curated, and the curated data read back (prep.dataset)
