@@ -192,6 +192,9 @@ class QualitySettings(_Section):
     min_examples_per_tool: int = Field(5, ge=0)
     min_approx_tokens: int = Field(16, ge=0)
     max_approx_tokens: int = Field(4096, ge=1)
+    train_label_sources: list[Literal["teacher", "human", "import", "generated"]] = Field(
+        default_factory=lambda: ["teacher", "human", "import", "generated"], description="label sources that train "
+        "(prep.labels); our own models' answers train only when a person rated them up; a down-rated one never")
 
 
 class TrainSettings(_Section):

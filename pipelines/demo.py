@@ -86,7 +86,8 @@ def run_demo(settings: Settings, *, records_per_day: int, days: int, seed: int, 
     manifest = read_json(f"{settings.zone('curated')}/manifest.json")
     counts = manifest["counts"]
     console.print(f"records in: {counts['input']:,}  ->  examples: {counts['clean']:,}, quarantined: "
-                  f"{counts['quarantined']:,}, duplicates: {counts['duplicates']:,} (reconciled: {counts['reconciled']})")
+                  f"{counts['quarantined']:,}, duplicates: {counts['duplicates']:,}, held (labels that do not train): "
+                  f"{counts.get('held', 0):,} (reconciled: {counts['reconciled']})")
     console.print(f"quarantine reasons: {manifest['quarantine_reasons']}")
     console.print(f"PII redacted: {manifest['redactions']}")
     console.print(f"splits: {manifest['examples_by_split']}; with customer context: "

@@ -40,7 +40,7 @@ def _other_lines(tmp_path: Path, day, records: int, seed: int = 23, bad_share: f
 def _reconciled(result) -> dict:
     manifest = read_json(result.manifest_uri)
     assert manifest["counts"]["reconciled"] is True
-    assert result.clean + result.quarantined + result.duplicates == result.input_records
+    assert result.clean + result.held + result.quarantined + result.duplicates == result.input_records
     return manifest
 
 

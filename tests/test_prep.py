@@ -36,7 +36,7 @@ def test_counts_reconcile(prepared) -> None:
     r = prepared["result"]
     lines_in = prepared["summary"].records + prepared["planted_lines"]
     assert r.input_records == lines_in
-    assert r.clean + r.quarantined + r.duplicates == lines_in
+    assert r.clean + r.held + r.quarantined + r.duplicates == lines_in
     manifest = read_json(r.manifest_uri)
     assert manifest["counts"]["reconciled"] is True
     assert sum(manifest["examples_by_split"].values()) == r.clean
@@ -210,3 +210,69 @@ def test_two_runs_of_one_window_at_once_leave_exactly_one_copy(tmp_path: Path, s
     assert len(pd.read_parquet(examples)) == results[0].clean
     nested = [p for p in examples.rglob("dt=*") if p.parent.name.startswith("dt=")]
     assert nested == [] and len(list(examples.glob(f"split=*/dt={END}"))) == len(results[0].examples_by_split)
+
+
+def test_the_flywheel_never_trains_on_its_own_unconfirmed_or_down_rated_answers(tmp_path: Path, spark) -> None:
+    """Label sources (issue 24): the teacher's answers train; our champion's own answers only when a person
+    rated them up; a down-rated answer never trains and waits in the review queue, where an accepted
+    correction becomes a `human` label that the next prep trains on."""
+    import json
+
+    import orjson
+
+    from helpers import run_flywheel
+    from pipelines.logs.generator import GeneratorConfig, TrafficGenerator, partition_dir
+    from pipelines.prep.reviews import ReviewError, decide, queue
+
+    day = END - timedelta(days=40)
+    gen = TrafficGenerator(GeneratorConfig(seed=5, records=80, bad_share=0.0, end_date=day, days=1))
+    records = [orjson.loads(line) for _, line, _ in gen.lines()]
+    firsts = [r for r in records if r["turn_index"] == 0 and r["response"]["choices"][0]["message"].get("tool_calls")]
+    roles = {"teacher": ("teacher", "none"), "unconfirmed": ("champion", "none"), "confirmed": ("champion", "up"),
+             "champion_down": ("champion", "down"), "generated_down": ("generated", "down")}
+    ids = {}
+    for r in records:
+        r["feedback"], r["label_source"] = "none", "generated"
+    for (role, (source, rating)), r in zip(roles.items(), firsts):
+        r["label_source"], r["feedback"] = source, rating
+        ids[role] = r["record_id"]
+    folder = partition_dir(tmp_path / "raw", day)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "day.jsonl").write_bytes(b"\n".join(orjson.dumps(r) for r in records) + b"\n")
+    settings = load_settings(root=str(tmp_path))
+    window = DateWindow(day, day)
+    first = run_prep(settings, window, spark=spark)
+    trained = set(pd.read_parquet(tmp_path / "curated" / "examples")["record_id"])
+    assert {ids["teacher"], ids["confirmed"]} <= trained
+    assert not {ids["unconfirmed"], ids["champion_down"], ids["generated_down"]} & trained
+    manifest = read_json(first.manifest_uri)
+    assert manifest["counts"]["held"] == first.held == 3 and manifest["counts"]["reconciled"]
+    assert manifest["held_reasons"] == {"our own model's answer, not confirmed by a person": 1,
+                                        "rated down: waits for review": 2}
+    assert manifest["label_sources"]["teacher"] == 1 and manifest["label_sources"]["champion"] == 1
+    logs = pd.read_parquet(tmp_path / "curated" / "clean_logs")
+    assert ids["unconfirmed"] in set(logs["record_id"]), "held, not lost"
+
+    waiting = {r["record_id"] for r in queue(settings)}
+    assert waiting == {ids["champion_down"], ids["generated_down"]}
+    listed = run_flywheel("labels", "review", "--json", env={"FLYWHEEL_ROOT": str(tmp_path)})
+    assert listed.returncode == 0 and {r["record_id"] for r in json.loads(listed.stdout)["queue"]} == waiting
+    with pytest.raises(ReviewError, match="not one of the tools this turn offered"):
+        decide(settings, ids["champion_down"], True, {"name": "teleport", "arguments": {}})
+    corrected = {"name": "get_order", "arguments": {"order_id": "ORD-0000001234"}}
+    offered = {t["function"]["name"] for r in records if r["record_id"] == ids["champion_down"] for t in r["request"]["tools"]}
+    if "get_order" not in offered:
+        corrected = {"name": None}
+    decide(settings, ids["champion_down"], True, corrected, "ana")
+    refused = run_flywheel("labels", "reject", ids["generated_down"], env={"FLYWHEEL_ROOT": str(tmp_path)})
+    assert refused.returncode == 0, refused.stderr
+    assert queue(settings) == []
+    again = run_flywheel("labels", "reject", ids["generated_down"], env={"FLYWHEEL_ROOT": str(tmp_path)})
+    assert again.returncode == 2 and again.stderr.startswith("error: record") and "already decided" in again.stderr
+
+    second = run_prep(settings, window, spark=spark)
+    examples = pd.read_parquet(tmp_path / "curated" / "examples")
+    fixed = examples[examples["record_id"] == f"{ids['champion_down']}-review"]
+    assert len(fixed) == 1 and fixed["label_source"].iloc[0] == "human"
+    assert ids["champion_down"] not in set(examples["record_id"]), "the down-rated original still never trains"
+    assert second.clean == first.clean + 1

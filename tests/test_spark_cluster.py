@@ -52,7 +52,7 @@ def test_prep_runs_through_spark_submit_on_a_standalone_master(tmp_path: Path) -
         assert result.returncode == 0, result.stderr[-3000:]
         prepared = json.loads(result.stdout.strip().splitlines()[-1])
         assert prepared["input_records"] == 2000
-        assert prepared["clean"] + prepared["quarantined"] + prepared["duplicates"] == 2000
+        assert prepared["clean"] + prepared["held"] + prepared["quarantined"] + prepared["duplicates"] == 2000
         apps = _master_state(ports[1])["completedapps"]
         assert [a["name"] for a in apps] == [settings.spark.app_name], "the job ran on the standalone master"
     finally:

@@ -149,3 +149,50 @@ def _fail(failure: dict | None, where: str) -> None:
     why = f"task {failure['task']} failed: {failure['reason']}" if failure else "a task failed (see the log)"
     sys.stderr.write(f"error: {why} (log: {where})\n")
     raise typer.Exit(2 if failure and failure["data_problem"] else 1)
+
+
+labels_app = typer.Typer(help="Labels you can trust: the review queue of down-rated answers.", no_args_is_help=True)
+
+
+@labels_app.command("review")
+def labels_review(as_json: JsonOpt = False) -> None:
+    """Down-rated answers nobody has decided yet (they never train; a correction becomes a `human` label)."""
+    from pipelines.prep.reviews import queue
+
+    waiting = queue(get_settings())
+    if as_json:
+        _emit({"queue": waiting}, True, "")
+        return
+    if not waiting:
+        print("the review queue is empty")
+    for r in waiting:
+        print(f"{r['record_id']}  {r['at'][:19]}  {r['label_source']:<9} {r['request'][:70]!r} -> "
+              f"{r['tool']} {r['arguments'] or ''}")
+
+
+@labels_app.command("accept")
+def labels_accept(record_id: Annotated[str, typer.Argument(help="A queued record id")],
+                  call: Annotated[str, typer.Option(help='The corrected call: \'{"name": ..., "arguments": {...}}\' '
+                                                    '(or \'{"name": null}\': no tool fits)')],
+                  reviewer: Annotated[str, typer.Option(help="Who decided (recorded with the decision)")] = "reviewer",
+                  as_json: JsonOpt = False) -> None:
+    """Accept a queued turn with the corrected call: written to the raw zone as a `human` label."""
+    import json
+
+    from pipelines.prep.reviews import decide
+
+    try:
+        parsed = json.loads(call)
+    except json.JSONDecodeError as exc:
+        raise UserError(f"--call is not JSON: {exc}") from None
+    _emit(decide(get_settings(), record_id, True, parsed, reviewer), as_json, "review")
+
+
+@labels_app.command("reject")
+def labels_reject(record_id: Annotated[str, typer.Argument(help="A queued record id")],
+                  reviewer: Annotated[str, typer.Option(help="Who decided")] = "reviewer",
+                  as_json: JsonOpt = False) -> None:
+    """Reject a queued turn: it stays out of training and leaves the queue."""
+    from pipelines.prep.reviews import decide
+
+    _emit(decide(get_settings(), record_id, False, None, reviewer), as_json, "review")

@@ -351,6 +351,8 @@ def capture_record(request: ChatCompletionRequest, served: Served, body: dict[st
         "prompt_tokens": body["usage"]["prompt_tokens"], "completion_tokens": body["usage"]["completion_tokens"],
         "country": meta.get("country") or defaults["country"], "currency": meta.get("currency") or defaults["currency"],
         "channel": meta.get("channel") or defaults["channel"], "feedback": "none",
+        # the teacher's answer (shadow) is a label; our own model's is not, until a person confirms it
+        "label_source": "teacher" if str(served_by or "").startswith("teacher:") else "champion",
     }
 
 

@@ -53,6 +53,7 @@ def webshop_to_raw(pairs_file: Path, raw_root: Path, day: date, seed: int = 0) -
                  "function": {"name": "search_products", "arguments": arguments}}]}
             record = gen.record(session_id, k, customer, "search_discovery", messages, assistant, "tool_calls")
             record["record_id"] = f"webshop_{ident}_{s:06d}_{k}"
+            record["label_source"], record["feedback"] = "import", "none"  # a person's query, not a rated answer
             record["timestamp"] = _iso(start + 86_399.0 * n / max(total, 1))
             lines.append(orjson.dumps(record))
             n += 1
@@ -125,6 +126,7 @@ def retail_to_raw(tools_file: Path, tasks_file: Path, raw_root: Path, day: date,
             record = gen.record(session_id, k, customer, "orders", list(history), assistant, "tool_calls")
             record["request"]["tools"] = tools
             record["record_id"] = f"retail_{ident}_{s:05d}_{k}"
+            record["label_source"], record["feedback"] = "import", "none"  # the benchmark's expected calls
             record["timestamp"] = _iso(start + 86_399.0 * n / max(total, 1))
             lines.append(orjson.dumps(record))
             history += [assistant, {"role": "tool", "tool_call_id": call_id, "content": result}]

@@ -30,6 +30,12 @@ SCHEMA_FILE = Path(__file__).with_name("agent_turn.schema.json")
 Workload = Literal[WORKLOADS]  # type: ignore[valid-type]
 Channel = Literal["web", "mobile_app", "chat_widget", "voice", "api"]
 Feedback = Literal["up", "down", "none"]
+# who wrote a record's answer (its label): the teacher (the large model the agent used, or `gateway.teacher_url`),
+# our champion (its own answer, served), a person (a review's correction), an import of public data, or our
+# generator. Prep trains on the sources `quality.train_label_sources` names; the champion's own answers only
+# when a person confirmed them (rated up); a down-rated answer never trains and waits for review.
+LabelSource = Literal["teacher", "champion", "human", "import", "generated"]
+LABEL_SOURCES: tuple[str, ...] = ("teacher", "champion", "human", "import", "generated")
 
 # Plausibility bounds: values outside them are "impossible", not merely unusual.
 MAX_LATENCY_MS = 120_000.0
@@ -110,6 +116,8 @@ class AgentTurn(_Open):
     currency: str = Field(pattern=r"^[A-Z]{3}$", description="ISO 4217")
     channel: Channel
     feedback: Feedback = Field(description="Thumbs up/down from the user, or none")
+    label_source: LabelSource | None = Field(None, description="Who wrote the answer (the label): teacher, "
+                                             "champion, human, import or generated; absent: inferred by prep")
 
 
 _ADAPTER = TypeAdapter(AgentTurn)

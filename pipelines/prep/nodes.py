@@ -12,7 +12,7 @@ import hashlib
 import json
 import re
 from collections import Counter
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -21,6 +21,7 @@ import orjson
 from pipelines.logs.schema import check_line
 from pipelines.toolcall.calls import NO_TOOL as ABSTAIN, target_json
 from pipelines.toolcall.prompt import system_prompt, tools_json
+from pipelines.prep.labels import TRAINED_BY_DEFAULT, held_reason, label_source
 from pipelines.prep.redact import PII_TYPES, redact_text, redact_value
 
 if TYPE_CHECKING:
@@ -39,7 +40,7 @@ PREPARED_SCHEMA = ", ".join([
     "tool string", "arguments_json string", "category string", "amount double", "price_asked double",
     "request_text string", "dedupe_key string", "messages_json string", "tools_offered array<string>",
     "tools_json string",
-    "system_prompt string", "target_json string", "approx_tokens int",
+    "system_prompt string", "target_json string", "approx_tokens int", "label_source string", "held string",
     *(f"redacted_{t.lower()} int" for t in PII_TYPES),
 ])
 PREPARED_COLUMNS = [c.split(" ")[0] for c in PREPARED_SCHEMA.split(", ")]
@@ -53,11 +54,13 @@ def normalize_text(text: str) -> str:
 
 
 def prepare_line(line: str | bytes, source_file: str = "", tools: Mapping[str, dict[str, Any]] | None = None,
-                 feedback: Mapping[str, str] | None = None) -> dict[str, Any]:
+                 feedback: Mapping[str, str] | None = None, trained: Collection[str] = TRAINED_BY_DEFAULT
+                 ) -> dict[str, Any]:
     """One raw line -> one row: clean (with its SFT fields) or quarantined (with a reason).
 
     `tools`: the catalogue including imported toolsets (default: ours). `feedback`: ratings given after
-    the turn was logged (the gateway's `/v1/feedback`, by record id), which replace the record's own."""
+    the turn was logged (the gateway's `/v1/feedback`, by record id), which replace the record's own.
+    `trained`: the label sources that train (`prep.labels`); a clean row that does not train is `held`."""
     row: dict[str, Any] = dict.fromkeys(PREPARED_COLUMNS)
     row["source_file"] = source_file
     verdict = check_line(line, tools)
@@ -96,10 +99,13 @@ def prepare_line(line: str | bytes, source_file: str = "", tools: Mapping[str, d
     target = target_json(tool, arguments)
     key_source = " | ".join(normalize_text(u) for u in user_turns) + "\x1f" + tool + "\x1f" + (arguments_json or "")
     args = arguments or {}
+    rating = (feedback or {}).get(r["record_id"], r["feedback"])
+    source = label_source(r)
+    row.update(label_source=source, held=held_reason(source, rating, trained))
     row.update(
         status="clean", record_id=r["record_id"], session_id=r["session_id"], customer_id=r["customer_id"],
         workload_id=r["workload_id"], event_time=event_time, turn_index=r["turn_index"], model=r["model"],
-        country=r["country"], currency=r["currency"], channel=r["channel"], feedback=(feedback or {}).get(r["record_id"], r["feedback"]),
+        country=r["country"], currency=r["currency"], channel=r["channel"], feedback=rating,
         latency_ms=float(r["latency_ms"]), retrieval_latency_ms=float(r["retrieval_latency_ms"]),
         prompt_tokens=r["prompt_tokens"], completion_tokens=r["completion_tokens"],
         tool=tool, arguments_json=arguments_json, category=_str(args.get("category")),
@@ -145,12 +151,13 @@ def _num(value: Any) -> float | None:
 
 
 def prepare_batches(batches: Iterator[pd.DataFrame], tools: Mapping[str, dict[str, Any]] | None = None,
-                    feedback: Mapping[str, str] | None = None) -> Iterator[pd.DataFrame]:
+                    feedback: Mapping[str, str] | None = None, trained: Collection[str] = TRAINED_BY_DEFAULT
+                    ) -> Iterator[pd.DataFrame]:
     """mapInPandas body: (value, source_file) lines -> PREPARED_SCHEMA rows."""
     import pandas as pd
 
     for batch in batches:
-        rows = [prepare_line(v, f, tools, feedback) for v, f in zip(batch["value"], batch["source_file"])]
+        rows = [prepare_line(v, f, tools, feedback, trained) for v, f in zip(batch["value"], batch["source_file"])]
         frame = pd.DataFrame(rows, columns=PREPARED_COLUMNS)
         for col in ("turn_index", "prompt_tokens", "completion_tokens", "approx_tokens",
                     *(f"redacted_{t.lower()}" for t in PII_TYPES)):
@@ -160,7 +167,7 @@ def prepare_batches(batches: Iterator[pd.DataFrame], tools: Mapping[str, dict[st
 
 # ---- DataFrame nodes ------------------------------------------------------------------------
 def prepare(lines: DataFrame, tools: Mapping[str, dict[str, Any]] | None = None,
-            feedback: Mapping[str, str] | None = None) -> DataFrame:
+            feedback: Mapping[str, str] | None = None, trained: Collection[str] = TRAINED_BY_DEFAULT) -> DataFrame:
     """Raw text lines (value, source_file) -> prepared rows with a typed `event_timestamp`.
 
     `dt` is the raw partition a row came from (not its timestamp), so each output partition is
@@ -168,7 +175,8 @@ def prepare(lines: DataFrame, tools: Mapping[str, dict[str, Any]] | None = None,
     """
     from pyspark.sql import functions as F
 
-    prepared = lines.mapInPandas(partial(prepare_batches, tools=tools, feedback=feedback), PREPARED_SCHEMA)
+    prepared = lines.mapInPandas(partial(prepare_batches, tools=tools, feedback=feedback, trained=tuple(trained)),
+                                 PREPARED_SCHEMA)
     return prepared.withColumn("event_timestamp", F.try_to_timestamp("event_time")).withColumn(
         "dt", F.regexp_extract("source_file", r"dt=([0-9]{4}-[0-9]{2}-[0-9]{2})", 1))
 
@@ -201,11 +209,11 @@ def assign_splits(kept: DataFrame, val_share: float, test_share: float, salt: st
 
 EXAMPLE_COLUMNS = ["record_id", "session_id", "customer_id", "event_timestamp", "workload_id", "tool",
                    "tools_offered", "tools_json", "system_prompt", "messages_json", "target_json", "approx_tokens",
-                   "country", "currency", "channel", "split", "dt"]
+                   "country", "currency", "channel", "label_source", "split", "dt"]
 CLEAN_LOG_COLUMNS = ["record_id", "session_id", "customer_id", "event_timestamp", "turn_index", "workload_id",
                      "tool", "arguments_json", "category", "amount", "price_asked", "request_text", "model",
                      "country", "currency", "channel", "feedback", "latency_ms", "retrieval_latency_ms",
-                     "prompt_tokens", "completion_tokens", "dt"]
+                     "prompt_tokens", "completion_tokens", "label_source", "held", "dt"]
 QUARANTINE_COLUMNS = ["reason", "detail", "record_id", "session_id", "customer_id", "event_time", "source_file",
                       "raw_redacted", "dt"]
 

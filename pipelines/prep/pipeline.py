@@ -1,8 +1,9 @@
 """Prep wiring: read a window of raw partitions, run the nodes, write the zones and the manifest.
 
-Every raw line ends in exactly one place (clean example, quarantine with a reason, or removed as a
+Every raw line ends in exactly one place (clean example, held (a clean record whose label does not
+train: `prep.labels`, kept in the clean logs with the reason), quarantine with a reason, or removed as a
 duplicate of a kept record, which is also listed in quarantine with reason `duplicate`);
-`input = clean + quarantined + duplicates` is checked on every run and written to the manifest.
+`input = clean + held + quarantined + duplicates` is checked on every run and written to the manifest.
 A raw `.gz` file that cannot be decompressed whole is not read at all: it is listed in the manifest's
 `unreadable_files` with the reason (and named in the message), and left in the raw zone as it is.
 """
@@ -57,6 +58,8 @@ class PrepResult:
     seconds: float = 0.0
     outputs: dict[str, str] = field(default_factory=dict)
     unreadable_files: dict[str, str] = field(default_factory=dict)  # raw file -> why it was not read
+    held: int = 0  # clean records whose label does not train (prep.labels), kept in the clean logs
+    label_sources: dict[str, int] = field(default_factory=dict)  # the examples by who wrote their answer
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -121,7 +124,7 @@ def run_prep(settings: Settings, window: DateWindow, spark: Any = None, run_id: 
     non_blank = lines.filter(F.trim("value") != "")
     tools = registered_catalogue(settings.zone("raw"))
     feedback = read_feedback(settings.zone("raw"))  # ratings sent after the turns (gateway /v1/feedback)
-    nodes.prepare(non_blank, tools, feedback).write.mode("overwrite").parquet(staging)
+    nodes.prepare(non_blank, tools, feedback, settings.quality.train_label_sources).write.mode("overwrite").parquet(staging)
     prepared = spark.read.parquet(staging)
     input_records = non_blank.count()
 
@@ -133,7 +136,8 @@ def run_prep(settings: Settings, window: DateWindow, spark: Any = None, run_id: 
     marked = nodes.mark_duplicates(clean).persist()
     kept = marked.filter("duplicate_of IS NULL")
     duplicates = marked.filter("duplicate_of IS NOT NULL")
-    examples = nodes.assign_splits(kept, VAL_SHARE, TEST_SHARE, salt="flywheel").persist()
+    # clean records whose label does not train (prep.labels) stay in the clean logs, `held` with the reason
+    examples = nodes.assign_splits(kept.filter("held IS NULL"), VAL_SHARE, TEST_SHARE, salt="flywheel").persist()
 
     # Write the new outputs next to the tables first; the window's old partitions are replaced only
     # after every write succeeded (a failed or killed write leaves the last good output in place).
@@ -154,8 +158,14 @@ def run_prep(settings: Settings, window: DateWindow, spark: Any = None, run_id: 
         n_kept = examples.count()
         n_dup = duplicates.count()
         n_bad = status_counts.get("quarantined", 0)
-        if n_kept + n_bad + n_dup != input_records:
-            raise CountMismatch(f"input {input_records} != clean {n_kept} + quarantined {n_bad} + duplicates {n_dup}")
+        held_reasons = {r["held"]: r["n"] for r in kept.filter("held IS NOT NULL").groupBy("held")
+                        .agg(F.count("*").alias("n")).collect()}
+        n_held = sum(held_reasons.values())
+        if n_kept + n_held + n_bad + n_dup != input_records:
+            raise CountMismatch(f"input {input_records} != clean {n_kept} + held {n_held} + quarantined {n_bad} "
+                                f"+ duplicates {n_dup}")
+        label_sources = {r["label_source"]: r["n"] for r in examples.groupBy("label_source")
+                         .agg(F.count("*").alias("n")).collect()}
 
         reasons = {r["reason"]: r["n"] for r in prepared.filter("status = 'quarantined'")
                    .groupBy("reason").agg(F.count("*").alias("n")).collect()}
@@ -180,8 +190,8 @@ def run_prep(settings: Settings, window: DateWindow, spark: Any = None, run_id: 
     elif n_kept == 0:
         message = f"{window}: all {input_records} records were quarantined or duplicates ({reasons}); no examples"
     else:
-        message = (f"{window}: {input_records} records -> {n_kept} examples, {n_bad} quarantined, "
-                   f"{n_dup} duplicates")
+        message = (f"{window}: {input_records} records -> {n_kept} examples, {n_held} held (labels that do not "
+                   f"train), {n_bad} quarantined, {n_dup} duplicates")
     if unreadable:
         message += (f"; {len(unreadable)} unreadable raw file(s) skipped, left in place and listed in the "
                     f"manifest (re-ingest, then prepare the window again): {', '.join(sorted(unreadable))}")
@@ -192,8 +202,10 @@ def run_prep(settings: Settings, window: DateWindow, spark: Any = None, run_id: 
         "input_partitions": sorted({f.rsplit("/", 2)[-2] for f in [*files, *unreadable]}),
         "input_files": files,
         "unreadable_files": [{"file": f, "reason": r} for f, r in sorted(unreadable.items())],
-        "counts": {"input": input_records, "clean": n_kept, "quarantined": n_bad, "duplicates": n_dup,
-                   "reconciled": n_kept + n_bad + n_dup == input_records},
+        "counts": {"input": input_records, "clean": n_kept, "held": n_held, "quarantined": n_bad, "duplicates": n_dup,
+                   "reconciled": n_kept + n_held + n_bad + n_dup == input_records},
+        "label_sources": dict(sorted(label_sources.items())),
+        "held_reasons": dict(sorted(held_reasons.items())),
         "quarantine_reasons": dict(sorted(reasons.items())),
         "examples_by_split": dict(sorted(by_split.items())),
         "tool_distribution": {s: dict(sorted(d.items())) for s, d in sorted(tool_dist.items())},
@@ -219,6 +231,7 @@ def run_prep(settings: Settings, window: DateWindow, spark: Any = None, run_id: 
         duplicates=n_dup, examples_by_split=manifest["examples_by_split"], reasons=manifest["quarantine_reasons"],
         redactions=redactions, manifest_uri=manifest_uri, message=message,
         seconds=round(time.perf_counter() - started, 2), outputs=manifest["outputs"], unreadable_files=unreadable,
+        held=n_held, label_sources=manifest["label_sources"],
     )
 
 

@@ -172,6 +172,7 @@ class TrafficGenerator(Intents, Corruption):
             "currency": customer.currency,
             "channel": customer.channel,
             "feedback": "down" if f < down else "up" if f < down + 0.18 else "none",
+            "label_source": "generated",
         }
 
     # ---- bad records ---------------------------------------------------------------------
