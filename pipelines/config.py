@@ -171,7 +171,9 @@ class GatewaySettings(_Section):
     currency: str = Field("USD", pattern=r"^[A-Z]{3}$")
     channel: Literal["web", "mobile_app", "chat_widget", "voice", "api"] = "api"
     teacher_url: str | None = Field(None, description="shadow/canary reference: an OpenAI-compatible base URL "
-                                    "(the large model serving the agent today); unset: this gateway's `base` route")
+                                    "(the large model serving the agent today); needed for shadow and canary")
+    base_as_teacher: bool = Field(False, description="without teacher_url, compare with this gateway's own `base` "
+                                  "route (plumbing tests only: the model a candidate was trained to beat is no teacher)")
     teacher_model: str = Field("base", description="the model name sent to the teacher")
     teacher_api_key: SecretStr | None = None
     canary_share: float = Field(0.2, gt=0, lt=1, description="share of a canary route's requests sent to the candidate")

@@ -50,6 +50,7 @@ def gateway(registered):  # noqa: F811
     settings.triton.max_new_tokens = 40  # a whole bounded call (the shared fixture's 12 cut it short)
     settings.gateway.port = free_port()
     settings.gateway.gate_requests, settings.gateway.min_agreement = 6, 0.0  # the live gate moves after 6 comparisons
+    settings.gateway.base_as_teacher = True  # plumbing: the base route stands in for a teacher
     deploy.deploy(settings, "champion")
     client = TritonClient(settings)
     try:

@@ -182,6 +182,10 @@ def test_routes_change_atomically_with_history_and_the_gate_decides_by_agreement
 
     settings = load_settings(root=str(tmp_path), gateway={"gate_requests": 4, "min_agreement": 0.75,
                                                            "canary_max_error_share": 0.25})
+    with pytest.raises(rt.RouteError, match="none is configured: set gateway.teacher_url"):
+        rt.set_route(settings, "champion", "shadow")  # the route a candidate was trained to beat is no teacher
+    settings = load_settings(root=str(tmp_path), gateway={"gate_requests": 4, "min_agreement": 0.75,
+                                                           "canary_max_error_share": 0.25, "base_as_teacher": True})
     assert rt.route_of(rt.read_routes(settings), "champion") == {"mode": "serve"}
     for bad, message in ((("canary",), "strictly between"), (("fast",), "mode:")):
         with pytest.raises(rt.RouteError, match=message):
@@ -267,7 +271,7 @@ def test_the_recorded_tally_skips_skipped_comparisons_and_a_canary_needs_compari
     from pipelines.gateway.traffic import agreement_zone, tally_of
 
     settings = load_settings(root=str(tmp_path), gateway={"gate_requests": 3, "min_agreement": 0.5,
-                                                           "canary_max_error_share": 0.2})
+                                                           "canary_max_error_share": 0.2, "base_as_teacher": True})
     route = rt.set_route(settings, "champion", "canary", share=0.5)
     writer = CaptureWriter(agreement_zone(settings), 1 << 20)
     yes = {"name": True, "exact": True, "arg_f1": 1.0}

@@ -73,6 +73,10 @@ def set_route(settings: Settings, model: str, mode: str, *, share: float | None 
             raise RouteError(f"--share: a canary sends a share of traffic strictly between 0 and 1, got {share}")
     if mode != "serve" and candidate == model:
         raise RouteError(f"route {model}: the candidate must be another alias than the route itself")
+    if mode != "serve" and not settings.gateway.teacher_url and not settings.gateway.base_as_teacher:
+        raise RouteError(f"route {model}: {mode} compares the candidate with a teacher, and none is configured: set "
+                         "gateway.teacher_url (the large model the agent used), or gateway.base_as_teacher for a "
+                         "plumbing test")
     try:
         with locked(routes_uri(settings), 30, "the gateway routes"):
             data = read_routes(settings)

@@ -194,9 +194,13 @@ class Traffic:
         return body, target.name
 
     def teacher(self, parsed: api.ChatCompletionRequest, served: api.Served) -> tuple[dict[str, Any], str]:
-        """The reference model answers: the upstream in `gateway.teacher_url`, else our `base` route."""
+        """The reference model answers: the upstream in `gateway.teacher_url`; our `base` route only with
+        `gateway.base_as_teacher` (plumbing tests: the model a candidate was trained to beat is no teacher)."""
         g = self.settings.gateway
         if not g.teacher_url:
+            if not g.base_as_teacher:
+                raise api.ApiError(503, "no teacher is configured (gateway.teacher_url)", kind="server_error",
+                                   code="teacher_unavailable")
             return self.local("base", parsed, served)
         import httpx
 
