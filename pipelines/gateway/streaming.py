@@ -143,7 +143,18 @@ async def stream_response(traffic: Any, parsed: api.ChatCompletionRequest, on_do
                 on_done()
 
     worker = asyncio.create_task(run())
-    kind, value = await events.get()
+    # every wait has a timeout: the model's own request budget, and a margin for the queue and the capture
+    gateway_settings = getattr(getattr(traffic, "settings", None), "gateway", None)
+    budget = float(getattr(gateway_settings, "request_timeout_s", 120.0)) + 30.0
+
+    async def next_event() -> tuple[str, Any]:
+        try:
+            return await asyncio.wait_for(events.get(), timeout=budget)
+        except asyncio.TimeoutError:
+            return "error", api.ApiError(504, f"the model did not answer within {budget:.0f} s", kind="server_error",
+                                         code="timeout")
+
+    kind, value = await next_event()
     if kind == "error":
         raise value
     include_usage = bool((parsed.stream_options or {}).get("include_usage"))
@@ -169,7 +180,7 @@ async def stream_response(traffic: Any, parsed: api.ChatCompletionRequest, on_do
                         LOG.error("streamed request failed", exc_info=value)
                     yield api.sse(failure.body())
                     return
-                kind, value = await events.get()
+                kind, value = await next_event()
         finally:
             await asyncio.shield(worker)  # the answer is captured even when the caller left early
 
