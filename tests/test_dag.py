@@ -90,6 +90,8 @@ def _gateway_captures(raw: Path, n: int = 60) -> list[str]:
     ratings = CaptureWriter(feedback_zone(str(raw)), 1 << 20)
     for record_id in ids[:5]:
         ratings.write({"record_id": record_id, "rating": "down", "timestamp": f"{DAY}T23:00:00+00:00"})
+    for record_id in ids[5:20]:  # confirmed by a person: our champion's answers that may train
+        ratings.write({"record_id": record_id, "rating": "up", "timestamp": f"{DAY}T23:00:00+00:00"})
     ratings.close()
     return ids
 
@@ -114,9 +116,15 @@ def test_dag_trains_evaluates_registers_promotes_deploys_and_benchmarks(tmp_path
         mine = logs[logs["record_id"].isin(captured)]
         assert len(mine) > len(captured) // 2 and set(mine["model"]) == {"tool_router_v1"}
         rated = mine[mine["record_id"].isin(captured[:5])]
-        assert len(rated) and set(rated["feedback"]) == {"down"} and set(mine[~mine.index.isin(rated.index)]["feedback"]) == {"none"}
+        assert len(rated) and set(rated["feedback"]) == {"down"}
+        assert set(mine[mine["record_id"].isin(captured[5:20])]["feedback"]) == {"up"}
+        assert set(mine[mine["record_id"].isin(captured[20:])]["feedback"]) == {"none"}
+        assert set(mine["label_source"]) == {"champion"}
         sft = pd.read_parquet(tmp_path / "curated" / "sft")
-        assert sft["record_id"].isin(captured).any()  # the next training set holds served traffic
+        # the next training set holds served traffic a person confirmed, never the champion's unconfirmed or
+        # down-rated answers (the flywheel never learns from itself)
+        assert sft["record_id"].isin(captured[5:20]).any()
+        assert not sft["record_id"].isin(captured[:5] + captured[20:]).any()
         assert list((tmp_path / "reports" / "evaluation").glob("tiny-*/report.html"))
         live = deploy.live_model(settings)
         assert live is not None and live.version == "1" and server.status(settings).healthy

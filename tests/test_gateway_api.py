@@ -326,10 +326,11 @@ def test_a_cut_or_free_text_answer_is_never_a_training_label() -> None:
         assert api.is_label(api.completion(served, "m", choice, 1, 1, None)) is label
 
 
-def _streamed(texts: list[str], body: dict, final_text: str | None, names: set[str]) -> tuple[list[dict], dict]:
+def _streamed(texts: list[str], body: dict, final_text: str | None, names: set[str],
+              whole: set[str] | None = None) -> tuple[list[dict], dict]:
     from pipelines.gateway.streaming import ToolCallStream
 
-    stream = ToolCallStream(body["id"], body["created"], body["model"], names)
+    stream = ToolCallStream(body["id"], body["created"], body["model"], names, whole)
     out = [c for t in texts for c in stream.grow(t)]
     return out + stream.finish(body, final_text, include_usage=True), body
 
@@ -424,6 +425,8 @@ def test_a_redaction_token_never_reaches_a_caller_streamed_or_not() -> None:
         assert not api.is_label(body), "never a training label"
         chunks, _ = _streamed([placeholder[:i] for i in range(1, len(placeholder) + 1)], body, placeholder, names)
         assert "<EMAIL>" not in json.dumps(chunks) and "<" not in _assembled(chunks)[1]
+        assert _assembled(chunks)[3] == refused["message"]["content"] and _assembled(chunks)[4] == "stop", \
+            "a streaming caller gets the reason, not a call"
     body = api.completion(one, "champion", filled, 10, 10, "m")
     chunks, _ = _streamed([placeholder[:i] for i in range(1, len(placeholder) + 1)], body, placeholder, names)
     assert "<EMAIL>" not in json.dumps(chunks)
@@ -440,6 +443,15 @@ def test_a_call_that_breaks_what_the_grammar_left_out_is_not_passed_on() -> None
     twice = api.answer('{"name":"tag","arguments":{"labels":["red","red"]}}', served.specs)
     assert twice["finish_reason"] == "stop" and not twice["message"].get("tool_calls")
     assert twice["message"]["content"].startswith("error: the answer's tag call breaks its schema")
+    # streamed: a partly constrained tool's call goes out whole at the end, so a refused one never starts
+    text = '{"name":"tag","arguments":{"labels":["red","red"]}}'
+    body = api.completion(served, "champion", twice, 10, 10, "m")
+    chunks, _ = _streamed([text[:i] for i in range(1, len(text) + 1)], body, text, {"tag"}, {"tag"})
+    assert "tool_calls" not in json.dumps(chunks) and _assembled(chunks)[3] == twice["message"]["content"]
+    good = '{"name":"tag","arguments":{"labels":["red","blue"]}}'
+    body = api.completion(served, "champion", fine, 10, 10, "m")
+    chunks, _ = _streamed([good[:i] for i in range(1, len(good) + 1)], body, good, {"tag"}, {"tag"})
+    assert json.loads(_assembled(chunks)[1]) == {"labels": ["red", "blue"]} and _assembled(chunks)[4] == "tool_calls"
 
 
 def test_past_its_concurrency_limit_the_gateway_answers_429_at_once_and_its_probes_still_answer(

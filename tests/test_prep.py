@@ -259,11 +259,12 @@ def test_the_flywheel_never_trains_on_its_own_unconfirmed_or_down_rated_answers(
     assert listed.returncode == 0 and {r["record_id"] for r in json.loads(listed.stdout)["queue"]} == waiting
     with pytest.raises(ReviewError, match="not one of the tools this turn offered"):
         decide(settings, ids["champion_down"], True, {"name": "teleport", "arguments": {}})
-    corrected = {"name": "get_order", "arguments": {"order_id": "ORD-0000001234"}}
-    offered = {t["function"]["name"] for r in records if r["record_id"] == ids["champion_down"] for t in r["request"]["tools"]}
-    if "get_order" not in offered:
-        corrected = {"name": None}
-    decide(settings, ids["champion_down"], True, corrected, "ana")
+    # the reviewer finds the down-rated answer right after all: the same call, now a human label (the same
+    # request and call as the held original: the correction must win the dedupe, not be dropped as its copy)
+    original = next(r for r in records if r["record_id"] == ids["champion_down"])["response"]["choices"][0]["message"]
+    same = {"name": original["tool_calls"][0]["function"]["name"],
+            "arguments": json.loads(original["tool_calls"][0]["function"]["arguments"])}
+    decide(settings, ids["champion_down"], True, same, "ana")
     refused = run_flywheel("labels", "reject", ids["generated_down"], env={"FLYWHEEL_ROOT": str(tmp_path)})
     assert refused.returncode == 0, refused.stderr
     assert queue(settings) == []

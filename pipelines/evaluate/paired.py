@@ -23,7 +23,12 @@ DEFAULT_TOOL_METRIC = "exact_match"
 def interval(a: Sequence[float | None], b: Sequence[float | None], *, resamples: int = 2000, seed: int = 0,
              level: float = 0.95) -> dict[str, Any]:
     """Mean of a - b over the requests both sides scored, with the paired percentile bootstrap interval.
-    `a` and `b` are aligned: position i is the same request on both sides."""
+    `a` and `b` are aligned: position i is the same request on both sides.
+
+    The interval is resampled with one request won and one lost added (differences of +1 and -1, as
+    Agresti and Caffo add pseudo-counts to a paired proportion): a bootstrap of n identical answers is
+    otherwise [0, 0] however small n is, and would call 4 requests "quality held". With the pseudo-pair,
+    24 identical answers give about [-0.10, +0.10] and 96 about [-0.03, +0.03]. `diff` is the plain mean."""
     if len(a) != len(b):
         raise ValueError(f"paired scores differ in length: {len(a)} vs {len(b)}")
     diffs = np.array([float(x) - float(y) for x, y in zip(a, b) if x is not None and y is not None])
@@ -31,7 +36,8 @@ def interval(a: Sequence[float | None], b: Sequence[float | None], *, resamples:
     if n == 0:
         return {"n": 0, "diff": None, "low": None, "high": None, "level": level}
     rng = np.random.default_rng(seed)
-    means = diffs[rng.integers(0, n, size=(resamples, n))].mean(axis=1)
+    padded = np.concatenate([diffs, [1.0, -1.0]])
+    means = padded[rng.integers(0, padded.size, size=(resamples, padded.size))].mean(axis=1)
     tail = (1 - level) / 2
     low, high = np.quantile(means, [tail, 1 - tail])
     return {"n": n, "diff": round(float(diffs.mean()), 6), "low": round(float(low), 6),

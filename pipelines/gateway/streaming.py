@@ -32,9 +32,12 @@ def _held(arguments: str) -> str:
 
 
 class ToolCallStream:
-    def __init__(self, response_id: str, created: int, model: str, names: set[str]):
+    def __init__(self, response_id: str, created: int, model: str, names: set[str], whole: set[str] | None = None):
         self.base = api.chunk_base(response_id, created, model, None)
         self.names = names
+        # tools whose call goes out whole at the end: the grammar enforces them in part (`grammar.enforceable`), so
+        # the gateway checks the finished call against the whole schema before anything of it is sent
+        self.whole = whole or set()
         self.role_sent = False
         self.call: dict[str, Any] | None = None  # {"id", "name", "at"}: the streamed call, once its name is known
         self.args_sent = ""
@@ -63,7 +66,7 @@ class ToolCallStream:
                 name = json.loads(f'"{found.group(1)}"')
             except json.JSONDecodeError:
                 return out
-            if name not in self.names:
+            if name not in self.names or name in self.whole:
                 return out
             self.call = {"id": call_id(self.base["id"]), "name": name, "at": found.end(),
                          "prefix": text[:found.end()]}
@@ -102,6 +105,10 @@ class ToolCallStream:
         if whole and whole.startswith(self.args_sent) and len(whole) > len(self.args_sent):
             out.append(self._chunk({"tool_calls": [{"index": 0, "function": {"arguments": whole[len(self.args_sent):]}}]}))
             self.args_sent = whole
+        refusal = choice["message"].get("content") if not calls and choice["finish_reason"] == "stop" else None
+        if refusal:  # the call was not passed on (a placeholder nothing fills): the caller gets the reason, not a call
+            out.append(self._chunk({"content": refusal}))
+            finish = "stop"
         out.append(self._chunk({}, finish))
         if include_usage:
             out.append({**self.base, "choices": [], "usage": body["usage"]})
@@ -159,8 +166,14 @@ async def stream_response(traffic: Any, parsed: api.ChatCompletionRequest, on_do
         raise value
     include_usage = bool((parsed.stream_options or {}).get("include_usage"))
     specs = api.offered(parsed)
+    from pipelines.toolcall.grammar import GrammarError, partly_constrained
+
+    try:
+        partial = set(partly_constrained(specs))
+    except GrammarError:
+        partial = set()
     assembler = ToolCallStream(served.response_id, served.created, parsed.model,
-                               {s["function"]["name"] for s in specs})
+                               {s["function"]["name"] for s in specs}, partial)
 
     async def frames(kind: str, value: Any) -> AsyncIterator[bytes]:
         try:
@@ -182,6 +195,9 @@ async def stream_response(traffic: Any, parsed: api.ChatCompletionRequest, on_do
                     return
                 kind, value = await next_event()
         finally:
-            await asyncio.shield(worker)  # the answer is captured even when the caller left early
+            try:  # the answer is captured even when the caller left early; the worker's own budget bounds it
+                await asyncio.wait_for(asyncio.shield(worker), timeout=budget)
+            except asyncio.TimeoutError:
+                LOG.error("a streamed request's worker outlived its %.0f s budget", budget)
 
     return StreamingResponse(frames(kind, value), media_type="text/event-stream")

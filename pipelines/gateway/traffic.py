@@ -81,6 +81,7 @@ class Traffic:
         self._tallies: dict[tuple[str, str], rt.Tally] = {}
         self._credit: dict[tuple[str, str], float] = {}
         self._effect_cache: tuple[float, dict[str, str]] = (0.0, {})
+        self._warned_teacher = 0.0
         self.defaults = {"country": settings.gateway.country, "currency": settings.gateway.currency,
                          "channel": settings.gateway.channel}
 
@@ -94,7 +95,16 @@ class Traffic:
                 LOG.warning("%s: every route serves", exc)
                 data = {"routes": {}}
             self._routes = (time.monotonic(), data)
-        return rt.route_of(data, model)
+        route = rt.route_of(data, model)
+        g = self.settings.gateway
+        if route["mode"] != "serve" and not g.teacher_url and not g.base_as_teacher:
+            # a shadow or canary set before a teacher was required: the route serves (nothing to compare with)
+            if time.monotonic() - self._warned_teacher > 60:
+                self._warned_teacher = time.monotonic()
+                LOG.warning("route %s is in %s but no teacher is configured (gateway.teacher_url): it serves",
+                            model, route["mode"])
+            return {"mode": "serve"}
+        return route
 
     def _tally(self, model: str, route: dict[str, Any]) -> rt.Tally:
         """The route's tally since its mode began (read from the recorded files once, outside the lock)."""
@@ -167,7 +177,10 @@ class Traffic:
         target = self.router.resolve(alias)
         turns = self.router.turns(target, served.row)
         client = self.router.client()
-        tools = offered_tools(self.settings, [served.row], client, target.name)
+        try:
+            tools = offered_tools(self.settings, [served.row], client, target.name)
+        except GrammarError as exc:  # e.g. a call is required, but every offered write needs an id nobody stated
+            raise api.ApiError(400, f"constrained decoding: {exc}", param="tools", code="unsupported_tool_schema") from None
         must_call = parsed.tool_choice == "required" or isinstance(parsed.tool_choice, dict)
         if must_call and not tools:
             raise api.ApiError(400, f"tool_choice {json.dumps(parsed.tool_choice)} needs constrained decoding, which "

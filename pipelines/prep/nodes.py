@@ -182,11 +182,14 @@ def prepare(lines: DataFrame, tools: Mapping[str, dict[str, Any]] | None = None,
 
 
 def mark_duplicates(clean: DataFrame) -> DataFrame:
-    """Add `duplicate_of`: the record kept for the same normalized request + tool call (earliest)."""
+    """Add `duplicate_of`: the record kept for the same normalized request + tool call: one that trains before
+    a held one (a reviewer's correction of a down-rated turn, or the teacher's answer to a request our model
+    also answered, is never dropped as the duplicate of a record that does not train), then the earliest."""
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    w = Window.partitionBy("dedupe_key").orderBy("event_timestamp", "record_id", "source_file")
+    w = Window.partitionBy("dedupe_key").orderBy(F.col("held").isNotNull(), "event_timestamp", "record_id",
+                                                 "source_file")
     return (clean.withColumn("_rank", F.row_number().over(w))
             .withColumn("duplicate_of", F.when(F.col("_rank") > 1, F.first("record_id").over(w)))
             .drop("_rank"))

@@ -182,16 +182,28 @@ def _change(candidate: dict[str, Any], reference: dict[str, Any], key: str) -> f
     return values[0] / values[1] - 1
 
 
+def planned_looks(settings: Settings) -> int:
+    """How many times the DAG may look at the interval: `first_examples`, doubled up to `examples`."""
+    e = settings.evaluation
+    n, looks = min(e.first_examples, e.examples), 1
+    while n < e.examples:
+        n, looks = min(2 * n, e.examples), looks + 1
+    return looks
+
+
 def paired_gate(candidate: dict[str, Any], reference: dict[str, Any], label: str, settings: Settings,
                 numbers: dict[str, Any]) -> Verdict:
     """The paired rule on the same requests (per-request scores of both rows), on the task score's paired
     interval [low, high] at `promotion.confidence`:
 
-    - superior: low > 0, and not slower than `max_latency_increase` allows;
+    - superior: low > 0;
     - non-inferior: low > -margin (quality held), and p50 latency or prompt tokens down by `min_cost_gain`;
     - inferior: high < -margin: refused;
-    - otherwise undecided (the interval spans -margin): not promoted, and the DAG evaluates more requests
-      up to `evaluation.examples` before it decides.
+    - otherwise undecided (the interval spans -margin, or it is no cheaper and a gain over the margin is
+      not ruled out): not promoted, and the DAG evaluates more requests up to `evaluation.examples`.
+    Every promotion also needs latency measured and not above `max_latency_increase`. The interval's level
+    is `promotion.confidence` spread over the DAG's planned looks (24, 48, 96: three looks, 98.3 % each), so
+    looking again while undecided does not inflate the error.
 
     A promoted candidate must also keep every tool with enough examples within `max_tool_regression` (point
     check, its interval recorded beside it). The reason names the rule, the interval and n."""
@@ -199,12 +211,14 @@ def paired_gate(candidate: dict[str, Any], reference: dict[str, Any], label: str
 
     p = settings.promotion
     tools, judged_on, tool_failures = per_tool_numbers(candidate, reference, settings)
+    looks = planned_looks(settings)
+    level = 1 - (1 - p.confidence) / looks  # the error spent over the DAG's planned looks (Bonferroni)
     paired = compare(candidate["per_request"], reference["per_request"], judged_on, resamples=p.bootstrap_resamples,
-                     level=p.confidence, min_tool_examples=p.min_tool_examples)
+                     level=level, min_tool_examples=p.min_tool_examples)
     task = paired["metrics"]["task"]
     latency, tokens = _change(candidate, reference, "latency_ms_p50"), _change(candidate, reference, "prompt_tokens_mean")
     numbers.update(paired=paired, per_tool=tools, tool_metrics=judged_on, latency_change=latency,
-                   prompt_tokens_change=tokens, thresholds=p.model_dump())
+                   prompt_tokens_change=tokens, thresholds=p.model_dump(), looks=looks, level=level)
     stated = describe(task, "task score")
     margin = f"margin {p.non_inferiority_margin:.2f}"
     cost = "; ".join(f"{what} {v:+.0%}" for what, v in (("latency", latency), ("prompt tokens", tokens))
@@ -217,11 +231,17 @@ def paired_gate(candidate: dict[str, Any], reference: dict[str, Any], label: str
         return Verdict(False, f"undecided vs {label}: evaluate more: {stated} spans -{p.non_inferiority_margin:.2f}; "
                               f"{cost}", label, numbers, decision="undecided")
     superior = task["low"] > 0
-    if superior and latency is not None and latency > p.max_latency_increase:
-        return Verdict(False, f"refused: superior to {label} but slower: {stated}; latency {latency:+.0%} > "
-                              f"{p.max_latency_increase:+.0%}", label, numbers)
+    if latency is None:  # every promotion needs its latency measured on both sides
+        return Verdict(False, f"refused vs {label}: latency not measured on both sides ({stated})", label, numbers)
+    if latency > p.max_latency_increase:
+        return Verdict(False, f"refused vs {label}: slower: latency {latency:+.0%} > {p.max_latency_increase:+.0%} "
+                              f"({stated})", label, numbers)
     cheaper = any(v is not None and v <= -p.min_cost_gain for v in (latency, tokens))
     if not superior and not cheaper:
+        if task["high"] > p.non_inferiority_margin:  # a real gain is still possible: more requests may show it
+            return Verdict(False, f"undecided vs {label}: evaluate more: {stated}, no cheaper ({cost}), and a gain "
+                                  f"over {p.non_inferiority_margin:.2f} not ruled out", label, numbers,
+                           decision="undecided")
         return Verdict(False, f"refused: non-inferior to {label} ({stated}, {margin}) but neither latency nor "
                               f"prompt tokens fall by {p.min_cost_gain:.0%} ({cost}): no reason to change", label,
                        numbers)

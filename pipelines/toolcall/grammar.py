@@ -48,6 +48,10 @@ class GrammarError(ValueError):
     """The offered tools cannot be turned into a grammar (a schema feature llguidance does not support)."""
 
 
+class GroundingTooLarge(GrammarError):
+    """The offered tools with their grounded ids would exceed MAX_TOOLS_BYTES."""
+
+
 def _tool_entries(tools: Any) -> list[dict[str, Any]]:
     """`tools` (parsed) as [{name, parameters}]: the prompt's compact tools list or OpenAI tool specs
     ({"type": "function", "function": {...}})."""
@@ -120,7 +124,7 @@ def call_schema(tools: Any) -> dict[str, Any]:
 
 _STRING_LITERAL = re.compile(r'"((?:[^"\\]|\\.)*)"')
 _WORD = re.compile(r"[#\w][\w#\-./@+:]*")
-MAX_GROUNDED_VALUES = 2_000  # the values one id argument may take; a longer conversation keeps the first ones
+MAX_GROUNDED_VALUES = 500  # the values one id argument may take; a longer conversation keeps the latest ones
 
 
 def _id_like(word: str) -> bool:
@@ -129,22 +133,27 @@ def _id_like(word: str) -> bool:
     return any(c.isdigit() or c in "#_-" for c in word)
 
 
-def conversation_values(texts: Iterable[str]) -> set[str]:
+def conversation_values(texts: Iterable[str]) -> list[str]:
     """Every value a conversation states: the JSON string literals in its texts (a tool result's values, at
     any depth) and its id-like words (`#W6067464`, `credit_card_4190576`, `ORD-7F3K2`), trailing punctuation
-    off."""
-    values: set[str] = set()
+    off; in order of appearance. Only id-like values (a digit or a separator): statuses, colours and names
+    in a tool result are no ids, and would only bloat the grammar."""
+    values: dict[str, None] = {}
     for text in texts:
         if not isinstance(text, str):
             continue
         for literal in _STRING_LITERAL.findall(text):
             try:
-                values.add(json.loads(f'"{literal}"'))
+                value = json.loads(f'"{literal}"')
             except json.JSONDecodeError:
                 continue
-        values.update(w for w in (w.rstrip(".,;:!?)/") for w in _WORD.findall(text)) if _id_like(w))
-    values.discard("")
-    return values
+            if _id_like(value):
+                values[value] = None
+        for word in _WORD.findall(text):
+            word = word.rstrip(".,;:!?)/")
+            if word and _id_like(word):
+                values[word] = None
+    return list(values)
 
 
 def _fits(value: str, schema: dict[str, Any]) -> bool:
@@ -159,7 +168,7 @@ def _fits(value: str, schema: dict[str, Any]) -> bool:
         return True  # a pattern Python cannot read: the grammar still enforces it
 
 
-def _ground(params: dict[str, Any], arguments: Sequence[str], values: set[str]) -> dict[str, Any] | None:
+def _ground(params: dict[str, Any], arguments: Sequence[str], values: Sequence[str]) -> dict[str, Any] | None:
     """`params` with each id argument limited to the values the conversation states; None when a required
     id argument has none (the call would need an invented id)."""
     props = dict(params.get("properties") or {})
@@ -172,7 +181,7 @@ def _ground(params: dict[str, Any], arguments: Sequence[str], values: set[str]) 
         scalar = schema["items"] if many else schema
         if scalar.get("type") not in ("string", None) or any(k in scalar for k in ("anyOf", "oneOf", "$ref")):
             continue  # not an id string: left as the schema says
-        allowed = sorted(v for v in values if _fits(v, scalar))[:MAX_GROUNDED_VALUES]
+        allowed = [v for v in values if _fits(v, scalar)][-MAX_GROUNDED_VALUES:]
         if not allowed:
             if arg in required:
                 return None
@@ -183,7 +192,7 @@ def _ground(params: dict[str, Any], arguments: Sequence[str], values: set[str]) 
     return {**params, "properties": props}
 
 
-def ground_ids(tools: Any, writes: Mapping[str, Sequence[str]], values: set[str]) -> str:
+def ground_ids(tools: Any, writes: Mapping[str, Sequence[str]], values: Sequence[str]) -> str:
     """The offered tools (as `_offer` takes them) with every identifier argument of a write tool (`writes`:
     tool -> its id arguments) limited to `values`, the ones the conversation states: under the grammar a
     write cannot target an order, invoice or item nobody mentioned. A write tool whose required id has no
@@ -200,8 +209,12 @@ def ground_ids(tools: Any, writes: Mapping[str, Sequence[str]], values: set[str]
     if not kept and not abstain:
         raise GrammarError("a call is required, but every offered write tool needs an id the conversation "
                            "does not state")
-    return json.dumps({"tools": kept, "abstain": abstain} if not abstain or isinstance(tools, dict) else kept,
-                      separators=(",", ":"), sort_keys=True)
+    out = json.dumps({"tools": kept, "abstain": abstain} if not abstain or isinstance(tools, dict) else kept,
+                     separators=(",", ":"), sort_keys=True)
+    if len(out.encode("utf-8")) > MAX_TOOLS_BYTES:
+        raise GroundingTooLarge(f"the offered tools with their grounded ids are {len(out.encode('utf-8'))} bytes; at most "
+                           f"{MAX_TOOLS_BYTES} (triton.grounded_ids: false decodes such conversations ungrounded)")
+    return out
 
 
 _UNIMPLEMENTED = re.compile(r"Unimplemented keys: \[([^\]]*)\]")

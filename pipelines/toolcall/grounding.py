@@ -11,13 +11,16 @@ turns it off for a toolset whose ids legitimately come from elsewhere.
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from pipelines.logs.tools import effect_of, id_arguments
-from pipelines.toolcall.grammar import conversation_values, ground_ids
+from pipelines.toolcall.grammar import GroundingTooLarge, conversation_values, ground_ids
+
+LOG = logging.getLogger("flywheel.grounding")
 
 _EFFECTS_TTL_S = 60.0
 _effects_cache: dict[str, tuple[float, dict[str, str]]] = {}
@@ -34,7 +37,13 @@ def registered_effects(raw_zone: str) -> dict[str, str]:
         hit = _effects_cache.get(raw_zone)
         if hit and now - hit[0] < _EFFECTS_TTL_S:
             return hit[1]
-    effects = tool_effects(raw_zone)
+    try:
+        effects = tool_effects(raw_zone)
+    except Exception as exc:  # noqa: BLE001 (storage unreachable: the catalogue's own; an imported tool counts as a write)
+        from pipelines.logs.tools import catalogue_effects
+
+        LOG.warning("toolset effects unreadable (%s: %s); using the catalogue's", type(exc).__name__, str(exc)[:200])
+        return catalogue_effects()
     with _effects_lock:
         _effects_cache[raw_zone] = (now, effects)
     return effects
@@ -64,4 +73,8 @@ def ground(tools: str, turns: Iterable[dict[str, Any]], effects: Mapping[str, st
     writes = _writes(tools, effects)
     if not writes:
         return tools
-    return ground_ids(tools, writes, conversation_values(stated_texts(turns)))
+    try:
+        return ground_ids(tools, writes, conversation_values(stated_texts(turns)))
+    except GroundingTooLarge as exc:  # a very long conversation: decoded under the plain grammar, said so
+        LOG.warning("ids not grounded for this turn: %s", exc)
+        return tools
