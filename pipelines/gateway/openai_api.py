@@ -258,10 +258,10 @@ def answer(text: str, specs: list[dict[str, Any]], cut: bool = False, response_i
     return {"message": {"role": "assistant", "content": text}, "finish_reason": "length" if cut else "stop"}
 
 
-def stated_texts(served: Served) -> list[str]:
-    """What the caller's conversation states: its user turns and tool results (never the system prompt)."""
-    return [m["content"] for m in served.messages
-            if m.get("role") in ("user", "tool") and isinstance(m.get("content"), str)]
+def stated_texts(served: Served, roles: tuple[str, ...] = ("user",)) -> list[str]:
+    """What the caller's conversation states in `roles` (default: the customer's own turns; a placeholder is
+    filled from them only, never from a tool result that may name another person)."""
+    return [m["content"] for m in served.messages if m.get("role") in roles and isinstance(m.get("content"), str)]
 
 
 def is_label(body: dict[str, Any]) -> bool:

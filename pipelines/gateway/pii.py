@@ -3,7 +3,8 @@
 Training targets carry prep's redaction tokens where the logs had PII (`<EMAIL>`, `<CARD>`, `<PHONE>`,
 `<ADDRESS>`), so a tuned model may answer `{"recipient_email":"<EMAIL>"}` although the caller wrote the
 address. Before an answer leaves the gateway each token in its arguments is replaced by the one value of
-its kind the conversation states (the user's words and the tool results, found with prep's own patterns);
+its kind the customer's own turns state (found with prep's own patterns; never a tool result, which may name
+another person);
 where the conversation states none, or several different ones, the call is not passed on: the caller gets
 a plain message asking for the value instead (and the turn is never a training label).
 """

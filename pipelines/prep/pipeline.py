@@ -188,7 +188,8 @@ def run_prep(settings: Settings, window: DateWindow, spark: Any = None, run_id: 
     if input_records == 0:
         message = f"{window}: the raw partitions are empty; nothing to prepare"
     elif n_kept == 0:
-        message = f"{window}: all {input_records} records were quarantined or duplicates ({reasons}); no examples"
+        message = (f"{window}: all {input_records} records were quarantined, held (labels that do not train: "
+                   f"{held_reasons}) or duplicates ({reasons}); no examples")
     else:
         message = (f"{window}: {input_records} records -> {n_kept} examples, {n_held} held (labels that do not "
                    f"train), {n_bad} quarantined, {n_dup} duplicates")

@@ -97,7 +97,14 @@ def outcome_frame(spark: SparkSession, settings: Settings, window: DateWindow) -
             F.col("reason").alias("outcome"))
     else:  # nothing of this window was quarantined (a clean import): no partition, no schema to read
         quarantined = spark.createDataFrame([], "outcome string")
-    return clean.unionByName(quarantined)
+    # held records (a label that does not train: prep.labels) are a good outcome, not a data problem
+    if window_partitions(paths["clean_logs"], days):
+        logs = spark.read.parquet(paths["clean_logs"]).filter(F.col("dt").cast("string").isin(days))
+        held = (logs.filter(F.col("held").isNotNull()).select(F.lit("held").alias("outcome"))
+                if "held" in logs.columns else spark.createDataFrame([], "outcome string"))
+    else:
+        held = spark.createDataFrame([], "outcome string")
+    return clean.unionByName(quarantined).unionByName(held)
 
 
 def curated_frames(spark: SparkSession, settings: Settings, window: DateWindow) -> dict[str, DataFrame]:
@@ -128,7 +135,7 @@ def _suites(settings: Settings, window: DateWindow) -> dict[str, list[Any]]:
                                       value_set=[*TOOL_NAMES, *extra_tool_names(settings.zone("raw"))]),
         E.ExpectColumnValuesToBeInSet(column="workload_id", value_set=list(WORKLOADS), mostly=q.raw_mostly),
     ]
-    outcomes = [E.ExpectColumnValuesToBeInSet(column="outcome", value_set=["clean", "duplicate"],
+    outcomes = [E.ExpectColumnValuesToBeInSet(column="outcome", value_set=["clean", "held", "duplicate"],
                                               mostly=1 - q.max_quarantined_share)]
     examples = [
         E.ExpectTableRowCountToBeBetween(min_value=1),
