@@ -66,8 +66,15 @@ def queue(settings: Settings) -> list[dict[str, Any]]:
 
 
 def _raw_record(settings: Settings, record_id: str, dt: str) -> dict[str, Any]:
-    for uri in sorted(glob(f"{settings.zone('raw').rstrip('/')}/dt={dt}/*.jsonl")):
+    import gzip
+
+    for uri in sorted(glob(f"{settings.zone('raw').rstrip('/')}/dt={dt}/*.jsonl*")):
         data = read_bytes(uri)
+        if uri.endswith(".gz"):
+            try:
+                data = gzip.decompress(data)
+            except (OSError, EOFError):
+                continue  # prep lists an unreadable file in its manifest; nothing to find in it
         if record_id.encode() not in data:
             continue
         for line in data.splitlines():
@@ -82,7 +89,16 @@ def _raw_record(settings: Settings, record_id: str, dt: str) -> dict[str, Any]:
 
 def decide(settings: Settings, record_id: str, accept: bool, call: dict[str, Any] | None = None,
            reviewer: str = "reviewer") -> dict[str, Any]:
-    """Accept (with the corrected `call`) or reject one queued turn; returns what was written."""
+    """Accept (with the corrected `call`) or reject one queued turn; returns what was written. One reviewer at
+    a time per record (a lock): an accept and a reject of the same record never both land."""
+    from pipelines.storage import locked
+
+    with locked(_decision_uri(settings, record_id), 60, f"the review of {record_id}"):
+        return _decide(settings, record_id, accept, call, reviewer)
+
+
+def _decide(settings: Settings, record_id: str, accept: bool, call: dict[str, Any] | None,
+            reviewer: str) -> dict[str, Any]:
     from datetime import datetime, timezone
 
     from pipelines.logs.tools import argument_errors
