@@ -105,7 +105,9 @@ def test_dag_trains_evaluates_registers_promotes_deploys_and_benchmarks(tmp_path
     captured = _gateway_captures(tmp_path / "raw")
     try:
         # plumbing: the untrained tiny model cannot beat base few-shot, so the first candidate is promoted unchecked
-        ok, out = _run(tmp_path, {**serving, "FLYWHEEL_PROMOTION__BASELINE": "none"}, records_per_day=1200,
+        ok, out = _run(tmp_path, {**serving, "FLYWHEEL_PROMOTION__BASELINE": "none",
+                                        # plumbing: an untrained model's random writes are no verdict either
+                                        "FLYWHEEL_PROMOTION__MAX_EXTRA_WRONG_WRITES": "1000"}, records_per_day=1200,
                        train=True, sweep=TINY_SWEEP)
         assert ok, out[-3000:]
         settings = load_settings(root=str(tmp_path), triton={"http_port": int(serving["FLYWHEEL_TRITON__HTTP_PORT"])})

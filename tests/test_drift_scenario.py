@@ -48,7 +48,10 @@ def test_drift_alert_retrains_once_under_the_scheduler(tmp_path: Path) -> None:
            # it, except for latency: under the grammar the untrained champion mostly abstains (`{"name":null}`,
            # a few tokens) while the retrain writes whole calls, so the champion's p50 is no reference here
            # (measured +311 %); the latency rule itself is tested in test_gate
-           "FLYWHEEL_PROMOTION__BASELINE": "none", "FLYWHEEL_PROMOTION__MAX_LATENCY_INCREASE": "10.0"}
+           "FLYWHEEL_PROMOTION__BASELINE": "none", "FLYWHEEL_PROMOTION__MAX_LATENCY_INCREASE": "10.0",
+           # 8 requests are far too few for the paired rule's intervals (tested in test_gate_paired): this loop
+           # checks that the retrain reaches the gate and is promoted on a clear gain, with the point rule
+           "FLYWHEEL_PROMOTION__RULE": "point"}
     settings = load_settings(root=str(root), triton={"http_port": int(env["FLYWHEEL_TRITON__HTTP_PORT"]),
                                                      "grpc_port": int(env["FLYWHEEL_TRITON__GRPC_PORT"])},
                              airflow={"port": int(env["FLYWHEEL_AIRFLOW__PORT"])})

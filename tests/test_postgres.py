@@ -66,7 +66,8 @@ def test_dag_trains_and_registers_with_airflow_and_mlflow_on_postgres(tmp_path: 
            "FLYWHEEL_FEAST__ONLINE_STORE": postgres.uri("feast"),
            "FLYWHEEL_EVALUATION__EXAMPLES": "4", "FLYWHEEL_EVALUATION__SHOTS": "1",
            "FLYWHEEL_EVALUATION__CONSTRAINED": "on",
-           "FLYWHEEL_PROMOTION__BASELINE": "none"}  # plumbing: the untrained tiny model is promoted unchecked
+           "FLYWHEEL_PROMOTION__BASELINE": "none",  # plumbing: the untrained tiny model is promoted unchecked
+           "FLYWHEEL_PROMOTION__MAX_EXTRA_WRONG_WRITES": "1000"}  # (its random writes are no verdict either)
     settings = load_settings(root=str(root), airflow={"sql_alchemy_conn": env["FLYWHEEL_AIRFLOW__SQL_ALCHEMY_CONN"]},
                              mlflow={"tracking_uri": postgres.uri("mlflow")},
                              feast={"registry": postgres.uri("feast"), "online_store": postgres.uri("feast")})
@@ -166,6 +167,7 @@ def test_scheduler_on_postgres_runs_tasks_in_parallel_with_an_authenticated_mlfl
            "FLYWHEEL_EVALUATION__SHOTS": "1", "FLYWHEEL_DRIFT__MIN_RECORDS": "100",
            "FLYWHEEL_EVALUATION__CONSTRAINED": "on", "FLYWHEEL_BENCH__CONSTRAINED": "on",
            "FLYWHEEL_PROMOTION__BASELINE": "none",  # plumbing: the untrained tiny model is promoted unchecked
+           "FLYWHEEL_PROMOTION__MAX_EXTRA_WRONG_WRITES": "1000",  # (its random writes are no verdict either)
            "FLYWHEEL_DRIFT__EMBEDDING_SAMPLE": "80",
            # the daily run deploys the (untrained, tiny) champion: Triton on free ports, a lenient smoke test
            "FLYWHEEL_TRITON__HTTP_PORT": str(free_port()), "FLYWHEEL_TRITON__GRPC_PORT": str(free_port()),
