@@ -166,6 +166,8 @@ class GatewaySettings(_Section):
     few_shot: int = Field(3, ge=0, le=8, description="retrieved examples in the `base` model's prompt")
     capture: bool = Field(True, description="write every served turn into the raw zone as one log record")
     capture_rotate_bytes: int = Field(16_000_000, ge=1024, description="start a new capture file past this size")
+    retention_days: int = Field(30, ge=1, description="days the gateway keeps its unusable answers and live "
+                                "comparisons (redacted at rest); older day partitions are deleted at its start")
     country: str = Field("US", pattern=r"^[A-Z]{2}$", description="a captured turn's country when the request "
                          "names none (metadata.country)")
     currency: str = Field("USD", pattern=r"^[A-Z]{3}$")

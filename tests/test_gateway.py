@@ -88,6 +88,10 @@ def test_the_openai_client_gets_tool_calls_sync_and_streamed(gateway) -> None:
     # ready: Triton answers and the champion is loaded (the probe needs no key; it says nothing about data)
     ready = httpx.get(gateway["url"].removesuffix("/v1") + "/ready", timeout=30)
     assert ready.status_code == 200 and ready.json()["ready"] is True and ready.json()["routes"]["champion"] == "ready"
+    from pipelines import services
+
+    # the settings file with every secret was read once at start: nothing of it stays on disk while it runs
+    assert not (services.run_dir(str(gateway["settings"].root)) / "gateway-settings.json").exists()
 
     answer = client.chat.completions.create(model="champion", messages=ASK, tools=TOOLS, tool_choice="required",
                                             user="cus_0000001")

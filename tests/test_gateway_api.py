@@ -502,3 +502,22 @@ def test_past_its_concurrency_limit_the_gateway_answers_429_at_once_and_its_prob
         monkeypatch.undo()
         monkeypatch.setattr(Traffic, "handle", handle)
         assert client.post("/v1/chat/completions", json=body, headers=headers).status_code == 200
+
+
+def test_what_the_gateway_keeps_at_rest_is_redacted_and_expires(tmp_path: Path) -> None:
+    """Unusable answers and live comparisons live outside the raw zone (no prep redacts them): they are
+    written redacted, and their day partitions older than gateway.retention_days are deleted at start."""
+    from pipelines.gateway.capture import expire
+    from pipelines.gateway.traffic import _redacted
+
+    kept = _redacted({"messages": [{"role": "user", "content": "bill ana.lima@example.com, card 4111 1111 1111 1111"}],
+                      "arguments": '{"recipient_email":"ana.lima@example.com"}'})
+    assert "ana.lima@example.com" not in json.dumps(kept) and "4111 1111" not in json.dumps(kept)
+    assert "<EMAIL>" in kept["messages"][0]["content"] and "<CARD>" in kept["messages"][0]["content"]
+    zone = tmp_path / "unusable"
+    for day in ("2026-10-01", "2026-11-20", "2026-11-25"):
+        (zone / f"dt={day}").mkdir(parents=True)
+        (zone / f"dt={day}" / "a.jsonl").write_text("{}\n")
+    gone = expire(str(zone), 30, today="2026-11-26")
+    assert [Path(g).name for g in gone] == ["dt=2026-10-01"]
+    assert sorted(p.name for p in zone.iterdir()) == ["dt=2026-11-20", "dt=2026-11-25"]

@@ -142,6 +142,14 @@ def create_app(settings: Settings) -> Any:
     capture = (CaptureWriter(settings.zone("raw"), settings.gateway.capture_rotate_bytes, spool)
                if settings.gateway.capture else None)
     traffic = Traffic(settings, router, capture, spool)
+    from pipelines.gateway.capture import expire
+    from pipelines.gateway.traffic import agreement_zone
+
+    for zone in (f"{settings.zone('serving')}/gateway/unusable", agreement_zone(settings)):
+        try:  # what the gateway keeps at rest outside the raw zone expires (gateway.retention_days)
+            expire(zone, settings.gateway.retention_days)
+        except OSError as exc:
+            LOG.warning("could not expire %s: %s", zone, exc)
     ratings = CaptureWriter(feedback_zone(raw_zone), settings.gateway.capture_rotate_bytes, spool / "feedback")
     probes = ThreadPoolExecutor(max_workers=2, thread_name_prefix="probe")  # /ready's own threads
 
@@ -280,6 +288,8 @@ def main() -> None:
 
     source = os.environ.get(SETTINGS_ENV)
     settings = load_settings(**json.loads(Path(source).read_text())) if source else load_settings()
+    if source:  # read once: the file with every secret is gone while the gateway runs, and after any exit
+        Path(source).unlink(missing_ok=True)
     uvicorn.run(create_app(settings), host=settings.gateway.host, port=settings.gateway.port, log_level="info",
                 timeout_graceful_shutdown=20)
 

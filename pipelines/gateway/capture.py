@@ -118,3 +118,25 @@ class CaptureWriter:
         with self._lock:
             for day in list(self._open):
                 self._close(day)
+
+
+def expire(zone: str, days: int, today: str | None = None) -> list[str]:
+    """Delete the `dt=<day>` partitions of `zone` older than `days` (the gateway's own stores at rest, never the
+    raw zone); returns what was deleted."""
+    from datetime import date, timedelta
+
+    from pipelines.storage import glob, remove
+
+    cutoff = (date.fromisoformat(today) if today else date.today()) - timedelta(days=days)
+    gone = []
+    for part in glob(f"{zone.rstrip('/')}/dt=*"):
+        day = part.rstrip("/").rsplit("dt=", 1)[-1]
+        try:
+            old = date.fromisoformat(day) < cutoff
+        except ValueError:
+            continue
+        if old:
+            remove(part)
+            gone.append(part)
+    return gone
+

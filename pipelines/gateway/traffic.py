@@ -165,7 +165,11 @@ class Traffic:
             record = api.capture_record(parsed, served, body, latency_ms=api.now_ms() - started,
                                         defaults=self.defaults, served_by=by)
             # a call or an explicit "no tool" is a label; a cut or free-text answer is kept apart, never trained on
-            (self.capture if api.is_label(body) else self.unusable).write(record)
+            if api.is_label(body):
+                self.capture.write(record)  # the raw zone: prep redacts it on its way to training
+            else:  # kept for inspection only: redacted at rest, and expired after gateway.retention_days
+                self.unusable.write({**record, "request": _redacted(record["request"]),
+                                     "response": _redacted(record["response"])})
         return body
 
     def local(self, alias: str, parsed: api.ChatCompletionRequest, served: api.Served,
@@ -308,7 +312,9 @@ class Traffic:
         self.comparisons.write({
             "record_id": served.response_id, "timestamp": datetime.now(timezone.utc).isoformat(timespec="microseconds"),
             "route": parsed.model, "mode": route["mode"], "arm": arm, "candidate": route.get("candidate"),
-            "reference": reference, "answer": answer, "agreement": agreed, "error": error, "skipped": skipped,
+            # the calls' values redacted at rest (agreement is computed above, on the real values)
+            "reference": _redacted(reference), "answer": _redacted(answer), "agreement": agreed, "error": error,
+            "skipped": skipped,
             "note": note, "candidate_latency_ms": candidate_ms, "reference_latency_ms": reference_ms})
         if tally is None:
             return
@@ -326,3 +332,15 @@ class Traffic:
         self._pool.shutdown(wait=True, cancel_futures=True)
         self.comparisons.close()
         self.unusable.close()
+
+
+def _redacted(value: Any) -> Any:
+    """`value` with prep's PII redaction applied to every string in it (what the gateway keeps at rest outside
+    the raw zone: unusable answers and the live comparisons)."""
+    if value is None:
+        return None
+    from collections import Counter
+
+    from pipelines.prep.redact import redact_value
+
+    return redact_value(value, Counter())
