@@ -128,9 +128,10 @@ MAX_GROUNDED_VALUES = 500  # the values one id argument may take; a longer conve
 
 
 def _id_like(word: str) -> bool:
-    """A word that can be an identifier: it has a digit or a separator (`#W6067464`, `credit_card_4190576`,
-    `P-PRO-ANNUAL`); plain words (`cancel`, `order`) are not offered as ids."""
-    return any(c.isdigit() or c in "#_-" for c in word)
+    """A word that can be an identifier: one token (no blank) with a digit or a separator (`#W6067464`,
+    `credit_card_4190576`, `P-PRO-ANNUAL`); plain words (`cancel`, `order`) and phrases (an address, a
+    product variant's description) are not offered as ids."""
+    return 0 < len(word) <= 64 and not any(c.isspace() for c in word) and any(c.isdigit() or c in "#_-" for c in word)
 
 
 def conversation_values(texts: Iterable[str]) -> list[str]:
@@ -204,8 +205,8 @@ def ground_ids(tools: Any, writes: Mapping[str, Sequence[str]], values: Sequence
             kept.append(t)
             continue
         params = _ground(t["parameters"], writes[t["name"]], values)
-        if params is not None:
-            kept.append({"name": t["name"], "parameters": params})
+        if params is not None:  # descriptions mean nothing to the grammar: left out of a per-turn tools JSON
+            kept.append({"name": t["name"], "parameters": _without(params, {"description"})})
     if not kept and not abstain:
         raise GrammarError("a call is required, but every offered write tool needs an id the conversation "
                            "does not state")
