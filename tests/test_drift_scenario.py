@@ -85,7 +85,7 @@ def test_drift_alert_retrains_once_under_the_scheduler(tmp_path: Path) -> None:
         # (an older window with no training: it neither moves the current training set nor the champion)
         old_day = str(today - timedelta(days=30))
         current = (root / "curated" / "manifest.json").read_text()
-        run = run_flywheel("run", "--scheduler", "--end-date", old_day, "--records-per-day", "300",
+        run = run_flywheel("run", "--scheduler", "--end-date", old_day, "--records-per-day", "800",
                            "--no-train", "--json", env=env)
         assert run.returncode == 0, run.stdout + run.stderr
         assert json.loads(run.stdout)["state"] == "success"

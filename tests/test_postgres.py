@@ -217,7 +217,7 @@ def test_scheduler_on_postgres_runs_tasks_in_parallel_with_an_authenticated_mlfl
         assert alias_version(tracked, CHAMPION) == "1"  # registered through the authenticated server
 
         # a data-path run and a drift check triggered together: LocalExecutor runs their tasks side by side
-        second = rest.trigger("commerce_flywheel", {"end_date": new_day, "records_per_day": 500, "seed": 5,
+        second = rest.trigger("commerce_flywheel", {"end_date": new_day, "records_per_day": 1200, "seed": 5,
                                                     "train": False})
         check = rest.trigger("drift_monitor", {"end_date": trained_day})
         assert wait_for(lambda: finished("commerce_flywheel", second), 900, "the data-path run") == "success"
