@@ -133,7 +133,8 @@ def evaluate_case(case: str, root: Path, heldout: Path, examples: int, log: Path
     comparisons = report.get("comparisons") or []
     if case in UNGROUNDED_TOO:  # the wrong-write rate with and without grounded ids, on the same requests
         flywheel(root, "eval", "--logs", str(heldout), "--version", str(latest["version"]), "--examples",
-                 str(examples), "--constrained", "on", "--no-grounded-ids", "--name", f"{name}-ungrounded", log=log)
+                 str(examples), "--constrained", "on", "--no-grounded-ids", "--no-baselines",  # the grounding is the
+                 "--name", f"{name}-ungrounded", log=log)  # tuned model's question; the baselines' rows are above
         other = json.loads(Path(reports.removeprefix("file://"), "evaluation", f"{name}-ungrounded",
                                 "report.json").read_text())
         rows += [{**r, "condition": f"{r['condition']}_ungrounded"} for r in _rows(other)]
