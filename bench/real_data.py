@@ -112,7 +112,7 @@ def prepare(case: str, data: Path, root: Path, work: Path, log: Path) -> Path:
     return merged
 
 
-def evaluate_case(case: str, root: Path, heldout: Path, examples: int, log: Path) -> dict:
+def evaluate_case(case: str, root: Path, heldout: Path, examples: int, log: Path, constrained: str = "both") -> dict:
     """Base zero-shot, base few-shot and the registered version, each with and without the grammar, on the
     held-out part (`flywheel eval`, as a user would run it)."""
     from pipelines.config import load_settings
@@ -126,7 +126,7 @@ def evaluate_case(case: str, root: Path, heldout: Path, examples: int, log: Path
     latest = max(versions, key=lambda v: int(v["version"]))
     name = f"real-data-{case}"
     flywheel(root, "eval", "--logs", str(heldout), "--version", str(latest["version"]), "--examples", str(examples),
-             "--constrained", "both", "--name", name, log=log)
+             "--constrained", constrained, "--name", name, log=log)
     reports = load_settings(root=str(root)).zone("reports")
     report = json.loads(Path(reports.removeprefix("file://"), "evaluation", name, "report.json").read_text())
     rows = _rows(report)
@@ -204,6 +204,8 @@ def main() -> int:
     parser.add_argument("--work", type=Path, default=Path("/tmp/flywheel-real-data"))
     parser.add_argument("--data", type=Path, default=REPO.parent / "shared" / "data")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "real_data.json")
+    parser.add_argument("--constrained", default="both", choices=("both", "on", "off"),
+                        help="decodings evaluated (on: under the grammar only, as served)")
     parser.add_argument("--eval-only", action="store_true", help="evaluate the existing roots again (no import, "
                         "no DAG run)")
     args = parser.parse_args()
@@ -237,7 +239,7 @@ def main() -> int:
             flywheel(root, "run", "--end-date", DAY, "--window-days", "1", "--source", "landed", "--no-deploy",
                      log=log)
         print(f"[{case}] evaluating on the held-out part ...", flush=True)
-        result = evaluate_case(case, root, heldout, args.examples, log)
+        result = evaluate_case(case, root, heldout, args.examples, log, args.constrained)
         result["seconds"] = round(time.perf_counter() - started)
         if args.eval_only:  # the DAG's run (and its gate decision) is the earlier one
             earlier = results["cases"].get(case, {})
@@ -245,7 +247,8 @@ def main() -> int:
             result["seconds"] = {"dag_run_earlier": dag.get("dag_run_earlier") if isinstance(dag, dict) else dag,
                                  "evaluation_again": result["seconds"]}
             result["settings_dag_run"] = earlier.get("settings_dag_run", earlier.get("settings"))
-        result["settings"] = {"env": CASE_ENV.get(case, {}), "examples": args.examples, "split": "held_out() by "
+        result["settings"] = {"env": CASE_ENV.get(case, {}), "examples": args.examples, "constrained": args.constrained,
+                              "split": "held_out() by "
                               "instruction/task sha256, share 0.2", "eval_seed": 0, "generate_seeds": [7, 99],
                               "day": DAY}
         result["commit"] = commit()
