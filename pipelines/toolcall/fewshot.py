@@ -15,6 +15,7 @@ from typing import Any
 from pipelines.toolcall.examples import Example
 
 SHOT_HISTORY = 2  # turns of a shot's history kept after its opening request (its latest call and result)
+SHOT_TURN_CHARS = 600  # a shot's history turn at most (a product's variants run to thousands: the prompt must fit)
 
 
 def shot_pool(examples: list[Example]) -> list[Example]:
@@ -34,7 +35,9 @@ def shot_turns(example: Example) -> list[dict[str, str]]:
     """One demonstration: the opening request, the latest exchange before the call, then the call."""
     conversation = example.turns[1:]
     opening, rest = conversation[:1], conversation[1:]
-    return [*opening, *rest[-SHOT_HISTORY:], {"role": "assistant", "content": example.target}]
+    history = [{**t, "content": t["content"] if len(t["content"]) <= SHOT_TURN_CHARS
+                else t["content"][:SHOT_TURN_CHARS] + " ..."} for t in rest[-SHOT_HISTORY:]]
+    return [*opening, *history, {"role": "assistant", "content": example.target}]
 
 
 def pick(similarity: Any, pool: list[Example], query: Example, k: int) -> list[Example]:
