@@ -247,8 +247,9 @@ def answer(text: str, specs: list[dict[str, Any]], cut: bool = False, response_i
             partial = False
         errors = argument_errors(call["name"], json.loads(arguments), one) if partial else []
         if errors:
+            where = errors[0].split(":", 1)[0]  # the argument's path only: the message would echo its value
             return {"message": {"role": "assistant", "content": f"error: the answer's {call['name']} call breaks its "
-                                f"schema ({errors[0][:160]}); no call was made"}, "finish_reason": "stop"}
+                                f"schema at {where}; no call was made"}, "finish_reason": "stop"}
         message = {"role": "assistant", "content": None, "tool_calls": [
             {"id": call_id(response_id) if response_id else f"call_{uuid.uuid4().hex[:24]}", "type": "function",
              "function": {"name": call["name"], "arguments": arguments}}]}
