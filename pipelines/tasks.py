@@ -212,7 +212,7 @@ def evaluate(trained: dict[str, Any], settings: Settings | None = None) -> dict[
         rounds.append(_sampling_round(settings, report, champion))
     from pipelines.evaluate.pipeline import write_report
 
-    report.settings["sampling"] = rounds  # how many requests it took and why
+    report.settings["sample_rounds"] = rounds  # how many requests it took and why (`sampling` is how: stratified)
     write_report(settings, report)
     return {"json_uri": report.json_uri, "html_uri": report.html_uri, "table": report.table(),
             "champion_version": champion, "first_report": first.html_uri, "sampling": rounds}

@@ -131,15 +131,19 @@ def test_the_dag_evaluates_more_requests_while_the_gate_is_undecided(settings, m
             per = requests(right)
             summary = {"exact_match": sum(right) / n, "arg_f1": sum(right) / n, "examples": n, "wrong_writes": 0}
             results.append(ConditionResult(condition, "m", "full", 0, summary,
-                                           {"latency_ms_p50": latency, "prompt_tokens_mean": 500.0}, {}, {},
+                                           {"latency_ms_p50": latency, "prompt_tokens_mean": 500.0}, {},
+                                           {"get_order": {"get_order": sum(right), "<invalid>": n - sum(right)}},
                                            per_request=per))
-        report = EvalReport(name, "d", n, results)
+        report = EvalReport(name, "d", n, results, settings=cfg.model_dump())  # as the real one records them
         report.json_uri = f"{s.zone('reports')}/{name}.json"
         write_json(report.json_uri, report.to_dict())
         return report
 
     monkeypatch.setattr(pipeline, "evaluate", fake_evaluate)
-    monkeypatch.setattr(pipeline, "write_report", lambda s, r: r)
+    from pipelines.evaluate.report import render_html
+
+    rendered: list[str] = []
+    monkeypatch.setattr(pipeline, "write_report", lambda s, r: rendered.append(render_html(r)) or r)  # the real page
     monkeypatch.setattr(tasks, "_log_evaluation", lambda *a: None)
     monkeypatch.setattr(models, "alias_version", lambda *a: None)
     sweep_uri = f"{settings.zone('reports')}/sweep.json"
@@ -152,3 +156,4 @@ def test_the_dag_evaluates_more_requests_while_the_gate_is_undecided(settings, m
     assert calls[0][1] is None and calls[1][1] == ["tuned_candidate", "base_few_shot"]
     assert [r["decision"] for r in out["sampling"]] == ["undecided", "undecided", "promoted"]
     assert out["sampling"][-1]["examples"] == 96
+    assert "sample size: 24 requests (undecided) -&gt; 48 requests (undecided) -&gt; 96 requests (promoted)" in rendered[-1]

@@ -115,7 +115,7 @@ def render_html(report: EvalReport) -> str:
 
 
 def _sampling(report: EvalReport) -> str:
-    rounds = report.settings.get("sampling") or []
+    rounds = report.settings.get("sample_rounds") or []
     if not rounds:
         return ""
     return "; sample size: " + " -> ".join(f"{r['examples']} requests ({r['decision']})" for r in rounds)
