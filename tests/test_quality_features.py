@@ -173,7 +173,7 @@ def test_a_backfill_builds_its_own_window_and_never_moves_the_current_training_s
     settings = load_settings(root=str(tmp_path))
     old_day = END - timedelta(days=5)
     for day in (END, old_day):
-        write_raw_logs(GeneratorConfig(seed=day.day, records=500, days=1, end_date=day, bad_share=0.0),
+        write_raw_logs(GeneratorConfig(seed=day.day, records=800, days=1, end_date=day, bad_share=0.0),
                        tmp_path / "raw")
     for day in (END, old_day):  # the newer day first, then the backfill
         window = DateWindow(day, day)

@@ -84,9 +84,11 @@ def test_deploy_infers_rejects_bad_requests_and_rolls_back(registered) -> None:
         reply = constrained.infer_one(live.name, turns, tools=ping)
         assert reply.error is None and parsed(reply.text) in answers, reply.text
         constrained.close()
-    unenforceable = json.dumps([{"name": "tag", "parameters": {"type": "object", "properties": {"x": {"not": {}}}}}])
+    # a keyword the grammar lacks is left out (grammar.enforceable); a pattern it cannot compile is refused
+    unenforceable = json.dumps([{"name": "tag", "parameters": {"type": "object", "properties": {
+        "x": {"type": "string", "pattern": "(?<=a)b"}}}}])
     reply = client.infer_one(live.name, turns, tools=unenforceable)
-    assert reply.error is not None and 'tool tag' in reply.error and 'Unimplemented keys: ["not"]' in reply.error
+    assert reply.error is not None and 'tool tag' in reply.error and 'look-around' in reply.error
     assert client.infer_one(live.name, turns, tools=ping).error is None
 
     # a broken repository fails to load while the old model keeps answering
