@@ -219,7 +219,7 @@ def answer(text: str, specs: list[dict[str, Any]], cut: bool = False, response_i
     (an unconstrained model's free text) -> that text as content, with finish reason `length` when the
     model stopped at its token limit (`cut`). A redaction token in the arguments is replaced by the value
     the conversation (`stated`: its user and tool texts) gives for it, or the call is not passed on
-    (`gateway.pii`): a placeholder never reaches the caller."""
+    (`gateway.pii`): a redaction token never reaches the caller."""
     names = {s["function"]["name"] for s in specs}
     try:
         call = json.loads(text)
@@ -260,7 +260,7 @@ def answer(text: str, specs: list[dict[str, Any]], cut: bool = False, response_i
 
 
 def stated_texts(served: Served, roles: tuple[str, ...] = ("user",)) -> list[str]:
-    """What the caller's conversation states in `roles` (default: the customer's own turns; a placeholder is
+    """What the caller's conversation states in `roles` (default: the customer's own turns; a redaction token is
     filled from them only, never from a tool result that may name another person)."""
     return [m["content"] for m in served.messages if m.get("role") in roles and isinstance(m.get("content"), str)]
 

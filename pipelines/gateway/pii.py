@@ -77,6 +77,6 @@ def restore(arguments: str, texts: Iterable[str]) -> tuple[str | None, list[str]
 
 
 def ask_for(kinds: list[str]) -> str:
-    """The message a caller gets instead of a call that would carry a placeholder."""
+    """The message a caller gets instead of a call that would carry a redaction token."""
     what = " and ".join(WORDS[k] for k in kinds)
     return f"I need the customer's {what} to do that: the conversation does not state exactly one."

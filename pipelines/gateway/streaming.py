@@ -26,7 +26,7 @@ LOG = logging.getLogger("flywheel.gateway")
 
 def _held(arguments: str) -> str:
     """The arguments that may go out now: up to a `<` that may start a redaction token (`gateway.pii`); the
-    rest goes out with the finished body, placeholders filled in."""
+    rest goes out with the finished body, redaction tokens filled in."""
     at = arguments.find("<")
     return arguments if at < 0 else arguments[:at]
 
@@ -96,17 +96,17 @@ class ToolCallStream:
         out: list[dict[str, Any]] = []
         whole = calls[0]["function"]["arguments"] if calls and calls[0]["id"] == self.call["id"] else None
         if whole is not None and whole.startswith(self.args_sent):
-            finish = choice["finish_reason"]  # the body's arguments: as streamed, placeholders filled in
-        else:  # the model stopped inside the call (its token limit), its call was not passed on (a placeholder
+            finish = choice["finish_reason"]  # the body's arguments: as streamed, redaction tokens filled in
+        else:  # the model stopped inside the call (its token limit), its call was not passed on (a redaction token
             # nothing in the conversation fills), or another model answered otherwise: the caller keeps the
-            # call it got, marked cut, and never a placeholder
+            # call it got, marked cut, and never a redaction token
             whole = _held(text[self.call["at"]:]) if text and text.startswith(self.call["prefix"]) else ""
             finish = "length"
         if whole and whole.startswith(self.args_sent) and len(whole) > len(self.args_sent):
             out.append(self._chunk({"tool_calls": [{"index": 0, "function": {"arguments": whole[len(self.args_sent):]}}]}))
             self.args_sent = whole
         refusal = choice["message"].get("content") if not calls and choice["finish_reason"] == "stop" else None
-        if refusal:  # the call was not passed on (a placeholder nothing fills): the caller gets the reason, not a call
+        if refusal:  # the call was not passed on (a redaction token nothing fills): the caller gets the reason, not a call
             out.append(self._chunk({"content": refusal}))
             finish = "stop"
         out.append(self._chunk({}, finish))
