@@ -80,7 +80,6 @@ class Traffic:
         self._routes: tuple[float, dict[str, Any]] = (0.0, {"routes": {}})
         self._tallies: dict[tuple[str, str], rt.Tally] = {}
         self._credit: dict[tuple[str, str], float] = {}
-        self._effect_cache: tuple[float, dict[str, str]] = (0.0, {})
         self._warned_teacher = 0.0
         self.defaults = {"country": settings.gateway.country, "currency": settings.gateway.currency,
                          "channel": settings.gateway.channel}
@@ -287,14 +286,11 @@ class Traffic:
         self._pool.submit(compare)
 
     def _effects(self) -> dict[str, str]:
-        """Tool -> read/write (catalogue and registered toolsets), re-read at most once a minute."""
-        from pipelines.logs.toolsets import tool_effects
+        """Tool -> read/write (catalogue and registered toolsets), re-read at most once a minute: the same
+        cache grounding uses (`toolcall.grounding.registered_effects`)."""
+        from pipelines.toolcall.grounding import registered_effects
 
-        at, effects = self._effect_cache
-        if time.monotonic() - at > 60 or not effects:  # read outside any lock (object storage on a cluster)
-            effects = tool_effects(self.settings.zone("raw"))
-            self._effect_cache = (time.monotonic(), effects)
-        return effects
+        return registered_effects(self.settings.zone("raw"))
 
     def _record(self, parsed: api.ChatCompletionRequest, served: api.Served, route: dict[str, Any], arm: str,
                 reference: dict[str, Any] | None, answer: dict[str, Any] | None, error: str | None,
