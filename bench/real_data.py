@@ -14,10 +14,11 @@ the run registered, each unconstrained and under the tool-call grammar, on the h
 table and writes bench/results/real_data.json (and each case's HTML report under its root).
 
 Usage: .venv/bin/python bench/real_data.py [--cases webshop,webshop_mixed,retail] [--examples 24]
-       [--work /tmp/flywheel-real-data] [--data ../shared/data] [--eval-only]
+       [--work /tmp/flywheel-real-data] [--data ../shared/data] [--eval-only | --resume]
 --eval-only evaluates a case's existing root again (after a settings change) without importing or running
-the DAG; its result records that the DAG ran earlier.
-Not part of `make test`: about 15 minutes per case on the 2-core machine.
+the DAG; its result records that the DAG ran earlier. --resume runs a stopped DAG again on its root (the result
+records it). Not part of `make test`: about 15 minutes per webshop case on the 2-core machine; retail, whose
+base prompts are 4-5k tokens, about 80 minutes.
 """
 
 from __future__ import annotations
@@ -39,9 +40,12 @@ CASES = ("webshop", "webshop_mixed", "retail")
 # tokens, plus the order lookups in the history) pass the data gate's default 4,096-token ceiling; the DAG's
 # own evaluation of those prompts on 12 requests instead of 24 (each base-model request prefills ~4k tokens);
 # retail calls are long (item and payment ids: 108 SmolLM2 tokens median, 217 the longest held-out one), so
-# answers get 256 new tokens instead of the generated traffic's 64 (a call over 64 tokens cannot end there)
+# answers get 256 new tokens instead of the generated traffic's 64 (a call over 64 tokens cannot end there);
+# the DAG evaluates the served decoding only (under the grammar: each unconstrained base request costs another
+# 20-40 s of prefill here, and the gate compares the served rows anyway); a 90-minute run ceiling
 CASE_ENV = {"retail": {"FLYWHEEL_QUALITY__MAX_APPROX_TOKENS": "8192", "FLYWHEEL_EVALUATION__EXAMPLES": "12",
-                       "FLYWHEEL_EVALUATION__MAX_NEW_TOKENS": "256"}}
+                       "FLYWHEEL_EVALUATION__MAX_NEW_TOKENS": "256", "FLYWHEEL_EVALUATION__CONSTRAINED": "on",
+                       "FLYWHEEL_AIRFLOW__RUN_TIMEOUT_S": "5400"}}
 UNGROUNDED_TOO = {"retail"}  # cases also evaluated with grounded ids off (the write-safety comparison)
 COLUMNS = ("exact_match", "text_f1", "name_accuracy", "arg_f1", "json_valid", "wrong_writes", "wrong_write_rate")
 
@@ -208,6 +212,9 @@ def main() -> int:
                         help="decodings evaluated (on: under the grammar only, as served)")
     parser.add_argument("--eval-only", action="store_true", help="evaluate the existing roots again (no import, "
                         "no DAG run)")
+    parser.add_argument("--resume", action="store_true", help="a case whose DAG run stopped (a timeout, a kill): run "
+                        "the DAG again on its existing root, as its error line says (every task replaces only its "
+                        "window's outputs, the sweep resumes from its checkpoints), then evaluate")
     args = parser.parse_args()
     cases = [c for c in args.cases.split(",") if c]
     unknown = sorted(set(cases) - set(CASES))
@@ -223,11 +230,19 @@ def main() -> int:
         root, work = args.work / case / "root", args.work / case
         log = work / "run.log"
         heldout = work / f"{case}-heldout.jsonl"
-        if args.eval_only:
+        resumed = None
+        if args.eval_only or args.resume:
             if not heldout.is_file() or not root.is_dir():
-                print(f"error: --eval-only: no earlier run of {case} under {work}", file=sys.stderr)
+                print(f"error: --{'eval-only' if args.eval_only else 'resume'}: no earlier run of {case} under "
+                      f"{work}", file=sys.stderr)
                 return 2
-        else:
+        if args.resume and not args.eval_only:
+            print(f"[{case}] resuming the DAG on the existing root ...", flush=True)
+            resumed = round(time.perf_counter() - started)
+            flywheel(root, "run", "--end-date", DAY, "--window-days", "1", "--source", "landed", "--no-deploy",
+                     log=log)
+            resumed = round(time.perf_counter() - started) - resumed
+        elif not args.eval_only:
             if root.exists():
                 import shutil
 
@@ -247,6 +262,10 @@ def main() -> int:
             result["seconds"] = {"dag_run_earlier": dag.get("dag_run_earlier") if isinstance(dag, dict) else dag,
                                  "evaluation_again": result["seconds"]}
             result["settings_dag_run"] = earlier.get("settings_dag_run", earlier.get("settings"))
+        if resumed is not None:  # the import and the stages before the stop ran earlier (see run.log)
+            result["dag_resumed"] = {"seconds": resumed, "note": "the DAG run stopped earlier and was run again on "
+                                     "the same root: finished tasks were replaced in place, the sweep resumed from "
+                                     "its checkpoints"}
         result["settings"] = {"env": CASE_ENV.get(case, {}), "examples": args.examples, "constrained": args.constrained,
                               "split": "held_out() by "
                               "instruction/task sha256, share 0.2", "eval_seed": 0, "generate_seeds": [7, 99],
