@@ -1,4 +1,5 @@
-"""Shared fixtures: every test gets its own flywheel root and a clean settings cache."""
+"""Shared fixtures: every test gets its own flywheel root and a clean settings cache; one Spark session and
+one throwaway PostgreSQL 15 server (on a free loopback port, passwords only) serve the whole run."""
 
 from __future__ import annotations
 
@@ -33,3 +34,21 @@ def spark(tmp_path_factory: pytest.TempPathFactory):
     session = get_spark(load_settings(root=str(tmp_path_factory.mktemp("spark-root"))))
     yield session
     session.stop()
+
+
+@pytest.fixture(scope="session")
+def postgres():
+    """PostgreSQL 15 in its own folder (as root it goes to the postgres user); `create_databases` adds
+    databases to it (`helpers.create_databases`). Started once for every test that asks (starting one costs seconds, not minutes)."""
+    import shutil
+    import tempfile
+
+    from pipelines.clients.postgres import start
+    from pipelines.services import free_port
+
+    folder = Path(tempfile.mkdtemp(prefix="flywheel-pg-"))
+    server = start(folder / "data", free_port())
+    yield server
+    server.stop()
+    shutil.rmtree(folder, ignore_errors=True)
+

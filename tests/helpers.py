@@ -96,3 +96,16 @@ def wait_for(predicate, timeout_s: float, what: str, interval_s: float = 3.0):
             return value
         time.sleep(interval_s)
     raise AssertionError(f"timed out waiting for {what}")
+
+
+def create_databases(postgres, *names: str) -> None:
+    """Empty databases on the `postgres` fixture's server, one per name."""
+    import psycopg2
+
+    conn = psycopg2.connect(host="127.0.0.1", port=postgres.port, user=postgres.user, password=postgres.password,
+                            dbname="postgres")
+    conn.autocommit = True
+    with conn.cursor() as cur:
+        for name in names:
+            cur.execute(f'CREATE DATABASE "{name}"')
+    conn.close()

@@ -1,20 +1,27 @@
-"""The drift loop under the real scheduler (`flywheel up`): baseline -> champion deployed (and a run
-triggered through the REST API with `flywheel run --scheduler`); holiday
-traffic -> drift_monitor alerts -> the asset-triggered commerce_flywheel run retrains on the drifted
-window, evaluates the candidate against the champion, and the gate promotes it (it must: the first
-champion is SmolLM2 with a one-step adapter, the retrain a real short sweep on the drifted window) and
-it is deployed and answers; a second alert inside the cooldown starts no second retrain; traffic like
-the new champion's training data raises nothing. Small data and short sweeps: the loop takes minutes."""
+"""The drift loop under the real scheduler (`flywheel up`), on PostgreSQL 15 with an authenticated MLflow
+server: one scheduler start and one scheduled training run for both stories.
+
+The platform on PostgreSQL: the Airflow metadata, the MLflow tracking store, registry and auth store, Feast's
+SQL registry and online store all live in the session's throwaway server; the MLflow server refuses requests
+without the generated admin password and the Airflow tasks log and register through it with credentials
+from their environment; LocalExecutor runs a backfill (`flywheel run --scheduler`, through the REST API) and
+a drift check side by side; no log, report or MLflow param holds the database or MLflow password.
+
+The loop: baseline -> champion deployed; holiday traffic -> drift_monitor alerts -> the asset-triggered
+commerce_flywheel run retrains on the drifted window, evaluates the candidate against the champion, and the
+gate promotes it (it must: the first champion is SmolLM2 with a one-step adapter, the retrain a real short
+sweep on the drifted window) and it is deployed and answers; a second alert inside the cooldown starts no
+second retrain; traffic like the new champion's training data raises nothing. Small data and short sweeps:
+the loop takes minutes."""
 
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import pytest
 
-from helpers import processes_with_env, run_flywheel, wait_for
+from helpers import create_databases, processes_with_env, run_flywheel, wait_for
 from pipelines.services import free_port
 
 pytestmark = pytest.mark.slow
@@ -23,17 +30,28 @@ UNTRAINED, RETRAIN = str(SWEEPS / "smollm2-untrained.yaml"), str(SWEEPS / "smoll
 
 
 
-def test_drift_alert_retrains_once_under_the_scheduler(tmp_path: Path) -> None:
+def test_drift_alert_retrains_once_under_the_scheduler_on_postgres(tmp_path: Path, postgres) -> None:
+    import base64
+    import urllib.error
+    import urllib.request
     from datetime import datetime, timedelta, timezone
+
+    import psycopg2
 
     from pipelines.clients.airflow import AirflowRest
     from pipelines.config import load_settings
     from pipelines.registry.models import CHAMPION, alias_version
     from pipelines.serve import deploy
 
+    create_databases(postgres, "airflow", "mlflow", "mlflow_auth", "feast")
     root = tmp_path / "fw"
     env = {"FLYWHEEL_ROOT": str(root), "FLYWHEEL_AIRFLOW__PORT": str(free_port()),
-           "FLYWHEEL_MLFLOW__PORT": str(free_port()), "FLYWHEEL_TRAIN__SWEEP": UNTRAINED,
+           "FLYWHEEL_MLFLOW__PORT": str(free_port()), "FLYWHEEL_GATEWAY__PORT": str(free_port()),
+           "FLYWHEEL_AIRFLOW__SQL_ALCHEMY_CONN": postgres.uri("airflow"),
+           "FLYWHEEL_MLFLOW__BACKEND_STORE_URI": postgres.uri("mlflow"),
+           "FLYWHEEL_MLFLOW__AUTH_DATABASE_URI": postgres.uri("mlflow_auth"),
+           "FLYWHEEL_FEAST__REGISTRY": postgres.uri("feast"), "FLYWHEEL_FEAST__ONLINE_STORE": postgres.uri("feast"),
+           "FLYWHEEL_TRAIN__SWEEP": UNTRAINED,
            "FLYWHEEL_TRAIN__DRIFT_SWEEP": RETRAIN, "FLYWHEEL_EVALUATION__EXAMPLES": "8",
            "FLYWHEEL_EVALUATION__SHOTS": "0", "FLYWHEEL_EVALUATION__CONSTRAINED": "on",  # the served decoding only
            "FLYWHEEL_EVALUATION__BASELINES": "false",  # no gate here compares with the base model
@@ -54,18 +72,41 @@ def test_drift_alert_retrains_once_under_the_scheduler(tmp_path: Path) -> None:
            "FLYWHEEL_PROMOTION__RULE": "point"}
     settings = load_settings(root=str(root), triton={"http_port": int(env["FLYWHEEL_TRITON__HTTP_PORT"]),
                                                      "grpc_port": int(env["FLYWHEEL_TRITON__GRPC_PORT"])},
-                             airflow={"port": int(env["FLYWHEEL_AIRFLOW__PORT"])})
+                             airflow={"port": int(env["FLYWHEEL_AIRFLOW__PORT"]),
+                                      "sql_alchemy_conn": postgres.uri("airflow")},
+                             mlflow={"port": int(env["FLYWHEEL_MLFLOW__PORT"])},
+                             feast={"registry": postgres.uri("feast"), "online_store": postgres.uri("feast")})
     today = datetime.now(timezone.utc).date()
     drift_day, quiet_day = str(today), str(today + timedelta(days=1))  # the daily run trains on yesterday
+    trained_day = str(today - timedelta(days=1))
 
     def finished(dag_id: str, run_type: str) -> list[dict]:
         return [r for r in rest.dag_runs(dag_id) if r.get("run_type") == run_type
                 and r["state"] in ("success", "failed")]
 
     try:
-        up = run_flywheel("up", "--only", "airflow", "--json", env=env)
+        up = run_flywheel("up", "--json", env=env)
         assert up.returncode == 0, up.stderr
-        assert json.loads(up.stdout)["airflow"]["schedules"] == {"commerce_flywheel": "active", "drift_monitor": "active"}
+        info = json.loads(up.stdout)
+        assert info["airflow"]["schedules"] == {"commerce_flywheel": "active", "drift_monitor": "active"}
+        password = Path(info["mlflow"]["password_file"]).read_text().strip()
+        search = f"{info['mlflow']['url']}/api/2.0/mlflow/experiments/search?max_results=5"
+
+        def status(user: str | None, secret: str | None) -> int:
+            request = urllib.request.Request(search)
+            if user:
+                request.add_header("Authorization", "Basic " + base64.b64encode(f"{user}:{secret}".encode()).decode())
+            try:
+                with urllib.request.urlopen(request, timeout=10) as response:
+                    return response.status
+            except urllib.error.HTTPError as exc:
+                return exc.code
+
+        assert status(None, None) == 401 and status("admin", "wrong-password") == 401
+        assert status("admin", password) == 200
+        # what a user's own client reads the registry with: the server, as admin
+        tracked = load_settings(root=str(root), mlflow={"tracking_uri": info["mlflow"]["url"], "username": "admin",
+                                                        "password": password})
         rest = AirflowRest(settings)
         # `flywheel up` left both DAGs active (Airflow's own record says so) and the monitor due within the hour
         monitor = rest.dag("drift_monitor")
@@ -79,18 +120,34 @@ def test_drift_alert_retrains_once_under_the_scheduler(tmp_path: Path) -> None:
         # baseline: the daily run for yesterday (synthetic traffic) starts by itself: train, promote, deploy
         baseline = wait_for(lambda: finished("commerce_flywheel", "scheduled"), 900, "the daily run")[0]
         assert baseline["state"] == "success", baseline
-        assert alias_version(settings, CHAMPION) == "1" and deploy.live_model(settings).version == "1"
+        # registered through the authenticated server (the tasks had its credentials in their environment)
+        assert alias_version(tracked, CHAMPION) == "1" and deploy.live_model(settings).version == "1"
 
         # `flywheel run --scheduler`: a run triggered through the REST API, waited for, its state printed
-        # (an older window with no training: it neither moves the current training set nor the champion)
+        # (an older window with no training: it neither moves the current training set nor the champion),
+        # while a drift check on the champion's own day runs: LocalExecutor runs their tasks side by side
         old_day = str(today - timedelta(days=30))
         current = (root / "curated" / "manifest.json").read_text()
+        check = rest.trigger("drift_monitor", {"end_date": trained_day})
         run = run_flywheel("run", "--scheduler", "--end-date", old_day, "--records-per-day", "800",
                            "--no-train", "--json", env=env)
         assert run.returncode == 0, run.stdout + run.stderr
-        assert json.loads(run.stdout)["state"] == "success"
+        backfill = json.loads(run.stdout)
+        assert backfill["state"] == "success"
         assert (root / "curated" / "manifests" / f"{old_day}_{old_day}.json").is_file()
         assert (root / "curated" / "manifest.json").read_text() == current  # a backfill moves nothing
+        wait_for(lambda: rest.dag_run("drift_monitor", check)["state"] in ("success", "failed"), 600, "the check")
+        assert rest.dag_run("drift_monitor", check)["state"] == "success"
+        conn = psycopg2.connect(host="127.0.0.1", port=postgres.port, user=postgres.user,
+                                password=postgres.password, dbname="airflow")
+        with conn.cursor() as cur:
+            cur.execute("SELECT run_id, task_id, start_date, end_date FROM task_instance "
+                        "WHERE run_id IN (%s, %s) AND start_date IS NOT NULL", (backfill["dag_run_id"], check))
+            rows = cur.fetchall()
+        conn.close()
+        data_path = [(s, e) for run_id, _, s, e in rows if run_id == backfill["dag_run_id"]]
+        monitor = [(s, e) for run_id, _, s, e in rows if run_id == check]
+        assert data_path and monitor and any(s1 < e2 and s2 < e1 for s1, e1 in data_path for s2, e2 in monitor), rows
 
         generate = run_flywheel("logs", "generate", "--records", "700", "--seed", "9", "--end-date", drift_day,
                                 "--drift", "holiday", "--drift-magnitude", "0.9", "--bad-share", "0.03", env=env)
@@ -108,13 +165,13 @@ def test_drift_alert_retrains_once_under_the_scheduler(tmp_path: Path) -> None:
 
         from pipelines.clients.mlflow import client as mlflow_client
 
-        versions = mlflow_client(settings).search_model_versions(f"name='{settings.mlflow.registered_model}'")
+        versions = mlflow_client(tracked).search_model_versions(f"name='{settings.mlflow.registered_model}'")
         newest = max(versions, key=lambda v: int(v.version))
         assert newest.tags["flywheel.training_window"] == f"{drift_day}_{drift_day}"
         gate = json.loads(newest.tags["flywheel.gate"])
         assert gate["reason"].startswith("[drift: "), gate  # the drift reason travelled with the retrain
         assert gate["promoted"] is True, gate  # it beat the untrained champion on the drifted requests
-        assert str(newest.version) == "2" and alias_version(settings, CHAMPION) == "2"
+        assert str(newest.version) == "2" and alias_version(tracked, CHAMPION) == "2"
         live = deploy.live_model(settings)
         assert live.version == "2" and deploy.state(settings)["previous"]["version"] == "1"
         from pipelines.serve.client import TritonClient, conversation
@@ -151,6 +208,36 @@ def test_drift_alert_retrains_once_under_the_scheduler(tmp_path: Path) -> None:
         daily = next(d for d in shown if d["dag"] == "commerce_flywheel")
         assert daily["next_run"] and daily["last_run"]["trigger"] in ("clock", "drift asset"), daily
         assert not rest.dag("drift_monitor")["is_paused"] and not rest.dag("commerce_flywheel")["is_paused"]
+
+        # Feast: the SQL registry and the online store live in the `feast` database, and serve lookups
+        conn = psycopg2.connect(host="127.0.0.1", port=postgres.port, user=postgres.user,
+                                password=postgres.password, dbname="feast")
+        with conn.cursor() as cur:
+            cur.execute("SELECT table_name FROM information_schema.tables WHERE table_schema = 'public'")
+            tables = {row[0] for row in cur.fetchall()}
+            cur.execute("SELECT count(*) FROM commerce_flywheel_customer_profile")
+            online_rows = cur.fetchone()[0]
+        conn.close()
+        assert {"feature_views", "entities"} <= tables and online_rows > 0, tables
+        assert not (root / "features" / "registry.db").exists() and not (root / "features" / "online_store.db").exists()
+        import pyarrow.parquet as pq
+
+        from pipelines.clients.feast import feature_store, online_customer_features
+
+        assert sorted(v.name for v in feature_store(settings).list_feature_views()) == ["category_stats",
+                                                                                       "customer_profile"]
+        customer = str(pq.read_table(root / "features" / "customer").column("customer_id")[0])
+        assert online_customer_features(settings, [customer])[0]["requests_30d"] is not None
+
+        # nothing secret in the runs' logs, reports or MLflow params and tags
+        from pipelines.security import scan_files, scan_mlflow
+
+        registry = mlflow_client(tracked)
+        experiments = [e.experiment_id for e in registry.search_experiments()]
+        secrets = [postgres.password, password]
+        findings = (scan_files([root / "airflow" / "logs", root / "reports", root / "logs"], secrets)
+                    + scan_mlflow(registry, experiments, secrets))
+        assert findings == [], [str(f) for f in findings]
     finally:
         run_flywheel("serve", "down", env=env)
         run_flywheel("down", env=env)

@@ -1,5 +1,5 @@
 """Secrets stay out of what the platform prints and writes: masked URIs, `config show`, and the
-scanner behind `flywheel scan-secrets` (also run over the Postgres-backed flywheel in test_postgres)."""
+scanner behind `flywheel scan-secrets` (also run over the Postgres-backed flywheel in test_drift_scenario)."""
 
 from __future__ import annotations
 
