@@ -221,3 +221,39 @@ def test_wrong_writes_reach_the_report_page_the_gate_rows_and_the_veto(tmp_path)
     verdict = gate(rows["tuned_candidate"], rows["tuned_champion"], load_settings(root=str(tmp_path)))
     assert verdict.reason == ("refused: wrong writes 1 of 2 vs 0 of 2 "
                               "(cancel_pending_order for modify_pending_order_address)")
+
+
+def test_an_unreadable_toolset_registry_never_turns_an_imported_write_into_a_read(monkeypatch) -> None:
+    """The live gate's write veto while storage is down: the last good read is kept; with none, a tool
+    outside the catalogue counts as a write (and the registry is not re-read on every request)."""
+    import pipelines.logs.toolsets as toolsets
+    from pipelines.toolcall import grounding
+
+    reads = []
+
+    def good(raw_zone):
+        reads.append(raw_zone)
+        return {"cancel_pending_order": "write", "get_order_details": "read", "capture_order": "write"}
+
+    def down(raw_zone):
+        reads.append(raw_zone)
+        raise OSError("storage unreachable")
+
+    monkeypatch.setattr(grounding, "_effects_cache", {})
+    monkeypatch.setattr(toolsets, "tool_effects", down)
+    cold = grounding.registered_effects("s3://raw-a")
+    assert isinstance(cold, grounding.UnknownEffects) and "capture_order" in cold
+    judged = grounding.judged_effects(["cancel_pending_order", "get_order_details"], cold)
+    assert judged["cancel_pending_order"] == "write" and judged["get_order_details"] == "write"
+    grounding.registered_effects("s3://raw-a")
+    assert len(reads) == 1  # the failure is remembered for a while: not one storage read per request
+
+    monkeypatch.setattr(toolsets, "tool_effects", good)
+    warm = grounding.registered_effects("s3://raw-b")
+    monkeypatch.setattr(toolsets, "tool_effects", down)
+    cached = grounding._effects_cache["s3://raw-b"]
+    grounding._effects_cache["s3://raw-b"] = (cached[0] - 3600, cached[1])  # expired: the next call re-reads
+    kept = grounding.registered_effects("s3://raw-b")
+    assert kept == warm and not isinstance(kept, grounding.UnknownEffects)
+    # readable registry: a tool the caller offered that nobody registered is judged a read
+    assert grounding.judged_effects(["lookup_weather"], warm)["lookup_weather"] == "read"

@@ -296,9 +296,11 @@ class Traffic:
                 reference: dict[str, Any] | None, answer: dict[str, Any] | None, error: str | None,
                 candidate_ms: float | None, reference_ms: float | None, *, skipped: bool = False,
                 note: str | None = None) -> None:
-        # live traffic vetoes on declared writes (catalogue, toolsets): a caller's tool the platform never registered
-        # is not judged a write here, or every disagreement on it would end the shadow or canary
-        effects = {**{s["function"]["name"]: "read" for s in api.offered(parsed)}, **self._effects()}
+        # live traffic vetoes on declared writes (catalogue, toolsets; `judged_effects` says how an unregistered
+        # tool counts)
+        from pipelines.toolcall.grounding import judged_effects
+
+        effects = judged_effects([s["function"]["name"] for s in api.offered(parsed)], self._effects())
         agreed = (rt.agreement(reference, answer, effects)
                   if reference is not None and answer is not None else None)
         if arm == "candidate" and error is None and agreed is None and not skipped:

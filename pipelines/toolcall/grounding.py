@@ -27,9 +27,19 @@ _effects_cache: dict[str, tuple[float, dict[str, str]]] = {}
 _effects_lock = threading.Lock()
 
 
+class UnknownEffects(dict):
+    """The catalogue's effects while the registered toolsets cannot be read: a tool that is not in it may be an
+    imported write, so whoever judges writes treats it as one (`effect_of` already does: undeclared is a write)."""
+
+
+_RETRY_S = 10.0  # an unreadable registry is tried again after this long, not on every request
+
+
 def registered_effects(raw_zone: str) -> dict[str, str]:
     """`logs.toolsets.tool_effects` read at most once a minute per raw zone (a server calls this per request;
-    on the cluster each read is an object-storage GET). A toolset imported since is picked up within a minute."""
+    on the cluster each read is an object-storage GET). A toolset imported since is picked up within a minute.
+    When the read fails, the last good answer is kept (and the read retried after `_RETRY_S`); with none, an
+    `UnknownEffects` of the catalogue's own, so an imported write is never taken for a read."""
     from pipelines.logs.toolsets import tool_effects
 
     now = time.monotonic()
@@ -39,14 +49,27 @@ def registered_effects(raw_zone: str) -> dict[str, str]:
             return hit[1]
     try:
         effects = tool_effects(raw_zone)
-    except Exception as exc:  # noqa: BLE001 (storage unreachable: the catalogue's own; an imported tool counts as a write)
+    except Exception as exc:  # noqa: BLE001 (storage unreachable: the last good answer, else the catalogue's)
         from pipelines.logs.tools import catalogue_effects
 
-        LOG.warning("toolset effects unreadable (%s: %s); using the catalogue's", type(exc).__name__, str(exc)[:200])
-        return catalogue_effects()
+        LOG.warning("toolset effects unreadable (%s: %s); using %s", type(exc).__name__, str(exc)[:200],
+                    "the last good read" if hit else "the catalogue's (other tools count as writes)")
+        kept = hit[1] if hit else UnknownEffects(catalogue_effects())
+        with _effects_lock:
+            _effects_cache[raw_zone] = (now - _EFFECTS_TTL_S + _RETRY_S, kept)
+        return kept
     with _effects_lock:
         _effects_cache[raw_zone] = (now, effects)
     return effects
+
+
+def judged_effects(offered: Iterable[str], registered: Mapping[str, str]) -> dict[str, str]:
+    """The effects live traffic is judged with: the registered ones, and a tool the caller offered that the
+    platform never registered counts as a read (or every disagreement on it would end a shadow or canary),
+    except while the registry is unreadable (`UnknownEffects`): then it may be an imported write, and counts
+    as one."""
+    unknown = "write" if isinstance(registered, UnknownEffects) else "read"
+    return {**{name: unknown for name in offered}, **registered}
 
 
 def stated_texts(turns: Iterable[dict[str, Any]]) -> list[str]:
