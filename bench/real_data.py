@@ -55,9 +55,13 @@ def held_out(key: str, share: float = 0.2) -> bool:
     return int(hashlib.sha256(key.encode()).hexdigest()[:8], 16) / 0xFFFFFFFF < share
 
 
-def flywheel(root: Path, *args: str, log: Path, timeout_s: float = 5400) -> str:
-    """Run one `flywheel` command on `root` as a user would; its output goes to `log`; stdout is returned."""
+def flywheel(root: Path, *args: str, log: Path, timeout_s: float | None = None) -> str:
+    """Run one `flywheel` command on `root` as a user would; its output goes to `log`; stdout is returned.
+    A `run` gets its DAG ceiling (`airflow.run_timeout_s`, at which the CLI stops the DAG itself) plus 15
+    minutes; any other command 90 minutes."""
     env = {**os.environ, **CASE_ENV.get(root.parent.name, {}), "FLYWHEEL_ROOT": str(root)}
+    if timeout_s is None:
+        timeout_s = float(env.get("FLYWHEEL_AIRFLOW__RUN_TIMEOUT_S", 3600)) + 900 if args[0] == "run" else 5400
     started = time.perf_counter()
     print(f"  $ flywheel {' '.join(args)}", flush=True)
     with log.open("a") as out:
@@ -65,7 +69,9 @@ def flywheel(root: Path, *args: str, log: Path, timeout_s: float = 5400) -> str:
             done = subprocess.run([str(REPO / ".venv" / "bin" / "flywheel"), *args], env=env, stdout=subprocess.PIPE,
                                   stderr=out, timeout=timeout_s, check=False, text=True)
         except subprocess.TimeoutExpired:
-            raise SystemExit(f"error: flywheel {args[0]} ran past {timeout_s:.0f} s for {root.parent.name}; see {log}")
+            raise SystemExit(f"error: flywheel {args[0]} ran past {timeout_s:.0f} s for {root.parent.name} and was "
+                             f"killed; an `airflow dags test` it started may still run (`pgrep -af 'dags test'`): "
+                             f"stop it before --resume; see {log}")
         out.write(done.stdout)
     print(f"    exit {done.returncode} in {time.perf_counter() - started:.0f} s (log: {log})", flush=True)
     if done.returncode != 0:
@@ -210,9 +216,10 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "real_data.json")
     parser.add_argument("--constrained", default="both", choices=("both", "on", "off"),
                         help="decodings evaluated (on: under the grammar only, as served)")
-    parser.add_argument("--eval-only", action="store_true", help="evaluate the existing roots again (no import, "
-                        "no DAG run)")
-    parser.add_argument("--resume", action="store_true", help="a case whose DAG run stopped (a timeout, a kill): run "
+    again = parser.add_mutually_exclusive_group()
+    again.add_argument("--eval-only", action="store_true", help="evaluate the existing roots again (no import, "
+                       "no DAG run)")
+    again.add_argument("--resume", action="store_true", help="a case whose DAG run stopped (a timeout, a kill): run "
                         "the DAG again on its existing root, as its error line says (every task replaces only its "
                         "window's outputs, the sweep resumes from its checkpoints), then evaluate")
     args = parser.parse_args()
@@ -236,7 +243,13 @@ def main() -> int:
                 print(f"error: --{'eval-only' if args.eval_only else 'resume'}: no earlier run of {case} under "
                       f"{work}", file=sys.stderr)
                 return 2
-        if args.resume and not args.eval_only:
+        if args.resume:
+            listed = flywheel(root, "registry", "list", "--json", log=log)
+            if "{" in listed and json.loads(listed[listed.index("{"):])["versions"]:
+                print(f"error: --resume: {case}'s DAG run finished already (it registered a version): a second "
+                      f"run would train and register another; use --eval-only, or no flag for a fresh run",
+                      file=sys.stderr)
+                return 2
             print(f"[{case}] resuming the DAG on the existing root ...", flush=True)
             resumed = round(time.perf_counter() - started)
             flywheel(root, "run", "--end-date", DAY, "--window-days", "1", "--source", "landed", "--no-deploy",
@@ -265,7 +278,8 @@ def main() -> int:
         if resumed is not None:  # the import and the stages before the stop ran earlier (see run.log)
             result["dag_resumed"] = {"seconds": resumed, "note": "the DAG run stopped earlier and was run again on "
                                      "the same root: finished tasks were replaced in place, the sweep resumed from "
-                                     "its checkpoints"}
+                                     "its checkpoints; the stopped run's own time is in run.log"}
+            result["seconds"] = {"dag_resumed": resumed, "evaluation": result["seconds"] - resumed}
         result["settings"] = {"env": CASE_ENV.get(case, {}), "examples": args.examples, "constrained": args.constrained,
                               "split": "held_out() by "
                               "instruction/task sha256, share 0.2", "eval_seed": 0, "generate_seeds": [7, 99],

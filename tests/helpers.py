@@ -10,10 +10,15 @@ from pathlib import Path
 FLYWHEEL = str(Path(sys.executable).parent / "flywheel")
 
 
-def run_flywheel(*args: str, env: dict[str, str] | None = None, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+def clean_env(env: dict[str, str] | None = None) -> dict[str, str]:
+    """This process's environment without any FLYWHEEL_ setting, plus `env`: what a `flywheel` child gets."""
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("FLYWHEEL_")}
     full_env.update(env or {})
-    return subprocess.run([FLYWHEEL, *args], env=full_env, capture_output=True, text=True, timeout=timeout,
+    return full_env
+
+
+def run_flywheel(*args: str, env: dict[str, str] | None = None, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([FLYWHEEL, *args], env=clean_env(env), capture_output=True, text=True, timeout=timeout,
                           check=False)
 
 

@@ -17,11 +17,13 @@ the loop takes minutes."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 from pathlib import Path
 
 import pytest
 
-from helpers import create_databases, processes_with_env, run_flywheel, wait_for
+from helpers import FLYWHEEL, clean_env, create_databases, processes_with_env, run_flywheel, wait_for
 from pipelines.services import free_port
 
 pytestmark = pytest.mark.slow
@@ -41,16 +43,19 @@ def test_drift_alert_retrains_once_under_the_scheduler_on_postgres(tmp_path: Pat
     from pipelines.clients.airflow import AirflowRest
     from pipelines.config import load_settings
     from pipelines.registry.models import CHAMPION, alias_version
+    from pipelines.security import scan_text
     from pipelines.serve import deploy
 
-    create_databases(postgres, "airflow", "mlflow", "mlflow_auth", "feast")
+    # the scenario's own databases on the session's server (its defaults, airflow/mlflow/..., exist already)
+    dbs = {name: f"{name}_drift" for name in ("airflow", "mlflow", "mlflow_auth", "feast")}
+    create_databases(postgres, *dbs.values())
     root = tmp_path / "fw"
     env = {"FLYWHEEL_ROOT": str(root), "FLYWHEEL_AIRFLOW__PORT": str(free_port()),
            "FLYWHEEL_MLFLOW__PORT": str(free_port()), "FLYWHEEL_GATEWAY__PORT": str(free_port()),
-           "FLYWHEEL_AIRFLOW__SQL_ALCHEMY_CONN": postgres.uri("airflow"),
-           "FLYWHEEL_MLFLOW__BACKEND_STORE_URI": postgres.uri("mlflow"),
-           "FLYWHEEL_MLFLOW__AUTH_DATABASE_URI": postgres.uri("mlflow_auth"),
-           "FLYWHEEL_FEAST__REGISTRY": postgres.uri("feast"), "FLYWHEEL_FEAST__ONLINE_STORE": postgres.uri("feast"),
+           "FLYWHEEL_AIRFLOW__SQL_ALCHEMY_CONN": postgres.uri(dbs["airflow"]),
+           "FLYWHEEL_MLFLOW__BACKEND_STORE_URI": postgres.uri(dbs["mlflow"]),
+           "FLYWHEEL_MLFLOW__AUTH_DATABASE_URI": postgres.uri(dbs["mlflow_auth"]),
+           "FLYWHEEL_FEAST__REGISTRY": postgres.uri(dbs["feast"]), "FLYWHEEL_FEAST__ONLINE_STORE": postgres.uri(dbs["feast"]),
            "FLYWHEEL_TRAIN__SWEEP": UNTRAINED,
            "FLYWHEEL_TRAIN__DRIFT_SWEEP": RETRAIN, "FLYWHEEL_EVALUATION__EXAMPLES": "8",
            "FLYWHEEL_EVALUATION__SHOTS": "0", "FLYWHEEL_EVALUATION__CONSTRAINED": "on",  # the served decoding only
@@ -73,9 +78,9 @@ def test_drift_alert_retrains_once_under_the_scheduler_on_postgres(tmp_path: Pat
     settings = load_settings(root=str(root), triton={"http_port": int(env["FLYWHEEL_TRITON__HTTP_PORT"]),
                                                      "grpc_port": int(env["FLYWHEEL_TRITON__GRPC_PORT"])},
                              airflow={"port": int(env["FLYWHEEL_AIRFLOW__PORT"]),
-                                      "sql_alchemy_conn": postgres.uri("airflow")},
+                                      "sql_alchemy_conn": postgres.uri(dbs["airflow"])},
                              mlflow={"port": int(env["FLYWHEEL_MLFLOW__PORT"])},
-                             feast={"registry": postgres.uri("feast"), "online_store": postgres.uri("feast")})
+                             feast={"registry": postgres.uri(dbs["feast"]), "online_store": postgres.uri(dbs["feast"])})
     today = datetime.now(timezone.utc).date()
     drift_day, quiet_day = str(today), str(today + timedelta(days=1))  # the daily run trains on yesterday
     trained_day = str(today - timedelta(days=1))
@@ -128,18 +133,28 @@ def test_drift_alert_retrains_once_under_the_scheduler_on_postgres(tmp_path: Pat
         # while a drift check on the champion's own day runs: LocalExecutor runs their tasks side by side
         old_day = str(today - timedelta(days=30))
         current = (root / "curated" / "manifest.json").read_text()
-        check = rest.trigger("drift_monitor", {"end_date": trained_day})
-        run = run_flywheel("run", "--scheduler", "--end-date", old_day, "--records-per-day", "800",
-                           "--no-train", "--json", env=env)
-        assert run.returncode == 0, run.stdout + run.stderr
-        backfill = json.loads(run.stdout)
+        started = subprocess.Popen([FLYWHEEL, "run", "--scheduler", "--end-date", old_day, "--records-per-day", "800",
+                                    "--no-train", "--json"], env=clean_env(env), stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, text=True)
+        try:  # the check is triggered once the backfill runs, so the two overlap whatever the machine's speed
+            wait_for(lambda: [r for r in rest.dag_runs("commerce_flywheel") if r.get("run_type") == "manual"
+                              and r["state"] == "running"], 300, "the backfill to start")
+            check = rest.trigger("drift_monitor", {"end_date": trained_day})
+            out, err = started.communicate(timeout=900)
+        finally:
+            if started.poll() is None:
+                started.kill()
+        assert started.returncode == 0, out + err
+        backfill = json.loads(out)
         assert backfill["state"] == "success"
+        findings = scan_text(up.stdout + up.stderr + out + err, "flywheel up / run output", [postgres.password])
+        assert findings == [], [str(f) for f in findings]  # the database password never reaches a terminal
         assert (root / "curated" / "manifests" / f"{old_day}_{old_day}.json").is_file()
         assert (root / "curated" / "manifest.json").read_text() == current  # a backfill moves nothing
         wait_for(lambda: rest.dag_run("drift_monitor", check)["state"] in ("success", "failed"), 600, "the check")
         assert rest.dag_run("drift_monitor", check)["state"] == "success"
         conn = psycopg2.connect(host="127.0.0.1", port=postgres.port, user=postgres.user,
-                                password=postgres.password, dbname="airflow")
+                                password=postgres.password, dbname=dbs["airflow"])
         with conn.cursor() as cur:
             cur.execute("SELECT run_id, task_id, start_date, end_date FROM task_instance "
                         "WHERE run_id IN (%s, %s) AND start_date IS NOT NULL", (backfill["dag_run_id"], check))
@@ -174,6 +189,22 @@ def test_drift_alert_retrains_once_under_the_scheduler_on_postgres(tmp_path: Pat
         assert str(newest.version) == "2" and alias_version(tracked, CHAMPION) == "2"
         live = deploy.live_model(settings)
         assert live.version == "2" and deploy.state(settings)["previous"]["version"] == "1"
+        # the server's stores are the PostgreSQL databases (not a SQLite file beside it)
+        conn = psycopg2.connect(host="127.0.0.1", port=postgres.port, user=postgres.user,
+                                password=postgres.password, dbname=dbs["mlflow"])
+        with conn.cursor() as cur:
+            cur.execute("SELECT alias, version FROM registered_model_aliases")
+            aliases = dict(cur.fetchall())
+            cur.execute("SELECT count(*) FROM runs")
+            runs = cur.fetchone()[0]
+        conn.close()
+        assert aliases.get("champion") == 2 and aliases.get("candidate") == 2 and runs >= 4, (aliases, runs)
+        conn = psycopg2.connect(host="127.0.0.1", port=postgres.port, user=postgres.user,
+                                password=postgres.password, dbname=dbs["mlflow_auth"])
+        with conn.cursor() as cur:
+            cur.execute("SELECT username FROM users")
+            assert ("admin",) in cur.fetchall()
+        conn.close()
         from pipelines.serve.client import TritonClient, conversation
 
         client = TritonClient(settings)
@@ -188,7 +219,9 @@ def test_drift_alert_retrains_once_under_the_scheduler_on_postgres(tmp_path: Pat
         quiet = run_flywheel("logs", "generate", "--records", "700", "--seed", "10", "--end-date", quiet_day,
                              "--bad-share", "0.03", "--drift", "holiday", "--drift-magnitude", "0.9", env=env)
         assert quiet.returncode == 0
-        check = run_flywheel("drift", "check", "--end-date", quiet_day, "--json", env=env)
+        as_user = {**env, "FLYWHEEL_MLFLOW__TRACKING_URI": info["mlflow"]["url"],  # through the server, as a
+                   "FLYWHEEL_MLFLOW__USERNAME": "admin", "FLYWHEEL_MLFLOW__PASSWORD": password}  # user's CLI
+        check = run_flywheel("drift", "check", "--end-date", quiet_day, "--json", env=as_user)
         assert check.returncode == 0, check.stderr
         assert json.loads(check.stdout)["verdict"] in ("stable", "watch"), check.stdout
         # checked last, after the checks above gave a second retrain time to appear: exactly one ran
@@ -211,7 +244,7 @@ def test_drift_alert_retrains_once_under_the_scheduler_on_postgres(tmp_path: Pat
 
         # Feast: the SQL registry and the online store live in the `feast` database, and serve lookups
         conn = psycopg2.connect(host="127.0.0.1", port=postgres.port, user=postgres.user,
-                                password=postgres.password, dbname="feast")
+                                password=postgres.password, dbname=dbs["feast"])
         with conn.cursor() as cur:
             cur.execute("SELECT table_name FROM information_schema.tables WHERE table_schema = 'public'")
             tables = {row[0] for row in cur.fetchall()}
@@ -235,10 +268,13 @@ def test_drift_alert_retrains_once_under_the_scheduler_on_postgres(tmp_path: Pat
         registry = mlflow_client(tracked)
         experiments = [e.experiment_id for e in registry.search_experiments()]
         secrets = [postgres.password, password]
-        findings = (scan_files([root / "airflow" / "logs", root / "reports", root / "logs"], secrets)
+        findings = (scan_files([root / "airflow" / "logs", root / "reports", root / "logs",
+                                root / "curated" / "manifest.json"], secrets)
                     + scan_mlflow(registry, experiments, secrets))
         assert findings == [], [str(f) for f in findings]
     finally:
+        for key in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"):  # set by `tracked`'s client:
+            os.environ.pop(key, None)  # later tests must not inherit this scenario's server credentials
         run_flywheel("serve", "down", env=env)
         run_flywheel("down", env=env)
     assert processes_with_env(f"FLYWHEEL_ROOT={root}") == []
