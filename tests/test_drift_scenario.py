@@ -18,12 +18,14 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from helpers import FLYWHEEL, clean_env, create_databases, processes_with_env, run_flywheel, wait_for
+from helpers import (FLYWHEEL, clean_env, create_databases, listening_sockets, processes_with_env, run_flywheel,
+                     wait_for)
 from pipelines.services import free_port
 
 pytestmark = pytest.mark.slow
@@ -94,6 +96,15 @@ def test_drift_alert_retrains_once_under_the_scheduler_on_postgres(tmp_path: Pat
         assert up.returncode == 0, up.stderr
         info = json.loads(up.stdout)
         assert info["airflow"]["schedules"] == {"commerce_flywheel": "active", "drift_monitor": "active"}
+        assert info["airflow"]["healthy"] and info["mlflow"]["healthy"] and info["gateway"]["healthy"]
+        assert info["gateway"]["url"] == f"http://127.0.0.1:{env['FLYWHEEL_GATEWAY__PORT']}/v1"
+        pids = processes_with_env(f"FLYWHEEL_ROOT={root}")
+        assert len(pids) >= 6, "scheduler, dag processor, triggerer, API server, MLflow, gateway"
+        assert {address for address, _ in listening_sockets(pids)} == {"127.0.0.1"}  # every server of ours
+        again = run_flywheel("up", "--json", env=env)  # idempotent: already running is fine
+        assert again.returncode == 0 and json.loads(again.stdout)["mlflow"]["pid"] == info["mlflow"]["pid"]
+        status_now = json.loads(run_flywheel("status", "--json", env=env).stdout)
+        assert status_now["airflow"]["running"] and status_now["mlflow"]["healthy"]
         password = Path(info["mlflow"]["password_file"]).read_text().strip()
         search = f"{info['mlflow']['url']}/api/2.0/mlflow/experiments/search?max_results=5"
 
@@ -277,4 +288,10 @@ def test_drift_alert_retrains_once_under_the_scheduler_on_postgres(tmp_path: Pat
             os.environ.pop(key, None)  # later tests must not inherit this scenario's server credentials
         run_flywheel("serve", "down", env=env)
         run_flywheel("down", env=env)
-    assert processes_with_env(f"FLYWHEEL_ROOT={root}") == []
+    assert processes_with_env(f"FLYWHEEL_ROOT={root}") == []  # `down` leaves no process and no open port behind
+    for port in (env["FLYWHEEL_AIRFLOW__PORT"], env["FLYWHEEL_MLFLOW__PORT"], env["FLYWHEEL_GATEWAY__PORT"],
+                 env["FLYWHEEL_TRITON__HTTP_PORT"]):
+        with socket.socket() as probe:
+            assert probe.connect_ex(("127.0.0.1", int(port))) != 0, port
+    status_after = json.loads(run_flywheel("status", "--json", env=env).stdout)
+    assert not status_after["airflow"]["running"] and not status_after["mlflow"]["running"]

@@ -78,6 +78,15 @@ def test_an_identical_candidate_is_not_promoted_on_noise(settings) -> None:
     verdict = gate(row(noisy, latency=50), None, settings, row(small))
     assert not verdict.promoted and verdict.decision == "undecided"
     assert verdict.reason.startswith("undecided vs base_few_shot: evaluate more: task score -0.042, 98% CI [")
+    # the registry decides on the DAG's last look: not promoted, and the reason no longer asks for more
+    from pipelines.registry.gate import last_look
+
+    final = last_look(verdict, 96)
+    assert not final.promoted and final.reason.startswith(
+        "not promoted: quality not shown to hold at the last look (the sample stops at evaluation.examples = 96; "
+        "a larger one may decide): vs base_few_shot: task score -0.042, 98% CI ["), final.reason
+    assert last_look(gate(row(BASE, latency=50, wrong_writes=2), row(BASE), settings), 96).reason.startswith(
+        "refused: wrong writes")  # a decided verdict is left as it is
     assert "n=24" in verdict.reason
 
 

@@ -124,10 +124,14 @@ def test_sweep_logs_parent_and_child_runs_and_a_retry_reuses_them(settings, firs
     assert len(client.search_runs([experiment])) == before
 
 
-def test_evaluation_report_compares_conditions_on_the_same_requests(settings, first_sweep) -> None:
+def test_evaluation_report_compares_conditions_on_the_same_requests(settings, first_sweep, caplog) -> None:
     from pipelines import tasks
 
-    evaluated = tasks.evaluate(first_sweep, settings)
+    with caplog.at_level("INFO", logger="flywheel.evaluate"):
+        evaluated = tasks.evaluate(first_sweep, settings)
+    # progress where no bar is drawn (an Airflow task log): a line as each condition starts and ends
+    done = [r.getMessage() for r in caplog.records if r.name == "flywheel.evaluate" and " done in " in r.getMessage()]
+    assert len(done) == 6 and any("tuned_candidate_constrained done in" in m for m in done), done
     rows = {r["condition"]: r for r in evaluated["table"]}
     conditions = ("base_zero_shot", "base_few_shot", "tuned_candidate")
     assert set(rows) == {*conditions, *(f"{c}_constrained" for c in conditions)}  # evaluation.constrained: both

@@ -7,6 +7,7 @@ Output: `report.json` and `report.html` (per-tool breakdown, confusion matrix) u
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 from collections.abc import Mapping
@@ -26,6 +27,9 @@ from pipelines.storage import makedirs, read_json, write_json, write_text
 from pipelines.logs.toolsets import registered_catalogue, tool_effects
 from pipelines.toolcall.examples import Example, grounded_tools, to_examples
 from pipelines.prep.dataset import frame_from_logs, load_split
+
+
+LOG = logging.getLogger("flywheel.evaluate")
 
 
 class EvalConfig(BaseModel):
@@ -114,6 +118,7 @@ def comparisons(results: list[ConditionResult], judged_on: Mapping[str, str], mi
 def evaluate(settings: Settings, cfg: EvalConfig, adapters: list[Adapter], name: str,
              console: Console | None = None) -> EvalReport:
     started = time.perf_counter()
+    report_name = name
     frame = (frame_from_logs(cfg.logs, registered_catalogue(settings.zone("raw"))) if cfg.logs
              else load_split(settings, cfg.split, cfg.examples, cfg.seed, cfg.window, sampling=cfg.sampling))
     if cfg.logs and cfg.examples and len(frame) > cfg.examples:
@@ -135,10 +140,14 @@ def evaluate(settings: Settings, cfg: EvalConfig, adapters: list[Adapter], name:
                 return
             for constrained in modes:
                 name = constrained_name(condition) if constrained else condition
+                began = time.perf_counter()  # a line per condition: the task log shows progress (no bar there)
+                LOG.info("evaluation %s: %s on %d requests ...", report_name, name, len(chosen))
                 out = generate(model, tokenizer, conversations, label=name, **gen,
                                tools=grounded_tools(chosen, effects, cfg.grounded_ids) if constrained else None)
                 result = score_condition(name, label, style, shots, chosen, out.texts, out.stats(), effects)
                 result.constrained = constrained
+                LOG.info("evaluation %s: %s done in %.0f s (exact match %.3f)", report_name, name,
+                         time.perf_counter() - began, result.summary.get("exact_match") or 0.0)
                 if out.cut and console is not None:
                     console.print(f"warning: {name}: {out.cut} of {len(chosen)} answers stopped at max_new_tokens "
                                   f"({cfg.max_new_tokens}) and may be cut short: raise evaluation.max_new_tokens "

@@ -53,6 +53,18 @@ class Verdict:
             self.decision = "promoted" if self.promoted else "refused"
 
 
+def last_look(verdict: Verdict, ceiling: int) -> Verdict:
+    """The registry's decision on the DAG's last evaluation: the DAG doubles the sample while the gate is
+    undecided and stops at `evaluation.examples` (or when the split runs out), so an undecided verdict here is
+    final: not promoted, and the reason says so instead of asking for more requests."""
+    if verdict.decision != "undecided":
+        return verdict
+    rest = verdict.reason.removeprefix("undecided ").replace(": evaluate more:", ":", 1)
+    return Verdict(False, f"not promoted: quality not shown to hold at the last look (the sample stops at "
+                          f"evaluation.examples = {ceiling}; a larger one may decide): {rest}", verdict.compared_with,
+                   verdict.numbers, decision="undecided")
+
+
 def _tool_count(stats: dict[str, Any]) -> int:
     return int(stats.get("n", stats.get("examples")) or 0)
 

@@ -20,7 +20,7 @@ from typing import Any
 
 from pipelines.config import REPO_ROOT, Settings
 from pipelines.errors import NotRetryable
-from pipelines.registry.gate import BASELINE, gate
+from pipelines.registry.gate import BASELINE, gate, last_look
 
 CANDIDATE, CHAMPION = "candidate", "champion"
 HISTORY_TAG, GATE_TAG = "flywheel.champion_history", "flywheel.gate"
@@ -275,7 +275,8 @@ def promote(settings: Settings, rows: dict[str, dict[str, Any]], version: str | 
                f"re-run the evaluation; serving unchanged")
         decision = Decision(False, candidate, champion, f"{reason_prefix}{why}", {})
     else:
-        verdict = gate(candidate_row, champion_row, settings, rows.get(BASELINE))
+        verdict = last_look(gate(candidate_row, champion_row, settings, rows.get(BASELINE)),
+                            settings.evaluation.examples)
         decision = Decision(verdict.promoted, candidate, champion, f"{reason_prefix}{verdict.reason} ({decoding})",
                             {**verdict.numbers, "decoding": decoding}, verdict.compared_with)
     client = mlflow_client(settings)
