@@ -104,6 +104,9 @@ def use_tracking(settings: Settings) -> str:
 
     for noisy in ("mlflow", "alembic"):  # store creation and migrations log at INFO on first use
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    # against a tracking server MLflow prints "View run ... at: <url>" on stdout when a run ends, which would
+    # break every `--json` output of ours (the run's link is in the MLflow UI and our reports anyway)
+    os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
     m = settings.mlflow
     if m.username and m.password:
         os.environ["MLFLOW_TRACKING_USERNAME"] = m.username
