@@ -13,23 +13,18 @@ from __future__ import annotations
 
 import json
 import re
-from collections import Counter
 from collections.abc import Iterable
 from typing import Any
 
-from pipelines.prep.redact import ADDRESS_RE, CARD_RE, EMAIL_RE, PHONE_RE, _card
+from pipelines.prep.redact import ADDRESS_RE, CARD_RE, EMAIL_RE, PHONE_RE, is_card
 
 TOKEN_RE = re.compile(r"<(EMAIL|CARD|PHONE|ADDRESS)>")
 WORDS = {"EMAIL": "email address", "CARD": "card number", "PHONE": "phone number", "ADDRESS": "address"}
 
 
 def _cards(text: str) -> list[str]:
-    """Card numbers as prep counts them (`prep.redact`: Luhn-valid, 13 to 19 digits)."""
-    found: list[str] = []
-    for m in CARD_RE.finditer(text):
-        if _card(m, Counter()) != m.group(0):  # prep's own test: it would redact this one
-            found.append(m.group(0))
-    return found
+    """Card numbers as prep counts them (`prep.redact.is_card`: Luhn-valid, 13 to 19 digits)."""
+    return [m.group(0) for m in CARD_RE.finditer(text) if is_card(m.group(0))]
 
 
 def stated_values(texts: Iterable[str]) -> dict[str, list[str]]:

@@ -31,9 +31,14 @@ GATE_PATTERNS = {
 }
 
 
+def is_card(text: str) -> bool:
+    """Whether a `CARD_RE` match is a card number: 13 to 19 digits that pass the Luhn check."""
+    digits = re.sub(r"\D", "", text)
+    return 13 <= len(digits) <= 19 and luhn_valid(digits)
+
+
 def _card(match: re.Match[str], counts: Counter[str]) -> str:
-    digits = re.sub(r"\D", "", match.group(0))
-    if 13 <= len(digits) <= 19 and luhn_valid(digits):
+    if is_card(match.group(0)):
         counts["CARD"] += 1
         return "<CARD>"
     return match.group(0)
