@@ -199,6 +199,10 @@ class QualitySettings(_Section):
     train_label_sources: list[Literal["teacher", "human", "import", "generated"]] = Field(
         default_factory=lambda: ["teacher", "human", "import", "generated"], description="label sources that train "
         "(prep.labels); our own models' answers train only when a person rated them up; a down-rated one never")
+    min_trusted_label_share: float = Field(
+        0.5, ge=0, le=1, description="smallest share of a window's examples whose label our own model did not "
+        "write (teacher, human, import, generated): the gate fails a window that would mostly retrain the champion "
+        "on its own answers, even confirmed ones")
 
 
 class TrainSettings(_Section):

@@ -43,6 +43,8 @@ class BenchSettings(_Section):
         "both", description="time each model unconstrained, under the tool-call grammar, or both (rows side by "
         "side); the headline comparison uses the way models are served (`triton.constrained`)")
     direct: bool = Field(True, description="also time in-process inference (Triton's overhead)")
+    after_deploy: bool = Field(True, description="the DAG benchmarks the live model after each deployment (off: "
+                               "its benchmark task records that it was skipped; `flywheel bench` still runs)")
 
     @field_validator("concurrency")
     @classmethod

@@ -317,5 +317,9 @@ def benchmark(smoked: dict[str, Any], settings: Settings | None = None) -> dict[
     """Latency, throughput, tokens and cost of the live model against base + few-shot (HTML + JSON + MLflow)."""
     from pipelines.bench.serving import run_bench
 
-    report = run_bench(settings or get_settings())
+    settings = settings or get_settings()
+    if not settings.bench.after_deploy:
+        return {"live": smoked.get("live"), "version": smoked.get("version"),
+                "skipped": "bench.after_deploy is off"}
+    report = run_bench(settings)
     return {k: report[k] for k in ("live", "version", "comparison", "json_uri", "html_uri", "triton_overhead_ms")}

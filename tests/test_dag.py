@@ -42,24 +42,6 @@ def _run(root: Path, serving: dict[str, str] | None = None, **conf) -> tuple[boo
     return result.returncode == 0 and "state=success" in out, out
 
 
-def test_dag_runs_and_rerunning_a_date_is_idempotent(tmp_path: Path) -> None:
-    ok, out = _run(tmp_path, records_per_day=2500)
-    assert ok, out[-3000:]
-    manifest = json.loads((tmp_path / "curated" / "manifest.json").read_text())
-    assert manifest["counts"]["input"] == 2500 and manifest["counts"]["reconciled"]
-    assert manifest["training_set"]["examples_by_split"]["train"] > 1500
-    quarantine_rows = len(pd.read_parquet(tmp_path / "quarantine" / "records"))
-
-    ok, out = _run(tmp_path, records_per_day=2500)
-    assert ok, out[-3000:]
-    again = json.loads((tmp_path / "curated" / "manifest.json").read_text())
-    assert again["content_digest"] == manifest["content_digest"]
-    assert again["training_set"]["digest"] == manifest["training_set"]["digest"]
-    assert again["counts"] == manifest["counts"]
-    assert len(pd.read_parquet(tmp_path / "quarantine" / "records")) == quarantine_rows
-    assert len(list((tmp_path / "raw" / f"dt={DAY}").glob("*.jsonl"))) == 1
-
-
 def _gateway_captures(raw: Path, n: int = 60) -> list[str]:
     """Turns as the gateway captures them (its own functions: request row, answer, capture record, the
     durable writer), answered with the generator's logged calls, and a thumbs-down for the first five."""
@@ -96,13 +78,30 @@ def _gateway_captures(raw: Path, n: int = 60) -> list[str]:
     return ids
 
 
-def test_dag_trains_evaluates_registers_promotes_deploys_and_benchmarks(tmp_path: Path) -> None:
-    """... on a day holding generated traffic plus turns the gateway captured (and rated) in that day."""
+def test_dag_trains_evaluates_registers_promotes_deploys_and_benchmarks_and_a_rerun_changes_nothing(
+        tmp_path: Path) -> None:
+    """... on a day holding generated traffic plus turns the gateway captured (and rated) in that day; running
+    the date again (what a retried or cleared run does) rewrites the same data, not a second copy."""
     from pipelines.registry.models import CHAMPION, alias_version
     from pipelines.serve import deploy, server
 
+    from pipelines.logs.importers import retail_to_raw
+
     serving = _small_serving_env()
     captured = _gateway_captures(tmp_path / "raw")
+    # imported turns of a tool whose schema has a keyword the grammar lacks (`uniqueItems`): it trains,
+    # evaluates and serves like the others, reported as partly constrained
+    tagged = {"type": "function", "function": {"name": "list_products_by_tags", "parameters": {
+        "type": "object", "required": ["tags"], "properties": {"tags": {
+            "type": "array", "items": {"type": "string", "enum": ["eco", "sale", "new"]}, "uniqueItems": True}}}}}
+    (tmp_path / "tools.json").write_text(json.dumps([tagged]))
+    (tmp_path / "tasks.jsonl").write_text("\n".join(json.dumps({
+        "instruction": f"Show me products tagged {' and '.join(tags)} ({n}).",
+        "actions": [{"name": "list_products_by_tags", "arguments": {"tags": list(tags)}}]})
+        for n in range(4) for tags in (("eco",), ("sale",), ("new", "eco"), ("sale", "new"), ("eco", "sale", "new"))))
+    imported = retail_to_raw(tmp_path / "tools.json", tmp_path / "tasks.jsonl", tmp_path / "raw",
+                             pd.Timestamp(DAY).date())["records"]
+    assert imported == 20
     try:
         # plumbing: the untrained tiny model cannot beat base few-shot, so the first candidate is promoted unchecked
         ok, out = _run(tmp_path, {**serving, "FLYWHEEL_PROMOTION__BASELINE": "none",
@@ -113,7 +112,12 @@ def test_dag_trains_evaluates_registers_promotes_deploys_and_benchmarks(tmp_path
         settings = load_settings(root=str(tmp_path), triton={"http_port": int(serving["FLYWHEEL_TRITON__HTTP_PORT"])})
         assert alias_version(settings, CHAMPION) == "1"
         manifest = json.loads((tmp_path / "curated" / "manifest.json").read_text())
-        assert manifest["counts"]["input"] == 1200 + len(captured)  # the captured turns were read with the day's
+        assert manifest["counts"]["input"] == 1200 + len(captured) + imported  # captured and imported turns too
+        partly = {"list_products_by_tags": "partly (checked after decoding: uniqueItems)"}
+        assert manifest["grammar_limits"] == partly
+        quality = json.loads((tmp_path / "reports" / "quality" / "results" / f"{DAY}_{DAY}.json").read_text())
+        assert quality["grammar_limits"] == partly and quality["label_sources"]["import"] > 0
+        assert (pd.read_parquet(tmp_path / "curated" / "sft")["tool"] == "list_products_by_tags").any()
         logs = pd.read_parquet(tmp_path / "curated" / "clean_logs")
         mine = logs[logs["record_id"].isin(captured)]
         assert len(mine) > len(captured) // 2 and set(mine["model"]) == {"tool_router_v1"}
@@ -133,6 +137,19 @@ def test_dag_trains_evaluates_registers_promotes_deploys_and_benchmarks(tmp_path
         bench = json.loads((tmp_path / "reports" / "bench" / "latest.json").read_text())
         assert bench["live"] == live.name and {r["errors"] for r in bench["runs"]} == {0}
         assert [e["event"] for e in deploy.state(settings)["history"]] == ["deployed"]
+
+        assert manifest["counts"]["reconciled"] and manifest["training_set"]["examples_by_split"]["train"] > 600
+        quarantined = len(pd.read_parquet(tmp_path / "quarantine" / "records"))
+        raw_files = sorted(p.name for p in (tmp_path / "raw" / f"dt={DAY}").glob("*.jsonl"))
+        ok, out = _run(tmp_path, serving, records_per_day=1200)  # the same date again, without training
+        assert ok, out[-3000:]
+        again = json.loads((tmp_path / "curated" / "manifest.json").read_text())
+        assert again["content_digest"] == manifest["content_digest"]
+        assert again["training_set"]["digest"] == manifest["training_set"]["digest"]
+        assert again["counts"] == manifest["counts"]
+        assert len(pd.read_parquet(tmp_path / "quarantine" / "records")) == quarantined
+        assert sorted(p.name for p in (tmp_path / "raw" / f"dt={DAY}").glob("*.jsonl")) == raw_files
+        assert alias_version(settings, CHAMPION) == "1"  # a run without training leaves the registry alone
     finally:
         server.down(load_settings(root=str(tmp_path)))
 

@@ -34,6 +34,7 @@ UNTRAINED, RETRAIN = str(SWEEPS / "smollm2-untrained.yaml"), str(SWEEPS / "smoll
 
 
 
+@pytest.mark.timeout(1800)  # ~14 min here; a slower CI machine took longer than the suite's 15-minute default
 def test_drift_alert_retrains_once_under_the_scheduler_on_postgres(tmp_path: Path, postgres) -> None:
     import base64
     import urllib.error
@@ -62,12 +63,11 @@ def test_drift_alert_retrains_once_under_the_scheduler_on_postgres(tmp_path: Pat
            "FLYWHEEL_TRAIN__DRIFT_SWEEP": RETRAIN, "FLYWHEEL_EVALUATION__EXAMPLES": "8",
            "FLYWHEEL_EVALUATION__SHOTS": "0", "FLYWHEEL_EVALUATION__CONSTRAINED": "on",  # the served decoding only
            "FLYWHEEL_EVALUATION__BASELINES": "false",  # no gate here compares with the base model
-           "FLYWHEEL_BENCH__CONSTRAINED": "on",
            "FLYWHEEL_TRITON__HTTP_PORT": str(free_port()), "FLYWHEEL_TRITON__GRPC_PORT": str(free_port()),
            "FLYWHEEL_TRITON__METRICS_PORT": str(free_port()), "FLYWHEEL_TRITON__SMOKE_REQUESTS": "2",
            "FLYWHEEL_TRITON__SMOKE_MIN_VALID_JSON": "0", "FLYWHEEL_TRITON__MAX_NEW_TOKENS": "12",
-           "FLYWHEEL_BENCH__REQUESTS": "2", "FLYWHEEL_BENCH__CONCURRENCY": "[1]", "FLYWHEEL_BENCH__SHOTS": "1",
-           "FLYWHEEL_BENCH__DIRECT": "false", "FLYWHEEL_DRIFT__MIN_RECORDS": "100",
+           # the DAG's benchmark task is tested in test_dag; here it would time two deployments for nothing
+           "FLYWHEEL_BENCH__AFTER_DEPLOY": "false", "FLYWHEEL_DRIFT__MIN_RECORDS": "100",
            "FLYWHEEL_DRIFT__EMBEDDING_SAMPLE": "80",
            # the first (untrained) champion is promoted unchecked; the retrain then faces the real gate against
            # it, except for latency: under the grammar the untrained champion mostly abstains (`{"name":null}`,

@@ -521,3 +521,45 @@ def test_what_the_gateway_keeps_at_rest_is_redacted_and_expires(tmp_path: Path) 
     gone = expire(str(zone), 30, today="2026-11-26")
     assert [Path(g).name for g in gone] == ["dt=2026-10-01"]
     assert sorted(p.name for p in zone.iterdir()) == ["dt=2026-11-20", "dt=2026-11-25"]
+
+
+def test_the_routing_table_is_rebuilt_when_a_deploy_changes_the_serving_state_not_per_request(
+        tmp_path: Path, monkeypatch) -> None:
+    """Triton's loaded models and the serving state are read once, then again after a deploy rewrote the
+    state (and the models' declared inputs are read afresh), after a model error, or on a timer."""
+    from pipelines.config import load_settings
+    from pipelines.gateway import router as routing
+    from pipelines.serve import deploy
+    from pipelines.storage import write_json
+
+    settings = load_settings(root=str(tmp_path))
+    v1, v2 = (f"{settings.triton.model_name}_v{n}" for n in (1, 2))
+
+    class Triton:
+        listed, forgotten, models = 0, 0, [v1]
+
+        def loaded(self) -> list[str]:
+            Triton.listed += 1
+            return list(Triton.models)
+
+        def forget_inputs(self) -> None:
+            Triton.forgotten += 1
+
+    router = routing.Router(settings)
+    router._client, router._candidate, router._styles = Triton(), (float("inf"), None), {v1: "names", v2: "names"}
+    entry = {v: {"name": f"{settings.triton.model_name}_v{v}", "version": v, "prompt_style": "names"} for v in "12"}
+    state_uri = f"{settings.zone('serving')}/state.json"
+    write_json(state_uri, {"live": entry["1"], "previous": None, "history": []})
+    assert router.targets()["champion"].version == "1"
+    assert all(router.targets()["champion"].version == "1" for _ in range(50)) and Triton.listed == 1
+    Triton.models = [v1, v2]
+    write_json(state_uri, {"live": entry["2"], "previous": entry["1"], "history": []})  # a deploy
+    found = router.targets()
+    assert (found["champion"].version, found["previous"].version) == ("2", "1")
+    assert Triton.listed == 2 and Triton.forgotten == 1
+    router.invalidate()  # what a model error does
+    router.targets()
+    assert Triton.listed == 3
+    monkeypatch.setattr(routing, "TARGETS_TTL_S", 0.0)  # and the timer
+    router.targets()
+    assert Triton.listed == 4 and deploy.state_stamp(settings) is not None

@@ -74,6 +74,27 @@ def test_leaked_pii_fails_the_gate_quarantines_the_batch_and_never_shows_the_val
         assert leaked not in path.read_text(errors="replace"), path
 
 
+def test_a_window_mostly_labelled_by_our_own_model_fails_the_trusted_label_gate(tmp_path: Path, spark) -> None:
+    settings = load_settings(root=str(tmp_path))
+    write_window(tmp_path / "raw", records=800, days=1, seed=6)
+    day = DateWindow(END, END)
+    assert list(run_prep(settings, day, spark=spark).label_sources) == ["generated"]
+    # as if most of the day were our champion's answers that people rated up (they may train, but a window
+    # of them alone would retrain the champion on itself)
+    for target in (tmp_path / "curated" / "examples").rglob("*.parquet"):
+        frame = pd.read_parquet(target)
+        frame["label_source"] = ["champion" if i % 4 else "teacher" for i in range(len(frame))]
+        frame.to_parquet(target, index=False)
+        target.with_name(f".{target.name}.crc").unlink(missing_ok=True)
+    loose = load_settings(root=str(tmp_path), quality={"min_trusted_label_share": 0.2})
+    assert run_gates(loose, day, spark=spark).success  # the share is a setting
+    report = run_gates(settings, day, spark=spark, raise_on_failure=False)
+    assert not report.success and report.label_sources["champion"] > 2 * report.label_sources["teacher"]
+    [failed] = [f for s in report.suites for f in s.failed]
+    assert failed["expectation"] == "expect_column_values_to_be_in_set" and failed["column"] == "label_source"
+    assert report.quarantined_to and not list((tmp_path / "curated" / "examples").rglob("*.parquet"))
+
+
 def test_training_set_carries_point_in_time_context(window_root) -> None:
     root = window_root["root"]
     sft = pd.read_parquet(root / "curated" / "sft")

@@ -79,6 +79,20 @@ def test_a_prompt_over_the_served_limit_stops_the_benchmark_before_it_starts() -
         check_prompt_lengths(Words(), {"tuned": ([short], 16), "base + 3-shot": ([short, long], 16)})
 
 
+def test_the_dag_s_benchmark_task_is_skipped_and_says_so_when_switched_off(tmp_path: Path, monkeypatch) -> None:
+    from pipelines import tasks
+    from pipelines.bench import serving
+
+    ran = []
+    monkeypatch.setattr(serving, "run_bench", lambda settings: ran.append(settings) or {
+        "live": "m", "version": "1", "comparison": {}, "json_uri": "j", "html_uri": "h", "triton_overhead_ms": 1.0})
+    smoked = {"live": "champion-v2", "version": "2"}
+    off = load_settings(root=str(tmp_path), bench={"after_deploy": False})
+    assert tasks.benchmark(smoked, off) == {"live": "champion-v2", "version": "2",
+                                            "skipped": "bench.after_deploy is off"} and ran == []
+    assert tasks.benchmark(smoked, load_settings(root=str(tmp_path)))["json_uri"] == "j" and len(ran) == 1
+
+
 # --- the client ----------------------------------------------------------------------------------
 def test_the_client_connects_to_triton_url(tmp_path: Path) -> None:
     from pipelines.serve.client import target

@@ -192,6 +192,8 @@ def test_register_promote_gate_both_ways_rollback_and_load_by_alias(settings, fi
     client = mlflow_client(settings)
     recorded = json.loads(client.get_model_version(settings.mlflow.registered_model, second["version"]).tags["flywheel.gate"])
     assert recorded["promoted"] is False and recorded["numbers"]["champion_exact_match"] == 0.5
+    card = client.get_model_version(settings.mlflow.registered_model, first["version"]).description
+    assert "- labels (the training window's examples by who wrote the answer): generated " in card, card
     better = {"table": [{"condition": "tuned_candidate", **_row(0.8, 0.9, 100)},
                         {"condition": "tuned_champion", **_row(0.5, 0.5, 100)}]}
     decision = tasks.promote(second, better, {"reason": "drift: holiday"}, settings)

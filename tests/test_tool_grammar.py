@@ -258,3 +258,53 @@ def test_each_row_of_a_batch_is_decoded_under_its_own_tools(tiny) -> None:
         free = model.generate(**enc, max_new_tokens=12, do_sample=False, pad_token_id=tok.pad_token_id)
     assert json.loads(texts[1]) == abstained
     assert texts[0] == tok.batch_decode(free[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)[0]
+
+
+def test_nested_schemas_under_defs_are_closed_and_ordered_like_top_level_ones(tiny) -> None:
+    """A tool whose arguments use `$defs`/`$ref` (two tools may even name a definition alike): the
+    referenced object admits only its own keys, in sorted order, like the top level."""
+    _, tok = tiny
+    address = {"type": "object", "required": ["city", "zip"],
+               "properties": {"zip": {"type": "string", "maxLength": 5}, "city": {"type": "string", "maxLength": 8}}}
+    tools = json.dumps([
+        {"name": "ship", "parameters": {"type": "object", "required": ["to"], "properties": {
+            "to": {"$ref": "#/$defs/Address"}, "items": {"type": "array", "items": {"$ref": "#/$defs/Line"}}},
+            "$defs": {"Address": address, "Line": {"type": "object", "required": ["sku"], "properties": {
+                "sku": {"type": "string", "enum": ["A1", "B2"]}, "qty": {"type": "integer"}}}}}},
+        {"name": "bill", "parameters": {"type": "object", "required": ["to"], "properties": {
+            "to": {"$ref": "#/definitions/Address"}},
+            "definitions": {"Address": {"type": "object", "required": ["iban"],
+                                        "properties": {"iban": {"type": "string", "maxLength": 8}}}}}}])
+    assert accepts(tok, tools, '{"name":"ship","arguments":{"to":{"city":"Oslo","zip":"0150"}}}')
+    assert accepts(tok, tools, '{"name":"ship","arguments":{"items":[{"qty":2,"sku":"A1"}],"to":{"city":"Oslo",'
+                               '"zip":"0150"}}}')
+    assert not accepts(tok, tools, '{"name":"ship","arguments":{"to":{"zip":"0150","city":"Oslo"}}}'), "unsorted"
+    assert not accepts(tok, tools, '{"name":"ship","arguments":{"to":{"city":"Oslo","x":1,"zip":"0150"}}}')
+    assert not accepts(tok, tools, '{"name":"ship","arguments":{"items":[{"sku":"C3"}],"to":{"city":"O","zip":"1"}}}')
+    assert not accepts(tok, tools, '{"name":"ship","arguments":{"to":{"city":"Oslo"}}}'), "a required key"
+    # each tool's `Address` is its own
+    assert accepts(tok, tools, '{"name":"bill","arguments":{"to":{"iban":"NO93"}}}')
+    assert not accepts(tok, tools, '{"name":"bill","arguments":{"to":{"city":"Oslo","zip":"0150"}}}')
+    assert not accepts(tok, tools, '{"name":"ship","arguments":{"to":{"iban":"NO93"}}}')
+
+
+def test_decoding_under_nested_and_partly_enforceable_tools_completes_and_validates(tiny) -> None:
+    """What evaluation and serving decode: a turn offering a `$defs` tool and a `uniqueItems` tool is
+    answered (no 400, no aborted evaluation), and each answer fits the schema but for the keyword left to
+    the check after decoding."""
+    model, tok = tiny
+    ship = {"type": "object", "required": ["to"], "properties": {"to": {"$ref": "#/$defs/Address"}},
+            "$defs": {"Address": {"type": "object", "required": ["city"], "properties": {
+                "city": {"type": "string", "enum": ["Oslo", "Lima"]}, "zip": {"type": "string", "maxLength": 5}}}}}
+    tag = {"type": "object", "required": ["labels"], "properties": {"labels": {
+        "type": "array", "items": {"type": "string", "enum": ["a", "b", "c"]}, "maxItems": 3, "uniqueItems": True}}}
+    tools = json.dumps([{"name": "ship", "parameters": ship}, {"name": "tag", "parameters": tag}])
+    requests = [[{"role": "user", "content": text}] for text in ("ship to Oslo", "tag it a and b", "hi", "ship 0150")]
+    out = generate(model, tok, requests, max_new_tokens=64, batch_size=2, latency_samples=0, tools=[tools] * 4)
+    assert out.cut == 0
+    enforced = {"ship": ship, "tag": {**tag, "properties": {"labels": {
+        k: v for k, v in tag["properties"]["labels"].items() if k != "uniqueItems"}}}}
+    for text in out.texts:
+        call = json.loads(text)
+        if call["name"] is not None:
+            jsonschema.validate(call["arguments"], {**enforced[call["name"]], "additionalProperties": False})

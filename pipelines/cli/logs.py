@@ -126,19 +126,13 @@ def tools_list(as_json: JsonOpt = False) -> None:
     arguments and how far the grammar constrains it; a tool nobody declared is a write."""
     from pipelines.logs.tools import catalogue
     from pipelines.logs.toolsets import load_extra_tools, tools_table
-    from pipelines.toolcall.grammar import GrammarError, partly_constrained
+    from pipelines.toolcall.grammar import constraint
 
     raw = get_settings().zone("raw")
     rows = tools_table(raw)
     specs = catalogue(load_extra_tools(raw))
     for row in rows:
-        fn = specs.get(row["tool"], {}).get("function", {})
-        try:
-            dropped = partly_constrained([{"name": row["tool"], "parameters": fn.get("parameters") or {}}])
-            row["constrained"] = f"partly (checked after decoding: {', '.join(dropped[row['tool']])})" \
-                if row["tool"] in dropped else "fully"
-        except GrammarError as exc:
-            row["constrained"] = f"no: {exc}"
+        row["constrained"] = constraint(row["tool"], specs.get(row["tool"], {}).get("function", {}).get("parameters"))
     if as_json:
         _emit({"tools": rows}, True, "")
         return

@@ -13,6 +13,11 @@ from pipelines.config import Settings
 
 LOG = logging.getLogger("flywheel.gateway")
 ALIAS_TTL_S = 10.0
+# the routing table (Triton's loaded models + the serving state) is rebuilt when the serving state changes (a
+# deploy, rollback or canary rewrites it), or after this long (Triton restarted, a model unloaded by hand,
+# the state on object storage where there is no cheap change check), never on every request
+TARGETS_TTL_S = 5.0
+TARGETS_RETRY_S = 1.0  # after a failed rebuild (Triton down), the requests of the next second fail at once
 
 
 @dataclass(frozen=True)
@@ -37,6 +42,9 @@ class Router:
         self._refreshing = threading.Lock()
         self._pool: tuple[list[Any], Any] | None = None
         self._warned = 0.0
+        self._targets: tuple[float, Any, dict[str, Target]] | None = None  # (built at, state stamp, table)
+        self._targets_lock = threading.Lock()
+        self._targets_failed: tuple[float, Exception | None] = (0.0, None)
 
     def client(self) -> Any:
         """The one Triton client of this gateway (it keeps a connection per calling thread itself)."""
@@ -71,8 +79,37 @@ class Router:
                 self._refreshing.release()
         return version
 
+    def invalidate(self) -> None:
+        """Forget the routing table and the models' declared inputs (the next request rebuilds them)."""
+        with self._targets_lock:
+            self._targets, self._targets_failed = None, (0.0, None)
+        if self._client is not None:
+            self._client.forget_inputs()
+
     def targets(self) -> dict[str, Target]:
-        """Every alias that a loaded model answers now."""
+        """Every alias that a loaded model answers now: cached until the serving state changes or for
+        TARGETS_TTL_S (one thread rebuilds; a failed rebuild raises and keeps nothing)."""
+        from pipelines.serve import deploy
+
+        stamp = deploy.state_stamp(self.settings)
+        with self._targets_lock:
+            cached = self._targets
+            if cached and cached[1] == stamp and time.monotonic() - cached[0] < TARGETS_TTL_S:
+                return cached[2]
+            failed_at, failure = self._targets_failed
+            if failure is not None and time.monotonic() - failed_at < TARGETS_RETRY_S:
+                raise failure  # the threads queued behind a failed rebuild do not each wait for Triton again
+            if cached and cached[1] != stamp and self._client is not None:
+                self._client.forget_inputs()  # a deploy may have replaced a model folder
+            try:
+                built = self._build_targets()
+            except Exception as exc:
+                self._targets_failed = (time.monotonic(), exc)
+                raise
+            self._targets, self._targets_failed = (time.monotonic(), stamp, built), (0.0, None)
+            return built
+
+    def _build_targets(self) -> dict[str, Target]:
         from pipelines.serve import deploy, repository
 
         loaded = set(self.client().loaded())
@@ -102,7 +139,7 @@ class Router:
         from pipelines.gateway.routes import read_routes
 
         try:
-            targets = self.targets()
+            targets = self._build_targets()  # a probe looks now, never at the cached table
         except Exception as exc:  # noqa: BLE001 (Triton down or the serving state unreadable: not ready)
             return {"ready": False, "backend": f"unreachable ({type(exc).__name__})", "routes": {}}
         routes = {"champion": "ready" if "champion" in targets else "no live model loaded"}

@@ -199,6 +199,7 @@ class Traffic:
                                    code="unsupported_tool_schema") from None
         reply = client.infer_one(target.name, turns, tools[0] if tools else None, on_text=on_text)
         if reply.error is not None:
+            self.router.invalidate()  # Triton restarted or the model unloaded: the next request looks again
             raise api.model_error(target.name, reply.error)
         if on_text is not None:
             on_text(reply.text or "")

@@ -23,7 +23,7 @@ from pipelines.errors import DataProblem
 from pipelines.logs.feedback import read_feedback
 from pipelines.logs.raw import unreadable_reason
 from pipelines.logs.tools import TOOLSET_VERSION
-from pipelines.logs.toolsets import extra_tool_names, registered_catalogue
+from pipelines.logs.toolsets import extra_tool_names, grammar_limits, registered_catalogue
 from pipelines.prep import nodes
 from pipelines.prep.redact import PII_TYPES
 from pipelines.storage import exists, glob, locked, move, remove, window_partitions, write_json
@@ -193,6 +193,10 @@ def run_prep(settings: Settings, window: DateWindow, spark: Any = None, run_id: 
     else:
         message = (f"{window}: {input_records} records -> {n_kept} examples, {n_held} held (labels that do not "
                    f"train), {n_bad} quarantined, {n_dup} duplicates")
+    limits = grammar_limits(settings.zone("raw"), [t for d in tool_dist.values() for t in d])
+    if limits:
+        message += "; not fully constrained by the tool-call grammar: " + "; ".join(
+            f"{name} {how}" for name, how in limits.items())
     if unreadable:
         message += (f"; {len(unreadable)} unreadable raw file(s) skipped, left in place and listed in the "
                     f"manifest (re-ingest, then prepare the window again): {', '.join(sorted(unreadable))}")
@@ -215,6 +219,7 @@ def run_prep(settings: Settings, window: DateWindow, spark: Any = None, run_id: 
         "code_version": code_version(),
         "toolset_version": TOOLSET_VERSION,
         "imported_tools": extra_tool_names(settings.zone("raw")),
+        "grammar_limits": limits,  # the window's tools the grammar does not fully constrain, and why
         "outputs": {k: v for k, v in paths.items() if k not in ("staging", "manifests")},
         "message": message,
     }

@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Any
 from pipelines.config import Settings
 from pipelines.errors import DataProblem
 from pipelines.logs.tools import TOOL_NAMES, WORKLOADS
-from pipelines.logs.toolsets import extra_tool_names
+from pipelines.logs.toolsets import extra_tool_names, grammar_limits
+from pipelines.prep.labels import TRUSTED_LABEL_SOURCES
 from pipelines.prep.pipeline import raw_files_for, zone_paths
 from pipelines.prep.redact import GATE_PATTERNS
 from pipelines.storage import move, window_partitions, write_json
@@ -60,6 +61,8 @@ class QualityReport:
     result_uri: str
     quarantined_to: str | None = None
     seconds: float = 0.0
+    label_sources: dict[str, int] = field(default_factory=dict)  # the window's examples by who wrote the label
+    grammar_limits: dict[str, str] = field(default_factory=dict)  # its tools the grammar does not fully constrain
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -143,6 +146,8 @@ def _suites(settings: Settings, window: DateWindow) -> dict[str, list[Any]]:
         E.ExpectColumnValuesToBeInSet(column="split", value_set=["train", "val", "test"]),
         E.ExpectColumnValuesToBeBetween(column="approx_tokens", min_value=q.min_approx_tokens,
                                         max_value=q.max_approx_tokens),
+        E.ExpectColumnValuesToBeInSet(column="label_source", value_set=TRUSTED_LABEL_SOURCES,
+                                      mostly=q.min_trusted_label_share),
         *[E.ExpectColumnValuesToNotMatchRegex(column=col, regex=pattern, meta={"pii": name})
           for name, pattern in GATE_PATTERNS.items() for col in ("messages_json", "target_json")],
     ]
@@ -180,8 +185,12 @@ def run_gates(settings: Settings, window: DateWindow, spark: SparkSession | None
         outcomes.append(_outcome(suite_name, result))
     docs = context.get_docs_sites_urls()[0]["site_url"]
     success = all(o.success for o in outcomes)
+    sources = {str(r["label_source"]): int(r["count"])
+               for r in frames["curated_examples"].groupBy("label_source").count().collect()}
     report = QualityReport(window=str(window), success=success, suites=outcomes, data_docs=docs,
-                           result_uri=f"{reports}/results/{window.label}.json")
+                           result_uri=f"{reports}/results/{window.label}.json", label_sources=dict(sorted(sources.items())),
+                           grammar_limits=grammar_limits(settings.zone("raw"), [
+                               r["tool"] for r in frames["curated_tool_counts"].select("tool").collect()]))
     if not success:
         report.quarantined_to = quarantine_batch(settings, window, report)
     report.seconds = round(time.perf_counter() - started, 2)

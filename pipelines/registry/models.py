@@ -53,7 +53,8 @@ def code_version() -> str:
         return "unknown"
 
 
-def _model_card(name: str, sweep: dict[str, Any], variant: dict[str, Any], evaluation: dict[str, Any] | None) -> str:
+def _model_card(name: str, sweep: dict[str, Any], variant: dict[str, Any], evaluation: dict[str, Any] | None,
+                label_sources: dict[str, int] | None = None) -> str:
     lines = [f"# {name}", "",
              f"LoRA adapter for the commerce agent's tool-calling step, on base model `{sweep['base_model']}` "
              f"(not included: the base is loaded by name).", "",
@@ -61,6 +62,10 @@ def _model_card(name: str, sweep: dict[str, Any], variant: dict[str, Any], evalu
              f"- prompt style: {sweep['prompt_style']}; training set digest: `{sweep['dataset_digest']}`",
              f"- hyperparameters: {json.dumps(variant['params'], sort_keys=True)}",
              f"- validation: {json.dumps({k: round(v, 4) for k, v in variant['metrics'].items()}, sort_keys=True)}"]
+    if label_sources:  # who wrote the answers it learned from (prep.labels)
+        total = sum(label_sources.values())
+        lines.append("- labels (the training window's examples by who wrote the answer): " + ", ".join(
+            f"{source} {n} ({n / total:.0%})" for source, n in sorted(label_sources.items())))
     if evaluation:
         lines += ["", "## Evaluation (test split)", "", "| condition | exact match | name acc. | arg F1 | prompt tokens |"
                   " latency p50 ms |", "|---|---|---|---|---|---|"]
@@ -109,7 +114,7 @@ def register(settings: Settings, sweep: dict[str, Any], evaluation: dict[str, An
             "sweep_id": sweep["sweep_id"], "code_version": code_version(),
             "prompt_template": "pipelines.toolcall.prompt.system_prompt" if sweep["prompt_style"] == "full"
             else f"pipelines.toolcall.prompt.short_system_prompt (style {sweep['prompt_style']})"}
-    card = _model_card(name, sweep, variant, evaluation)
+    card = _model_card(name, sweep, variant, evaluation, lineage.get("label_sources"))
     with tempfile.TemporaryDirectory() as tmp:
         meta_file = Path(tmp) / "flywheel.json"
         meta_file.write_text(json.dumps(meta, indent=2))

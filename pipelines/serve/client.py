@@ -167,6 +167,11 @@ class TritonClient:
                 self._inputs_of[name] = {(i.get("name") if isinstance(i, dict) else i.name) for i in inputs}
             return input_name in self._inputs_of[name]
 
+    def forget_inputs(self) -> None:
+        """Read each model's declared inputs afresh on next use (after a deploy replaced a folder)."""
+        with self._control_lock:
+            self._inputs_of.clear()
+
     def accepts_tools(self, name: str) -> bool:
         """Whether the model declares the optional TOOLS input (constrained decoding)."""
         return self.declares(name, "TOOLS")

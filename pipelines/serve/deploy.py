@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import random
 import statistics
 import time
@@ -26,7 +27,7 @@ from pipelines.config import Settings
 from pipelines.errors import NotRetryable
 from pipelines.serve import repository, server
 from pipelines.serve.client import Reply, TritonClient, conversation, offered_tools
-from pipelines.storage import Busy, lock_file, locked, read_json, write_json
+from pipelines.storage import Busy, is_local, lock_file, locked, read_json, write_json
 
 
 class DeployFailed(NotRetryable):
@@ -51,6 +52,19 @@ class Deployment:
 
 def _state_uri(settings: Settings) -> str:
     return f"{settings.zone('serving')}/state.json"
+
+
+def state_stamp(settings: Settings) -> tuple[int, int, int] | None:
+    """A cheap fingerprint of the serving state (a local file's mtime, size and inode: every write replaces
+    the file), so a reader re-reads it only when it changed; None on object storage (re-read on a timer)."""
+    uri = _state_uri(settings)
+    if not is_local(uri):
+        return None
+    try:
+        found = os.stat(uri.removeprefix("file://"))
+    except FileNotFoundError:
+        return (0, 0, 0)
+    return (found.st_mtime_ns, found.st_size, found.st_ino)
 
 
 def state(settings: Settings) -> dict[str, Any]:

@@ -85,7 +85,33 @@ def _closed(schema: dict[str, Any]) -> dict[str, Any]:
     for key in ("anyOf", "oneOf", "allOf"):
         if isinstance(schema.get(key), list):
             out[key] = [_closed(s) for s in schema[key]]
+    for key in ("$defs", "definitions"):  # what `$ref`s point at is closed and ordered like the rest
+        if isinstance(schema.get(key), dict):
+            out[key] = {name: _closed(sub) for name, sub in schema[key].items()}
     return out
+
+
+_LOCAL_REF = re.compile(r"^#/(?:\$defs|definitions)/(.+)$")
+
+
+def _hoisted(tool: str, params: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
+    """`params` without its `$defs`/`definitions`, which move into `defs` (the answer schema's root, where a
+    `$ref` inside it resolves) under the tool's name, and with its `$ref`s rewritten to match."""
+    def rewrite(node: Any) -> Any:
+        if isinstance(node, list):
+            return [rewrite(x) for x in node]
+        if not isinstance(node, dict):
+            return node
+        out = {}
+        for key, value in node.items():
+            local = _LOCAL_REF.match(value) if key == "$ref" and isinstance(value, str) else None
+            out[key] = f"#/$defs/{tool}.{local.group(1)}" if local else rewrite(value)
+        return out
+
+    for key in ("$defs", "definitions"):
+        for name, sub in (params.get(key) or {}).items():
+            defs[f"{tool}.{name}"] = _closed(rewrite(sub))
+    return rewrite({k: v for k, v in params.items() if k not in ("$defs", "definitions")})
 
 
 def _offer(tools: Any) -> tuple[list[dict[str, Any]], bool]:
@@ -112,14 +138,15 @@ def _offer(tools: Any) -> tuple[list[dict[str, Any]], bool]:
 def call_schema(tools: Any) -> dict[str, Any]:
     """The JSON Schema of one answer to a turn offering `tools` (see `_offer`)."""
     entries, abstain = _offer(tools)
-    branches = [{"type": "object",
-                 "properties": {"name": {"const": t["name"]}, "arguments": _closed(t["parameters"])},
+    defs: dict[str, Any] = {}
+    branches = [{"type": "object", "properties": {
+                    "name": {"const": t["name"]}, "arguments": _closed(_hoisted(t["name"], t["parameters"], defs))},
                  "required": ["name", "arguments"], "additionalProperties": False}
                 for t in entries]
     if abstain:
         branches.append({"type": "object", "properties": {"name": {"type": "null"}}, "required": ["name"],
                          "additionalProperties": False})
-    return {"anyOf": branches}
+    return {"anyOf": branches, **({"$defs": defs} if defs else {})}
 
 
 _STRING_LITERAL = re.compile(r'"((?:[^"\\]|\\.)*)"')
@@ -273,6 +300,16 @@ def partly_constrained(tools: Any) -> dict[str, list[str]]:
         if dropped:
             out[t["name"]] = list(dropped)
     return out
+
+
+def constraint(name: str, parameters: dict[str, Any]) -> str:
+    """How far the grammar constrains one tool's calls: `fully`, `partly (checked after decoding: ...)`, or
+    `no: <why>` (a schema it cannot compile: a request offering the tool is refused)."""
+    try:
+        _, dropped = enforceable(json.dumps(parameters or {}, sort_keys=True))
+    except GrammarError as exc:
+        return f"no: {exc}"
+    return f"partly (checked after decoding: {', '.join(dropped)})" if dropped else "fully"
 
 
 @lru_cache(maxsize=1024)
