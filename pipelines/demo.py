@@ -111,7 +111,14 @@ def run_demo(settings: Settings, *, records_per_day: int, days: int, seed: int, 
         console.print(table)
     _require_a_champion(settings)
 
+    from pipelines.serve.deploy import live_model
+
     bench = _latest_bench(settings)
+    live = live_model(settings)
+    if bench and (live is None or bench.get("live") != live.name):  # an older run's figures are not this run's
+        console.print(f"no serving benchmark of {live.name if live else 'a live model'} (bench.after_deploy is "
+                      f"off): `flywheel bench` runs it", soft_wrap=True)
+        bench = None
     if bench:
         from pipelines.bench.serving import TABLE_COLUMNS, table_rows
 
@@ -138,7 +145,7 @@ def run_demo(settings: Settings, *, records_per_day: int, days: int, seed: int, 
                           f"as served): latency p50 {change['latency_p50_change']:+.0%}, prompt tokens "
                           f"{change['prompt_tokens_change']:+.0%}, throughput {change['throughput_change']:+.0%}")
 
-    gateway_url = _ask_the_gateway(settings, end, seed, console) if bench else None
+    gateway_url = _ask_the_gateway(settings, end, seed, console) if live is not None else None
 
     outputs = {
         "raw logs": settings.zone("raw"),

@@ -563,3 +563,21 @@ def test_the_routing_table_is_rebuilt_when_a_deploy_changes_the_serving_state_no
     monkeypatch.setattr(routing, "TARGETS_TTL_S", 0.0)  # and the timer
     router.targets()
     assert Triton.listed == 4 and deploy.state_stamp(settings) is not None
+    assert router.readiness()["ready"] is True and Triton.listed == 5  # a probe looks now, never at the cache
+
+    class Down(Triton):
+        def loaded(self) -> list[str]:
+            Triton.listed += 1
+            raise ConnectionError("connection refused")
+
+    router._client = Down()  # Triton went away: one try, then the last table serves for the next second
+    assert router.targets()["champion"].version == "2" and Triton.listed == 6
+    assert router.targets()["champion"].version == "2" and Triton.listed == 6
+    assert router.readiness()["ready"] is False
+    fresh = routing.Router(settings)  # a gateway that never had a table fails, once per second, not per request
+    fresh._client, fresh._candidate = Down(), (float("inf"), None)
+    with pytest.raises(ConnectionError):
+        fresh.targets()
+    with pytest.raises(RuntimeError, match="did not answer a moment ago"):
+        fresh.targets()
+    assert Triton.listed == 8

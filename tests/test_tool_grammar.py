@@ -263,6 +263,8 @@ def test_each_row_of_a_batch_is_decoded_under_its_own_tools(tiny) -> None:
 def test_nested_schemas_under_defs_are_closed_and_ordered_like_top_level_ones(tiny) -> None:
     """A tool whose arguments use `$defs`/`$ref` (two tools may even name a definition alike): the
     referenced object admits only its own keys, in sorted order, like the top level."""
+    from pipelines.toolcall.grammar import constraint
+
     _, tok = tiny
     address = {"type": "object", "required": ["city", "zip"],
                "properties": {"zip": {"type": "string", "maxLength": 5}, "city": {"type": "string", "maxLength": 8}}}
@@ -286,6 +288,22 @@ def test_nested_schemas_under_defs_are_closed_and_ordered_like_top_level_ones(ti
     assert accepts(tok, tools, '{"name":"bill","arguments":{"to":{"iban":"NO93"}}}')
     assert not accepts(tok, tools, '{"name":"bill","arguments":{"to":{"city":"Oslo","zip":"0150"}}}')
     assert not accepts(tok, tools, '{"name":"ship","arguments":{"to":{"iban":"NO93"}}}')
+    # pointers resolve inside their own tool whatever it is named: one name in both `$defs` and `definitions`,
+    # tool names with a dot or a slash, a pointer to the tool's own root (a recursive schema)
+    odd = json.dumps([
+        {"name": "a.b", "parameters": {"type": "object", "required": ["x"], "properties": {
+            "x": {"$ref": "#/$defs/A"}, "y": {"$ref": "#/definitions/A"}},
+            "$defs": {"A": {"type": "integer"}}, "definitions": {"A": {"type": "string", "maxLength": 3}}}},
+        {"name": "a/b", "parameters": {"type": "object", "required": ["x"], "properties": {
+            "x": {"$ref": "#/definitions/A"}}, "definitions": {"A": {"type": "boolean"}}}},
+        {"name": "tree", "parameters": {"type": "object", "required": ["v"], "properties": {
+            "kid": {"$ref": "#"}, "v": {"type": "integer"}}}}])
+    assert accepts(tok, odd, '{"name":"a.b","arguments":{"x":7,"y":"abc"}}')
+    assert not accepts(tok, odd, '{"name":"a.b","arguments":{"x":"abc"}}')
+    assert accepts(tok, odd, '{"name":"a/b","arguments":{"x":true}}')
+    assert accepts(tok, odd, '{"name":"tree","arguments":{"kid":{"kid":{"v":3},"v":2},"v":1}}')
+    assert not accepts(tok, odd, '{"name":"tree","arguments":{"kid":{"name":null},"v":1}}')
+    assert constraint("tree", json.loads(odd)[2]["parameters"]) == "fully"
 
 
 def test_decoding_under_nested_and_partly_enforceable_tools_completes_and_validates(tiny) -> None:

@@ -58,7 +58,8 @@ def write_training_set(root: Path, records: int = 400, seed: int = 4) -> dict:
         h.update(path.read_bytes())
     manifest = {"window": {"start": "2026-11-20", "end": "2026-11-20"},  # the features stage's shape
                 "training_set": {"uri": str(root / "curated" / "sft"), "files": sorted(files), "digest": h.hexdigest(),
-                                 "examples_by_split": frame["split"].value_counts().to_dict()}}
+                                 "examples_by_split": frame["split"].value_counts().to_dict()},
+                "label_sources": {k: int(v) for k, v in frame["label_source"].value_counts().items()}}
     (root / "curated" / "manifest.json").write_text(json.dumps(manifest))
     (root / "curated" / "manifests").mkdir(parents=True, exist_ok=True)  # the window's own manifest, as features
     (root / "curated" / "manifests" / "2026-11-20_2026-11-20.json").write_text(json.dumps(manifest))

@@ -17,7 +17,7 @@ ALIAS_TTL_S = 10.0
 # deploy, rollback or canary rewrites it), or after this long (Triton restarted, a model unloaded by hand,
 # the state on object storage where there is no cheap change check), never on every request
 TARGETS_TTL_S = 5.0
-TARGETS_RETRY_S = 1.0  # after a failed rebuild (Triton down), the requests of the next second fail at once
+TARGETS_RETRY_S = 1.0  # after a failed rebuild (Triton down), the next try waits this long
 
 
 @dataclass(frozen=True)
@@ -44,7 +44,8 @@ class Router:
         self._warned = 0.0
         self._targets: tuple[float, Any, dict[str, Target]] | None = None  # (built at, state stamp, table)
         self._targets_lock = threading.Lock()
-        self._targets_failed: tuple[float, Exception | None] = (0.0, None)
+        self._targets_failed: tuple[float, str | None] = (0.0, None)
+        self._forget_inputs = False
 
     def client(self) -> Any:
         """The one Triton client of this gateway (it keeps a connection per calling thread itself)."""
@@ -80,34 +81,53 @@ class Router:
         return version
 
     def invalidate(self) -> None:
-        """Forget the routing table and the models' declared inputs (the next request rebuilds them)."""
-        with self._targets_lock:
-            self._targets, self._targets_failed = None, (0.0, None)
-        if self._client is not None:
-            self._client.forget_inputs()
+        """The routing table is out of date (a model error): the next request rebuilds it, and reads the models'
+        declared inputs afresh; meanwhile the others keep using it."""
+        cached = self._targets
+        if cached is not None:
+            self._targets = (float("-inf"), cached[1], cached[2])
+        self._forget_inputs = True
 
     def targets(self) -> dict[str, Target]:
-        """Every alias that a loaded model answers now: cached until the serving state changes or for
-        TARGETS_TTL_S (one thread rebuilds; a failed rebuild raises and keeps nothing)."""
+        """Every alias that a loaded model answers now: cached until the serving state changes, a model error,
+        or TARGETS_TTL_S. One request rebuilds it while the others use the last table; with none yet, they
+        wait for it (a bounded wait). A failed rebuild keeps the last table and is retried after
+        TARGETS_RETRY_S; with no table, the requests of that second fail at once."""
         from pipelines.serve import deploy
 
         stamp = deploy.state_stamp(self.settings)
-        with self._targets_lock:
+        cached = self._targets  # one reference swap: read without the lock
+        if cached and cached[1] == stamp and time.monotonic() - cached[0] < TARGETS_TTL_S:
+            return cached[2]
+        if cached and not self._targets_lock.acquire(blocking=False):
+            return cached[2]  # another request is rebuilding it
+        if not cached and not self._targets_lock.acquire(timeout=self.settings.gateway.request_timeout_s):
+            raise TimeoutError("the routing table is still being built by another request")
+        try:
             cached = self._targets
             if cached and cached[1] == stamp and time.monotonic() - cached[0] < TARGETS_TTL_S:
-                return cached[2]
+                return cached[2]  # rebuilt while this request waited
             failed_at, failure = self._targets_failed
-            if failure is not None and time.monotonic() - failed_at < TARGETS_RETRY_S:
-                raise failure  # the threads queued behind a failed rebuild do not each wait for Triton again
-            if cached and cached[1] != stamp and self._client is not None:
-                self._client.forget_inputs()  # a deploy may have replaced a model folder
+            if failure and time.monotonic() - failed_at < TARGETS_RETRY_S:
+                if cached:
+                    return cached[2]
+                raise RuntimeError(f"the model server did not answer a moment ago ({failure})")
+            if (self._forget_inputs or (cached and cached[1] != stamp)) and self._client is not None:
+                self._client.forget_inputs()  # a deploy or a restart may have replaced a model folder
+                self._forget_inputs = False
             try:
                 built = self._build_targets()
             except Exception as exc:
-                self._targets_failed = (time.monotonic(), exc)
+                self._targets_failed = (time.monotonic(), f"{type(exc).__name__}: {str(exc)[:200]}")
+                if cached:
+                    LOG.warning("the routing table could not be rebuilt (%s); the last one serves meanwhile",
+                                self._targets_failed[1])
+                    return cached[2]
                 raise
             self._targets, self._targets_failed = (time.monotonic(), stamp, built), (0.0, None)
             return built
+        finally:
+            self._targets_lock.release()
 
     def _build_targets(self) -> dict[str, Target]:
         from pipelines.serve import deploy, repository

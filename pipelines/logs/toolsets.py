@@ -88,13 +88,3 @@ def registered_catalogue(raw_zone: str) -> dict[str, dict[str, Any]]:
 def extra_tool_names(raw_zone: str) -> list[str]:
     return sorted({t["function"]["name"] for t in load_extra_tools(raw_zone)})
 
-
-def grammar_limits(raw_zone: str, names: list[str]) -> dict[str, str]:
-    """Of the tools `names` (those a window uses), the ones the tool-call grammar does not fully constrain,
-    with how far it does (`toolcall.grammar.constraint`): prep's manifest and the quality report list them."""
-    from pipelines.toolcall.grammar import constraint
-
-    specs = registered_catalogue(raw_zone)
-    found = {name: constraint(name, specs[name]["function"].get("parameters")) for name in sorted(set(names))
-             if name in specs}
-    return {name: how for name, how in found.items() if how != "fully"}

@@ -23,10 +23,11 @@ from pipelines.errors import DataProblem
 from pipelines.logs.feedback import read_feedback
 from pipelines.logs.raw import unreadable_reason
 from pipelines.logs.tools import TOOLSET_VERSION
-from pipelines.logs.toolsets import extra_tool_names, grammar_limits, registered_catalogue
+from pipelines.logs.toolsets import extra_tool_names, registered_catalogue
 from pipelines.prep import nodes
 from pipelines.prep.redact import PII_TYPES
 from pipelines.storage import exists, glob, locked, move, remove, window_partitions, write_json
+from pipelines.toolcall.grammar import constraint
 from pipelines.window import DateWindow
 
 OUTPUT_TABLES = ("examples", "clean_logs", "quarantine")
@@ -268,3 +269,12 @@ def _swap_window(new_table: str, table_uri: str, window: DateWindow, replaced: s
         move(part, f"{replaced}/{_partition_suffix(part)}")
     for part in window_partitions(new_table, days):
         move(part, f"{table_uri}/{_partition_suffix(part)}")
+
+
+def grammar_limits(raw_zone: str, names: list[str]) -> dict[str, str]:
+    """Of the tools `names` (those a window uses), the ones the tool-call grammar does not fully constrain,
+    with how far it does (`toolcall.grammar.constraint`): prep's manifest and the quality report list them."""
+    specs = registered_catalogue(raw_zone)
+    found = {name: constraint(name, specs[name]["function"].get("parameters")) for name in sorted(set(names))
+             if name in specs}
+    return {name: how for name, how in found.items() if how != "fully"}

@@ -20,9 +20,9 @@ from typing import TYPE_CHECKING, Any
 from pipelines.config import Settings
 from pipelines.errors import DataProblem
 from pipelines.logs.tools import TOOL_NAMES, WORKLOADS
-from pipelines.logs.toolsets import extra_tool_names, grammar_limits
+from pipelines.logs.toolsets import extra_tool_names
 from pipelines.prep.labels import TRUSTED_LABEL_SOURCES
-from pipelines.prep.pipeline import raw_files_for, zone_paths
+from pipelines.prep.pipeline import grammar_limits, raw_files_for, zone_paths
 from pipelines.prep.redact import GATE_PATTERNS
 from pipelines.storage import move, window_partitions, write_json
 from pipelines.window import DateWindow

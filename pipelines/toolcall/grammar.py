@@ -91,27 +91,38 @@ def _closed(schema: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-_LOCAL_REF = re.compile(r"^#/(?:\$defs|definitions)/(.+)$")
+_LITERALS = ("const", "enum", "default", "examples")  # values, not schemas: never rewritten
 
 
-def _hoisted(tool: str, params: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
-    """`params` without its `$defs`/`definitions`, which move into `defs` (the answer schema's root, where a
-    `$ref` inside it resolves) under the tool's name, and with its `$ref`s rewritten to match."""
-    def rewrite(node: Any) -> Any:
-        if isinstance(node, list):
-            return [rewrite(x) for x in node]
-        if not isinstance(node, dict):
-            return node
-        out = {}
-        for key, value in node.items():
-            local = _LOCAL_REF.match(value) if key == "$ref" and isinstance(value, str) else None
-            out[key] = f"#/$defs/{tool}.{local.group(1)}" if local else rewrite(value)
-        return out
+def _refs_moved(node: Any, prefix: str) -> Any:
+    """`node` with every local `$ref` (a `#...` JSON pointer) moved under `prefix` (literal values untouched)."""
+    if isinstance(node, list):
+        return [_refs_moved(x, prefix) for x in node]
+    if not isinstance(node, dict):
+        return node
+    out = {}
+    for key, value in node.items():
+        if key == "$ref" and isinstance(value, str) and value.startswith("#"):
+            out[key] = f"#{prefix}{value[1:]}"
+        elif key in _LITERALS:
+            out[key] = value
+        elif key in ("properties", "patternProperties", "$defs", "definitions") and isinstance(value, dict):
+            out[key] = {name: _refs_moved(sub, prefix) for name, sub in value.items()}
+        else:
+            out[key] = _refs_moved(value, prefix)
+    return out
 
-    for key in ("$defs", "definitions"):
-        for name, sub in (params.get(key) or {}).items():
-            defs[f"{tool}.{name}"] = _closed(rewrite(sub))
-    return rewrite({k: v for k, v in params.items() if k not in ("$defs", "definitions")})
+
+def _arguments(index: int, params: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
+    """The `arguments` schema of the offered tool number `index`: its parameters closed and ordered. A schema
+    with `$ref`s (to its `$defs`/`definitions`, or anywhere inside it) moves whole into the answer schema's
+    `$defs` as `t<index>`, its pointers rewritten to match, so each resolves inside its own tool whatever
+    the tools are named and however they name their definitions."""
+    closed = _closed(params)
+    if '"$ref"' not in json.dumps(params):
+        return closed
+    defs[f"t{index}"] = _refs_moved(closed, f"/$defs/t{index}")
+    return {"$ref": f"#/$defs/t{index}"}
 
 
 def _offer(tools: Any) -> tuple[list[dict[str, Any]], bool]:
@@ -140,9 +151,9 @@ def call_schema(tools: Any) -> dict[str, Any]:
     entries, abstain = _offer(tools)
     defs: dict[str, Any] = {}
     branches = [{"type": "object", "properties": {
-                    "name": {"const": t["name"]}, "arguments": _closed(_hoisted(t["name"], t["parameters"], defs))},
+                    "name": {"const": t["name"]}, "arguments": _arguments(i, t["parameters"], defs)},
                  "required": ["name", "arguments"], "additionalProperties": False}
-                for t in entries]
+                for i, t in enumerate(entries)]
     if abstain:
         branches.append({"type": "object", "properties": {"name": {"type": "null"}}, "required": ["name"],
                          "additionalProperties": False})
@@ -302,11 +313,13 @@ def partly_constrained(tools: Any) -> dict[str, list[str]]:
     return out
 
 
-def constraint(name: str, parameters: dict[str, Any]) -> str:
+def constraint(name: str, parameters: dict[str, Any] | None) -> str:
     """How far the grammar constrains one tool's calls: `fully`, `partly (checked after decoding: ...)`, or
-    `no: <why>` (a schema it cannot compile: a request offering the tool is refused)."""
+    `no: <why>` (a schema it cannot compile: a request offering the tool is refused). Compiled as a request
+    offering it compiles it, inside the answer schema."""
     try:
         _, dropped = enforceable(json.dumps(parameters or {}, sort_keys=True))
+        grammar_for(json.dumps([{"name": name, "parameters": parameters or {}}]))
     except GrammarError as exc:
         return f"no: {exc}"
     return f"partly (checked after decoding: {', '.join(dropped)})" if dropped else "fully"
