@@ -11,8 +11,10 @@ The loop: baseline -> champion deployed; holiday traffic -> drift_monitor alerts
 commerce_flywheel run retrains on the drifted window, evaluates the candidate against the champion, and the
 gate promotes it (it must: the first champion is SmolLM2 with a one-step adapter, the retrain a real short
 sweep on the drifted window) and it is deployed and answers; a second alert inside the cooldown starts no
-second retrain; traffic like the new champion's training data raises nothing. Small data and short sweeps:
-the loop takes minutes."""
+second retrain; traffic like the new champion's training data raises nothing. Last, a crash: every service
+SIGKILLed (Triton, the gateway, Airflow, MLflow), `flywheel up` alone brings them back, the champion answers
+through the gateway with no deploy in between, and every turn captured before the kill is still there.
+Small data and short sweeps: the loop takes minutes."""
 
 from __future__ import annotations
 
@@ -283,6 +285,51 @@ def test_drift_alert_retrains_once_under_the_scheduler_on_postgres(tmp_path: Pat
                                 root / "curated" / "manifest.json"], secrets)
                     + scan_mlflow(registry, experiments, secrets))
         assert findings == [], [str(f) for f in findings]
+
+        # a crash or a reboot: every service SIGKILLed (Triton, the gateway, Airflow, MLflow); `flywheel up`
+        # alone (no deploy) brings them back, the champion answers through the gateway, and every turn the
+        # gateway captured before the kill is still there
+        import signal
+        import time
+
+        from openai import OpenAI
+
+        from pipelines.bench.aiperf import trace_lines
+        from pipelines.services import read_pid
+
+        turn = trace_lines(1)[0]
+
+        def ask(url: str, key_file: str):
+            client = OpenAI(base_url=url, api_key=Path(key_file).read_text().strip(), timeout=120, max_retries=0)
+            return client.chat.completions.create(model="champion", messages=turn["messages"], tools=turn["tools"],
+                                                  user=turn["extra"]["user"])
+
+        def captured() -> set[str]:
+            folders = [root / "raw", root / "serving" / "gateway" / "unusable"]  # labels, and cut answers apart
+            return {json.loads(line)["record_id"] for folder in folders for f in folder.glob("dt=*/gateway-*.jsonl")
+                    for line in f.read_bytes().splitlines()}
+
+        first = ask(info["gateway"]["url"], info["gateway"]["api_key_file"])
+        before = captured()
+        assert first.id in before and first.model == "champion"
+        wait_for(lambda: not [r for dag in ("commerce_flywheel", "drift_monitor") for r in rest.dag_runs(dag)
+                              if r["state"] in ("queued", "running")], 600, "no run in flight")  # a crash between runs
+        pids = {name: read_pid(str(root), name) for name in ("triton", "gateway", "airflow", "mlflow")}
+        assert all(pids.values()), pids
+        for pid in pids.values():
+            os.killpg(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while any(os.path.exists(f"/proc/{pid}") and "zombie" not in Path(f"/proc/{pid}/status").read_text().lower()
+                  for pid in pids.values()) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        back = run_flywheel("up", "--json", env=env)
+        assert back.returncode == 0, back.stdout + back.stderr
+        revived = json.loads(back.stdout)
+        assert revived["triton"]["restored"]["live"]["name"] == live.name
+        assert revived["airflow"]["healthy"] and revived["mlflow"]["healthy"] and revived["gateway"]["healthy"]
+        again = ask(revived["gateway"]["url"], revived["gateway"]["api_key_file"])
+        assert again.model == "champion" and again.choices, again
+        assert before <= captured() and again.id in captured()
     finally:
         for key in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"):  # set by `tracked`'s client:
             os.environ.pop(key, None)  # later tests must not inherit this scenario's server credentials

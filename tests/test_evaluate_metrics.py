@@ -257,3 +257,24 @@ def test_an_unreadable_toolset_registry_never_turns_an_imported_write_into_a_rea
     assert kept == warm and not isinstance(kept, grounding.UnknownEffects)
     # readable registry: a tool the caller offered that nobody registered is judged a read
     assert grounding.judged_effects(["lookup_weather"], warm)["lookup_weather"] == "read"
+
+
+def test_a_call_the_gateway_would_refuse_after_decoding_is_scored_as_no_call() -> None:
+    """A tool the grammar enforces only in part (`uniqueItems`): an answer that breaks the whole schema is
+    never passed on by the gateway, so evaluation does not count it as a call (nor as a wrong write)."""
+    import json
+
+    from pipelines.evaluate.pipeline import score_condition
+    from pipelines.toolcall.examples import Example
+
+    tools = json.dumps([{"name": "tag_order", "parameters": {"type": "object", "required": ["order_id", "tags"],
+                         "properties": {"order_id": {"type": "string"}, "tags": {
+                             "type": "array", "items": {"type": "string"}, "uniqueItems": True}}}}])
+    gold = json.dumps({"name": "tag_order", "arguments": {"order_id": "ORD-1", "tags": ["gift"]}})
+    examples = [Example(f"r{i}", [], gold, "tag_order", "tag it", tools) for i in range(2)]
+    fits = '{"name":"tag_order","arguments":{"order_id":"ORD-1","tags":["gift"]}}'
+    breaks = '{"name":"tag_order","arguments":{"order_id":"ORD-2","tags":["gift","gift"]}}'  # duplicate tags
+    result = score_condition("tuned", "a", "short", 0, examples, [fits, breaks], {}, {"tag_order": "write"})
+    assert [r["exact_match"] for r in result.per_request] == [1, 0]
+    assert result.confusion == {"tag_order": {"tag_order": 1, INVALID: 1}}
+    assert result.wrong_writes == []  # refused, so never made (as a call it would be a write to other ids)

@@ -75,11 +75,33 @@ def constrained_name(condition: str) -> str:
     return f"{condition}{CONSTRAINED}"
 
 
+def as_served(text: str, tools_json: str) -> str:
+    """`text` as the gateway passes it on: a call of a tool the grammar enforces only in part that breaks the
+    tool's whole schema is no call (`toolcall.calls.schema_breach`); anything else unchanged."""
+    import json
+
+    from pipelines.toolcall.calls import parse_call, schema_breach
+
+    call = parse_call(text)
+    if not call or call.get("name") is None or not isinstance(call.get("arguments"), dict):
+        return text
+    try:
+        offered = json.loads(tools_json or "[]")
+    except json.JSONDecodeError:
+        return text
+    for tool in offered if isinstance(offered, list) else []:
+        spec = tool.get("function", tool) if isinstance(tool, dict) else {}
+        if spec.get("name") == call["name"]:
+            return "" if schema_breach(call["name"], call["arguments"], spec.get("parameters")) else text
+    return text
+
+
 def score_condition(name: str, model_label: str, style: str, shots: int, examples: list[Example],
                     texts: list[str], stats: dict[str, float], effects: Mapping[str, str] | None = None
                     ) -> ConditionResult:
-    """`effects`: tool -> read/write (`logs.toolsets.tool_effects`); every wrong write is listed."""
-    scores = [metrics.score(t, e.expected, effects) for t, e in zip(texts, examples)]
+    """`effects`: tool -> read/write (`logs.toolsets.tool_effects`); every wrong write is listed. Each answer
+    is scored as served (`as_served`: a call the gateway would refuse after decoding counts as no call)."""
+    scores = [metrics.score(as_served(t, e.tools), e.expected, effects) for t, e in zip(texts, examples)]
     samples = [{"record_id": e.record_id, "request": e.query, "expected": e.target, "output": t,
                 "exact_match": s.exact_match} for e, t, s in zip(examples[:20], texts[:20], scores[:20])]
     wrong = [{"record_id": e.record_id, "request": e.query, "expected": e.target, "output": t, "kind": s.wrong_write}

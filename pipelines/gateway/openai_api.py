@@ -234,20 +234,13 @@ def answer(text: str, specs: list[dict[str, Any]], cut: bool = False, response_i
         if restored is None:
             return {"message": {"role": "assistant", "content": ask_for(missing)}, "finish_reason": "stop"}
         arguments = restored
-        from pipelines.logs.tools import argument_errors
-        from pipelines.toolcall.grammar import GrammarError, partly_constrained
+        from pipelines.toolcall.calls import schema_breach
 
-        # a tool the grammar enforces only in part (`grammar.enforceable`: a keyword it lacks, e.g. uniqueItems):
-        # its whole schema is checked after decoding, and a call that breaks it is never passed on
+        # a tool the grammar enforces only in part (a keyword it lacks, e.g. uniqueItems): its whole schema is
+        # checked after decoding, and a call that breaks it is never passed on
         spec = next(s for s in specs if s["function"]["name"] == call["name"])
-        one = {call["name"]: {"function": {"parameters": spec["function"].get("parameters") or {}}}}
-        try:
-            partial = call["name"] in partly_constrained([{"name": call["name"], **one[call["name"]]["function"]}])
-        except GrammarError:
-            partial = False
-        errors = argument_errors(call["name"], json.loads(arguments), one) if partial else []
-        if errors:
-            where = errors[0].split(":", 1)[0]  # the argument's path only: the message would echo its value
+        where = schema_breach(call["name"], json.loads(arguments), spec["function"].get("parameters"))
+        if where:  # the argument's path only: the message would echo its value
             return {"message": {"role": "assistant", "content": f"error: the answer's {call['name']} call breaks its "
                                 f"schema at {where}; no call was made"}, "finish_reason": "stop"}
         message = {"role": "assistant", "content": None, "tool_calls": [

@@ -13,7 +13,7 @@ from pipelines.logs.tools import NO_TOOL
 
 INVALID = "<invalid>"  # the "predicted tool" of an output that is no call at all
 
-__all__ = ["INVALID", "NO_TOOL", "call_text", "parse_call", "target_json"]
+__all__ = ["INVALID", "NO_TOOL", "call_text", "parse_call", "schema_breach", "target_json"]
 
 
 def target_json(tool: str, arguments: dict[str, Any] | None) -> str:
@@ -54,3 +54,20 @@ def parse_call(text: str) -> dict[str, Any] | None:
             return {"name": value["name"], "arguments": args if value["name"] is not None else {}}
         start = text.find("{", start + 1)
     return None
+
+
+def schema_breach(name: str, arguments: Any, parameters: dict[str, Any] | None) -> str | None:
+    """Where a call of tool `name` breaks the tool's whole parameters schema when the grammar enforces it only
+    in part (`grammar.partly_constrained`: a keyword it lacks, e.g. `uniqueItems`, is checked after decoding):
+    the first failing argument's path (never its value); None when the tool is fully enforced or the call
+    fits. The gateway never passes such a call on, and evaluation scores it as no call."""
+    from pipelines.logs.tools import argument_errors
+    from pipelines.toolcall.grammar import GrammarError, partly_constrained
+
+    try:
+        if name not in partly_constrained([{"name": name, "parameters": parameters or {}}]):
+            return None
+    except GrammarError:  # a schema the grammar cannot compile: the request is refused before decoding
+        return None
+    errors = argument_errors(name, arguments, {name: {"function": {"parameters": parameters or {}}}})
+    return errors[0].split(":", 1)[0] if errors else None
