@@ -116,8 +116,9 @@ def run_demo(settings: Settings, *, records_per_day: int, days: int, seed: int, 
     bench = _latest_bench(settings)
     live = live_model(settings)
     if bench and (live is None or bench.get("live") != live.name):  # an older run's figures are not this run's
-        console.print(f"no serving benchmark of {live.name if live else 'a live model'} (bench.after_deploy is "
-                      f"off): `flywheel bench` runs it", soft_wrap=True)
+        why = "bench.after_deploy is off" if not settings.bench.after_deploy else "the last one measured another model"
+        console.print(f"no serving benchmark of {live.name if live else 'a live model'} ({why}): `flywheel bench` "
+                      f"runs it", soft_wrap=True)
         bench = None
     if bench:
         from pipelines.bench.serving import TABLE_COLUMNS, table_rows

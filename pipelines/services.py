@@ -9,6 +9,7 @@ service under `<root>/run/`.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 import socket
@@ -18,6 +19,8 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+
+LOG = logging.getLogger("flywheel.services")
 
 
 class ServiceError(RuntimeError):
@@ -106,13 +109,23 @@ def read_pid(root: str, name: str) -> int | None:
 
 
 def group_alive(pgid: int) -> bool:
+    """Whether any process of the group still runs: a group whose members are all zombies (killed, waiting
+    for a parent that may never reap them, e.g. PID 1 in a container without an init) is gone."""
+    import psutil
+
     try:
         os.killpg(pgid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    for process in psutil.process_iter(["status"]):
+        try:
+            if os.getpgid(process.pid) == pgid and process.info["status"] != psutil.STATUS_ZOMBIE:
+                return True
+        except (ProcessLookupError, PermissionError, psutil.Error):
+            continue
+    return False
 
 
 def port_free(host: str, port: int) -> bool:
@@ -155,6 +168,12 @@ def start(root: str, spec: ServiceSpec, *, host: str, port: int, timeout_s: floa
 
 def _start_locked(root: str, spec: ServiceSpec, *, host: str, port: int, timeout_s: float) -> ServiceStatus:
     current = status(root, spec.name, spec.health_url, spec.url)
+    if current.running and current.pid is not None and _started_at(current.pid) is None:
+        # the leader died (a crash, an OOM kill) and some of its group lingers: that is no server to wait for;
+        # what is left goes, and a fresh one starts
+        LOG.warning("%s: its leader %s is gone while its group lingers; stopping the rest", spec.name, current.pid)
+        stop(root, spec.name, grace_s=5.0)
+        current = status(root, spec.name, spec.health_url, spec.url)
     if current.running:
         if not current.healthy:
             wait_healthy(root, spec, timeout_s)

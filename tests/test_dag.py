@@ -111,6 +111,13 @@ def test_dag_trains_evaluates_registers_promotes_deploys_and_benchmarks_and_a_re
         assert ok, out[-3000:]
         settings = load_settings(root=str(tmp_path), triton={"http_port": int(serving["FLYWHEEL_TRITON__HTTP_PORT"])})
         assert alias_version(settings, CHAMPION) == "1"
+        from pipelines.clients.mlflow import client as mlflow_client
+
+        def versions() -> list[str]:
+            found = mlflow_client(settings).search_model_versions(f"name='{settings.mlflow.registered_model}'")
+            return sorted(str(v.version) for v in found)
+
+        registered = versions()
         manifest = json.loads((tmp_path / "curated" / "manifest.json").read_text())
         assert manifest["counts"]["input"] == 1200 + len(captured) + imported  # captured and imported turns too
         partly = {"list_products_by_tags": "partly (checked after decoding: uniqueItems)"}
@@ -150,6 +157,7 @@ def test_dag_trains_evaluates_registers_promotes_deploys_and_benchmarks_and_a_re
         assert len(pd.read_parquet(tmp_path / "quarantine" / "records")) == quarantined
         assert sorted(p.name for p in (tmp_path / "raw" / f"dt={DAY}").glob("*.jsonl")) == raw_files
         assert alias_version(settings, CHAMPION) == "1"  # a run without training leaves the registry alone
+        assert versions() == registered == ["1"]
     finally:
         server.down(load_settings(root=str(tmp_path)))
 

@@ -278,3 +278,25 @@ def test_a_call_the_gateway_would_refuse_after_decoding_is_scored_as_no_call() -
     assert [r["exact_match"] for r in result.per_request] == [1, 0]
     assert result.confusion == {"tag_order": {"tag_order": 1, INVALID: 1}}
     assert result.wrong_writes == []  # refused, so never made (as a call it would be a write to other ids)
+
+
+def test_scoring_as_served_admits_redaction_tokens_and_patterns_only_the_grammar_can_read() -> None:
+    """Targets are redacted, so a correct answer may carry `<EMAIL>` where the grammar admits it: not a breach.
+    A pattern Python's `re` cannot read (`\\p{L}`, llguidance can) is left to the grammar, and the keyword
+    checked after decoding (`uniqueItems`) is still checked: never an aborted evaluation or a gateway 500."""
+    import json
+
+    from pipelines.evaluate.pipeline import as_served
+    from pipelines.toolcall.calls import schema_breach
+
+    params = {"type": "object", "required": ["email", "tags"], "properties": {
+        "email": {"type": "string", "format": "email", "pattern": "^[^@]+@[^@]+$"},
+        "name": {"type": "string", "pattern": "^\\p{L}+$"},
+        "tags": {"type": "array", "items": {"type": "string"}, "uniqueItems": True}}}
+    tools = json.dumps([{"name": "invite", "parameters": params}])
+    redacted = '{"name":"invite","arguments":{"email":"<EMAIL>","name":"Ana","tags":["vip"]}}'
+    assert as_served(redacted, tools) == redacted
+    assert schema_breach("invite", json.loads(redacted)["arguments"], params) == "email"  # the gateway's check
+    twice = '{"name":"invite","arguments":{"email":"a@b.c","name":"Ana","tags":["vip","vip"]}}'
+    assert as_served(twice, tools) == ""
+    assert schema_breach("invite", json.loads(twice)["arguments"], params) == "tags"

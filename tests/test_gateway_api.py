@@ -565,19 +565,42 @@ def test_the_routing_table_is_rebuilt_when_a_deploy_changes_the_serving_state_no
     assert Triton.listed == 4 and deploy.state_stamp(settings) is not None
     assert router.readiness()["ready"] is True and Triton.listed == 5  # a probe looks now, never at the cache
 
+    class Racing(Triton):
+        def loaded(self) -> list[str]:
+            router.invalidate()  # a model error while this rebuild runs: its table is out of date already
+            return super().loaded()
+
+    monkeypatch.setattr(routing, "TARGETS_TTL_S", 5.0)
+    router._client = Racing()
+    router.invalidate()
+    router.targets()
+    router._client = Triton()
+    router.targets()
+    router.targets()
+    assert Triton.listed == 7  # rebuilt, rebuilt again (the invalidation during the first), then cached
+
     class Down(Triton):
         def loaded(self) -> list[str]:
             Triton.listed += 1
             raise ConnectionError("connection refused")
 
-    router._client = Down()  # Triton went away: one try, then the last table serves for the next second
-    assert router.targets()["champion"].version == "2" and Triton.listed == 6
-    assert router.targets()["champion"].version == "2" and Triton.listed == 6
+    monkeypatch.setattr(routing, "TARGETS_TTL_S", 0.0)
+    monkeypatch.setattr(routing, "TARGETS_RETRY_S", 3600.0)  # no retry inside this test, however slow the machine
+    router._client = Down()  # Triton went away: one try, then the last table serves until the retry
+    assert router.targets()["champion"].version == "2" and Triton.listed == 8
+    assert router.targets()["champion"].version == "2" and Triton.listed == 8
     assert router.readiness()["ready"] is False
+    monkeypatch.setattr(routing, "TARGETS_STALE_S", 0.0)  # too old to trust while it cannot be rebuilt
+    with pytest.raises(RuntimeError, match="did not answer a moment ago"):
+        router.targets()
+    monkeypatch.setattr(routing, "TARGETS_STALE_S", 60.0)
+    write_json(state_uri, {"live": entry["1"], "previous": None, "history": []})  # a rollback while Triton is down
+    with pytest.raises(RuntimeError, match="did not answer a moment ago"):
+        router.targets()  # never the rolled-back champion from the old table
     fresh = routing.Router(settings)  # a gateway that never had a table fails, once per second, not per request
     fresh._client, fresh._candidate = Down(), (float("inf"), None)
     with pytest.raises(ConnectionError):
         fresh.targets()
     with pytest.raises(RuntimeError, match="did not answer a moment ago"):
         fresh.targets()
-    assert Triton.listed == 8
+    assert Triton.listed == 10

@@ -64,3 +64,33 @@ def test_a_stale_pid_file_never_signals_a_process_that_is_not_ours(tmp_path: Pat
     finally:
         other.kill()
         other.wait(timeout=10)
+
+
+def test_a_server_whose_leader_was_killed_is_started_afresh_not_waited_for(tmp_path: Path) -> None:
+    """A crash kills a server's leader while a child of its group lingers (or is still exiting): `start` stops
+    what is left and starts a fresh server at once, instead of waiting the whole start timeout for a health
+    check that cannot pass and then failing. A group whose processes are all zombies counts as gone."""
+    import os
+    import signal
+    import sys
+
+    root = str(tmp_path)
+    port = services.free_port()
+    spec = services.ServiceSpec(
+        "web", ["sh", "-c", f"sleep 300 & exec {sys.executable} -m http.server {port} --bind 127.0.0.1"],
+        dict(os.environ), f"http://127.0.0.1:{port}/", f"http://127.0.0.1:{port}/", cwd=root)
+    first = services.start(root, spec, host="127.0.0.1", port=port, timeout_s=30)
+    try:
+        assert first.healthy
+        os.kill(first.pid, signal.SIGKILL)  # the leader only: `sleep` lives on in its group
+        deadline = time.monotonic() + 10
+        while services.http_ok(spec.health_url) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert services.group_alive(first.pid)  # the lingering child
+        started = time.monotonic()
+        second = services.start(root, spec, host="127.0.0.1", port=port, timeout_s=30)
+        assert second.healthy and second.pid != first.pid
+        assert time.monotonic() - started < 20, "waited for a server that was gone"
+        assert not services.group_alive(first.pid)  # what was left of the old group is gone
+    finally:
+        services.stop(root, "web", grace_s=5)

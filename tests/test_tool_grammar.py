@@ -316,13 +316,34 @@ def test_decoding_under_nested_and_partly_enforceable_tools_completes_and_valida
                 "city": {"type": "string", "enum": ["Oslo", "Lima"]}, "zip": {"type": "string", "maxLength": 5}}}}}
     tag = {"type": "object", "required": ["labels"], "properties": {"labels": {
         "type": "array", "items": {"type": "string", "enum": ["a", "b", "c"]}, "maxItems": 3, "uniqueItems": True}}}
-    tools = json.dumps([{"name": "ship", "parameters": ship}, {"name": "tag", "parameters": tag}])
+    offered = [{"name": "ship", "parameters": ship}, {"name": "tag", "parameters": tag}]
+    tools = json.dumps({"tools": offered, "abstain": False})  # a call is required: every answer is checked below
     requests = [[{"role": "user", "content": text}] for text in ("ship to Oslo", "tag it a and b", "hi", "ship 0150")]
     out = generate(model, tok, requests, max_new_tokens=64, batch_size=2, latency_samples=0, tools=[tools] * 4)
-    assert out.cut == 0
+    assert out.cut == 0 and all(json.loads(text)["name"] in ("ship", "tag") for text in out.texts)
     enforced = {"ship": ship, "tag": {**tag, "properties": {"labels": {
         k: v for k, v in tag["properties"]["labels"].items() if k != "uniqueItems"}}}}
     for text in out.texts:
         call = json.loads(text)
         if call["name"] is not None:
             jsonschema.validate(call["arguments"], {**enforced[call["name"]], "additionalProperties": False})
+
+
+def test_a_tool_with_its_own_id_or_anchors_compiles_as_it_did_before_it_moved_under_defs(tiny) -> None:
+    """Pointers are rewritten when a tool moves under the answer schema's `$defs`: `#/...` ones only. A tool's
+    own `$id` would resolve them against itself (it is dropped), anchors (`#name`) stay as written, and a
+    nested schema with its own `$id` keeps its pointers; parameters that are no schema are reported, not raised."""
+    from pipelines.toolcall.grammar import constraint
+
+    _, tok = tiny
+    own_id = {"$id": "https://example.com/ship.json", "type": "object", "required": ["to", "n"],
+              "properties": {"to": {"$ref": "#/$defs/City"}, "n": {"$ref": "#count"}},
+              "$defs": {"City": {"type": "string", "enum": ["Oslo", "Lima"]},
+                        "Count": {"$anchor": "count", "type": "integer"}}}
+    tools = json.dumps([{"name": "ship", "parameters": own_id}])
+    assert accepts(tok, tools, '{"name":"ship","arguments":{"n":2,"to":"Oslo"}}')
+    assert not accepts(tok, tools, '{"name":"ship","arguments":{"n":"2","to":"Oslo"}}')
+    assert not accepts(tok, tools, '{"name":"ship","arguments":{"n":2,"to":"Rome"}}')
+    assert constraint("ship", own_id) == "fully"
+    assert constraint("odd", "not a schema").startswith("no: ") and constraint("odd", [1]).startswith("no: ")
+

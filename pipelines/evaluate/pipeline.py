@@ -77,7 +77,8 @@ def constrained_name(condition: str) -> str:
 
 def as_served(text: str, tools_json: str) -> str:
     """`text` as the gateway passes it on: a call of a tool the grammar enforces only in part that breaks the
-    tool's whole schema is no call (`toolcall.calls.schema_breach`); anything else unchanged."""
+    tool's whole schema is no call (`toolcall.calls.schema_breach`); anything else unchanged. A redaction token
+    where the grammar admits one is no breach: targets are redacted, and the gateway restores the real value."""
     import json
 
     from pipelines.toolcall.calls import parse_call, schema_breach
@@ -92,7 +93,8 @@ def as_served(text: str, tools_json: str) -> str:
     for tool in offered if isinstance(offered, list) else []:
         spec = tool.get("function", tool) if isinstance(tool, dict) else {}
         if spec.get("name") == call["name"]:
-            return "" if schema_breach(call["name"], call["arguments"], spec.get("parameters")) else text
+            breach = schema_breach(call["name"], call["arguments"], spec.get("parameters"), admit_tokens=True)
+            return "" if breach else text
     return text
 
 

@@ -18,6 +18,9 @@ ALIAS_TTL_S = 10.0
 # the state on object storage where there is no cheap change check), never on every request
 TARGETS_TTL_S = 5.0
 TARGETS_RETRY_S = 1.0  # after a failed rebuild (Triton down), the next try waits this long
+# a failed rebuild serves the last table only while the serving state is unchanged and for this long at most:
+# after a deploy or a rollback, or once it is this old, requests fail (503) rather than go to the wrong model
+TARGETS_STALE_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -46,6 +49,7 @@ class Router:
         self._targets_lock = threading.Lock()
         self._targets_failed: tuple[float, str | None] = (0.0, None)
         self._forget_inputs = False
+        self._invalidated_at = float("-inf")  # a table built (started) before this is out of date
 
     def client(self) -> Any:
         """The one Triton client of this gateway (it keeps a connection per calling thread itself)."""
@@ -83,21 +87,28 @@ class Router:
     def invalidate(self) -> None:
         """The routing table is out of date (a model error): the next request rebuilds it, and reads the models'
         declared inputs afresh; meanwhile the others keep using it."""
-        cached = self._targets
-        if cached is not None:
-            self._targets = (float("-inf"), cached[1], cached[2])
+        self._invalidated_at = time.monotonic()  # a rebuild already under way started earlier: it is stale too
         self._forget_inputs = True
+
+    def _fresh(self, cached: tuple[float, Any, dict[str, Target]] | None, stamp: Any) -> bool:
+        return bool(cached and cached[1] == stamp and cached[0] > self._invalidated_at
+                    and time.monotonic() - cached[0] < TARGETS_TTL_S)
+
+    def _usable(self, cached: tuple[float, Any, dict[str, Target]] | None, stamp: Any) -> bool:
+        """A table to serve while a rebuild fails: the serving state unchanged since it was built, and young."""
+        return bool(cached and cached[1] == stamp and time.monotonic() - cached[0] < TARGETS_STALE_S)
 
     def targets(self) -> dict[str, Target]:
         """Every alias that a loaded model answers now: cached until the serving state changes, a model error,
         or TARGETS_TTL_S. One request rebuilds it while the others use the last table; with none yet, they
-        wait for it (a bounded wait). A failed rebuild keeps the last table and is retried after
-        TARGETS_RETRY_S; with no table, the requests of that second fail at once."""
+        wait for it (a bounded wait). A failed rebuild keeps the last table (only while the serving state is
+        unchanged, for TARGETS_STALE_S at most) and is retried after TARGETS_RETRY_S; without one, the requests
+        of that second fail at once."""
         from pipelines.serve import deploy
 
         stamp = deploy.state_stamp(self.settings)
         cached = self._targets  # one reference swap: read without the lock
-        if cached and cached[1] == stamp and time.monotonic() - cached[0] < TARGETS_TTL_S:
+        if self._fresh(cached, stamp):
             return cached[2]
         if cached and not self._targets_lock.acquire(blocking=False):
             return cached[2]  # another request is rebuilding it
@@ -105,26 +116,27 @@ class Router:
             raise TimeoutError("the routing table is still being built by another request")
         try:
             cached = self._targets
-            if cached and cached[1] == stamp and time.monotonic() - cached[0] < TARGETS_TTL_S:
+            if self._fresh(cached, stamp):
                 return cached[2]  # rebuilt while this request waited
             failed_at, failure = self._targets_failed
             if failure and time.monotonic() - failed_at < TARGETS_RETRY_S:
-                if cached:
+                if self._usable(cached, stamp):
                     return cached[2]
                 raise RuntimeError(f"the model server did not answer a moment ago ({failure})")
             if (self._forget_inputs or (cached and cached[1] != stamp)) and self._client is not None:
                 self._client.forget_inputs()  # a deploy or a restart may have replaced a model folder
                 self._forget_inputs = False
+            started = time.monotonic()
             try:
                 built = self._build_targets()
             except Exception as exc:
                 self._targets_failed = (time.monotonic(), f"{type(exc).__name__}: {str(exc)[:200]}")
-                if cached:
+                if self._usable(cached, stamp):
                     LOG.warning("the routing table could not be rebuilt (%s); the last one serves meanwhile",
                                 self._targets_failed[1])
                     return cached[2]
                 raise
-            self._targets, self._targets_failed = (time.monotonic(), stamp, built), (0.0, None)
+            self._targets, self._targets_failed = (started, stamp, built), (0.0, None)
             return built
         finally:
             self._targets_lock.release()

@@ -200,8 +200,9 @@ class Traffic:
         reply = client.infer_one(target.name, turns, tools[0] if tools else None, on_text=on_text)
         if reply.error is not None:
             error = api.model_error(target.name, reply.error)
-            if error.status == 503 and not any(w in reply.error.lower() for w in ("deadline", "timed out", "timeout")):
-                self.router.invalidate()  # Triton restarted or the model unloaded: the next request looks again
+            if error.status == 503 and not any(w in reply.error.lower() for w in
+                                                  ("deadline", "timed out", "timeout", "queue", "busy")):
+                self.router.invalidate()  # Triton restarted or the model unloaded (not a full queue): look again
             raise error
         if on_text is not None:
             on_text(reply.text or "")

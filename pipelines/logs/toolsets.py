@@ -87,4 +87,3 @@ def registered_catalogue(raw_zone: str) -> dict[str, dict[str, Any]]:
 
 def extra_tool_names(raw_zone: str) -> list[str]:
     return sorted({t["function"]["name"] for t in load_extra_tools(raw_zone)})
-

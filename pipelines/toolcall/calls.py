@@ -7,6 +7,7 @@ An answer is one compact JSON object, name first: `{"name":"<tool>","arguments":
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from pipelines.logs.tools import NO_TOOL
@@ -56,18 +57,65 @@ def parse_call(text: str) -> dict[str, Any] | None:
     return None
 
 
-def schema_breach(name: str, arguments: Any, parameters: dict[str, Any] | None) -> str | None:
+def schema_breach(name: str, arguments: Any, parameters: dict[str, Any] | None,
+                  admit_tokens: bool = False) -> str | None:
     """Where a call of tool `name` breaks the tool's whole parameters schema when the grammar enforces it only
     in part (`grammar.partly_constrained`: a keyword it lacks, e.g. `uniqueItems`, is checked after decoding):
     the first failing argument's path (never its value); None when the tool is fully enforced or the call
-    fits. The gateway never passes such a call on, and evaluation scores it as no call."""
-    from pipelines.logs.tools import argument_errors
-    from pipelines.toolcall.grammar import GrammarError, partly_constrained
+    fits. The gateway never passes such a call on, and evaluation scores it as no call.
+
+    `admit_tokens`: a redaction token (`<EMAIL>`, ...) is a valid value wherever the grammar admits one (a
+    patterned or formatted string), as it does for answers scored against redacted targets; the gateway checks
+    after restoring real values and leaves it off. A pattern Python's `re` cannot read (llguidance can) is
+    left to the grammar, which enforced it, and the rest of the schema is still checked."""
+    import jsonschema
+
+    from pipelines.toolcall.grammar import REDACTION_TOKENS, GrammarError, partly_constrained
+
+    schema = parameters or {}
+    try:
+        if name not in partly_constrained([{"name": name, "parameters": schema}]):
+            return None
+    except (GrammarError, ValueError):  # a schema the grammar cannot compile: refused before decoding
+        return None
+
+    def breaches(checked: Any) -> list[Any]:
+        errors = jsonschema.Draft202012Validator(checked).iter_errors(arguments)
+        return sorted((e for e in errors if not (admit_tokens and e.instance in REDACTION_TOKENS)),
+                      key=lambda e: list(e.absolute_path))
 
     try:
-        if name not in partly_constrained([{"name": name, "parameters": parameters or {}}]):
+        found = breaches(schema)
+    except Exception:  # noqa: BLE001 (re.error on a pattern only llguidance reads, an unresolvable $ref, ...)
+        try:
+            found = breaches(_without_patterns(schema))
+        except Exception:  # noqa: BLE001 (a schema jsonschema cannot check at all: the grammar's word stands)
             return None
-    except GrammarError:  # a schema the grammar cannot compile: the request is refused before decoding
+    if not found:
         return None
-    errors = argument_errors(name, arguments, {name: {"function": {"parameters": parameters or {}}}})
-    return errors[0].split(":", 1)[0] if errors else None
+    return "/".join(map(str, found[0].absolute_path)) or "<root>"
+
+
+def _readable(pattern: Any) -> bool:
+    try:
+        re.compile(pattern)
+    except (re.error, TypeError):
+        return False
+    return True
+
+
+def _without_patterns(node: Any) -> Any:
+    """A schema with the `pattern`s Python's `re` cannot read left out (the grammar enforced them)."""
+    if isinstance(node, list):
+        return [_without_patterns(x) for x in node]
+    if not isinstance(node, dict):
+        return node
+    out = {}
+    for key, value in node.items():
+        if key == "pattern" and not _readable(value):
+            continue
+        if key == "patternProperties" and isinstance(value, dict):
+            out[key] = {k: _without_patterns(v) for k, v in value.items() if _readable(k)}
+        else:
+            out[key] = value if key in ("const", "enum", "default", "examples") else _without_patterns(value)
+    return out

@@ -94,22 +94,28 @@ def _closed(schema: dict[str, Any]) -> dict[str, Any]:
 _LITERALS = ("const", "enum", "default", "examples")  # values, not schemas: never rewritten
 
 
-def _refs_moved(node: Any, prefix: str) -> Any:
-    """`node` with every local `$ref` (a `#...` JSON pointer) moved under `prefix` (literal values untouched)."""
+def _refs_moved(node: Any, prefix: str, top: bool = True) -> Any:
+    """`node` with every local JSON-pointer `$ref` (`#` or `#/...`) moved under `prefix` (literal values
+    untouched). The tool's own `$id` is dropped (its pointers now resolve inside the answer schema); a nested
+    schema with its own `$id` is its own resource and keeps its pointers; anchors (`#name`) stay as they are."""
     if isinstance(node, list):
-        return [_refs_moved(x, prefix) for x in node]
+        return [_refs_moved(x, prefix, False) for x in node]
     if not isinstance(node, dict):
+        return node
+    if not top and "$id" in node:
         return node
     out = {}
     for key, value in node.items():
-        if key == "$ref" and isinstance(value, str) and value.startswith("#"):
+        if key == "$id" and top:
+            continue
+        if key == "$ref" and isinstance(value, str) and (value == "#" or value.startswith("#/")):
             out[key] = f"#{prefix}{value[1:]}"
         elif key in _LITERALS:
             out[key] = value
         elif key in ("properties", "patternProperties", "$defs", "definitions") and isinstance(value, dict):
-            out[key] = {name: _refs_moved(sub, prefix) for name, sub in value.items()}
+            out[key] = {name: _refs_moved(sub, prefix, False) for name, sub in value.items()}
         else:
-            out[key] = _refs_moved(value, prefix)
+            out[key] = _refs_moved(value, prefix, False)
     return out
 
 
@@ -320,7 +326,7 @@ def constraint(name: str, parameters: dict[str, Any] | None) -> str:
     try:
         _, dropped = enforceable(json.dumps(parameters or {}, sort_keys=True))
         grammar_for(json.dumps([{"name": name, "parameters": parameters or {}}]))
-    except GrammarError as exc:
+    except (GrammarError, ValueError) as exc:  # ValueError: parameters that are no schema object at all
         return f"no: {exc}"
     return f"partly (checked after decoding: {', '.join(dropped)})" if dropped else "fully"
 
