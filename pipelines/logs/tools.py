@@ -189,13 +189,18 @@ def _validator(schema_json: str) -> jsonschema.protocols.Validator:
     return jsonschema.Draft202012Validator(json.loads(schema_json))
 
 
+def validation_errors(schema: dict[str, Any], instance: Any) -> list[jsonschema.ValidationError]:
+    """`instance`'s errors against `schema`, ordered by path (the validator is cached per schema)."""
+    checker = _validator(json.dumps(schema, sort_keys=True))
+    return sorted(checker.iter_errors(instance), key=lambda e: list(e.absolute_path))
+
+
 def argument_errors(name: str, arguments: Any, tools: Mapping[str, dict[str, Any]] | None = None) -> list[str]:
     """Why `arguments` do not satisfy tool `name`'s JSON schema (empty when they do)."""
     known = TOOLS_BY_NAME if tools is None else tools
     if name not in known:
         return [f"unknown tool {name!r}"]
-    schema = json.dumps(known[name]["function"]["parameters"], sort_keys=True)
-    errors = sorted(_validator(schema).iter_errors(arguments), key=lambda e: list(e.absolute_path))
+    errors = validation_errors(known[name]["function"]["parameters"], arguments)
     return [f"{'/'.join(map(str, e.absolute_path)) or '<root>'}: {e.message}" for e in errors]
 
 

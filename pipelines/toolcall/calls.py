@@ -68,8 +68,7 @@ def schema_breach(name: str, arguments: Any, parameters: dict[str, Any] | None,
     patterned or formatted string), as it does for answers scored against redacted targets; the gateway checks
     after restoring real values and leaves it off. A pattern Python's `re` cannot read (llguidance can) is
     left to the grammar, which enforced it, and the rest of the schema is still checked."""
-    import jsonschema
-
+    from pipelines.logs.tools import validation_errors
     from pipelines.toolcall.grammar import REDACTION_TOKENS, GrammarError, partly_constrained
 
     schema = parameters or {}
@@ -80,9 +79,8 @@ def schema_breach(name: str, arguments: Any, parameters: dict[str, Any] | None,
         return None
 
     def breaches(checked: Any) -> list[Any]:
-        errors = jsonschema.Draft202012Validator(checked).iter_errors(arguments)
-        return sorted((e for e in errors if not (admit_tokens and e.instance in REDACTION_TOKENS)),
-                      key=lambda e: list(e.absolute_path))
+        errors = validation_errors(checked, arguments)
+        return [e for e in errors if not (admit_tokens and e.instance in REDACTION_TOKENS)]
 
     try:
         found = breaches(schema)
@@ -106,6 +104,7 @@ def _readable(pattern: Any) -> bool:
 
 def _without_patterns(node: Any) -> Any:
     """A schema with the `pattern`s Python's `re` cannot read left out (the grammar enforced them)."""
+    from pipelines.toolcall.grammar import _LITERALS
     if isinstance(node, list):
         return [_without_patterns(x) for x in node]
     if not isinstance(node, dict):
@@ -117,5 +116,5 @@ def _without_patterns(node: Any) -> Any:
         if key == "patternProperties" and isinstance(value, dict):
             out[key] = {k: _without_patterns(v) for k, v in value.items() if _readable(k)}
         else:
-            out[key] = value if key in ("const", "enum", "default", "examples") else _without_patterns(value)
+            out[key] = value if key in _LITERALS else _without_patterns(value)
     return out
