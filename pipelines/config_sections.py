@@ -12,6 +12,17 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
+Decoding = Literal["served", "off", "on", "both"]
+
+
+def decoding_modes(setting: str, served_constrained: bool) -> str:
+    """`served` (the default of evaluation and bench) as off/on: the way models are served
+    (`triton.constrained`); off, on and both as they are."""
+    if setting == "served":
+        return "on" if served_constrained else "off"
+    return setting
+
+
 class EvaluationSettings(_Section):
     examples: int = Field(96, ge=1, description="the ceiling of test requests per evaluation (a seeded sample, "
                           "stratified by tool): the DAG starts with `first_examples` and doubles the sample while "
@@ -21,10 +32,11 @@ class EvaluationSettings(_Section):
     shots: int = Field(3, ge=0, description="in-context examples for the base few-shot condition")
     baselines: bool = Field(True, description="also evaluate the base model (zero-shot, few-shot); off skips them "
                             "only where no gate needs them (`promotion.baseline: none`)")
-    constrained: Literal["off", "on", "both"] = Field(
-        "both", description="evaluate each condition unconstrained, under the tool-call grammar (rows named "
-        "`<condition>_constrained`), or both; the gate compares the rows of the way models are served "
-        "(`triton.constrained`)")
+    constrained: Decoding = Field(
+        "served", description="evaluate each condition decoded the way models are served (`triton.constrained`: "
+        "under the tool-call grammar by default, rows named `<condition>_constrained`), unconstrained (off), under "
+        "the grammar (on) or both side by side (twice the time: `flywheel eval --constrained both`); the gate "
+        "compares the served rows")
     max_new_tokens: int = Field(64, ge=8, description="generation budget per answer (evaluation and the sweep's "
                                 "validation): the longest generated call is 57 SmolLM2 tokens; tau-bench retail "
                                 "calls reach ~220 (item lists). Answers that stop at the budget are counted "
@@ -39,9 +51,10 @@ class BenchSettings(_Section):
     concurrency: list[int] = Field(default_factory=lambda: [1, 4], description="requests in flight, per level")
     shots: int = Field(3, ge=0, description="in-context examples of the base-model baseline")
     protocol: Literal["http", "grpc"] = "http"
-    constrained: Literal["off", "on", "both"] = Field(
-        "both", description="time each model unconstrained, under the tool-call grammar, or both (rows side by "
-        "side); the headline comparison uses the way models are served (`triton.constrained`)")
+    constrained: Decoding = Field(
+        "served", description="time each model decoded the way models are served (`triton.constrained`), "
+        "unconstrained (off), under the tool-call grammar (on), or both (rows side by side); the headline "
+        "comparison uses the served rows")
     direct: bool = Field(True, description="also time in-process inference (Triton's overhead)")
     after_deploy: bool = Field(True, description="the DAG benchmarks the live model after each deployment (off: "
                                "its benchmark task records that it was skipped; `flywheel bench` still runs)")

@@ -10,6 +10,7 @@ from datetime import date, datetime, timedelta, timezone
 from typing import Any
 
 from pipelines.config import Settings, get_settings
+from pipelines.config_sections import decoding_modes
 from pipelines.errors import NotRetryable
 from pipelines.window import DateWindow
 
@@ -195,7 +196,8 @@ def evaluate(trained: dict[str, Any], settings: Settings | None = None) -> dict[
     n = min(settings.evaluation.first_examples, ceiling)
     cfg = EvalConfig(base_model=sweep["base_model"], examples=n,
                      shots=settings.evaluation.shots, baselines=baselines, window=sweep.get("window"),
-                     constrained=settings.evaluation.constrained, grounded_ids=settings.triton.grounded_ids,
+                     constrained=decoding_modes(settings.evaluation.constrained, settings.triton.constrained),
+                     grounded_ids=settings.triton.grounded_ids,
                      max_new_tokens=settings.evaluation.max_new_tokens)
     report = run_eval(settings, cfg, adapters, sweep["sweep_id"])
     _log_evaluation(settings, trained["best_run_id"], report)

@@ -12,6 +12,16 @@ from pipelines.config import get_settings
 
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
+# `make test` runs two workers, a module per worker (`-n 2 --dist loadfile --no-loadscope-reorder`): the
+# scheduler scenario (~20 min, half of it waiting on Airflow) goes first to one worker, the DAG runs to the
+# other, a short module after the scenario, then the rest in file order to whichever worker is free.
+FIRST = ("test_drift_scenario.py", "test_dag.py", "test_architecture.py")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    rank = {name: n for n, name in enumerate(FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(FIRST)))  # stable: file order otherwise
+
 
 @pytest.fixture
 def flywheel_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:

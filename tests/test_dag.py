@@ -35,9 +35,7 @@ def _run(root: Path, serving: dict[str, str] | None = None, **conf) -> tuple[boo
     conf = {"end_date": DAY, "window_days": 1, "seed": 3, "train": False, **conf}
     result = dags_test(settings, "commerce_flywheel", conf,
                        extra_env={"FLYWHEEL_ROOT": str(root), "FLYWHEEL_EVALUATION__EXAMPLES": "4",
-                                  "FLYWHEEL_EVALUATION__SHOTS": "1",
-                                  # plumbing: the served decoding only (both rows: test_sweep_registry)
-                                  "FLYWHEEL_EVALUATION__CONSTRAINED": "on", **(serving or {})})
+                                  "FLYWHEEL_EVALUATION__SHOTS": "1", **(serving or {})})
     out = result.stdout + result.stderr
     return result.returncode == 0 and "state=success" in out, out
 
@@ -138,11 +136,16 @@ def test_dag_trains_evaluates_registers_promotes_deploys_and_benchmarks_and_a_re
         # down-rated answers (the flywheel never learns from itself)
         assert sft["record_id"].isin(captured[5:20]).any()
         assert not sft["record_id"].isin(captured[:5] + captured[20:]).any()
-        assert list((tmp_path / "reports" / "evaluation").glob("tiny-*/report.html"))
+        evaluated = next((tmp_path / "reports" / "evaluation").glob("tiny-*/report.json"))
+        # evaluation.constrained: served (the default): every condition decoded under the grammar, as served
+        assert [c["condition"] for c in json.loads(evaluated.read_text())["conditions"]] == [
+            "base_zero_shot_constrained", "base_few_shot_constrained", "tuned_candidate_constrained"]
+        assert (evaluated.parent / "report.html").is_file()
         live = deploy.live_model(settings)
         assert live is not None and live.version == "1" and server.status(settings).healthy
         bench = json.loads((tmp_path / "reports" / "bench" / "latest.json").read_text())
         assert bench["live"] == live.name and {r["errors"] for r in bench["runs"]} == {0}
+        assert {r["constrained"] for r in bench["runs"]} == {True}  # bench.constrained: served
         assert [e["event"] for e in deploy.state(settings)["history"]] == ["deployed"]
 
         assert manifest["counts"]["reconciled"] and manifest["training_set"]["examples_by_split"]["train"] > 600

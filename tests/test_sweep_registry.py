@@ -27,7 +27,7 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def settings(root: Path):
-    return load_settings(root=str(root), evaluation={"examples": 6, "shots": 2})
+    return load_settings(root=str(root), evaluation={"examples": 6, "shots": 2, "constrained": "both"})
 
 
 @pytest.fixture(scope="module")

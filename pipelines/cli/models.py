@@ -12,6 +12,7 @@ from pipelines.cli.common import stdout_console
 from pipelines.cli.common import JsonOpt, UserError, console
 from pipelines.cli.common import emit as _emit
 from pipelines.config import get_settings
+from pipelines.config_sections import decoding_modes
 
 app = typer.Typer()  # this module's top-level commands (merged into `flywheel`)
 
@@ -51,8 +52,8 @@ def eval_cmd(
     base_model: Annotated[str, typer.Option(help="Base model of the adapters (catalogue name or path).")] = "smollm2-135m-instruct",
     shots: Annotated[int | None, typer.Option(min=0, help="In-context examples for the few-shot baseline.")] = None,
     baselines: Annotated[bool, typer.Option(help="Include base zero-shot and few-shot.")] = True,
-    constrained: Annotated[str | None, typer.Option(help="off, on or both: decode under the offered tools' grammar "
-                                                    "(default: evaluation.constrained)")] = None,
+    constrained: Annotated[str | None, typer.Option(help="served, off, on or both: decode under the offered "
+                                                    "tools' grammar (default: evaluation.constrained)")] = None,
     name: Annotated[str, typer.Option(help="Report folder name under reports/evaluation/.")] = "manual",
     grounded_ids: Annotated[bool | None, typer.Option(help="Under the grammar, write ids only from the "
                                                       "conversation (default: triton.grounded_ids)")] = None,
@@ -65,8 +66,8 @@ def eval_cmd(
     settings = get_settings()
     if split not in ("train", "val", "test"):
         raise UserError(f"--split: expected train, val or test, got {split!r}")
-    if constrained not in (None, "off", "on", "both"):
-        raise UserError(f"--constrained: expected off, on or both, got {constrained!r}")
+    if constrained not in (None, "served", "off", "on", "both"):
+        raise UserError(f"--constrained: expected served, off, on or both, got {constrained!r}")
     adapters = []
     for item in adapter or []:
         label, _, path = item.rpartition("=")
@@ -81,7 +82,8 @@ def eval_cmd(
     cfg = EvalConfig(base_model=base_model, split=split, logs=logs, baselines=baselines,
                      examples=examples or settings.evaluation.first_examples,
                      shots=settings.evaluation.shots if shots is None else shots,
-                     constrained=constrained or settings.evaluation.constrained,
+                     constrained=decoding_modes(constrained or settings.evaluation.constrained,
+                                                 settings.triton.constrained),
                      grounded_ids=settings.triton.grounded_ids if grounded_ids is None else grounded_ids,
                      max_new_tokens=settings.evaluation.max_new_tokens)
     report = evaluate(settings, cfg, adapters, name, console)
