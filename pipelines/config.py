@@ -134,10 +134,12 @@ class TritonSettings(_Section):
                          "cores). 1 measured best on this 2-core machine: as fast per token as 2 alone, and 2 threads "
                          "stall 4-8x whenever anything else runs (a load generator, the gateway); README, serving")
     queue_delay_us: int = Field(5000, ge=0, description="dynamic batching: how long a request waits for others")
-    max_input_tokens: int = Field(2048, ge=16, description="longest prompt a model accepts (tokens); covers the "
-                                  "base model's 3-shot benchmark prompts (every tool schema + 3 examples, ~840 on "
-                                  "average, some over 1024); `flywheel bench` checks its prompts against it first")
-    max_new_tokens: int = Field(64, ge=8, description="the longest logged tool call is 57 SmolLM2 tokens")
+    max_input_tokens: int | None = Field(None, ge=16, description="longest prompt a model accepts (tokens); "
+                                         "unset: the base model's context window minus the model's answer budget "
+                                         "(`toolcall.budget`); `flywheel bench` checks its prompts against it first")
+    max_new_tokens: int | None = Field(None, ge=8, description="longest answer a model writes (tokens); unset: the "
+                                       "answer budget recorded with the model version (its longest training call "
+                                       "plus a margin; 64 for a version registered without one)")
     constrained: bool = Field(True, description="decode every served tool call under the offered tools' grammar "
                               "(the client sends them as TOOLS): the smoke test, canary and `flywheel bench` use it")
     grounded_ids: bool = Field(True, description="under the grammar, a write tool's `*_id`/`*_ids` arguments only "
@@ -195,7 +197,8 @@ class QualitySettings(_Section):
     max_quarantined_share: float = Field(0.2, ge=0, le=1, description="largest share of a batch prep may quarantine")
     min_examples_per_tool: int = Field(5, ge=0)
     min_approx_tokens: int = Field(16, ge=0)
-    max_approx_tokens: int = Field(4096, ge=1)
+    max_approx_tokens: int | None = Field(None, ge=1, description="longest example (prep's approx_tokens); unset: "
+                                          "the base model's context window minus the window's answer budget")
     train_label_sources: list[Literal["teacher", "human", "import", "generated"]] = Field(
         default_factory=lambda: ["teacher", "human", "import", "generated"], description="label sources that train "
         "(prep.labels); our own models' answers train only when a person rated them up; a down-rated one never")

@@ -37,10 +37,10 @@ class EvaluationSettings(_Section):
         "under the tool-call grammar by default, rows named `<condition>_constrained`), unconstrained (off), under "
         "the grammar (on) or both side by side (twice the time: `flywheel eval --constrained both`); the gate "
         "compares the served rows")
-    max_new_tokens: int = Field(64, ge=8, description="generation budget per answer (evaluation and the sweep's "
-                                "validation): the longest generated call is 57 SmolLM2 tokens; tau-bench retail "
-                                "calls reach ~220 (item lists). Answers that stop at the budget are counted "
-                                "(`cut_at_max_new_tokens`) and reported with a warning")
+    max_new_tokens: int | None = Field(None, ge=8, description="generation budget per answer (evaluation and the "
+                                       "sweep's validation); unset: the answer budget of the models evaluated (the "
+                                       "longest training call plus a margin: `toolcall.budget`). Answers that stop "
+                                       "at the budget are counted (`cut_at_max_new_tokens`) and reported")
     judge_url: str | None = Field(None, description="OpenAI-compatible endpoint for an optional LLM-as-judge")
     judge_model: str | None = None
     judge_api_key: SecretStr | None = None

@@ -105,10 +105,19 @@ def prep(window: dict[str, str], settings: Settings | None = None) -> dict[str, 
     return run_prep(settings or get_settings(), _window(window)).to_dict()
 
 
+def base_context_window(settings: Settings) -> int:
+    """The context window of the base model the configured sweep trains (the quality gate's prompt ceiling)."""
+    from pipelines.train.models import context_window
+    from pipelines.train.sweep import load_sweep
+
+    return context_window(load_sweep(settings.train.sweep, settings.train.backend).base.base_model)
+
+
 def validate(window: dict[str, str], settings: Settings | None = None) -> dict[str, Any]:
     from pipelines.quality.gates import run_gates
 
-    report = run_gates(settings or get_settings(), _window(window))
+    settings = settings or get_settings()
+    report = run_gates(settings, _window(window), context_window=base_context_window(settings))
     return {"success": report.success, "data_docs": report.data_docs, "result": report.result_uri}
 
 
@@ -179,15 +188,20 @@ def evaluate(trained: dict[str, Any], settings: Settings | None = None) -> dict[
     """Base zero-shot, base few-shot, the sweep's best adapter and the current champion, side by side."""
     from pipelines.evaluate.pipeline import Adapter, EvalConfig
     from pipelines.evaluate.pipeline import evaluate as run_eval
-    from pipelines.registry.models import CHAMPION, adapter_path, alias_version, prompt_style
+    from pipelines.registry.models import CHAMPION, adapter_path, alias_version, answer_budget, prompt_style
     from pipelines.storage import read_json
+    from pipelines.toolcall.budget import FALLBACK
 
     settings = settings or get_settings()
     sweep = read_json(trained["sweep_uri"])
     adapters = [Adapter("tuned_candidate", trained["adapter_dir"], sweep["prompt_style"])]
+    budgets = [sweep.get("answer_budget")]
     champion = alias_version(settings, CHAMPION)
     if champion is not None:
         adapters.append(Adapter("tuned_champion", adapter_path(settings, champion), prompt_style(settings, champion)))
+        budgets.append(answer_budget(settings, champion))
+    # every condition within the same budget: the largest the compared models learned (as served)
+    max_new_tokens = settings.evaluation.max_new_tokens or max([b for b in budgets if b] or [FALLBACK])
     # a drift retrain needs candidate vs champion for the gate; the base-model baselines are the daily run's
     baselines = not (trained.get("drift_run") and champion is not None)
     if not settings.evaluation.baselines and settings.promotion.baseline == "none":
@@ -198,7 +212,7 @@ def evaluate(trained: dict[str, Any], settings: Settings | None = None) -> dict[
                      shots=settings.evaluation.shots, baselines=baselines, window=sweep.get("window"),
                      constrained=decoding_modes(settings.evaluation.constrained, settings.triton.constrained),
                      grounded_ids=settings.triton.grounded_ids,
-                     max_new_tokens=settings.evaluation.max_new_tokens)
+                     max_new_tokens=max_new_tokens)
     report = run_eval(settings, cfg, adapters, sweep["sweep_id"])
     _log_evaluation(settings, trained["best_run_id"], report)
     first = report

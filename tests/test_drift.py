@@ -109,10 +109,14 @@ def traffic_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     return load_settings(root=str(tmp_path), drift={"min_records": 100, "embedding_sample": 150})
 
 
-def test_monitor_flags_holiday_drift_but_not_a_normal_day(traffic_root) -> None:
+def test_monitor_flags_holiday_drift_but_not_a_normal_day(traffic_root, tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     from pipelines.drift.monitor import mark_emitted, run_monitor
 
     settings = traffic_root
+    shell = tmp_path / "where-the-user-stands"
+    shell.mkdir()
+    monkeypatch.chdir(shell)
     now = datetime(2026, 11, 12, 12, tzinfo=timezone.utc)
     normal = run_monitor(settings, date(2026, 11, 11), now=now)
     assert normal["verdict"] in ("stable", "watch") and not normal["fire"], normal["signals"]
@@ -126,6 +130,13 @@ def test_monitor_flags_holiday_drift_but_not_a_normal_day(traffic_root) -> None:
     acting = {s["signal"] for s in drifted["signals"] if s["band"] == "act"}
     assert acting & {"category", "request_text", "tool"}, drifted["signals"]
     assert Path(drifted["html_uri"]).is_file() and "<img" in Path(drifted["html_uri"]).read_text()
+    # each check's report is an artifact of its MLflow run, kept where the local server serves them (the
+    # SQLite store's default, ./mlruns, would land in whatever directory the check ran from)
+    from pipelines.clients.mlflow import client as mlflow_client
+
+    experiment = mlflow_client(settings).get_experiment_by_name("drift-monitor")
+    assert experiment.artifact_location.startswith(Path(str(settings.mlflow.artifacts_destination)).as_uri())
+    assert not (shell / "mlruns").exists()
 
     # a second alert inside the cooldown is recorded, not emitted: one retrain, not two
     mark_emitted(settings, drifted["checked_at"])

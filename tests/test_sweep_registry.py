@@ -141,6 +141,10 @@ def test_evaluation_report_compares_conditions_on_the_same_requests(settings, fi
         assert rows[f"{c}_constrained"]["prompt_tokens_mean"] == rows[c]["prompt_tokens_mean"]
     report = json.loads(Path(evaluated["json_uri"]).read_text())
     assert report["examples"] == 6 and all(c["confusion"] for c in report["conditions"])
+    # evaluation.max_new_tokens unset: every condition decodes within the sweep's answer budget (its longest
+    # training call in the base model's tokens plus a margin), as the registered version will be served
+    sweep = json.loads(Path(first_sweep["sweep_uri"]).read_text())
+    assert sweep["answer_budget"] >= 16 and report["settings"]["max_new_tokens"] == sweep["answer_budget"]
     assert [c["constrained"] for c in report["conditions"]] == [False, True] * 3
     html = Path(evaluated["html_uri"]).read_text()
     assert "confusion matrix tuned_candidate" in html and html.count("data:image/png;base64") >= 5
@@ -172,6 +176,14 @@ def test_register_promote_gate_both_ways_rollback_and_load_by_alias(settings, fi
                            {"condition": "tuned_candidate", **_row(0.5, 0.5, 100)}], "json_uri": "e.json"}
     first = tasks.register(first_sweep, evaluated, settings)
     assert tasks.register(first_sweep, evaluated, settings)["version"] == first["version"]  # idempotent
+    from pipelines.registry.models import answer_budget
+    from pipelines.serve.repository import build_version, configured_limit, triton_name
+
+    budget = json.loads(Path(first_sweep["sweep_uri"]).read_text())["answer_budget"]
+    assert answer_budget(settings, first["version"]) == budget  # recorded with the version
+    build_version(settings, first["version"])  # its Triton folder writes within it (triton.max_new_tokens unset)
+    assert configured_limit(settings, triton_name(settings, first["version"]), "max_new_tokens") == budget
+    assert configured_limit(settings, triton_name(settings, first["version"])) == 2048 - budget  # tiny-llama's window
     decision = tasks.promote(first, evaluated, {"reason": "first"}, settings)  # beats base few-shot
     assert decision["promoted"] and alias_version(settings, CHAMPION) == first["version"]
     assert decision["compared_with"] == "base_few_shot" and decision["numbers"]["base_few_shot_exact_match"] == 0.3

@@ -142,7 +142,7 @@ def run_bench(settings: Settings, cfg: BenchSettings | None = None, console: Con
     served = settings.triton.constrained if settings.triton.constrained in modes else modes[0]
     started = time.perf_counter()
     try:
-        base = _base_entry(settings, client, base_model)
+        base = _base_entry(settings, client, base_model, live)
         conversations = {base.name: with_shots(full, pool, cfg.shots),
                          live.name: [conversation(r, live.prompt_style) for r in rows]}
         labels = {base.name: f"base + {cfg.shots}-shot (full prompt)",
@@ -197,14 +197,16 @@ def _base_model_of(settings: Settings, live: Any) -> str:
     return read_json(f"{repository.model_uri(settings, live.name)}/1/flywheel.json")["base_model"]
 
 
-def _base_entry(settings: Settings, client: TritonClient, base_model: str) -> repository.ModelEntry:
-    """The base model's folder, current with the settings: a loaded base built with other settings
-    (say a lower max_input_tokens) is unloaded first (it only serves benchmarks), then rewritten."""
+def _base_entry(settings: Settings, client: TritonClient, base_model: str, live: Any) -> repository.ModelEntry:
+    """The base model's folder, current with the settings and the live model's answer budget: a loaded base
+    built otherwise (say a lower max_input_tokens) is unloaded first (it only serves benchmarks), then
+    rewritten."""
     name = repository.triton_name(settings, None)
-    base = repository.build_base(settings, base_model, in_use=client.ready(name))
+    budget = repository.configured_limit(settings, live.name, "max_new_tokens")  # the model it is compared with
+    base = repository.build_base(settings, base_model, in_use=client.ready(name), budget=budget)
     if base.stale:
         client.unload(base.name, wait_s=120)
-        base = repository.build_base(settings, base_model, in_use=False)
+        base = repository.build_base(settings, base_model, in_use=False, budget=budget)
     return base
 
 
@@ -226,12 +228,13 @@ def _direct(settings: Settings, live: Any, conversations: list[list[dict[str, st
 
     model, tokenizer = load_model(_base_model_of(settings, live), settings, adapter_path(settings, live.version))
     tools = [r["tools_json"] for r in rows] if constrained else [None] * len(rows)
-    generate(model, tokenizer, conversations[:1], max_new_tokens=settings.triton.max_new_tokens,
+    budget = repository.configured_limit(settings, live.name, "max_new_tokens")  # as Triton serves it
+    generate(model, tokenizer, conversations[:1], max_new_tokens=budget,
              latency_samples=0, tools=tools[:1] if constrained else None)  # warm-up, as for the served models
     replies = []
     for turns, offered in zip(conversations, tools):
         t0 = time.perf_counter()
-        out = generate(model, tokenizer, [turns], max_new_tokens=settings.triton.max_new_tokens, latency_samples=0,
+        out = generate(model, tokenizer, [turns], max_new_tokens=budget, latency_samples=0,
                        tools=[offered] if offered is not None else None)
         replies.append(Reply(out.texts[0], out.prompt_tokens[0], out.output_tokens[0], (time.perf_counter() - t0) * 1000))
     return summarize_run(f"tuned v{live.version} in-process (no Triton){CONSTRAINED_LABEL if constrained else ''}", 1,

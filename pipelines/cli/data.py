@@ -35,11 +35,14 @@ def prep_cmd(end_date: EndOpt = None, window_days: DaysOpt = 1, as_json: JsonOpt
 def validate_cmd(end_date: EndOpt = None, window_days: DaysOpt = 1, as_json: JsonOpt = False) -> None:
     """Great Expectations gates on the window's raw logs and curated examples (exit 1 when a gate fails)."""
     from pipelines.quality.gates import run_gates
+    from pipelines.tasks import base_context_window
     from pipelines.window import DateWindow
 
     w = _window_arg(end_date, window_days)
+    settings = get_settings()
     with console.status("Great Expectations ..."):
-        report = run_gates(get_settings(), DateWindow.parse(w["start"], w["end"]), raise_on_failure=False)
+        report = run_gates(settings, DateWindow.parse(w["start"], w["end"]), raise_on_failure=False,
+                           context_window=base_context_window(settings))
     _emit({"success": report.success, "failures": report.failures, "data_docs": report.data_docs,
            "result": report.result_uri, "quarantined_to": report.quarantined_to}, as_json, "quality gates")
     if not report.success:

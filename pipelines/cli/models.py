@@ -8,8 +8,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from pipelines.cli.common import stdout_console
-from pipelines.cli.common import JsonOpt, UserError, console
+from pipelines.cli.common import JsonOpt, UserError, console, stdout_console
 from pipelines.cli.common import emit as _emit
 from pipelines.config import get_settings
 from pipelines.config_sections import decoding_modes
@@ -61,14 +60,15 @@ def eval_cmd(
 ) -> None:
     """Evaluate base zero-shot, base few-shot and tuned adapters side by side (JSON + HTML report)."""
     from pipelines.evaluate.pipeline import Adapter, EvalConfig, evaluate
-    from pipelines.registry.models import adapter_path, alias_version, prompt_style
+    from pipelines.registry.models import adapter_path, alias_version, answer_budget, prompt_style
+    from pipelines.toolcall.budget import FALLBACK
 
     settings = get_settings()
     if split not in ("train", "val", "test"):
         raise UserError(f"--split: expected train, val or test, got {split!r}")
     if constrained not in (None, "served", "off", "on", "both"):
         raise UserError(f"--constrained: expected served, off, on or both, got {constrained!r}")
-    adapters = []
+    adapters, budgets = [], []
     for item in adapter or []:
         label, _, path = item.rpartition("=")
         if not Path(path, "adapter_config.json").is_file():
@@ -79,13 +79,15 @@ def eval_cmd(
         if number is None:
             raise UserError(f"--version: no version or alias {ref!r} in {settings.mlflow.registered_model}")
         adapters.append(Adapter(f"tuned_v{number}", adapter_path(settings, number), prompt_style(settings, number)))
+        budgets.append(answer_budget(settings, number) or FALLBACK)
     cfg = EvalConfig(base_model=base_model, split=split, logs=logs, baselines=baselines,
                      examples=examples or settings.evaluation.first_examples,
                      shots=settings.evaluation.shots if shots is None else shots,
                      constrained=decoding_modes(constrained or settings.evaluation.constrained,
                                                  settings.triton.constrained),
                      grounded_ids=settings.triton.grounded_ids if grounded_ids is None else grounded_ids,
-                     max_new_tokens=settings.evaluation.max_new_tokens)
+                     # the versions' recorded answer budgets (the largest); an adapter folder has none
+                     max_new_tokens=settings.evaluation.max_new_tokens or max(budgets or [FALLBACK]))
     report = evaluate(settings, cfg, adapters, name, console)
     if as_json:
         _emit(report.to_dict(), True, "")

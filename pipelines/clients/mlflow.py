@@ -115,13 +115,20 @@ def use_tracking(settings: Settings) -> str:
     experiment = mlflow.get_experiment_by_name(m.experiment)
     if experiment is not None:
         return experiment.experiment_id
-    location = None
-    if settings.is_local and str(m.tracking_uri).startswith("sqlite:"):
-        location = Path(str(m.artifacts_destination)).joinpath(m.experiment).as_uri()
     try:
-        return mlflow.create_experiment(m.experiment, artifact_location=location)
+        return mlflow.create_experiment(m.experiment, artifact_location=artifact_location(settings, m.experiment))
     except mlflow.exceptions.MlflowException:  # created meanwhile by a concurrent task
         return mlflow.get_experiment_by_name(m.experiment).experiment_id
+
+
+def artifact_location(settings: Settings, experiment: str) -> str | None:
+    """Where a new experiment keeps its artifacts: on the local profile's SQLite store, the folder the local
+    server serves (the store's own default, `./mlruns`, is relative to whatever directory the process started
+    in: a user's shell, an Airflow task); elsewhere the server's default."""
+    m = settings.mlflow
+    if settings.is_local and str(m.tracking_uri).startswith("sqlite:"):
+        return Path(str(m.artifacts_destination)).joinpath(experiment).as_uri()
+    return None
 
 
 def client(settings: Settings):

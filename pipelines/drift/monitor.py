@@ -313,12 +313,14 @@ def _log_to_mlflow(settings: Settings, result: dict[str, Any], folder: str) -> N
     experiment is changed: the training and registry code in the same process keep theirs)."""
     import tempfile
 
+    from pipelines.clients.mlflow import artifact_location
     from pipelines.clients.mlflow import client as mlflow_client
     from pipelines.storage import read_bytes
 
     client = mlflow_client(settings)
     experiment = client.get_experiment_by_name("drift-monitor")
-    experiment_id = experiment.experiment_id if experiment else client.create_experiment("drift-monitor")
+    experiment_id = experiment.experiment_id if experiment else client.create_experiment(
+        "drift-monitor", artifact_location=artifact_location(settings, "drift-monitor"))
     run = client.create_run(experiment_id, run_name=f"drift {result['window']['end']}",
                             tags={"flywheel.verdict": result["verdict"], "flywheel.fired": str(result["fire"])})
     run_id = run.info.run_id

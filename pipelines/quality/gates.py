@@ -25,6 +25,7 @@ from pipelines.prep.labels import TRUSTED_LABEL_SOURCES
 from pipelines.prep.pipeline import grammar_limits, raw_files_for, zone_paths
 from pipelines.prep.redact import GATE_PATTERNS
 from pipelines.storage import move, window_partitions, write_json
+from pipelines.toolcall.budget import DEFAULT_CONTEXT_WINDOW, prompt_ceiling
 from pipelines.window import DateWindow
 
 if TYPE_CHECKING:
@@ -63,6 +64,8 @@ class QualityReport:
     seconds: float = 0.0
     label_sources: dict[str, int] = field(default_factory=dict)  # the window's examples by who wrote the label
     grammar_limits: dict[str, str] = field(default_factory=dict)  # its tools the grammar does not fully constrain
+    # the approx_tokens ceiling and where it came from (the setting, or context window - answer budget)
+    prompt_ceiling: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -120,7 +123,7 @@ def curated_frames(spark: SparkSession, settings: Settings, window: DateWindow) 
     return {"examples": examples, "tool_counts": tool_counts, "session_splits": session_splits}
 
 
-def _suites(settings: Settings, window: DateWindow) -> dict[str, list[Any]]:
+def _suites(settings: Settings, window: DateWindow, max_approx_tokens: int) -> dict[str, list[Any]]:
     import great_expectations as gx
 
     E = gx.expectations
@@ -145,7 +148,7 @@ def _suites(settings: Settings, window: DateWindow) -> dict[str, list[Any]]:
         *[E.ExpectColumnValuesToNotBeNull(column=c) for c in ("record_id", "session_id", "target_json", "split")],
         E.ExpectColumnValuesToBeInSet(column="split", value_set=["train", "val", "test"]),
         E.ExpectColumnValuesToBeBetween(column="approx_tokens", min_value=q.min_approx_tokens,
-                                        max_value=q.max_approx_tokens),
+                                        max_value=max_approx_tokens),
         E.ExpectColumnValuesToBeInSet(column="label_source", value_set=TRUSTED_LABEL_SOURCES,
                                       mostly=q.min_trusted_label_share),
         *[E.ExpectColumnValuesToNotMatchRegex(column=col, regex=pattern, meta={"pii": name})
@@ -157,8 +160,22 @@ def _suites(settings: Settings, window: DateWindow) -> dict[str, list[Any]]:
             "curated_session_splits": session_splits}
 
 
+def ceiling_of(settings: Settings, examples: Any, context_window: int) -> dict[str, Any]:
+    """The curated examples' approx_tokens ceiling: `quality.max_approx_tokens` when set, else the base model's
+    context window minus the answer budget of the window's longest target (`toolcall.budget`)."""
+    from pyspark.sql import functions as F
+
+    if settings.quality.max_approx_tokens is not None:
+        return {"max_approx_tokens": settings.quality.max_approx_tokens, "source": "quality.max_approx_tokens"}
+    longest = examples.agg(F.max(F.length("target_json"))).collect()[0][0] or 0
+    return {"max_approx_tokens": prompt_ceiling(context_window, longest), "source": "context window - answer budget",
+            "context_window": context_window, "longest_target_chars": longest}
+
+
 def run_gates(settings: Settings, window: DateWindow, spark: SparkSession | None = None,
-              raise_on_failure: bool = True) -> QualityReport:
+              raise_on_failure: bool = True, context_window: int = DEFAULT_CONTEXT_WINDOW) -> QualityReport:
+    """The gates on a window; `context_window`: the base model's (the caller knows which is trained), for the
+    prompt ceiling when `quality.max_approx_tokens` is unset."""
     import great_expectations as gx
 
     from pipelines.clients.spark import get_spark
@@ -170,8 +187,9 @@ def run_gates(settings: Settings, window: DateWindow, spark: SparkSession | None
     source = context.data_sources.add_or_update_spark(name="flywheel")
     frames = {"raw_logs": raw_frame(spark, settings, window), "raw_outcomes": outcome_frame(spark, settings, window), **{
         f"curated_{k}": v for k, v in curated_frames(spark, settings, window).items()}}
+    ceiling = ceiling_of(settings, frames["curated_examples"], context_window)
     outcomes = []
-    for suite_name, expectations in _suites(settings, window).items():
+    for suite_name, expectations in _suites(settings, window, ceiling["max_approx_tokens"]).items():
         suite = context.suites.add_or_update(gx.ExpectationSuite(name=suite_name, expectations=expectations))
         asset = _asset(source, suite_name)
         batch = _batch_definition(asset)
@@ -190,7 +208,8 @@ def run_gates(settings: Settings, window: DateWindow, spark: SparkSession | None
     report = QualityReport(window=str(window), success=success, suites=outcomes, data_docs=docs,
                            result_uri=f"{reports}/results/{window.label}.json", label_sources=dict(sorted(sources.items())),
                            grammar_limits=grammar_limits(settings.zone("raw"), [
-                               r["tool"] for r in frames["curated_tool_counts"].select("tool").collect()]))
+                               r["tool"] for r in frames["curated_tool_counts"].select("tool").collect()]),
+                           prompt_ceiling=ceiling)
     if not success:
         report.quarantined_to = quarantine_batch(settings, window, report)
     report.seconds = round(time.perf_counter() - started, 2)

@@ -21,6 +21,8 @@ from typing import Any
 from pipelines.config import REPO_ROOT, Settings
 from pipelines.errors import NotRetryable
 from pipelines.registry.gate import BASELINE, gate, last_look
+from pipelines.toolcall.budget import TAG as BUDGET_TAG
+from pipelines.toolcall.budget import recorded
 
 CANDIDATE, CHAMPION = "candidate", "champion"
 HISTORY_TAG, GATE_TAG = "flywheel.champion_history", "flywheel.gate"
@@ -60,6 +62,8 @@ def _model_card(name: str, sweep: dict[str, Any], variant: dict[str, Any], evalu
              f"(not included: the base is loaded by name).", "",
              f"- sweep: `{sweep['sweep_id']}` ({sweep['backend']} backend), variant {variant['index']}",
              f"- prompt style: {sweep['prompt_style']}; training set digest: `{sweep['dataset_digest']}`",
+             (f"- answer budget: {sweep.get('answer_budget') or 'not recorded'} tokens (the longest training call "
+              "plus a margin: what evaluation and serving let it write)"),
              f"- hyperparameters: {json.dumps(variant['params'], sort_keys=True)}",
              f"- validation: {json.dumps({k: round(v, 4) for k, v in variant['metrics'].items()}, sort_keys=True)}"]
     if label_sources:  # who wrote the answers it learned from (prep.labels)
@@ -138,6 +142,8 @@ def register(settings: Settings, sweep: dict[str, Any], evaluation: dict[str, An
             "flywheel.tool_schema_version": tool_schema_version}
     if window:  # the drift monitor's reference: the champion's training window
         tags["flywheel.training_window"] = window
+    if sweep.get("answer_budget"):  # what Triton, evaluation and the gateway let this version write
+        tags[BUDGET_TAG] = str(sweep["answer_budget"])
     if evaluation:
         tags["flywheel.evaluation"] = evaluation.get("json_uri", "")
     version = client.create_model_version(name, source=source, run_id=variant["run_id"], tags=tags,
@@ -170,6 +176,13 @@ def prompt_style(settings: Settings, version: str) -> str:
 
     tags = mlflow_client(settings).get_model_version(settings.mlflow.registered_model, version).tags
     return tags.get("flywheel.prompt_style", "short")
+
+
+def answer_budget(settings: Settings, version: str) -> int | None:
+    """The answer budget recorded with a registered version (None: registered before budgets were)."""
+    from pipelines.clients.mlflow import client as mlflow_client
+
+    return recorded(mlflow_client(settings).get_model_version(settings.mlflow.registered_model, version).tags)
 
 
 def adapter_path(settings: Settings, version: str) -> str:

@@ -20,6 +20,7 @@ from typing import Any, Literal
 import numpy as np
 
 from pipelines.config import Settings
+from pipelines.toolcall.budget import FALLBACK
 from pipelines.toolcall.prompt import chat_turns
 from pipelines.toolcall.prompt import system_for
 
@@ -217,7 +218,7 @@ class TritonClient:
                 # the model says whether its answer had no end token; a folder built before CUT is judged by its
                 # budget (without an end token an answer runs exactly max_new_tokens)
                 reply.cut = (bool(event["CUT"]) if "CUT" in event
-                             else reply.output_tokens >= self.settings.triton.max_new_tokens)
+                             else reply.output_tokens >= (self.settings.triton.max_new_tokens or FALLBACK))
                 return reply
             if on_text is not None:
                 on_text(reply.text or "")

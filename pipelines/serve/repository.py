@@ -24,6 +24,7 @@ from pathlib import Path
 
 from pipelines.config import Settings
 from pipelines.errors import NotRetryable
+from pipelines.toolcall.budget import FALLBACK, recorded
 
 MODEL_FILE = Path(__file__).with_name("triton_model.py")
 GRAMMAR_FILE = Path(__file__).parents[1] / "toolcall" / "grammar.py"  # model.py's constrained decoder, copied beside it
@@ -52,11 +53,21 @@ def triton_name(settings: Settings, version: str | None) -> str:
     return f"{settings.triton.model_name}_{'v' + str(version) if version else BASE_NAME}"
 
 
-def config_pbtxt(settings: Settings, name: str, base_model_path: str, adapter: str | None) -> str:
+def token_limits(settings: Settings, base_model: str, budget: int | None) -> tuple[int, int]:
+    """(max_input_tokens, max_new_tokens) of a model folder: the settings when given, else sized from the
+    model (`toolcall.budget`): the version's answer budget, and the base model's context window minus it."""
+    from pipelines.train.models import context_window
+
+    t = settings.triton
+    new = t.max_new_tokens or budget or FALLBACK
+    return t.max_input_tokens or max(16, context_window(base_model) - new), new
+
+
+def config_pbtxt(settings: Settings, name: str, base_model_path: str, adapter: str | None,
+                 limits: tuple[int, int]) -> str:
     t = settings.triton
     params = {"base_model_path": base_model_path, "adapter": adapter or "",
-              "max_input_tokens": str(t.max_input_tokens), "max_new_tokens": str(t.max_new_tokens),
-              "threads": str(t.threads)}
+              "max_input_tokens": str(limits[0]), "max_new_tokens": str(limits[1]), "threads": str(t.threads)}
     if t.execution_env:
         params["EXECUTION_ENV_PATH"] = t.execution_env
     rendered = ",\n".join(f'  {{ key: "{k}" value: {{ string_value: {json.dumps(v)} }} }}' for k, v in params.items())
@@ -108,13 +119,15 @@ def _conflict(name: str, where: str, existing: dict[str, object] | None, meta: d
 
 
 def write_model(settings: Settings, repository: Path, name: str, base_model_path: str, adapter_dir: str | None,
-                meta: dict[str, object], *, in_use: bool = False) -> tuple[Path, bool]:
+                meta: dict[str, object], *, in_use: bool = False, limits: tuple[int, int] | None = None
+                ) -> tuple[Path, bool]:
     """The model folder, written once: (folder, stale). An existing folder built identically is reused
     untouched; one serving the same model but built from other settings is kept while the model is
     `in_use` (loaded or live: stale=True) and replaced otherwise; one serving another model raises
     ModelInUse when in use. New content goes to a private staging folder renamed into place, so Triton
     never sees half a folder."""
-    config = config_pbtxt(settings, name, base_model_path, "adapter" if adapter_dir else None)
+    limits = limits or token_limits(settings, str(meta.get("base_model")), None)
+    config = config_pbtxt(settings, name, base_model_path, "adapter" if adapter_dir else None, limits)
     meta = {**meta, "fingerprint": _fingerprint(config, adapter_dir)}
     final = repository / name
     existing = _read_meta(final / "1" / "flywheel.json")
@@ -199,15 +212,15 @@ def publish(settings: Settings, folder: Path, *, in_use: bool = False) -> tuple[
     return uri, False
 
 
-def configured_limit(settings: Settings, name: str) -> int:
-    """The `max_input_tokens` a model's folder in the repository was built with."""
+def configured_limit(settings: Settings, name: str, key: str = "max_input_tokens") -> int:
+    """The `max_input_tokens` (or `max_new_tokens`) a model's folder in the repository was built with."""
     import re
 
     from pipelines.storage import read_bytes
 
     config = read_bytes(f"{model_uri(settings, name)}/config.pbtxt").decode("utf-8")
-    found = re.search(r'key: "max_input_tokens" value: \{ string_value: "(\d+)" \}', config)
-    return int(found.group(1)) if found else 1024  # triton_model.py's default
+    found = re.search(rf'key: "{key}" value: \{{ string_value: "(\d+)" \}}', config)
+    return int(found.group(1)) if found else {"max_input_tokens": 1024, "max_new_tokens": 96}[key]  # model.py's
 
 
 def build_version(settings: Settings, version: str, *, in_use: bool = False) -> ModelEntry:
@@ -224,19 +237,22 @@ def build_version(settings: Settings, version: str, *, in_use: bool = False) -> 
     path, stale = write_model(settings, staging_repository(settings), name, prepare_base(base_model, settings),
                               adapter_path(settings, version),
                               {"registry_version": version, "base_model": base_model, "prompt_style": style,
-                               "model": settings.mlflow.registered_model}, in_use=in_use)
+                               "model": settings.mlflow.registered_model}, in_use=in_use,
+                              limits=token_limits(settings, base_model, recorded(tags)))
     uri, remote_stale = publish(settings, path, in_use=in_use)
     return ModelEntry(name, uri, version, style, base_model, stale or remote_stale)
 
 
-def build_base(settings: Settings, base_model: str = "smollm2-135m-instruct", *, in_use: bool = False) -> ModelEntry:
-    """The un-tuned base model (full prompt, in-context examples): the baseline the benchmark compares."""
+def build_base(settings: Settings, base_model: str = "smollm2-135m-instruct", *, in_use: bool = False,
+               budget: int | None = None) -> ModelEntry:
+    """The un-tuned base model (full prompt, in-context examples): the baseline the benchmark compares, with
+    the answer budget of the model it is compared with."""
     from pipelines.train.models import prepare_base
 
     name = triton_name(settings, None)
     path, stale = write_model(settings, staging_repository(settings), name, prepare_base(base_model, settings),
                               None, {"registry_version": None, "base_model": base_model, "prompt_style": "full"},
-                              in_use=in_use)
+                              in_use=in_use, limits=token_limits(settings, base_model, budget))
     uri, remote_stale = publish(settings, path, in_use=in_use)
     return ModelEntry(name, uri, None, "full", base_model, stale or remote_stale)
 

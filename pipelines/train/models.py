@@ -32,18 +32,20 @@ class BaseModelSpec:
     source: Literal["config", "gguf", "hub"]
     reference: str
     description: str
+    context_window: int = 2048  # tokens: prompt and answer together (the config's max_position_embeddings)
 
 
 CATALOGUE: dict[str, BaseModelSpec] = {
-    "tiny-llama": BaseModelSpec("tiny-llama", "config", "llama:2x64", "2-layer Llama with SmolLM2's tokenizer, for tests"),
+    "tiny-llama": BaseModelSpec("tiny-llama", "config", "llama:2x64", "2-layer Llama with SmolLM2's tokenizer, for tests",
+                                 2048),
     "llama-8b-shape-random": BaseModelSpec("llama-8b-shape-random", "config", "llama:32x4096",
                                            "Llama-3.1-8B's shape with random weights and SmolLM2's tokenizer: "
-                                           "GPU throughput benchmarks without a model store"),
+                                           "GPU throughput benchmarks without a model store", 8192),
     "smollm2-135m-instruct": BaseModelSpec("smollm2-135m-instruct", "gguf", f"{SMOLLM2_PACKAGE}/{SMOLLM2_GGUF}",
-                                           "SmolLM2-135M-Instruct (Apache-2.0), fp32 from the packaged GGUF"),
+                                           "SmolLM2-135M-Instruct (Apache-2.0), fp32 from the packaged GGUF", 8192),
     "llama-3.1-nemotron-nano-8b-v1": BaseModelSpec("llama-3.1-nemotron-nano-8b-v1", "hub",
                                                    "nvidia/Llama-3.1-Nemotron-Nano-8B-v1",
-                                                   "the case study's model; needs a GPU and a model store"),
+                                                   "the case study's model; needs a GPU and a model store", 131072),
 }
 
 
@@ -71,6 +73,36 @@ def smollm2_tokenizer_dir(settings: Settings) -> Path:
         tokenizer = AutoTokenizer.from_pretrained(_smollm2_dir(), gguf_file=SMOLLM2_GGUF)
         tokenizer.save_pretrained(target)
     return target
+
+
+def context_window(name: str) -> int:
+    """Tokens the base model attends to (prompt and answer): the catalogue's, or a local model folder's
+    `max_position_embeddings`; 2048 when neither says."""
+    if name in CATALOGUE:
+        return CATALOGUE[name].context_window
+    config = Path(name) / "config.json"
+    if config.is_file():
+        import json
+
+        return int(json.loads(config.read_text()).get("max_position_embeddings") or 2048)
+    return 2048
+
+
+def load_tokenizer(name: str, settings: Settings) -> PreTrainedTokenizerBase:
+    """The base model's tokenizer alone (the catalogue's models share SmolLM2's: no weights are read)."""
+    from transformers import AutoTokenizer
+
+    if name in CATALOGUE and CATALOGUE[name].source != "hub":
+        return AutoTokenizer.from_pretrained(smollm2_tokenizer_dir(settings))
+    return AutoTokenizer.from_pretrained(prepare_base(name, settings))
+
+
+def answer_budget_of(settings: Settings, base_model: str, targets: list[str]) -> int:
+    """The answer budget of a model trained on `targets` (`toolcall.budget`): its longest in the base model's
+    tokens plus the margin."""
+    from pipelines.toolcall.budget import budget_for, longest_in_tokens
+
+    return budget_for(longest_in_tokens(load_tokenizer(base_model, settings), targets))
 
 
 def prepare_base(name: str, settings: Settings) -> str:

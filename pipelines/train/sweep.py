@@ -25,7 +25,9 @@ from rich.console import Console
 from pipelines.config import ConfigError, Settings
 from pipelines.errors import NotRetryable
 from pipelines.storage import write_json
+from pipelines.toolcall.budget import TAG as BUDGET_TAG
 from pipelines.train.hf_backend import TrainConfig, TrainResult, epochs_seen, steps_for
+from pipelines.train.models import answer_budget_of
 
 SELECT_METRICS = ("exact_match", "arg_f1", "name_accuracy")
 PROMPT_STYLES = ("names", "short", "full")
@@ -137,6 +139,7 @@ class SweepResult:
     best: int | None
     uri: str = ""
     window: str | None = None  # the training set's window label (START_END): evaluation and lineage use it
+    answer_budget: int | None = None  # tokens a call may take: the longest training target + a margin
 
     @property
     def best_variant(self) -> VariantResult:
@@ -240,6 +243,7 @@ def run_sweep(settings: Settings, sweep: SweepConfig, console: Console | None = 
             # the same validation requests
             train = {style: training_pairs(to_examples(rows, style)) for style in styles}
             val = {style: to_examples(val_rows, style) for style in styles}
+            budget = answer_budget_of(settings, sweep.base.base_model, [t for p in train.values() for _, t in p])
             if settings.triton.constrained:  # validation decodes under the grammar: refuse before training
                 from pipelines.toolcall.decode import require_grammars
 
@@ -250,7 +254,7 @@ def run_sweep(settings: Settings, sweep: SweepConfig, console: Console | None = 
                                "variants": len(configs), "prompt_style": ",".join(styles),
                                "train_sampling": sweep.train_sampling, "val_sampling": "stratified",
                                "base_model": sweep.base.base_model, "train_examples": len(rows),
-                               "val_examples": len(val_rows), "dataset_digest": digest})
+                               "val_examples": len(val_rows), "dataset_digest": digest, BUDGET_TAG: budget})
             mlflow.log_dict(sweep.model_dump(mode="json"), "sweep.json")
         for index, (cfg, style) in enumerate(points):
             if only is not None and index not in only:
@@ -262,7 +266,7 @@ def run_sweep(settings: Settings, sweep: SweepConfig, console: Console | None = 
                           + ", ".join(f"{k}={style if k == 'prompt_style' else getattr(cfg, k)}"
                                       for k in sorted(sweep.grid)))
             results.append(_run_variant(settings, sweep, sweep_id, index, cfg, style, train[style], val[style],
-                                        folder, experiment_id, parent_id, console))
+                                        folder, experiment_id, parent_id, console, budget))
         finished = [r for r in results if r.status == "completed"]
         best = max(finished, key=lambda r: (r.metrics.get(f"val_{sweep.select_metric}", 0.0),
                                             -r.metrics.get("final_loss", 0.0)), default=None)
@@ -273,8 +277,11 @@ def run_sweep(settings: Settings, sweep: SweepConfig, console: Console | None = 
             mlflow.set_tags({"flywheel.best_run_id": best.run_id, "flywheel.best_variant": str(best.index)})
     # the sweep's prompt style is its best variant's: evaluation, the registry and serving use that one
     style = (best.prompt_style or sweep.prompt_style) if best is not None else sweep.prompt_style
+    if collect:  # the pods measured it from the same training rows: their parent run's param
+        budget = int(mlflow.MlflowClient().get_run(parent_id).data.params.get(BUDGET_TAG, 0)) or None
     result = SweepResult(sweep_id, sweep.name, sweep.backend, parent_id, digest, style,
-                         sweep.base.base_model, results, results.index(best) if best else None, window=window)
+                         sweep.base.base_model, results, results.index(best) if best else None, window=window,
+                         answer_budget=budget)
     result.uri = write_json(str(folder / "sweep.json"), result.to_dict())
     return result
 
@@ -315,7 +322,7 @@ def find_or_start_run(experiment_id: str, tags: dict[str, str], name: str, paren
 
 def _run_variant(settings: Settings, sweep: SweepConfig, sweep_id: str, index: int, cfg: TrainConfig, style: str,
                  train: list[tuple[list[dict[str, str]], str]], val: list[Any], folder: Path, experiment_id: str,
-                 parent_id: str, console: Console) -> VariantResult:
+                 parent_id: str, console: Console, budget: int) -> VariantResult:
     import mlflow
 
     out = folder / f"variant-{index:02d}"
@@ -348,7 +355,7 @@ def _run_variant(settings: Settings, sweep: SweepConfig, sweep_id: str, index: i
                    "resumed_from_step": float(trained.resumed_from), "wall_s": round(wall, 1),
                    "peak_memory_mb": round(peak_memory_mb(), 1)}
         if trained.status == "completed":
-            metrics.update(_validate(settings, cfg.base_model, trained.adapter_dir, val, console))
+            metrics.update(_validate(settings, cfg.base_model, trained.adapter_dir, val, budget))
             mlflow.log_artifacts(trained.adapter_dir, "adapter")
         mlflow.log_metrics(metrics)
         mlflow.set_tag("flywheel.status", trained.status)
@@ -374,9 +381,9 @@ def train_variant(settings: Settings, sweep: SweepConfig, cfg: TrainConfig,
     return train_lora(train, cfg, out, lambda name: load_base(name, settings), on_step)
 
 
-def _validate(settings: Settings, base_model: str, adapter_dir: str, val: list[Any], console: Console) -> dict[str, float]:
+def _validate(settings: Settings, base_model: str, adapter_dir: str, val: list[Any], budget: int) -> dict[str, float]:
     """Generation on the validation split, decoded as models are served (`triton.constrained`: under the
-    offered tools' grammar): the sweep's selection metric (no latency timing here)."""
+    offered tools' grammar) within the answer budget: the sweep's selection metric (no latency timing here)."""
     from pipelines.logs.toolsets import tool_effects
     from pipelines.toolcall import score as m
     from pipelines.toolcall.decode import generate
@@ -389,7 +396,7 @@ def _validate(settings: Settings, base_model: str, adapter_dir: str, val: list[A
         effects = None
     model, tokenizer = load_model(base_model, settings, adapter_dir)
     out = generate(model, tokenizer, [e.turns for e in val], latency_samples=0,
-                   max_new_tokens=settings.evaluation.max_new_tokens,
+                   max_new_tokens=settings.evaluation.max_new_tokens or budget,
                    tools=grounded_tools(val, effects, settings.triton.grounded_ids) if settings.triton.constrained else None)
     summary = m.summarize([m.score(t, e.expected, effects) for t, e in zip(out.texts, val)])
     return {f"val_{k}": float(summary[k] or 0.0) for k in SELECT_METRICS + ("json_valid", "wrong_writes")}
