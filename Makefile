@@ -79,15 +79,12 @@ $(AIPERF_STAMP): requirements/aiperf.in
 demo: setup serve-env
 	$(VENV)/bin/flywheel demo
 
-# Both cores: a test module and its fixtures stay on one worker; tests/conftest.py orders the longest first.
-TEST_WORKERS ?= 2
-XDIST = -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
-
+# One process: two pytest workers side by side were measured slower where it matters (README, make test).
 test: setup nemo-env serve-env checkov-env s3-env
-	$(VENV)/bin/pytest $(XDIST) $(PYTEST_ARGS)
+	$(VENV)/bin/pytest $(PYTEST_ARGS)
 
 test-fast: setup nemo-env serve-env checkov-env s3-env
-	$(VENV)/bin/pytest -m "not slow" $(XDIST) $(PYTEST_ARGS)
+	$(VENV)/bin/pytest -m "not slow" $(PYTEST_ARGS)
 
 lock:
 	$(PY) -m pip install --dry-run --ignore-installed --report /tmp/flywheel-platform.json -r requirements/platform.in

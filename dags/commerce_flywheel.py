@@ -104,8 +104,8 @@ def commerce_flywheel():
         return run_task("prep", win)
 
     @task
-    def validate(win: dict, _prepared: dict) -> dict:
-        return run_task("validate", win)
+    def validate(win: dict, _prepared: dict, p: dict) -> dict:
+        return run_task("validate", win, None, p)  # p: the sweep the run trains sizes the prompt ceiling
 
     @task
     def features(win: dict, _validated: dict) -> dict:
@@ -154,7 +154,7 @@ def commerce_flywheel():
 
     p = params()
     win = window(p)
-    built = features(win, validate(win, prep(win, ingest(win, p))))
+    built = features(win, validate(win, prep(win, ingest(win, p)), p))
     go = should_train(built, p)
     pods = KubernetesPodOperator.partial(task_id="train_variant", **TRAIN_POD_ARGS).expand(
         pod_template_dict=train_pods(go, p, win))

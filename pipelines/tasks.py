@@ -105,19 +105,26 @@ def prep(window: dict[str, str], settings: Settings | None = None) -> dict[str, 
     return run_prep(settings or get_settings(), _window(window)).to_dict()
 
 
-def base_context_window(settings: Settings) -> int:
-    """The context window of the base model the configured sweep trains (the quality gate's prompt ceiling)."""
+def base_context_window(settings: Settings, params: dict[str, Any] | None = None) -> int:
+    """The context window of the base model the run's sweep trains (the quality gate's prompt ceiling): the
+    run's `sweep` param, the drift sweep for a drift retrain, else the configured one; SmolLM2's when the
+    sweep file cannot be read (the sweep task then says why)."""
+    from pipelines.config import ConfigError
+    from pipelines.toolcall.budget import DEFAULT_CONTEXT_WINDOW
     from pipelines.train.models import context_window
-    from pipelines.train.sweep import load_sweep
 
-    return context_window(load_sweep(settings.train.sweep, settings.train.backend).base.base_model)
+    try:
+        return context_window(_run_sweep_config(params or {}, settings).base.base_model)
+    except ConfigError:
+        return DEFAULT_CONTEXT_WINDOW
 
 
-def validate(window: dict[str, str], settings: Settings | None = None) -> dict[str, Any]:
+def validate(window: dict[str, str], settings: Settings | None = None,
+             params: dict[str, Any] | None = None) -> dict[str, Any]:
     from pipelines.quality.gates import run_gates
 
     settings = settings or get_settings()
-    report = run_gates(settings, _window(window), context_window=base_context_window(settings))
+    report = run_gates(settings, _window(window), context_window=base_context_window(settings, params))
     return {"success": report.success, "data_docs": report.data_docs, "result": report.result_uri}
 
 

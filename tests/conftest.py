@@ -12,25 +12,6 @@ from pipelines.config import get_settings
 
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
-# `make test` runs two workers, a module per worker (`-n 2 --dist loadfile --no-loadscope-reorder`): the
-# scheduler scenario (~20 min, half of it waiting on Airflow) goes first to one worker, the DAG runs to the
-# other, a short module after the scenario, then the rest in file order to whichever worker is free.
-FIRST = ("test_drift_scenario.py", "test_dag.py", "test_architecture.py")
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    rank = {name: n for n, name in enumerate(FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(FIRST)))  # stable: file order otherwise
-
-
-def pytest_runtest_setup(item: pytest.Item) -> None:
-    """Under `make test` the worker of every other module yields the CPU to the scheduler scenario (nice 10,
-    inherited by the servers and trainings it starts): sharing the two cores evenly made the scenario run
-    past its 30 minutes while the other worker idled at the end; with the scenario first served, the other
-    modules use what its waits leave. Niceness only ever rises, so a worker stays at 10 once set."""
-    if os.environ.get("PYTEST_XDIST_WORKER") and item.path.name != FIRST[0] and os.nice(0) < 10:
-        os.nice(10 - os.nice(0))
-
 
 @pytest.fixture
 def flywheel_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:

@@ -97,3 +97,11 @@ def test_secrets_are_masked_when_dumped(flywheel_root: Path, monkeypatch: pytest
     monkeypatch.setenv("FLYWHEEL_MLFLOW__PASSWORD", "hunter2-secret")
     dumped = str(load_settings().model_dump(mode="json"))
     assert "hunter2-secret" not in dumped
+
+
+def test_served_decoding_follows_how_triton_serves() -> None:
+    from pipelines.config_sections import decoding_modes
+
+    assert decoding_modes("served", True) == "on" and decoding_modes("served", False) == "off"
+    assert decoding_modes("both", True) == "both" and decoding_modes("off", True) == "off"
+    assert load_settings().evaluation.constrained == "served" == load_settings().bench.constrained

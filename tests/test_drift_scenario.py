@@ -36,7 +36,7 @@ UNTRAINED, RETRAIN = str(SWEEPS / "smollm2-untrained.yaml"), str(SWEEPS / "smoll
 
 
 
-@pytest.mark.timeout(2700)  # ~20 min alone here; make test runs other modules beside it (at lower priority)
+@pytest.mark.timeout(1800)  # ~20 min here; a slower CI machine took longer than the suite's 15-minute default
 def test_drift_alert_retrains_once_under_the_scheduler_on_postgres(tmp_path: Path, postgres) -> None:
     import base64
     import urllib.error
@@ -188,7 +188,7 @@ def test_drift_alert_retrains_once_under_the_scheduler_on_postgres(tmp_path: Pat
         state = json.loads((root / "reports" / "drift" / "state.json").read_text())
         assert len(state["alerts"]) >= 2 and [a["emitted"] for a in state["alerts"]].count(True) == 1, state
 
-        retrain = wait_for(lambda: finished("commerce_flywheel", "asset_triggered"), 1800, "the asset-triggered retrain")[0]
+        retrain = wait_for(lambda: finished("commerce_flywheel", "asset_triggered"), 1200, "the asset-triggered retrain")[0]
         assert retrain["state"] == "success", retrain
 
         from pipelines.clients.mlflow import client as mlflow_client

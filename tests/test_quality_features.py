@@ -209,3 +209,22 @@ def test_a_backfill_builds_its_own_window_and_never_moves_the_current_training_s
         "digest"]
     rows = load_split(settings, "train", window=old_label)
     assert len(rows) > 0 and set(pd.to_datetime(rows["event_timestamp"]).dt.date) == {old_day}
+
+
+def test_an_example_past_the_base_models_context_window_fails_the_gate(tmp_path: Path, spark) -> None:
+    """quality.max_approx_tokens unset: the ceiling is the context window the caller names minus the answer
+    budget of the window's longest target; a window that fits passes, the same window against a smaller
+    model's window fails on approx_tokens."""
+    settings = load_settings(root=str(tmp_path))
+    write_window(tmp_path / "raw", records=300, days=1, seed=8)
+    day = DateWindow(END, END)
+    run_prep(settings, day, spark=spark)
+    examples = pd.concat(pd.read_parquet(p) for p in (tmp_path / "curated" / "examples").rglob("*.parquet"))
+    fits = run_gates(settings, day, spark=spark, raise_on_failure=False, context_window=8192)
+    assert fits.success and fits.prompt_ceiling["source"] == "context window - answer budget"
+    budget = 8192 - fits.prompt_ceiling["max_approx_tokens"]  # of the window's longest target
+    median = int(examples["approx_tokens"].median())  # a model whose window holds half the examples
+    report = run_gates(settings, day, spark=spark, raise_on_failure=False, context_window=median + budget)
+    assert report.prompt_ceiling["max_approx_tokens"] == median
+    [failed] = [f for s in report.suites for f in s.failed]
+    assert failed["column"] == "approx_tokens" and not report.success

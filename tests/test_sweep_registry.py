@@ -144,7 +144,20 @@ def test_evaluation_report_compares_conditions_on_the_same_requests(settings, fi
     # evaluation.max_new_tokens unset: every condition decodes within the sweep's answer budget (its longest
     # training call in the base model's tokens plus a margin), as the registered version will be served
     sweep = json.loads(Path(first_sweep["sweep_uri"]).read_text())
-    assert sweep["answer_budget"] >= 16 and report["settings"]["max_new_tokens"] == sweep["answer_budget"]
+    assert report["settings"]["max_new_tokens"] == sweep["answer_budget"]
+    # measured on the training targets (not the prompts): within the budget of the split's longest target
+    from mlflow import MlflowClient
+
+    from pipelines.prep.dataset import load_split
+    from pipelines.toolcall.budget import budget_for, longest_in_tokens
+    from pipelines.toolcall.examples import to_examples
+    from pipelines.train.models import load_tokenizer
+
+    targets = [e.target for e in to_examples(load_split(settings, "train", 100_000), "names")]
+    longest = longest_in_tokens(load_tokenizer("tiny-llama", settings), targets)
+    assert budget_for(10) < sweep["answer_budget"] <= budget_for(longest)
+    assert MlflowClient().get_run(sweep["parent_run_id"]).data.params["flywheel.answer_budget"] == str(
+        sweep["answer_budget"])
     assert [c["constrained"] for c in report["conditions"]] == [False, True] * 3
     html = Path(evaluated["html_uri"]).read_text()
     assert "confusion matrix tuned_candidate" in html and html.count("data:image/png;base64") >= 5

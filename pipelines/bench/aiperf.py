@@ -114,7 +114,7 @@ def run_aiperf(settings: Settings, requests: int, levels: list[int], models: tup
     if "base" in models:  # the `base` alias answers only while the base model is loaded
         client = TritonClient(settings)
         try:
-            base = _base_entry(settings, client, BASE_MODEL)
+            base = _base_entry(settings, client, BASE_MODEL, live)
             if not client.ready(base.name):
                 client.load(base.name)
         finally:
