@@ -15,6 +15,9 @@ class _Section(BaseModel):
 Decoding = Literal["served", "off", "on", "both"]
 
 
+DECODINGS = {"off": [False], "on": [True], "both": [False, True]}  # a resolved setting: decode under the grammar?
+
+
 def decoding_modes(setting: str, served_constrained: bool) -> str:
     """`served` (the default of evaluation and bench) as off/on: the way models are served
     (`triton.constrained`); off, on and both as they are."""

@@ -22,7 +22,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from pipelines.bench.hardware import detect, usd_per_million
 from pipelines.config import BenchSettings, Settings
-from pipelines.config_sections import decoding_modes
+from pipelines.config_sections import DECODINGS, decoding_modes
 from pipelines.errors import NotRetryable
 from pipelines.serve import repository, server
 from pipelines.serve.client import Reply, TritonClient, conversation
@@ -137,8 +137,7 @@ def run_bench(settings: Settings, cfg: BenchSettings | None = None, console: Con
     base_model = _base_model_of(settings, live)
     client = TritonClient(settings, cfg.protocol)  # type: ignore[arg-type]
     results: list[dict[str, Any]] = []
-    modes = {"off": [False], "on": [True], "both": [False, True]}[decoding_modes(cfg.constrained,
-                                                                                 settings.triton.constrained)]
+    modes = DECODINGS[decoding_modes(cfg.constrained, settings.triton.constrained)]
     served = settings.triton.constrained if settings.triton.constrained in modes else modes[0]
     started = time.perf_counter()
     try:

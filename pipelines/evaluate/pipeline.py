@@ -18,6 +18,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from pipelines.config import Settings
+from pipelines.config_sections import DECODINGS
 from pipelines.evaluate.results import TABLE_METRICS, ConditionResult, EvalReport  # noqa: F401 (re-exported)
 from pipelines.toolcall import score as metrics
 from pipelines.toolcall.fewshot import shot_pool, with_shots
@@ -156,7 +157,7 @@ def evaluate(settings: Settings, cfg: EvalConfig, adapters: list[Adapter], name:
         gen = {"max_new_tokens": cfg.max_new_tokens, "batch_size": cfg.batch_size,
                "latency_samples": cfg.latency_samples, "progress": progress}
 
-        modes = {"off": [False], "on": [True], "both": [False, True]}[cfg.constrained]
+        modes = DECODINGS[cfg.constrained]
 
         def run(condition: str, label: str, style: str, shots: int, model: Any, tokenizer: Any,
                 chosen: list[Example], conversations: list[list[dict[str, str]]]) -> None:
