@@ -33,7 +33,10 @@ def test_tiny_llama_is_deterministic_and_uses_a_real_tokenizer(settings) -> None
 
 
 def test_hub_models_are_an_explicit_error_without_a_hub(settings, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    import huggingface_hub.constants
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # read once, when huggingface_hub is first imported: set the
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # constant too (no 46 s of retries)
     with pytest.raises(ModelUnavailable, match="llama-3.1-nemotron-nano-8b-v1"):
         load_base("llama-3.1-nemotron-nano-8b-v1", settings)
 
