@@ -115,7 +115,7 @@ def base_context_window(settings: Settings, params: dict[str, Any] | None = None
 
     try:
         return context_window(_run_sweep_config(params or {}, settings).base.base_model)
-    except ConfigError:
+    except ConfigError:  # load_sweep says every unreadable sweep file this way
         return DEFAULT_CONTEXT_WINDOW
 
 
@@ -206,7 +206,7 @@ def evaluate(trained: dict[str, Any], settings: Settings | None = None) -> dict[
     champion = alias_version(settings, CHAMPION)
     if champion is not None:
         adapters.append(Adapter("tuned_champion", adapter_path(settings, champion), prompt_style(settings, champion)))
-        budgets.append(answer_budget(settings, champion))
+        budgets.append(answer_budget(settings, champion) or FALLBACK)  # pre-budget versions are served at 64
     # every condition within the same budget: the largest the compared models learned (as served)
     max_new_tokens = settings.evaluation.max_new_tokens or max([b for b in budgets if b] or [FALLBACK])
     # a drift retrain needs candidate vs champion for the gate; the base-model baselines are the daily run's

@@ -49,6 +49,34 @@ def test_a_model_folder_takes_its_limits_from_the_version_unless_the_settings_sa
     assert token_limits(settings, "smollm2-135m-instruct", None) == (8192 - 64, 64)  # registered without one
     fixed = load_settings(root=str(tmp_path), triton={"max_new_tokens": 40, "max_input_tokens": 1024})
     assert token_limits(fixed, "smollm2-135m-instruct", 283) == (1024, 40)
+    from pipelines.config import ConfigError
+
+    greedy = load_settings(root=str(tmp_path), triton={"max_new_tokens": 2040})
+    with pytest.raises(ConfigError, match="leaves 8 of tiny-llama's 2048-token context window"):
+        token_limits(greedy, "tiny-llama", 283)  # a folder that would refuse every prompt is never built
+    assert token_limits(greedy, "smollm2-135m-instruct", 283) == (8192 - 2040, 2040)
+
+
+def test_a_model_folder_names_its_own_context_window(tmp_path: Path) -> None:
+    import json
+
+    from pipelines.train.models import context_window
+
+    (tmp_path / "config.json").write_text(json.dumps({"max_position_embeddings": 4096}))
+    assert context_window(str(tmp_path)) == 4096
+
+
+def test_the_gates_ceiling_uses_the_runs_own_sweep_and_survives_a_broken_one(tmp_path: Path) -> None:
+    from pipelines.tasks import base_context_window
+
+    settings = load_settings(root=str(tmp_path))
+    tiny = str(Path(__file__).resolve().parent.parent / "conf" / "sweeps" / "tiny.yaml")
+    assert base_context_window(settings, {"sweep": tiny}) == 2048  # the run's sweep trains tiny-llama
+    assert base_context_window(settings) == 8192  # the configured sweep: SmolLM2
+    for text in ("base: [unclosed", "- a list\n- not a sweep\n"):
+        broken = tmp_path / "broken.yaml"
+        broken.write_text(text)
+        assert base_context_window(settings, {"sweep": str(broken)}) == 8192  # the train task says why
 
 
 def test_the_quality_gate_ceiling_follows_the_longest_target_unless_set(tmp_path: Path, spark) -> None:
@@ -62,7 +90,7 @@ def test_the_quality_gate_ceiling_follows_the_longest_target_unless_set(tmp_path
     assert fixed == {"max_approx_tokens": 4096, "source": "quality.max_approx_tokens"}
 
 
-@pytest.mark.parametrize("section", ["evaluation", "triton"])
-def test_budget_settings_are_unset_by_default(section: str, tmp_path: Path) -> None:
+def test_budget_settings_are_unset_by_default(tmp_path: Path) -> None:
     settings = load_settings(root=str(tmp_path))
-    assert getattr(settings, section).max_new_tokens is None and settings.quality.max_approx_tokens is None
+    assert settings.evaluation.max_new_tokens is None and settings.triton.max_new_tokens is None
+    assert settings.triton.max_input_tokens is None and settings.quality.max_approx_tokens is None

@@ -99,7 +99,7 @@ def test_secrets_are_masked_when_dumped(flywheel_root: Path, monkeypatch: pytest
     assert "hunter2-secret" not in dumped
 
 
-def test_served_decoding_follows_how_triton_serves() -> None:
+def test_served_decoding_follows_how_triton_serves(flywheel_root: Path) -> None:
     from pipelines.config_sections import decoding_modes
 
     assert decoding_modes("served", True) == "on" and decoding_modes("served", False) == "off"

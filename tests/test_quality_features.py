@@ -222,7 +222,12 @@ def test_an_example_past_the_base_models_context_window_fails_the_gate(tmp_path:
     examples = pd.concat(pd.read_parquet(p) for p in (tmp_path / "curated" / "examples").rglob("*.parquet"))
     fits = run_gates(settings, day, spark=spark, raise_on_failure=False, context_window=8192)
     assert fits.success and fits.prompt_ceiling["source"] == "context window - answer budget"
-    budget = 8192 - fits.prompt_ceiling["max_approx_tokens"]  # of the window's longest target
+    from pipelines.toolcall.budget import budget_for
+
+    longest = int(examples["target_json"].str.len().max())  # the answer budget of the window's longest target
+    budget = budget_for(-(-longest // 4))  # in prep's approximate tokens (characters / 4, rounded up)
+    assert fits.prompt_ceiling["longest_target_chars"] == longest
+    assert fits.prompt_ceiling["max_approx_tokens"] == 8192 - budget
     median = int(examples["approx_tokens"].median())  # a model whose window holds half the examples
     report = run_gates(settings, day, spark=spark, raise_on_failure=False, context_window=median + budget)
     assert report.prompt_ceiling["max_approx_tokens"] == median

@@ -22,7 +22,7 @@ from pipelines.config import REPO_ROOT, Settings
 from pipelines.errors import NotRetryable
 from pipelines.registry.gate import BASELINE, gate, last_look
 from pipelines.toolcall.budget import TAG as BUDGET_TAG
-from pipelines.toolcall.budget import recorded
+from pipelines.toolcall.budget import FALLBACK, recorded
 
 CANDIDATE, CHAMPION = "candidate", "champion"
 HISTORY_TAG, GATE_TAG = "flywheel.champion_history", "flywheel.gate"
@@ -116,6 +116,7 @@ def register(settings: Settings, sweep: dict[str, Any], evaluation: dict[str, An
     meta = {"base_model": sweep["base_model"], "prompt_style": sweep["prompt_style"], "backend": sweep["backend"],
             "tool_schema_version": tool_schema_version, "dataset_digest": sweep["dataset_digest"],
             "sweep_id": sweep["sweep_id"], "code_version": code_version(),
+            "answer_budget": sweep.get("answer_budget") or FALLBACK,  # pyfunc's default max_new_tokens
             "prompt_template": "pipelines.toolcall.prompt.system_prompt" if sweep["prompt_style"] == "full"
             else f"pipelines.toolcall.prompt.short_system_prompt (style {sweep['prompt_style']})"}
     card = _model_card(name, sweep, variant, evaluation, lineage.get("label_sources"))

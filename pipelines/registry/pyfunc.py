@@ -39,6 +39,7 @@ class ToolCallerModel(mlflow.pyfunc.PythonModel):
             if self.meta["prompt_style"] == "full" and not row.get("system_prompt"):
                 raise ValueError("this model was trained with the full prompt: pass `system_prompt`")
             conversations.append(chat_turns(system_for(row, self.meta["prompt_style"]), row["messages"]))
-        max_new = int((params or {}).get("max_new_tokens", 96))
+        # the version's answer budget (its longest training call plus a margin), as Triton serves it
+        max_new = int((params or {}).get("max_new_tokens") or self.meta.get("answer_budget") or 64)
         return generate(self.model, self.tokenizer, conversations, max_new_tokens=max_new, latency_samples=0,
                         tools=[str(t) for t in model_input["tools_json"]]).texts

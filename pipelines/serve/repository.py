@@ -22,9 +22,11 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipelines.config import Settings
+from pipelines.config import ConfigError, Settings
 from pipelines.errors import NotRetryable
 from pipelines.toolcall.budget import FALLBACK, recorded
+
+MIN_PROMPT_TOKENS = 16  # below this no chat template fits: a folder built so would refuse every request
 
 MODEL_FILE = Path(__file__).with_name("triton_model.py")
 GRAMMAR_FILE = Path(__file__).parents[1] / "toolcall" / "grammar.py"  # model.py's constrained decoder, copied beside it
@@ -60,7 +62,14 @@ def token_limits(settings: Settings, base_model: str, budget: int | None) -> tup
 
     t = settings.triton
     new = t.max_new_tokens or budget or FALLBACK
-    return t.max_input_tokens or max(16, context_window(base_model) - new), new
+    if t.max_input_tokens:
+        return t.max_input_tokens, new
+    window = context_window(base_model)
+    if window - new < MIN_PROMPT_TOKENS:  # a folder that would refuse every request: say so when it is built
+        raise ConfigError(f"triton.max_new_tokens {new} leaves {window - new} of {base_model}'s {window}-token "
+                          f"context window for the prompt (at least {MIN_PROMPT_TOKENS}): lower it or set "
+                          "triton.max_input_tokens")
+    return window - new, new
 
 
 def config_pbtxt(settings: Settings, name: str, base_model_path: str, adapter: str | None,

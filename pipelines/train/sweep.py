@@ -82,7 +82,12 @@ def load_sweep(path: str, backend: str | None = None) -> SweepConfig:
     file = Path(path)
     if not file.is_file():
         raise ConfigError(f"sweep: no such file: {path}")
-    data = yaml.safe_load(file.read_text()) or {}
+    try:
+        data = yaml.safe_load(file.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: a sweep is a mapping of fields, got {type(data).__name__}")
     if backend:
         data["backend"] = backend
     try:
