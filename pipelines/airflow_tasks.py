@@ -11,17 +11,19 @@ RUN_TOKEN = "FLYWHEEL_RUN_TOKEN"  # set by `flywheel run` for its `dags test`: t
 
 
 def run_task(step: str, *args: Any) -> Any:
-    """Call `pipelines.tasks.<step>`; errors retrying cannot fix fail the task at once (no retries). A task's
+    """Call `pipelines.tasks.<step>`; errors retrying cannot fix (NotRetryable, ConfigError) fail the task at once
+    (no retries). A task's
     final failure (no retry left, or not retryable) is also recorded (`FAILURES`: the task, its one-line
     reason, whether it is a data problem, the DAG run), so `flywheel run` can say which task failed and why."""
     from airflow.sdk.exceptions import AirflowFailException
 
     from pipelines import tasks
+    from pipelines.config import ConfigError
     from pipelines.errors import NotRetryable
 
     try:
         return getattr(tasks, step)(*args)
-    except NotRetryable as exc:
+    except (NotRetryable, ConfigError) as exc:  # a setting that cannot work is not fixed by retrying either
         record_failure(step, exc, final=True)
         raise AirflowFailException(str(exc)) from exc
     except BaseException as exc:  # a timeout is a BaseException: recorded too, then raised as it was

@@ -10,6 +10,8 @@ import pytest
 from pipelines.config import load_settings
 from pipelines.toolcall.budget import budget_for, longest_in_tokens, prompt_ceiling, recorded
 
+pytestmark = pytest.mark.usefixtures("flywheel_root")  # no FLYWHEEL_* setting of the user's shell leaks in
+
 
 def test_the_answer_budget_is_the_longest_call_plus_a_margin() -> None:
     assert budget_for(57) == 80  # ceil(57 * 1.25) + 8: the demo's longest generated call
@@ -69,14 +71,16 @@ def test_a_model_folder_names_its_own_context_window(tmp_path: Path) -> None:
 def test_the_gates_ceiling_uses_the_runs_own_sweep_and_survives_a_broken_one(tmp_path: Path) -> None:
     from pipelines.tasks import base_context_window
 
-    settings = load_settings(root=str(tmp_path))
     tiny = str(Path(__file__).resolve().parent.parent / "conf" / "sweeps" / "tiny.yaml")
-    assert base_context_window(settings, {"sweep": tiny}) == 2048  # the run's sweep trains tiny-llama
-    assert base_context_window(settings) == 8192  # the configured sweep: SmolLM2
+    settings = load_settings(root=str(tmp_path), train={"sweep": tiny})  # configured: tiny-llama's 2,048
+    assert base_context_window(settings) == 2048
+    assert base_context_window(load_settings(root=str(tmp_path))) == 8192  # the default sweep: SmolLM2
+    demo = str(Path(__file__).resolve().parent.parent / "conf" / "sweeps" / "demo.yaml")
+    assert base_context_window(settings, {"sweep": demo}) == 8192  # the run's own sweep wins
     for text in ("base: [unclosed", "- a list\n- not a sweep\n"):
         broken = tmp_path / "broken.yaml"
         broken.write_text(text)
-        assert base_context_window(settings, {"sweep": str(broken)}) == 8192  # the train task says why
+        assert base_context_window(settings, {"sweep": str(broken)}) == 8192  # SmolLM2's: the train task says why
 
 
 def test_the_quality_gate_ceiling_follows_the_longest_target_unless_set(tmp_path: Path, spark) -> None:

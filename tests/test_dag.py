@@ -1,5 +1,5 @@
 """The commerce_flywheel DAG under `airflow dags test`. Under the real scheduler (`flywheel up`, a run
-triggered through the REST API): test_drift_scenario, which shares that server's start-up."""
+triggered through the REST API): test_drift_scenario (`make test-scenario`, outside `make test`)."""
 
 from __future__ import annotations
 

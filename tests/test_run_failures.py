@@ -63,3 +63,28 @@ def test_the_hourly_check_passes_before_the_first_champion_and_fails_on_any_othe
     monkeypatch.setattr(monitor, "run_monitor", no_window)
     with pytest.raises(monitor.NoReference, match="no clean records"):  # monitoring off would go unnoticed
         tasks.drift_check({}, settings)
+
+
+@pytest.mark.parametrize("error", ["config", "runtime"])
+def test_a_setting_that_cannot_work_fails_the_task_at_once(error: str, reports: str,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """A ConfigError (say a Triton budget that leaves no room for a prompt) fails the task without retries,
+    recorded as final; any other error stays retryable."""
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from pipelines import tasks
+    from pipelines.airflow_tasks import run_task
+    from pipelines.config import ConfigError
+
+    def broken(*_args):
+        raise ConfigError("triton.max_new_tokens 2040 leaves 8") if error == "config" else RuntimeError("flaky")
+
+    monkeypatch.setattr(tasks, "deploy", broken)
+    monkeypatch.setattr("pipelines.airflow_tasks._run_of", lambda: {"dag_id": "commerce_flywheel", "run_id": "r2",
+                                                                      "try_number": 1, "max_tries": 2})  # retries left
+    monkeypatch.setenv(RUN_TOKEN, "run-d")
+    expected = AirflowFailException if error == "config" else RuntimeError
+    with pytest.raises(expected):
+        run_task("deploy", {})
+    recorded = failure_of(reports, "commerce_flywheel", token="run-d")
+    assert (recorded is not None and "leaves 8" in recorded["reason"]) if error == "config" else recorded is None

@@ -39,7 +39,8 @@ class ToolCallerModel(mlflow.pyfunc.PythonModel):
             if self.meta["prompt_style"] == "full" and not row.get("system_prompt"):
                 raise ValueError("this model was trained with the full prompt: pass `system_prompt`")
             conversations.append(chat_turns(system_for(row, self.meta["prompt_style"]), row["messages"]))
-        # the version's answer budget (its longest training call plus a margin), as Triton serves it
-        max_new = int((params or {}).get("max_new_tokens") or self.meta.get("answer_budget") or 64)
+        # the version's answer budget (its longest training call plus a margin; recorded in the model's metadata
+        # since d2d507d); 96 for a version saved before it
+        max_new = int((params or {}).get("max_new_tokens") or self.meta.get("answer_budget") or 96)
         return generate(self.model, self.tokenizer, conversations, max_new_tokens=max_new, latency_samples=0,
                         tools=[str(t) for t in model_input["tools_json"]]).texts

@@ -66,8 +66,9 @@ def token_limits(settings: Settings, base_model: str, budget: int | None) -> tup
         return t.max_input_tokens, new
     window = context_window(base_model)
     if window - new < MIN_PROMPT_TOKENS:  # a folder that would refuse every request: say so when it is built
-        raise ConfigError(f"triton.max_new_tokens {new} leaves {window - new} of {base_model}'s {window}-token "
-                          f"context window for the prompt (at least {MIN_PROMPT_TOKENS}): lower it or set "
+        source = "triton.max_new_tokens" if t.max_new_tokens else "the version's answer budget"
+        raise ConfigError(f"{source} {new} leaves {window - new} of {base_model}'s {window}-token context window "
+                          f"for the prompt (at least {MIN_PROMPT_TOKENS}): set triton.max_new_tokens lower or "
                           "triton.max_input_tokens")
     return window - new, new
 
