@@ -16,70 +16,18 @@ from pathlib import Path
 import httpx
 import jsonschema
 import orjson
+import pandas as pd
 import pytest
 
-from serving_fixtures import registered  # noqa: F401 (the module-scoped fixture: v1 champion, v2 candidate)
+from gateway_fixtures import (ASK, PING, TEACHER_CALL, TOOLS, _captured, _client, _unusable, _wait,  # noqa: F401
+                              gateway, registered)
+from teacher_stub import MODEL as TEACHER_MODEL
 from pipelines.logs.generator import GeneratorConfig, TrafficGenerator
 from pipelines.logs.schema import check_line
 from pipelines.gateway import openai_api as api
 from pipelines.services import free_port, read_pid
 
 pytestmark = pytest.mark.slow
-
-# bounded arguments (enums, ranges, short strings): every answer the grammar admits fits the token budget
-TOOLS = [
-    {"type": "function", "function": {"name": "track", "description": "Track a parcel", "parameters": {
-        "type": "object", "required": ["carrier", "days"],
-        "properties": {"carrier": {"type": "string", "enum": ["ups", "dhl", "fedex"]},
-                       "days": {"type": "integer", "minimum": 1, "maximum": 30}}}}},
-    {"type": "function", "function": {"name": "refund", "description": "Refund an order", "parameters": {
-        "type": "object", "required": ["order"],
-        "properties": {"order": {"type": "string", "pattern": "^ORD-[0-9]{4}$"}, "full": {"type": "boolean"}}}}},
-]
-PING = [{"type": "function", "function": {"name": "ping", "parameters": {"type": "object", "properties": {}}}}]
-ASK = [{"role": "system", "content": "You route requests."}, {"role": "user", "content": "where is my dhl parcel?"}]
-
-
-@pytest.fixture(scope="module")
-def gateway(registered):  # noqa: F811
-    from pipelines.serve import deploy, repository
-    from pipelines.gateway import app as gw
-    from pipelines.serve.client import TritonClient
-
-    settings = registered["settings"]
-    settings.triton.max_new_tokens = 40  # a whole bounded call (the shared fixture's 12 cut it short)
-    settings.gateway.port = free_port()
-    settings.gateway.gate_requests, settings.gateway.min_agreement = 6, 0.0  # the live gate moves after 6 comparisons
-    settings.gateway.base_as_teacher = True  # plumbing: the base route stands in for a teacher
-    deploy.deploy(settings, "champion")
-    client = TritonClient(settings)
-    try:
-        for entry in (repository.build_version(settings, registered["v2"]), repository.build_base(settings, "tiny-llama")):
-            client.load(entry.name)
-    finally:
-        client.close()
-    gw.up(settings)
-    yield {**registered, "url": gw.base_url(settings), "key": gw.api_key(settings)}
-    gw.down(settings)
-
-
-def _client(gateway, key: str | None = None):
-    from openai import OpenAI
-
-    return OpenAI(base_url=gateway["url"], api_key=key or gateway["key"], timeout=120, max_retries=0)
-
-
-def _captured(settings, zone: str | None = None) -> dict[str, dict]:
-    """The turns the gateway captured into the raw zone, or into `zone` (the unusable answers' folder)."""
-    folder = Path(zone or settings.zone("raw"))
-    return {r["record_id"]: r for f in sorted(folder.glob("dt=*/gateway-*.jsonl"))
-            for r in (orjson.loads(line) for line in f.read_bytes().splitlines())}
-
-
-def _unusable(settings) -> dict[str, dict]:
-    """Answers that are no label (cut, free text): kept apart from the raw zone, never trained on."""
-    return _captured(settings, f"{settings.zone('serving')}/gateway/unusable")
-
 
 def test_the_openai_client_gets_tool_calls_sync_and_streamed(gateway) -> None:
     client = _client(gateway)
@@ -174,29 +122,24 @@ def test_bad_requests_get_openai_errors_and_the_server_stays_up(gateway) -> None
     assert ok.choices[0].message.tool_calls  # still serving
 
 
-def _wait(predicate, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
-
-
 def test_shadow_answers_with_the_teacher_and_the_live_gate_moves_the_route_to_canary(gateway) -> None:
     from pipelines.gateway import routes
     from pipelines.gateway.traffic import read_comparisons
 
     settings, client = gateway["settings"], _client(gateway)
-    ask = {"messages": ASK, "tools": TOOLS, "tool_choice": "required"}
-    teacher = client.chat.completions.create(model="base", **ask).choices[0].message.tool_calls[0].function
+    ask = {"messages": ASK, "tools": TOOLS, "tool_choice": "required", "user": "cus_0000042",
+           "metadata": {"session_id": "s-shadow", "country": "DE"}}
+    seen = len(gateway["teacher"].received)
     started = routes.set_route(settings, "champion", "shadow")["since"]
     time.sleep(1.2)  # the gateway re-reads routes each second
     answers = [client.chat.completions.create(model="champion", **ask) for _ in range(6)]
     for a in answers:  # the caller gets the teacher's answer
         call = a.choices[0].message.tool_calls[0].function
-        assert (call.name, call.arguments) == (teacher.name, teacher.arguments)
+        assert (call.name, json.loads(call.arguments)) == (TEACHER_CALL["name"], TEACHER_CALL["arguments"])
+    sent = gateway["teacher"].received[seen:]
+    assert len(sent) == 6 and all(b["model"] == settings.gateway.teacher_model and b["tools"] for b in sent)
+    # only what the teacher needs reaches the third party: never the customer id or the caller's metadata
+    assert not any({"user", "metadata"} & set(b) or "cus_0000042" in json.dumps(b) for b in sent)
     compared = _wait(lambda: [r for r in read_comparisons(settings, started) if r["mode"] == "shadow"
                               and r["agreement"] is not None] if len(read_comparisons(settings, started)) >= 6 else None,
                      120, "six shadow comparisons")
@@ -204,7 +147,9 @@ def test_shadow_answers_with_the_teacher_and_the_live_gate_moves_the_route_to_ca
     assert all(set(r["agreement"]) == {"name", "exact", "arg_f1", "wrong_write"} and r["candidate_latency_ms"] > 0
                for r in compared)
     captured = _captured(settings)
-    assert {captured[a.id]["model"] for a in answers} == {"tool_router_base"}  # the label is the teacher's
+    # the label is the teacher's, and says so
+    assert {(captured[a.id]["model"], captured[a.id]["label_source"]) for a in answers} == {
+        (f"teacher:{TEACHER_MODEL}", "teacher")}
     route = _wait(lambda: routes.route_of(routes.read_routes(settings), "champion")
                   if routes.route_of(routes.read_routes(settings), "champion")["mode"] == "canary" else None,
                   30, "the live gate's move to canary")
@@ -252,6 +197,99 @@ def test_a_failing_canary_falls_back_per_request_and_returns_the_route_to_serve_
     assert route["mode"] == "serve", route
     assert "errored" in routes.read_routes(settings)["history"][-1]["reason"]
     time.sleep(1.2)
+
+
+def _training_set(settings) -> pd.DataFrame:
+    """The training set the features stage wrote (every split), as the sweep reads it."""
+    return pd.concat([pd.read_parquet(f) for f in sorted(Path(settings.root, "curated", "sft").rglob("*.parquet"))])
+
+
+def _loop_pass(settings, window: dict[str, str]) -> pd.DataFrame:
+    """One pass of the flywheel's data path, the DAG's own tasks: prep, the quality gate, the features stage."""
+    from pipelines import tasks
+
+    tasks.prep(window, settings)
+    assert tasks.validate(window, settings)["success"]
+    tasks.features(window, settings)
+    return _training_set(settings)
+
+
+def test_the_loop_trains_on_the_teacher_and_on_people_never_on_the_champion_alone(gateway, spark) -> None:
+    """Issue 24: the champion serves live traffic through the gateway, a teacher is configured, and the loop
+    runs twice (prep, the quality gate, the features stage: the DAG's own tasks over the day the gateway
+    captured). The training set holds the teacher's answers and the champion's answers a person confirmed,
+    never its unconfirmed or down-rated ones; a down-rated turn waits in the review queue; after a reviewer
+    accepts a correction, the second pass trains on the correction (a `human` label), not on the original."""
+    from datetime import datetime, timezone
+
+    from helpers import run_flywheel
+    from pipelines.gateway import routes
+    from pipelines.logs.generator import write_raw_logs
+    from pipelines.logs.toolsets import register_toolset
+    from pipelines.prep.reviews import queue
+
+    settings, client, teacher = gateway["settings"], _client(gateway), gateway["teacher"]
+    day = datetime.now(timezone.utc).date()  # the gateway captures into today's partition
+    window = {"start": day.isoformat(), "end": day.isoformat()}
+    raw = settings.zone("raw")
+    # the agent's own tools (this module's earlier tests called them too: their turns are in the window)
+    register_toolset(raw, "parcels", TOOLS + PING, {"track": "read", "refund": "write", "ping": "read"})
+    # the rest of the day's traffic (another agent node's logs): the window the gate and features see
+    write_raw_logs(GeneratorConfig(seed=23, records=600, bad_share=0.0, end_date=day, days=1), Path(raw))
+    asks = [f"where is parcel {i} I sent with dhl {i + 2} days ago?" for i in range(8)]
+    teacher.answers.update({a: {"name": "track", "arguments": {"carrier": "dhl", "days": i + 2}}
+                            for i, a in enumerate(asks)})
+
+    def ask(text: str):
+        answer = client.chat.completions.create(model="champion", tools=TOOLS, tool_choice="required",
+                                                messages=[ASK[0], {"role": "user", "content": text}])
+        assert answer.choices[0].finish_reason == "tool_calls", answer
+        return answer.id
+
+    served = [ask(a) for a in asks[:5]]  # the champion answers
+    routes.set_route(settings, "champion", "shadow", reason="loop test: the teacher answers")
+    time.sleep(1.2)  # the gateway re-reads routes each second
+    taught = [ask(a) for a in asks[5:]]  # the teacher answers the caller (the candidate a copy, off the path)
+    routes.set_route(settings, "champion", "serve", reason="loop test")
+    time.sleep(1.2)
+    for record_id, rating in zip(served, ("up", "down", "down")):  # a person rates three of the champion's answers
+        done = httpx.post(f"{gateway['url']}/feedback", json={"id": record_id, "rating": rating},
+                          headers={"Authorization": f"Bearer {gateway['key']}"}, timeout=30)
+        assert done.status_code == 200 and done.json()["recorded"], done.text
+    captured = _captured(settings)
+    assert {captured[i]["label_source"] for i in served} == {"champion"}, "every answer is a label: none was cut"
+    assert {captured[i]["label_source"] for i in taught} == {"teacher"}
+    confirmed, corrected, rejected, unrated = served[0], served[1], served[2], served[3:]
+
+    settings.quality.min_examples_per_tool = 0  # the parcels toolset has a handful of live turns, not five a tool
+    try:
+        first = _loop_pass(settings, window)
+        ids = set(first["record_id"])
+        assert set(taught) | {confirmed} <= ids
+        assert not {corrected, rejected, *unrated} & ids, "an unconfirmed or down-rated answer of ours trained"
+        waiting = {r["record_id"] for r in queue(settings)}
+        assert {corrected, rejected} <= waiting and not set(taught) & waiting
+
+        env = {"FLYWHEEL_ROOT": str(settings.root)}
+        fix = {"name": "track", "arguments": {"carrier": "ups", "days": 4}}
+        accepted = run_flywheel("labels", "accept", corrected, "--call", json.dumps(fix), env=env)
+        assert accepted.returncode == 0, accepted.stdout + accepted.stderr
+        assert run_flywheel("labels", "reject", rejected, env=env).returncode == 0
+
+        second = _loop_pass(settings, window)
+    finally:
+        settings.quality.min_examples_per_tool = 5
+    ids = set(second["record_id"])
+    assert set(taught) | {confirmed, f"{corrected}-review"} <= ids
+    assert not {corrected, rejected, *unrated} & ids
+    fixed = second[second["record_id"] == f"{corrected}-review"].iloc[0]
+    assert fixed["label_source"] == "human" and json.loads(fixed["target_json"]) == fix
+    # every turn the gateway captured that trains is the teacher's, a person's, or the champion's rated up
+    live = second[second["record_id"].str.startswith("chatcmpl-")]
+    assert len(live) >= len(taught) + 2
+    assert set(live["label_source"]) == {"teacher", "human", "champion"}
+    assert set(live[live["label_source"] == "champion"]["record_id"]) == {confirmed}  # the one a person rated up
+    assert not {corrected, rejected} & {r["record_id"] for r in queue(settings)}
 
 
 def test_captured_turns_pass_the_schema_check_and_survive_a_kill_under_load(gateway) -> None:
