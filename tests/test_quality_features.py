@@ -164,6 +164,35 @@ def test_serving_client_builds_the_training_prompt(window_root) -> None:
             assert context[row["customer_id"]] and context[row["customer_id"]] in served[0]["content"]
 
 
+def test_an_evaluation_from_a_log_file_gets_the_served_context_and_a_stratified_sample(window_root,
+                                                                                         tmp_path: Path) -> None:
+    """`flywheel eval --logs`: each request is prompted as the gateway would serve it, with its customer's
+    context line from the online store (a tuned model's prompt carries it), and the sample is drawn by
+    (tool, source) like a split's; a root whose online store has nothing serves, and evaluates, without."""
+    from pipelines.evaluate.pipeline import EvalConfig, logs_frame
+    from pipelines.prep.dataset import _strata
+    from pipelines.toolcall.examples import to_examples
+
+    settings, root = window_root["settings"], window_root["root"]
+    day = sorted((root / "raw").glob("dt=*"))[-1]
+    log = tmp_path / "heldout.jsonl"
+    log.write_bytes(b"".join(f.read_bytes() for f in sorted(day.glob("*.jsonl")) if f.name != "planted.jsonl"))
+    frame, note = logs_frame(settings, EvalConfig(logs=str(log), examples=40))
+    assert len(frame) == 40 and note.startswith("the online store, as served")
+    for row in frame.to_dict("records"):
+        assert row["context"] == online_context(row["customer_id"], settings)
+    known = frame[frame["context"] != ""]
+    assert len(known) > 0 and f"({len(known)} of 40 requests' customers" in note
+    prompt = to_examples(known.head(1), "names")[0].turns[0]["content"]
+    assert known["context"].iloc[0] in prompt  # what the tuned model reads, as served
+    everything = logs_frame(settings, EvalConfig(logs=str(log), examples=100000))[0]
+    assert set(_strata(frame)) == set(_strata(everything)), "every (tool, source) stratum of the file is drawn"
+
+    bare = load_settings(root=str(tmp_path / "bare"))  # no features stage ever ran here
+    plain, said = logs_frame(bare, EvalConfig(logs=str(log), examples=40))
+    assert (plain["context"] == "").all() and ("none:" in said or said.startswith("the online store, as served (0 of"))
+
+
 def test_a_customer_seen_only_before_the_short_horizon_gets_zero_shares(spark) -> None:
     """A one-day window after a week of history: a customer whose last request is 9 days old has no
     requests in the 7-day horizon (shares 0, not a division by zero) but keeps the 30-day features."""

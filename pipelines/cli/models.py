@@ -105,6 +105,8 @@ def eval_cmd(
 
     for line in comparison_lines(report.comparisons):
         out.print(line, markup=False, highlight=False)
+    if logs:  # a split carries the context the features stage joined; a log file gets the served one
+        out.print(f"customer context: {report.settings.get('customer_context')}", markup=False, highlight=False)
 
 
 @registry_app.command("list")

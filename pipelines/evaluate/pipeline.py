@@ -144,10 +144,11 @@ def evaluate(settings: Settings, cfg: EvalConfig, adapters: list[Adapter], name:
              console: Console | None = None) -> EvalReport:
     started = time.perf_counter()
     report_name = name
-    frame = (frame_from_logs(cfg.logs, registered_catalogue(settings.zone("raw"))) if cfg.logs
-             else load_split(settings, cfg.split, cfg.examples, cfg.seed, cfg.window, sampling=cfg.sampling))
-    if cfg.logs and cfg.examples and len(frame) > cfg.examples:
-        frame = frame.sample(n=cfg.examples, random_state=cfg.seed).sort_values("record_id")
+    context = "the training set's point-in-time customer context (the features stage)"
+    if cfg.logs:
+        frame, context = logs_frame(settings, cfg)
+    else:
+        frame = load_split(settings, cfg.split, cfg.examples, cfg.seed, cfg.window, sampling=cfg.sampling)
     dataset = cfg.logs or f"{settings.zone('curated')}/sft split={cfg.split}"
     effects = tool_effects(settings.zone("raw"))
     full = to_examples(frame, "full")
@@ -204,10 +205,30 @@ def evaluate(settings: Settings, cfg: EvalConfig, adapters: list[Adapter], name:
                 [e.turns for e in chosen])
             del model
     report = EvalReport(name, dataset, len(frame), results, seconds=round(time.perf_counter() - started, 1),
-                        settings=cfg.model_dump(),
+                        settings={**cfg.model_dump(), "customer_context": context},
                         comparisons=comparisons(results, settings.promotion.tool_metrics,
                                                 settings.promotion.min_tool_examples))
     return write_report(settings, report)
+
+
+def logs_frame(settings: Settings, cfg: EvalConfig) -> tuple[Any, str]:
+    """Requests from a log file (`cfg.logs`) as they would be served: sampled like a split (`cfg.sampling`,
+    seeded) and each with its customer's context line from Feast's online store, the line the gateway puts
+    in a tuned model's prompt. Returns the rows and where their context came from (for the report)."""
+    from pipelines.features.pipeline import online_contexts
+    from pipelines.prep.dataset import sample_rows
+
+    frame = sample_rows(frame_from_logs(cfg.logs, registered_catalogue(settings.zone("raw"))),  # type: ignore[arg-type]
+                        cfg.examples, cfg.seed, cfg.sampling)
+    try:
+        contexts = online_contexts(frame["customer_id"].tolist(), settings)
+    except Exception as exc:  # noqa: BLE001 (no features stage has run, or the store cannot answer: as the gateway)
+        LOG.warning("evaluation without customer context: the online store did not answer (%s: %s)",
+                    type(exc).__name__, str(exc)[:200])
+        return frame, f"none: the online store did not answer ({type(exc).__name__}), as the gateway then serves"
+    frame = frame.assign(context=frame["customer_id"].map(contexts).fillna(""))
+    known = int((frame["context"] != "").sum())
+    return frame, f"the online store, as served ({known} of {len(frame)} requests' customers have a context line)"
 
 
 def write_report(settings: Settings, report: EvalReport) -> EvalReport:

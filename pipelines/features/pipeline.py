@@ -203,3 +203,13 @@ def _days(window: dict[str, str]) -> int:
 def online_context(customer_id: str, settings: Settings, store: Any = None) -> str:
     """The customer's context line from the online store (serving); same format as training."""
     return format_context(feast_client.online_customer_features(settings, [customer_id], store)[0])
+
+
+def online_contexts(customer_ids: list[str], settings: Settings) -> dict[str, str]:
+    """Each customer's context line from the online store, as the gateway serves it (one lookup for all;
+    a customer the store does not know gets the empty line, as when served)."""
+    wanted = sorted({c for c in customer_ids if c})
+    if not wanted:
+        return {}
+    rows = feast_client.online_customer_features(settings, wanted)
+    return {c: format_context(r) for c, r in zip(wanted, rows)}

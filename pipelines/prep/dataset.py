@@ -128,14 +128,20 @@ def load_split(settings: Settings, split: str, limit: int | None = None, seed: i
     if not files:
         raise DatasetMissing(f"the training set has no {split!r} split")
     frame = pd.concat([pd.read_parquet(f) for f in files], ignore_index=True).sort_values("record_id")
-    frame = frame.reset_index(drop=True)
-    if limit is not None and len(frame) > limit:
-        if sampling in ("balanced", "sqrt"):
-            return balanced_sample(frame, limit, seed, power=0.5 if sampling == "sqrt" else 0.0)
-        if sampling == "stratified":
-            return stratified_sample(frame, limit, seed)
-        frame = frame.sample(n=limit, random_state=seed).sort_values("record_id").reset_index(drop=True)
-    return frame
+    return sample_rows(frame.reset_index(drop=True), limit, seed, sampling)
+
+
+def sample_rows(frame: pd.DataFrame, limit: int | None, seed: int = 0,
+                sampling: Literal["random", "balanced", "sqrt", "stratified"] = "random") -> pd.DataFrame:
+    """`limit` rows of `frame` (all when it has no more), seeded, in record order: random, `balanced`/`sqrt`
+    over (tool, source) strata or `stratified` by them."""
+    if limit is None or len(frame) <= limit:
+        return frame
+    if sampling in ("balanced", "sqrt"):
+        return balanced_sample(frame, limit, seed, power=0.5 if sampling == "sqrt" else 0.0)
+    if sampling == "stratified":
+        return stratified_sample(frame, limit, seed)
+    return frame.sample(n=limit, random_state=seed).sort_values("record_id").reset_index(drop=True)
 
 
 def with_reference_sample(settings: Settings, frame: pd.DataFrame, reference_days: list[str], share: float,
