@@ -182,9 +182,10 @@ class GatewaySettings(_Section):
     teacher_api_key: SecretStr | None = None
     canary_share: float = Field(0.2, gt=0, lt=1, description="share of a canary route's requests sent to the candidate")
     agreement_metric: Literal["name", "exact", "arg_f1"] = Field(
-        "exact", description="what the live gate compares with the teacher: the whole call (exact: name and "
-        "arguments), its argument F1 (graded: a search query worded otherwise still counts in part) or the tool "
-        "name only")
+        "name", description="what the live gate compares with the teacher: the tool (name), the whole call (exact: "
+        "name and arguments) or the arguments' F1 over (key, value) pairs; every comparison records all three. "
+        "Whole calls need `min_agreement` set from the candidate's offline exact match (a tuned model at 0.79 "
+        "exact match never passes 0.8)")
     min_agreement: float = Field(0.8, ge=0, le=1, description="live agreement with the teacher a candidate needs")
     gate_requests: int = Field(50, ge=1, description="compared requests before the live gate moves a route")
     canary_max_error_share: float = Field(0.05, ge=0, le=1)

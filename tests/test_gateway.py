@@ -241,7 +241,8 @@ def test_the_loop_trains_on_the_teacher_and_on_people_never_on_the_champion_alon
                             for i, a in enumerate(asks)})
 
     def ask(text: str):
-        answer = client.chat.completions.create(model="champion", tools=TOOLS, tool_choice="required",
+        # `track` alone: no write on offer, so the live gate's wrong-write veto cannot end the shadow midway
+        answer = client.chat.completions.create(model="champion", tools=TOOLS[:1], tool_choice="required",
                                                 messages=[ASK[0], {"role": "user", "content": text}])
         assert answer.choices[0].finish_reason == "tool_calls", answer
         return answer.id
@@ -261,8 +262,8 @@ def test_the_loop_trains_on_the_teacher_and_on_people_never_on_the_champion_alon
     assert {captured[i]["label_source"] for i in taught} == {"teacher"}
     confirmed, corrected, rejected, unrated = served[0], served[1], served[2], served[3:]
 
-    settings.quality.min_examples_per_tool = 0  # the parcels toolset has a handful of live turns, not five a tool
-    try:
+    floor, settings.quality.min_examples_per_tool = settings.quality.min_examples_per_tool, 0  # a handful of live
+    try:  # turns of the parcels toolset, not five a tool
         first = _loop_pass(settings, window)
         ids = set(first["record_id"])
         assert set(taught) | {confirmed} <= ids
@@ -278,10 +279,13 @@ def test_the_loop_trains_on_the_teacher_and_on_people_never_on_the_champion_alon
 
         second = _loop_pass(settings, window)
     finally:
-        settings.quality.min_examples_per_tool = 5
+        settings.quality.min_examples_per_tool = floor
     ids = set(second["record_id"])
     assert set(taught) | {confirmed, f"{corrected}-review"} <= ids
     assert not {corrected, rejected, *unrated} & ids
+    for record_id, text in zip(taught, asks[5:]):  # the teacher's call is what trains, not a copy of ours
+        row = second[second["record_id"] == record_id].iloc[0]
+        assert json.loads(row["target_json"]) == teacher.answers[text] and row["label_source"] == "teacher"
     fixed = second[second["record_id"] == f"{corrected}-review"].iloc[0]
     assert fixed["label_source"] == "human" and json.loads(fixed["target_json"]) == fix
     # every turn the gateway captured that trains is the teacher's, a person's, or the champion's rated up

@@ -113,13 +113,7 @@ def build_training_set(settings: Settings, window: DateWindow) -> tuple[dict[str
         frames.append(part)
     examples = pd.concat(frames, ignore_index=True)
     examples["event_timestamp"] = pd.to_datetime(examples["event_timestamp"], utc=True)
-    contexts: dict[str, str] = {}
-    if has_offline_data(feature_paths(settings)["customer"]):  # no customer history at all: empty context
-        joined = feast_client.historical_customer_features(
-            settings, examples[["record_id", "customer_id", "event_timestamp"]])
-        feature_names = [r.split(":", 1)[1] for r in feast_client.customer_feature_refs(settings)]
-        contexts = {row["record_id"]: format_context({n: _clean(row[n]) for n in feature_names})
-                    for row in joined.to_dict("records")}
+    contexts = point_in_time_contexts(settings, examples[["record_id", "customer_id", "event_timestamp"]])
     examples["context"] = examples["record_id"].map(contexts).fillna("")
     examples["system_prompt"] = [
         system_prompt(tools, ts.date().isoformat(), ctx or None)
@@ -200,16 +194,24 @@ def _days(window: dict[str, str]) -> int:
     return len(DateWindow.parse(window["start"], window["end"]).days())
 
 
+ANONYMOUS = "anonymous"  # the gateway's customer id for a caller that sent no `user`: it serves them without context
+
+
 def online_context(customer_id: str, settings: Settings, store: Any = None) -> str:
     """The customer's context line from the online store (serving); same format as training."""
     return format_context(feast_client.online_customer_features(settings, [customer_id], store)[0])
 
 
-def online_contexts(customer_ids: list[str], settings: Settings) -> dict[str, str]:
-    """Each customer's context line from the online store, as the gateway serves it (one lookup for all;
-    a customer the store does not know gets the empty line, as when served)."""
-    wanted = sorted({c for c in customer_ids if c})
-    if not wanted:
+def point_in_time_contexts(settings: Settings, requests: Any) -> dict[str, str]:
+    """Each request's customer context line as of its own time (`requests`: record_id, customer_id,
+    event_timestamp): Feast's point-in-time join over the snapshots taken before it, the line training puts in a
+    prompt and the line the online store served then (a later day's requests never show). Empty without any
+    customer history, and for a caller the gateway logged as `anonymous` (served without context)."""
+    if not has_offline_data(feature_paths(settings)["customer"]):
         return {}
-    rows = feast_client.online_customer_features(settings, wanted)
-    return {c: format_context(r) for c, r in zip(wanted, rows)}
+    known = requests[requests["customer_id"].fillna(ANONYMOUS) != ANONYMOUS]
+    if known.empty:
+        return {}
+    joined = feast_client.historical_customer_features(settings, known)
+    names = [r.split(":", 1)[1] for r in feast_client.customer_feature_refs(settings)]
+    return {row["record_id"]: format_context({n: _clean(row[n]) for n in names}) for row in joined.to_dict("records")}
