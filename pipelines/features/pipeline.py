@@ -202,6 +202,16 @@ def online_context(customer_id: str, settings: Settings, store: Any = None) -> s
     return format_context(feast_client.online_customer_features(settings, [customer_id], store)[0])
 
 
+def online_contexts(customer_ids: list[str], settings: Settings) -> dict[str, str]:
+    """Each customer's context line from the online store, as the gateway serves it (one lookup for all;
+    a customer the store does not know, or a caller logged as `anonymous`, gets the empty line, as served)."""
+    wanted = sorted({c for c in customer_ids if c and c != ANONYMOUS})
+    if not wanted:
+        return {}
+    rows = feast_client.online_customer_features(settings, wanted)
+    return {c: format_context(r) for c, r in zip(wanted, rows)}
+
+
 def point_in_time_contexts(settings: Settings, requests: Any) -> dict[str, str]:
     """Each request's customer context line as of its own time (`requests`: record_id, customer_id,
     event_timestamp): Feast's point-in-time join over the snapshots taken before it, the line training puts in a
