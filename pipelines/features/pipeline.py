@@ -18,6 +18,7 @@ from pipelines.clients import feast as feast_client
 from pipelines.config import Settings
 from pipelines.security import redact_uri
 from pipelines.features import nodes
+from pipelines.logs.schema import ANONYMOUS
 from pipelines.prep.pipeline import PrepError, window_lock, zone_paths
 from pipelines.toolcall.prompt import format_context, system_prompt
 from pipelines.storage import (glob, locked, makedirs, read_bytes, read_json, remove, window_partitions,
@@ -194,21 +195,19 @@ def _days(window: dict[str, str]) -> int:
     return len(DateWindow.parse(window["start"], window["end"]).days())
 
 
-ANONYMOUS = "anonymous"  # the gateway's customer id for a caller that sent no `user`: it serves them without context
-
-
 def online_context(customer_id: str, settings: Settings, store: Any = None) -> str:
     """The customer's context line from the online store (serving); same format as training."""
-    return format_context(feast_client.online_customer_features(settings, [customer_id], store)[0])
+    return online_contexts([customer_id], settings, store).get(customer_id, "")
 
 
-def online_contexts(customer_ids: list[str], settings: Settings) -> dict[str, str]:
+def online_contexts(customer_ids: list[str], settings: Settings, store: Any = None) -> dict[str, str]:
     """Each customer's context line from the online store, as the gateway serves it (one lookup for all;
-    a customer the store does not know, or a caller logged as `anonymous`, gets the empty line, as served)."""
+    a customer the store does not know gets the empty line; a caller logged as `anonymous` none at all).
+    `store`: a FeatureStore kept by a long-lived caller."""
     wanted = sorted({c for c in customer_ids if c and c != ANONYMOUS})
     if not wanted:
         return {}
-    rows = feast_client.online_customer_features(settings, wanted)
+    rows = feast_client.online_customer_features(settings, wanted, store)
     return {c: format_context(r) for c, r in zip(wanted, rows)}
 
 

@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from pipelines.logs.schema import ANONYMOUS
 from pipelines.logs.tools import TOOL_WORKLOAD, WORKLOAD_TOOLS, WORKLOADS
 from pipelines.prep.nodes import conversation_of
 from pipelines.toolcall.prompt import system_prompt, tools_json
@@ -336,7 +337,7 @@ def capture_record(request: ChatCompletionRequest, served: Served, body: dict[st
     return {
         "record_id": served.response_id, "timestamp": served.row["event_time"],
         "session_id": meta.get("session_id") or served.response_id, "turn_index": max(0, user_turns - 1),
-        "customer_id": request.user or "anonymous",
+        "customer_id": request.user or ANONYMOUS,
         "workload_id": workload_of(served.specs, called, meta.get("workload_id")),
         "model": served_by or body["model"], "request": request_json,
         "response": {"id": served.response_id, "choices": [{"index": 0, "message": message,

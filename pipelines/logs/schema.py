@@ -40,6 +40,7 @@ LABEL_SOURCES: tuple[str, ...] = ("teacher", "champion", "human", "import", "gen
 # Plausibility bounds: values outside them are "impossible", not merely unusual.
 MAX_LATENCY_MS = 120_000.0
 MAX_TOKENS = 131_072
+ANONYMOUS = "anonymous"  # the customer id the gateway logs for a caller that sent no `user` (served without context)
 
 
 class _Open(BaseModel):
