@@ -20,9 +20,13 @@ from airflow.sdk import Asset, Param, dag, get_current_context, task
 from airflow.timetables.assets import AssetOrTimeSchedule
 from airflow.timetables.trigger import CronTriggerTimetable
 
-from pipelines.airflow_tasks import run_task  # pipelines.tasks.<step>(...); stdlib-only import
+from pipelines.airflow_tasks import dag_id_for, drift_asset_ref, projects, run_task  # stdlib-only imports
 
-DRIFT = Asset(name="flywheel_drift", uri="flywheel://drift/alerts")  # emitted by dags/drift_monitor.py
+
+def drift_asset(project: str) -> Asset:
+    """The project's drift alert: its drift_monitor emits it; it retrains that project only."""
+    name, uri = drift_asset_ref(project)
+    return Asset(name=name, uri=uri)
 
 # The `kubernetes` train runner: one pod per sweep variant, planned by `train_pods` (none locally,
 # so `train_variant` is skipped). Cluster credentials come from the Airflow connection.
@@ -47,122 +51,130 @@ DEFAULT_ARGS = {
 TRAIN_TIMEOUT = timedelta(hours=12)  # a whole sweep on the CPU, or collecting the GPU pods' runs
 
 
+def build(project: str, training_runs: int):
+    """One project's DAG: `commerce_flywheel` for `default`, `commerce_flywheel__<project>` for each other AI
+    project. Its tasks work in that project (`run_task` scopes the settings by the DAG id); a project's runs
+    never queue behind another project's (each DAG has its own `max_active_runs`)."""
 
-@dag(
-    dag_id="commerce_flywheel",
-    # daily, and whenever the drift monitor raises an alert (the run then retrains on the drifted window)
-    schedule=AssetOrTimeSchedule(timetable=CronTriggerTimetable("0 2 * * *", timezone="UTC"), assets=[DRIFT]),
-    start_date=pendulum.datetime(2026, 11, 1, tz="UTC"),
-    catchup=False,
-    max_active_runs=1,
-    default_args=DEFAULT_ARGS,
-    tags=["flywheel"],
-    params={
-        "end_date": Param(None, type=["null", "string"], description="Last day of the window (YYYY-MM-DD); "
-                          "default: the last complete day"),
-        "window_days": Param(1, type="integer", minimum=1, maximum=90),
-        "source": Param("synthetic", enum=["synthetic", "landed"],
-                        description="synthetic: generate traffic for the window; landed: use the agent's logs"),
-        "records_per_day": Param(1500, type="integer", minimum=1),
-        "seed": Param(0, type="integer", description="0: derived from the date"),
-        "bad_share": Param(0.05, type="number", minimum=0, maximum=1),
-        "drift": Param("none", enum=["none", "holiday", "new-category", "locale", "tool-mix"]),
-        "drift_magnitude": Param(0.6, type="number", minimum=0, maximum=1),
-        "sweep": Param(None, type=["null", "string"], description="sweep file; default: train.sweep in the config"),
-        "train": Param(True, type="boolean", description="false: stop after the training set is built"),
-        "deploy": Param(True, type="boolean", description="false: stop after promotion (no Triton)"),
-        "reference_days": Param(None, type=["null", "array"], description="drift retrain: days of the champion's "
-                                "training window to mix in (set from the drift alert)"),
-        "drift_alerts": Param(0, type="integer", minimum=0, description="drift alerts this run serves"),
-        "reason": Param(None, type=["null", "string"], description="why this run retrains (recorded with the model)"),
-    },
-    doc_md=__doc__,
-)
-def commerce_flywheel():
-    @task
-    def params() -> dict:
-        """The run's params; a drift-triggered run takes its window, reason and reference from the alert."""
-        from pipelines.tasks import run_params
+    @dag(
+        dag_id=dag_id_for("commerce_flywheel", project),
+        # daily, and whenever the project's drift monitor raises an alert (the run retrains on the drifted window)
+        schedule=AssetOrTimeSchedule(timetable=CronTriggerTimetable("0 2 * * *", timezone="UTC"),
+                                     assets=[drift_asset(project)]),
+        start_date=pendulum.datetime(2026, 11, 1, tz="UTC"),
+        catchup=False,
+        max_active_runs=training_runs,  # the project's quota of concurrent training runs
+        default_args=DEFAULT_ARGS,
+        tags=["flywheel", f"project:{project}"],
+        params={
+            "end_date": Param(None, type=["null", "string"], description="Last day of the window (YYYY-MM-DD); "
+                              "default: the last complete day"),
+            "window_days": Param(1, type="integer", minimum=1, maximum=90),
+            "source": Param("synthetic", enum=["synthetic", "landed"],
+                            description="synthetic: generate traffic for the window; landed: use the agent's logs"),
+            "records_per_day": Param(1500, type="integer", minimum=1),
+            "seed": Param(0, type="integer", description="0: derived from the date"),
+            "bad_share": Param(0.05, type="number", minimum=0, maximum=1),
+            "drift": Param("none", enum=["none", "holiday", "new-category", "locale", "tool-mix"]),
+            "drift_magnitude": Param(0.6, type="number", minimum=0, maximum=1),
+            "sweep": Param(None, type=["null", "string"], description="sweep file; default: train.sweep in the config"),
+            "train": Param(True, type="boolean", description="false: stop after the training set is built"),
+            "deploy": Param(True, type="boolean", description="false: stop after promotion (no Triton)"),
+            "reference_days": Param(None, type=["null", "array"], description="drift retrain: days of the champion's "
+                                    "training window to mix in (set from the drift alert)"),
+            "drift_alerts": Param(0, type="integer", minimum=0, description="drift alerts this run serves"),
+            "reason": Param(None, type=["null", "string"], description="why this run retrains (recorded with the model)"),
+        },
+        doc_md=__doc__,
+    )
+    def commerce_flywheel():
+        @task
+        def params() -> dict:
+            """The run's params; a drift-triggered run takes its window, reason and reference from the alert."""
+            from pipelines.tasks import run_params
 
-        context = get_current_context()
-        events = [dict(e.extra or {}) for key, evs in (context.get("triggering_asset_events") or {}).items()
-                  for e in evs if "drift" in str(key)]
-        return run_params(dict(context["params"]), events)
+            context = get_current_context()
+            events = [dict(e.extra or {}) for key, evs in (context.get("triggering_asset_events") or {}).items()
+                      for e in evs if "drift" in str(key)]
+            return run_params(dict(context["params"]), events)
 
-    @task
-    def window(p: dict) -> dict:
-        from pipelines.tasks import resolve_window
+        @task
+        def window(p: dict) -> dict:
+            from pipelines.tasks import resolve_window
 
-        return resolve_window(p, get_current_context()["dag_run"].run_after)
+            return resolve_window(p, get_current_context()["dag_run"].run_after)
 
-    @task
-    def ingest(win: dict, p: dict) -> dict:
-        return run_task("ingest", win, p)
+        @task
+        def ingest(win: dict, p: dict) -> dict:
+            return run_task("ingest", win, p)
 
-    @task
-    def prep(win: dict, _ingested: dict) -> dict:
-        return run_task("prep", win)
+        @task
+        def prep(win: dict, _ingested: dict) -> dict:
+            return run_task("prep", win)
 
-    @task
-    def validate(win: dict, _prepared: dict, p: dict) -> dict:
-        return run_task("validate", win, None, p)  # p: the sweep the run trains sizes the prompt ceiling
+        @task
+        def validate(win: dict, _prepared: dict, p: dict) -> dict:
+            return run_task("validate", win, None, p)  # p: the sweep the run trains sizes the prompt ceiling
 
-    @task
-    def features(win: dict, _validated: dict) -> dict:
-        return run_task("features", win)
+        @task
+        def features(win: dict, _validated: dict) -> dict:
+            return run_task("features", win)
 
-    @task.short_circuit
-    def should_train(_features: dict, p: dict) -> bool:
-        return bool(p.get("train", True))
+        @task.short_circuit
+        def should_train(_features: dict, p: dict) -> bool:
+            return bool(p.get("train", True))
 
-    @task
-    def train_pods(_go: bool, p: dict, win: dict) -> list:
-        return run_task("train_pods", {**p, "window": win})
+        @task
+        def train_pods(_go: bool, p: dict, win: dict) -> list:
+            return run_task("train_pods", {**p, "window": win})
 
-    # a killed sweep resumes from its checkpoints on retry; after pods, it collects their runs
-    @task(retries=3, trigger_rule="none_failed", execution_timeout=TRAIN_TIMEOUT)
-    def train(p: dict, win: dict) -> dict:
-        return run_task("train", {**p, "window": win})  # the training set of this run's window
+        # a killed sweep resumes from its checkpoints on retry; after pods, it collects their runs
+        @task(retries=3, trigger_rule="none_failed", execution_timeout=TRAIN_TIMEOUT)
+        def train(p: dict, win: dict) -> dict:
+            return run_task("train", {**p, "window": win})  # the training set of this run's window
 
-    @task
-    def evaluate(trained: dict) -> dict:
-        return run_task("evaluate", trained)
+        @task
+        def evaluate(trained: dict) -> dict:
+            return run_task("evaluate", trained)
 
-    @task
-    def register(trained: dict, evaluated: dict) -> dict:
-        return run_task("register", trained, evaluated)
+        @task
+        def register(trained: dict, evaluated: dict) -> dict:
+            return run_task("register", trained, evaluated)
 
-    @task
-    def promote(registered: dict, evaluated: dict, p: dict) -> dict:
-        return run_task("promote", registered, evaluated, p)
+        @task
+        def promote(registered: dict, evaluated: dict, p: dict) -> dict:
+            return run_task("promote", registered, evaluated, p)
 
-    @task.short_circuit
-    def should_deploy(promoted: dict, p: dict) -> bool:
-        return run_task("should_deploy", promoted, p)
+        @task.short_circuit
+        def should_deploy(promoted: dict, p: dict) -> bool:
+            return run_task("should_deploy", promoted, p)
 
-    @task
-    def deploy(_go: bool, promoted: dict) -> dict:
-        return run_task("deploy", promoted)
+        @task
+        def deploy(_go: bool, promoted: dict) -> dict:
+            return run_task("deploy", promoted)
 
-    @task
-    def smoke_test(deployed: dict) -> dict:
-        return run_task("smoke_test", deployed)
+        @task
+        def smoke_test(deployed: dict) -> dict:
+            return run_task("smoke_test", deployed)
 
-    @task
-    def benchmark(smoked: dict) -> dict:
-        return run_task("benchmark", smoked)
+        @task
+        def benchmark(smoked: dict) -> dict:
+            return run_task("benchmark", smoked)
 
-    p = params()
-    win = window(p)
-    built = features(win, validate(win, prep(win, ingest(win, p)), p))
-    go = should_train(built, p)
-    pods = KubernetesPodOperator.partial(task_id="train_variant", **TRAIN_POD_ARGS).expand(
-        pod_template_dict=train_pods(go, p, win))
-    trained = train(p, win)
-    pods >> trained
-    evaluated = evaluate(trained)
-    promoted = promote(register(trained, evaluated), evaluated, p)
-    benchmark(smoke_test(deploy(should_deploy(promoted, p), promoted)))
+        p = params()
+        win = window(p)
+        built = features(win, validate(win, prep(win, ingest(win, p)), p))
+        go = should_train(built, p)
+        pods = KubernetesPodOperator.partial(task_id="train_variant", **TRAIN_POD_ARGS).expand(
+            pod_template_dict=train_pods(go, p, win))
+        trained = train(p, win)
+        pods >> trained
+        evaluated = evaluate(trained)
+        promoted = promote(register(trained, evaluated), evaluated, p)
+        benchmark(smoke_test(deploy(should_deploy(promoted, p), promoted)))
+
+    return commerce_flywheel()
 
 
-commerce_flywheel()
+for _project, _runs in projects():
+    build(_project, _runs)

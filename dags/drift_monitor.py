@@ -16,43 +16,55 @@ from datetime import timedelta
 import pendulum
 from airflow.sdk import Asset, Metadata, Param, dag, get_current_context, task
 
-from pipelines.airflow_tasks import run_task  # pipelines.tasks.<step>(...); stdlib-only import
-
-DRIFT = Asset(name="flywheel_drift", uri="flywheel://drift/alerts")
+from pipelines.airflow_tasks import dag_id_for, drift_asset_ref, projects, run_task  # stdlib-only imports
 
 
-@dag(
-    dag_id="drift_monitor",
-    schedule="@hourly",
-    start_date=pendulum.datetime(2026, 11, 1, tz="UTC"),
-    catchup=False,
-    max_active_runs=1,
-    # an hourly check must never hang the next one: a check (parse + embeddings of a day) gets 30 minutes
-    default_args={"execution_timeout": timedelta(minutes=30)},
-    tags=["flywheel", "drift"],
-    params={"end_date": Param(None, type=["null", "string"],
-                              description="last day of the window to check (YYYY-MM-DD); default: the newest logs")},
-    doc_md=__doc__,
-)
-def drift_monitor():
-    @task
-    def check() -> dict:
-        return run_task("drift_check", dict(get_current_context()["params"]))
-
-    @task.short_circuit
-    def should_alert(result: dict) -> bool:
-        return bool(result["fire"])
-
-    @task(outlets=[DRIFT])
-    def alert(result: dict, _go: bool):
-        yield Metadata(DRIFT, result["alert"])
-
-    @task(retries=3, retry_delay=timedelta(seconds=30), execution_timeout=timedelta(minutes=5))
-    def mark_emitted(result: dict) -> dict:
-        return run_task("drift_alert_emitted", result)
-
-    result = check()
-    alert(result, should_alert(result)) >> mark_emitted(result)
+def drift_asset(project: str) -> Asset:
+    """The project's drift alert: its drift_monitor emits it; it retrains that project only."""
+    name, uri = drift_asset_ref(project)
+    return Asset(name=name, uri=uri)
 
 
-drift_monitor()
+def build(project: str):
+    """One project's drift monitor (`drift_monitor`, `drift_monitor__<project>`): it checks that project's
+    logs against its champion and alerts its own commerce_flywheel DAG only."""
+    drift = drift_asset(project)
+
+    @dag(
+        dag_id=dag_id_for("drift_monitor", project),
+        schedule="@hourly",
+        start_date=pendulum.datetime(2026, 11, 1, tz="UTC"),
+        catchup=False,
+        max_active_runs=1,
+        # an hourly check must never hang the next one: a check (parse + embeddings of a day) gets 30 minutes
+        default_args={"execution_timeout": timedelta(minutes=30)},
+        tags=["flywheel", "drift", f"project:{project}"],
+        params={"end_date": Param(None, type=["null", "string"],
+                                  description="last day of the window to check (YYYY-MM-DD); default: the newest logs")},
+        doc_md=__doc__,
+    )
+    def drift_monitor():
+        @task
+        def check() -> dict:
+            return run_task("drift_check", dict(get_current_context()["params"]))
+
+        @task.short_circuit
+        def should_alert(result: dict) -> bool:
+            return bool(result["fire"])
+
+        @task(outlets=[drift])
+        def alert(result: dict, _go: bool):
+            yield Metadata(drift, result["alert"])
+
+        @task(retries=3, retry_delay=timedelta(seconds=30), execution_timeout=timedelta(minutes=5))
+        def mark_emitted(result: dict) -> dict:
+            return run_task("drift_alert_emitted", result)
+
+        result = check()
+        alert(result, should_alert(result)) >> mark_emitted(result)
+
+    return drift_monitor()
+
+
+for _project, _runs in projects():
+    build(_project)

@@ -3,9 +3,13 @@ parsing a DAG file stays cheap)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from typing import Any
 
+PROJECT_SEP = "__"  # commerce_flywheel__<project>: one DAG per AI project (the `default` project's has no suffix)
+DEFAULT_PROJECT = "default"  # = pipelines.config.DEFAULT_PROJECT (kept stdlib-only here)
 FAILURES = "runs/failures"  # under the reports zone: per DAG, its newest final task failure and why, in one line
 RUN_TOKEN = "FLYWHEEL_RUN_TOKEN"  # set by `flywheel run` for its `dags test`: the record names the run it belongs to
 
@@ -21,14 +25,81 @@ def run_task(step: str, *args: Any) -> Any:
     from pipelines.config import ConfigError
     from pipelines.errors import NotRetryable
 
+    with project_scope(project_of(str(_run_of().get("dag_id") or ""))):
+        try:
+            return getattr(tasks, step)(*args)
+        except (NotRetryable, ConfigError) as exc:  # a setting that cannot work is not fixed by retrying either
+            record_failure(step, exc, final=True)
+            raise AirflowFailException(str(exc)) from exc
+        except BaseException as exc:  # a timeout is a BaseException: recorded too, then raised as it was
+            record_failure(step, exc, final=None)
+            raise
+
+
+def dag_id_for(base: str, project: str) -> str:
+    return base if project == DEFAULT_PROJECT else f"{base}{PROJECT_SEP}{project}"
+
+
+def drift_asset_ref(project: str) -> tuple[str, str]:
+    """(name, uri) of a project's drift alert asset: its drift_monitor emits it, its commerce_flywheel runs on it."""
+    if project == DEFAULT_PROJECT:
+        return "flywheel_drift", "flywheel://drift/alerts"
+    return f"flywheel_drift{PROJECT_SEP}{project}", f"flywheel://drift/{project}/alerts"
+
+
+def project_of(dag_id: str) -> str:
+    return dag_id.split(PROJECT_SEP, 1)[1] if PROJECT_SEP in dag_id else DEFAULT_PROJECT
+
+
+@contextlib.contextmanager
+def project_scope(project: str) -> Iterator[None]:
+    """Run a task in its DAG's project: `get_settings()` answers with that project's zones and names."""
+    from pipelines.config import get_settings
+
+    before = os.environ.get("FLYWHEEL_PROJECT")
+    os.environ["FLYWHEEL_PROJECT"] = project
+    get_settings.cache_clear()
     try:
-        return getattr(tasks, step)(*args)
-    except (NotRetryable, ConfigError) as exc:  # a setting that cannot work is not fixed by retrying either
-        record_failure(step, exc, final=True)
-        raise AirflowFailException(str(exc)) from exc
-    except BaseException as exc:  # a timeout is a BaseException: recorded too, then raised as it was
-        record_failure(step, exc, final=None)
-        raise
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("FLYWHEEL_PROJECT", None)
+        else:
+            os.environ["FLYWHEEL_PROJECT"] = before
+        get_settings.cache_clear()
+
+
+def projects() -> list[tuple[str, int]]:
+    """(project, its concurrent training runs) for `default` and every project in the registry at
+    $FLYWHEEL_ROOT/projects/registry.json (what Airflow's DAG files generate a DAG each for; read with the
+    standard library, or fsspec for an object-store root). A registry that cannot be read yields `default`
+    only, and says so on stderr (the DAG processor's log)."""
+    import json
+    import sys
+
+    out = [(DEFAULT_PROJECT, 1)]
+    root = os.environ.get("FLYWHEEL_ROOT")
+    if not root:
+        return out
+    uri = f"{root.rstrip('/')}/projects/registry.json"
+    try:
+        if "://" in uri and not uri.startswith("file://"):
+            import fsspec
+
+            with fsspec.open(uri, "rb") as fh:
+                data = json.load(fh)
+        else:
+            with open(uri.removeprefix("file://"), "rb") as fh:
+                data = json.load(fh)
+    except FileNotFoundError:
+        return out
+    except Exception as exc:  # noqa: BLE001 (a broken registry must not hide the default project's DAGs)
+        sys.stderr.write(f"flywheel: the project registry {uri} could not be read ({type(exc).__name__}: {exc})\n")
+        return out
+    for name, project in sorted((data.get("projects") or {}).items()):
+        if name != DEFAULT_PROJECT:
+            out.append((name, int((project.get("quotas") or {}).get("training_runs") or 1)))
+    return out
 
 
 def _run_of() -> dict[str, Any]:

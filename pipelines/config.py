@@ -15,7 +15,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic import Field, PrivateAttr, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, YamlConfigSettingsSource
 
 from pipelines.config_sections import (  # noqa: F401 (re-exported: one settings object, its sections in two files)
@@ -28,6 +28,9 @@ from pipelines.config_sections import (  # noqa: F401 (re-exported: one settings
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 LOOPBACK = "127.0.0.1"
+DEFAULT_PROJECT = "default"
+# a project name is a safe identifier: it becomes a folder, an S3 prefix, a Feast project, a Triton model prefix
+PROJECT_PATTERN = r"^[a-z][a-z0-9_]{1,30}$"
 
 
 class ConfigError(ValueError):
@@ -250,6 +253,10 @@ class Settings(BaseSettings):
 
     profile: Literal["local", "cluster"] = "local"
     root: str | None = Field(None, description="Root of the data zones: a folder or an s3:// prefix")
+    project: str = Field(DEFAULT_PROJECT, pattern=PROJECT_PATTERN, description="the AI project every command and "
+                         "run works in (`flywheel --project NAME`, FLYWHEEL_PROJECT): its zones live under "
+                         "<root>/projects/<name>/, its experiment, registered model, Feast project and Triton models "
+                         "carry its name; `default` is the single-team layout (zones right under the root)")
     airflow: AirflowSettings = Field(default_factory=AirflowSettings)
     mlflow: MlflowSettings = Field(default_factory=MlflowSettings)
     spark: SparkSettings = Field(default_factory=SparkSettings)
@@ -263,6 +270,15 @@ class Settings(BaseSettings):
     drift: DriftSettings = Field(default_factory=DriftSettings)
     promotion: PromotionSettings = Field(default_factory=PromotionSettings)
     quality: QualitySettings = Field(default_factory=QualitySettings)
+    _unscoped: dict[str, dict[str, Any]] = PrivateAttr(default_factory=dict)  # the names before a project's
+
+    def unscoped_dump(self) -> dict[str, Any]:
+        """These settings as keyword arguments, with the names a project scoped back to the platform's own
+        (what `pipelines.projects.settings_for` rebuilds another project's settings from)."""
+        data = self.model_dump(mode="python")
+        for section, values in self._unscoped.items():
+            data[section].update(values)
+        return data
 
     @classmethod
     def settings_customise_sources(
@@ -287,7 +303,26 @@ class Settings(BaseSettings):
             self._fill_local()
         else:
             self._check_cluster()
+        self._scope_to_project()
         return self
+
+    def _scope_to_project(self) -> None:
+        """What a project owns carries its name; what the platform shares (the servers, their stores, the
+        Triton model repository, the base models) stays where it is. `default` changes nothing."""
+        name = self.project
+        if name == DEFAULT_PROJECT:
+            return
+        m, f, t = self.mlflow, self.feast, self.triton
+        self._unscoped.update({"mlflow": {"experiment": m.experiment, "registered_model": m.registered_model},
+                               "feast": {"project": f.project, "registry": f.registry, "online_store": f.online_store},
+                               "triton": {"model_name": t.model_name}})
+        m.experiment = f"{m.experiment}--{name}"
+        m.registered_model = f"{m.registered_model}--{name}"
+        f.project = f"{f.project}__{name}"
+        t.model_name = f"{name}__{t.model_name}"
+        if self.is_local:  # a file per project; the cluster's SQL registry and online store key by project name
+            f.registry = str(Path(self.project_root()) / "features" / "registry.db")
+            f.online_store = str(Path(self.project_root()) / "features" / "online_store.db")
 
     def _fill_local(self) -> None:
         root = Path(self.root or os.environ.get("FLYWHEEL_HOME") or Path.cwd() / ".flywheel").resolve()
@@ -334,8 +369,13 @@ class Settings(BaseSettings):
                 raise ValueError(f"{name}: the cluster profile needs a postgresql:// URI")
 
     # Data zones (../shared/DESIGN.md): one place that knows where each lives.
+    def project_root(self) -> str:
+        """Where this project's zones live: the root itself for `default`, else <root>/projects/<name>."""
+        root = str(self.root).rstrip("/")
+        return root if self.project == DEFAULT_PROJECT else f"{root}/projects/{self.project}"
+
     def zone(self, name: Literal["raw", "quarantine", "curated", "features", "runs", "serving", "reports"]) -> str:
-        return f"{str(self.root).rstrip('/')}/{name}"
+        return f"{self.project_root()}/{name}"
 
     @property
     def is_local(self) -> bool:

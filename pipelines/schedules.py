@@ -24,12 +24,13 @@ class UnknownDag(AirflowUnavailable):
     """A DAG name the platform does not have."""
 
 
-def chosen(dag: str | None) -> tuple[str, ...]:
-    if dag is None:
-        return DAGS
-    if dag not in DAGS:
+def chosen(dag: str | None, project: str = "default") -> tuple[str, ...]:
+    """The project's own DAG ids (commerce_flywheel__<project>, ...) for `dag` (a base name) or all of them."""
+    from pipelines.airflow_tasks import dag_id_for
+
+    if dag is not None and dag not in DAGS:
         raise UnknownDag(f"no DAG {dag!r}: expected one of {', '.join(DAGS)}")
-    return (dag,)
+    return tuple(dag_id_for(d, project) for d in ((dag,) if dag else DAGS))
 
 
 def wait_parsed(rest: AirflowRest, dags: tuple[str, ...], timeout_s: float) -> None:
@@ -51,7 +52,7 @@ def set_paused(settings: Settings, paused: bool, dag: str | None = None, timeout
     """Pause or resume the platform's DAGs (or one), waiting until Airflow has parsed them."""
     from tenacity import retry, retry_if_exception, stop_after_delay, wait_fixed
 
-    dags = chosen(dag)
+    dags = chosen(dag, settings.project)
     rest = AirflowRest(settings)
     wait_parsed(rest, dags, timeout_s)
     # a busy SQLite metadata store answers a write with a 500 now and then (its audit-log insert is locked out
@@ -68,7 +69,7 @@ def describe(settings: Settings, dag: str | None = None, rest: AirflowRest | Non
     """Per DAG: active or paused, the schedule, the next run, the last run with its state and its trigger."""
     rest = rest or AirflowRest(settings)
     rows = []
-    for name in chosen(dag):
+    for name in chosen(dag, settings.project):
         info = rest.dag(name)
         if info is None:
             rows.append({"dag": name, "state": "not parsed yet", "schedule": None, "next_run": None, "last_run": None})

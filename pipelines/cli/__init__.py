@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Annotated
 
 import typer
 from typer.exceptions import TyperException
@@ -15,6 +16,7 @@ from typer.exceptions import TyperException
 from pipelines.cli import admin, data, logs, models, serving, stack
 from pipelines.cli.common import UserError
 from pipelines.cli.gateway import gateway_app
+from pipelines.cli.projects import project_app, select
 from pipelines.config import ConfigError, get_settings
 from pipelines.errors import keep_traceback, one_line
 from pipelines.security import mask_uri_passwords
@@ -38,6 +40,14 @@ app.add_typer(serving.serve_app, name="serve")
 app.add_typer(stack.drift_app, name="drift")
 app.add_typer(stack.schedules_app, name="schedules")
 app.add_typer(gateway_app, name="gateway")
+app.add_typer(project_app, name="project")
+
+
+@app.callback()
+def _root(project: Annotated[str | None, typer.Option(
+        "--project", help="The AI project to work in (default: FLYWHEEL_PROJECT, else `default`).")] = None) -> None:
+    """Commerce Flywheel: keep a commerce agent's tool-calling model fast, cheap and good."""
+    select(project)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -111,7 +111,7 @@ def run_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """Run the commerce_flywheel DAG for a window (in-process `dags test`, or via `flywheel up`'s scheduler)."""
-    from pipelines.airflow_tasks import RUN_TOKEN, failure_of
+    from pipelines.airflow_tasks import RUN_TOKEN, dag_id_for, failure_of
     from pipelines.clients import airflow
 
     conf = {"end_date": end_date, "window_days": window_days, "records_per_day": records_per_day,
@@ -120,28 +120,29 @@ def run_cmd(
     if end_date:
         _parse_date(end_date, "--end-date")
     settings = get_settings()
+    dag_id = dag_id_for("commerce_flywheel", settings.project)  # the project's own DAG
     if scheduler:
         rest = airflow.AirflowRest(settings)
         limit = settings.airflow.run_timeout_s
         with console.status("waiting for the DAG run ..."):
-            state = airflow.trigger_and_wait(rest, "commerce_flywheel", conf, timeout_s=limit)
+            state = airflow.trigger_and_wait(rest, dag_id, conf, timeout_s=limit)
         if state["state"] == "timeout":
-            raise UserError(f"commerce_flywheel run {state['dag_run_id']} did not finish within {limit:g} s "
+            raise UserError(f"{dag_id} run {state['dag_run_id']} did not finish within {limit:g} s "
                             f"(airflow.run_timeout_s); it goes on in the scheduler: see {airflow.base_url(settings)}")
-        _emit(state, as_json, f"commerce_flywheel: {state['state']}")
+        _emit(state, as_json, f"{dag_id}: {state['state']}")
         if state["state"] != "success":
-            _fail(failure_of(settings.zone("reports"), "commerce_flywheel", run_id=state["dag_run_id"]),
-                  f"{airflow.base_url(settings)}/dags/commerce_flywheel")
+            _fail(failure_of(settings.zone("reports"), dag_id, run_id=state["dag_run_id"]),
+                  f"{airflow.base_url(settings)}/dags/{dag_id}")
         return
-    log = Path(str(settings.root)) / "logs" / "dags-test.log"
+    log = Path(str(settings.root)) / "logs" / ("dags-test.log" if dag_id == "commerce_flywheel" else f"dags-test-{dag_id}.log")
     token = uuid.uuid4().hex  # the tasks of this run record it with their failure: no other run's is shown
-    with console.status(f"airflow dags test commerce_flywheel (progress: {log}) ..."):
-        result = airflow.dags_test(settings, "commerce_flywheel", conf, log=log, extra_env={RUN_TOKEN: token})
+    with console.status(f"airflow dags test {dag_id} (progress: {log}) ..."):
+        result = airflow.dags_test(settings, dag_id, conf, log=log, extra_env={RUN_TOKEN: token})
     ok = result.returncode == 0 and "state=success" in result.stdout + result.stderr
-    failure = None if ok else failure_of(settings.zone("reports"), "commerce_flywheel", token=token)
+    failure = None if ok else failure_of(settings.zone("reports"), dag_id, token=token)
     _emit({"state": "success" if ok else "failed", "log": str(log),
            **({"failed_task": failure["task"], "reason": failure["reason"]} if failure else {})},
-          as_json, "commerce_flywheel")
+          as_json, dag_id)
     if not ok:
         _fail(failure, str(log))
 

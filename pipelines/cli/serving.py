@@ -116,6 +116,14 @@ def deploy_cmd(
     _emit(result, as_json, "canary" if canary is not None else "deployed")
 
 
+@serve_app.command("undeploy")
+def undeploy_cmd(as_json: JsonOpt = False) -> None:
+    """Take this project's models out of service (unloaded; nothing live). `flywheel deploy` serves again."""
+    from pipelines.serve import deploy as serving
+
+    _emit(serving.undeploy(get_settings()), as_json, "undeployed")
+
+
 @app.command("rollback")
 def rollback_cmd(as_json: JsonOpt = False) -> None:
     """Send traffic back to the previously deployed model (it stays loaded: seconds)."""

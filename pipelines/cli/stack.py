@@ -30,7 +30,10 @@ def up(
     from pipelines.clients import airflow, mlflow
     from pipelines.services import start
 
-    settings = _local_settings("up")
+    from pipelines.config import DEFAULT_PROJECT
+    from pipelines.projects import registry, settings_for
+
+    settings = settings_for(_local_settings("up"), DEFAULT_PROJECT)  # the servers are the platform's, not a project's
     results = {}
     names = _service_names(only)
     if "mlflow" in names:
@@ -40,6 +43,9 @@ def up(
         if settings.mlflow.auth:
             results["mlflow"]["username"] = mlflow.ADMIN
             results["mlflow"]["password_file"] = str(Path(str(settings.root)) / "runs" / "mlflow-admin.password")
+            from pipelines.projects import access
+
+            results["mlflow"]["projects"] = access.sync_all(settings)  # each project's members' grants
     if "airflow" in names:
         console.print("starting Airflow standalone (about 30 s) ...")
         tracking = ({"FLYWHEEL_MLFLOW__TRACKING_URI": mlflow.server_url(settings), **mlflow.server_credentials(settings)}
@@ -61,9 +67,11 @@ def up(
         from pipelines.gateway import app as gateway
         from pipelines.serve import deploy
 
-        if deploy.state(settings).get("live"):  # something was serving: bring it back before the front door opens
-            console.print("starting Triton and restoring the live deployment ...")
-            results["triton"] = deploy.restore(settings)
+        for name in registry.load(settings):  # what was serving, every project's: back before the front door opens
+            scoped = settings_for(settings, name)
+            if deploy.state(scoped).get("live"):
+                console.print(f"starting Triton and restoring {name}'s live deployment ...")
+                results["triton" if name == DEFAULT_PROJECT else f"triton:{name}"] = deploy.restore(scoped)
 
         console.print("starting the gateway ...")
         gateway.up(settings)

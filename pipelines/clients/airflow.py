@@ -36,6 +36,7 @@ def base_url(settings: Settings) -> str:
 def airflow_env(settings: Settings, extra: dict[str, str] | None = None) -> dict[str, str]:
     a = settings.airflow
     env = dict(os.environ)
+    env.pop("FLYWHEEL_PROJECT", None)  # the servers and `dags test` are the platform's: a task's DAG names its project
     env.update({
         "AIRFLOW_HOME": str(a.home),
         "AIRFLOW__CORE__DAGS_FOLDER": a.dags_folder,
@@ -243,8 +244,18 @@ class AirflowRest:
         return [d["dag_id"] for d in self._request("GET", "/api/v2/dags")["dags"]]
 
 
+DAG_APPEAR_S = 90.0  # the DAG processor re-reads the folder every 10 s (AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL)
+
+
 def trigger_and_wait(rest: AirflowRest, dag_id: str, conf: dict[str, Any], timeout_s: float = 3600) -> dict[str, Any]:
-    """Unpause, trigger with `conf`, and poll until the run ends (success or failed)."""
+    """Unpause, trigger with `conf`, and poll until the run ends (success or failed). A DAG the processor has not
+    parsed yet (a project created a moment ago) is waited for, at most DAG_APPEAR_S."""
+    appear_by = time.monotonic() + DAG_APPEAR_S
+    while rest.dag(dag_id) is None:
+        if time.monotonic() > appear_by:
+            raise AirflowUnavailable(f"Airflow does not know the DAG {dag_id} after {DAG_APPEAR_S:g} s (is its "
+                                     "project in `flywheel project list`? see the DAG processor's log)")
+        time.sleep(2)
     rest.unpause(dag_id)
     run_id = rest.trigger(dag_id, conf)
     deadline = time.monotonic() + timeout_s

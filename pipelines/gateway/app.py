@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 from concurrent.futures import ThreadPoolExecutor
-import hashlib
 import json
 import logging
 import os
@@ -129,38 +128,23 @@ def status(settings: Settings) -> dict[str, Any]:
 
 # ---- the app -----------------------------------------------------------------------------------
 def create_app(settings: Settings) -> Any:
+    from pipelines.config import DEFAULT_PROJECT
     from pipelines.gateway import openai_api as api
-    from pipelines.gateway.capture import CaptureWriter
-    from pipelines.logs.feedback import RATINGS, feedback_zone
     from pipelines.gateway.streaming import stream_response
-    from pipelines.gateway.traffic import Traffic
+    from pipelines.gateway.tenants import Tenants
+    from pipelines.logs.feedback import RATINGS
+    from pipelines.projects import settings_for
 
-    key = api_key(settings)
-    router = Router(settings)
-    raw_zone = settings.zone("raw")  # a local spool (object storage only) per raw zone: never another root's
-    spool = Path.home() / ".flywheel" / "gateway-spool" / hashlib.sha1(raw_zone.encode()).hexdigest()[:12]
-    capture = (CaptureWriter(settings.zone("raw"), settings.gateway.capture_rotate_bytes, spool)
-               if settings.gateway.capture else None)
-    traffic = Traffic(settings, router, capture, spool)
-    from pipelines.gateway.capture import expire
-    from pipelines.gateway.traffic import agreement_zone
-
-    for zone in (f"{settings.zone('serving')}/gateway/unusable", agreement_zone(settings)):
-        try:  # what the gateway keeps at rest outside the raw zone expires (gateway.retention_days)
-            expire(zone, settings.gateway.retention_days)
-        except OSError as exc:
-            LOG.warning("could not expire %s: %s", zone, exc)
-    ratings = CaptureWriter(feedback_zone(raw_zone), settings.gateway.capture_rotate_bytes, spool / "feedback")
+    settings = settings_for(settings, DEFAULT_PROJECT)  # the gateway is the platform's; a key names the project
+    tenants = Tenants(settings, api_key(settings))
+    platform = tenants.tenant(DEFAULT_PROJECT)  # built now: its zones expire at start, /ready asks its router
     probes = ThreadPoolExecutor(max_workers=2, thread_name_prefix="probe")  # /ready's own threads
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: Any) -> AsyncIterator[None]:
         yield
         probes.shutdown(wait=False, cancel_futures=True)
-        if capture is not None:
-            capture.close()  # the open capture file first (uploaded, on object storage): no request is left
-        ratings.close()
-        traffic.close()  # then the off-path comparisons (the running one finishes; queued ones are dropped)
+        tenants.close()  # per project: captures first, then ratings, comparisons and the day's usage
 
     app = FastAPI(title="commerce-flywheel gateway", docs_url=None, redoc_url=None, openapi_url=None,
                   lifespan=lifespan)
@@ -187,16 +171,19 @@ def create_app(settings: Settings) -> Any:
         if request.url.path not in OPEN_PATHS:  # deny by default: only the probes are open
             given = request.headers.get("authorization", "")
             token = given[7:].strip() if given[:7].lower() == "bearer " else ""
-            if not token or not secrets.compare_digest(token.encode(), key.encode()):
+            project = await run_in_threadpool(tenants.authenticate, token)
+            if project is None:
                 return error(api.ApiError(401, "Incorrect API key provided (send `Authorization: Bearer <key>`; "
-                                               "the key is in the file `flywheel gateway status` names)",
+                                               "the key is in the file `flywheel gateway status` names, or a "
+                                               "project's from `flywheel project key create`)",
                                           code="invalid_api_key"))
+            request.state.project = project
         return await call_next(request)
 
     @app.post("/v1/feedback")
     async def feedback(request: Request) -> dict[str, Any]:
         """A caller's rating of an answer: {"id": "<the completion's id>", "rating": "up"|"down"|"none"}.
-        Recorded durably; prep applies it to that turn's captured record."""
+        Recorded durably in the caller's project; prep applies it to that turn's captured record."""
         raw = await read_body(request, MAX_FEEDBACK_BYTES)
         try:
             data = json.loads(raw)
@@ -208,7 +195,8 @@ def create_app(settings: Settings) -> Any:
             raise api.ApiError(400, f"rating: expected one of {', '.join(RATINGS)}", param="rating")
         event = {"record_id": data["id"], "rating": data["rating"],
                  "timestamp": datetime.now(timezone.utc).isoformat(timespec="microseconds")}
-        await run_in_threadpool(ratings.write, event)
+        tenant = await run_in_threadpool(tenants.tenant, request.state.project)
+        await run_in_threadpool(tenant.ratings.write, event)
         return {"id": data["id"], "rating": data["rating"], "recorded": True}
 
     # probes answer on the event loop or their own small pool, never queued behind completions
@@ -220,25 +208,35 @@ def create_app(settings: Settings) -> Any:
 
     @app.get("/ready")
     async def ready() -> JSONResponse:
-        """Readiness: the backend answers and each route's model is loaded (503 otherwise: no traffic)."""
+        """Readiness: the backend answers and each route's model is loaded (503 otherwise: no traffic). The
+        platform's (`default`) routes decide; each other project's readiness is listed under `projects`."""
         import asyncio
 
-        try:
-            found = await asyncio.wait_for(asyncio.get_running_loop().run_in_executor(probes, router.readiness),
-                                           READY_BUDGET_S)
-        except TimeoutError:
-            found = {"ready": False, "backend": "no answer in time", "routes": {}}
-        return JSONResponse(found, status_code=200 if found["ready"] else 503)
+        async def one(router: Router) -> dict[str, Any]:
+            try:
+                return await asyncio.wait_for(asyncio.get_running_loop().run_in_executor(probes, router.readiness),
+                                              READY_BUDGET_S)
+            except TimeoutError:
+                return {"ready": False, "backend": "no answer in time", "routes": {}}
+
+        found = await one(platform.router)
+        others = {t.settings.project: await one(t.router) for t in tenants.all() if t is not platform}
+        if others:
+            found["projects"] = {name: {"ready": r["ready"], "routes": r.get("routes", {})} for name, r in others.items()}
+        ok = found["ready"] or any(r["ready"] for r in others.values())
+        return JSONResponse({**found, "ready": ok}, status_code=200 if ok else 503)
 
     @app.get("/v1/models")
-    def models() -> dict[str, Any]:
+    def models(request: Request) -> dict[str, Any]:
+        """The models of the caller's project only."""
         try:
-            targets = router.targets()
+            targets = tenants.tenant(request.state.project).router.targets()
         except Exception as exc:  # noqa: BLE001 (Triton down: the caller gets a 503, the gateway stays up)
             raise api.ApiError(503, f"the model server is not reachable ({type(exc).__name__})",
                                kind="server_error") from None
         return {"object": "list", "data": [
-            {"id": t.alias, "object": "model", "created": 0, "owned_by": OWNER, "root": t.name,
+            {"id": t.alias, "object": "model", "created": 0, "owned_by": OWNER if request.state.project == DEFAULT_PROJECT
+             else f"{OWNER}/{request.state.project}", "root": t.name,
              "version": t.version, "prompt_style": t.prompt_style} for t in targets.values()]}
 
     inflight = {"n": 0}  # completions being answered: counted on the event loop (no lock needed)
@@ -250,15 +248,16 @@ def create_app(settings: Settings) -> Any:
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Any:
         parsed = api.parse_request(await read_body(request, settings.gateway.max_request_bytes))
+        tenant = await run_in_threadpool(tenants.admit, request.state.project)  # its quota: 429 past it
         if inflight["n"] >= limit:  # refused at once, before any work: the caller retries, nothing is half done
             raise api.too_busy(limit)
         inflight["n"] += 1
         if not parsed.stream:
             try:
-                return JSONResponse(await run_in_threadpool(traffic.handle, parsed))
+                return JSONResponse(await run_in_threadpool(tenant.metered.handle, parsed))
             finally:
                 leave()
-        return await stream_response(traffic, parsed, on_done=leave)  # when the generation ends
+        return await stream_response(tenant.metered, parsed, on_done=leave)  # when the generation ends
 
     return app
 

@@ -315,6 +315,23 @@ def rollback(settings: Settings, *, only_if_live: str | None = None) -> dict[str
     return {"live": previous, "previous": live, "seconds": round(time.perf_counter() - started, 2)}
 
 
+def undeploy(settings: Settings) -> dict[str, Any]:
+    """Take the project out of service: its models are unloaded and nothing is live (the gateway answers 404
+    for its aliases). The history is kept; `flywheel deploy` serves a version again."""
+    with state_lock(settings):
+        current = state(settings)
+        names = sorted({e["name"] for e in (current.get("live"), current.get("previous")) if e})
+        client = TritonClient(settings)
+        try:
+            for name in names:
+                _unload_quietly(client, name)
+        finally:
+            client.close()
+        current.update(live=None, previous=None)
+        _save(settings, current, {"event": "undeploy", "names": names})
+    return {"unloaded": names, "live": None}
+
+
 def canary(settings: Settings, alias: str = "candidate", *, share: float | None = None,
            requests: int = 24, seed: int = 0) -> dict[str, Any]:
     """Serve the candidate next to the live model; send `share` of replayed test traffic to it and compare.

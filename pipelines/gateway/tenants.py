@@ -1,0 +1,250 @@
+"""One gateway, many AI projects: a caller's key names its project, and the project is all the caller reaches.
+
+`Tenants.authenticate` maps a bearer key to its project: the gateway's own key (`gateway.api_key`) to
+`default`, a project key (`flywheel project key create`) to its project by the key's SHA-256 in the project
+registry (re-read when the file changes, so a revoked key is refused from the next request on). Each
+project gets its own `Tenant`: its router (its Triton models only: `<project>__tool_router_v<N>`, its
+serving state), its capture and feedback writers (its raw zone) and its comparisons, built on the first
+request. `Quota` holds a project's limits: requests per minute and tokens per UTC day, refused with an
+OpenAI-style 429 and `Retry-After`; what each project used per day is kept in its serving zone
+(`gateway/usage/<day>.json`, written atomically every few seconds and at shutdown), which `flywheel project
+usage` prices and a restart counts on from.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import secrets
+import threading
+import time
+from collections import deque
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+from pipelines.config import DEFAULT_PROJECT, Settings
+
+LOG = logging.getLogger("flywheel.gateway")
+REGISTRY_TTL_S = 1.0  # how stale the key index may be (a local registry is re-read only when it changed)
+FLUSH_EVERY_S = 5.0
+
+
+def usage_uri(settings: Settings, day: str) -> str:
+    return f"{settings.zone('serving')}/gateway/usage/{day}.json"
+
+
+def _today() -> str:
+    return datetime.now(timezone.utc).date().isoformat()
+
+
+class Quota:
+    """A project's gateway limits and its day's usage (thread-safe)."""
+
+    def __init__(self, settings: Settings) -> None:
+        from pipelines.storage import exists, read_json
+
+        self.settings = settings
+        self._lock = threading.Lock()
+        self._minute: deque[float] = deque()
+        self.day = _today()
+        uri = usage_uri(settings, self.day)
+        try:
+            self.used = read_json(uri) if exists(uri) else {}
+        except (OSError, ValueError) as exc:
+            LOG.warning("usage %s unreadable (%s): counting from zero", uri, exc)
+            self.used = {}
+        for field in ("requests", "prompt_tokens", "completion_tokens", "compute_ms", "refused_rpm", "refused_tokens"):
+            self.used.setdefault(field, 0)
+        self._dirty, self._flushed = False, time.monotonic()
+
+    def _roll(self) -> None:
+        today = _today()
+        if today != self.day:
+            self._flush_locked()
+            self.day, self.used = today, {k: 0 for k in self.used}
+
+    def admit(self, rpm: int | None, tokens_per_day: int | None) -> None:
+        """Count one request, or refuse it (429, Retry-After) when a limit is reached: the minute's requests
+        (a sliding window) or the day's tokens (until the next UTC midnight)."""
+        from pipelines.gateway import openai_api as api
+
+        now = time.monotonic()
+        with self._lock:
+            self._roll()
+            while self._minute and now - self._minute[0] >= 60:
+                self._minute.popleft()
+            if tokens_per_day is not None and self.used["prompt_tokens"] + self.used["completion_tokens"] >= tokens_per_day:
+                self.used["refused_tokens"] += 1
+                self._dirty = True
+                midnight = datetime.combine(datetime.now(timezone.utc).date() + timedelta(days=1),
+                                            datetime.min.time(), tzinfo=timezone.utc)
+                wait = max(1, math.ceil((midnight - datetime.now(timezone.utc)).total_seconds()))
+                raise api.ApiError(429, f"project {self.settings.project} used its {tokens_per_day} tokens of "
+                                        f"today (UTC); retry after {wait} s or raise its quota (`flywheel project "
+                                        f"quota {self.settings.project} --tokens-per-day N`)",
+                                   kind="rate_limit_error", code="tokens_per_day_exceeded",
+                                   headers={"Retry-After": str(wait)})
+            if rpm is not None and len(self._minute) >= rpm:
+                self.used["refused_rpm"] += 1
+                self._dirty = True
+                wait = max(1, math.ceil(60 - (now - self._minute[0])))
+                raise api.ApiError(429, f"project {self.settings.project} sent {rpm} requests in the last minute, "
+                                        f"its limit; retry after {wait} s", kind="rate_limit_error",
+                                   code="rate_limit_exceeded", headers={"Retry-After": str(wait)})
+            self._minute.append(now)
+
+    def charge(self, body: dict[str, Any] | None, compute_ms: float) -> None:
+        usage = (body or {}).get("usage") or {}
+        with self._lock:
+            self._roll()
+            self.used["requests"] += 1
+            self.used["prompt_tokens"] += int(usage.get("prompt_tokens") or 0)
+            self.used["completion_tokens"] += int(usage.get("completion_tokens") or 0)
+            self.used["compute_ms"] += int(compute_ms)
+            self._dirty = True
+            if time.monotonic() - self._flushed > FLUSH_EVERY_S:
+                self._flush_locked()
+
+    def flush(self) -> None:
+        with self._lock:
+            self._flush_locked()
+
+    def _flush_locked(self) -> None:
+        from pipelines.storage import write_json
+
+        if not self._dirty:
+            return
+        try:
+            write_json(usage_uri(self.settings, self.day), {**self.used, "day": self.day,
+                                                             "project": self.settings.project})
+            self._dirty, self._flushed = False, time.monotonic()
+        except OSError as exc:  # the count stays in memory; the next flush tries again
+            LOG.warning("usage not written: %s", exc)
+
+
+class Metered:
+    """A project's traffic, counted: what `stream_response` and the sync path call (`handle`)."""
+
+    def __init__(self, traffic: Any, quota: Quota) -> None:
+        self.traffic, self.quota, self.settings = traffic, quota, traffic.settings
+
+    def handle(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        started = time.perf_counter()
+        body = None
+        try:
+            body = self.traffic.handle(*args, **kwargs)
+            return body
+        finally:
+            self.quota.charge(body, (time.perf_counter() - started) * 1000)
+
+
+class Tenant:
+    """Everything the gateway keeps for one project."""
+
+    def __init__(self, settings: Settings) -> None:
+        from pipelines.gateway.capture import CaptureWriter, expire
+        from pipelines.gateway.router import Router
+        from pipelines.gateway.traffic import Traffic, agreement_zone
+        from pipelines.logs.feedback import feedback_zone
+
+        self.settings = settings
+        self.router = Router(settings)
+        raw_zone = settings.zone("raw")  # a local spool (object storage only) per raw zone: never another's
+        spool = Path.home() / ".flywheel" / "gateway-spool" / hashlib.sha1(raw_zone.encode()).hexdigest()[:12]
+        self.capture = (CaptureWriter(raw_zone, settings.gateway.capture_rotate_bytes, spool)
+                        if settings.gateway.capture else None)
+        self.traffic = Traffic(settings, self.router, self.capture, spool)
+        for zone in (f"{settings.zone('serving')}/gateway/unusable", agreement_zone(settings)):
+            try:  # what the gateway keeps at rest outside the raw zone expires (gateway.retention_days)
+                expire(zone, settings.gateway.retention_days)
+            except OSError as exc:
+                LOG.warning("could not expire %s: %s", zone, exc)
+        self.ratings = CaptureWriter(feedback_zone(raw_zone), settings.gateway.capture_rotate_bytes, spool / "feedback")
+        self.quota = Quota(settings)
+        self.metered = Metered(self.traffic, self.quota)
+
+    def close(self) -> None:
+        if self.capture is not None:
+            self.capture.close()  # the open capture file first (uploaded, on object storage): no request is left
+        self.ratings.close()
+        self.traffic.close()  # then the off-path comparisons (the running one finishes; queued ones are dropped)
+        self.quota.flush()
+
+
+class Tenants:
+    """Keys -> projects -> tenants, for one gateway process."""
+
+    def __init__(self, settings: Settings, default_key: str) -> None:
+        self.settings = settings  # the platform's (unscoped)
+        self._default_key = default_key.encode()
+        self._tenants: dict[str, Tenant] = {}
+        self._lock = threading.Lock()
+        self._index: tuple[float, Any, dict[str, str], dict[str, Any]] = (float("-inf"), None, {}, {})
+        self._index_lock = threading.Lock()
+
+    def _registry(self) -> tuple[dict[str, str], dict[str, Any]]:
+        """(key digest -> project, project -> quotas), re-read when the registry changed (at most every
+        REGISTRY_TTL_S); a registry that cannot be read keeps the last index (logged)."""
+        import os
+
+        from pipelines.projects import registry
+
+        at, stamp, keys, quotas = self._index
+        if time.monotonic() - at < REGISTRY_TTL_S:
+            return keys, quotas
+        with self._index_lock:
+            uri = registry.registry_uri(self.settings)
+            try:
+                found = os.stat(uri) if "://" not in uri else None
+                now_stamp = (found.st_mtime_ns, found.st_size, found.st_ino) if found else None
+            except FileNotFoundError:
+                now_stamp = (0, 0, 0)
+            if now_stamp is None or now_stamp != stamp:
+                try:
+                    projects = registry.load(self.settings)
+                    keys = {k.sha256: p.name for p in projects.values() for k in p.active_keys()}
+                    quotas = {p.name: p.quotas for p in projects.values()}
+                except Exception as exc:  # noqa: BLE001 (a half-edited registry: the last index serves)
+                    LOG.warning("the project registry could not be read (%s); the last keys serve", exc)
+                    now_stamp = stamp
+            self._index = (time.monotonic(), now_stamp, keys, quotas)
+            return keys, quotas
+
+    def authenticate(self, token: str) -> str | None:
+        """The caller's project, or None (no such key, or a revoked one)."""
+        if not token:
+            return None
+        if secrets.compare_digest(token.encode(), self._default_key):
+            return DEFAULT_PROJECT
+        keys, _ = self._registry()
+        return keys.get(hashlib.sha256(token.encode()).hexdigest())  # a dict lookup by digest: no timing leak
+
+    def quotas(self, project: str) -> Any:
+        return self._registry()[1].get(project)
+
+    def tenant(self, project: str) -> Tenant:
+        from pipelines.projects import settings_for
+
+        found = self._tenants.get(project)
+        if found is not None:
+            return found
+        with self._lock:
+            if project not in self._tenants:
+                self._tenants[project] = Tenant(settings_for(self.settings, project))
+            return self._tenants[project]
+
+    def admit(self, project: str) -> Tenant:
+        """The caller's tenant, its quota checked (429 past it)."""
+        tenant = self.tenant(project)
+        quotas = self.quotas(project)
+        tenant.quota.admit(getattr(quotas, "rpm", None), getattr(quotas, "tokens_per_day", None))
+        return tenant
+
+    def all(self) -> list[Tenant]:
+        return list(self._tenants.values())
+
+    def close(self) -> None:
+        for tenant in self.all():
+            tenant.close()

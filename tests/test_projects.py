@@ -1,0 +1,202 @@
+"""AI projects: the commands and their boundaries, each project's own zones and names, and MLflow's own
+permissions keeping one project's runs from another's members. The gateway's side (keys, models,
+captures, quotas): test_projects_gateway.py."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from pipelines.config import get_settings, load_settings
+
+
+def _flywheel(capsys, *args: str) -> tuple[int, str, str]:
+    """`flywheel ARGS` in this process: (exit code, stdout, stderr)."""
+    from pipelines import cli
+
+    get_settings.cache_clear()
+    code = 0
+    try:
+        cli.main(list(args))
+    except SystemExit as exc:
+        code = int(exc.code or 0)
+    finally:
+        os.environ.pop("FLYWHEEL_PROJECT", None)  # `--project` sets it for the rest of this process
+        get_settings.cache_clear()
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def _one_error(code: int, err: str, needle: str) -> None:
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], (code, err)
+
+
+def test_a_project_has_its_own_zones_and_names_and_shares_the_servers(tmp_path: Path) -> None:
+    from pipelines.projects import settings_for
+
+    platform = load_settings(root=str(tmp_path))
+    a = settings_for(platform, "search")
+    assert a.zone("raw") == f"{tmp_path}/projects/search/raw" and platform.zone("raw") == f"{tmp_path}/raw"
+    assert (a.mlflow.experiment, a.mlflow.registered_model, a.feast.project, a.triton.model_name) == (
+        "commerce-flywheel--search", "commerce-tool-caller--search", "commerce_flywheel__search", "search__tool_router")
+    assert a.feast.online_store == f"{tmp_path}/projects/search/features/online_store.db"
+    # shared: one tracking store, one Triton model repository, one Airflow
+    for field in ("mlflow.backend_store_uri", "triton.model_repository", "airflow.home", "mlflow.tracking_uri"):
+        section, name = field.split(".")
+        assert getattr(getattr(a, section), name) == getattr(getattr(platform, section), name), field
+    b = settings_for(a, "disputes")  # from one project to another: never scoped twice
+    assert b.triton.model_name == "disputes__tool_router" and b.mlflow.experiment == "commerce-flywheel--disputes"
+    assert settings_for(b, "default").triton.model_name == "tool_router"
+    # another project's models never look like ours (the router lists `<model_name>_v<N>`)
+    assert not f"{b.triton.model_name}_v1".startswith(f"{a.triton.model_name}_v")
+    assert not f"{a.triton.model_name}_v1".startswith(f"{platform.triton.model_name}_v")
+
+
+def test_project_commands_and_every_boundary_are_one_error_line(flywheel_root: Path, capsys) -> None:
+    code, out, err = _flywheel(capsys, "project", "create", "search", "--owner", "alice", "--rpm", "5", "--json")
+    assert code == 0, err
+    created = json.loads(out)
+    assert created["members"] == {"alice": "owner"} and created["quotas"]["rpm"] == 5
+    assert _flywheel(capsys, "project", "create", "disputes", "--owner", "bob")[0] == 0
+
+    _one_error(*_flywheel(capsys, "project", "create", "search")[::2], "exists already")
+    for bad in ("Search", "a", "search-team", "../x", "9lives"):
+        _one_error(*_flywheel(capsys, "project", "create", bad)[::2], "project name")
+    _one_error(*_flywheel(capsys, "--project", "nope", "config", "show")[::2], "unknown project 'nope'")
+    _one_error(*_flywheel(capsys, "--project", "Bad!", "config", "show")[::2], "project name")
+    _one_error(*_flywheel(capsys, "project", "show", "nope")[::2], "unknown project")
+    _one_error(*_flywheel(capsys, "project", "members", "search", "remove", "carol")[::2], "no member of search")
+    _one_error(*_flywheel(capsys, "project", "members", "search", "remove", "alice")[::2], "only owner")
+    _one_error(*_flywheel(capsys, "project", "members", "search", "add", "carol", "--role", "god")[::2], "role 'god'")
+    _one_error(*_flywheel(capsys, "project", "members", "search", "add", "car ol")[::2], "user 'car ol'")
+    assert _flywheel(capsys, "project", "members", "search", "add", "carol", "--role", "viewer")[0] == 0
+
+    code, out, err = _flywheel(capsys, "project", "key", "create", "search", "--json")
+    shown = json.loads(out)
+    assert code == 0 and set(shown) == {"project", "key", "id"} and shown["project"] == "search"
+    stored = (flywheel_root / "projects" / "registry.json").read_text()
+    assert shown["key"] not in stored  # only its hash is kept
+    from pipelines.projects import registry
+
+    assert registry.key_index(get_settings()) == {registry.key_digest(shown["key"]): "search"}
+    _one_error(*_flywheel(capsys, "project", "key", "revoke", "search", "nokey")[::2], "no active key 'nokey'")
+    _one_error(*_flywheel(capsys, "project", "key", "create", "default")[::2], "the gateway's own")
+    assert _flywheel(capsys, "project", "key", "revoke", "search", shown["id"])[0] == 0
+    assert registry.key_index(get_settings()) == {}
+
+    # the project's own commands see its zones: a run names its DAG, a show names its champion
+    code, out, _ = _flywheel(capsys, "--project", "search", "config", "show", "--json")
+    assert code == 0 and json.loads(out)["project"] == "search"
+
+    # delete refuses while the project serves traffic, then keeps its data apart
+    from pipelines.projects import settings_for
+    from pipelines.storage import write_json
+
+    scoped = settings_for(get_settings(), "search")
+    write_json(f"{scoped.zone('serving')}/state.json", {"live": {"name": "search__tool_router_v1", "version": "1",
+                                                                "prompt_style": "names"}, "previous": None})
+    _one_error(*_flywheel(capsys, "project", "delete", "search")[::2], "serves traffic")
+    assert (flywheel_root / "projects" / "search" / "serving" / "state.json").is_file()
+    write_json(f"{scoped.zone('serving')}/state.json", {"live": None, "previous": None})
+    code, out, err = _flywheel(capsys, "project", "delete", "search", "--json")
+    assert code == 0, err
+    kept = json.loads(out)["data_kept_at"]
+    assert kept and Path(kept, "serving", "state.json").is_file() and not (flywheel_root / "projects" / "search").exists()
+    _one_error(*_flywheel(capsys, "--project", "search", "config", "show")[::2], "unknown project 'search'")
+    _one_error(*_flywheel(capsys, "project", "delete", "default")[::2], "cannot be deleted")
+    code, out, _ = _flywheel(capsys, "project", "list", "--json")
+    assert [p["name"] for p in json.loads(out)["projects"]] == ["disputes", "default"] or \
+        sorted(p["name"] for p in json.loads(out)["projects"]) == ["default", "disputes"]
+
+
+def test_each_project_gets_its_own_dags_with_its_own_run_quota(flywheel_root: Path) -> None:
+    """Airflow parses one commerce_flywheel and one drift_monitor per project; a project's drift alert schedules
+    only that project's flywheel; its runs have the project's quota; a task of its DAG works in its zones."""
+    import subprocess
+    import sys
+
+    from pipelines.airflow_tasks import project_of, project_scope
+    from pipelines.projects import registry
+
+    registry.create(get_settings(), "search", "alice", registry.Quotas(training_runs=2))
+    code = ("from airflow.dag_processing.dagbag import DagBag; import json; b = DagBag(dag_folder='dags'); "
+            "assert not b.import_errors, b.import_errors; print(json.dumps({d.dag_id: {'runs': d.max_active_runs, "
+            "'outlets': sorted(a.name for t in d.tasks for a in t.outlets), "
+            "'on': str(getattr(d.timetable, 'asset_condition', ''))} for d in b.dags.values()}))")
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("FLYWHEEL_")}, "FLYWHEEL_ROOT": str(flywheel_root)}
+    out = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parent.parent, env=env,
+                         capture_output=True, text=True, timeout=300, check=False)
+    assert out.returncode == 0, out.stderr[-2000:]
+    dags = json.loads(out.stdout.strip().splitlines()[-1])
+    assert set(dags) == {"commerce_flywheel", "drift_monitor", "commerce_flywheel__search", "drift_monitor__search"}
+    assert dags["commerce_flywheel__search"]["runs"] == 2 and dags["commerce_flywheel"]["runs"] == 1
+    assert dags["drift_monitor__search"]["outlets"] == ["flywheel_drift__search"]
+    assert dags["drift_monitor"]["outlets"] == ["flywheel_drift"]
+    assert "flywheel_drift__search" in dags["commerce_flywheel__search"]["on"]
+    assert "flywheel_drift__search" not in dags["commerce_flywheel"]["on"] and "flywheel_drift" in dags["commerce_flywheel"]["on"]
+    assert project_of("commerce_flywheel__search") == "search" and project_of("drift_monitor") == "default"
+    with project_scope("search"):
+        assert get_settings().zone("raw") == f"{flywheel_root}/projects/search/raw"
+    assert get_settings().zone("raw") == f"{flywheel_root}/raw"
+
+
+def test_mlflow_itself_keeps_a_projects_runs_from_other_projects_members(tmp_path: Path) -> None:
+    """The real tracking server with basic auth: a viewer of `search` reads its runs and model through MLflow's
+    REST API and cannot write them; `disputes`' runs and model are refused to them; an editor of `disputes`
+    writes there only; a removed member loses what they had. (Mutation: default_permission READ in
+    mlflow/basic_auth.ini lets the viewer read `disputes` and fails this.)"""
+    import httpx
+
+    from helpers import run_flywheel
+    from pipelines.services import free_port
+
+    env = {"FLYWHEEL_ROOT": str(tmp_path), "FLYWHEEL_MLFLOW__PORT": str(free_port())}
+    url = f"http://127.0.0.1:{env['FLYWHEEL_MLFLOW__PORT']}"
+    for args in (("project", "create", "search", "--owner", "alice"), ("project", "create", "disputes", "--owner", "bob")):
+        assert run_flywheel(*args, env=env).returncode == 0
+    started = run_flywheel("up", "--only", "mlflow", "--json", env=env, timeout=300)
+    try:
+        assert started.returncode == 0, started.stderr[-2000:]
+        assert set(json.loads(started.stdout)["mlflow"]["projects"]) == {"search", "disputes"}
+        for user, project, role in (("carol", "search", "viewer"), ("dave", "disputes", "editor")):
+            added = run_flywheel("project", "members", project, "add", user, "--role", role, "--json", env=env)
+            assert added.returncode == 0 and "MLflow permissions set" in json.loads(added.stdout)["access"], added.stderr
+
+        def login(user: str) -> tuple[str, str]:
+            name = "runs/mlflow-admin.password" if user == "admin" else f"runs/users/{user}.password"
+            return user, (tmp_path / name).read_text().strip()
+
+        def call(user: str, method: str, path: str, **kw) -> httpx.Response:
+            return httpx.request(method, f"{url}/api/2.0/mlflow/{path}", auth=login(user), timeout=30, **kw)
+
+        ids = {e["name"]: e["experiment_id"] for e in call("admin", "POST", "experiments/search",
+                                                             json={"max_results": 50}).json()["experiments"]}
+        search, disputes = ids["commerce-flywheel--search"], ids["commerce-flywheel--disputes"]
+        for exp in (search, disputes):
+            assert call("admin", "POST", "runs/create", json={"experiment_id": exp}).status_code == 200
+        for name in ("commerce-tool-caller--search", "commerce-tool-caller--disputes"):
+            assert call("admin", "POST", "registered-models/create", json={"name": name}).status_code == 200
+
+        seen = call("carol", "POST", "runs/search", json={"experiment_ids": [search]})
+        assert seen.status_code == 200 and len(seen.json()["runs"]) == 1
+        other = call("carol", "POST", "runs/search", json={"experiment_ids": [disputes]})
+        assert other.status_code == 403 or other.json().get("runs", []) == []
+        assert call("carol", "GET", "experiments/get", params={"experiment_id": disputes}).status_code == 403
+        assert call("carol", "GET", "registered-models/get", params={"name": "commerce-tool-caller--disputes"}).status_code == 403
+        assert call("carol", "GET", "registered-models/get", params={"name": "commerce-tool-caller--search"}).status_code == 200
+        assert call("carol", "POST", "runs/create", json={"experiment_id": search}).status_code == 403  # a viewer
+        assert call("dave", "POST", "runs/create", json={"experiment_id": disputes}).status_code == 200  # an editor
+        assert call("dave", "POST", "runs/create", json={"experiment_id": search}).status_code == 403
+        listed = call("carol", "POST", "experiments/search", json={"max_results": 50}).json().get("experiments", [])
+        assert [e["name"] for e in listed] == ["commerce-flywheel--search"]
+
+        removed = run_flywheel("project", "members", "search", "remove", "carol", env=env)
+        assert removed.returncode == 0, removed.stderr
+        gone = call("carol", "POST", "runs/search", json={"experiment_ids": [search]})
+        assert gone.status_code == 403 or gone.json().get("runs", []) == []
+    finally:
+        run_flywheel("down", env=env, timeout=120)

@@ -1,0 +1,185 @@
+"""One gateway, many projects: a project's key reaches its models only, its captured turns and feedback land
+in its raw zone only, a revoked key is refused, and each project's quotas answer 429 with Retry-After without
+touching another project. In process (FastAPI's TestClient); Triton is a stand-in that lists every project's
+models and answers with a tool call (the real Triton path: test_gateway.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pipelines.config import load_settings
+
+TOOLS = [{"type": "function", "function": {"name": "track_shipment", "parameters": {
+    "type": "object", "properties": {"order_id": {"type": "string"}}, "required": ["order_id"]}}}]
+
+
+def _body(model: str = "champion", **extra: Any) -> dict[str, Any]:
+    return {"model": model, "messages": [{"role": "user", "content": "where is order ord_123?"}], "tools": TOOLS,
+            "user": "cus_0000001", **extra}
+
+
+class FakeTriton:
+    """Every project's models loaded on one server; each answer names the model that gave it."""
+
+    models: list[str] = []
+    answered: list[str] = []
+
+    def loaded(self) -> list[str]:
+        return list(self.models)
+
+    def forget_inputs(self) -> None:
+        pass
+
+    def infer_one(self, name: str, turns: Any, tools: Any = None, on_text: Any = None) -> Any:
+        from pipelines.serve.client import Reply
+
+        FakeTriton.answered.append(name)
+        return Reply(json.dumps({"name": "track_shipment", "arguments": {"order_id": "ord_123"}}), 40, 10, 5.0)
+
+
+@pytest.fixture
+def gateway(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """(client, settings, keys, stop): projects `search` and `disputes` with a key each, and the default key; each
+    project's champion deployed (serving state) on the shared stand-in Triton."""
+    from fastapi.testclient import TestClient
+
+    from pipelines.gateway import router as routing
+    from pipelines.gateway import tenants as tenancy
+    from pipelines.gateway.app import api_key, create_app
+    from pipelines.projects import registry, settings_for
+    from pipelines.serve import client as serve_client
+    from pipelines.storage import write_json
+
+    settings = load_settings(root=str(tmp_path), gateway={"capture_rotate_bytes": 1024})
+    keys = {"default": api_key(settings)}
+    for name, quotas in (("search", registry.Quotas(rpm=3)), ("disputes", registry.Quotas())):
+        registry.create(settings, name, "alice", quotas)
+        keys[name] = registry.create_key(settings, name)[1]
+    champions = {"default": "tool_router_v3", "search": "search__tool_router_v1", "disputes": "disputes__tool_router_v2"}
+    for name, model in champions.items():
+        scoped = settings_for(settings, name)
+        write_json(f"{scoped.zone('serving')}/state.json", {"live": {"name": model, "version": model[-1],
+                                                                      "prompt_style": "names"}, "previous": None})
+    FakeTriton.models, FakeTriton.answered = list(champions.values()), []
+    monkeypatch.setattr(routing.Router, "client", lambda self: FakeTriton())
+    monkeypatch.setattr(routing.Router, "_style", lambda self, name: "names")
+    monkeypatch.setattr(routing.Router, "_candidate_version", lambda self: None)
+    monkeypatch.setattr(routing.Router, "context", lambda self, customer: "")
+    monkeypatch.setattr(serve_client, "offered_tools", lambda *a, **k: [])
+    monkeypatch.setattr(tenancy, "REGISTRY_TTL_S", 0.0)  # every request sees the registry as it is now
+    client = TestClient(create_app(settings), raise_server_exceptions=False)
+    client.__enter__()
+    open_ = [True]
+
+    def stop() -> None:
+        """The gateway's shutdown (its lifespan's end): every project's files closed, the day's usage written."""
+        if open_.pop() if open_ else False:
+            client.__exit__(None, None, None)
+
+    yield client, settings, keys, stop
+    stop()
+
+
+def _as(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+def _captured(zone: str) -> list[dict[str, Any]]:
+    return [json.loads(line) for f in sorted(Path(zone).glob("dt=*/gateway-*.jsonl")) for line in f.read_text().splitlines()]
+
+
+def test_a_project_key_reaches_its_own_models_and_data_only(gateway) -> None:
+    """Mutations tried: a tenant keyed by anything but the caller's project (every key on the default tenant)
+    fails the models and capture checks; a key index that keeps revoked keys fails the 401 check."""
+    from pipelines.projects import registry, settings_for
+
+    client, settings, keys, stop = gateway
+    listed = {name: {m["id"]: m["root"] for m in client.get("/v1/models", headers=_as(key)).json()["data"]}
+              for name, key in keys.items()}
+    assert listed["search"] == {"v1": "search__tool_router_v1", "champion": "search__tool_router_v1"}
+    assert listed["disputes"] == {"v2": "disputes__tool_router_v2", "champion": "disputes__tool_router_v2"}
+    assert listed["default"] == {"v3": "tool_router_v3", "champion": "tool_router_v3"}
+
+    answer = client.post("/v1/chat/completions", json=_body(), headers=_as(keys["search"]))
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["choices"][0]["message"]["tool_calls"][0]["function"]["name"] == "track_shipment"
+    assert FakeTriton.answered == ["search__tool_router_v1"]
+    refused = client.post("/v1/chat/completions", json=_body("v2"), headers=_as(keys["search"]))  # disputes' model
+    assert refused.status_code == 404 and refused.json()["error"]["code"] == "model_not_found"
+    assert client.post("/v1/chat/completions", json=_body("v2"), headers=_as(keys["disputes"])).status_code == 200
+    assert FakeTriton.answered == ["search__tool_router_v1", "disputes__tool_router_v2"]
+
+    rated = client.post("/v1/feedback", json={"id": answer.json()["id"], "rating": "up"}, headers=_as(keys["search"]))
+    assert rated.status_code == 200
+    stop()  # the lifespan's end closes every project's capture files
+    zones = {name: settings_for(settings, name).zone("raw") for name in keys}
+    assert [r["record_id"] for r in _captured(zones["search"])] == [answer.json()["id"]]
+    assert len(_captured(zones["disputes"])) == 1 and _captured(zones["default"]) == []
+    from pipelines.logs.feedback import feedback_zone
+
+    assert [r["record_id"] for r in _captured(feedback_zone(zones["search"]))] == [answer.json()["id"]]
+    assert _captured(feedback_zone(zones["disputes"])) == [] and _captured(feedback_zone(zones["default"])) == []
+
+
+def test_a_revoked_or_unknown_key_is_refused_at_once(gateway) -> None:
+    from pipelines.projects import registry
+
+    client, settings, keys, stop = gateway
+    assert client.get("/v1/models", headers=_as(keys["disputes"])).status_code == 200
+    registry.revoke_key(settings, "disputes", None)
+    for key in (keys["disputes"], "fwp-" + "x" * 43, ""):
+        gone = client.get("/v1/models", headers=_as(key))
+        assert gone.status_code == 401 and gone.json()["error"]["code"] == "invalid_api_key"
+    assert client.get("/v1/models", headers=_as(keys["search"])).status_code == 200  # the others' keys still work
+    from pipelines.projects import settings_for
+    from pipelines.storage import write_json
+
+    write_json(f"{settings_for(settings, 'search').zone('serving')}/state.json", {"live": None, "previous": None})
+    registry.delete(settings, "search")  # a deleted project's key stops too
+    assert client.get("/v1/models", headers=_as(keys["search"])).status_code == 401
+
+
+def test_quotas_answer_429_with_retry_after_and_spare_the_other_projects(gateway, monkeypatch) -> None:
+    """search may send 3 requests a minute: the 4th is refused with Retry-After, while disputes (no limit) is
+    answered throughout; a tokens-per-day quota refuses once the day's tokens are used, until midnight UTC;
+    the day's usage is written where `project usage` reads it, and a restarted gateway counts on from it.
+    (Mutations tried: a limiter shared by all projects fails the disputes check; one never refusing fails the
+    429 checks.)"""
+    from pipelines.gateway.tenants import usage_uri, _today
+    from pipelines.projects import registry, settings_for
+    from pipelines.storage import read_json
+
+    client, settings, keys, stop = gateway
+    codes = []
+    for _ in range(4):
+        codes.append(client.post("/v1/chat/completions", json=_body(), headers=_as(keys["search"])).status_code)
+        assert client.post("/v1/chat/completions", json=_body(), headers=_as(keys["disputes"])).status_code == 200
+    assert codes == [200, 200, 200, 429]
+    refused = client.post("/v1/chat/completions", json=_body(), headers=_as(keys["search"]))
+    assert refused.json()["error"]["code"] == "rate_limit_exceeded" and refused.json()["error"]["type"] == "rate_limit_error"
+    assert 1 <= int(refused.headers["retry-after"]) <= 60
+
+    registry.set_quotas(settings, "disputes", tokens_per_day=250)  # each answer here costs 50 tokens
+    spent = [client.post("/v1/chat/completions", json=_body("v2"), headers=_as(keys["disputes"])).status_code
+             for _ in range(2)]
+    assert spent == [200, 429]  # 4 answers (200 tokens) before: one more (250), then the day is spent
+    over = client.post("/v1/chat/completions", json=_body("v2"), headers=_as(keys["disputes"]))
+    assert over.json()["error"]["code"] == "tokens_per_day_exceeded"
+    assert 1 <= int(over.headers["retry-after"]) <= 86_400
+    stop()
+    used = read_json(usage_uri(settings_for(settings, "disputes"), _today()))
+    assert (used["requests"], used["prompt_tokens"], used["completion_tokens"]) == (5, 200, 50)
+    assert used["refused_tokens"] == 2
+    searched = read_json(usage_uri(settings_for(settings, "search"), _today()))
+    assert searched["requests"] == 3 and searched["refused_rpm"] == 2
+
+    from fastapi.testclient import TestClient
+
+    from pipelines.gateway.app import create_app
+
+    with TestClient(create_app(settings), raise_server_exceptions=False) as again:  # a restart: the day counts on
+        assert again.post("/v1/chat/completions", json=_body("v2"), headers=_as(keys["disputes"])).status_code == 429
