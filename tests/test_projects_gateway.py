@@ -183,3 +183,71 @@ def test_quotas_answer_429_with_retry_after_and_spare_the_other_projects(gateway
 
     with TestClient(create_app(settings), raise_server_exceptions=False) as again:  # a restart: the day counts on
         assert again.post("/v1/chat/completions", json=_body("v2"), headers=_as(keys["disputes"])).status_code == 429
+
+
+def test_a_projects_concurrency_quota_leaves_the_gateways_slots_to_the_others(gateway, monkeypatch) -> None:
+    """search may hold 2 requests in flight: a 3rd is refused at once while disputes is still answered; once
+    search's requests end, its slots are free again (a leak would refuse it forever). (Mutation tried: no
+    release after the answer fails the last check.)"""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    from pipelines.projects import registry
+
+    client, settings, keys, stop = gateway
+    registry.set_quotas(settings, "search", concurrent=2, rpm=100)
+    release, entered = threading.Event(), threading.Semaphore(0)
+    real = FakeTriton.infer_one
+
+    def held(self, name, *args, **kwargs):
+        if name.startswith("search__"):
+            entered.release()
+            assert release.wait(30)
+        return real(self, name, *args, **kwargs)
+
+    monkeypatch.setattr(FakeTriton, "infer_one", held)
+    with ThreadPoolExecutor(2) as pool:
+        busy = [pool.submit(client.post, "/v1/chat/completions", json=_body(), headers=_as(keys["search"]))
+                for _ in range(2)]
+        for _ in range(2):
+            assert entered.acquire(timeout=30)
+        third = client.post("/v1/chat/completions", json=_body(), headers=_as(keys["search"]))
+        assert third.status_code == 429 and third.headers["retry-after"] == "1"
+        assert client.post("/v1/chat/completions", json=_body("v2"), headers=_as(keys["disputes"])).status_code == 200
+        release.set()
+        assert [f.result(timeout=30).status_code for f in busy] == [200, 200]
+    assert [client.post("/v1/chat/completions", json=_body(), headers=_as(keys["search"])).status_code
+            for _ in range(3)] == [200, 200, 200]
+
+
+def test_usage_prices_a_projects_training_serving_and_storage_and_only_its_own(gateway) -> None:
+    """`project usage`: the gateway's tokens and seconds of the project, its training runs' device time from
+    MLflow priced at their device's rate, its zones' bytes; another project's traffic and runs are not in it."""
+    from datetime import date
+
+    from pipelines.bench import showback
+    from pipelines.bench.hardware import table
+    from pipelines.clients import mlflow as mlflow_client
+    from pipelines.projects import settings_for
+
+    client, settings, keys, stop = gateway
+    for project, n in (("search", 2), ("disputes", 1)):
+        for _ in range(n):
+            assert client.post("/v1/chat/completions", json=_body(), headers=_as(keys[project])).status_code == 200
+    stop()
+    search, disputes = settings_for(settings, "search"), settings_for(settings, "disputes")
+    for scoped, tag, seconds in ((search, "1x NVIDIA H100 80GB HBM3", 3600), (disputes, "CPU x86_64 x2 threads", 60)):
+        mlflow = mlflow_client.client(scoped)
+        experiment = mlflow.get_experiment_by_name(scoped.mlflow.experiment).experiment_id
+        run = mlflow.create_run(experiment, start_time=1_790_000_000_000, tags={"flywheel.hardware": tag})
+        mlflow.set_terminated(run.info.run_id, end_time=1_790_000_000_000 + seconds * 1000)
+        mlflow.create_run(experiment, start_time=1_790_000_000_000)  # a sweep's parent run: not counted twice
+    used = showback.report(search, date(2026, 1, 1))
+    assert (used["serving"]["requests"], used["serving"]["tokens"]) == (2, 100)
+    assert used["training"]["runs"] == 1 and used["training"]["device_seconds"] == 3600.0
+    assert used["training"]["usd"] == pytest.approx(table()["h100"].usd_per_hour)
+    assert used["storage"]["by_zone"]["raw"] > 0 and used["storage"]["bytes"] >= used["storage"]["by_zone"]["raw"]
+    assert Path(used["html_uri"]).is_file() and json.loads(Path(used["json_uri"]).read_text())["project"] == "search"
+    other = showback.summarize(disputes, date(2026, 1, 1))
+    assert other["serving"]["requests"] == 1 and other["training"]["usd"] == pytest.approx(
+        60 * table()["cpu-2core"].usd_per_hour / 3600)

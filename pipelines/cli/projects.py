@@ -22,6 +22,7 @@ NameArg = Annotated[str, typer.Argument(help="the project's name (a-z, 0-9, _)")
 RpmOpt = Annotated[int | None, typer.Option("--rpm", min=1, help="gateway requests per minute (default: no limit)")]
 TokensOpt = Annotated[int | None, typer.Option("--tokens-per-day", min=1, help="gateway tokens per UTC day")]
 RunsOpt = Annotated[int | None, typer.Option("--training-runs", min=1, max=64, help="concurrent training runs")]
+ConcurrentOpt = Annotated[int | None, typer.Option("--concurrent", min=1, help="gateway requests in flight at once")]
 
 
 def select(project: str | None) -> None:
@@ -69,11 +70,12 @@ def _sync_access(name: str, removed: tuple[str, ...] = ()) -> str:
 @project_app.command("create")
 def create_cmd(name: NameArg, owner: Annotated[str | None, typer.Option(help="its first owner (default: you)")] = None,
                rpm: RpmOpt = None, tokens_per_day: TokensOpt = None, training_runs: RunsOpt = None,
-               as_json: JsonOpt = False) -> None:
+               concurrent: ConcurrentOpt = None, as_json: JsonOpt = False) -> None:
     """Create a project: its zones, experiment, registered model and DAGs appear as it is used."""
     from pipelines.projects import registry
 
-    quotas = registry.Quotas(rpm=rpm, tokens_per_day=tokens_per_day, training_runs=training_runs or 1)
+    quotas = registry.Quotas(rpm=rpm, tokens_per_day=tokens_per_day, training_runs=training_runs or 1,
+                             concurrent=concurrent)
     try:
         project = registry.create(_platform(), name, owner or _user(), quotas)
     except _errors() as exc:
@@ -139,19 +141,50 @@ def members_cmd(name: NameArg, action: Annotated[str, typer.Argument(help="add o
 
 @project_app.command("quota")
 def quota_cmd(name: NameArg, rpm: RpmOpt = None, tokens_per_day: TokensOpt = None, training_runs: RunsOpt = None,
-              as_json: JsonOpt = False) -> None:
+              concurrent: ConcurrentOpt = None, as_json: JsonOpt = False) -> None:
     """Set a project's quotas (only the options given change)."""
     from pipelines.projects import registry
 
-    values = {k: v for k, v in (("rpm", rpm), ("tokens_per_day", tokens_per_day), ("training_runs", training_runs))
-              if v is not None}
+    values = {k: v for k, v in (("rpm", rpm), ("tokens_per_day", tokens_per_day), ("training_runs", training_runs),
+                                ("concurrent", concurrent)) if v is not None}
     if not values:
-        raise UserError("quota: give --rpm, --tokens-per-day or --training-runs")
+        raise UserError("quota: give --rpm, --tokens-per-day, --training-runs or --concurrent")
     try:
         project = registry.set_quotas(_platform(), name, **values)
     except _errors() as exc:
         raise UserError(str(exc)) from None
     emit({"project": name, "quotas": project.quotas.model_dump()}, as_json, f"project {name} quotas")
+
+
+@project_app.command("usage")
+def usage_cmd(name: NameArg, since: Annotated[str | None, typer.Option(help="first day, YYYY-MM-DD (default: 30 "
+                                                                          "days ago)")] = None,
+              as_json: JsonOpt = False) -> None:
+    """Showback: training compute, serving tokens and compute, storage, priced; an HTML and a JSON report."""
+    from datetime import date, timedelta
+
+    from pipelines.bench import showback
+    from pipelines.cli.common import parse_date
+    from pipelines.projects import registry, settings_for
+
+    first = parse_date(since, "--since") if since else date.today() - timedelta(days=30)
+    try:
+        registry.get(_platform(), name)
+    except _errors() as exc:
+        raise UserError(str(exc)) from None
+    with console.status(f"reading {name}'s usage ..."):
+        data = showback.report(settings_for(_platform(), name), first)
+    if as_json:
+        sys.stdout.write(__import__("json").dumps(data, indent=2) + "\n")
+        return
+    print_table(f"project {name} since {data['since']}", ("what", "amount", "USD"), [
+        ["training", f"{data['training']['runs']} runs, {data['training']['device_seconds']:,} device-s",
+         f"{data['training']['usd']:.4f}"],
+        ["serving", f"{data['serving']['requests']} requests, {data['serving']['tokens']:,} tokens, "
+                    f"{data['serving']['compute_seconds']:,} s", f"{data['serving']['usd']:.4f}"],
+        ["storage", f"{data['storage']['bytes']:,} bytes", "-"],
+        ["total", "", f"{data['total_usd']:.4f}"]])
+    console.print(f"report: {data['html_uri']}")
 
 
 @project_app.command("delete")

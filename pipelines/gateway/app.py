@@ -248,16 +248,21 @@ def create_app(settings: Settings) -> Any:
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Any:
         parsed = api.parse_request(await read_body(request, settings.gateway.max_request_bytes))
-        tenant = await run_in_threadpool(tenants.admit, request.state.project)  # its quota: 429 past it
         if inflight["n"] >= limit:  # refused at once, before any work: the caller retries, nothing is half done
             raise api.too_busy(limit)
+        tenant = await run_in_threadpool(tenants.admit, request.state.project)  # its quota: 429 past it
         inflight["n"] += 1
+
+        def done() -> None:
+            leave()
+            tenant.quota.release()
+
         if not parsed.stream:
             try:
                 return JSONResponse(await run_in_threadpool(tenant.metered.handle, parsed))
             finally:
-                leave()
-        return await stream_response(tenant.metered, parsed, on_done=leave)  # when the generation ends
+                done()
+        return await stream_response(tenant.metered, parsed, on_done=done)  # when the generation ends
 
     return app
 

@@ -55,8 +55,10 @@ class Quota:
         except (OSError, ValueError) as exc:
             LOG.warning("usage %s unreadable (%s): counting from zero", uri, exc)
             self.used = {}
-        for field in ("requests", "prompt_tokens", "completion_tokens", "compute_ms", "refused_rpm", "refused_tokens"):
+        for field in ("requests", "prompt_tokens", "completion_tokens", "compute_ms", "refused_rpm", "refused_tokens",
+                      "refused_concurrent"):
             self.used.setdefault(field, 0)
+        self.inflight = 0
         self._dirty, self._flushed = False, time.monotonic()
 
     def _roll(self) -> None:
@@ -65,14 +67,21 @@ class Quota:
             self._flush_locked()
             self.day, self.used = today, {k: 0 for k in self.used}
 
-    def admit(self, rpm: int | None, tokens_per_day: int | None) -> None:
-        """Count one request, or refuse it (429, Retry-After) when a limit is reached: the minute's requests
-        (a sliding window) or the day's tokens (until the next UTC midnight)."""
+    def admit(self, rpm: int | None, tokens_per_day: int | None, concurrent: int | None = None) -> None:
+        """Count one request, or refuse it (429, Retry-After) when a limit is reached: the project's requests in
+        flight, the minute's requests (a sliding window) or the day's tokens (until the next UTC midnight).
+        An admitted request holds one of the project's slots until `release`."""
         from pipelines.gateway import openai_api as api
 
         now = time.monotonic()
         with self._lock:
             self._roll()
+            if concurrent is not None and self.inflight >= concurrent:
+                self.used["refused_concurrent"] += 1
+                self._dirty = True
+                raise api.ApiError(429, f"project {self.settings.project} has {concurrent} requests in flight, its "
+                                        "limit; retry after a second", kind="rate_limit_error",
+                                   code="rate_limit_exceeded", headers={"Retry-After": "1"})
             while self._minute and now - self._minute[0] >= 60:
                 self._minute.popleft()
             if tokens_per_day is not None and self.used["prompt_tokens"] + self.used["completion_tokens"] >= tokens_per_day:
@@ -94,6 +103,11 @@ class Quota:
                                         f"its limit; retry after {wait} s", kind="rate_limit_error",
                                    code="rate_limit_exceeded", headers={"Retry-After": str(wait)})
             self._minute.append(now)
+            self.inflight += 1
+
+    def release(self) -> None:
+        with self._lock:
+            self.inflight -= 1
 
     def charge(self, body: dict[str, Any] | None, compute_ms: float) -> None:
         usage = (body or {}).get("usage") or {}
@@ -236,10 +250,12 @@ class Tenants:
             return self._tenants[project]
 
     def admit(self, project: str) -> Tenant:
-        """The caller's tenant, its quota checked (429 past it)."""
+        """The caller's tenant, its quota checked (429 past it); the caller gives its slot back with
+        `tenant.quota.release()` when the answer is done."""
         tenant = self.tenant(project)
         quotas = self.quotas(project)
-        tenant.quota.admit(getattr(quotas, "rpm", None), getattr(quotas, "tokens_per_day", None))
+        tenant.quota.admit(getattr(quotas, "rpm", None), getattr(quotas, "tokens_per_day", None),
+                           getattr(quotas, "concurrent", None))
         return tenant
 
     def all(self) -> list[Tenant]:

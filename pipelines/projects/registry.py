@@ -34,6 +34,8 @@ class Quotas(BaseModel):
     rpm: int | None = Field(None, ge=1, description="gateway requests per minute (None: no limit)")
     tokens_per_day: int | None = Field(None, ge=1, description="gateway tokens (prompt + completion) per UTC day")
     training_runs: int = Field(1, ge=1, le=64, description="concurrent training runs (its DAG's active runs)")
+    concurrent: int | None = Field(None, ge=1, description="gateway completions in flight at once for the project "
+                                   "(None: up to the gateway's own limit, gateway.max_concurrent_requests)")
 
 
 class ApiKey(BaseModel):
