@@ -1,0 +1,276 @@
+"""Two AI projects on one platform, end to end from an empty root, then a noisy neighbour.
+
+1. `shop` (generated commerce traffic) and `search` (the public WebShop instruction -> query pairs, data
+   nobody here wrote) are created, each with its own gateway key; `carol` is a viewer of `shop`.
+2. Each project's logs land in its own raw zone and each runs the whole DAG (`flywheel --project P run
+   --source landed`): prep, gates, features, sweep, evaluation, registry, promotion, Triton deploy.
+3. `flywheel up` (MLflow with auth, Airflow, the gateway) serves both champions on one Triton server. With the
+   `openai` client: shop's key lists and gets shop's champion and is refused search's model; search's key the
+   same the other way; carol reads shop's runs through MLflow's REST API and not search's.
+4. Noisy neighbour: `search` sends requests one after another (one client, its own WebShop requests) for
+   `--seconds` in three phases: alone; while `shop` floods (`--flood` clients back to back) with no quota;
+   while `shop` floods under a quota (`--flood-rpm` requests a minute, one in flight). Every request of both
+   projects is counted by outcome; search's latency per phase with a bootstrap 95 % interval, and its median
+   ratio to the alone phase with its interval.
+5. Drift in shop retrains shop only: drifted traffic lands in shop's raw zone, `drift_monitor__shop` is
+   triggered through Airflow's REST API, and the asset it emits starts `commerce_flywheel__shop`; no
+   `commerce_flywheel__search` run starts. Waits for that retrain to end (`--retrain-timeout`).
+
+Usage: .venv/bin/python bench/projects.py [--work /tmp/w/projects] [--seconds 60] [--flood 6]
+Writes bench/results/projects.json (commit, settings, seeds, every count) and prints a summary.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import sys
+import threading
+import time
+from collections import Counter
+from datetime import date, datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "bench"))
+from real_data import commit, flywheel  # noqa: E402 (one way to run the CLI as a user would)
+
+DAY = "2026-11-20"
+WEBSHOP = Path(os.environ.get("FLYWHEEL_SHARED", REPO.parent / "shared")) / "data" / "webshop" / "instruction_to_query.dev.json"
+SEED = 7
+
+
+def _requests_of(raw_zone: Path, n: int, seed: int) -> list[dict[str, Any]]:
+    """`n` chat requests replayed from a project's own raw zone (its messages up to the call, its tools)."""
+    records = []
+    for path in sorted(raw_zone.glob("dt=*/*.jsonl")):
+        for line in path.read_text().splitlines():
+            try:
+                record = json.loads(line)
+                records.append({"messages": record["request"]["messages"], "tools": record["request"]["tools"],
+                                "user": record.get("customer_id") or "anonymous"})
+            except (ValueError, KeyError, TypeError):
+                continue  # the bad records the generator writes on purpose
+    random.Random(seed).shuffle(records)
+    return records[:n]
+
+
+def _bootstrap(values: list[float], stat, n: int = 2000, seed: int = 0) -> list[float]:
+    rng = random.Random(seed)
+    draws = sorted(stat([rng.choice(values) for _ in values]) for _ in range(n))
+    return [round(draws[int(0.025 * n)], 1), round(draws[int(0.975 * n) - 1], 1)]
+
+
+def _p95(values: list[float]) -> float:
+    return sorted(values)[max(0, int(round(0.95 * len(values))) - 1)]
+
+
+class Caller:
+    """One closed-loop client of the gateway: every request counted by outcome, its latency kept."""
+
+    def __init__(self, url: str, key: str, requests: list[dict[str, Any]], model: str = "champion") -> None:
+        import httpx
+
+        self.http = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {key}"}, timeout=180)
+        self.requests, self.model = requests, model
+        self.outcomes: Counter[str] = Counter()
+        self.latencies_ms: list[float] = []
+
+    def run(self, stop: threading.Event) -> None:
+        i = 0
+        while not stop.is_set():
+            body = {**self.requests[i % len(self.requests)], "model": self.model}
+            i += 1
+            started = time.perf_counter()
+            try:
+                response = self.http.post("/chat/completions", json=body)
+            except Exception as exc:  # noqa: BLE001 (counted: a transport error or the client's timeout)
+                self.outcomes[f"error:{type(exc).__name__}"] += 1
+                continue
+            elapsed = (time.perf_counter() - started) * 1000
+            self.outcomes[str(response.status_code)] += 1
+            if response.status_code == 200:
+                self.latencies_ms.append(elapsed)
+            elif response.status_code == 429:  # as the openai SDK does: wait what the gateway says (capped)
+                stop.wait(min(float(response.headers.get("retry-after") or 1), 2.0))
+
+
+def phase(url: str, keys: dict[str, str], reqs: dict[str, list[dict[str, Any]]], seconds: float,
+          flood: int) -> dict[str, Any]:
+    stop = threading.Event()
+    quiet = Caller(url, keys["search"], reqs["search"])
+    floods = [Caller(url, keys["shop"], reqs["shop"][i::max(flood, 1)]) for i in range(flood)]
+    threads = [threading.Thread(target=c.run, args=(stop,)) for c in [quiet, *floods]]
+    for t in threads:
+        t.start()
+    time.sleep(seconds)
+    stop.set()
+    for t in threads:
+        t.join(timeout=240)
+    lat = quiet.latencies_ms
+    shop: Counter[str] = sum((c.outcomes for c in floods), Counter())
+    return {"search": {"outcomes": dict(quiet.outcomes), "n": len(lat),
+                       "p50_ms": round(statistics.median(lat), 1) if lat else None,
+                       "p50_ci95": _bootstrap(lat, statistics.median) if len(lat) > 2 else None,
+                       "p95_ms": round(_p95(lat), 1) if lat else None, "latencies_ms": [round(x, 1) for x in lat]},
+            "shop": {"outcomes": dict(shop), "clients": flood,
+                     "answered": sum(len(c.latencies_ms) for c in floods)}}
+
+
+def ratio_ci(a: list[float], b: list[float], seed: int = 0, n: int = 2000) -> list[float]:
+    """Bootstrap 95 % interval of median(b) / median(a) (independent samples)."""
+    rng = random.Random(seed)
+    draws = sorted(statistics.median([rng.choice(b) for _ in b]) / statistics.median([rng.choice(a) for _ in a])
+                   for _ in range(n))
+    return [round(draws[int(0.025 * n)], 2), round(draws[int(0.975 * n) - 1], 2)]
+
+
+def main() -> int:  # noqa: PLR0915 (one scenario, told in order)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--work", type=Path, default=Path("/tmp/w/projects"))
+    parser.add_argument("--seconds", type=float, default=60.0)
+    parser.add_argument("--flood", type=int, default=6)
+    parser.add_argument("--flood-rpm", type=int, default=6)
+    parser.add_argument("--records", type=int, default=1500)
+    parser.add_argument("--retrain-timeout", type=float, default=2400.0)
+    parser.add_argument("--skip-runs", action="store_true", help="reuse a root whose two DAG runs are done")
+    args = parser.parse_args()
+
+    root = args.work / "root"
+    log = args.work / "projects.log"
+    args.work.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "FLYWHEEL_ROOT": str(root)}
+    os.environ.update({"FLYWHEEL_ROOT": str(root)})
+    result: dict[str, Any] = {"bench": "projects", "commit": commit(), "day": DAY, "seed": SEED,
+                              "settings": vars(args) | {"work": str(args.work)}, "steps": {}}
+    timings = result["steps"]
+
+    def step(name: str, *cmd: str, timeout_s: float | None = None) -> str:
+        started = time.perf_counter()
+        out = flywheel(root, *cmd, log=log, timeout_s=timeout_s)
+        timings[name] = round(time.perf_counter() - started, 1)
+        return out
+
+    keys_file = args.work / "keys.json"  # the keys are shown once: kept for a --skip-runs re-run (0600)
+    if not args.skip_runs:
+        step("create_shop", "project", "create", "shop", "--owner", "alice")
+        step("create_search", "project", "create", "search", "--owner", "bob")
+        step("viewer", "project", "members", "shop", "add", "carol", "--role", "viewer")
+        keys = {p: json.loads(step(f"key_{p}", "project", "key", "create", p, "--json"))["key"] for p in ("shop", "search")}
+        keys_file.touch(mode=0o600)
+        keys_file.write_text(json.dumps(keys))
+        step("logs_shop", "--project", "shop", "logs", "generate", "--records", str(args.records), "--end-date", DAY,
+             "--days", "1", "--seed", str(SEED))
+        step("logs_search", "--project", "search", "logs", "import-webshop", str(WEBSHOP), "--date", DAY)
+        for p in ("shop", "search"):
+            result[f"run_{p}"] = json.loads(step(f"run_{p}", "--project", p, "run", "--end-date", DAY, "--window-days",
+                                                 "1", "--source", "landed", "--json"))
+    keys = json.loads(keys_file.read_text())
+    up = json.loads(step("up", "up", "--paused", "--json", timeout_s=900))
+    url = up["gateway"]["url"]
+    try:
+        result["isolation"] = isolation(url, keys, root)
+        print(json.dumps(result["isolation"], indent=1), flush=True)
+        from pipelines.config import load_settings
+        from pipelines.projects import settings_for
+
+        platform = load_settings(root=str(root))
+        reqs = {p: _requests_of(Path(settings_for(platform, p).zone("raw")), 200, SEED) for p in ("shop", "search")}
+        phases = {}
+        phases["alone"] = phase(url, keys, reqs, args.seconds, 0)
+        phases["flood_no_quota"] = phase(url, keys, reqs, args.seconds, args.flood)
+        step("quota", "project", "quota", "shop", "--rpm", str(args.flood_rpm), "--concurrent", "1")
+        time.sleep(2)  # the gateway re-reads the registry within a second
+        phases["flood_quota"] = phase(url, keys, reqs, args.seconds, args.flood)
+        alone = phases["alone"]["search"]["latencies_ms"]
+        for name in ("flood_no_quota", "flood_quota"):
+            other = phases[name]["search"]["latencies_ms"]
+            if len(alone) > 2 and len(other) > 2:
+                phases[name]["search"]["p50_ratio_to_alone"] = round(statistics.median(other) / statistics.median(alone), 2)
+                phases[name]["search"]["p50_ratio_ci95"] = ratio_ci(alone, other)
+        result["noisy_neighbour"] = phases
+        print(json.dumps({k: {kk: {x: y for x, y in vv.items() if x != "latencies_ms"} for kk, vv in v.items()}
+                          for k, v in phases.items()}, indent=1), flush=True)
+        result["drift"] = drift_retrains_only_its_project(root, args, step, log)
+    finally:
+        step("down", "down", timeout_s=300)
+        out = REPO / "bench" / "results" / "projects.json"
+        out.write_text(json.dumps(result, indent=2) + "\n")
+        print(f"wrote {out}", flush=True)
+    return 0
+
+
+def isolation(url: str, keys: dict[str, str], root: Path) -> dict[str, Any]:
+    """Each key gets its project's champion and is refused the other's model; a viewer of shop reads shop's runs
+    in MLflow and not search's."""
+    import httpx
+    from openai import NotFoundError, OpenAI
+
+    out: dict[str, Any] = {}
+    clients = {p: OpenAI(base_url=url, api_key=k, max_retries=0, timeout=180) for p, k in keys.items()}
+    listed = {p: {m.id: m.root for m in c.models.list().data} for p, c in clients.items()}  # type: ignore[attr-defined]
+    out["models"] = listed
+    for p, other in (("shop", "search"), ("search", "shop")):
+        reqs = _requests_of(root / "projects" / p / "raw", 1, SEED)
+        answer = clients[p].chat.completions.create(model="champion", **reqs[0])
+        out[f"{p}_champion_answered_by"] = answer.system_fingerprint
+        foreign = next(a for a in listed[other] if a.startswith("v"))
+        mine = {a for a in listed[p]}
+        try:
+            clients[p].chat.completions.create(model=foreign, **reqs[0])
+            out[f"{p}_asking_{other}_{foreign}"] = "answered" if foreign not in mine else "answered (same alias)"
+        except NotFoundError as exc:
+            out[f"{p}_asking_{other}_{foreign}"] = f"refused 404 ({exc.code})"
+    admin = ("admin", (root / "runs" / "mlflow-admin.password").read_text().strip())
+    carol = ("carol", (root / "runs" / "users" / "carol.password").read_text().strip())
+    mlflow = "http://127.0.0.1:5000/api/2.0/mlflow"
+    ids = {e["name"]: e["experiment_id"] for e in httpx.post(f"{mlflow}/experiments/search", auth=admin,
+                                                                json={"max_results": 100}, timeout=30).json()["experiments"]}
+    for p in ("shop", "search"):
+        r = httpx.post(f"{mlflow}/runs/search", auth=carol, json={"experiment_ids": [ids[f"commerce-flywheel--{p}"]]},
+                       timeout=30)
+        out[f"carol_reads_{p}_runs"] = {"status": r.status_code, "runs": len(r.json().get("runs", [])) if r.status_code == 200 else None}
+    return out
+
+
+def drift_retrains_only_its_project(root: Path, args: argparse.Namespace, step, log: Path) -> dict[str, Any]:
+    from pipelines.clients.airflow import AirflowRest
+    from pipelines.config import load_settings
+
+    drift_day = (date.fromisoformat(DAY) + timedelta(days=1)).isoformat()
+    step("logs_shop_drift", "--project", "shop", "logs", "generate", "--records", "700", "--seed", "9", "--end-date",
+         drift_day, "--drift", "holiday", "--drift-magnitude", "0.9", "--bad-share", "0.03")
+    rest = AirflowRest(load_settings(root=str(root)))
+    before = {d: len(rest.dag_runs(d)) for d in ("commerce_flywheel__shop", "commerce_flywheel__search")}
+    for d in ("drift_monitor__shop", "commerce_flywheel__shop", "commerce_flywheel__search"):
+        rest.unpause(d)
+    started = time.monotonic()
+    check = rest.trigger("drift_monitor__shop", {"end_date": drift_day})
+    while rest.dag_run("drift_monitor__shop", check)["state"] not in ("success", "failed"):
+        if time.monotonic() - started > 900:
+            return {"error": "the drift check did not end within 900 s"}
+        time.sleep(5)
+    out: dict[str, Any] = {"check": rest.dag_run("drift_monitor__shop", check)["state"]}
+    state = json.loads((root / "projects" / "shop" / "reports" / "drift" / "state.json").read_text())
+    out["alerts"] = {k: state.get(k) for k in ("last_alert", "emitted_at", "pending") if k in state}
+    deadline = time.monotonic() + args.retrain_timeout
+    retrain = None
+    while time.monotonic() < deadline:
+        runs = [r for r in rest.dag_runs("commerce_flywheel__shop") if r.get("run_type") == "asset_triggered"]
+        if runs:
+            retrain = runs[0]
+            if retrain["state"] in ("success", "failed"):
+                break
+        time.sleep(10)
+    out["shop_retrain"] = {k: retrain.get(k) for k in ("dag_run_id", "run_type", "state", "start_date", "end_date")} if retrain else None
+    out["new_runs"] = {d: len(rest.dag_runs(d)) - n for d, n in before.items()}
+    out["seconds"] = round(time.monotonic() - started, 1)
+    return out
+
+
+if __name__ == "__main__":
+    sys.exit(main())
