@@ -50,4 +50,5 @@ module "iam" {
   buckets           = module.storage.bucket_arns
   kms_key_arn       = module.storage.kms_key_arn
   db_secret_arn     = module.database.master_secret_arn
+  projects          = var.projects
 }

@@ -13,5 +13,6 @@ output "cluster_profile" {
     gpu_node_selectors           = module.eks.gpu_node_selectors
     container_registry           = module.storage.registry_url
     service_account_roles        = module.iam.role_arns
+    project_roles                = module.iam.project_role_arns
   }
 }

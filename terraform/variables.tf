@@ -63,3 +63,13 @@ variable "admin_cidrs" {
   type        = list(string)
   default     = []
 }
+
+variable "projects" {
+  description = "AI projects (flywheel project list): each gets an IAM role reaching only its own prefix, projects/<name>/, in the data buckets"
+  type        = list(string)
+  default     = []
+  validation {
+    condition     = alltrue([for p in var.projects : can(regex("^[a-z][a-z0-9_]{1,30}$", p)) && p != "default"])
+    error_message = "a project name is 2-31 characters of a-z, 0-9 and _, starting with a letter (not `default`, the platform's own)"
+  }
+}

@@ -43,7 +43,7 @@ def test_terraform_is_formatted_and_valid(tf) -> None:
 def test_terraform_plan_tests_pass_with_a_mocked_provider(tf) -> None:
     result = tf("test", "-no-color")
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "4 passed, 0 failed" in result.stdout
+    assert "6 passed, 0 failed" in result.stdout
 
 
 def test_checkov_leaves_no_finding_unfixed_or_unexplained() -> None:

@@ -20,7 +20,8 @@ mock_provider "aws" {
     defaults = { arn = "arn:aws:iam::000000000000:oidc-provider/test" }
   }
   mock_resource "aws_s3_bucket" {
-    defaults = { arn = "arn:aws:s3:::flywheel-test-bucket" }
+    override_during = plan # the buckets' ARNs are known when the plan is checked (the projects' prefixes name them)
+    defaults        = { arn = "arn:aws:s3:::flywheel-test-bucket" }
   }
 }
 
@@ -89,4 +90,39 @@ run "bad_environment_name_is_refused" {
     environment = "Prod Env"
   }
   expect_failures = [var.environment]
+}
+
+run "each_project_reaches_only_its_own_prefix" {
+  command = plan
+  variables {
+    projects = ["shop", "search"]
+  }
+  assert {
+    condition     = length(module.iam.project_access) == 2 && length(module.iam.project_role_arns) == 2
+    error_message = "one access entry per project"
+  }
+  assert {
+    condition = alltrue([for p, a in module.iam.project_access : alltrue([
+      for o in a.objects : endswith(o, "/projects/${p}/*")
+    ]) && length(a.objects) == 2])
+    error_message = "a project's objects are its own prefix in the raw and curated buckets, nothing else"
+  }
+  assert {
+    condition = alltrue([for p, a in module.iam.project_access : alltrue([
+      for q in keys(module.iam.project_access) : q == p || !anytrue([for o in concat(a.objects, a.prefixes) : can(regex("projects/${q}(/|$)", o))])
+    ])])
+    error_message = "no project's policy names another project's prefix"
+  }
+  assert {
+    condition     = alltrue([for p, a in module.iam.project_access : alltrue([for x in a.prefixes : startswith(x, "projects/${p}")])])
+    error_message = "a project lists only under its own prefix"
+  }
+}
+
+run "a_project_name_must_be_a_safe_identifier" {
+  command = plan
+  variables {
+    projects = ["Shop-Team"]
+  }
+  expect_failures = [var.projects]
 }
