@@ -177,4 +177,9 @@ def build(project: str, training_runs: int):
 
 
 for _project, _runs in projects():
-    build(_project, _runs)
+    try:
+        build(_project, _runs)
+    except Exception as _exc:  # noqa: BLE001 (one project's DAG failing to build never hides the others')
+        import sys
+
+        sys.stderr.write(f"flywheel: the DAG of project {_project} was not built: {_exc}\n")

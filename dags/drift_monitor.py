@@ -67,4 +67,9 @@ def build(project: str):
 
 
 for _project, _runs in projects():
-    build(_project)
+    try:
+        build(_project)
+    except Exception as _exc:  # noqa: BLE001 (one project's DAG failing to build never hides the others')
+        import sys
+
+        sys.stderr.write(f"flywheel: the DAG of project {_project} was not built: {_exc}\n")

@@ -8,6 +8,7 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
+PROJECT_PATTERN = r"^[a-z][a-z0-9_]{1,30}$"  # = pipelines.config.PROJECT_PATTERN (kept stdlib-only here)
 PROJECT_SEP = "__"  # commerce_flywheel__<project>: one DAG per AI project (the `default` project's has no suffix)
 DEFAULT_PROJECT = "default"  # = pipelines.config.DEFAULT_PROJECT (kept stdlib-only here)
 FAILURES = "runs/failures"  # under the reports zone: per DAG, its newest final task failure and why, in one line
@@ -96,10 +97,19 @@ def projects() -> list[tuple[str, int]]:
     except Exception as exc:  # noqa: BLE001 (a broken registry must not hide the default project's DAGs)
         sys.stderr.write(f"flywheel: the project registry {uri} could not be read ({type(exc).__name__}: {exc})\n")
         return out
+    import re
+
+    found = []
     for name, project in sorted((data.get("projects") or {}).items()):
-        if name != DEFAULT_PROJECT:
-            out.append((name, int((project.get("quotas") or {}).get("training_runs") or 1)))
-    return out
+        try:
+            runs = int((project.get("quotas") or {}).get("training_runs") or 1)
+            if not re.fullmatch(PROJECT_PATTERN, name) or not 1 <= runs <= 64:
+                raise ValueError(f"not a project name {name!r} or training_runs {runs}")
+        except (TypeError, ValueError, AttributeError) as exc:  # a hand-edited entry: skipped, said, never fatal
+            sys.stderr.write(f"flywheel: project {name!r} skipped in {uri}: {exc}\n")
+            continue
+        found.append((name, runs))
+    return ([(n, r) for n, r in found if n == DEFAULT_PROJECT] or out) + [(n, r) for n, r in found if n != DEFAULT_PROJECT]
 
 
 def _run_of() -> dict[str, Any]:

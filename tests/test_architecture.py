@@ -24,7 +24,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("evaluate",),
     ("registry",),
     ("serve",),              # Triton: model repository, the Python-backend model, deploy, the client
-    ("projects",),           # AI projects: the registry (members, keys, quotas), MLflow grants, showback
+    ("projects",),           # AI projects: the registry (members, keys, quotas), MLflow grants
     ("gateway",),            # the OpenAI-compatible front door (reaches models through serve.client)
     ("drift",),
     ("bench",),

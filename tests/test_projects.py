@@ -109,8 +109,8 @@ def test_project_commands_and_every_boundary_are_one_error_line(flywheel_root: P
     _one_error(*_flywheel(capsys, "--project", "search", "config", "show")[::2], "unknown project 'search'")
     _one_error(*_flywheel(capsys, "project", "delete", "default")[::2], "cannot be deleted")
     code, out, _ = _flywheel(capsys, "project", "list", "--json")
-    assert [p["name"] for p in json.loads(out)["projects"]] == ["disputes", "default"] or \
-        sorted(p["name"] for p in json.loads(out)["projects"]) == ["default", "disputes"]
+    assert sorted(p["name"] for p in json.loads(out)["projects"]) == ["default", "disputes"]
+    _one_error(*_flywheel(capsys, "project", "create", "search")[::2], "was deleted")  # its MLflow history stays its
 
 
 def test_each_project_gets_its_own_dags_with_its_own_run_quota(flywheel_root: Path) -> None:
@@ -200,3 +200,20 @@ def test_mlflow_itself_keeps_a_projects_runs_from_other_projects_members(tmp_pat
         assert gone.status_code == 403 or gone.json().get("runs", []) == []
     finally:
         run_flywheel("down", env=env, timeout=120)
+
+
+def test_what_runs_elsewhere_knows_its_project(tmp_path: Path) -> None:
+    """The gateway process gets the platform's settings whatever project its command ran in (a project's
+    names scoped twice would route its key nowhere); a training pod of a project's run trains that project."""
+    from pipelines.gateway.app import _settings_file
+    from pipelines.projects import settings_for
+    from pipelines.train import kubernetes
+
+    scoped = settings_for(load_settings(root=str(tmp_path)), "search")
+    written = load_settings(**json.loads(_settings_file(scoped).read_text()))
+    assert (written.project, written.triton.model_name, written.mlflow.experiment) == (
+        "default", "tool_router", "commerce-flywheel")
+    assert settings_for(written, "search").triton.model_name == "search__tool_router"
+    pod = kubernetes.variant_pod(scoped, sweep={"name": "demo"}, sweep_id="s1", index=0, gpus=1)
+    env = {e["name"]: e.get("value") for c in pod["spec"]["containers"] for e in c.get("env", [])}
+    assert env["FLYWHEEL_PROJECT"] == "search"

@@ -48,7 +48,6 @@ def gateway(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     from fastapi.testclient import TestClient
 
     from pipelines.gateway import router as routing
-    from pipelines.gateway import tenants as tenancy
     from pipelines.gateway.app import api_key, create_app
     from pipelines.projects import registry, settings_for
     from pipelines.serve import client as serve_client
@@ -70,7 +69,6 @@ def gateway(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setattr(routing.Router, "_candidate_version", lambda self: None)
     monkeypatch.setattr(routing.Router, "context", lambda self, customer: "")
     monkeypatch.setattr(serve_client, "offered_tools", lambda *a, **k: [])
-    monkeypatch.setattr(tenancy, "REGISTRY_TTL_S", 0.0)  # every request sees the registry as it is now
     client = TestClient(create_app(settings), raise_server_exceptions=False)
     client.__enter__()
     open_ = [True]

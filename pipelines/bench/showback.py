@@ -80,6 +80,7 @@ def serving(settings: Settings, since: date) -> list[dict[str, Any]]:
         out.append({"day": day, "requests": used.get("requests", 0), "prompt_tokens": used.get("prompt_tokens", 0),
                     "completion_tokens": used.get("completion_tokens", 0), "compute_seconds": round(seconds, 2),
                     "refused_rpm": used.get("refused_rpm", 0), "refused_tokens": used.get("refused_tokens", 0),
+                    "refused_concurrent": used.get("refused_concurrent", 0),
                     "priced_as": row.name, "usd": round(seconds * row.usd_per_hour / 3600, 6)})
     return sorted(out, key=lambda r: r["day"])
 
@@ -110,7 +111,7 @@ def summarize(settings: Settings, since: date) -> dict[str, Any]:
         "serving": {"requests": sum(d["requests"] for d in days),
                     "tokens": sum(d["prompt_tokens"] + d["completion_tokens"] for d in days),
                     "compute_seconds": round(sum(d["compute_seconds"] for d in days), 2),
-                    "refused": sum(d["refused_rpm"] + d["refused_tokens"] for d in days),
+                    "refused": sum(d["refused_rpm"] + d["refused_tokens"] + d["refused_concurrent"] for d in days),
                     "usd": round(sum(d["usd"] for d in days), 6), "by_day": days},
         "storage": {"bytes": sum(stored.values()), "by_zone": stored},
         "total_usd": round(sum(r["usd"] for r in runs) + sum(d["usd"] for d in days), 6),

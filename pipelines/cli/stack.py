@@ -31,6 +31,7 @@ def up(
     from pipelines.services import start
 
     from pipelines.config import DEFAULT_PROJECT
+    from pipelines.errors import one_line
     from pipelines.projects import registry, settings_for
 
     settings = settings_for(_local_settings("up"), DEFAULT_PROJECT)  # the servers are the platform's, not a project's
@@ -60,6 +61,13 @@ def up(
 
         hold = paused or settings.airflow.schedules == "paused"
         rows = schedules.set_paused(settings, hold)
+        for name in registry.load(settings):  # every project's DAGs follow the same setting
+            if name != DEFAULT_PROJECT:
+                try:
+                    rows += schedules.set_paused(settings_for(settings, name), hold)
+                except airflow.AirflowUnavailable as exc:
+                    console.print(f"[red]project {name}: its DAGs were not {'paused' if hold else 'resumed'}: "
+                                  f"{exc}[/red]")
         results["airflow"]["schedules"] = {r["dag"]: r["state"] for r in rows}
         for row in rows:
             console.print(schedules.one_line(row), soft_wrap=True, highlight=False)
@@ -67,11 +75,18 @@ def up(
         from pipelines.gateway import app as gateway
         from pipelines.serve import deploy
 
-        for name in registry.load(settings):  # what was serving, every project's: back before the front door opens
-            scoped = settings_for(settings, name)
-            if deploy.state(scoped).get("live"):
-                console.print(f"starting Triton and restoring {name}'s live deployment ...")
-                results["triton" if name == DEFAULT_PROJECT else f"triton:{name}"] = deploy.restore(scoped)
+        # what was serving, every project's (the platform's first): back before the front door opens; one
+        # project's broken deployment is reported and never keeps the others (or the gateway) down
+        for name in sorted(registry.load(settings), key=lambda n: n != DEFAULT_PROJECT):
+            key = "triton" if name == DEFAULT_PROJECT else f"triton:{name}"
+            try:
+                scoped = settings_for(settings, name)
+                if deploy.state(scoped).get("live"):
+                    console.print(f"starting Triton and restoring {name}'s live deployment ...")
+                    results[key] = deploy.restore(scoped)
+            except Exception as exc:  # noqa: BLE001 (reported in the result, one line)
+                results[key] = {"error": f"not restored: {one_line(exc)}"}
+                console.print(f"[red]{name}: not restored: {one_line(exc)}[/red]")
 
         console.print("starting the gateway ...")
         gateway.up(settings)

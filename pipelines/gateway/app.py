@@ -81,8 +81,12 @@ def _settings_file(settings: Settings) -> Path:
 
     from pipelines.storage import write_text
 
+    from pipelines.config import DEFAULT_PROJECT
+    from pipelines.projects import settings_for
+
     path = services.run_dir(str(settings.root)) / "gateway-settings.json"
-    data = json.dumps(settings.model_dump(mode="python"), default=lambda v: v.get_secret_value()
+    platform = settings_for(settings, DEFAULT_PROJECT)  # the gateway serves every project: never one's names
+    data = json.dumps(platform.model_dump(mode="python"), default=lambda v: v.get_secret_value()
                       if isinstance(v, SecretStr) else str(v))
     write_text(str(path), data)  # atomic and 0600 (mkstemp); removed again by `down`
     return path
@@ -138,7 +142,8 @@ def create_app(settings: Settings) -> Any:
     settings = settings_for(settings, DEFAULT_PROJECT)  # the gateway is the platform's; a key names the project
     tenants = Tenants(settings, api_key(settings))
     platform = tenants.tenant(DEFAULT_PROJECT)  # built now: its zones expire at start, /ready asks its router
-    probes = ThreadPoolExecutor(max_workers=2, thread_name_prefix="probe")  # /ready's own threads
+    tenants.serving()  # and every project that serves traffic: /ready counts it from the start
+    probes = ThreadPoolExecutor(max_workers=4, thread_name_prefix="probe")  # /ready's own threads
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: Any) -> AsyncIterator[None]:
@@ -209,22 +214,18 @@ def create_app(settings: Settings) -> Any:
     @app.get("/ready")
     async def ready() -> JSONResponse:
         """Readiness: the backend answers and each route's model is loaded (503 otherwise: no traffic). The
-        platform's (`default`) routes decide; each other project's readiness is listed under `projects`."""
+        platform's (`default`) routes are shown; with projects, the gateway is ready when any project's routes
+        are (each probed at once, within one budget). An open path: it names no project."""
         import asyncio
 
-        async def one(router: Router) -> dict[str, Any]:
-            try:
-                return await asyncio.wait_for(asyncio.get_running_loop().run_in_executor(probes, router.readiness),
-                                              READY_BUDGET_S)
-            except TimeoutError:
-                return {"ready": False, "backend": "no answer in time", "routes": {}}
-
-        found = await one(platform.router)
-        others = {t.settings.project: await one(t.router) for t in tenants.all() if t is not platform}
-        if others:
-            found["projects"] = {name: {"ready": r["ready"], "routes": r.get("routes", {})} for name, r in others.items()}
-        ok = found["ready"] or any(r["ready"] for r in others.values())
-        return JSONResponse({**found, "ready": ok}, status_code=200 if ok else 503)
+        loop = asyncio.get_running_loop()
+        tried = [platform, *(t for t in tenants.all() if t is not platform)]
+        probes_ = [asyncio.wait_for(loop.run_in_executor(probes, t.router.readiness), READY_BUDGET_S) for t in tried]
+        answers = await asyncio.gather(*probes_, return_exceptions=True)
+        found = [a if isinstance(a, dict) else {"ready": False, "backend": "no answer in time", "routes": {}}
+                 for a in answers]
+        ok = any(f["ready"] for f in found)
+        return JSONResponse({**found[0], "ready": ok}, status_code=200 if ok else 503)
 
     @app.get("/v1/models")
     def models(request: Request) -> dict[str, Any]:
@@ -248,10 +249,16 @@ def create_app(settings: Settings) -> Any:
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Any:
         parsed = api.parse_request(await read_body(request, settings.gateway.max_request_bytes))
+        # the project's tenant (built on its first request) and its limits: file reads, off the event loop
+        tenant, limits = await run_in_threadpool(tenants.lookup, request.state.project)
         if inflight["n"] >= limit:  # refused at once, before any work: the caller retries, nothing is half done
             raise api.too_busy(limit)
-        tenant = await run_in_threadpool(tenants.admit, request.state.project)  # its quota: 429 past it
-        inflight["n"] += 1
+        inflight["n"] += 1  # no await between the check and this: two requests never take one slot
+        try:
+            tenant.quota.admit(*limits)  # the project's quota: 429 past it (a lock, no I/O, no await)
+        except BaseException:
+            leave()
+            raise
 
         def done() -> None:
             leave()

@@ -7,7 +7,7 @@ project gets its own `Tenant`: its router (its Triton models only: `<project>__t
 serving state), its capture and feedback writers (its raw zone) and its comparisons, built on the first
 request. `Quota` holds a project's limits: requests per minute and tokens per UTC day, refused with an
 OpenAI-style 429 and `Retry-After`; what each project used per day is kept in its serving zone
-(`gateway/usage/<day>.json`, written atomically every few seconds and at shutdown), which `flywheel project
+(`gateway/usage/<day>.json`, written atomically every few seconds by one thread, and at shutdown), which `flywheel project
 usage` prices and a restart counts on from.
 """
 
@@ -118,8 +118,6 @@ class Quota:
             self.used["completion_tokens"] += int(usage.get("completion_tokens") or 0)
             self.used["compute_ms"] += int(compute_ms)
             self._dirty = True
-            if time.monotonic() - self._flushed > FLUSH_EVERY_S:
-                self._flush_locked()
 
     def flush(self) -> None:
         with self._lock:
@@ -179,12 +177,13 @@ class Tenant:
         self.quota = Quota(settings)
         self.metered = Metered(self.traffic, self.quota)
 
-    def close(self) -> None:
+    def close(self, keep_usage: bool = True) -> None:
         if self.capture is not None:
             self.capture.close()  # the open capture file first (uploaded, on object storage): no request is left
         self.ratings.close()
         self.traffic.close()  # then the off-path comparisons (the running one finishes; queued ones are dropped)
-        self.quota.flush()
+        if keep_usage:
+            self.quota.flush()
 
 
 class Tenants:
@@ -197,34 +196,55 @@ class Tenants:
         self._lock = threading.Lock()
         self._index: tuple[float, Any, dict[str, str], dict[str, Any]] = (float("-inf"), None, {}, {})
         self._index_lock = threading.Lock()
+        self._stop = threading.Event()
+        self._flusher = threading.Thread(target=self._flush_every, name="usage-flush", daemon=True)
+        self._flusher.start()
+
+    def _flush_every(self) -> None:
+        """Every project's usage (answers and refusals) written every FLUSH_EVERY_S, off the request path."""
+        while not self._stop.wait(FLUSH_EVERY_S):
+            for tenant in self.all():
+                tenant.quota.flush()
 
     def _registry(self) -> tuple[dict[str, str], dict[str, Any]]:
-        """(key digest -> project, project -> quotas), re-read when the registry changed (at most every
-        REGISTRY_TTL_S); a registry that cannot be read keeps the last index (logged)."""
+        """(key digest -> project, project -> quotas). A local registry is re-read whenever its file changed
+        (one stat per request: a revoked key is refused from the next request on); one on object storage at
+        most every REGISTRY_TTL_S. A registry that cannot be read keeps the last index (logged). A project
+        that left the registry (deleted) loses its tenant: its writers are closed, nothing more is written."""
         import os
 
         from pipelines.projects import registry
 
+        uri = registry.registry_uri(self.settings)
+        local = "://" not in uri or uri.startswith("file://")
         at, stamp, keys, quotas = self._index
-        if time.monotonic() - at < REGISTRY_TTL_S:
+        if not local and time.monotonic() - at < REGISTRY_TTL_S:
+            return keys, quotas
+        try:
+            found = os.stat(uri.removeprefix("file://")) if local else None
+            now_stamp = (found.st_mtime_ns, found.st_size, found.st_ino) if found else None
+        except FileNotFoundError:
+            now_stamp = (0, 0, 0)
+        if local and now_stamp == stamp:
             return keys, quotas
         with self._index_lock:
-            uri = registry.registry_uri(self.settings)
+            if self._index[1] == now_stamp and local:
+                return self._index[2], self._index[3]  # another request re-read it meanwhile
             try:
-                found = os.stat(uri) if "://" not in uri else None
-                now_stamp = (found.st_mtime_ns, found.st_size, found.st_ino) if found else None
-            except FileNotFoundError:
-                now_stamp = (0, 0, 0)
-            if now_stamp is None or now_stamp != stamp:
-                try:
-                    projects = registry.load(self.settings)
-                    keys = {k.sha256: p.name for p in projects.values() for k in p.active_keys()}
-                    quotas = {p.name: p.quotas for p in projects.values()}
-                except Exception as exc:  # noqa: BLE001 (a half-edited registry: the last index serves)
-                    LOG.warning("the project registry could not be read (%s); the last keys serve", exc)
-                    now_stamp = stamp
+                projects = registry.load(self.settings)
+                keys = {k.sha256: p.name for p in projects.values() for k in p.active_keys()}
+                quotas = {p.name: p.quotas for p in projects.values()}
+            except Exception as exc:  # noqa: BLE001 (a half-edited registry: the last index serves)
+                LOG.warning("the project registry could not be read (%s); the last keys serve", exc)
+                now_stamp = stamp
             self._index = (time.monotonic(), now_stamp, keys, quotas)
-            return keys, quotas
+        for gone in [name for name in list(self._tenants) if name not in quotas]:
+            with self._lock:
+                tenant = self._tenants.pop(gone, None)
+            if tenant is not None:
+                LOG.info("project %s left the registry: its tenant is closed", gone)
+                tenant.close(keep_usage=False)  # its zones moved away: nothing is written there again
+        return keys, quotas
 
     def authenticate(self, token: str) -> str | None:
         """The caller's project, or None (no such key, or a revoked one)."""
@@ -249,18 +269,33 @@ class Tenants:
                 self._tenants[project] = Tenant(settings_for(self.settings, project))
             return self._tenants[project]
 
-    def admit(self, project: str) -> Tenant:
-        """The caller's tenant, its quota checked (429 past it); the caller gives its slot back with
-        `tenant.quota.release()` when the answer is done."""
-        tenant = self.tenant(project)
+    def lookup(self, project: str) -> tuple[Tenant, tuple[int | None, int | None, int | None]]:
+        """The project's tenant and its limits (rpm, tokens_per_day, concurrent): `tenant.quota.admit(*limits)`
+        checks them (429 past one) and takes a slot the caller gives back with `tenant.quota.release()`."""
         quotas = self.quotas(project)
-        tenant.quota.admit(getattr(quotas, "rpm", None), getattr(quotas, "tokens_per_day", None),
-                           getattr(quotas, "concurrent", None))
-        return tenant
+        return self.tenant(project), (getattr(quotas, "rpm", None), getattr(quotas, "tokens_per_day", None),
+                                      getattr(quotas, "concurrent", None))
+
+    def serving(self) -> list[str]:
+        """Build the tenant of every project with a live deployment (at start); the projects' names."""
+        from pipelines.projects import registry, settings_for
+        from pipelines.serve import deploy
+
+        live = []
+        for name in registry.load(self.settings):
+            try:
+                if deploy.state(settings_for(self.settings, name)).get("live"):
+                    self.tenant(name)
+                    live.append(name)
+            except Exception as exc:  # noqa: BLE001 (one project's broken state never keeps the gateway down)
+                LOG.warning("project %s: serving state unreadable (%s)", name, exc)
+        return live
 
     def all(self) -> list[Tenant]:
         return list(self._tenants.values())
 
     def close(self) -> None:
+        self._stop.set()
+        self._flusher.join(timeout=30)
         for tenant in self.all():
             tenant.close()

@@ -29,7 +29,10 @@ class AccessError(RuntimeError):
 
 
 def password_file(settings: Settings, user: str) -> Path:
-    return Path(str(settings.root)) / "runs" / "users" / f"{user}.password"
+    """Where a member's generated MLflow password is kept (0600): beside the admin's locally; on a cluster
+    (object-store root) in ~/.flywheel/users of the operator's machine, to be put into the team's secret store."""
+    base = Path(str(settings.root)) / "runs" if settings.is_local else Path.home() / ".flywheel"
+    return base / "users" / f"{user}.password"
 
 
 class MlflowAuth:
@@ -144,19 +147,44 @@ def sync_quietly(settings: Settings, name: str, removed: tuple[str, ...] = ()) -
         return "MLflow permissions: applied when the tracking server starts (`flywheel up`)"
     try:
         done = sync(settings, name, removed)
-    except AccessError as exc:
-        return f"MLflow permissions not applied: {exc} (`flywheel up` retries)"
+    except Exception as exc:  # noqa: BLE001 (MLflow's own errors too: the membership is recorded either way)
+        from pipelines.errors import one_line
+
+        return f"MLflow permissions not applied: {one_line(exc)} (`flywheel up` retries)"
     new = f"; new MLflow users' passwords: {', '.join(done['new_users'].values())}" if done["new_users"] else ""
     return f"MLflow permissions set on experiment {done['experiment_id']} and {done['registered_model']}{new}"
 
 
 def sync_all(settings: Settings) -> dict[str, str]:
-    """Every project's grants (at `flywheel up`, once the tracking server answers)."""
-    from pipelines.config import DEFAULT_PROJECT
+    """Every project's grants, `default` included (at `flywheel up`, once the tracking server answers), and
+    the grants of deleted projects' members revoked."""
     from pipelines.projects import registry
 
-    out = {}
-    for name in registry.load(settings):
-        if name != DEFAULT_PROJECT:
-            out[name] = sync_quietly(settings, name)
+    out = {name: sync_quietly(settings, name) for name in registry.load(settings)}
+    for name, gone in registry.deleted(settings).items():
+        out[f"{name} (deleted)"] = revoke_quietly(settings, name, tuple(gone.get("members", ())))
     return out
+
+
+def revoke_quietly(settings: Settings, name: str, users: tuple[str, ...]) -> str:
+    """Revoke `users`' grants on project `name`'s experiment and model (a deleted project's members)."""
+    from pipelines.clients import mlflow as mlflow_client
+    from pipelines.errors import one_line
+    from pipelines.projects import settings_for
+
+    if not settings.mlflow.auth or not users:
+        return "nothing to revoke"
+    scoped = settings_for(settings, name)
+    try:
+        experiment_id = mlflow_client.use_tracking(scoped)
+        auth = MlflowAuth(settings)
+        try:
+            for user in users:
+                if user != mlflow_client.ADMIN and auth.user_exists(user):
+                    auth.revoke(user, "experiment", experiment_id)
+                    auth.revoke(user, "registered_model", scoped.mlflow.registered_model)
+        finally:
+            auth.close()
+    except Exception as exc:  # noqa: BLE001 (retried at the next `flywheel up`)
+        return f"grants not revoked: {one_line(exc)} (`flywheel up` retries)"
+    return f"grants of {', '.join(users)} revoked"

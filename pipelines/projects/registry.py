@@ -87,12 +87,22 @@ def check_user(user: str) -> str:
     return user
 
 
-def load(settings: Settings) -> dict[str, Project]:
-    """Every project by name (`default` included, created implicitly)."""
+def _read(settings: Settings) -> dict[str, Any]:
     from pipelines.storage import exists, read_json
 
     uri = registry_uri(settings)
-    found = read_json(uri)["projects"] if exists(uri) else {}
+    return read_json(uri) if exists(uri) else {}
+
+
+def deleted(settings: Settings) -> dict[str, dict[str, Any]]:
+    """Deleted projects by name: when, who its members were, where its data was kept. A deleted name is never
+    given to a new project (its MLflow experiment and registered model stay, with their history)."""
+    return dict(_read(settings).get("deleted") or {})
+
+
+def load(settings: Settings) -> dict[str, Project]:
+    """Every project by name (`default` included, created implicitly)."""
+    found = _read(settings).get("projects") or {}
     projects = {name: Project.model_validate(data) for name, data in found.items()}
     projects.setdefault(DEFAULT_PROJECT, Project(name=DEFAULT_PROJECT, created_at="", owner="admin",
                                                   members={"admin": "owner"}))
@@ -108,15 +118,19 @@ def get(settings: Settings, name: str) -> Project:
     return projects[name]
 
 
-def _change(settings: Settings, change: Callable[[dict[str, Project]], Any]) -> Any:
-    """Read, change and write the registry under its lock (atomic write: readers see all of it or none)."""
+def _change(settings: Settings, change: Callable[[dict[str, Project]], Any],
+            tombstones: Callable[[dict[str, Any]], None] | None = None) -> Any:
+    """Read, change and write the registry under its lock (atomic write: readers see all of it or none).
+    On object storage the lock is this host's: one operator host changes the registry."""
     from pipelines.storage import locked, write_json
 
     uri = registry_uri(settings)
     with locked(uri, LOCK_TIMEOUT_S, "the project registry"):
-        projects = load(settings)
+        projects, gone = load(settings), deleted(settings)
         result = change(projects)
-        write_json(uri, {"version": 1, "projects": {n: p.model_dump() for n, p in projects.items()}})
+        if tombstones is not None:
+            tombstones(gone)
+        write_json(uri, {"version": 1, "projects": {n: p.model_dump() for n, p in projects.items()}, "deleted": gone})
     return result
 
 
@@ -127,6 +141,8 @@ def create(settings: Settings, name: str, owner: str, quotas: Quotas | None = No
     def add(projects: dict[str, Project]) -> Project:
         if name in projects:
             raise ProjectError(f"project {name!r} exists already")
+        if name in deleted(settings):
+            raise ProjectError(f"project {name!r} was deleted; its name stays with its MLflow history (choose another)")
         projects[name] = Project(name=name, created_at=_now(), owner=owner, members={owner: "owner"},
                                  quotas=quotas or Quotas())
         return projects[name]
@@ -224,29 +240,40 @@ def key_index(settings: Settings) -> dict[str, str]:
 
 
 def delete(settings: Settings, name: str) -> dict[str, Any]:
-    """Remove a project that serves nothing: its keys stop working at once, its zones move to
-    <root>/projects/_deleted/<name>-<time> (kept, never lost; remove them by hand when sure)."""
+    """Remove a project that serves nothing: its keys stop at once (the gateway re-reads the registry on the
+    next request), its members' MLflow grants are revoked (now, or at the next `flywheel up`), its zones move to
+    <root>/projects/_deleted/<name>-<time> (kept, never lost; remove them by hand when sure), and its name is
+    never given again (a tombstone keeps it, with its MLflow experiment and model)."""
+    from pipelines.projects import access
     from pipelines.serve import deploy
     from pipelines.storage import exists, move
 
     if name == DEFAULT_PROJECT:
         raise ProjectError("the default project cannot be deleted")
-    scoped = settings_for(settings, get(settings, name).name)
-    live = deploy.state(scoped).get("live")
-    if live:
-        raise ProjectError(f"{name} serves traffic ({live['name']} is its champion): take it out of service "
-                           f"first (`flywheel --project {name} serve undeploy`)")
+    project = get(settings, name)
+    scoped = settings_for(settings, name)
+    folder = scoped.project_root()
+    kept = f"{str(settings.root).rstrip('/')}/projects/_deleted/{name}-{datetime.now(timezone.utc):%Y%m%dT%H%M%S%f}"
+    with deploy.state_lock(scoped):  # no deploy of it starts meanwhile
+        live = deploy.state(scoped).get("live")
+        if live:
+            raise ProjectError(f"{name} serves traffic ({live['name']} is its champion): take it out of service "
+                               f"first (`flywheel --project {name} serve undeploy`)")
 
-    def drop(projects: dict[str, Project]) -> None:
-        _existing(projects, name)
-        del projects[name]
+        def drop(projects: dict[str, Project]) -> None:
+            _existing(projects, name)
+            del projects[name]
 
-    _change(settings, drop)
-    folder, kept = scoped.project_root(), None
+        def bury(gone: dict[str, Any]) -> None:
+            gone[name] = {"at": _now(), "members": sorted(project.members), "data_kept_at": kept}
+
+        _change(settings, drop, bury)  # first: its keys stop before its data moves
+    moved = None
     if exists(folder):
-        kept = f"{str(settings.root).rstrip('/')}/projects/_deleted/{name}-{datetime.now(timezone.utc):%Y%m%dT%H%M%S}"
         move(folder, kept)
-    return {"deleted": name, "data_kept_at": kept}
+        moved = kept
+    grants = access.revoke_quietly(settings, name, tuple(project.members))
+    return {"deleted": name, "data_kept_at": moved, "mlflow": grants}
 
 
 def settings_for(settings: Settings, name: str) -> Settings:

@@ -316,15 +316,27 @@ def rollback(settings: Settings, *, only_if_live: str | None = None) -> dict[str
 
 
 def undeploy(settings: Settings) -> dict[str, Any]:
-    """Take the project out of service: its models are unloaded and nothing is live (the gateway answers 404
-    for its aliases). The history is kept; `flywheel deploy` serves a version again."""
+    """Take the project out of service: every one of its models the server has loaded (live, previous, a canary's
+    candidate, any `v<N>` or its base) is unloaded and nothing is live (the gateway answers 404 for its
+    aliases). The history is kept; `flywheel deploy` serves a version again. A server that cannot be reached
+    changes nothing (DeployFailed)."""
+    prefix = f"{settings.triton.model_name}_"
     with state_lock(settings):
         current = state(settings)
-        names = sorted({e["name"] for e in (current.get("live"), current.get("previous")) if e})
         client = TritonClient(settings)
         try:
+            try:
+                loaded = set(client.loaded())
+            except Exception as exc:  # noqa: BLE001 (tritonclient's errors: a dead server)
+                raise DeployFailed(f"not undeployed: the model server did not answer ({_one_line(exc)}); "
+                                   f"{_serving(current)} stays live (is it up? `flywheel serve up`)") from None
+            names = sorted({n for n in loaded if n.startswith(prefix)}
+                           | {e["name"] for e in (current.get("live"), current.get("previous")) if e and e["name"] in loaded})
             for name in names:
-                _unload_quietly(client, name)
+                try:
+                    client.unload(name)
+                except Exception as exc:  # noqa: BLE001
+                    raise DeployFailed(f"not undeployed: {name} could not be unloaded ({_one_line(exc)})") from None
         finally:
             client.close()
         current.update(live=None, previous=None)

@@ -66,7 +66,8 @@ def variant_pod(settings: Settings, *, sweep: dict[str, Any], sweep_id: str, ind
                 "command": command,
                 "envFrom": [{"configMapRef": {"name": SETTINGS_CONFIG_MAP}}, {"secretRef": {"name": SECRETS}}],
                 "env": [{"name": "FLYWHEEL_TRAIN__RUNNER", "value": "local"},  # the pod trains its variant itself
-                        {"name": "FLYWHEEL_TRAIN__NEMO_PYTHON", "value": "python"}],  # the image is NeMo's
+                        {"name": "FLYWHEEL_TRAIN__NEMO_PYTHON", "value": "python"},  # the image is NeMo's
+                        {"name": "FLYWHEEL_PROJECT", "value": settings.project}],  # its project's data and runs
                 "resources": {"limits": {"nvidia.com/gpu": str(gpus)}, "requests": {"nvidia.com/gpu": str(gpus)}},
                 "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
                 "volumeMounts": [{"name": "shm", "mountPath": "/dev/shm"},

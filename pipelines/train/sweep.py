@@ -204,8 +204,9 @@ def sweep_id_for(settings: Settings, sweep: SweepConfig, reference_days: list[st
 def work_folder(settings: Settings, sweep_id: str) -> Path:
     """Checkpoints and adapters of a sweep: under the root locally, a local scratch folder when the
     root is object storage (the adapters themselves are in MLflow's artifact store)."""
-    base = Path(str(settings.root)) if "://" not in str(settings.root) else Path.home() / ".flywheel"
-    return base / "training" / sweep_id
+    base = (Path(settings.project_root()) if "://" not in str(settings.root)
+            else Path.home() / ".flywheel" / ("" if settings.project == "default" else f"projects/{settings.project}"))
+    return base / "training" / sweep_id  # a project's own: two projects never share checkpoints
 
 
 def run_sweep(settings: Settings, sweep: SweepConfig, console: Console | None = None,

@@ -95,10 +95,10 @@ run "bad_environment_name_is_refused" {
 run "each_project_reaches_only_its_own_prefix" {
   command = plan
   variables {
-    projects = ["shop", "search"]
+    projects = ["shop", "search", "se"]
   }
   assert {
-    condition     = length(module.iam.project_access) == 2 && length(module.iam.project_role_arns) == 2
+    condition     = length(module.iam.project_access) == 3 && length(module.iam.project_role_arns) == 3
     error_message = "one access entry per project"
   }
   assert {
@@ -114,8 +114,8 @@ run "each_project_reaches_only_its_own_prefix" {
     error_message = "no project's policy names another project's prefix"
   }
   assert {
-    condition     = alltrue([for p, a in module.iam.project_access : alltrue([for x in a.prefixes : startswith(x, "projects/${p}")])])
-    error_message = "a project lists only under its own prefix"
+    condition     = alltrue([for p, a in module.iam.project_access : alltrue([for x in a.prefixes : startswith(x, "projects/${p}/")])])
+    error_message = "a project lists only under its own prefix, slash included (`se` must not list `search`)"
   }
 }
 

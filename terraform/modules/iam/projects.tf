@@ -11,7 +11,7 @@ locals {
   project_access = {
     for p in var.projects : p => {
       buckets  = [for b in local.project_buckets : var.buckets[b]]
-      prefixes = ["projects/${p}/*", "projects/${p}"]
+      prefixes = ["projects/${p}/", "projects/${p}/*"] # with the slash: `se` never lists `search`
       objects  = [for b in local.project_buckets : "${var.buckets[b]}/projects/${p}/*"]
     }
   }
