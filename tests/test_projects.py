@@ -161,7 +161,7 @@ def test_mlflow_itself_keeps_a_projects_runs_from_other_projects_members(tmp_pat
     started = run_flywheel("up", "--only", "mlflow", "--json", env=env, timeout=300)
     try:
         assert started.returncode == 0, started.stderr[-2000:]
-        assert set(json.loads(started.stdout)["mlflow"]["projects"]) == {"search", "disputes"}
+        assert set(json.loads(started.stdout)["mlflow"]["projects"]) == {"default", "search", "disputes"}
         for user, project, role in (("carol", "search", "viewer"), ("dave", "disputes", "editor")):
             added = run_flywheel("project", "members", project, "add", user, "--role", role, "--json", env=env)
             assert added.returncode == 0 and "MLflow permissions set" in json.loads(added.stdout)["access"], added.stderr

@@ -192,10 +192,13 @@ def delete_cmd(name: NameArg, as_json: JsonOpt = False) -> None:
     """Delete a project that serves no traffic (its keys stop at once; its data is kept under projects/_deleted)."""
     from pipelines.projects import registry
 
+    from pipelines.projects import access
+
     try:
         result = registry.delete(_platform(), name)
     except _errors() as exc:
         raise UserError(str(exc)) from None
+    result["mlflow"] = access.revoke_quietly(_platform(), name, tuple(result["members"]))
     emit(result, as_json, f"project {name} deleted")
 
 

@@ -241,10 +241,11 @@ def key_index(settings: Settings) -> dict[str, str]:
 
 def delete(settings: Settings, name: str) -> dict[str, Any]:
     """Remove a project that serves nothing: its keys stop at once (the gateway re-reads the registry on the
-    next request), its members' MLflow grants are revoked (now, or at the next `flywheel up`), its zones move to
+    next request), its zones move to
     <root>/projects/_deleted/<name>-<time> (kept, never lost; remove them by hand when sure), and its name is
-    never given again (a tombstone keeps it, with its MLflow experiment and model)."""
-    from pipelines.projects import access
+    never given again (a tombstone keeps it, with its MLflow experiment and model). Its members, returned, lose
+    their MLflow grants through `access.revoke_quietly` (the CLI does it; `flywheel up` does it for every
+    tombstone)."""
     from pipelines.serve import deploy
     from pipelines.storage import exists, move
 
@@ -272,8 +273,7 @@ def delete(settings: Settings, name: str) -> dict[str, Any]:
     if exists(folder):
         move(folder, kept)
         moved = kept
-    grants = access.revoke_quietly(settings, name, tuple(project.members))
-    return {"deleted": name, "data_kept_at": moved, "mlflow": grants}
+    return {"deleted": name, "data_kept_at": moved, "members": sorted(project.members)}
 
 
 def settings_for(settings: Settings, name: str) -> Settings:
