@@ -191,6 +191,8 @@ def main() -> int:  # noqa: PLR0915 (one scenario, told in order)
         platform = load_settings(root=str(root))
         reqs = {p: _requests_of(Path(settings_for(platform, p).zone("raw")), 200, SEED) for p in ("shop", "search")}
         phases = {}
+        step("no_quota", "project", "quota", "shop", "--rpm", "0", "--concurrent", "0", "--tokens-per-day", "0")
+        time.sleep(2)
         phases["alone"] = phase(url, keys, reqs, args.seconds, 0)
         phases["flood_no_quota"] = phase(url, keys, reqs, args.seconds, args.flood)
         step("quota", "project", "quota", "shop", "--rpm", str(args.flood_rpm), "--concurrent", "1")

@@ -140,13 +140,21 @@ def members_cmd(name: NameArg, action: Annotated[str, typer.Argument(help="add o
 
 
 @project_app.command("quota")
-def quota_cmd(name: NameArg, rpm: RpmOpt = None, tokens_per_day: TokensOpt = None, training_runs: RunsOpt = None,
-              concurrent: ConcurrentOpt = None, as_json: JsonOpt = False) -> None:
-    """Set a project's quotas (only the options given change)."""
+def quota_cmd(name: NameArg,
+              rpm: Annotated[int | None, typer.Option("--rpm", min=0, help="requests per minute (0: no limit)")] = None,
+              tokens_per_day: Annotated[int | None, typer.Option("--tokens-per-day", min=0, help="tokens per UTC day "
+                                                                 "(0: no limit)")] = None,
+              training_runs: RunsOpt = None,
+              concurrent: Annotated[int | None, typer.Option("--concurrent", min=0, help="requests in flight at once "
+                                                             "(0: no limit)")] = None,
+              as_json: JsonOpt = False) -> None:
+    """Set a project's quotas (only the options given change; 0 lifts a gateway limit)."""
     from pipelines.projects import registry
 
-    values = {k: v for k, v in (("rpm", rpm), ("tokens_per_day", tokens_per_day), ("training_runs", training_runs),
-                                ("concurrent", concurrent)) if v is not None}
+    values = {k: (v or None) for k, v in (("rpm", rpm), ("tokens_per_day", tokens_per_day),
+                                         ("concurrent", concurrent)) if v is not None}  # 0: no limit
+    if training_runs is not None:
+        values["training_runs"] = training_runs
     if not values:
         raise UserError("quota: give --rpm, --tokens-per-day, --training-runs or --concurrent")
     try:
