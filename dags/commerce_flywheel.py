@@ -70,8 +70,9 @@ def build(project: str, training_runs: int):
             "end_date": Param(None, type=["null", "string"], description="Last day of the window (YYYY-MM-DD); "
                               "default: the last complete day"),
             "window_days": Param(1, type="integer", minimum=1, maximum=90),
-            "source": Param("synthetic", enum=["synthetic", "landed"],
-                            description="synthetic: generate traffic for the window; landed: use the agent's logs"),
+            "source": Param("synthetic" if project == "default" else "landed", enum=["synthetic", "landed"],
+                            description="synthetic: generate traffic for the window (the default project's demo); "
+                            "landed: use the agent's logs (a project's default: its own logs only)"),
             "records_per_day": Param(1500, type="integer", minimum=1),
             "seed": Param(0, type="integer", description="0: derived from the date"),
             "bad_share": Param(0.05, type="number", minimum=0, maximum=1),

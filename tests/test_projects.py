@@ -126,7 +126,8 @@ def test_each_project_gets_its_own_dags_with_its_own_run_quota(flywheel_root: Pa
     code = ("from airflow.dag_processing.dagbag import DagBag; import json; b = DagBag(dag_folder='dags'); "
             "assert not b.import_errors, b.import_errors; print(json.dumps({d.dag_id: {'runs': d.max_active_runs, "
             "'outlets': sorted(a.name for t in d.tasks for a in t.outlets), "
-            "'on': str(getattr(d.timetable, 'asset_condition', ''))} for d in b.dags.values()}))")
+            "'on': str(getattr(d.timetable, 'asset_condition', '')), "
+            "'source': d.params.get('source') if 'source' in d.params else None} for d in b.dags.values()}))")
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("FLYWHEEL_")}, "FLYWHEEL_ROOT": str(flywheel_root)}
     out = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parent.parent, env=env,
                          capture_output=True, text=True, timeout=300, check=False)
@@ -134,6 +135,8 @@ def test_each_project_gets_its_own_dags_with_its_own_run_quota(flywheel_root: Pa
     dags = json.loads(out.stdout.strip().splitlines()[-1])
     assert set(dags) == {"commerce_flywheel", "drift_monitor", "commerce_flywheel__search", "drift_monitor__search"}
     assert dags["commerce_flywheel__search"]["runs"] == 2 and dags["commerce_flywheel"]["runs"] == 1
+    # a project's daily run trains on its own landed logs; only the default project's demo generates traffic
+    assert dags["commerce_flywheel__search"]["source"] == "landed" and dags["commerce_flywheel"]["source"] == "synthetic"
     assert dags["drift_monitor__search"]["outlets"] == ["flywheel_drift__search"]
     assert dags["drift_monitor"]["outlets"] == ["flywheel_drift"]
     assert "flywheel_drift__search" in dags["commerce_flywheel__search"]["on"]

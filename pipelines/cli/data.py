@@ -99,7 +99,8 @@ def run_cmd(
     end_date: EndOpt = None,
     window_days: DaysOpt = 1,
     records_per_day: Annotated[int, typer.Option(min=1, help="Synthetic records per day.")] = 1500,
-    source: Annotated[str, typer.Option(help="synthetic (generate traffic) or landed (the agent's logs).")] = "synthetic",
+    source: Annotated[str | None, typer.Option(help="synthetic (generate traffic) or landed (the agent's logs); "
+                                               "default: synthetic for the default project, landed in a project")] = None,
     bad_share: Annotated[float, typer.Option(min=0.0, max=1.0)] = 0.05,
     drift: Annotated[str, typer.Option(help="none, holiday, new-category, locale, tool-mix")] = "none",
     seed: Annotated[int, typer.Option(help="0: derived from the date")] = 0,
@@ -114,6 +115,9 @@ def run_cmd(
     from pipelines.airflow_tasks import RUN_TOKEN, dag_id_for, failure_of
     from pipelines.clients import airflow
 
+    from pipelines.config import DEFAULT_PROJECT
+
+    source = source or ("synthetic" if get_settings().project == DEFAULT_PROJECT else "landed")
     conf = {"end_date": end_date, "window_days": window_days, "records_per_day": records_per_day,
             "source": source, "bad_share": bad_share, "drift": drift, "seed": seed, "train": train,
             "sweep": str(Path(sweep).resolve()) if sweep else None, "deploy": deploy}

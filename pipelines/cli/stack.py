@@ -53,6 +53,11 @@ def up(
                     if "mlflow" in names else {})
         if paused:  # a fresh Airflow creates the DAGs paused: no run starts before the REST call below lands
             tracking["AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION"] = "True"
+            # and DAGs a `flywheel run` (dags test) created already are paused in the metadata DB before the
+            # scheduler starts (else it starts their latest daily interval before the pause lands); a root with
+            # no Airflow DB yet has none to pause (the command's error is that, and ignored)
+            if Path(str(settings.airflow.home)).is_dir():
+                airflow.run_cli(settings, "dags", "pause", ".*", "--treat-dag-id-as-regex", "-y", timeout=300)
         results["airflow"] = start(str(settings.root), airflow.standalone_spec(settings, tracking),
                                    host=settings.airflow.host, port=settings.airflow.port).to_dict()
         results["airflow"]["password_file"] = str(airflow.password_file(settings))
