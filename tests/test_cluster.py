@@ -56,7 +56,7 @@ def test_plan_one_gpu_pod_per_variant_rendered_by_the_dags_operator(root: Path) 
     sys.path.insert(0, str(REPO_ROOT / "dags"))
     import commerce_flywheel
 
-    dag = commerce_flywheel.commerce_flywheel()
+    dag = commerce_flywheel.build("default", 1)  # the default project's DAG (one per project)
     mapped = dag.get_task("train_variant")
     assert mapped.upstream_task_ids == {"train_pods"} and "train_variant" in dag.get_task("train").upstream_task_ids
     assert dag.get_task("train").trigger_rule == "none_failed"  # runs after zero pods (the local runner) too
