@@ -147,6 +147,11 @@ class TritonSettings(_Section):
                               "(the client sends them as TOOLS): the smoke test, canary and `flywheel bench` use it")
     grounded_ids: bool = Field(True, description="under the grammar, a write tool's `*_id`/`*_ids` arguments only "
                                "take values the conversation states (served, evaluated and validated alike)")
+    multi_lora: bool = Field(False, description="serve every version (every project's) as an adapter on one loaded "
+                             "base per base model (`lora__<base>`), chosen per request, instead of one Triton model "
+                             "with its own copy of the base per version; local model repository only")
+    max_adapters: int = Field(8, ge=1, le=256, description="multi_lora: adapters the shared base keeps loaded; "
+                              "past it the least recently used one is unloaded (it loads again when asked)")
     smoke_requests: int = Field(6, ge=1, description="test-split requests a new deployment must answer first")
     smoke_min_valid_json: float = Field(1.0, ge=0, le=1, description="share of smoke answers that must parse "
                                         "as JSON, on top of every answer being well formed (no error, not empty), "

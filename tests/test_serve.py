@@ -144,7 +144,7 @@ def test_vllm_repository_fits_its_adapters(tmp_path: Path) -> None:
     bigger one); multi_lora.json maps each name to an adapter folder; a misfit raises."""
     import re
 
-    from pipelines.serve.repository import VllmConfigError, vllm_model
+    from pipelines.serve.vllm import VllmConfigError, vllm_model
 
     adapters = {}
     for name, rank in (("v3", 16), ("v4", 40)):
@@ -237,3 +237,55 @@ def test_a_restart_while_a_model_is_live_keeps_it_live(registered) -> None:
     assert tasks.smoke_test({}, settings)["version"] == v2
     assert deploy.live_model(settings).version == v2 and deploy.state(settings)["previous"] == previous
     assert deploy.state(settings)["history"][-1]["event"] == "reloaded"
+
+
+def test_multi_lora_serves_every_version_as_an_adapter_on_one_loaded_base(registered) -> None:
+    """`triton.multi_lora`: deploying v1 then v2 loads one shared base (no per-version model), each version is an
+    adapter chosen per request; with a cache of one adapter, alternating requests evict and reload them and every
+    one is answered; the gateway's routing table maps champion/previous/vN to the adapters; a rollback is a
+    pointer swap; `undeploy` removes the adapters, and the shared base refuses them from then on while it stays
+    loaded. Mutations tried: the client not sending ADAPTER (every request on the bare base) fails the adapter
+    loads in the Triton log; `ensure` never evicting fails the eviction line."""
+    import re
+
+    from pipelines import services
+    from pipelines.config import load_settings
+    from pipelines.gateway.router import Router
+    from pipelines.serve import deploy, repository, server
+    from pipelines.serve.client import TritonClient, conversation
+
+    plain, v1, v2 = registered["settings"], registered["v1"], registered["v2"]
+    t = plain.triton
+    settings = load_settings(root=str(plain.root), evaluation={"examples": 4, "shots": 0},
+                             triton={"http_port": t.http_port, "grpc_port": t.grpc_port, "metrics_port": t.metrics_port,
+                                     "smoke_requests": 3, "smoke_min_valid_json": 0.0, "max_new_tokens": 12,
+                                     "max_input_tokens": 2048, "multi_lora": True, "max_adapters": 1})
+    shared = repository.shared_name("tiny-llama")
+    first = deploy.deploy(settings, version=v1)
+    second = deploy.deploy(settings, version=v2)
+    assert (first["deployed"], second["deployed"]) == (f"{shared}@tool_router_v{v1}", f"{shared}@tool_router_v{v2}")
+    assert first["smoke"]["errors"] == 0 and second["smoke"]["errors"] == 0
+    client = TritonClient(settings, "grpc")
+    try:
+        loaded = client.loaded()
+        assert shared in loaded and not [n for n in loaded if n.startswith("tool_router_v")], loaded  # no copies
+        row = deploy.smoke_rows(settings, 1)[0]
+        names = [f"{shared}@tool_router_v{v}" for v in (v1, v2, v1, v2)]
+        replies = [client.infer_one(name, conversation(row, "short")) for name in names]
+        assert all(r.error is None and r.output_tokens > 0 for r in replies), [r.error for r in replies]
+        assert replies[0].text == replies[2].text and replies[1].text == replies[3].text  # reloaded, same answer
+        log = services.log_path(str(settings.root), server.SERVICE).read_text(errors="replace")
+        loads = re.findall(rf"adapter tool_router_v(?:{v1}|{v2}) loaded", log)
+        assert len(loads) >= 4 and f"adapter tool_router_v{v1} evicted" in log, loads  # a cache of one: each came back
+        targets = Router(settings)._build_targets()
+        assert targets["champion"].name == names[1] and targets["previous"].name == names[0]
+        assert targets[f"v{v1}"].name == names[0] and targets["champion"].prompt_style == "short"
+        back = deploy.rollback(settings)
+        assert back["live"]["name"] == names[0] and client.infer_one(names[0], conversation(row, "short")).error is None
+        gone = deploy.undeploy(settings)
+        assert sorted(gone["adapters_removed"]) == sorted({f"tool_router_v{v1}", f"tool_router_v{v2}"})
+        refused = client.infer_one(names[0], conversation(row, "short"))
+        assert refused.error is not None and "unknown adapter" in refused.error
+        assert client.ready(shared) and not client.ready(names[0])
+    finally:
+        client.close()

@@ -65,7 +65,7 @@ class Router:
         from pipelines.storage import read_json
 
         if name not in self._styles:
-            self._styles[name] = read_json(f"{repository.model_uri(self.settings, name)}/1/flywheel.json")["prompt_style"]
+            self._styles[name] = repository.prompt_style(self.settings, name)
         return self._styles[name]
 
     def _candidate_version(self) -> str | None:
@@ -148,8 +148,9 @@ class Router:
         prefix = f"{self.settings.triton.model_name}_v"
         out: dict[str, Target] = {}
         for name in sorted(loaded):
-            if name.startswith(prefix):
-                version = name.removeprefix(prefix)
+            served = repository.split_name(name)[1] or name  # an adapter on a shared base: its own name
+            if served.startswith(prefix):
+                version = served.removeprefix(prefix)
                 out[f"v{version}"] = Target(f"v{version}", name, version, self._style(name))
         current = deploy.state(self.settings)
         for alias in ("live", "previous"):

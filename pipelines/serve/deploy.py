@@ -189,7 +189,8 @@ def deploy(settings: Settings, alias: str = "champion", *, version: str | None =
         with state_lock(settings):
             current = state(settings)
             name = repository.triton_name(settings, version)
-            model = repository.build_version(settings, version, in_use=_in_use(current, client, name))
+            model = repository.build_version(settings, version, in_use=_in_use(current, client, name),
+                                             is_loaded=client.ready)
             entry = Deployment(model.name, version, model.prompt_style)
             if current.get("live") and current["live"]["name"] == entry.name:
                 return _ensure_loaded(settings, client, current, Deployment(**current["live"]), started)
@@ -213,9 +214,10 @@ def deploy(settings: Settings, alias: str = "champion", *, version: str | None =
             current.update(live=asdict(entry), previous=previous)
             _save(settings, current, {"event": "deployed", "name": entry.name, "version": version, "smoke": smoke})
             keep = {entry.name, previous["name"] if previous else None, repository.triton_name(settings, None)}
-            with contextlib.suppress(Exception):  # switched already: a server lost now leaves extra models loaded
+            own = f"{settings.triton.model_name}_"  # only this project's own models: never another project's, nor a
+            with contextlib.suppress(Exception):  # shared base (switched already: a lost server leaves extras loaded)
                 for loaded in client.loaded():
-                    if loaded not in keep:
+                    if loaded not in keep and loaded.startswith(own):
                         _unload_quietly(client, loaded)
     finally:
         client.close()
@@ -339,9 +341,10 @@ def undeploy(settings: Settings) -> dict[str, Any]:
                     raise DeployFailed(f"not undeployed: {name} could not be unloaded ({_one_line(exc)})") from None
         finally:
             client.close()
+        removed = repository.remove_adapters(settings)  # a shared base refuses this project's adapters from now on
         current.update(live=None, previous=None)
-        _save(settings, current, {"event": "undeploy", "names": names})
-    return {"unloaded": names, "live": None}
+        _save(settings, current, {"event": "undeploy", "names": names, "adapters_removed": removed})
+    return {"unloaded": names, "adapters_removed": removed, "live": None}
 
 
 def canary(settings: Settings, alias: str = "candidate", *, share: float | None = None,
@@ -362,7 +365,8 @@ def canary(settings: Settings, alias: str = "candidate", *, share: float | None 
                 raise DeployFailed("no live model: deploy a champion first")
             live = Deployment(**current["live"])
             name = repository.triton_name(settings, version)
-            model = repository.build_version(settings, version, in_use=_in_use(current, client, name))
+            model = repository.build_version(settings, version, in_use=_in_use(current, client, name),
+                                             is_loaded=client.ready)
             candidate = Deployment(model.name, version, model.prompt_style)
             rows = smoke_rows(settings, requests, seed)
             rng = random.Random(seed)

@@ -9,7 +9,12 @@ the champion (canary) and the previous version stays loaded for a rollback in se
     <repository>/tool_router_v3/1/adapter/        the LoRA adapter (HF-PEFT), from MLflow
     <repository>/tool_router_v3/1/flywheel.json   registry version, base model, prompt style
 
-For GPU production, `vllm_model` writes the official Triton vLLM backend's `model.json` (LoRA
+With `triton.multi_lora` every project's versions share one loaded base instead (`lora__<base model>`, the
+Python model in its shared-base mode with `lora_cache.py` beside it) and each version is an adapter folder
+under `<repository>/../lora_adapters/<model name>_v<N>/`; its serving name is `lora__<base>@<model name>_v<N>`
+(the client sends the part after `@` as the request's ADAPTER).
+
+For GPU production, `vllm.vllm_model` writes the official Triton vLLM backend's `model.json` (LoRA
 enabled, max rank) and `multi_lora.json`, so the same adapters serve from the vLLM container.
 """
 
@@ -17,8 +22,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import shutil
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,6 +38,9 @@ MIN_PROMPT_TOKENS = 16  # below this no chat template fits: a folder built so wo
 MODEL_FILE = Path(__file__).with_name("triton_model.py")
 GRAMMAR_FILE = Path(__file__).parents[1] / "toolcall" / "grammar.py"  # model.py's constrained decoder, copied beside it
 GRAMMAR_MODULE = "tool_grammar.py"  # its name there (model.py imports `tool_grammar`)
+LORA_FILE = Path(__file__).with_name("lora_cache.py")  # the shared base's adapter cache, copied beside model.py
+SHARED_PREFIX = "lora__"  # a shared base model's Triton name: lora__<base model>
+SHARED_BUDGET = 256  # a shared base's answer limit (it serves versions with different budgets; answers end at EOS)
 BASE_NAME = "base"  # the un-tuned base model (the few-shot baseline in benchmarks)
 
 
@@ -74,12 +84,15 @@ def token_limits(settings: Settings, base_model: str, budget: int | None) -> tup
 
 
 def config_pbtxt(settings: Settings, name: str, base_model_path: str, adapter: str | None,
-                 limits: tuple[int, int]) -> str:
+                 limits: tuple[int, int], shared: dict[str, str] | None = None) -> str:
+    """`shared`: the shared-base parameters (adapter_root, max_adapters); the model then takes ADAPTER."""
     t = settings.triton
     params = {"base_model_path": base_model_path, "adapter": adapter or "",
-              "max_input_tokens": str(limits[0]), "max_new_tokens": str(limits[1]), "threads": str(t.threads)}
+              "max_input_tokens": str(limits[0]), "max_new_tokens": str(limits[1]), "threads": str(t.threads),
+              **(shared or {})}
     if t.execution_env:
         params["EXECUTION_ENV_PATH"] = t.execution_env
+    adapter_input = ',\n  { name: "ADAPTER" data_type: TYPE_STRING dims: [ 1 ] optional: true }' if shared else ""
     rendered = ",\n".join(f'  {{ key: "{k}" value: {{ string_value: {json.dumps(v)} }} }}' for k, v in params.items())
     return f'''name: "{name}"
 backend: "python"
@@ -87,7 +100,7 @@ max_batch_size: {t.max_batch_size}
 input [
   {{ name: "CONVERSATION" data_type: TYPE_STRING dims: [ 1 ] }},
   {{ name: "TOOLS" data_type: TYPE_STRING dims: [ 1 ] optional: true }},
-  {{ name: "STREAM" data_type: TYPE_BOOL dims: [ 1 ] optional: true }}
+  {{ name: "STREAM" data_type: TYPE_BOOL dims: [ 1 ] optional: true }}{adapter_input}
 ]
 output [
   {{ name: "TOOL_CALL" data_type: TYPE_STRING dims: [ 1 ] }},
@@ -107,7 +120,8 @@ parameters [
 
 def _fingerprint(config: str, adapter_dir: str | None) -> str:
     """Everything a model folder is built from: its config, model.py and the adapter's files."""
-    digest = hashlib.sha256(config.encode() + MODEL_FILE.read_bytes() + GRAMMAR_FILE.read_bytes())
+    digest = hashlib.sha256(config.encode() + MODEL_FILE.read_bytes() + GRAMMAR_FILE.read_bytes()
+                            + LORA_FILE.read_bytes())
     if adapter_dir:
         for file in sorted(p for p in Path(adapter_dir).rglob("*") if p.is_file()):
             digest.update(str(file.relative_to(adapter_dir)).encode() + file.read_bytes())
@@ -129,15 +143,15 @@ def _conflict(name: str, where: str, existing: dict[str, object] | None, meta: d
 
 
 def write_model(settings: Settings, repository: Path, name: str, base_model_path: str, adapter_dir: str | None,
-                meta: dict[str, object], *, in_use: bool = False, limits: tuple[int, int] | None = None
-                ) -> tuple[Path, bool]:
+                meta: dict[str, object], *, in_use: bool = False, limits: tuple[int, int] | None = None,
+                shared: dict[str, str] | None = None) -> tuple[Path, bool]:
     """The model folder, written once: (folder, stale). An existing folder built identically is reused
     untouched; one serving the same model but built from other settings is kept while the model is
     `in_use` (loaded or live: stale=True) and replaced otherwise; one serving another model raises
     ModelInUse when in use. New content goes to a private staging folder renamed into place, so Triton
     never sees half a folder."""
     limits = limits or token_limits(settings, str(meta.get("base_model")), None)
-    config = config_pbtxt(settings, name, base_model_path, "adapter" if adapter_dir else None, limits)
+    config = config_pbtxt(settings, name, base_model_path, "adapter" if adapter_dir else None, limits, shared)
     meta = {**meta, "fingerprint": _fingerprint(config, adapter_dir)}
     final = repository / name
     existing = _read_meta(final / "1" / "flywheel.json")
@@ -153,6 +167,7 @@ def write_model(settings: Settings, repository: Path, name: str, base_model_path
     try:
         shutil.copy(MODEL_FILE, staging / "1" / "model.py")
         shutil.copy(GRAMMAR_FILE, staging / "1" / GRAMMAR_MODULE)
+        shutil.copy(LORA_FILE, staging / "1" / LORA_FILE.name)
         if adapter_dir:
             shutil.copytree(adapter_dir, staging / "1" / "adapter")
         (staging / "1" / "flywheel.json").write_text(json.dumps(meta, indent=2, sort_keys=True))
@@ -233,9 +248,12 @@ def configured_limit(settings: Settings, name: str, key: str = "max_input_tokens
     return int(found.group(1)) if found else {"max_input_tokens": 1024, "max_new_tokens": 96}[key]  # model.py's
 
 
-def build_version(settings: Settings, version: str, *, in_use: bool = False) -> ModelEntry:
+def build_version(settings: Settings, version: str, *, in_use: bool = False,
+                  is_loaded: Callable[[str], bool] | None = None) -> ModelEntry:
     """The model folder of a registered version (adapter from MLflow, base model from the catalogue);
-    `in_use`: the model is loaded or live, so an existing folder of it is never rewritten."""
+    `in_use`: the model is loaded or live, so an existing folder of it is never rewritten. With
+    `triton.multi_lora`: the version's adapter folder beside the shared base's (`is_loaded`: whether the server
+    has a model loaded; the shared base's folder is never rewritten while it is, or when that is unknown)."""
     from pipelines.clients.mlflow import client as mlflow_client
     from pipelines.registry.models import adapter_path
     from pipelines.train.models import prepare_base
@@ -244,6 +262,12 @@ def build_version(settings: Settings, version: str, *, in_use: bool = False) -> 
     base_model = tags.get("flywheel.base_model", "smollm2-135m-instruct")
     style = tags.get("flywheel.prompt_style", "short")
     name = triton_name(settings, version)
+    if settings.triton.multi_lora:
+        meta = {"registry_version": version, "base_model": base_model, "prompt_style": style,
+                "model": settings.mlflow.registered_model}
+        shared = build_shared(settings, base_model, is_loaded=is_loaded)
+        write_adapter(settings, name, adapter_path(settings, version), {**meta, "shared": shared.name})
+        return ModelEntry(f"{shared.name}@{name}", shared.path, version, style, base_model, shared.stale)
     path, stale = write_model(settings, staging_repository(settings), name, prepare_base(base_model, settings),
                               adapter_path(settings, version),
                               {"registry_version": version, "base_model": base_model, "prompt_style": style,
@@ -267,44 +291,96 @@ def build_base(settings: Settings, base_model: str = "smollm2-135m-instruct", *,
     return ModelEntry(name, uri, None, "full", base_model, stale or remote_stale)
 
 
-VLLM_LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)  # the max_lora_rank values vLLM accepts
+def shared_name(base_model: str) -> str:
+    """The Triton name of the shared base model every project's adapters of `base_model` are served on."""
+    return SHARED_PREFIX + re.sub(r"[^a-z0-9]+", "_", base_model.lower()).strip("_")
 
 
-class VllmConfigError(NotRetryable):
-    """The adapters do not fit the vLLM model folder (a missing adapter, a rank above max_lora_rank)."""
+def adapter_root(settings: Settings) -> Path:
+    """The folder of every deployed adapter (all projects), beside the model repository (local only)."""
+    return staging_repository(settings).parent / "lora_adapters"
 
 
-def adapter_rank(adapter_dir: str) -> int:
-    """The LoRA rank `r` of an HF-PEFT adapter folder (local or on object storage)."""
+def split_name(name: str) -> tuple[str, str | None]:
+    """(Triton model, adapter or None) of a serving name: `lora__<base>@<adapter>` or a plain model name."""
+    model, _, adapter = name.partition("@")
+    return model, adapter or None
+
+
+def build_shared(settings: Settings, base_model: str, *,
+                 is_loaded: Callable[[str], bool] | None = None) -> ModelEntry:
+    """The shared base's model folder (one per base model, for every project; written once, kept while loaded)."""
+    from pipelines.train.models import prepare_base
+
+    if "://" in str(settings.triton.model_repository):
+        raise ConfigError("triton.multi_lora serves adapters from a local folder beside the model repository; "
+                          "on object storage serve them with the vLLM backend's multi-LoRA "
+                          "(pipelines.serve.repository.vllm_model) or set triton.multi_lora false")
+    name = shared_name(base_model)
+    in_use = is_loaded(name) if is_loaded is not None else True
+    root = adapter_root(settings)
+    root.mkdir(parents=True, exist_ok=True)
+    path, stale = write_model(settings, staging_repository(settings), name, prepare_base(base_model, settings), None,
+                              {"registry_version": None, "base_model": base_model, "prompt_style": "short",
+                               "model": "shared"}, in_use=in_use,
+                              limits=token_limits(settings, base_model, SHARED_BUDGET),
+                              shared={"adapter_root": str(root), "max_adapters": str(settings.triton.max_adapters)})
+    return ModelEntry(name, str(path), None, "short", base_model, stale)
+
+
+def write_adapter(settings: Settings, name: str, adapter_dir: str, meta: dict[str, object]) -> Path:
+    """A version's adapter folder under `adapter_root`, written whole once (staged, then renamed) and never
+    rewritten: a version's adapter does not change, and the shared base may have it cached."""
+    from pipelines.storage import fs_for
+
+    final = adapter_root(settings) / name
+    if (final / "flywheel.json").is_file():
+        return final
+    staging = final.parent / f".{name}.staging-{uuid.uuid4().hex[:8]}"
+    try:
+        fs, remote = fs_for(adapter_dir)
+        if "://" in adapter_dir:
+            fs.get(remote.rstrip("/") + "/", str(staging), recursive=True)
+        else:
+            shutil.copytree(adapter_dir, staging)
+        (staging / "flywheel.json").write_text(json.dumps(meta, indent=2, sort_keys=True))
+        try:
+            staging.rename(final)
+        except OSError:  # another deploy put it in place meanwhile
+            if not (final / "flywheel.json").is_file():
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return final
+
+
+def deployed_adapters(settings: Settings) -> dict[str, dict[str, object]]:
+    """Every adapter folder under `adapter_root` (all projects): name -> its flywheel.json."""
+    root = adapter_root(settings)
+    found = {}
+    for folder in sorted(root.iterdir()) if root.is_dir() else []:
+        meta = _read_meta(folder / "flywheel.json") if not folder.name.startswith(".") else None
+        if meta is not None:
+            found[folder.name] = meta
+    return found
+
+
+def remove_adapters(settings: Settings) -> list[str]:
+    """Delete this project's adapter folders (the shared base refuses their requests from then on)."""
+    prefix = f"{settings.triton.model_name}_v"
+    removed = []
+    for name in deployed_adapters(settings):
+        if name.startswith(prefix):
+            shutil.rmtree(adapter_root(settings) / name, ignore_errors=True)
+            removed.append(name)
+    return removed
+
+
+def prompt_style(settings: Settings, name: str) -> str:
+    """The prompt style a serving name's model (or adapter) was trained with."""
     from pipelines.storage import read_json
 
-    try:
-        return int(read_json(f"{adapter_dir.rstrip('/')}/adapter_config.json")["r"])
-    except FileNotFoundError:
-        raise VllmConfigError(f"{adapter_dir}: no adapter_config.json (not a PEFT adapter folder)") from None
-    except (KeyError, TypeError, ValueError) as exc:
-        raise VllmConfigError(f"{adapter_dir}/adapter_config.json: no LoRA rank `r` ({exc})") from None
-
-
-def vllm_model(out: Path, base_model: str, adapters: dict[str, str], max_lora_rank: int | None = None,
-               gpu_memory_utilization: float = 0.85) -> Path:
-    """A model folder for the official Triton vLLM container: base model with LoRA adapters by name
-    (requests pick one with the `lora_name` parameter). Each adapter folder must exist and its rank
-    fit `max_lora_rank` (default: the largest adapter rank, rounded up to a size vLLM accepts)."""
-    ranks = {name: adapter_rank(path) for name, path in adapters.items()}
-    needed = max(ranks.values(), default=8)
-    if max_lora_rank is None:
-        max_lora_rank = next((r for r in VLLM_LORA_RANKS if r >= needed), needed)
-    too_big = {name: r for name, r in ranks.items() if r > max_lora_rank}
-    if too_big:
-        raise VllmConfigError(f"adapters {too_big} have a LoRA rank above max_lora_rank {max_lora_rank}: "
-                              f"vLLM would refuse them; raise max_lora_rank to at least {needed}")
-    if max_lora_rank not in VLLM_LORA_RANKS:
-        raise VllmConfigError(f"max_lora_rank {max_lora_rank}: vLLM accepts one of {VLLM_LORA_RANKS}")
-    (out / "1").mkdir(parents=True, exist_ok=True)
-    (out / "1" / "model.json").write_text(json.dumps({
-        "model": base_model, "enable_lora": True, "max_lora_rank": max_lora_rank, "max_loras": max(1, len(adapters)),
-        "gpu_memory_utilization": gpu_memory_utilization, "disable_log_requests": True}, indent=2))
-    (out / "1" / "multi_lora.json").write_text(json.dumps(adapters, indent=2, sort_keys=True))
-    (out / "config.pbtxt").write_text('backend: "vllm"\ninstance_group [ { count: 1 kind: KIND_MODEL } ]\n')
-    return out
+    model, adapter = split_name(name)
+    if adapter:
+        return str(read_json(str(adapter_root(settings) / adapter / "flywheel.json"))["prompt_style"])
+    return str(read_json(f"{model_uri(settings, model)}/1/flywheel.json")["prompt_style"])

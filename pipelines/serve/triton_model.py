@@ -9,6 +9,10 @@ batch; a malformed or oversize request gets its own error response and the other
 A request that also carries TOOLS (the offered tools, JSON) is decoded under their tool-call grammar
 (`tool_grammar.py`, copied beside this file); tools the grammar cannot express are that request's error.
 
+With the parameter `adapter_root` the model is a shared base: it merges nothing, and a request's optional ADAPTER
+names one of the adapters deployed under that folder (`lora_cache.py`, copied beside this file: loaded on first
+use, evicted least-recently-used past `max_adapters`); a request without one is answered by the base model.
+
 The model is decoupled (gRPC streaming): every request gets its responses through its own sender, the last
 one with FINAL true and the whole answer. A request with STREAM true also gets one response per decoding
 step that grew its text (TOOL_CALL = the text so far, FINAL false), so a caller sees the first token as
@@ -47,6 +51,7 @@ class TritonPythonModel:
         version_dir = f"{args['model_repository']}/{args['model_version']}"
         base = params["base_model_path"]
         adapter = params.get("adapter", "")
+        adapter_root = params.get("adapter_root", "")
         self.max_input_tokens = int(params.get("max_input_tokens", "1024"))
         self.max_new_tokens = int(params.get("max_new_tokens", "96"))
         torch.set_num_threads(int(params.get("threads", "0")) or torch.get_num_threads())
@@ -58,7 +63,7 @@ class TritonPythonModel:
         if self.tokenizer.pad_token_id is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         model = AutoModelForCausalLM.from_pretrained(base, torch_dtype=dtype)
-        if adapter:
+        if adapter and not adapter_root:
             from peft import PeftModel
 
             model = PeftModel.from_pretrained(model, f"{version_dir}/{adapter}").merge_and_unload()
@@ -69,6 +74,28 @@ class TritonPythonModel:
 
         self.grammar = tool_grammar
         tool_grammar.prepare(self.tokenizer)  # about a second: at load, not on the first constrained request
+        self.lora = None
+        if adapter_root:
+            import lora_cache
+
+            self.lora = lora_cache.AdapterCache(self.model, adapter_root, int(params.get("max_adapters", "8")),
+                                                log=pb_utils.Logger.log_info)
+
+    def _adapter(self, request):
+        """The request's adapter name (lora_cache.BASE: none), checked against the deployed ones."""
+        tensor = pb_utils.get_input_tensor_by_name(request, "ADAPTER")
+        if tensor is None:
+            return ""
+        if self.lora is None:
+            raise ValueError("this model serves one adapter: send no ADAPTER")
+        values = tensor.as_numpy().reshape(-1)
+        if values.size != 1:
+            raise ValueError("send at most one ADAPTER per request")
+        raw = values[0]
+        name = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
+        if name:
+            self.lora.folder(name)
+        return name
 
     def _prompt(self, raw):
         """The rendered prompt of one request, or a ValueError saying what is wrong with it."""
@@ -121,10 +148,8 @@ class TritonPythonModel:
         ])
 
     def execute(self, requests):
-        import torch
-
         final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
-        valid = []  # (sender, prompt, prompt tokens, tools, stream)
+        valid = []  # (sender, prompt, prompt tokens, tools, stream, adapter)
         for request in requests:
             sender = request.get_response_sender()
             tensor = pb_utils.get_input_tensor_by_name(request, "CONVERSATION")
@@ -134,13 +159,33 @@ class TritonPythonModel:
                     raise ValueError("send exactly one CONVERSATION per request")
                 raw = values[0]
                 tools = self._tools(request)
+                adapter = self._adapter(request)
                 prompt, n = self._prompt(raw.decode("utf-8") if isinstance(raw, bytes) else str(raw))
-                valid.append((sender, prompt, n, tools, self._flag(request, "STREAM")))
+                valid.append((sender, prompt, n, tools, self._flag(request, "STREAM"), adapter))
             except Exception as exc:  # noqa: BLE001 (GrammarError and any other failure is this request's error)
                 _send(sender, pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(str(exc))),
                       flags=final)
-        if not valid:
+        if self.lora is None:
+            if valid:
+                self._run(self.model, valid, {})
             return None
+        for part in self.lora.plan([v[5] for v in valid]):  # parts of at most max_adapters distinct adapters
+            rows = [valid[i] for i in part]
+            try:
+                self.lora.ensure([v[5] for v in rows])
+            except Exception as exc:  # noqa: BLE001 (an adapter removed meanwhile, a broken folder: these rows' error)
+                for sender, *_ in rows:
+                    _send(sender, pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(
+                        f"adapter: {type(exc).__name__}: {exc}")), flags=final)
+                continue
+            self._run(self.lora.model, rows, self.lora.generate_kwargs([v[5] for v in rows]))
+        return None
+
+    def _run(self, model, valid, kwargs):
+        """Generate the valid requests as one left-padded batch and answer each (its own error on failure)."""
+        import torch
+
+        final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
         steps = _Steps(self, valid)
         try:
             enc = self.tokenizer([v[1] for v in valid], return_tensors="pt", padding=True,
@@ -153,9 +198,9 @@ class TritonPythonModel:
                 extra["logits_processor"] = LogitsProcessorList([self.grammar.ToolCallConstraint(self.tokenizer, tools)])
             extra["streamer"] = steps
             with torch.inference_mode():
-                out = self.model.generate(**enc, max_new_tokens=self.max_new_tokens, do_sample=False,
-                                          pad_token_id=self.tokenizer.pad_token_id,
-                                          eos_token_id=self.tokenizer.eos_token_id, **extra)
+                out = model.generate(**kwargs, **enc, max_new_tokens=self.max_new_tokens, do_sample=False,
+                                     pad_token_id=self.tokenizer.pad_token_id,
+                                     eos_token_id=self.tokenizer.eos_token_id, **extra)
         except Exception as exc:  # noqa: BLE001 (every request of the batch still open ends, with the reason)
             for sender, *_ in (v for v, row in zip(valid, steps.rows) if not row["final"]):
                 _send(sender, pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(
@@ -163,14 +208,14 @@ class TritonPythonModel:
             return None
         new = out[:, enc["input_ids"].shape[1]:]
         texts = self.tokenizer.batch_decode(new, skip_special_tokens=True)
-        for (sender, _, n, _, _), text, row, step in zip(valid, texts, new, steps.rows):
+        for (sender, _, n, *_), text, row, step in zip(valid, texts, new, steps.rows):
             if not step["final"]:  # no end token within max_new_tokens (a row that ended was answered then)
                 generated, ended = self.grammar.answer_length(row.tolist(), steps.eos)
                 _send(sender, self._response(text.strip(), n, generated, True, cut=not ended), flags=final)
         return None
 
     def finalize(self):
-        self.model = None
+        self.model = self.lora = None
 
 
 class _Steps:

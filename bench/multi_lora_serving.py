@@ -1,0 +1,259 @@
+"""Multi-LoRA serving through the real Triton server (CPU): N adapters on ONE loaded base vs one Triton model per
+adapter vs a single merged model; memory and throughput (issue 26, item 6).
+
+The engine-level measurement of the same question (PEFT in process, on a lent H200) is `bench/multi_lora.py`;
+this one measures the serving path the platform deploys with `triton.multi_lora`: the Python model in its
+shared-base mode (`lora__<base>`, adapter chosen per request by ADAPTER, `lora_cache.py`), requests over gRPC
+streaming through `TritonClient`, dynamic batching on, `triton.threads` 1 per instance (the measured default).
+
+Arms, for N in --adapters and c in --concurrency (request j of a block uses adapter j % N):
+* `shared`   one model, the SmolLM2-135M base with N adapters cached (max_adapters = the largest N);
+* `copies`   N Triton models, each the base with its adapter merged (one stub process and one copy of the
+             base each: what `triton.multi_lora: false` deploys);
+* `merged`   one Triton model, adapter 0 merged, taking every request (the single-adapter ceiling).
+Each round runs one block of --requests on every arm, the arms' order rotating between rounds; the paired
+ratio of tokens/s to `merged` is per round, with a 95 % t-interval over the rounds. Memory: each Triton model
+is its own stub process; its PSS (psutil) after loading, and the shared one's as its cache fills to 1, 4, 16
+adapters, against the bound base + N x adapter (base: the shared stub before any adapter; adapter: the size of
+its weights file).
+
+Prompts: the public WebShop instructions (data nobody here wrote) as the user turn, one short system turn.
+Adapters: `pipelines.bench.adapters` (rank 16, every projection, random non-zero weights: a trained adapter's
+shape and cost). Every request is recorded, errors included.
+
+Usage: .venv/bin/python bench/multi_lora_serving.py [--work /tmp/w/mlora] [--rounds 4] [--requests 8]
+Writes bench/results/multi_lora_serving.json and .html, prints a summary.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import statistics
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "bench"))
+from real_data import commit  # noqa: E402
+
+WEBSHOP = Path(os.environ.get("FLYWHEEL_SHARED", REPO.parent / "shared")) / "data" / "webshop" / "instruction_to_query.dev.json"
+BASE_MODEL = "smollm2-135m-instruct"
+SYSTEM = "You turn a shopper's request into one product search tool call."
+
+
+def _pss(pid: int) -> int:
+    import psutil
+
+    info = psutil.Process(pid).memory_full_info()
+    return int(getattr(info, "pss", info.rss))
+
+
+def _stubs(server_pid: int) -> dict[str, int]:
+    """Triton model name -> its Python stub process (the stub's command line names the model's folder)."""
+    import psutil
+
+    found = {}
+    for child in psutil.Process(server_pid).children(recursive=True):
+        try:
+            line = " ".join(child.cmdline())
+        except psutil.Error:
+            continue
+        hit = re.search(r"/([a-z0-9_]+)/1/model\.py", line)
+        if hit:
+            found[hit.group(1)] = child.pid
+    return found
+
+
+def _t95(values: list[float]) -> tuple[float, float, float]:
+    from scipy import stats
+
+    mean = statistics.fmean(values)
+    if len(values) < 2:
+        return mean, float("nan"), float("nan")
+    half = stats.t.ppf(0.975, len(values) - 1) * statistics.stdev(values) / len(values) ** 0.5
+    return mean, mean - half, mean + half
+
+
+def _block(client: Any, names: list[str], prompts: list[list[dict[str, str]]], concurrency: int) -> dict[str, Any]:
+    started = time.perf_counter()
+    with ThreadPoolExecutor(concurrency) as pool:
+        replies = list(pool.map(lambda pair: client.infer_one(pair[0], pair[1]), zip(names, prompts)))
+    wall = time.perf_counter() - started
+    tokens = sum(r.output_tokens for r in replies if r.error is None)
+    return {"wall_s": round(wall, 3), "tokens_per_s": tokens / wall, "requests_per_s": len(replies) / wall,
+            "errors": sum(r.error is not None for r in replies),
+            "requests": [{"model": n, "latency_ms": round(r.latency_ms, 1), "output_tokens": r.output_tokens,
+                          "error": r.error} for n, r in zip(names, replies)]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--work", default="/tmp/w/mlora")
+    ap.add_argument("--adapters", default="1,4,16")
+    ap.add_argument("--concurrency", default="1,4")
+    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--requests", type=int, default=8, help="requests per block (one block per arm per round)")
+    ap.add_argument("--new-tokens", type=int, default=24)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default=str(REPO / "bench" / "results" / "multi_lora_serving.json"))
+    args = ap.parse_args()
+    counts = [int(x) for x in args.adapters.split(",")]
+    levels = [int(x) for x in args.concurrency.split(",")]
+    top = max(counts)
+
+    from pipelines.bench.adapters import make_adapters
+    from pipelines.config import load_settings
+    from pipelines import services
+    from pipelines.serve import repository, server
+    from pipelines.serve.client import TritonClient
+    from pipelines.services import free_port
+    from pipelines.train.models import prepare_base
+
+    work = Path(args.work)
+    shutil.rmtree(work, ignore_errors=True)
+    settings = load_settings(root=str(work), triton={
+        "http_port": free_port(), "grpc_port": free_port(), "metrics_port": free_port(), "multi_lora": True,
+        "max_adapters": top, "max_new_tokens": args.new_tokens, "max_input_tokens": 512, "threads": 1})
+    base = prepare_base(BASE_MODEL, settings)
+    names = [f"bench_a{i:02d}" for i in range(top)]
+    print(f"writing {top} adapters (rank 16, every projection) of {BASE_MODEL} ...", flush=True)
+    folders = make_adapters(base, work / "adapters", names, rank=16, alpha=32, seed=args.seed)
+    adapter_bytes = statistics.fmean((folders[n] / "adapter_model.safetensors").stat().st_size for n in names)
+    shared = repository.build_shared(settings, BASE_MODEL, is_loaded=lambda _: False)
+    for name in names:
+        repository.write_adapter(settings, name, str(folders[name]), {"shared": shared.name, "prompt_style": "short",
+                                                                      "base_model": BASE_MODEL})
+    limits = (512, args.new_tokens)
+    copies = [f"bench_copy_{i:02d}" for i in range(top)]
+    for name, copy in zip(names, copies):
+        repository.write_model(settings, repository.staging_repository(settings), copy, base, str(folders[name]),
+                               {"registry_version": None, "base_model": BASE_MODEL, "prompt_style": "short",
+                                "model": copy}, limits=limits)
+
+    instructions = list(json.loads(WEBSHOP.read_text()))
+    prompts = [[{"role": "system", "content": SYSTEM}, {"role": "user", "content": text}]
+               for text in instructions[args.seed * 1000:]]
+    status = server.up(settings)
+    client = TritonClient(settings, "grpc", timeout_s=300)
+    memory: dict[str, Any] = {"adapter_file_bytes": adapter_bytes}
+    try:
+        started = time.perf_counter()
+        client.load(shared.name)
+        print(f"shared base loaded in {time.perf_counter() - started:.1f} s", flush=True)
+        client.infer_one(shared.name, prompts[0])  # the base answers, no adapter yet
+        stubs = _stubs(status.pid)
+        memory["shared_base_only_pss"] = _pss(stubs[shared.name])
+        memory["shared_by_adapters"] = {}
+        cached = 0
+        for n in counts:
+            for name in names[cached:n]:
+                reply = client.infer_one(f"{shared.name}@{name}", prompts[1])
+                if reply.error:
+                    raise SystemExit(f"error: {name} did not answer on the shared base: {reply.error}")
+            cached = n
+            pss = _pss(stubs[shared.name])
+            bound = memory["shared_base_only_pss"] + n * adapter_bytes
+            memory["shared_by_adapters"][str(n)] = {"pss": pss, "bound": bound, "within": pss <= bound}
+            print(f"shared base with {n} adapters: {pss / 2**20:.0f} MiB (bound base + N x adapter "
+                  f"{bound / 2**20:.0f} MiB)", flush=True)
+        started = time.perf_counter()
+        for copy in copies:
+            client.load(copy)
+            client.infer_one(copy, prompts[0])
+        print(f"{top} merged copies loaded in {time.perf_counter() - started:.1f} s", flush=True)
+        stubs = _stubs(status.pid)
+        memory["copy_pss"] = {copy: _pss(stubs[copy]) for copy in copies}
+        memory["copies_by_adapters"] = {str(n): sum(memory["copy_pss"][c] for c in copies[:n]) for n in counts}
+        memory["merged_pss"] = memory["copy_pss"][copies[0]]
+        memory["server_pss"] = _pss(status.pid)
+
+        rows = []
+        cursor = 2
+        for n in counts:
+            for c in levels:
+                arms = {"shared": [f"{shared.name}@{names[j % n]}" for j in range(args.requests)],
+                        "copies": [copies[j % n] for j in range(args.requests)],
+                        "merged": [copies[0]] * args.requests}
+                order = list(arms)
+                for r in range(args.rounds):
+                    batch = prompts[cursor:cursor + args.requests]
+                    cursor += args.requests
+                    for arm in order[r % 3:] + order[:r % 3]:
+                        result = _block(client, arms[arm], batch, c)
+                        rows.append({"adapters": n, "concurrency": c, "round": r, "arm": arm, **result})
+                        print(f"N={n:2d} c={c} round {r} {arm:7s} {result['tokens_per_s']:6.1f} tokens/s "
+                              f"{result['requests_per_s']:.2f} req/s errors {result['errors']}", flush=True)
+        log = services.log_path(str(settings.root), server.SERVICE).read_text(errors="replace")
+        loads = [float(x) for x in re.findall(r"adapter \w+ loaded in (\d+) ms", log)]
+    finally:
+        client.close()
+        server.down(settings)
+
+    summary = []
+    for n in counts:
+        for c in levels:
+            cell = [row for row in rows if row["adapters"] == n and row["concurrency"] == c]
+            by = {arm: {row["round"]: row for row in cell if row["arm"] == arm} for arm in ("shared", "copies", "merged")}
+            entry: dict[str, Any] = {"adapters": n, "concurrency": c, "rounds": args.rounds,
+                                     "requests": sum(len(row["requests"]) for row in cell),
+                                     "errors": sum(row["errors"] for row in cell)}
+            for arm in by:
+                entry[f"{arm}_tokens_per_s"] = round(statistics.median(x["tokens_per_s"] for x in by[arm].values()), 2)
+            for arm in ("shared", "copies"):
+                ratios = [by[arm][r]["tokens_per_s"] / by["merged"][r]["tokens_per_s"] for r in range(args.rounds)]
+                mean, low, high = _t95(ratios)
+                entry[f"{arm}_vs_merged"] = {"mean": round(mean, 3), "ci95": [round(low, 3), round(high, 3)],
+                                             "per_round": [round(x, 3) for x in ratios]}
+            entry["shared_within_10pct_of_merged"] = entry["shared_vs_merged"]["ci95"][0] >= 0.9
+            summary.append(entry)
+            print(f"N={n:2d} c={c}: shared {entry['shared_tokens_per_s']} copies {entry['copies_tokens_per_s']} merged "
+                  f"{entry['merged_tokens_per_s']} tokens/s; shared/merged {entry['shared_vs_merged']['mean']} "
+                  f"{entry['shared_vs_merged']['ci95']}, copies/merged {entry['copies_vs_merged']['mean']} "
+                  f"{entry['copies_vs_merged']['ci95']}", flush=True)
+    code = commit()
+    result = {"benchmark": "multi_lora_serving", "utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+              "commit": code["sha"], "dirty": code["dirty"], "argv": sys.argv, "settings": vars(args),
+              "seeds": {"adapters": f"{args.seed} * 1000 + i", "prompts": f"WebShop dev instructions from {args.seed * 1000}"},
+              "machine": "2 cores, no GPU (this project's CPU machine)", "base_model": BASE_MODEL,
+              "triton": {"threads": 1, "instances": 1, "max_batch_size": settings.triton.max_batch_size,
+                         "queue_delay_us": settings.triton.queue_delay_us, "max_adapters": top},
+              "memory": memory, "adapter_load_ms": loads, "summary": summary, "rows": rows}
+    out = Path(args.out)
+    out.write_text(json.dumps(result, indent=1))
+    _html(result, out.with_suffix(".html"))
+    print(f"wrote {out} and {out.with_suffix('.html')}")
+
+
+def _html(result: dict[str, Any], path: Path) -> None:
+    from pipelines.reports import figure_html, new_figure, page, table_html
+
+    fig, (left, right) = new_figure(10, 3.5, ncols=2)
+    for arm, style in (("shared", "o-"), ("copies", "s--"), ("merged", "^:")):
+        for c in sorted({s["concurrency"] for s in result["summary"]}):
+            cells = [s for s in result["summary"] if s["concurrency"] == c]
+            left.plot([s["adapters"] for s in cells], [s[f"{arm}_tokens_per_s"] for s in cells], style,
+                      label=f"{arm} c={c}")
+    left.set_xlabel("adapters"), left.set_ylabel("tokens/s"), left.set_xscale("log", base=2), left.legend(fontsize=7)
+    m = result["memory"]
+    counts = sorted(int(n) for n in m["shared_by_adapters"])
+    right.plot(counts, [m["shared_by_adapters"][str(n)]["pss"] / 2**20 for n in counts], "o-", label="shared (PSS)")
+    right.plot(counts, [m["shared_by_adapters"][str(n)]["bound"] / 2**20 for n in counts], "k:", label="base + N x adapter")
+    right.plot(counts, [m["copies_by_adapters"][str(n)] / 2**20 for n in counts], "s--", label="copies (PSS)")
+    right.set_xlabel("adapters"), right.set_ylabel("MiB"), right.set_xscale("log", base=2), right.legend(fontsize=7)
+    rows = [{k: (json.dumps(v) if isinstance(v, dict) else v) for k, v in s.items()} for s in result["summary"]]
+    path.write_text(page("Multi-LoRA serving on one base (CPU, Triton)", [
+        ("Throughput and memory", figure_html(fig, "tokens/s and memory by adapters")),
+        ("Per cell (paired ratios to merged, 95 % t-interval over rounds)", table_html(rows))],
+        subtitle=f"commit {result['commit']}{' (dirty)' if result['dirty'] else ''}, {result['utc']}"))
+
+
+if __name__ == "__main__":
+    main()

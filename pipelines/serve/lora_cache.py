@@ -1,0 +1,115 @@
+"""Many LoRA adapters on one loaded base model: the adapter is chosen per request, loaded on first use and
+evicted least-recently-used past `capacity`, never by reloading the base.
+
+Copied verbatim beside the Triton model (`<model>/1/lora_cache.py`) like `tool_grammar.py`: it runs in the
+serving environment and imports nothing from `pipelines`. The adapters live in one folder (`adapter_root`),
+one sub-folder per adapter named as its Triton model would be (`<project>__tool_router_v3`), each an HF-PEFT
+adapter written there whole by `flywheel deploy` (staged, then renamed). An adapter whose folder is gone is
+refused even while it is cached (an undeployed project stops answering at once).
+
+A batch may mix adapters: PEFT's mixed-batch forward (`adapter_names`, one per row, `__base__` for the base
+model) runs each LoRA layer once per adapter sub-batch over the shared base weights. A batch with more
+distinct adapters than the cache holds is split into parts that fit (`plan`).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from collections import OrderedDict
+from typing import Any, Callable
+
+NAME = re.compile(r"^[a-z][a-z0-9_]{0,120}$")  # a Triton model name: never a path
+BASE = ""  # a request without an adapter: the base model itself
+PEFT_BASE = "__base__"  # PEFT's name for "no adapter" in a mixed batch
+
+
+class AdapterError(ValueError):
+    """This request's adapter cannot be served (a bad name, not deployed): its error, the batch goes on."""
+
+
+class AdapterCache:
+    def __init__(self, model: Any, root: str, capacity: int, log: Callable[[str], None] = print) -> None:
+        if capacity < 1:
+            raise ValueError(f"max_adapters must be at least 1, got {capacity}")
+        self.model = model  # the base model; a PeftModel around it once the first adapter is loaded
+        self.root = root
+        self.capacity = capacity
+        self.log = log
+        self.loaded: OrderedDict[str, str] = OrderedDict()  # name -> folder, least recently used first
+        self.loads = 0
+        self.evictions = 0
+
+    def folder(self, name: str) -> str:
+        """The deployed adapter's folder; AdapterError when the name is not one or nothing is deployed so."""
+        if not isinstance(name, str) or not NAME.match(name):
+            raise AdapterError(f"ADAPTER {name!r} is not an adapter name (lowercase letters, digits and _, "
+                               "starting with a letter)")
+        path = os.path.join(self.root, name)
+        if not os.path.isfile(os.path.join(path, "adapter_config.json")):
+            raise AdapterError(f"unknown adapter {name!r}: it is not deployed on this model")
+        return path
+
+    def plan(self, names: list[str]) -> list[list[int]]:
+        """The rows of a batch (one adapter name per row, BASE for none) in parts of at most `capacity`
+        distinct adapters each, keeping the rows' order within a part."""
+        parts: list[list[int]] = []
+        seen: list[set[str]] = []
+        for row, name in enumerate(names):
+            for part, adapters in zip(parts, seen):
+                if name == BASE or name in adapters or len(adapters) < self.capacity:
+                    part.append(row)
+                    if name != BASE:
+                        adapters.add(name)
+                    break
+            else:
+                parts.append([row])
+                seen.append(set() if name == BASE else {name})
+        return parts
+
+    def ensure(self, names: list[str]) -> None:
+        """Every adapter of `names` loaded (at most `capacity` distinct), the least recently used others evicted;
+        the rows' order is the order of use."""
+        wanted = [n for n in dict.fromkeys(names) if n != BASE]
+        if len(wanted) > self.capacity:
+            raise ValueError(f"{len(wanted)} adapters in one part of a batch; the cache holds {self.capacity}")
+        for name in wanted:
+            if name in self.loaded:
+                self.loaded.move_to_end(name)
+                continue
+            self._load(name, self.folder(name))
+            while len(self.loaded) > self.capacity:
+                old = next(n for n in self.loaded if n not in wanted)
+                self._evict(old)
+
+    def _load(self, name: str, path: str) -> None:
+        started = time.perf_counter()
+        if not self.loaded and not hasattr(self.model, "peft_config"):
+            from peft import PeftModel
+
+            self.model = PeftModel.from_pretrained(self.model, path, adapter_name=name)
+            self.model.eval()
+        else:
+            self.model.load_adapter(path, adapter_name=name)
+        self.loaded[name] = path
+        self.loads += 1
+        self.log(f"adapter {name} loaded in {(time.perf_counter() - started) * 1000:.0f} ms "
+                 f"({len(self.loaded)}/{self.capacity} cached, {self.loads} loads, {self.evictions} evictions)")
+
+    def _evict(self, name: str) -> None:
+        self.model.delete_adapter(name)  # PEFT keeps another loaded adapter active: there always is one here
+        del self.loaded[name]
+        self.evictions += 1
+        self.log(f"adapter {name} evicted (least recently used; {len(self.loaded)}/{self.capacity} cached)")
+
+    def generate_kwargs(self, names: list[str]) -> dict[str, Any]:
+        """What `generate` needs for these rows: nothing before any adapter was loaded, else one adapter name
+        per row (the mixed batch)."""
+        if not hasattr(self.model, "peft_config"):
+            return {}
+        return {"adapter_names": [n if n != BASE else PEFT_BASE for n in names]}
+
+    def stats(self) -> dict[str, Any]:
+        return {"cached": list(self.loaded), "capacity": self.capacity, "loads": self.loads,
+                "evictions": self.evictions}

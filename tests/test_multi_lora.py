@@ -1,0 +1,108 @@
+"""Many adapters on one base (issue 26, item 6): the shared base's adapter cache in process (every row of a mixed
+batch answered by its own adapter, a bounded cache that evicts and reloads, names that are never paths), and the
+same through the real Triton server (`test_shared_base_on_triton`)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from pipelines.config import load_settings
+
+CAPACITY = 2
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory):
+    """The tiny base model and three strong random adapters of it (a1..a3) in one adapter root."""
+    from pipelines.bench.adapters import make_adapters
+    from pipelines.train.models import prepare_base
+
+    root = tmp_path_factory.mktemp("multi-lora")
+    settings = load_settings(root=str(root))
+    base = prepare_base("tiny-llama", settings)
+    adapters = make_adapters(base, root / "adapters", ["a1", "a2", "a3"], rank=4, alpha=8, scale=30.0)
+    return {"root": root, "base": base, "adapters": adapters, "settings": settings}
+
+
+def _inputs(base: str, n: int):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(base)
+    tok.padding_side = "left"
+    tok.pad_token = tok.pad_token or tok.eos_token
+    prompts = [f"where is my order {i}{i}{i}?" for i in range(n)]
+    return tok(prompts, return_tensors="pt", padding=True)
+
+
+def _merged_logits(base: str, folder: Path | None, enc):
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(base, torch_dtype=torch.float32)
+    if folder is not None:
+        model = PeftModel.from_pretrained(model, str(folder)).merge_and_unload()
+    with torch.inference_mode():
+        return model.eval()(**enc).logits[:, -1]
+
+
+def test_a_mixed_batch_answers_each_row_with_its_own_adapter_and_the_cache_stays_bounded(tiny):
+    """Rows of one batch name different adapters (and none): each row's logits are those of its own adapter
+    merged into its own copy of the base. Three adapters through a cache of two: the least recently used one is
+    evicted and loads again when asked, still right. Mutation tried: `generate_kwargs` returning {} (every row on
+    the active adapter) fails the per-row comparison; `ensure` never evicting fails the bound."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from pipelines.serve.lora_cache import BASE, AdapterCache
+
+    base = AutoModelForCausalLM.from_pretrained(tiny["base"], torch_dtype=torch.float32).eval()
+    logs: list[str] = []
+    cache = AdapterCache(base, str(tiny["root"] / "adapters"), CAPACITY, log=logs.append)
+    enc = _inputs(tiny["base"], 4)
+    expected = {name: _merged_logits(tiny["base"], tiny["adapters"].get(name), enc)
+                for name in ("a1", "a2", "a3", BASE)}
+    assert not torch.allclose(expected["a1"], expected["a2"], atol=1e-3)  # the adapters differ: the test can see
+
+    def served(names: list[str]):
+        cache.ensure(names)
+        with torch.inference_mode():
+            return cache.model(**enc, **cache.generate_kwargs(names)).logits[:, -1]
+
+    for names in (["a1", "a2", BASE, "a1"], ["a3", "a1", "a3", BASE], ["a2", "a2", "a3", "a3"]):
+        got = served(names)
+        for row, name in enumerate(names):
+            assert torch.allclose(got[row], expected[name][row], atol=1e-4), (names, row, name)
+        assert len(cache.loaded) <= CAPACITY
+    assert cache.stats()["loads"] == 4 and cache.stats()["evictions"] == 2, cache.stats()  # a2 came back
+    assert list(cache.loaded) == ["a2", "a3"]
+    assert any("evicted" in line for line in logs)
+
+
+def test_a_batch_with_more_adapters_than_the_cache_holds_is_split_into_parts_that_fit():
+    from pipelines.serve.lora_cache import BASE, AdapterCache
+
+    cache = AdapterCache(object(), "/nonexistent", 2)
+    parts = cache.plan(["a", "b", "c", BASE, "a", "d", "c"])
+    assert parts == [[0, 1, 3, 4], [2, 5, 6]]
+    assert all(len({["a", "b", "c", BASE, "a", "d", "c"][i] for i in p} - {BASE}) <= 2 for p in parts)
+    assert cache.plan([]) == []
+
+
+@pytest.mark.parametrize("name, reason", [("../a1", "not an adapter name"), ("a1/../a2", "not an adapter name"),
+                                          ("A1", "not an adapter name"), ("a9", "unknown adapter")])
+def test_an_adapter_name_is_never_a_path_and_an_unknown_one_is_refused(tiny, name, reason):
+    """Mutation tried: `folder` without the NAME check lets `../a1` resolve (the adapters' parent holds a1's
+    folder when asked from a sub-folder root) and the traversal cases fail."""
+    from pipelines.serve.lora_cache import AdapterCache, AdapterError
+
+    root = tiny["root"] / "adapters" / "nested"
+    root.mkdir(exist_ok=True)
+    shutil.copytree(tiny["adapters"]["a2"], root / "a2", dirs_exist_ok=True)
+    cache = AdapterCache(object(), str(root), 2)
+    assert cache.folder("a2") == str(root / "a2")
+    with pytest.raises(AdapterError, match=reason):
+        cache.folder(name)
