@@ -78,7 +78,7 @@ def _t95(values: list[float]) -> tuple[float, float, float]:
     mean = statistics.fmean(values)
     if len(values) < 2:
         return mean, float("nan"), float("nan")
-    half = stats.t.ppf(0.975, len(values) - 1) * statistics.stdev(values) / len(values) ** 0.5
+    half = float(stats.t.ppf(0.975, len(values) - 1)) * statistics.stdev(values) / len(values) ** 0.5
     return mean, mean - half, mean + half
 
 
@@ -161,7 +161,7 @@ def main() -> None:
             cached = n
             pss = _pss(stubs[shared.name])
             bound = memory["shared_base_only_pss"] + n * adapter_bytes
-            memory["shared_by_adapters"][str(n)] = {"pss": pss, "bound": bound, "within": pss <= bound}
+            memory["shared_by_adapters"][str(n)] = {"pss": pss, "bound": bound, "within": bool(pss <= bound)}
             print(f"shared base with {n} adapters: {pss / 2**20:.0f} MiB (bound base + N x adapter "
                   f"{bound / 2**20:.0f} MiB)", flush=True)
         started = time.perf_counter()
@@ -212,7 +212,7 @@ def main() -> None:
                 mean, low, high = _t95(ratios)
                 entry[f"{arm}_vs_merged"] = {"mean": round(mean, 3), "ci95": [round(low, 3), round(high, 3)],
                                              "per_round": [round(x, 3) for x in ratios]}
-            entry["shared_within_10pct_of_merged"] = entry["shared_vs_merged"]["ci95"][0] >= 0.9
+            entry["shared_within_10pct_of_merged"] = bool(entry["shared_vs_merged"]["ci95"][0] >= 0.9)
             summary.append(entry)
             print(f"N={n:2d} c={c}: shared {entry['shared_tokens_per_s']} copies {entry['copies_tokens_per_s']} merged "
                   f"{entry['merged_tokens_per_s']} tokens/s; shared/merged {entry['shared_vs_merged']['mean']} "

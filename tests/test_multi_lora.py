@@ -52,8 +52,10 @@ def _merged_logits(base: str, folder: Path | None, enc):
 def test_a_mixed_batch_answers_each_row_with_its_own_adapter_and_the_cache_stays_bounded(tiny):
     """Rows of one batch name different adapters (and none): each row's logits are those of its own adapter
     merged into its own copy of the base. Three adapters through a cache of two: the least recently used one is
-    evicted and loads again when asked, still right. Mutation tried: `generate_kwargs` returning {} (every row on
-    the active adapter) fails the per-row comparison; `ensure` never evicting fails the bound."""
+    evicted and loads again when asked, still right; a batch of one adapter (its active-adapter path) and one of
+    the base alone (adapters disabled) too. Mutations tried: `route` returning no adapter names for a mixed batch
+    (every row on the active adapter), or not making a lone adapter the active one, or not disabling the adapters
+    for base rows: each fails the per-row comparison; `ensure` never evicting fails the bound."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -69,10 +71,12 @@ def test_a_mixed_batch_answers_each_row_with_its_own_adapter_and_the_cache_stays
 
     def served(names: list[str]):
         cache.ensure(names)
-        with torch.inference_mode():
-            return cache.model(**enc, **cache.generate_kwargs(names)).logits[:, -1]
+        context, kwargs = cache.route(names)
+        with torch.inference_mode(), context:
+            return cache.model(**enc, **kwargs).logits[:, -1]
 
-    for names in (["a1", "a2", BASE, "a1"], ["a3", "a1", "a3", BASE], ["a2", "a2", "a3", "a3"]):
+    for names in (["a1", "a2", BASE, "a1"], ["a3", "a1", "a3", BASE], ["a2", "a2", "a3", "a3"], ["a2"] * 4,
+                  [BASE] * 4, ["a3"] * 4):
         got = served(names)
         for row, name in enumerate(names):
             assert torch.allclose(got[row], expected[name][row], atol=1e-4), (names, row, name)

@@ -178,7 +178,9 @@ class TritonPythonModel:
                     _send(sender, pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(
                         f"adapter: {type(exc).__name__}: {exc}")), flags=final)
                 continue
-            self._run(self.lora.model, rows, self.lora.generate_kwargs([v[5] for v in rows]))
+            context, kwargs = self.lora.route([v[5] for v in rows])
+            with context:
+                self._run(self.lora.model, rows, kwargs)
         return None
 
     def _run(self, model, valid, kwargs):
