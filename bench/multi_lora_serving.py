@@ -112,11 +112,12 @@ def main() -> None:
     from pipelines.bench.adapters import make_adapters
     from pipelines.config import load_settings
     from pipelines import services
-    from pipelines.serve import repository, server
+    from pipelines.serve import repository, server, shared_base
     from pipelines.serve.client import TritonClient
     from pipelines.services import free_port
     from pipelines.train.models import prepare_base
 
+    code = commit()  # the code measured: the model folders are built from it now, at the start
     work = Path(args.work)
     shutil.rmtree(work, ignore_errors=True)
     settings = load_settings(root=str(work), triton={
@@ -127,9 +128,9 @@ def main() -> None:
     print(f"writing {top} adapters (rank 16, every projection) of {BASE_MODEL} ...", flush=True)
     folders = make_adapters(base, work / "adapters", names, rank=16, alpha=32, seed=args.seed)
     adapter_bytes = statistics.fmean((folders[n] / "adapter_model.safetensors").stat().st_size for n in names)
-    shared = repository.build_shared(settings, BASE_MODEL, is_loaded=lambda _: False)
+    shared = shared_base.build_shared(settings, BASE_MODEL, is_loaded=lambda _: False)
     for name in names:
-        repository.write_adapter(settings, name, str(folders[name]), {"shared": shared.name, "prompt_style": "short",
+        shared_base.write_adapter(settings, name, str(folders[name]), {"shared": shared.name, "prompt_style": "short",
                                                                       "base_model": BASE_MODEL})
     limits = (512, args.new_tokens)
     copies = [f"bench_copy_{i:02d}" for i in range(top)]
@@ -218,7 +219,6 @@ def main() -> None:
                   f"{entry['merged_tokens_per_s']} tokens/s; shared/merged {entry['shared_vs_merged']['mean']} "
                   f"{entry['shared_vs_merged']['ci95']}, copies/merged {entry['copies_vs_merged']['mean']} "
                   f"{entry['copies_vs_merged']['ci95']}", flush=True)
-    code = commit()
     result = {"benchmark": "multi_lora_serving", "utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
               "commit": code["sha"], "dirty": code["dirty"], "argv": sys.argv, "settings": vars(args),
               "seeds": {"adapters": f"{args.seed} * 1000 + i", "prompts": f"WebShop dev instructions from {args.seed * 1000}"},

@@ -110,3 +110,48 @@ def test_an_adapter_name_is_never_a_path_and_an_unknown_one_is_refused(tiny, nam
     assert cache.folder("a2") == str(root / "a2")
     with pytest.raises(AdapterError, match=reason):
         cache.folder(name)
+
+
+def test_a_replaced_adapter_folder_is_loaded_afresh_not_served_from_the_cache(tiny, tmp_path):
+    """Other weights renamed into place under a cached adapter's name (a registry reset that reused a version
+    number) are what the next request gets. Mutation tried: `ensure` trusting the cached name alone fails it."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from pipelines.serve.lora_cache import AdapterCache
+
+    root = tmp_path / "adapters"
+    shutil.copytree(tiny["adapters"]["a1"], root / "v1")
+    base = AutoModelForCausalLM.from_pretrained(tiny["base"], torch_dtype=torch.float32).eval()
+    cache = AdapterCache(base, str(root), CAPACITY, log=lambda _: None)
+    enc = _inputs(tiny["base"], 2)
+
+    def served():
+        cache.ensure(["v1", "v1"])
+        context, kwargs = cache.route(["v1", "v1"])
+        with torch.inference_mode(), context:
+            return cache.model(**enc, **kwargs).logits[:, -1]
+
+    assert torch.allclose(served(), _merged_logits(tiny["base"], tiny["adapters"]["a1"], enc), atol=1e-4)
+    shutil.copytree(tiny["adapters"]["a3"], tmp_path / "staged")
+    (root / "v1").rename(tmp_path / "old")
+    (tmp_path / "staged").rename(root / "v1")
+    assert torch.allclose(served(), _merged_logits(tiny["base"], tiny["adapters"]["a3"], enc), atol=1e-4)
+    assert list(cache.loaded) == ["v1"] and len(cache.model.peft_config) == 1
+
+
+def test_a_project_owns_only_its_own_model_names(tmp_path):
+    """`own_version` decides what a project's deploy may unload or retire and what its routes list: another
+    project whose name starts alike (`tool_router_eu`) is never the default project's. Mutation tried: a
+    prefix match (`startswith`) fails it."""
+    from pipelines.serve.shared_base import is_own, own_version
+
+    default = load_settings(root=str(tmp_path))
+    shop = load_settings(root=str(tmp_path), project="shop")
+    assert own_version(default, "tool_router_v3") == "3"
+    assert own_version(default, "lora__smollm2@tool_router_v12") == "12"
+    assert own_version(default, "tool_router_eu__tool_router_v1") is None
+    assert own_version(default, "tool_router_vx__tool_router_v1") is None
+    assert own_version(default, "shop__tool_router_v2") is None and own_version(shop, "shop__tool_router_v2") == "2"
+    assert is_own(default, "tool_router_base") and not is_own(default, "lora__smollm2")
+    assert not is_own(shop, "tool_router_v1")

@@ -126,12 +126,12 @@ def test_deploy_infers_rejects_bad_requests_and_rolls_back(registered) -> None:
 
 def test_canary_splits_replayed_traffic_and_compares(registered) -> None:
     from pipelines.registry.models import CANDIDATE
-    from pipelines.serve import deploy
+    from pipelines.serve import canary, deploy
 
     settings = registered["settings"]
     if deploy.live_model(settings) is None:
         deploy.deploy(settings, "champion")
-    result = deploy.canary(settings, CANDIDATE, share=0.5, requests=8, seed=3)
+    result = canary.canary(settings, CANDIDATE, share=0.5, requests=8, seed=3)
     sizes = {name: m["requests"] for name, m in result["models"].items()}
     assert sum(sizes.values()) == 8 and all(n > 0 for n in sizes.values())
     assert result["candidate"] == f"tool_router_v{registered['v2']}"
@@ -251,7 +251,7 @@ def test_multi_lora_serves_every_version_as_an_adapter_on_one_loaded_base(regist
     from pipelines import services
     from pipelines.config import load_settings
     from pipelines.gateway.router import Router
-    from pipelines.serve import deploy, repository, server
+    from pipelines.serve import deploy, server, shared_base
     from pipelines.serve.client import TritonClient, conversation
 
     plain, v1, v2 = registered["settings"], registered["v1"], registered["v2"]
@@ -260,7 +260,7 @@ def test_multi_lora_serves_every_version_as_an_adapter_on_one_loaded_base(regist
                              triton={"http_port": t.http_port, "grpc_port": t.grpc_port, "metrics_port": t.metrics_port,
                                      "smoke_requests": 3, "smoke_min_valid_json": 0.0, "max_new_tokens": 12,
                                      "max_input_tokens": 2048, "multi_lora": True, "max_adapters": 1})
-    shared = repository.shared_name("tiny-llama")
+    shared = shared_base.shared_name("tiny-llama")
     first = deploy.deploy(settings, version=v1)
     second = deploy.deploy(settings, version=v2)
     assert (first["deployed"], second["deployed"]) == (f"{shared}@tool_router_v{v1}", f"{shared}@tool_router_v{v2}")

@@ -27,7 +27,7 @@ from pipelines.errors import NotRetryable
 from pipelines.serve import repository, server
 from pipelines.serve.client import Reply, TritonClient, conversation
 from pipelines.serve.deploy import DeployFailed, live_model, score_replies, smoke_rows
-from pipelines.storage import read_json, write_json, write_text
+from pipelines.storage import write_json, write_text
 
 
 CONSTRAINED_LABEL = ", constrained"  # a row decoded under the offered tools' grammar
@@ -193,7 +193,9 @@ def run_bench(settings: Settings, cfg: BenchSettings | None = None, console: Con
 
 def _base_model_of(settings: Settings, live: Any) -> str:
     """The base model the live deployment was built on (its repository's metadata, local or on S3)."""
-    return read_json(f"{repository.model_uri(settings, live.name)}/1/flywheel.json")["base_model"]
+    from pipelines.serve import shared_base
+
+    return str(shared_base.served_meta(settings, live.name)["base_model"])
 
 
 def _base_entry(settings: Settings, client: TritonClient, base_model: str, live: Any) -> repository.ModelEntry:

@@ -102,13 +102,14 @@ def deploy_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """Load a registered adapter into Triton, smoke-test it with real requests, then switch traffic to it."""
-    from pipelines.serve import deploy as serving
     from pipelines.gateway.live_report import start_canary
+    from pipelines.serve import canary as canary_of
+    from pipelines.serve import deploy as serving
 
     settings = get_settings()
     with console.status("deploying ..."):
         if canary is not None and replay_only:
-            result = serving.canary(settings, alias, share=canary, requests=requests)
+            result = canary_of.canary(settings, alias, share=canary, requests=requests)
         elif canary is not None:
             result = start_canary(settings, alias, share=canary, requests=requests)
         else:

@@ -149,10 +149,10 @@ def start_canary(settings: Settings, alias: str = "candidate", share: float | No
     """`flywheel deploy --canary`: the candidate is loaded next to the live model and answers `requests`
     replayed test rows first (no live caller sees a model that cannot answer), then the gateway's route
     sends it `share` of live traffic; the live gate watches it from there."""
-    from pipelines.serve import deploy
+    from pipelines.serve import canary, deploy
 
     share = settings.gateway.canary_share if share is None else share
-    replayed = deploy.canary(settings, alias, share=0.5, requests=requests)
+    replayed = canary.canary(settings, alias, share=0.5, requests=requests)
     candidate = replayed["models"][replayed["candidate"]]
     if candidate["errors"]:
         raise deploy.DeployFailed(f"canary: {replayed['candidate']} failed {candidate['errors']} of {candidate['requests']} "

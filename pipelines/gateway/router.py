@@ -61,11 +61,10 @@ class Router:
             return self._client
 
     def _style(self, name: str) -> str:
-        from pipelines.serve import repository
-        from pipelines.storage import read_json
+        from pipelines.serve import shared_base
 
         if name not in self._styles:
-            self._styles[name] = repository.prompt_style(self.settings, name)
+            self._styles[name] = shared_base.prompt_style(self.settings, name)
         return self._styles[name]
 
     def _candidate_version(self) -> str | None:
@@ -142,15 +141,13 @@ class Router:
             self._targets_lock.release()
 
     def _build_targets(self) -> dict[str, Target]:
-        from pipelines.serve import deploy, repository
+        from pipelines.serve import deploy, repository, shared_base
 
         loaded = set(self.client().loaded())
-        prefix = f"{self.settings.triton.model_name}_v"
         out: dict[str, Target] = {}
         for name in sorted(loaded):
-            served = repository.split_name(name)[1] or name  # an adapter on a shared base: its own name
-            if served.startswith(prefix):
-                version = served.removeprefix(prefix)
+            version = shared_base.own_version(self.settings, name)  # this project's model or its adapter on a base
+            if version is not None:
                 out[f"v{version}"] = Target(f"v{version}", name, version, self._style(name))
         current = deploy.state(self.settings)
         for alias in ("live", "previous"):

@@ -20,7 +20,8 @@ from typing import Any, Literal
 import numpy as np
 
 from pipelines.config import Settings
-from pipelines.serve import repository
+from pipelines.serve import shared_base
+from pipelines.serve.repository import SHARED_PREFIX, split_name
 from pipelines.toolcall.budget import FALLBACK
 from pipelines.toolcall.prompt import chat_turns
 from pipelines.toolcall.prompt import system_for
@@ -138,23 +139,23 @@ class TritonClient:
     def load(self, name: str) -> None:
         """Load a model; an adapter (`lora__<base>@<adapter>`): load its shared base unless loaded (never reload
         it under the other adapters' traffic) and check the adapter is deployed (the base loads it on first use)."""
-        model, adapter = repository.split_name(name)
+        model, adapter = split_name(name)
         if adapter:
             if not self._adapter_deployed(adapter):
                 raise RuntimeError(f"adapter {adapter} is not deployed (no folder under "
-                                   f"{repository.adapter_root(self.settings)})")
+                                   f"{shared_base.adapter_root(self.settings)})")
             if self.ready(model):
                 return
         with self._control_lock:
             self._control().load_model(model, **self._deadline)
 
     def _adapter_deployed(self, adapter: str) -> bool:
-        return (repository.adapter_root(self.settings) / adapter / "adapter_config.json").is_file()
+        return (shared_base.adapter_root(self.settings) / adapter / "adapter_config.json").is_file()
 
     def unload(self, name: str, wait_s: float = 0) -> None:
         """Unload; with `wait_s`, wait (at most that long) until the server no longer reports it ready. An adapter
         on a shared base is left to its cache (the base serves other adapters; `undeploy` removes its folder)."""
-        if repository.split_name(name)[1]:
+        if split_name(name)[1]:
             return
         with self._control_lock:
             self._control().unload_model(name, **self._deadline)
@@ -165,7 +166,7 @@ class TritonClient:
             time.sleep(0.2)
 
     def ready(self, name: str) -> bool:
-        model, adapter = repository.split_name(name)
+        model, adapter = split_name(name)
         if adapter and not self._adapter_deployed(adapter):
             return False
         try:
@@ -177,7 +178,7 @@ class TritonClient:
     def declares(self, name: str, input_name: str) -> bool:
         """Whether the model declares an input (TOOLS: constrained decoding; STREAM: streamed answers, a
         model folder built before them and kept while in use lacks them)."""
-        name = repository.split_name(name)[0]
+        name = split_name(name)[0]
         with self._control_lock:
             if name not in self._inputs_of:
                 try:
@@ -202,8 +203,8 @@ class TritonClient:
             index = self._control().get_model_repository_index(**self._deadline)
         rows = index if isinstance(index, list) else [{"name": m.name, "state": m.state} for m in index.models]
         names = {r["name"] for r in rows if r.get("state") == "READY"}
-        if any(n.startswith(repository.SHARED_PREFIX) for n in names):  # and each adapter a loaded shared base serves
-            names |= {f"{meta['shared']}@{adapter}" for adapter, meta in repository.deployed_adapters(self.settings).items()
+        if any(n.startswith(SHARED_PREFIX) for n in names):  # and each adapter a loaded shared base serves
+            names |= {f"{meta['shared']}@{adapter}" for adapter, meta in shared_base.deployed_adapters(self.settings).items()
                       if meta.get("shared") in names}
         return sorted(names)
 
@@ -259,7 +260,7 @@ class TritonClient:
                 step: Callable[[dict[str, Any]], Reply | None]) -> Reply:
         import tritonclient.grpc as grpc
 
-        model, adapter = repository.split_name(model)
+        model, adapter = split_name(model)
         inputs = []
         for name, value in (("CONVERSATION", raw), ("TOOLS", tools), ("ADAPTER", adapter)):
             if value is not None:
@@ -305,7 +306,7 @@ class TritonClient:
         import httpx
 
         address, ssl = target(self.settings, "http")
-        model, adapter = repository.split_name(model)
+        model, adapter = split_name(model)
         url = f"{'https' if ssl else 'http'}://{address}/v2/models/{model}/generate{'_stream' if stream else ''}"
         payload: dict[str, Any] = {"CONVERSATION": raw, **({"TOOLS": tools} if tools is not None else {}),
                                    **({"STREAM": True} if stream else {}), **({"ADAPTER": adapter} if adapter else {})}

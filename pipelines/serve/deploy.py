@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import random
 import statistics
 import time
 from collections.abc import Iterator
@@ -25,7 +24,7 @@ from typing import Any
 
 from pipelines.config import Settings
 from pipelines.errors import NotRetryable
-from pipelines.serve import repository, server
+from pipelines.serve import repository, server, shared_base
 from pipelines.serve.client import Reply, TritonClient, conversation, offered_tools
 from pipelines.storage import Busy, is_local, lock_file, locked, read_json, write_json
 
@@ -189,8 +188,8 @@ def deploy(settings: Settings, alias: str = "champion", *, version: str | None =
         with state_lock(settings):
             current = state(settings)
             name = repository.triton_name(settings, version)
-            model = repository.build_version(settings, version, in_use=_in_use(current, client, name),
-                                             is_loaded=client.ready)
+            model = shared_base.build_serving(settings, version, in_use=_in_use(current, client, name),
+                                              is_loaded=client.ready)
             entry = Deployment(model.name, version, model.prompt_style)
             if current.get("live") and current["live"]["name"] == entry.name:
                 return _ensure_loaded(settings, client, current, Deployment(**current["live"]), started)
@@ -198,6 +197,7 @@ def deploy(settings: Settings, alias: str = "champion", *, version: str | None =
             try:
                 client.load(entry.name)
             except Exception as exc:  # noqa: BLE001 (the server's reason goes into the error)
+                _retire(settings, client, current, entry.name)
                 _save(settings, current, {"event": "deploy_failed", "name": entry.name, "version": version,
                                           "reason": f"load: {exc}"})
                 raise DeployFailed(f"{entry.name} did not load ({_one_line(exc)}); {_serving(current)} keeps serving") from None
@@ -206,7 +206,7 @@ def deploy(settings: Settings, alias: str = "champion", *, version: str | None =
             lost = _server_lost(settings, client, entry.name)
             failure = lost or smoke_failure(settings, smoke)
             if failure:
-                _unload_quietly(client, entry.name)
+                _retire(settings, client, current, entry.name)
                 _save(settings, current, {"event": "deploy_failed", "name": entry.name, "version": version,
                                           "reason": f"{failure}; smoke test: {smoke}"})
                 raise DeployFailed(f"{entry.name} was not switched to ({'' if lost else 'smoke test: '}{failure}); "
@@ -214,11 +214,11 @@ def deploy(settings: Settings, alias: str = "champion", *, version: str | None =
             current.update(live=asdict(entry), previous=previous)
             _save(settings, current, {"event": "deployed", "name": entry.name, "version": version, "smoke": smoke})
             keep = {entry.name, previous["name"] if previous else None, repository.triton_name(settings, None)}
-            own = f"{settings.triton.model_name}_"  # only this project's own models: never another project's, nor a
-            with contextlib.suppress(Exception):  # shared base (switched already: a lost server leaves extras loaded)
-                for loaded in client.loaded():
-                    if loaded not in keep and loaded.startswith(own):
+            with contextlib.suppress(Exception):  # switched already: a lost server leaves extras loaded
+                for loaded in client.loaded():  # only this project's own models: never another's, nor a shared base
+                    if loaded not in keep and shared_base.is_own(settings, loaded):
                         _unload_quietly(client, loaded)
+                shared_base.remove_adapters(settings, keep={repository.split_name(n)[1] for n in keep if n})
     finally:
         client.close()
     return {"deployed": entry.name, "version": version, "previous": previous, "smoke": smoke,
@@ -322,7 +322,6 @@ def undeploy(settings: Settings) -> dict[str, Any]:
     candidate, any `v<N>` or its base) is unloaded and nothing is live (the gateway answers 404 for its
     aliases). The history is kept; `flywheel deploy` serves a version again. A server that cannot be reached
     changes nothing (DeployFailed)."""
-    prefix = f"{settings.triton.model_name}_"
     with state_lock(settings):
         current = state(settings)
         client = TritonClient(settings)
@@ -332,7 +331,7 @@ def undeploy(settings: Settings) -> dict[str, Any]:
             except Exception as exc:  # noqa: BLE001 (tritonclient's errors: a dead server)
                 raise DeployFailed(f"not undeployed: the model server did not answer ({_one_line(exc)}); "
                                    f"{_serving(current)} stays live (is it up? `flywheel serve up`)") from None
-            names = sorted({n for n in loaded if n.startswith(prefix)}
+            names = sorted({n for n in loaded if shared_base.is_own(settings, n)}
                            | {e["name"] for e in (current.get("live"), current.get("previous")) if e and e["name"] in loaded})
             for name in names:
                 try:
@@ -341,56 +340,10 @@ def undeploy(settings: Settings) -> dict[str, Any]:
                     raise DeployFailed(f"not undeployed: {name} could not be unloaded ({_one_line(exc)})") from None
         finally:
             client.close()
-        removed = repository.remove_adapters(settings)  # a shared base refuses this project's adapters from now on
+        removed = shared_base.remove_adapters(settings)  # a shared base refuses this project's adapters from now on
         current.update(live=None, previous=None)
         _save(settings, current, {"event": "undeploy", "names": names, "adapters_removed": removed})
     return {"unloaded": names, "adapters_removed": removed, "live": None}
-
-
-def canary(settings: Settings, alias: str = "candidate", *, share: float | None = None,
-           requests: int = 24, seed: int = 0) -> dict[str, Any]:
-    """Serve the candidate next to the live model; send `share` of replayed test traffic to it and compare.
-    Runs under the state's lock, so no deploy unloads either model meanwhile."""
-    from pipelines.registry.models import alias_version
-
-    version = alias_version(settings, alias)
-    if version is None:
-        raise DeployFailed(f"no model version has the alias '{alias}'")
-    share = settings.triton.canary_share if share is None else share
-    client = TritonClient(settings)
-    try:
-        with state_lock(settings):
-            current = state(settings)
-            if not current.get("live"):
-                raise DeployFailed("no live model: deploy a champion first")
-            live = Deployment(**current["live"])
-            name = repository.triton_name(settings, version)
-            model = repository.build_version(settings, version, in_use=_in_use(current, client, name),
-                                             is_loaded=client.ready)
-            candidate = Deployment(model.name, version, model.prompt_style)
-            rows = smoke_rows(settings, requests, seed)
-            rng = random.Random(seed)
-            routed: dict[str, list[dict[str, Any]]] = {live.name: [], candidate.name: []}
-            for row in rows:
-                routed[candidate.name if rng.random() < share else live.name].append(row)
-            for entry in (live, candidate):
-                if not client.ready(entry.name):
-                    try:
-                        client.load(entry.name)
-                    except Exception as exc:  # noqa: BLE001 (tritonclient's errors)
-                        raise DeployFailed(f"canary: {entry.name} could not be loaded ({_one_line(exc)}); "
-                                           f"{_serving(current)} keeps serving") from None
-            result = {}
-            for entry in (live, candidate):
-                chosen = routed[entry.name]
-                replies = client.infer(entry.name, [conversation(r, entry.prompt_style) for r in chosen],
-                                       tools=offered_tools(settings, chosen, client, entry.name))
-                result[entry.name] = {"version": entry.version, **score_replies(chosen, replies)}
-            _save(settings, current, {"event": "canary", "name": candidate.name, "version": version,
-                                      "share": share, "result": result})
-    finally:
-        client.close()
-    return {"live": live.name, "candidate": candidate.name, "share": share, "models": result}
 
 
 def _one_line(exc: BaseException, limit: int = 300) -> str:
@@ -400,6 +353,15 @@ def _one_line(exc: BaseException, limit: int = 300) -> str:
 
 def _serving(current: dict[str, Any]) -> str:
     return current["live"]["name"] if current.get("live") else "nothing (no model was live)"
+
+
+def _retire(settings: Settings, client: TritonClient, current: dict[str, Any], name: str) -> None:
+    """A model that failed to deploy: unloaded; an adapter on a shared base also taken out of service (unless
+    live or previous), so no route reaches it."""
+    _unload_quietly(client, name)
+    adapter = repository.split_name(name)[1]
+    if adapter and name not in {e["name"] for e in (current.get("live"), current.get("previous")) if e}:
+        shared_base.remove_adapters(settings, only={adapter})
 
 
 def _unload_quietly(client: TritonClient, name: str) -> None:

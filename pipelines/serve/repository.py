@@ -25,7 +25,6 @@ import json
 import re
 import shutil
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,8 +38,7 @@ MODEL_FILE = Path(__file__).with_name("triton_model.py")
 GRAMMAR_FILE = Path(__file__).parents[1] / "toolcall" / "grammar.py"  # model.py's constrained decoder, copied beside it
 GRAMMAR_MODULE = "tool_grammar.py"  # its name there (model.py imports `tool_grammar`)
 LORA_FILE = Path(__file__).with_name("lora_cache.py")  # the shared base's adapter cache, copied beside model.py
-SHARED_PREFIX = "lora__"  # a shared base model's Triton name: lora__<base model>
-SHARED_BUDGET = 256  # a shared base's answer limit (it serves versions with different budgets; answers end at EOS)
+SHARED_PREFIX = "lora__"  # a shared base model's Triton name: lora__<base model> (`shared_base`)
 BASE_NAME = "base"  # the un-tuned base model (the few-shot baseline in benchmarks)
 
 
@@ -243,31 +241,28 @@ def configured_limit(settings: Settings, name: str, key: str = "max_input_tokens
 
     from pipelines.storage import read_bytes
 
-    config = read_bytes(f"{model_uri(settings, name)}/config.pbtxt").decode("utf-8")
+    config = read_bytes(f"{model_uri(settings, split_name(name)[0])}/config.pbtxt").decode("utf-8")
     found = re.search(rf'key: "{key}" value: \{{ string_value: "(\d+)" \}}', config)
     return int(found.group(1)) if found else {"max_input_tokens": 1024, "max_new_tokens": 96}[key]  # model.py's
 
 
-def build_version(settings: Settings, version: str, *, in_use: bool = False,
-                  is_loaded: Callable[[str], bool] | None = None) -> ModelEntry:
-    """The model folder of a registered version (adapter from MLflow, base model from the catalogue);
-    `in_use`: the model is loaded or live, so an existing folder of it is never rewritten. With
-    `triton.multi_lora`: the version's adapter folder beside the shared base's (`is_loaded`: whether the server
-    has a model loaded; the shared base's folder is never rewritten while it is, or when that is unknown)."""
+def version_identity(settings: Settings, version: str) -> tuple[dict[str, str], str, str]:
+    """(registry tags, base model, prompt style) of a registered version."""
     from pipelines.clients.mlflow import client as mlflow_client
+
+    tags = mlflow_client(settings).get_model_version(settings.mlflow.registered_model, version).tags
+    return tags, tags.get("flywheel.base_model", "smollm2-135m-instruct"), tags.get("flywheel.prompt_style", "short")
+
+
+def build_version(settings: Settings, version: str, *, in_use: bool = False) -> ModelEntry:
+    """The model folder of a registered version (adapter from MLflow, base model from the catalogue);
+    `in_use`: the model is loaded or live, so an existing folder of it is never rewritten. (With
+    `triton.multi_lora` deployments go through `shared_base.build_serving` instead.)"""
     from pipelines.registry.models import adapter_path
     from pipelines.train.models import prepare_base
 
-    tags = mlflow_client(settings).get_model_version(settings.mlflow.registered_model, version).tags
-    base_model = tags.get("flywheel.base_model", "smollm2-135m-instruct")
-    style = tags.get("flywheel.prompt_style", "short")
+    tags, base_model, style = version_identity(settings, version)
     name = triton_name(settings, version)
-    if settings.triton.multi_lora:
-        meta = {"registry_version": version, "base_model": base_model, "prompt_style": style,
-                "model": settings.mlflow.registered_model}
-        shared = build_shared(settings, base_model, is_loaded=is_loaded)
-        write_adapter(settings, name, adapter_path(settings, version), {**meta, "shared": shared.name})
-        return ModelEntry(f"{shared.name}@{name}", shared.path, version, style, base_model, shared.stale)
     path, stale = write_model(settings, staging_repository(settings), name, prepare_base(base_model, settings),
                               adapter_path(settings, version),
                               {"registry_version": version, "base_model": base_model, "prompt_style": style,
@@ -291,96 +286,7 @@ def build_base(settings: Settings, base_model: str = "smollm2-135m-instruct", *,
     return ModelEntry(name, uri, None, "full", base_model, stale or remote_stale)
 
 
-def shared_name(base_model: str) -> str:
-    """The Triton name of the shared base model every project's adapters of `base_model` are served on."""
-    return SHARED_PREFIX + re.sub(r"[^a-z0-9]+", "_", base_model.lower()).strip("_")
-
-
-def adapter_root(settings: Settings) -> Path:
-    """The folder of every deployed adapter (all projects), beside the model repository (local only)."""
-    return staging_repository(settings).parent / "lora_adapters"
-
-
 def split_name(name: str) -> tuple[str, str | None]:
     """(Triton model, adapter or None) of a serving name: `lora__<base>@<adapter>` or a plain model name."""
     model, _, adapter = name.partition("@")
     return model, adapter or None
-
-
-def build_shared(settings: Settings, base_model: str, *,
-                 is_loaded: Callable[[str], bool] | None = None) -> ModelEntry:
-    """The shared base's model folder (one per base model, for every project; written once, kept while loaded)."""
-    from pipelines.train.models import prepare_base
-
-    if "://" in str(settings.triton.model_repository):
-        raise ConfigError("triton.multi_lora serves adapters from a local folder beside the model repository; "
-                          "on object storage serve them with the vLLM backend's multi-LoRA "
-                          "(pipelines.serve.repository.vllm_model) or set triton.multi_lora false")
-    name = shared_name(base_model)
-    in_use = is_loaded(name) if is_loaded is not None else True
-    root = adapter_root(settings)
-    root.mkdir(parents=True, exist_ok=True)
-    path, stale = write_model(settings, staging_repository(settings), name, prepare_base(base_model, settings), None,
-                              {"registry_version": None, "base_model": base_model, "prompt_style": "short",
-                               "model": "shared"}, in_use=in_use,
-                              limits=token_limits(settings, base_model, SHARED_BUDGET),
-                              shared={"adapter_root": str(root), "max_adapters": str(settings.triton.max_adapters)})
-    return ModelEntry(name, str(path), None, "short", base_model, stale)
-
-
-def write_adapter(settings: Settings, name: str, adapter_dir: str, meta: dict[str, object]) -> Path:
-    """A version's adapter folder under `adapter_root`, written whole once (staged, then renamed) and never
-    rewritten: a version's adapter does not change, and the shared base may have it cached."""
-    from pipelines.storage import fs_for
-
-    final = adapter_root(settings) / name
-    if (final / "flywheel.json").is_file():
-        return final
-    staging = final.parent / f".{name}.staging-{uuid.uuid4().hex[:8]}"
-    try:
-        fs, remote = fs_for(adapter_dir)
-        if "://" in adapter_dir:
-            fs.get(remote.rstrip("/") + "/", str(staging), recursive=True)
-        else:
-            shutil.copytree(adapter_dir, staging)
-        (staging / "flywheel.json").write_text(json.dumps(meta, indent=2, sort_keys=True))
-        try:
-            staging.rename(final)
-        except OSError:  # another deploy put it in place meanwhile
-            if not (final / "flywheel.json").is_file():
-                raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return final
-
-
-def deployed_adapters(settings: Settings) -> dict[str, dict[str, object]]:
-    """Every adapter folder under `adapter_root` (all projects): name -> its flywheel.json."""
-    root = adapter_root(settings)
-    found = {}
-    for folder in sorted(root.iterdir()) if root.is_dir() else []:
-        meta = _read_meta(folder / "flywheel.json") if not folder.name.startswith(".") else None
-        if meta is not None:
-            found[folder.name] = meta
-    return found
-
-
-def remove_adapters(settings: Settings) -> list[str]:
-    """Delete this project's adapter folders (the shared base refuses their requests from then on)."""
-    prefix = f"{settings.triton.model_name}_v"
-    removed = []
-    for name in deployed_adapters(settings):
-        if name.startswith(prefix):
-            shutil.rmtree(adapter_root(settings) / name, ignore_errors=True)
-            removed.append(name)
-    return removed
-
-
-def prompt_style(settings: Settings, name: str) -> str:
-    """The prompt style a serving name's model (or adapter) was trained with."""
-    from pipelines.storage import read_json
-
-    model, adapter = split_name(name)
-    if adapter:
-        return str(read_json(str(adapter_root(settings) / adapter / "flywheel.json"))["prompt_style"])
-    return str(read_json(f"{model_uri(settings, model)}/1/flywheel.json")["prompt_style"])

@@ -173,13 +173,13 @@ class TritonPythonModel:
             rows = [valid[i] for i in part]
             try:
                 self.lora.ensure([v[5] for v in rows])
+                context, kwargs = self.lora.route([v[5] for v in rows])
             except Exception as exc:  # noqa: BLE001 (an adapter removed meanwhile, a broken folder: these rows' error)
                 for sender, *_ in rows:
                     _send(sender, pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(
                         f"adapter: {type(exc).__name__}: {exc}")), flags=final)
                 continue
-            context, kwargs = self.lora.route([v[5] for v in rows])
-            with context:
+            with context:  # _run answers every row itself, an error included
                 self._run(self.lora.model, rows, kwargs)
         return None
 
