@@ -13,7 +13,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from pipelines.config import ConfigError, Settings
-from pipelines.serve.repository import (SHARED_PREFIX, ModelEntry, _read_meta, build_version,
+from pipelines.serve import repository
+from pipelines.serve.repository import (SHARED_PREFIX, ModelEntry, _read_meta,
                                         model_uri, split_name, staging_repository, token_limits, triton_name,
                                         version_identity, write_model)
 
@@ -26,7 +27,7 @@ def build_serving(settings: Settings, version: str, *, in_use: bool = False,
     `triton.multi_lora` its adapter folder beside the shared base's (`is_loaded`: whether the server has a model
     loaded; the shared base's folder is never rewritten while it is)."""
     if not settings.triton.multi_lora:
-        return build_version(settings, version, in_use=in_use)
+        return repository.build_version(settings, version, in_use=in_use)
     from pipelines.registry.models import adapter_path
 
     _, base_model, style = version_identity(settings, version)
