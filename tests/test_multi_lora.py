@@ -155,3 +155,38 @@ def test_a_project_owns_only_its_own_model_names(tmp_path):
     assert own_version(default, "shop__tool_router_v2") is None and own_version(shop, "shop__tool_router_v2") == "2"
     assert is_own(default, "tool_router_base") and not is_own(default, "lora__smollm2")
     assert not is_own(shop, "tool_router_v1")
+
+
+def test_a_broken_adapter_is_its_requests_error_and_leaves_the_base_serving(tiny, tmp_path):
+    """The first adapter a base loads is broken (its weights file is not safetensors): that load fails, and the
+    base is whole again, so the next adapter loads and answers right; an adapter deployed for another shared base
+    is refused. Mutation tried: dropping the `unload()` on a failed first load fails the second step (the base
+    keeps the broken adapter's LoRA layers and the next load goes to transformers' own `load_adapter`)."""
+    import json
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from pipelines.serve.lora_cache import AdapterCache, AdapterError
+
+    root = tmp_path / "adapters"
+    shutil.copytree(tiny["adapters"]["a1"], root / "broken")
+    (root / "broken" / "adapter_model.safetensors").write_bytes(b"not a safetensors file")
+    shutil.copytree(tiny["adapters"]["a2"], root / "good")
+    for name, shared in (("broken", "lora__tiny"), ("good", "lora__tiny")):
+        (root / name / "flywheel.json").write_text(json.dumps({"shared": shared}))
+    shutil.copytree(tiny["adapters"]["a3"], root / "elsewhere")
+    (root / "elsewhere" / "flywheel.json").write_text(json.dumps({"shared": "lora__other"}))
+    base = AutoModelForCausalLM.from_pretrained(tiny["base"], torch_dtype=torch.float32).eval()
+    cache = AdapterCache(base, str(root), CAPACITY, log=lambda _: None, shared="lora__tiny")
+    with pytest.raises(Exception):
+        cache.ensure(["broken"])
+    assert not hasattr(cache.model, "peft_config") and not cache.loaded
+    enc = _inputs(tiny["base"], 2)
+    cache.ensure(["good"])
+    context, kwargs = cache.route(["good", "good"])
+    with torch.inference_mode(), context:
+        got = cache.model(**enc, **kwargs).logits[:, -1]
+    assert torch.allclose(got, _merged_logits(tiny["base"], tiny["adapters"]["a2"], enc), atol=1e-4)
+    with pytest.raises(AdapterError, match="deployed on lora__other"):
+        cache.folder("elsewhere")

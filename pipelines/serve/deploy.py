@@ -1,4 +1,4 @@
-"""Deploy, canary and rollback on a running Triton server.
+"""Deploy and rollback on a running Triton server (the canary: `canary.py`).
 
 Traffic goes to the model named `live` in `<serving zone>/state.json`; the client side resolves
 it (`live_model`). A deployment loads the new version next to the live one, smoke-tests it with

@@ -16,6 +16,7 @@ distinct adapters than the cache holds is split into parts that fit (`plan`).
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import time
@@ -38,11 +39,13 @@ def _identity(path: str) -> tuple[int, int]:
 
 
 class AdapterCache:
-    def __init__(self, model: Any, root: str, capacity: int, log: Callable[[str], None] = print) -> None:
+    def __init__(self, model: Any, root: str, capacity: int, log: Callable[[str], None] = print,
+                 shared: str | None = None) -> None:
         if capacity < 1:
             raise ValueError(f"max_adapters must be at least 1, got {capacity}")
         self.model = model  # the base model; a PeftModel around it once the first adapter is loaded
         self.root = root
+        self.shared = shared  # this base's Triton name: an adapter written for another base is refused
         self.capacity = capacity
         self.log = log
         self.loaded: OrderedDict[str, tuple[int, int]] = OrderedDict()  # name -> its folder's identity, LRU first
@@ -59,6 +62,14 @@ class AdapterCache:
         path = os.path.join(self.root, name)
         if not os.path.isfile(os.path.join(path, "adapter_config.json")):
             raise AdapterError(f"unknown adapter {name!r}: it is not deployed on this model")
+        if self.shared is not None:
+            try:
+                with open(os.path.join(path, "flywheel.json"), encoding="utf-8") as handle:
+                    meant = json.load(handle).get("shared")
+            except (OSError, ValueError, AttributeError):
+                meant = None
+            if meant != self.shared:
+                raise AdapterError(f"adapter {name!r} is deployed on {meant}, not on this model ({self.shared})")
         return path
 
     def plan(self, names: list[str]) -> list[list[int]]:
@@ -100,10 +111,17 @@ class AdapterCache:
         started = time.perf_counter()
         identity = _identity(path)
         if not hasattr(self.model, "peft_config"):
-            from peft import PeftModel
+            from peft import PeftConfig, get_peft_model
 
-            self.model = PeftModel.from_pretrained(self.model, path, adapter_name=name)  # fails before wrapping
-            self.model.eval()
+            config = PeftConfig.from_pretrained(path)
+            config.inference_mode = True
+            wrapper = get_peft_model(self.model, config, adapter_name=name)  # LoRA layers put into the base in place
+            try:
+                wrapper.load_adapter(path, adapter_name=name)
+            except Exception:
+                self.model = wrapper.unload()  # the bare base back: a bad adapter never breaks the next request
+                raise
+            self.model = wrapper.eval()
         else:
             try:
                 self.model.load_adapter(path, adapter_name=name)
@@ -120,6 +138,8 @@ class AdapterCache:
     def _evict(self, name: str) -> None:
         if len(self.model.peft_config) > 1:
             self.model.delete_adapter(name)
+            if self.model.active_adapter not in self.model.peft_config:  # PEFT repairs it only in some layouts
+                self._point_at(next(iter(self.model.peft_config)))
         else:  # PEFT keeps at least one adapter: the bare base back (the next load wraps it afresh)
             self.model = self.model.unload()
         del self.loaded[name]
@@ -154,8 +174,13 @@ class AdapterCache:
             self._layers = [m for m in self.model.modules() if isinstance(m, BaseTunerLayer)]
         for layer in self._layers:
             layer._active_adapter = [name]
-        self.model.base_model.active_adapter = name
+        self._point_at(name)
         self._active = name
+
+    def _point_at(self, name: str) -> None:
+        """The wrapper's own record of the active adapter (`generate` and `disable_adapter` read its config)."""
+        self.model.active_adapter = name
+        self.model.base_model.active_adapter = name
 
     def stats(self) -> dict[str, Any]:
         return {"cached": list(self.loaded), "capacity": self.capacity, "loads": self.loads,

@@ -77,8 +77,8 @@ def build_shared(settings: Settings, base_model: str, *,
 def write_adapter(settings: Settings, name: str, adapter_dir: str, meta: dict[str, object]) -> Path:
     """A version's adapter folder under `adapter_root`, written whole (staged, then renamed into place). A folder
     holding the same files is kept; one holding other weights under the name (a registry reset that reused the
-    version number) or an incomplete one is moved aside first (the shared base reloads a cached adapter whose
-    folder changed: `lora_cache`)."""
+    version number) or an incomplete one is moved aside first, so for a moment the name is not served (the shared
+    base reloads a cached adapter whose folder changed: `lora_cache`)."""
     from pipelines.storage import fs_for
 
     final = adapter_root(settings) / name
@@ -92,7 +92,7 @@ def write_adapter(settings: Settings, name: str, adapter_dir: str, meta: dict[st
             shutil.copytree(adapter_dir, staging)
         meta = {**meta, "fingerprint": _files_digest(staging)}
         existing = _read_meta(final / "flywheel.json")
-        if existing is not None and existing.get("fingerprint") == meta["fingerprint"]:
+        if existing is not None and (existing.get("fingerprint") or _files_digest(final)) == meta["fingerprint"]:
             return final
         (staging / "flywheel.json").write_text(json.dumps(meta, indent=2, sort_keys=True))
         if final.exists():

@@ -79,7 +79,7 @@ class TritonPythonModel:
             import lora_cache
 
             self.lora = lora_cache.AdapterCache(self.model, adapter_root, int(params.get("max_adapters", "8")),
-                                                log=pb_utils.Logger.log_info)
+                                                log=pb_utils.Logger.log_info, shared=args["model_name"])
 
     def _adapter(self, request):
         """The request's adapter name (lora_cache.BASE: none), checked against the deployed ones."""
