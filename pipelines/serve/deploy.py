@@ -218,7 +218,7 @@ def deploy(settings: Settings, alias: str = "champion", *, version: str | None =
                 for loaded in client.loaded():  # only this project's own models: never another's, nor a shared base
                     if loaded not in keep and shared_base.is_own(settings, loaded):
                         _unload_quietly(client, loaded)
-                shared_base.remove_adapters(settings, keep={repository.split_name(n)[1] for n in keep if n})
+                shared_base.remove_adapters(settings, keep={a for n in keep if n and (a := repository.split_name(n)[1])})
     finally:
         client.close()
     return {"deployed": entry.name, "version": version, "previous": previous, "smoke": smoke,
@@ -262,8 +262,7 @@ def restore(settings: Settings) -> dict[str, Any]:
 
 def _in_use(current: dict[str, Any], client: TritonClient, name: str) -> bool:
     """The model is live, previous, or loaded on the server: its folder must not be rewritten."""
-    named = {d["name"] for d in (current.get("live"), current.get("previous")) if d}
-    return name in named or client.ready(name)
+    return name in _serving_names(current) or client.ready(name)
 
 
 def _ensure_loaded(settings: Settings, client: TritonClient, current: dict[str, Any], live: Deployment,
@@ -331,8 +330,7 @@ def undeploy(settings: Settings) -> dict[str, Any]:
             except Exception as exc:  # noqa: BLE001 (tritonclient's errors: a dead server)
                 raise DeployFailed(f"not undeployed: the model server did not answer ({_one_line(exc)}); "
                                    f"{_serving(current)} stays live (is it up? `flywheel serve up`)") from None
-            names = sorted({n for n in loaded if shared_base.is_own(settings, n)}
-                           | {e["name"] for e in (current.get("live"), current.get("previous")) if e and e["name"] in loaded})
+            names = sorted({n for n in loaded if shared_base.is_own(settings, n)} | (_serving_names(current) & loaded))
             for name in names:
                 try:
                     client.unload(name)
@@ -360,8 +358,13 @@ def _retire(settings: Settings, client: TritonClient, current: dict[str, Any], n
     live or previous), so no route reaches it."""
     _unload_quietly(client, name)
     adapter = repository.split_name(name)[1]
-    if adapter and name not in {e["name"] for e in (current.get("live"), current.get("previous")) if e}:
+    if adapter and name not in _serving_names(current):
         shared_base.remove_adapters(settings, only={adapter})
+
+
+def _serving_names(current: dict[str, Any]) -> set[str]:
+    """The names the serving state keeps: the live and the previous deployment's."""
+    return {e["name"] for e in (current.get("live"), current.get("previous")) if e}
 
 
 def _unload_quietly(client: TritonClient, name: str) -> None:

@@ -121,9 +121,15 @@ def _fingerprint(config: str, adapter_dir: str | None) -> str:
     digest = hashlib.sha256(config.encode() + MODEL_FILE.read_bytes() + GRAMMAR_FILE.read_bytes()
                             + LORA_FILE.read_bytes())
     if adapter_dir:
-        for file in sorted(p for p in Path(adapter_dir).rglob("*") if p.is_file()):
-            digest.update(str(file.relative_to(adapter_dir)).encode() + file.read_bytes())
+        hash_files(digest, Path(adapter_dir))
     return digest.hexdigest()
+
+
+def hash_files(digest: "hashlib._Hash", folder: Path, skip: tuple[str, ...] = ()) -> "hashlib._Hash":
+    """Every file under `folder` (its relative path and bytes, in a stable order) into `digest`, but `skip`."""
+    for file in sorted(p for p in folder.rglob("*") if p.is_file() and p.name not in skip):
+        digest.update(str(file.relative_to(folder)).encode() + file.read_bytes())
+    return digest
 
 
 def _same(existing: dict[str, object] | None, meta: dict[str, object]) -> tuple[bool, bool]:

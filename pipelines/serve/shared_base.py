@@ -52,14 +52,13 @@ def adapter_root(settings: Settings) -> Path:
 def build_shared(settings: Settings, base_model: str, *,
                  is_loaded: Callable[[str], bool] | None = None) -> ModelEntry:
     """The shared base's model folder (one per base model, for every project; written once, kept while loaded)."""
+    from pipelines.storage import locked
     from pipelines.train.models import prepare_base
 
     if "://" in str(settings.triton.model_repository):
         raise ConfigError("triton.multi_lora serves adapters from a local folder beside the model repository; "
                           "on object storage serve them with the vLLM backend's multi-LoRA "
                           "(pipelines.serve.vllm.vllm_model) or set triton.multi_lora false")
-    from pipelines.storage import locked
-
     name = shared_name(base_model)
     in_use = is_loaded(name) if is_loaded is not None else True
     root = adapter_root(settings)
@@ -108,12 +107,10 @@ def write_adapter(settings: Settings, name: str, adapter_dir: str, meta: dict[st
 
 
 def _files_digest(folder: Path) -> str:
+    """An adapter folder's weights and config (its flywheel.json, which records this, left out)."""
     import hashlib
 
-    digest = hashlib.sha256()
-    for file in sorted(p for p in folder.rglob("*") if p.is_file() and p.name != "flywheel.json"):
-        digest.update(str(file.relative_to(folder)).encode() + file.read_bytes())
-    return digest.hexdigest()
+    return repository.hash_files(hashlib.sha256(), folder, skip=("flywheel.json",)).hexdigest()
 
 
 def _discard(folder: Path) -> None:
@@ -126,12 +123,8 @@ def _discard(folder: Path) -> None:
 def deployed_adapters(settings: Settings) -> dict[str, dict[str, object]]:
     """Every adapter folder under `adapter_root` (all projects): name -> its flywheel.json."""
     root = adapter_root(settings)
-    found = {}
-    for folder in sorted(root.iterdir()) if root.is_dir() else []:
-        meta = _read_meta(folder / "flywheel.json") if not folder.name.startswith(".") else None
-        if meta is not None:
-            found[folder.name] = meta
-    return found
+    folders = sorted(f for f in root.iterdir() if not f.name.startswith(".")) if root.is_dir() else []
+    return {f.name: meta for f in folders if (meta := _read_meta(f / "flywheel.json")) is not None}
 
 
 def own_version(settings: Settings, name: str) -> str | None:
