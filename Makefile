@@ -87,19 +87,22 @@ $(AIPERF_STAMP): requirements/aiperf.in | $(UV)
 demo: setup serve-env
 	$(VENV)/bin/flywheel demo
 
-# One process: two pytest workers side by side were measured slower where it matters (README, make test).
-# The scheduler scenario (~13 min alone) runs apart so that `make test` stays within its 30 minutes.
+# Both cores: two pytest-xdist workers, a module and its fixtures on one worker, the longest modules first
+# (tests/conftest.py), one torch thread per worker. TEST_WORKERS=1 runs everything in one process.
+# The scheduler scenario (~13 min alone) runs apart and alone: beside another worker its training stalled.
+TEST_WORKERS ?= 2
+XDIST = $(if $(filter-out 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
+
 test: setup nemo-env serve-env checkov-env s3-env
-	$(VENV)/bin/pytest -m "not scenario" $(PYTEST_ARGS)
+	$(VENV)/bin/pytest -m "not scenario" $(XDIST) $(PYTEST_ARGS)
 
 test-scenario: setup nemo-env serve-env checkov-env s3-env
 	$(VENV)/bin/pytest -m scenario $(PYTEST_ARGS)
 
-test-all: setup nemo-env serve-env checkov-env s3-env
-	$(VENV)/bin/pytest $(PYTEST_ARGS)
+test-all: test test-scenario
 
 test-fast: setup nemo-env serve-env checkov-env s3-env
-	$(VENV)/bin/pytest -m "not slow and not scenario" $(PYTEST_ARGS)
+	$(VENV)/bin/pytest -m "not slow and not scenario" $(XDIST) $(PYTEST_ARGS)
 
 lock:
 	$(PY) -m pip install --dry-run --ignore-installed --report /tmp/flywheel-platform.json -r requirements/platform.in

@@ -12,6 +12,22 @@ from pipelines.config import get_settings
 
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
+# `make test` runs two pytest-xdist workers, a module per worker (`-n 2 --dist loadfile
+# --no-loadscope-reorder`). Each worker's torch (and every process it starts: `airflow dags test`, NeMo's
+# trainer, Triton's stubs) gets one thread: two threads on a core the other worker also uses stall torch.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(_var, "1")
+
+# The longest modules go first so that neither worker is left with one at the end (`--durations` in the CI
+# log gives the figures); the rest keep file order.
+FIRST = ("test_dag.py", "test_train_nemo.py", "test_gateway.py")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    rank = {name: n for n, name in enumerate(FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(FIRST)))  # stable: file order otherwise
+
 
 @pytest.fixture
 def flywheel_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:

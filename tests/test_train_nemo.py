@@ -30,19 +30,27 @@ def test_recipe_carries_the_sweep_hyperparameters() -> None:
     assert target_patterns(tiny_config(), 2) == [f"*.{m}" for m in tiny_config().target_modules]
 
 
-def test_nemo_recipe_trains_a_lora_adapter_stock_peft_loads(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def plain_run(tmp_path_factory: pytest.TempPathFactory):
+    """One unpacked NeMo training (3 steps, the top layer, 4 examples) that the recipe and packing tests share
+    (each run costs about a minute here)."""
+    folder = tmp_path_factory.mktemp("nemo")
+    settings = load_settings(root=str(folder / "root"))
+    assert Path(settings.train.nemo_python).is_file(), "run `make nemo-env` (make test does)"
+    steps: list[tuple[int, float]] = []
+    result = train_nemo(settings, tiny_config(max_steps=3, lora_layers=1), examples(4), folder / "plain",
+                        lambda step, loss, lr: steps.append((step, lr)))
+    return folder, result, steps
+
+
+def test_nemo_recipe_trains_a_lora_adapter_stock_peft_loads(plain_run) -> None:
     from peft import PeftModel
 
-    root = str(tmp_path / "root")
-    settings = load_settings(root=root)
-    assert Path(settings.train.nemo_python).is_file(), "run `make nemo-env` (make test does)"
-    steps = []
-    result = train_nemo(settings, tiny_config(max_steps=4, lora_layers=1), examples(), tmp_path / "run",
-                        lambda step, loss, lr: steps.append((step, lr)))
-    assert result.status == "completed" and result.steps == 4 and [s for s, _ in steps] == [0, 1, 2, 3]
+    folder, result, steps = plain_run
+    assert result.status == "completed" and result.steps == 3 and [s for s, _ in steps] == [0, 1, 2]
     assert steps[1][1] == pytest.approx(5e-3) and steps[-1][1] < steps[1][1]  # warmup to the LR, cosine down
-    assert (tmp_path / "run" / "nemo-recipe.yaml").is_file()
-    base, tokenizer = tiny_loader(root)("tiny-llama")
+    assert (folder / "plain" / "nemo-recipe.yaml").is_file()
+    base, tokenizer = tiny_loader(str(folder / "root"))("tiny-llama")
     ids = tokenizer("track my order ORD-1234567890", return_tensors="pt").input_ids
     with torch.no_grad():
         before = base(ids).logits
@@ -54,7 +62,7 @@ def test_nemo_recipe_trains_a_lora_adapter_stock_peft_loads(tmp_path: Path) -> N
     assert not torch.allclose(before, after), "the trained adapter changes the model"
 
 
-def test_nemo_packs_the_examples_with_automodel_s_own_packing(tmp_path: Path) -> None:
+def test_nemo_packs_the_examples_with_automodel_s_own_packing(tmp_path: Path, plain_run) -> None:
     """`packed_seq_len` reaches AutoModel as its `packed_sequence` block and the recipe trains on the packed
     rows. With each step's examples in one pack (4 examples of ~500 tokens, batch 4), the packed run trains
     what the unpacked one does: the same loss at every step (prompt tokens masked in the pack, each example
@@ -71,7 +79,7 @@ def test_nemo_packs_the_examples_with_automodel_s_own_packing(tmp_path: Path) ->
     assert packed.status == "completed" and packed.steps == 3
     log = (tmp_path / "packed" / "nemo-train.log").read_text()
     assert "NEAT-packing dataset with size: 4096" in log, "AutoModel packed the dataset itself"
-    plain = train_nemo(settings, tiny_config(max_steps=3, lora_layers=1), data, tmp_path / "plain")
+    _, plain, _ = plain_run  # the same examples, unpacked
     assert plain.status == "completed" and plain.steps == 3
     # the recipe logs 4 decimals: equal runs differ by <= 1e-4 here; letting a pack's examples attend to each
     # other (AutoModel's block-causal mask made plain causal) moved this random tiny model's losses by 7e-4 to 3e-3
