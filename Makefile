@@ -90,7 +90,7 @@ demo: setup serve-env
 # Both cores: two pytest-xdist workers, a module and its fixtures on one worker, the longest modules first
 # (tests/conftest.py), one torch thread per worker. TEST_WORKERS=1 runs everything in one process.
 # The scheduler scenario (~13 min alone) runs apart and alone: beside another worker its training stalled.
-TEST_WORKERS ?= 2
+TEST_WORKERS ?= 3
 XDIST = $(if $(filter-out 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 
 test: setup nemo-env serve-env checkov-env s3-env

@@ -141,7 +141,11 @@ def main() -> int:  # noqa: PLR0915 (one scenario, told in order)
     parser.add_argument("--skip-runs", action="store_true", help="reuse a root whose two DAG runs are done (the "
                         "results of the earlier steps are kept from bench/results/projects.json)")
     parser.add_argument("--skip-drift", action="store_true", help="stop after the noisy neighbour")
+    parser.add_argument("--multi-lora", action="store_true", help="triton.multi_lora on: every project's versions "
+                        "deploy as adapters on one shared base model (results: projects_multi_lora.json)")
     args = parser.parse_args()
+    if args.multi_lora:  # every flywheel command (and the servers `up` starts) reads it
+        os.environ["FLYWHEEL_TRITON__MULTI_LORA"] = "true"
 
     root = args.work / "root"
     log = args.work / "projects.log"
@@ -151,7 +155,7 @@ def main() -> int:  # noqa: PLR0915 (one scenario, told in order)
     result: dict[str, Any] = {"bench": "projects", "commit": commit(), "day": DAY, "seed": SEED,
                               "settings": vars(args) | {"work": str(args.work)}, "steps": {}}
     timings = result["steps"]
-    out_file = REPO / "bench" / "results" / "projects.json"
+    out_file = REPO / "bench" / "results" / ("projects_multi_lora.json" if args.multi_lora else "projects.json")
     if args.skip_runs and out_file.is_file():  # a re-run of the later steps keeps the earlier ones' results
         earlier = json.loads(out_file.read_text())
         result = {**earlier, **{k: result[k] for k in ("commit", "settings")},
@@ -184,6 +188,8 @@ def main() -> int:  # noqa: PLR0915 (one scenario, told in order)
     url = up["gateway"]["url"]
     try:
         result["isolation"] = isolation(url, keys, root)
+        result["triton"] = triton_models(root)
+        print(json.dumps(result["triton"], indent=1), flush=True)
         print(json.dumps(result["isolation"], indent=1), flush=True)
         from pipelines.config import load_settings
         from pipelines.projects import settings_for
@@ -256,6 +262,21 @@ def isolation(url: str, keys: dict[str, str], root: Path) -> dict[str, Any]:
                        timeout=30)
         out[f"carol_reads_{p}_runs"] = {"status": r.status_code, "runs": len(r.json().get("runs", [])) if r.status_code == 200 else None}
     return out
+
+
+def triton_models(root: Path) -> dict[str, Any]:
+    """What the one Triton server holds: its loaded models (each a copy of a base model in memory) and what it
+    serves (with triton.multi_lora, each project's adapters on one loaded base)."""
+    import httpx
+
+    from pipelines.config import load_settings
+    from pipelines.serve.client import TritonClient, target
+
+    settings = load_settings(root=str(root))
+    address, _ = target(settings, "http")
+    index = httpx.post(f"http://{address}/v2/repository/index", json={"ready": True}, timeout=30).json()
+    return {"loaded_models": sorted(m["name"] for m in index if m.get("state") == "READY"),
+            "served": TritonClient(settings).loaded()}
 
 
 def drift_retrains_only_its_project(root: Path, args: argparse.Namespace, step, log: Path) -> dict[str, Any]:
