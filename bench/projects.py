@@ -17,7 +17,8 @@
    `commerce_flywheel__search` run starts. Waits for that retrain to end (`--retrain-timeout`).
 
 Usage: .venv/bin/python bench/projects.py [--work /tmp/w/projects] [--seconds 60] [--flood 6]
-Writes bench/results/projects.json (commit, settings, seeds, every count) and prints a summary.
+Writes bench/results/projects.json (commit, settings, seeds, every count) and prints a summary; with
+`--multi-lora` (every version an adapter on one shared base, `triton.multi_lora`) projects_multi_lora.json.
 """
 
 from __future__ import annotations
@@ -132,7 +133,8 @@ def ratio_ci(a: list[float], b: list[float], seed: int = 0, n: int = 2000) -> li
 
 def main() -> int:  # noqa: PLR0915 (one scenario, told in order)
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--work", type=Path, default=Path("/tmp/w/projects"))
+    parser.add_argument("--work", type=Path, default=None, help="default /tmp/w/projects (with --multi-lora "
+                        "/tmp/w/projects_multi_lora: a --skip-runs re-run never mixes the two deployments)")
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--flood", type=int, default=6)
     parser.add_argument("--flood-rpm", type=int, default=6)
@@ -144,8 +146,10 @@ def main() -> int:  # noqa: PLR0915 (one scenario, told in order)
     parser.add_argument("--multi-lora", action="store_true", help="triton.multi_lora on: every project's versions "
                         "deploy as adapters on one shared base model (results: projects_multi_lora.json)")
     args = parser.parse_args()
-    if args.multi_lora:  # every flywheel command (and the servers `up` starts) reads it
-        os.environ["FLYWHEEL_TRITON__MULTI_LORA"] = "true"
+    # every flywheel command (and every server `up` starts) reads it; the flag alone decides, not the shell
+    os.environ["FLYWHEEL_TRITON__MULTI_LORA"] = "true" if args.multi_lora else "false"
+    if args.work is None:
+        args.work = Path("/tmp/w/projects_multi_lora" if args.multi_lora else "/tmp/w/projects")
 
     root = args.work / "root"
     log = args.work / "projects.log"
@@ -188,7 +192,10 @@ def main() -> int:  # noqa: PLR0915 (one scenario, told in order)
     url = up["gateway"]["url"]
     try:
         result["isolation"] = isolation(url, keys, root)
-        result["triton"] = triton_models(root)
+        try:
+            result["triton"] = triton_models(root)
+        except Exception as exc:  # noqa: BLE001 (a diagnostic: recorded, the phases go on)
+            result["triton"] = {"error": f"{type(exc).__name__}: {exc}"}
         print(json.dumps(result["triton"], indent=1), flush=True)
         print(json.dumps(result["isolation"], indent=1), flush=True)
         from pipelines.config import load_settings
@@ -216,9 +223,9 @@ def main() -> int:  # noqa: PLR0915 (one scenario, told in order)
         if not args.skip_drift:
             result["drift"] = drift_retrains_only_its_project(root, args, step, log)
     finally:
-        step("down", "down", timeout_s=300)
-        out_file.write_text(json.dumps(result, indent=2) + "\n")
+        out_file.write_text(json.dumps(result, indent=2) + "\n")  # before `down`, which may fail
         print(f"wrote {out_file}", flush=True)
+        step("down", "down", timeout_s=300)
     return 0
 
 
@@ -273,8 +280,11 @@ def triton_models(root: Path) -> dict[str, Any]:
     from pipelines.serve.client import TritonClient, target
 
     settings = load_settings(root=str(root))
-    address, _ = target(settings, "http")
-    index = httpx.post(f"http://{address}/v2/repository/index", json={"ready": True}, timeout=30).json()
+    address, ssl = target(settings, "http")
+    scheme = "https" if ssl else "http"
+    response = httpx.post(f"{scheme}://{address}/v2/repository/index", json={"ready": True}, timeout=30)
+    response.raise_for_status()
+    index = response.json()
     return {"loaded_models": sorted(m["name"] for m in index if m.get("state") == "READY"),
             "served": TritonClient(settings).loaded()}
 

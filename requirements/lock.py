@@ -1,8 +1,9 @@
 """Turn `pip install --dry-run --report` output into a hash-pinned requirements lock.
 
-Why not pip-compile or uv: both ignore this machine kind's local CPU torch wheel and would pin a
-multi-GB CUDA build; pip's own resolver (what `make setup` uses) sees it, so we lock what pip
-resolves and let `pip install --require-hashes` enforce it.
+Why pip's resolver: it reads this machine kind's pip configuration (the local wheel mirror, the CPU torch
+wheel in a find-links folder, the constraints file), where pip-compile and uv on their own would pin a
+multi-GB CUDA build. `make setup` installs the lock with uv (`uv pip install --require-hashes`), handed
+the same sources by requirements/uv_sources.py.
 """
 
 from __future__ import annotations
