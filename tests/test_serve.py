@@ -282,6 +282,14 @@ def test_multi_lora_serves_every_version_as_an_adapter_on_one_loaded_base(regist
         assert targets[f"v{v1}"].name == names[0] and targets["champion"].prompt_style == "short"
         back = deploy.rollback(settings)
         assert back["live"]["name"] == names[0] and client.infer_one(names[0], conversation(row, "short")).error is None
+        from pipelines.bench.serving import run_bench
+        from pipelines.config_sections import BenchSettings
+        from pipelines.serve import repository
+
+        report = run_bench(settings, BenchSettings(requests=2, concurrency=[1], shots=0, constrained="served"))
+        assert report["live"] == names[0] and {r["errors"] for r in report["runs"]} == {0}
+        base = repository.triton_name(settings, None)
+        assert not client.ready(base), "the benchmark's own base copy was left loaded beside the shared base"
         gone = deploy.undeploy(settings)
         assert sorted(gone["adapters_removed"]) == sorted({f"tool_router_v{v1}", f"tool_router_v{v2}"})
         refused = client.infer_one(names[0], conversation(row, "short"))

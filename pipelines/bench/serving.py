@@ -118,7 +118,9 @@ class PromptTooLong(NotRetryable):
 
 
 def run_bench(settings: Settings, cfg: BenchSettings | None = None, console: Console | None = None) -> dict[str, Any]:
-    """Benchmark the live model and the base+few-shot baseline through the running Triton server."""
+    """Benchmark the live model and the base+few-shot baseline through the running Triton server. With
+    `triton.multi_lora` the baseline's own base model is unloaded afterwards: the shared model stays the one
+    copy of the base in memory."""
     from pipelines.toolcall.fewshot import shot_pool, with_shots
     from pipelines.prep.dataset import load_split
     from pipelines.toolcall.examples import to_examples
@@ -140,6 +142,7 @@ def run_bench(settings: Settings, cfg: BenchSettings | None = None, console: Con
     modes = DECODINGS[decoding_modes(cfg.constrained, settings.triton.constrained)]
     served = settings.triton.constrained if settings.triton.constrained in modes else modes[0]
     started = time.perf_counter()
+    base = None
     try:
         base = _base_entry(settings, client, base_model, live)
         conversations = {base.name: with_shots(full, pool, cfg.shots),
@@ -168,7 +171,11 @@ def run_bench(settings: Settings, cfg: BenchSettings | None = None, console: Con
                         results.append({**summarize_run(label, level, rows, replies, time.perf_counter() - t0,
                                                         client.timeout_s * 1000), "constrained": constrained})
     finally:
-        client.close()
+        try:
+            if base is not None and settings.triton.multi_lora and client.ready(base.name):  # one base in memory: the shared one
+                client.unload(base.name, wait_s=120)
+        finally:
+            client.close()
     direct = _direct(settings, live, conversations[live.name], rows, served) if cfg.direct else None
     hardware = detect()
     # the headline compares the rows decoded the way models are served (`triton.constrained`)
