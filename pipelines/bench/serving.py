@@ -11,6 +11,7 @@ arrived, inter-token latency (ITL) the mean time per output token after the firs
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from datetime import datetime, timezone
@@ -174,6 +175,8 @@ def run_bench(settings: Settings, cfg: BenchSettings | None = None, console: Con
         try:
             if base is not None and settings.triton.multi_lora and client.ready(base.name):  # one base in memory: the shared one
                 client.unload(base.name, wait_s=120)
+        except Exception as exc:  # noqa: BLE001 (a clean-up: it never hides the benchmark's own outcome)
+            logging.getLogger(__name__).warning("could not unload the benchmark's base %s: %s", base.name, exc)
         finally:
             client.close()
     direct = _direct(settings, live, conversations[live.name], rows, served) if cfg.direct else None
