@@ -273,20 +273,16 @@ def isolation(url: str, keys: dict[str, str], root: Path) -> dict[str, Any]:
 
 def triton_models(root: Path) -> dict[str, Any]:
     """What the one Triton server holds: its loaded models (each a copy of a base model in memory) and what it
-    serves (with triton.multi_lora, each project's adapters on one loaded base)."""
-    import httpx
-
+    serves (with triton.multi_lora, each project's adapters `<shared>@<adapter>` on one loaded base)."""
     from pipelines.config import load_settings
-    from pipelines.serve.client import TritonClient, target
+    from pipelines.serve.client import TritonClient
 
-    settings = load_settings(root=str(root))
-    address, ssl = target(settings, "http")
-    scheme = "https" if ssl else "http"
-    response = httpx.post(f"{scheme}://{address}/v2/repository/index", json={"ready": True}, timeout=30)
-    response.raise_for_status()
-    index = response.json()
-    return {"loaded_models": sorted(m["name"] for m in index if m.get("state") == "READY"),
-            "served": TritonClient(settings).loaded()}
+    client = TritonClient(load_settings(root=str(root)))
+    try:
+        served = client.loaded()
+    finally:
+        client.close()
+    return {"loaded_models": [n for n in served if "@" not in n], "served": served}
 
 
 def drift_retrains_only_its_project(root: Path, args: argparse.Namespace, step, log: Path) -> dict[str, Any]:
