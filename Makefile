@@ -28,14 +28,13 @@ help:
 setup: $(STAMP)
 
 # uv (requirements/uv.lock) installs every venv; pip only bootstraps it. uv reads neither pip.conf nor PIP_*:
-# requirements/uv_sources.py hands it pip's sources (this machine's local wheel mirror and CPU torch, its
-# constraints), and best-match across indexes is pip's rule. Each install compiles its packages' bytecode
+# requirements/uv_sources.py hands it pip's find-links (this machine's CPU torch) and constraints. Each install compiles its packages' bytecode
 # (as pip does): with PYTHONDONTWRITEBYTECODE set, as here, every process would compile its imports afresh.
 UV := $(VENV)/bin/uv
 UV_SOURCES := $(shell $(PYTHON) requirements/uv_sources.py 2>/dev/null)
 UV_CONSTRAINTS := $(shell $(PYTHON) requirements/uv_sources.py constraint 2>/dev/null)
 export UV_HTTP_TIMEOUT ?= 180
-UV_INSTALL = $(UV) pip install --quiet --link-mode copy --compile-bytecode --index-strategy unsafe-best-match $(UV_SOURCES)
+UV_INSTALL = $(UV) pip install --quiet --link-mode copy --compile-bytecode $(UV_SOURCES)
 
 $(UV): requirements/uv.lock
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)

@@ -17,8 +17,9 @@ import sys
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
-OPTIONS = {"find-links": "--find-links", "index-url": "--index-url", "extra-index-url": "--extra-index-url",
-           "constraint": "--constraint"}
+# Not the local index mirror (pip.conf's extra-index-url): through it uv took a soundfile wheel without its
+# bundled libsndfile and NeMo's imports failed; the locks' packages come from PyPI, as in the measured runs.
+OPTIONS = {"find-links": "--find-links", "constraint": "--constraint"}
 
 
 def pip_config() -> dict[str, list[str]]:
