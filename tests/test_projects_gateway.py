@@ -147,9 +147,8 @@ def test_quotas_answer_429_with_retry_after_and_spare_the_other_projects(gateway
     the day's usage is written where `project usage` reads it, and a restarted gateway counts on from it.
     (Mutations tried: a limiter shared by all projects fails the disputes check; one never refusing fails the
     429 checks.)"""
-    from pipelines.gateway.tenants import usage_uri, _today
+    from pipelines.gateway.tenants import usage_by_day, _today
     from pipelines.projects import registry, settings_for
-    from pipelines.storage import read_json
 
     client, settings, keys, stop = gateway
     codes = []
@@ -169,10 +168,10 @@ def test_quotas_answer_429_with_retry_after_and_spare_the_other_projects(gateway
     assert over.json()["error"]["code"] == "tokens_per_day_exceeded"
     assert 1 <= int(over.headers["retry-after"]) <= 86_400
     stop()
-    used = read_json(usage_uri(settings_for(settings, "disputes"), _today()))
+    used = usage_by_day(settings_for(settings, "disputes"))[_today()]
     assert (used["requests"], used["prompt_tokens"], used["completion_tokens"]) == (5, 200, 50)
     assert used["refused_tokens"] == 2
-    searched = read_json(usage_uri(settings_for(settings, "search"), _today()))
+    searched = usage_by_day(settings_for(settings, "search"))[_today()]
     assert searched["requests"] == 3 and searched["refused_rpm"] == 2
 
     from fastapi.testclient import TestClient
@@ -249,3 +248,38 @@ def test_usage_prices_a_projects_training_serving_and_storage_and_only_its_own(g
     other = showback.summarize(disputes, date(2026, 1, 1))
     assert other["serving"]["requests"] == 1 and other["training"]["usd"] == pytest.approx(
         60 * table()["cpu-2core"].usd_per_hour / 3600)
+
+
+def test_gateway_replicas_count_usage_in_their_own_files_and_share_the_days_tokens(tmp_path: Path) -> None:
+    """Two gateway replicas of one project: each writes its own usage file (neither overwrites the other's
+    counts), `project usage` sums them, a replica refuses once the day's tokens of both reach the limit, and a
+    restarted replica counts on from its own file. (Mutations tried: one shared file per day loses the first
+    replica's counts, the sum fails; the others' counts left out of the tokens check, the 429 check fails.)"""
+    from datetime import date
+
+    from pipelines.bench.showback import serving
+    from pipelines.gateway import openai_api as api
+    from pipelines.gateway.tenants import Quota, _today, usage_by_day
+
+    def replica(name: str):
+        return load_settings(root=str(tmp_path), project="search", gateway={"replica": name})
+
+    def answer(quota: Quota, prompt: int, completion: int, limit: int | None = None) -> None:
+        quota.admit(None, limit)
+        quota.charge({"usage": {"prompt_tokens": prompt, "completion_tokens": completion}}, 5.0)
+        quota.release()
+
+    a, b = Quota(replica("gw-a")), Quota(replica("gw-b"))
+    answer(a, 40, 20)
+    answer(b, 30, 0)
+    a.flush()
+    b.flush()  # b writes its own counts and reads a's
+    total = usage_by_day(replica("gw-a"))[_today()]
+    assert (total["requests"], total["prompt_tokens"], total["completion_tokens"]) == (2, 70, 20)
+    assert [r["requests"] for r in serving(replica("gw-b"), date.fromisoformat(_today()))] == [2]
+    with pytest.raises(api.ApiError) as refused:
+        b.admit(None, 90)  # b's own 30 tokens are under 90; with a's 60 the day's are spent
+    assert refused.value.status == 429
+    answer(b, 1, 0, limit=91)
+    again = Quota(replica("gw-a"))  # a restarted replica
+    assert again.used["prompt_tokens"] == 40 and again.others["prompt_tokens"] == 30

@@ -60,27 +60,21 @@ def training(settings: Settings, since: date) -> list[dict[str, Any]]:
 
 
 def serving(settings: Settings, since: date) -> list[dict[str, Any]]:
-    """The gateway's usage of the project per day since `since`, priced on the serving device."""
+    """The gateway's usage of the project per day since `since` (every replica's summed), priced on the serving
+    device."""
     from pipelines.bench.hardware import detect
-    from pipelines.gateway.tenants import usage_uri
-    from pipelines.storage import glob, read_json
+    from pipelines.gateway.tenants import usage_by_day
 
     row = detect()
     out = []
-    for uri in glob(usage_uri(settings, "*")):
-        day = uri.rsplit("/", 1)[-1].removesuffix(".json")
+    for day, used in usage_by_day(settings).items():
         if day < since.isoformat():
             continue
-        try:
-            used = read_json(uri)
-        except (OSError, ValueError) as exc:
-            LOG.warning("usage %s unreadable: %s", uri, exc)
-            continue
-        seconds = used.get("compute_ms", 0) / 1000
-        out.append({"day": day, "requests": used.get("requests", 0), "prompt_tokens": used.get("prompt_tokens", 0),
-                    "completion_tokens": used.get("completion_tokens", 0), "compute_seconds": round(seconds, 2),
-                    "refused_rpm": used.get("refused_rpm", 0), "refused_tokens": used.get("refused_tokens", 0),
-                    "refused_concurrent": used.get("refused_concurrent", 0),
+        seconds = used["compute_ms"] / 1000
+        out.append({"day": day, "requests": used["requests"], "prompt_tokens": used["prompt_tokens"],
+                    "completion_tokens": used["completion_tokens"], "compute_seconds": round(seconds, 2),
+                    "refused_rpm": used["refused_rpm"], "refused_tokens": used["refused_tokens"],
+                    "refused_concurrent": used["refused_concurrent"],
                     "priced_as": row.name, "usd": round(seconds * row.usd_per_hour / 3600, 6)})
     return sorted(out, key=lambda r: r["day"])
 

@@ -27,6 +27,8 @@ def gateway_manifests(settings: Settings, *, replicas: int = 2) -> list[dict[str
                     "env": [{"name": "FLYWHEEL_PROFILE", "value": "cluster"}, {"name": "HOME", "value": "/home/flywheel"},
                             {"name": "FLYWHEEL_GATEWAY__HOST", "value": "0.0.0.0"},  # noqa: S104 (in the pod)
                             {"name": "FLYWHEEL_GATEWAY__PORT", "value": str(PORT)},
+                            # each replica counts its usage in its own file (gateway/usage/<day>/<pod>.json)
+                            {"name": "FLYWHEEL_GATEWAY__REPLICA", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
                             {"name": "FLYWHEEL_GATEWAY__API_KEY",
                              "valueFrom": {"secretKeyRef": {"name": KEY_SECRET, "key": "key"}}}],
                     "envFrom": [{"configMapRef": {"name": "flywheel-settings", "optional": True}}],

@@ -6,9 +6,11 @@ registry (re-read when the file changes, so a revoked key is refused from the ne
 project gets its own `Tenant`: its router (its Triton models only: `<project>__tool_router_v<N>`, its
 serving state), its capture and feedback writers (its raw zone) and its comparisons, built on the first
 request. `Quota` holds a project's limits: requests per minute and tokens per UTC day, refused with an
-OpenAI-style 429 and `Retry-After`; what each project used per day is kept in its serving zone
-(`gateway/usage/<day>.json`, written atomically every few seconds by one thread, and at shutdown), which `flywheel project
-usage` prices and a restart counts on from.
+OpenAI-style 429 and `Retry-After`; what each project used per day is kept in its serving zone, one file per
+gateway replica (`gateway/usage/<day>/<replica>.json`, written atomically every few seconds by one thread, and at
+shutdown: replicas never overwrite each other's counts), which `flywheel project usage` sums and prices and a
+restarted replica counts on from. The tokens-per-day limit holds across replicas (each adds the others' counts as
+last flushed, at most a few seconds old); requests per minute and in flight are limits per replica.
 """
 
 from __future__ import annotations
@@ -31,8 +33,44 @@ REGISTRY_TTL_S = 1.0  # how stale the key index may be (a local registry is re-r
 FLUSH_EVERY_S = 5.0
 
 
-def usage_uri(settings: Settings, day: str) -> str:
-    return f"{settings.zone('serving')}/gateway/usage/{day}.json"
+USAGE_FIELDS = ("requests", "prompt_tokens", "completion_tokens", "compute_ms", "refused_rpm", "refused_tokens",
+                "refused_concurrent")
+
+
+def replica_name(settings: Settings) -> str:
+    """This gateway process's name in the usage files: `gateway.replica`, else the host's (a pod's name)."""
+    import re
+    import socket
+
+    return settings.gateway.replica or re.sub(r"[^A-Za-z0-9._-]", "-", socket.gethostname())[:63] or "gateway"
+
+
+def usage_uri(settings: Settings, day: str, replica: str) -> str:
+    return f"{settings.zone('serving')}/gateway/usage/{day}/{replica}.json"
+
+
+def usage_by_day(settings: Settings, day: str = "*", exclude: str | None = None) -> dict[str, dict[str, int]]:
+    """The project's gateway usage per day, summed over every replica's file (and a day file of the one-file
+    layout before replicas, `gateway/usage/<day>.json`); `exclude` leaves one replica out. An unreadable file
+    is logged and left out."""
+    from pipelines.storage import glob, read_json
+
+    base = f"{settings.zone('serving')}/gateway/usage"
+    out: dict[str, dict[str, int]] = {}
+    for uri in glob(f"{base}/{day}/*.json") + glob(f"{base}/{day}.json"):
+        name = uri.removeprefix(base + "/").removesuffix(".json")
+        this_day, _, replica = name.partition("/")
+        if exclude is not None and replica == exclude:
+            continue
+        try:
+            used = read_json(uri)
+        except (OSError, ValueError) as exc:
+            LOG.warning("usage %s unreadable: %s", uri, exc)
+            continue
+        total = out.setdefault(this_day, dict.fromkeys(USAGE_FIELDS, 0))
+        for field in USAGE_FIELDS:
+            total[field] += int(used.get(field) or 0)
+    return out
 
 
 def _today() -> str:
@@ -46,26 +84,35 @@ class Quota:
         from pipelines.storage import exists, read_json
 
         self.settings = settings
+        self.replica = replica_name(settings)
         self._lock = threading.Lock()
         self._minute: deque[float] = deque()
         self.day = _today()
-        uri = usage_uri(settings, self.day)
-        try:
+        uri = usage_uri(settings, self.day, self.replica)
+        try:  # a restarted replica counts on from its own file
             self.used = read_json(uri) if exists(uri) else {}
         except (OSError, ValueError) as exc:
             LOG.warning("usage %s unreadable (%s): counting from zero", uri, exc)
             self.used = {}
-        for field in ("requests", "prompt_tokens", "completion_tokens", "compute_ms", "refused_rpm", "refused_tokens",
-                      "refused_concurrent"):
+        for field in USAGE_FIELDS:
             self.used.setdefault(field, 0)
+        self.others = self._others()
         self.inflight = 0
         self._dirty, self._flushed = False, time.monotonic()
+
+    def _others(self) -> dict[str, int]:
+        """The other replicas' usage of the day as they last flushed it (read off the request path)."""
+        try:
+            return usage_by_day(self.settings, self.day, exclude=self.replica).get(self.day, {})
+        except OSError as exc:  # the last known counts stay
+            LOG.warning("the other replicas' usage could not be read: %s", exc)
+            return getattr(self, "others", {})
 
     def _roll(self) -> None:
         today = _today()
         if today != self.day:
             self._flush_locked()
-            self.day, self.used = today, {k: 0 for k in self.used}
+            self.day, self.used, self.others = today, {k: 0 for k in self.used}, {}
 
     def admit(self, rpm: int | None, tokens_per_day: int | None, concurrent: int | None = None) -> None:
         """Count one request, or refuse it (429, Retry-After) when a limit is reached: the project's requests in
@@ -84,7 +131,8 @@ class Quota:
                                    code="rate_limit_exceeded", headers={"Retry-After": "1"})
             while self._minute and now - self._minute[0] >= 60:
                 self._minute.popleft()
-            if tokens_per_day is not None and self.used["prompt_tokens"] + self.used["completion_tokens"] >= tokens_per_day:
+            spent = sum(self.used[f] + self.others.get(f, 0) for f in ("prompt_tokens", "completion_tokens"))
+            if tokens_per_day is not None and spent >= tokens_per_day:
                 self.used["refused_tokens"] += 1
                 self._dirty = True
                 midnight = datetime.combine(datetime.now(timezone.utc).date() + timedelta(days=1),
@@ -120,8 +168,14 @@ class Quota:
             self._dirty = True
 
     def flush(self) -> None:
+        """This replica's counts written (when they changed), the other replicas' read again."""
         with self._lock:
             self._flush_locked()
+            day = self.day
+        others = self._others()  # file reads outside the lock: requests are admitted meanwhile
+        with self._lock:
+            if self.day == day:
+                self.others = others
 
     def _flush_locked(self) -> None:
         from pipelines.storage import write_json
@@ -129,8 +183,8 @@ class Quota:
         if not self._dirty:
             return
         try:
-            write_json(usage_uri(self.settings, self.day), {**self.used, "day": self.day,
-                                                             "project": self.settings.project})
+            write_json(usage_uri(self.settings, self.day, self.replica),
+                       {**self.used, "day": self.day, "project": self.settings.project, "replica": self.replica})
             self._dirty, self._flushed = False, time.monotonic()
         except OSError as exc:  # the count stays in memory; the next flush tries again
             LOG.warning("usage not written: %s", exc)
