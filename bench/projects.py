@@ -17,8 +17,9 @@
    `commerce_flywheel__search` run starts. Waits for that retrain to end (`--retrain-timeout`).
 
 Usage: .venv/bin/python bench/projects.py [--work /tmp/w/projects] [--seconds 60] [--flood 6]
-Writes bench/results/projects.json (commit, settings, seeds, every count) and prints a summary; with
-`--multi-lora` (every version an adapter on one shared base, `triton.multi_lora`) projects_multi_lora.json.
+Writes bench/results/projects.json (commit, settings, seeds, every count) and its page projects.html (plots:
+bench/projects_report.py) and prints a summary; with `--multi-lora` (every version an adapter on one shared
+base, `triton.multi_lora`) projects_multi_lora.json and .html.
 """
 
 from __future__ import annotations
@@ -225,6 +226,13 @@ def main() -> int:  # noqa: PLR0915 (one scenario, told in order)
     finally:
         out_file.write_text(json.dumps(result, indent=2) + "\n")  # before `down`, which may fail
         print(f"wrote {out_file}", flush=True)
+        try:  # the page a person reads (bench/projects_report.py renders it again from the JSON)
+            from projects_report import write
+
+            print(f"wrote {write(result, out_file)}", flush=True)
+        except Exception as exc:  # noqa: BLE001 (the JSON is written; the page can be rendered later)
+            print(f"the HTML page was not written ({type(exc).__name__}: {exc}); run bench/projects_report.py "
+                  f"{out_file}", flush=True)
         step("down", "down", timeout_s=300)
     return 0
 
