@@ -22,6 +22,10 @@ from airflow.timetables.trigger import CronTriggerTimetable
 
 from pipelines.airflow_tasks import dag_id_for, drift_asset_ref, projects, run_task  # stdlib-only imports
 
+# None: this file builds every project's DAGs. In a project's own DAG bundle (`airflow.multi_team`: one Airflow
+# team per project) the copy names its project here (pipelines/projects/airflow_access.py writes it).
+BUNDLE_PROJECT: str | None = None
+
 
 def drift_asset(project: str) -> Asset:
     """The project's drift alert: its drift_monitor emits it; it retrains that project only."""
@@ -177,7 +181,7 @@ def build(project: str, training_runs: int):
     return commerce_flywheel()
 
 
-for _project, _runs in projects():
+for _project, _runs in projects(only=BUNDLE_PROJECT):
     try:
         build(_project, _runs)
     except Exception as _exc:  # noqa: BLE001 (one project's DAG failing to build never hides the others')

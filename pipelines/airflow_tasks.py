@@ -70,11 +70,14 @@ def project_scope(project: str) -> Iterator[None]:
         get_settings.cache_clear()
 
 
-def projects() -> list[tuple[str, int]]:
+def projects(only: str | None = None) -> list[tuple[str, int]]:
     """(project, its concurrent training runs) for `default` and every project in the registry at
     $FLYWHEEL_ROOT/projects/registry.json (what Airflow's DAG files generate a DAG each for; read with the
     standard library, or fsspec for an object-store root). A registry that cannot be read yields `default`
-    only, and says so on stderr (the DAG processor's log)."""
+    only, and says so on stderr (the DAG processor's log). `only`: that project alone (a multi-team DAG
+    bundle's), or nothing when it is no project (deleted)."""
+    if only is not None:
+        return [p for p in projects() if p[0] == only]
     import json
     import sys
 

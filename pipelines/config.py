@@ -48,6 +48,8 @@ class AirflowSettings(_Section):
     # `flywheel run`: how long one DAG run may take (dags test or the scheduler) before it is stopped
     run_timeout_s: float = Field(3600, gt=0)
     migrate_timeout_s: float = Field(300, gt=0)
+    multi_team: bool = Field(False, description="each AI project an Airflow team (Airflow 3.3's multi-team mode, "
+                             "experimental): its DAGs visible and triggerable only by its members' logins")
     schedules: Literal["active", "paused"] = Field(
         "active", description="after `flywheel up`: the drift monitor (hourly) and the daily flywheel run on their "
         "schedules (active), or wait for `flywheel schedules resume` (paused)")

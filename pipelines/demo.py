@@ -32,6 +32,9 @@ def _latest_evaluation(settings: Settings) -> dict | None:
 def _dags_test(settings: Settings, dag_id: str, conf: dict, extra_env: dict[str, str] | None = None):
     """`airflow dags test` within `airflow.run_timeout_s` (an hour: a busy 2-core machine can need it);
     a timeout is one clear error naming the running task (`RunTimedOut`)."""
+    from pipelines.projects import airflow_access
+
+    airflow_access.prepare(settings)  # airflow.multi_team: the bundles and teams first
     return airflow.dags_test(settings, dag_id, conf, extra_env=extra_env)
 
 

@@ -141,6 +141,9 @@ def run_cmd(
     log = Path(str(settings.root)) / "logs" / ("dags-test.log" if dag_id == "commerce_flywheel" else f"dags-test-{dag_id}.log")
     token = uuid.uuid4().hex  # the tasks of this run record it with their failure: no other run's is shown
     with console.status(f"airflow dags test {dag_id} (progress: {log}) ..."):
+        from pipelines.projects import airflow_access
+
+        airflow_access.prepare(settings)  # airflow.multi_team: the project's bundle and team first
         result = airflow.dags_test(settings, dag_id, conf, log=log, extra_env={RUN_TOKEN: token})
     ok = result.returncode == 0 and "state=success" in result.stdout + result.stderr
     failure = None if ok else failure_of(settings.zone("reports"), dag_id, token=token)

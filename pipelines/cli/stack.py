@@ -51,6 +51,9 @@ def up(
         console.print("starting Airflow standalone (about 30 s) ...")
         tracking = ({"FLYWHEEL_MLFLOW__TRACKING_URI": mlflow.server_url(settings), **mlflow.server_credentials(settings)}
                     if "mlflow" in names else {})
+        from pipelines.projects import airflow_access
+
+        airflow_access.prepare(settings)  # airflow.multi_team: each project's team, DAG bundle and logins
         if paused:  # a fresh Airflow creates the DAGs paused: no run starts before the REST call below lands
             tracking["AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION"] = "True"
             # and DAGs a `flywheel run` (dags test) created already are paused in the metadata DB before the
@@ -118,10 +121,10 @@ def status_cmd(as_json: JsonOpt = False) -> None:
 
     settings = get_settings()
     root = str(settings.root)
-    a = airflow.standalone_spec(settings)
+    a = airflow.base_url(settings)  # no standalone_spec: its environment is not needed to ask
     m = mlflow.server_spec(settings)
     rows = {
-        "airflow": status(root, "airflow", a.health_url, a.url).to_dict(),
+        "airflow": status(root, "airflow", f"{a}{airflow.HEALTH_PATH}", a).to_dict(),
         "mlflow": status(root, "mlflow", m.health_url, m.url).to_dict(),
         "gateway": gateway.status(settings),
     }

@@ -23,6 +23,7 @@ from pipelines.errors import NotRetryable
 from pipelines.services import ServiceSpec, stop_group
 
 PASSWORD_FILE = "simple_auth_manager_passwords.json.generated"
+HEALTH_PATH = "/api/v2/monitor/health"
 
 
 def bin_dir() -> Path:
@@ -62,8 +63,18 @@ def airflow_env(settings: Settings, extra: dict[str, str] | None = None) -> dict
         "NO_PROXY": "127.0.0.1,localhost",
     })
     Path(str(a.home)).mkdir(parents=True, exist_ok=True)
+    if a.multi_team:  # each project a team with its own DAG bundle and logins (pipelines/projects/airflow_access.py)
+        teams = multi_team_env_file(settings)
+        if not teams.is_file():  # never a process on the default bundle: it would move the projects' DAGs off their teams
+            raise AirflowUnavailable(f"airflow.multi_team is on but the project teams are not prepared ({teams} is "
+                                     "missing): run `flywheel up` (or `flywheel run`), which prepares them")
+        env.update(json.loads(teams.read_text()))
     env.update(extra or {})
     return env
+
+
+def multi_team_env_file(settings: Settings) -> Path:
+    return Path(str(settings.airflow.home)) / "flywheel-multi-team.json"
 
 
 # What `airflow standalone` runs, minus the log servers: those bind every interface (their host
@@ -107,7 +118,7 @@ def standalone_spec(settings: Settings, extra_env: dict[str, str] | None = None)
         name="airflow",
         command=[sys.executable, "-m", "pipelines.clients.airflow", "serve"],
         env=airflow_env(settings, extra_env),
-        health_url=f"{url}/api/v2/monitor/health",
+        health_url=f"{url}{HEALTH_PATH}",
         url=url,
         cwd=str(settings.airflow.home),
     )
