@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from helpers import wait_for
+from helpers import run_flywheel, wait_for
 from pipelines.config import load_settings
 
 SHOP = {"commerce_flywheel__shop", "drift_monitor__shop"}
@@ -48,7 +48,10 @@ def test_a_projects_dags_are_listed_read_and_triggered_by_its_members_only(tmp_p
     settings = load_settings(root=str(tmp_path), airflow={"multi_team": True, "port": free_port()})
     registry.create(settings, "shop", "alice")
     registry.create(settings, "search", "bob")
-    registry.set_member(settings, "shop", "carol", "viewer")
+    added = run_flywheel("project", "members", "shop", "add", "carol", "--role", "viewer", "--json",
+                         env={"FLYWHEEL_ROOT": str(tmp_path), "FLYWHEEL_AIRFLOW__MULTI_TEAM": "true"})
+    assert added.returncode == 0, added.stderr
+    assert json.loads(added.stdout)["airflow_login"].startswith("carol@shop ")  # what carol logs in as
     with pytest.raises(airflow.AirflowUnavailable, match="not prepared"):  # never a process on the default bundle
         airflow.run_cli(settings, "version")
     airflow_access.prepare(settings)

@@ -136,7 +136,12 @@ def members_cmd(name: NameArg, action: Annotated[str, typer.Argument(help="add o
     except _errors() as exc:
         raise UserError(str(exc)) from None
     access = _sync_access(name, (user,) if action == "remove" else ())
-    emit({"project": name, "members": project.members, "access": access}, as_json, f"project {name}")
+    out = {"project": name, "members": project.members, "access": access}
+    if _platform().airflow.multi_team:  # Airflow's login for this member and project (airflow_access)
+        from pipelines.projects.airflow_access import login
+
+        out["airflow_login"] = f"{login(user, name)} (applied at the next `flywheel up`: the servers read their logins as they start)"
+    emit(out, as_json, f"project {name}")
 
 
 @project_app.command("quota")
