@@ -134,8 +134,8 @@ def ratio_ci(a: list[float], b: list[float], seed: int = 0, n: int = 2000) -> li
 
 def main() -> int:  # noqa: PLR0915 (one scenario, told in order)
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--work", type=Path, default=None, help="default /tmp/w/projects (with --multi-lora "
-                        "/tmp/w/projects_multi_lora: a --skip-runs re-run never mixes the two deployments)")
+    parser.add_argument("--work", type=Path, default=None, help="default /tmp/w/projects[_multi_lora][_multi_team] "
+                        "(a --skip-runs re-run never mixes deployments)")
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--flood", type=int, default=6)
     parser.add_argument("--flood-rpm", type=int, default=6)
@@ -146,11 +146,15 @@ def main() -> int:  # noqa: PLR0915 (one scenario, told in order)
     parser.add_argument("--skip-drift", action="store_true", help="stop after the noisy neighbour")
     parser.add_argument("--multi-lora", action="store_true", help="triton.multi_lora on: every project's versions "
                         "deploy as adapters on one shared base model (results: projects_multi_lora.json)")
+    parser.add_argument("--multi-team", action="store_true", help="airflow.multi_team on: each project an Airflow "
+                        "team; isolation also checks carol's Airflow login (results: ..._multi_team.json)")
     args = parser.parse_args()
     # every flywheel command (and every server `up` starts) reads it; the flag alone decides, not the shell
     os.environ["FLYWHEEL_TRITON__MULTI_LORA"] = "true" if args.multi_lora else "false"
+    os.environ["FLYWHEEL_AIRFLOW__MULTI_TEAM"] = "true" if args.multi_team else "false"
+    name = "projects" + ("_multi_lora" if args.multi_lora else "") + ("_multi_team" if args.multi_team else "")
     if args.work is None:
-        args.work = Path("/tmp/w/projects_multi_lora" if args.multi_lora else "/tmp/w/projects")
+        args.work = Path(f"/tmp/w/{name}")
 
     root = args.work / "root"
     log = args.work / "projects.log"
@@ -160,7 +164,7 @@ def main() -> int:  # noqa: PLR0915 (one scenario, told in order)
     result: dict[str, Any] = {"bench": "projects", "commit": commit(), "day": DAY, "seed": SEED,
                               "settings": vars(args) | {"work": str(args.work)}, "steps": {}}
     timings = result["steps"]
-    out_file = REPO / "bench" / "results" / ("projects_multi_lora.json" if args.multi_lora else "projects.json")
+    out_file = REPO / "bench" / "results" / f"{name}.json"
     if args.skip_runs and out_file.is_file():  # a re-run of the later steps keeps the earlier ones' results
         earlier = json.loads(out_file.read_text())
         result = {**earlier, **{k: result[k] for k in ("commit", "settings")},
@@ -193,6 +197,8 @@ def main() -> int:  # noqa: PLR0915 (one scenario, told in order)
     url = up["gateway"]["url"]
     try:
         result["isolation"] = isolation(url, keys, root)
+        if args.multi_team:
+            result["isolation"]["airflow"] = airflow_isolation(root)
         try:
             result["triton"] = triton_models(root)
         except Exception as exc:  # noqa: BLE001 (a diagnostic: recorded, the phases go on)
@@ -276,6 +282,24 @@ def isolation(url: str, keys: dict[str, str], root: Path) -> dict[str, Any]:
         r = httpx.post(f"{mlflow}/runs/search", auth=carol, json={"experiment_ids": [ids[f"commerce-flywheel--{p}"]]},
                        timeout=30)
         out[f"carol_reads_{p}_runs"] = {"status": r.status_code, "runs": len(r.json().get("runs", [])) if r.status_code == 200 else None}
+    return out
+
+
+def airflow_isolation(root: Path) -> dict[str, Any]:
+    """carol's Airflow login for shop (`carol@shop`, a viewer) lists shop's DAGs only and is refused search's and
+    a trigger of shop's (Airflow's own teams: airflow.multi_team)."""
+    from pipelines.clients.airflow import AirflowRest, AirflowUnavailable
+    from pipelines.config import load_settings
+
+    rest = AirflowRest(load_settings(root=str(root)), username="carol@shop")
+    out: dict[str, Any] = {"carol_lists": sorted(rest.dags())}
+    for what, call in (("carol_reads_search_dag", lambda: rest.dag("commerce_flywheel__search")),
+                       ("carol_triggers_shop_dag", lambda: rest.trigger("commerce_flywheel__shop"))):
+        try:
+            call()
+            out[what] = "allowed"
+        except AirflowUnavailable as exc:
+            out[what] = str(exc).rsplit(": ", 1)[-1]
     return out
 
 

@@ -81,6 +81,11 @@ def render(result: dict[str, Any]) -> str:
         sections.append(("Isolation: each project's key", table_html(_isolation_rows(iso))))
         sections.append(("Isolation: carol (viewer of shop) through MLflow's REST API", table_html(
             [{"project": p, **(iso.get(f"carol_reads_{p}_runs") or {})} for p in ("shop", "search")])))
+        if "airflow" in iso:  # --multi-team: carol's Airflow login for shop
+            a = iso["airflow"]
+            sections.append(("Isolation: carol@shop (viewer) through Airflow's REST API", table_html(
+                [{"lists": ", ".join(a.get("carol_lists", [])), "reads search's DAG": a.get("carol_reads_search_dag"),
+                  "triggers shop's DAG": a.get("carol_triggers_shop_dag")}])))
     if "triton" in result:
         t = result["triton"]
         sections.append(("Triton: loaded models (each a base copy in memory) and what it serves", table_html(
