@@ -250,16 +250,20 @@ def test_usage_prices_a_projects_training_serving_and_storage_and_only_its_own(g
         60 * table()["cpu-2core"].usd_per_hour / 3600)
 
 
-def test_gateway_replicas_count_usage_in_their_own_files_and_share_the_days_tokens(tmp_path: Path) -> None:
+def test_gateway_replicas_count_usage_in_their_own_files_and_share_the_days_tokens(tmp_path: Path, monkeypatch) -> None:
     """Two gateway replicas of one project: each writes its own usage file (neither overwrites the other's
     counts), `project usage` sums them, a replica refuses once the day's tokens of both reach the limit, and a
-    restarted replica counts on from its own file. (Mutations tried: one shared file per day loses the first
-    replica's counts, the sum fails; the others' counts left out of the tokens check, the 429 check fails.)"""
-    from datetime import date
+    restarted replica counts on from its own file; the old one-file layout still counts; at midnight each day's
+    counts land in their day, and a write that fails then is retried, not dropped. (Mutations tried: one shared
+    file per day loses the first replica's counts, the sum fails; the others' counts left out of the tokens
+    check, the 429 check fails; the failed midnight write not kept, the last check fails.)"""
+    from datetime import date, timedelta
 
     from pipelines.bench.showback import serving
     from pipelines.gateway import openai_api as api
+    from pipelines.gateway import tenants
     from pipelines.gateway.tenants import Quota, _today, usage_by_day
+    from pipelines.storage import write_json
 
     def replica(name: str):
         return load_settings(root=str(tmp_path), project="search", gateway={"replica": name})
@@ -281,5 +285,33 @@ def test_gateway_replicas_count_usage_in_their_own_files_and_share_the_days_toke
         b.admit(None, 90)  # b's own 30 tokens are under 90; with a's 60 the day's are spent
     assert refused.value.status == 429
     answer(b, 1, 0, limit=91)
+    assert b.used["prompt_tokens"] == 31
     again = Quota(replica("gw-a"))  # a restarted replica
     assert again.used["prompt_tokens"] == 40 and again.others["prompt_tokens"] == 30
+    # a day file of the one-file layout (before replicas) still counts
+    write_json(f"{replica('gw-a').zone('serving')}/gateway/usage/{_today()}.json", {"requests": 5, "prompt_tokens": 9})
+    assert usage_by_day(replica("gw-a"))[_today()]["requests"] == 7
+    # midnight (UTC): the day's counts are written to the day they belong to, the next day starts from zero
+    today = _today()
+    tomorrow = (date.fromisoformat(today) + timedelta(days=1)).isoformat()
+    monkeypatch.setattr(tenants, "_today", lambda: tomorrow)
+    answer(b, 2, 0)
+    b.flush()
+    days = usage_by_day(replica("gw-a"))
+    assert days[tomorrow]["prompt_tokens"] == 2 and b.others == {}
+    assert days[today]["prompt_tokens"] == 40 + 31 + 9  # a's, b's (written at the roll) and the old file's
+    # a write that fails at midnight loses nothing: that day's counts are written by a later flush
+    from pipelines import storage
+
+    def down(*args, **kwargs):
+        raise OSError("storage down")
+
+    answer(b, 3, 0)
+    later = (date.fromisoformat(tomorrow) + timedelta(days=1)).isoformat()
+    monkeypatch.setattr(storage, "write_json", down)
+    monkeypatch.setattr(tenants, "_today", lambda: later)
+    answer(b, 1, 0)  # the roll's write fails
+    monkeypatch.setattr(storage, "write_json", write_json)
+    b.flush()
+    days = usage_by_day(replica("gw-a"))
+    assert (days[tomorrow]["prompt_tokens"], days[later]["prompt_tokens"]) == (5, 1)

@@ -68,3 +68,28 @@ def test_scan_secrets_knows_the_generated_gateway_key(tmp_path: Path) -> None:
     found = run_flywheel("scan-secrets", "--json", env={"FLYWHEEL_ROOT": str(tmp_path / "fw")})
     assert found.returncode == 1 and json.loads(found.stdout)["where"][0].startswith(f"{log}:1")
     assert key not in found.stdout + found.stderr
+
+
+def test_scan_secrets_knows_airflows_and_the_members_generated_passwords(tmp_path: Path) -> None:
+    """Airflow's login passwords (its password file), a project member's password file, and the multi-team
+    token-signing secret are each found where a log repeats them. (Mutation tried: Airflow's secrets left out of
+    the scan, its login password is not found.)"""
+    from pipelines.clients.airflow import multi_team_env_file, password_file
+    from pipelines.config import load_settings
+
+    settings = load_settings(root=str(tmp_path / "fw"))
+    planted = {"airflow": "af-Login-Pw-8d1e2f3a4b5c6d7e", "member": "mlflow-Member-Pw-1a2b3c4d5e6f",
+               "jwt": "jwt-Signing-Secret-9f8e7d6c5b4a"}
+    password_file(settings).parent.mkdir(parents=True, exist_ok=True)
+    password_file(settings).write_text(json.dumps({"carol@shop": planted["airflow"]}))
+    multi_team_env_file(settings).write_text(json.dumps({"AIRFLOW__API_AUTH__JWT_SECRET": planted["jwt"]}))
+    users = tmp_path / "fw" / "runs" / "users"
+    users.mkdir(parents=True)
+    (users / "carol.password").write_text(planted["member"] + "\n")
+    log = tmp_path / "fw" / "logs" / "airflow.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    for what, value in planted.items():
+        log.write_text(f"INFO {what}: {value}\n")
+        found = run_flywheel("scan-secrets", "--json", env={"FLYWHEEL_ROOT": str(tmp_path / "fw")})
+        assert found.returncode == 1 and json.loads(found.stdout)["where"][0].startswith(f"{log}:1"), what
+        assert value not in found.stdout + found.stderr

@@ -32,12 +32,13 @@ def scan_secrets(as_json: JsonOpt = False) -> None:
     """Look for secrets in what the platform wrote: service and task logs, reports, MLflow params and
     tags. Finds the configured passwords and keys and credential shapes (URIs with passwords, AWS
     keys, private keys, bearer tokens); prints where, never the value. Exit 1 when anything is found."""
+    from pipelines.clients.airflow import generated_secrets
     from pipelines.security import scan_platform
 
     settings = get_settings()
     if not settings.is_local:
         raise UserError("scan-secrets reads the local root's logs; on a cluster scan the log store instead")
-    findings = [str(f) for f in scan_platform(settings)]
+    findings = [str(f) for f in scan_platform(settings, generated_secrets(settings))]
     _emit({"findings": len(findings), "where": findings[:50]}, as_json, "secret scan")
     if findings:
         raise typer.Exit(1)

@@ -143,8 +143,8 @@ def run_cmd(
     with console.status(f"airflow dags test {dag_id} (progress: {log}) ..."):
         from pipelines.projects import airflow_access
 
-        airflow_access.prepare(settings)  # airflow.multi_team: the project's bundle and team first
-        result = airflow.dags_test(settings, dag_id, conf, log=log, extra_env={RUN_TOKEN: token})
+        bundle = airflow_access.bundle_name(settings.project) if airflow_access.prepare(settings) else None
+        result = airflow.dags_test(settings, dag_id, conf, log=log, extra_env={RUN_TOKEN: token}, bundle=bundle)
     ok = result.returncode == 0 and "state=success" in result.stdout + result.stderr
     failure = None if ok else failure_of(settings.zone("reports"), dag_id, token=token)
     _emit({"state": "success" if ok else "failed", "log": str(log),

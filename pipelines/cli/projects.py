@@ -137,10 +137,13 @@ def members_cmd(name: NameArg, action: Annotated[str, typer.Argument(help="add o
         raise UserError(str(exc)) from None
     access = _sync_access(name, (user,) if action == "remove" else ())
     out = {"project": name, "members": project.members, "access": access}
-    if _platform().airflow.multi_team:  # Airflow's login for this member and project (airflow_access)
-        from pipelines.projects.airflow_access import login
+    if _platform().airflow.multi_team and user != "admin":  # this member's Airflow login (airflow_access)
+        from pipelines.projects.airflow_access import login, login_password_file
 
-        out["airflow_login"] = f"{login(user, name)} (applied at the next `flywheel up`: the servers read their logins as they start)"
+        out["airflow_login"] = (f"{login(user, name)}, password in {login_password_file(_platform(), login(user, name))}"
+                                if action == "add" else f"{login(user, name)} removed") + (
+            ": Airflow applies it when restarted (`flywheel down && flywheel up`); until then it serves the logins, "
+            "roles and tokens it started with")
     emit(out, as_json, f"project {name}")
 
 

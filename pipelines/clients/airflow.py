@@ -65,16 +65,31 @@ def airflow_env(settings: Settings, extra: dict[str, str] | None = None) -> dict
     Path(str(a.home)).mkdir(parents=True, exist_ok=True)
     if a.multi_team:  # each project a team with its own DAG bundle and logins (pipelines/projects/airflow_access.py)
         teams = multi_team_env_file(settings)
-        if not teams.is_file():  # never a process on the default bundle: it would move the projects' DAGs off their teams
-            raise AirflowUnavailable(f"airflow.multi_team is on but the project teams are not prepared ({teams} is "
-                                     "missing): run `flywheel up` (or `flywheel run`), which prepares them")
-        env.update(json.loads(teams.read_text()))
+        if teams.is_file():
+            env.update(json.loads(teams.read_text()))
+        elif "AIRFLOW__CORE__MULTI_TEAM" not in (extra or {}):  # never a process on the default bundle: it would
+            raise AirflowUnavailable(  # move the projects' DAGs off their teams
+                f"airflow.multi_team is on but the project teams are not prepared ({teams} is missing): run "
+                "`flywheel up` (or `flywheel run`), which prepares them")
     env.update(extra or {})
     return env
 
 
 def multi_team_env_file(settings: Settings) -> Path:
     return Path(str(settings.airflow.home)) / "flywheel-multi-team.json"
+
+
+def generated_secrets(settings: Settings) -> list[str]:
+    """Airflow's generated login passwords and (airflow.multi_team) its token-signing secret: what a secret scan
+    looks for."""
+    found: list[str] = []
+    for path, key in ((password_file(settings), None), (multi_team_env_file(settings), "AIRFLOW__API_AUTH__JWT_SECRET")):
+        try:
+            data = json.loads(path.read_text())
+            found += [str(v) for v in data.values()] if key is None else [str(data.get(key) or "")]
+        except (OSError, ValueError, AttributeError):
+            continue  # not there: Airflow never started (or multi-team is off) in this root
+    return found
 
 
 # What `airflow standalone` runs, minus the log servers: those bind every interface (their host
@@ -161,12 +176,13 @@ def running_tasks(output: str) -> list[str]:
 
 
 def dags_test(settings: Settings, dag_id: str, conf: dict[str, Any], timeout: float | None = None,
-              extra_env: dict[str, str] | None = None, log: Path | None = None) -> subprocess.CompletedProcess[str]:
+              extra_env: dict[str, str] | None = None, log: Path | None = None,
+              bundle: str | None = None) -> subprocess.CompletedProcess[str]:
     """`airflow dags test` (all tasks in one process, no scheduler) after migrating the metadata DB.
 
     Its output streams to `log` (default `<root>/logs/dags-test-<dag>.log`) as it runs. Past `timeout`
     (default `airflow.run_timeout_s`) the run's whole process group is stopped and `RunTimedOut`
-    names the tasks that were running."""
+    names the tasks that were running. `bundle`: the DAG bundle to parse (airflow.multi_team: the project's)."""
     timeout = settings.airflow.run_timeout_s if timeout is None else timeout
     migrate = run_cli(settings, "db", "migrate", timeout=settings.airflow.migrate_timeout_s, extra_env=extra_env)
     if migrate.returncode != 0:
@@ -174,7 +190,8 @@ def dags_test(settings: Settings, dag_id: str, conf: dict[str, Any], timeout: fl
     log = log or Path(str(settings.root)) / "logs" / f"dags-test-{dag_id}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     env = {**airflow_env(settings, extra_env), "PYTHONUNBUFFERED": "1"}  # the log shows each step as it happens
-    args = [str(bin_dir() / "airflow"), "dags", "test", dag_id, "--conf", json.dumps(conf)]
+    args = [str(bin_dir() / "airflow"), "dags", "test", dag_id, "--conf", json.dumps(conf),
+            *(["--bundle-name", bundle] if bundle else [])]  # one bundle parsed, not every project's
     with log.open("w", encoding="utf-8") as out:
         proc = subprocess.Popen(args, env=env, cwd=str(settings.airflow.home), stdout=out,  # noqa: S603
                                 stderr=subprocess.STDOUT, text=True, start_new_session=True)

@@ -10,7 +10,9 @@ OpenAI-style 429 and `Retry-After`; what each project used per day is kept in it
 gateway replica (`gateway/usage/<day>/<replica>.json`, written atomically every few seconds by one thread, and at
 shutdown: replicas never overwrite each other's counts), which `flywheel project usage` sums and prices and a
 restarted replica counts on from. The tokens-per-day limit holds across replicas (each adds the others' counts as
-last flushed, at most a few seconds old); requests per minute and in flight are limits per replica.
+last flushed and read: up to about two flush periods, ~10 s, old); requests per minute and in flight are limits
+per replica. A replica's name is `gateway.replica` (the cluster's manifests set the pod's name), else
+`<host>-<port>`: two gateways on one host never share a file.
 """
 
 from __future__ import annotations
@@ -38,11 +40,12 @@ USAGE_FIELDS = ("requests", "prompt_tokens", "completion_tokens", "compute_ms", 
 
 
 def replica_name(settings: Settings) -> str:
-    """This gateway process's name in the usage files: `gateway.replica`, else the host's (a pod's name)."""
+    """This gateway process's name in the usage files: `gateway.replica`, else `<host>-<port>`."""
     import re
     import socket
 
-    return settings.gateway.replica or re.sub(r"[^A-Za-z0-9._-]", "-", socket.gethostname())[:63] or "gateway"
+    host = re.sub(r"[^A-Za-z0-9._-]", "-", socket.gethostname())[:50] or "gateway"
+    return settings.gateway.replica or f"{host}-{settings.gateway.port}"
 
 
 def usage_uri(settings: Settings, day: str, replica: str) -> str:
@@ -64,12 +67,13 @@ def usage_by_day(settings: Settings, day: str = "*", exclude: str | None = None)
             continue
         try:
             used = read_json(uri)
-        except (OSError, ValueError) as exc:
+            counts = {field: int(used.get(field) or 0) for field in USAGE_FIELDS}
+        except (OSError, ValueError, TypeError, AttributeError) as exc:  # unreadable, or not a usage record
             LOG.warning("usage %s unreadable: %s", uri, exc)
             continue
         total = out.setdefault(this_day, dict.fromkeys(USAGE_FIELDS, 0))
         for field in USAGE_FIELDS:
-            total[field] += int(used.get(field) or 0)
+            total[field] += counts[field]
     return out
 
 
@@ -90,13 +94,13 @@ class Quota:
         self.day = _today()
         uri = usage_uri(settings, self.day, self.replica)
         try:  # a restarted replica counts on from its own file
-            self.used = read_json(uri) if exists(uri) else {}
-        except (OSError, ValueError) as exc:
+            found = read_json(uri) if exists(uri) else {}
+            self.used = {field: int(found.get(field) or 0) for field in USAGE_FIELDS}
+        except (OSError, ValueError, TypeError, AttributeError) as exc:
             LOG.warning("usage %s unreadable (%s): counting from zero", uri, exc)
-            self.used = {}
-        for field in USAGE_FIELDS:
-            self.used.setdefault(field, 0)
+            self.used = dict.fromkeys(USAGE_FIELDS, 0)
         self.others = self._others()
+        self._unwritten: dict[str, dict[str, int]] = {}
         self.inflight = 0
         self._dirty, self._flushed = False, time.monotonic()
 
@@ -112,7 +116,9 @@ class Quota:
         today = _today()
         if today != self.day:
             self._flush_locked()
-            self.day, self.used, self.others = today, {k: 0 for k in self.used}, {}
+            if self._dirty:  # not written (storage down): kept, and written by a later flush
+                self._unwritten[self.day] = self.used
+            self.day, self.used, self.others, self._dirty = today, {k: 0 for k in self.used}, {}, False
 
     def admit(self, rpm: int | None, tokens_per_day: int | None, concurrent: int | None = None) -> None:
         """Count one request, or refuse it (429, Retry-After) when a limit is reached: the project's requests in
@@ -180,6 +186,13 @@ class Quota:
     def _flush_locked(self) -> None:
         from pipelines.storage import write_json
 
+        for day, used in list(self._unwritten.items()):  # an earlier day's counts a failed write left behind
+            try:
+                write_json(usage_uri(self.settings, day, self.replica),
+                           {**used, "day": day, "project": self.settings.project, "replica": self.replica})
+                del self._unwritten[day]
+            except OSError as exc:
+                LOG.warning("usage of %s not written: %s", day, exc)
         if not self._dirty:
             return
         try:
@@ -258,7 +271,10 @@ class Tenants:
         """Every project's usage (answers and refusals) written every FLUSH_EVERY_S, off the request path."""
         while not self._stop.wait(FLUSH_EVERY_S):
             for tenant in self.all():
-                tenant.quota.flush()
+                try:
+                    tenant.quota.flush()
+                except Exception:  # noqa: BLE001 (one project's bad usage never stops the others' counting)
+                    LOG.exception("usage of project %s not flushed", tenant.settings.project)
 
     def _registry(self) -> tuple[dict[str, str], dict[str, Any]]:
         """(key digest -> project, project -> quotas). A local registry is re-read whenever its file changed

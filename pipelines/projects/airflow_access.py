@@ -7,10 +7,14 @@ that project's DAGs only (`commerce_flywheel__<project>`, `drift_monitor__<proje
 DAG's team from its bundle. A member gets one Airflow login per project, `<user>@<project>`, on that team only:
 Airflow's simple auth manager holds ONE role per login, and a member's roles differ between projects. The role
 is the project role's: viewer -> Airflow `viewer` (reads the team's DAGs and runs), editor and owner -> `user`
-(also triggers, clears, pauses them). Another team's DAG is a 403 and is left out of every list; `admin` sees
-all. Logins and bundles follow the registry at each `flywheel up` and before each `flywheel run` (the servers
-read them when they start); a login's password is in Airflow's password file, generated at the API server's
-start (`airflow.password_file`).
+(also triggers, clears, pauses them). Another team's DAG is a 403 and is left out of the DAG and run lists;
+`admin` sees all. Each login's password is generated here into `<root>/runs/users/<login>.airflow.password`
+(0600) and into Airflow's password file (kept 0600), so Airflow generates and prints none.
+
+Airflow's servers read the teams, bundles and logins when they start: `prepare` (at `flywheel up` and before
+each `flywheel run`) refuses while a running Airflow holds an older set (a new project, a changed member):
+`flywheel down && flywheel up` applies it, with a new token-signing secret so that no token issued before
+(carrying its login's old role and teams) is accepted after.
 
 Why not FAB: FAB's per-DAG `access_control` needs the FAB provider (flask-appbuilder and its stack) and a user
 database beside the one the platform already runs; Airflow 3.3's own teams express "a project's runs are
@@ -20,7 +24,9 @@ visible and triggerable only by its members" with the auth manager the platform 
 from __future__ import annotations
 
 import json
+import os
 import re
+import secrets
 import shutil
 from pathlib import Path
 from typing import Any
@@ -29,25 +35,37 @@ from pipelines.config import DEFAULT_PROJECT, Settings
 
 BUNDLE_LINE = re.compile(r"^BUNDLE_PROJECT: str \| None = None\b.*$", re.MULTILINE)
 AIRFLOW_ROLE = {"viewer": "viewer", "editor": "user", "owner": "user"}
-TEAM_PATTERN = re.compile(r"^[a-zA-Z0-9_-]{3,50}$")  # Airflow's rule for a team name
+PREPARE_TIMEOUT_S = 900.0
+SECRET_KEY = "AIRFLOW__API_AUTH__JWT_SECRET"
 
 
 def team_name(project: str) -> str:
-    """The project's Airflow team: its name (a project name of two characters gets a prefix: teams need three)."""
-    return project if TEAM_PATTERN.fullmatch(project) else f"project_{project}"
+    """The project's Airflow team: its name, a two-character one padded with `-` (teams need three characters;
+    no project name holds a `-`, so no two projects ever share a team)."""
+    return project.ljust(3, "-")
 
 
 def login(user: str, project: str) -> str:
     return f"{user}@{project}"
 
 
+def bundle_name(project: str) -> str:
+    return f"project-{project}"
+
+
 def bundle_dir(settings: Settings, project: str) -> Path:
     return Path(str(settings.airflow.home)) / "bundles" / project
+
+
+def login_password_file(settings: Settings, name: str) -> Path:
+    return Path(str(settings.root)) / "runs" / "users" / f"{name}.airflow.password"
 
 
 def write_bundles(settings: Settings, projects: list[str]) -> list[dict[str, Any]]:
     """Each project's bundle folder (a file rewritten only when its text changed: the DAG processor re-parses
     what changed), a deleted project's folder removed; Airflow's `dag_bundle_config_list`."""
+    from pipelines.storage import write_text
+
     source = Path(settings.airflow.dags_folder)
     files = sorted(source.glob("*.py"))
     if not files:
@@ -62,55 +80,105 @@ def write_bundles(settings: Settings, projects: list[str]) -> list[dict[str, Any
                 raise ValueError(f"{f} has no `BUNDLE_PROJECT: str | None = None` line: it cannot be bundled per project")
             target = folder / f.name
             if not target.is_file() or target.read_text() != text:
-                tmp = target.with_suffix(".py.tmp")
-                tmp.write_text(text)
-                tmp.replace(target)
-    root = bundle_dir(settings, DEFAULT_PROJECT).parent
-    for gone in root.iterdir():
+                write_text(str(target), text)
+    for gone in bundle_dir(settings, DEFAULT_PROJECT).parent.iterdir():
         if gone.is_dir() and gone.name not in projects:
             shutil.rmtree(gone)
-    return [{"name": f"project-{p}", "classpath": "airflow.dag_processing.bundles.local.LocalDagBundle",
+    return [{"name": bundle_name(p), "classpath": "airflow.dag_processing.bundles.local.LocalDagBundle",
              "kwargs": {"path": str(bundle_dir(settings, p))}, "team_name": team_name(p)} for p in projects]
 
 
-def users(settings: Settings) -> str:
-    """Airflow's `simple_auth_manager_users`: `admin` and one login per member and project."""
+def logins(settings: Settings) -> dict[str, str]:
+    """login -> `role:team` for every member of every project (the platform's `admin` has its own login)."""
     from pipelines.projects import registry
 
-    entries = ["admin:admin"]
-    for name, project in sorted(registry.load(settings).items()):
-        for user, role in sorted(project.members.items()):
-            if user != "admin":  # the platform's administrator has the admin login
-                entries.append(f"{login(user, name)}:{AIRFLOW_ROLE[role]}:{team_name(name)}")
-    return ",".join(entries)
+    return {login(user, name): f"{AIRFLOW_ROLE[role]}:{team_name(name)}"
+            for name, project in sorted(registry.load(settings).items())
+            for user, role in sorted(project.members.items()) if user != "admin"}
 
 
-def env(settings: Settings) -> dict[str, str]:
-    """What every Airflow process of the platform needs in multi-team mode: the bundles written, the teams'
-    bundle list and the logins (Airflow's own settings, as environment variables)."""
-    from pipelines.projects import registry
+def _passwords(settings: Settings, wanted: list[str]) -> None:
+    """A password for each login in Airflow's password file (0600; under Airflow's own lock on it) and in the
+    login's own file (0600); a login no longer wanted loses both."""
+    import fcntl
 
-    bundles = write_bundles(settings, sorted(registry.load(settings)))
-    return {"AIRFLOW__CORE__MULTI_TEAM": "True",
-            "AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST": json.dumps(bundles),
-            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": users(settings)}
+    from pipelines.clients import airflow
+
+    path = airflow.password_file(settings)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    os.chmod(path, 0o600)
+    with os.fdopen(fd, "r+", encoding="utf-8") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)  # what SimpleAuthManager.init takes before it writes the file
+        try:
+            known = json.loads(fh.read().strip() or "{}")
+            for name in [n for n in known if "@" in n and n not in wanted]:
+                del known[name]
+                login_password_file(settings, name).unlink(missing_ok=True)
+            for name in wanted:
+                known.setdefault(name, secrets.token_urlsafe(24))
+                own = login_password_file(settings, name)
+                if not own.is_file() or own.read_text().strip() != known[name]:
+                    own.parent.mkdir(parents=True, exist_ok=True)
+                    own.touch(mode=0o600)
+                    own.chmod(0o600)
+                    own.write_text(known[name] + "\n")
+            fh.seek(0)
+            fh.truncate()
+            fh.write(json.dumps(known) + "\n")
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _running(settings: Settings) -> bool:
+    import urllib.error
+    import urllib.request
+
+    from pipelines.clients import airflow
+
+    try:
+        with urllib.request.urlopen(f"{airflow.base_url(settings)}{airflow.HEALTH_PATH}", timeout=3):  # noqa: S310
+            return True
+    except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+        return False
 
 
 def prepare(settings: Settings) -> dict[str, str]:
-    """In multi-team mode (nothing when it is off): `env` written where every Airflow process of the platform
-    reads it (`airflow.multi_team_env_file`, through `airflow_env`), the metadata DB migrated and every
-    project's team created (Airflow's components and `dags test` refuse a bundle whose team does not exist).
-    Called by `flywheel up` and before each `flywheel run`."""
+    """In multi-team mode (nothing when it is off): each project's bundle, team and logins, under a lock.
+    What every Airflow process of the platform then reads (`airflow_env`, from `airflow.multi_team_env_file`,
+    0600) is written only after the metadata DB is migrated and the teams exist, and only while no Airflow
+    server runs with an older set (refused with the command that applies it). Unchanged: nothing to do."""
+    from filelock import FileLock
+
     from pipelines.clients import airflow
+    from pipelines.projects import registry
     from pipelines.storage import write_json
 
     if not settings.airflow.multi_team:
         return {}
-    out = env(settings)
-    write_json(str(airflow.multi_team_env_file(settings)), out)
-    for args in (("db", "migrate"), ("teams", "sync")):
-        done = airflow.run_cli(settings, *args, timeout=settings.airflow.migrate_timeout_s)
-        if done.returncode != 0:
-            tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["(no output)"]
-            raise airflow.AirflowUnavailable(f"`airflow {' '.join(args)}` failed for the project teams: {tail[0]}")
-    return out
+    home = Path(str(settings.airflow.home))
+    home.mkdir(parents=True, exist_ok=True)
+    env_file = airflow.multi_team_env_file(settings)
+    with FileLock(str(home / "flywheel-multi-team.lock"), timeout=PREPARE_TIMEOUT_S):
+        old = json.loads(env_file.read_text()) if env_file.is_file() else {}
+        users = logins(settings)
+        out = {"AIRFLOW__CORE__MULTI_TEAM": "True",
+               "AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST": json.dumps(
+                   write_bundles(settings, sorted(registry.load(settings)))),
+               "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": ",".join(["admin:admin", *(f"{n}:{r}" for n, r in users.items())])}
+        if {k: v for k, v in old.items() if k != SECRET_KEY} == out:
+            return old
+        if _running(settings):
+            raise airflow.AirflowUnavailable(
+                "the running Airflow serves an older set of project teams, DAG bundles or logins (a project or member "
+                "changed since it started): apply it with `flywheel down && flywheel up`")
+        out[SECRET_KEY] = secrets.token_urlsafe(32)  # tokens issued before (old roles and teams) stop working
+        _passwords(settings, list(users))
+        for args in (("db", "migrate"), ("teams", "sync")):
+            done = airflow.run_cli(settings, *args, timeout=settings.airflow.migrate_timeout_s, extra_env=out)
+            if done.returncode != 0:
+                tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["(no output)"]
+                raise airflow.AirflowUnavailable(f"`airflow {' '.join(args)}` failed for the project teams: {tail[0]}")
+        write_json(str(env_file), out)
+        env_file.chmod(0o600)
+        return out
