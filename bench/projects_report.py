@@ -73,7 +73,8 @@ def render(result: dict[str, Any]) -> str:
     settings = result.get("settings", {})
     sections = [("Run", table_html([{"commit": result.get("commit", {}).get("sha"), "dirty": result.get("commit", {}).get("dirty"),
                                      "day": result.get("day"), "seed": result.get("seed"),
-                                     "multi_lora": settings.get("multi_lora"), "seconds a phase": settings.get("seconds"),
+                                     "multi_lora": settings.get("multi_lora"), "multi_team": settings.get("multi_team"),
+                                     "seconds a phase": settings.get("seconds"),
                                      "flood clients": settings.get("flood"), "flood rpm quota": settings.get("flood_rpm")}])),
                 ("Steps (seconds)", table_html([{"step": k, "seconds": v} for k, v in result.get("steps", {}).items()]))]
     if "isolation" in result:
