@@ -109,3 +109,10 @@ def test_a_projects_dags_are_listed_read_and_triggered_by_its_members_only(tmp_p
         assert airflow.multi_team_env_file(settings).read_text() == before
     finally:
         stop_group(server)
+    # Airflow stopped: a deleted project's bundle, team logins and their passwords go at the next prepare
+    registry.delete(settings, "search")
+    airflow_access.prepare(settings)
+    assert not airflow_access.bundle_dir(settings, "search").exists()
+    left = json.loads(airflow.password_file(settings).read_text())
+    assert "bob@search" not in left and "carol@shop" in left
+    assert not airflow_access.login_password_file(settings, "bob@search").exists()
