@@ -27,6 +27,7 @@ def test_recipe_carries_the_sweep_hyperparameters() -> None:
     assert spec["dist_env"]["backend"] == "nccl" and spec["model"]["torch_dtype"] == "bfloat16"
     cpu = recipe(cfg, base_model_path="/m", num_layers=30, train_file="/d.jsonl", checkpoint_dir="/c", examples=100)
     assert cpu["dist_env"]["backend"] == "gloo" and cpu["model"]["torch_dtype"] == "float32"
+    assert "mp_policy" not in spec["distributed"]  # the GPU keeps AutoModel's bf16 compute policy
     assert target_patterns(tiny_config(), 2) == [f"*.{m}" for m in tiny_config().target_modules]
 
 
@@ -60,6 +61,13 @@ def test_nemo_recipe_trains_a_lora_adapter_stock_peft_loads(plain_run) -> None:
     with torch.no_grad():
         after = tuned(ids).logits
     assert not torch.allclose(before, after), "the trained adapter changes the model"
+    # on CPU the recipe computes in the model's fp32 (AutoModel's default policy would cast the frozen base and
+    # the adapter to bf16: torch's slow fallback bf16 GEMM on CPU, and a bf16 adapter)
+    from safetensors import safe_open
+
+    with safe_open(str(Path(result.adapter_dir) / "adapter_model.safetensors"), "pt") as f:
+        dtypes = {f.get_slice(k).get_dtype() for k in f.keys()}
+    assert dtypes == {"F32"}, dtypes
 
 
 def test_nemo_packs_the_examples_with_automodel_s_own_packing(tmp_path: Path, plain_run) -> None:

@@ -95,7 +95,13 @@ def recipe(cfg: TrainConfig, *, base_model_path: str, num_layers: int, train_fil
                   "torch_dtype": "bfloat16" if on_gpu else "float32", "attn_implementation": "sdpa"},
         "distributed": {"_target_": "nemo_automodel.components.distributed.fsdp2.FSDP2Manager",
                         "dp_size": max(1, gpus // tensor_parallel_size) if on_gpu else 1,
-                        "tp_size": tensor_parallel_size if on_gpu else 1, "pp_size": 1, "cp_size": 1},
+                        "tp_size": tensor_parallel_size if on_gpu else 1, "pp_size": 1, "cp_size": 1,
+                        # FSDP2Config's default policy computes in bf16 and casts the frozen base to bf16, even
+                        # on one rank: on CPU that is torch's slow fallback bf16 GEMM (4x slower steps here) and
+                        # a bf16 adapter. On CPU the model computes in its own fp32; the GPU keeps bf16.
+                        **({} if on_gpu else {"mp_policy": {
+                            "_target_": "torch.distributed.fsdp.MixedPrecisionPolicy", "param_dtype": None,
+                            "reduce_dtype": None, "output_dtype": None, "cast_forward_inputs": False}})},
         "step_scheduler": {"global_batch_size": batch, "local_batch_size": max(1, batch // dp),
                            # packed: one epoch more than our first-fit count needs, in case NEAT's greedy knapsack
                            # makes fewer packs (max_steps ends the run first; a short run is an error, see train_nemo)
