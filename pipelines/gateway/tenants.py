@@ -48,6 +48,11 @@ def replica_name(settings: Settings) -> str:
     return settings.gateway.replica or f"{host}-{settings.gateway.port}"
 
 
+def _counts(record: Any) -> dict[str, int]:
+    """A usage record's counts (TypeError / AttributeError / ValueError: not a usage record)."""
+    return {field: int(record.get(field) or 0) for field in USAGE_FIELDS}
+
+
 def usage_uri(settings: Settings, day: str, replica: str) -> str:
     return f"{settings.zone('serving')}/gateway/usage/{day}/{replica}.json"
 
@@ -66,8 +71,7 @@ def usage_by_day(settings: Settings, day: str = "*", exclude: str | None = None)
         if exclude is not None and replica == exclude:
             continue
         try:
-            used = read_json(uri)
-            counts = {field: int(used.get(field) or 0) for field in USAGE_FIELDS}
+            counts = _counts(read_json(uri))
         except (OSError, ValueError, TypeError, AttributeError) as exc:  # unreadable, or not a usage record
             LOG.warning("usage %s unreadable: %s", uri, exc)
             continue
@@ -94,8 +98,7 @@ class Quota:
         self.day = _today()
         uri = usage_uri(settings, self.day, self.replica)
         try:  # a restarted replica counts on from its own file
-            found = read_json(uri) if exists(uri) else {}
-            self.used = {field: int(found.get(field) or 0) for field in USAGE_FIELDS}
+            self.used = _counts(read_json(uri) if exists(uri) else {})
         except (OSError, ValueError, TypeError, AttributeError) as exc:
             LOG.warning("usage %s unreadable (%s): counting from zero", uri, exc)
             self.used = dict.fromkeys(USAGE_FIELDS, 0)
@@ -183,21 +186,23 @@ class Quota:
             if self.day == day:
                 self.others = others
 
-    def _flush_locked(self) -> None:
+    def _write(self, day: str, used: dict[str, int]) -> None:
         from pipelines.storage import write_json
 
+        write_json(usage_uri(self.settings, day, self.replica),
+                   {**used, "day": day, "project": self.settings.project, "replica": self.replica})
+
+    def _flush_locked(self) -> None:
         for day, used in list(self._unwritten.items()):  # an earlier day's counts a failed write left behind
             try:
-                write_json(usage_uri(self.settings, day, self.replica),
-                           {**used, "day": day, "project": self.settings.project, "replica": self.replica})
+                self._write(day, used)
                 del self._unwritten[day]
             except OSError as exc:
                 LOG.warning("usage of %s not written: %s", day, exc)
         if not self._dirty:
             return
         try:
-            write_json(usage_uri(self.settings, self.day, self.replica),
-                       {**self.used, "day": self.day, "project": self.settings.project, "replica": self.replica})
+            self._write(self.day, self.used)
             self._dirty, self._flushed = False, time.monotonic()
         except OSError as exc:  # the count stays in memory; the next flush tries again
             LOG.warning("usage not written: %s", exc)

@@ -130,19 +130,6 @@ def _passwords(settings: Settings, wanted: list[str]) -> None:
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
-def _running(settings: Settings) -> bool:
-    import urllib.error
-    import urllib.request
-
-    from pipelines.clients import airflow
-
-    try:
-        with urllib.request.urlopen(f"{airflow.base_url(settings)}{airflow.HEALTH_PATH}", timeout=3):  # noqa: S310
-            return True
-    except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
-        return False
-
-
 def prepare(settings: Settings) -> dict[str, str]:
     """In multi-team mode (nothing when it is off): each project's bundle, team and logins, under a lock.
     What every Airflow process of the platform then reads (`airflow_env`, from `airflow.multi_team_env_file`,
@@ -152,6 +139,7 @@ def prepare(settings: Settings) -> dict[str, str]:
 
     from pipelines.clients import airflow
     from pipelines.projects import registry
+    from pipelines.services import http_ok
     from pipelines.storage import write_json
 
     if not settings.airflow.multi_team:
@@ -168,7 +156,7 @@ def prepare(settings: Settings) -> dict[str, str]:
                "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": ",".join(["admin:admin", *(f"{n}:{r}" for n, r in users.items())])}
         if {k: v for k, v in old.items() if k != SECRET_KEY} == out:
             return old
-        if _running(settings):
+        if http_ok(f"{airflow.base_url(settings)}{airflow.HEALTH_PATH}", timeout=3):  # a running Airflow
             raise airflow.AirflowUnavailable(
                 "the running Airflow serves an older set of project teams, DAG bundles or logins (a project or member "
                 "changed since it started): apply it with `flywheel down && flywheel up`")
