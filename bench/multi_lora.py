@@ -1,34 +1,37 @@
-"""Multi-LoRA serving benchmark: N adapters on ONE base model vs merged vs one copy per adapter.
+"""Multi-LoRA serving benchmark: N adapters on ONE base model (batched slots, or PEFT's mixed batch) against one
+merged model and against one merged copy per adapter, in paired rounds.
 
-Measures greedy decoding (``generate``, fixed ``--new-tokens`` per request, random prompt ids, random
-weights built from a config: no downloads, no tokenizer) under three conditions:
+Greedy decoding (`generate`, exactly --new-tokens per request, random prompt ids, random weights built from a
+config: no downloads, no tokenizer). Conditions, all resident at once and measured round by round in a rotating
+order (so each round pairs every condition with `merged` under the same machine state):
 
-* ``merged``        one adapter merged into the base (``merge_and_unload``): the single-adapter ceiling.
-* ``multi_lora_N``  one base + N PEFT LoRA adapters; row j of a batch of c concurrent requests uses
-                    adapter j % N via PEFT mixed-batch inference (``generate(..., adapter_names=[...])``).
-* ``copies_N``      N merged models resident (one instance per adapter); the rows of a batch are grouped
-                    by their copy and the copies run one after another (no batching across instances).
-                    Skipped, with the reason recorded, above ``--skip-per-adapter-copies-above``.
+* `merged`      adapter a0 merged into the base: the single-adapter ceiling.
+* `batched_N`   one base + N adapters in slots (`pipelines/serve/batched_lora.py`); row j of a batch of c uses
+                adapter j % N: two batched products per adapted projection for any mix.
+* `peft_N`      one base + N PEFT adapters, PEFT's mixed-batch forward (`adapter_names`), for N in --peft.
+* `copies_N`    N merged models, rows grouped by copy, copies run one after another, for N in --copies.
+* with --graphs, `merged_graph` and `batched_N_graph`: the same models through HF's static cache, which
+  compiles the decoding step (torch.compile, CUDA graphs on a GPU): launch overhead out of both sides.
 
-Per condition and concurrency: tokens/s (generated tokens / wall, median of --repeats after one
-warm-up), p50 latency per request (= the batch's wall time), peak memory (CUDA: max_memory_allocated
-after reset_peak_memory_stats, weights included; CPU: process RSS after the run, noisy), plus adapter
-and base parameter bytes. Then, per concurrency, the goal check for each multi_lora_N:
-throughput >= 90 % of merged, and peak <= base + N x adapter + merged's activation overhead.
-Errors (e.g. CUDA OOM) are recorded per row as "error" and the run continues.
+Per condition and concurrency: every call's wall time (a call = one batch of c requests), tokens/s, and per
+round the ratio to `merged` (or `merged_graph`) of the same round: mean with a paired 95 % t-interval over the
+rounds. Before timing, batched rows are checked against PEFT (mixed batch) and against the merged model (max
+relative error of the last logits). Memory (CUDA): per N, a fresh base with N slots, peak allocated over a
+c-row run, against base + N x adapter (weights) and against that plus merged's own working memory. Errors
+(OOM, compile failures) are recorded in their row and the run goes on; --deadline-s stops starting new rounds.
 
-Only needs torch, transformers, peft, numpy, pandas, psutil (imports nothing from this repository).
-CUDA bf16 when available, else CPU fp32. Examples:
-    python bench/multi_lora.py --shape llama-8b --adapters 1,4,16 --concurrency 1,4 --out $OUT/multi_lora.json
-    python bench/multi_lora.py --shape tiny --adapters 1,4 --concurrency 1,2 --new-tokens 8 \
-        --prompt-tokens 32 --repeats 1 --out /tmp/multi_lora_smoke.json      # CPU smoke run
+Needs torch, transformers, peft, numpy-free; imports `batched_lora.py` by path. CUDA bf16 when there, else CPU fp32:
+    python3 bench/multi_lora.py --shape llama-8b --adapters 1,4,16 --concurrency 1,4 --graphs --out $OUT/multi_lora.json
+    .venv/bin/python bench/multi_lora.py --shape tiny --rounds 2 --new-tokens 4 --prompt-tokens 16 --out /tmp/ml.json
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import importlib.util
 import json
+import math
 import os
 import platform
 import statistics
@@ -40,12 +43,14 @@ import warnings
 from datetime import datetime, timezone
 from pathlib import Path
 
-import peft
-import psutil
 import torch
 import transformers
-from peft import LoraConfig, PeftModel, get_peft_model
 from transformers import AutoModelForCausalLM, LlamaConfig
+
+HERE = Path(__file__).resolve().parent
+_spec = importlib.util.spec_from_file_location("batched_lora", HERE.parent / "pipelines" / "serve" / "batched_lora.py")
+batched_lora = sys.modules["batched_lora"] = importlib.util.module_from_spec(_spec)  # torch.compile imports it
+_spec.loader.exec_module(batched_lora)
 
 SHAPES = {
     "tiny": dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=4,
@@ -59,11 +64,17 @@ CUDA = torch.cuda.is_available()
 DEVICE = torch.device("cuda" if CUDA else "cpu")
 DTYPE = torch.bfloat16 if CUDA else torch.float32
 PAD = 0
-sync = torch.cuda.synchronize if CUDA else (lambda: None)
+T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
+        12: 2.179, 15: 2.131, 20: 2.086, 30: 2.042}
+
+
+def sync() -> None:
+    if CUDA:
+        torch.cuda.synchronize()
 
 
 def ints(text: str) -> list[int]:
-    return [int(x) for x in text.split(",") if x.strip()]
+    return sorted({int(x) for x in text.split(",") if x.strip()})
 
 
 def one_line(exc: BaseException) -> str:
@@ -73,17 +84,30 @@ def one_line(exc: BaseException) -> str:
 
 def git(*cmd: str) -> str | None:
     try:
-        r = subprocess.run(["git", *cmd], cwd=Path(__file__).resolve().parent, capture_output=True,
-                           text=True, timeout=10)
+        r = subprocess.run(["git", *cmd], cwd=HERE, capture_output=True, text=True, timeout=10)
         return r.stdout if r.returncode == 0 else None
-    except Exception:  # git missing, not a repository, ...
+    except (OSError, subprocess.SubprocessError):
         return None
 
 
 def free() -> None:
     gc.collect()
     sync()
-    torch.cuda.empty_cache() if CUDA else None
+    if CUDA:
+        torch.cuda.empty_cache()
+
+
+def interval(ratios: list[float]) -> dict:
+    """Mean of the per-round ratios with a 95 % t-interval (n = rounds)."""
+    n = len(ratios)
+    if n == 0:
+        return {"n": 0, "mean": None, "low": None, "high": None}
+    mean = statistics.fmean(ratios)
+    if n < 2:
+        return {"n": n, "mean": mean, "low": None, "high": None}
+    t = T975[max(k for k in T975 if k <= n - 1)]
+    half = t * statistics.stdev(ratios) / math.sqrt(n)
+    return {"n": n, "mean": mean, "low": mean - half, "high": mean + half}
 
 
 def build_base(shape: str, seed: int) -> torch.nn.Module:
@@ -95,85 +119,76 @@ def build_base(shape: str, seed: int) -> torch.nn.Module:
     return model.eval()
 
 
-def add_lora(model: torch.nn.Module, name: str, rank: int, seed: int) -> PeftModel:
-    """Add adapter ``name``; lora_A from PEFT's init (seeded), lora_B ~ N(0, 0.01) so it is not a no-op."""
-    cfg = LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=TARGETS, lora_dropout=0.0,
-                     task_type="CAUSAL_LM")
-    torch.manual_seed(seed)
-    if isinstance(model, PeftModel):
-        model.add_adapter(name, cfg)
-    else:
-        model = get_peft_model(model, cfg, adapter_name=name)
+def adapter_state(model: torch.nn.Module, rank: int, seed: int) -> dict[str, torch.Tensor]:
+    """A PEFT-format LoRA state dict for every target projection: A ~ U(+-1/sqrt(in)) as PEFT initialises it,
+    B ~ N(0, 0.01) so the adapter changes the answers."""
     gen = torch.Generator().manual_seed(seed)
+    state = {}
+    for name, module in model.named_modules():
+        if type(module) is torch.nn.Linear and name.rsplit(".", 1)[-1] in TARGETS:
+            bound = 1 / math.sqrt(module.in_features)
+            a = (torch.rand(rank, module.in_features, generator=gen) * 2 - 1) * bound
+            b = torch.randn(module.out_features, rank, generator=gen) * 0.01
+            state[f"base_model.model.{name}.lora_A.weight"] = a.to(DTYPE)  # kept on the host: never in a peak
+            state[f"base_model.model.{name}.lora_B.weight"] = b.to(DTYPE)
+    return state
+
+
+def merged_model(args, state: dict[str, torch.Tensor], scale: float) -> torch.nn.Module:
+    model = build_base(args.shape, args.seed)
+    modules = dict(model.named_modules())
     with torch.no_grad():
-        for pname, p in model.named_parameters():
-            if f".{name}." not in pname or "lora_" not in pname:
-                continue
-            if "lora_B" in pname:
-                p.data = (torch.randn(p.shape, generator=gen) * 0.01).to(DEVICE, DTYPE)
-            else:  # keep adapters in the serving dtype (PEFT may upcast them to fp32)
-                p.data = p.data.to(DEVICE, DTYPE)
+        for key, a in state.items():
+            if ".lora_A." in key:
+                name = key.removeprefix("base_model.model.").rsplit(".lora_A.", 1)[0]
+                b = state[key.replace(".lora_A.", ".lora_B.")]
+                modules[name].weight += (scale * (b.to(DEVICE).float() @ a.to(DEVICE).float())).to(DTYPE)
+    return model
+
+
+def peft_model(args, states: list[dict[str, torch.Tensor]]) -> torch.nn.Module:
+    from peft import LoraConfig, get_peft_model, set_peft_model_state_dict
+
+    config = LoraConfig(r=args.rank, lora_alpha=2 * args.rank, target_modules=TARGETS, lora_dropout=0.0,
+                        init_lora_weights=False, task_type="CAUSAL_LM")
+    model = get_peft_model(build_base(args.shape, args.seed), config, adapter_name="a0")
+    for i, state in enumerate(states):
+        if i:
+            model.add_adapter(f"a{i}", config)
+        set_peft_model_state_dict(model, state, adapter_name=f"a{i}")
+    for p in model.parameters():
+        p.data = p.data.to(DTYPE)
     return model.eval()
 
 
-def merged_model(shape: str, seed: int, rank: int, adapter_seed: int) -> torch.nn.Module:
-    model = add_lora(build_base(shape, seed), "a0", rank, adapter_seed).merge_and_unload()
-    model.generation_config.pad_token_id = PAD
-    return model.eval()
+def generate(model, ids: torch.Tensor, args, graph: bool, **extra) -> None:
+    kw = {"cache_implementation": "static"} if graph else {}
+    if graph and not CUDA:
+        kw["compile_config"] = transformers.CompileConfig(fullgraph=False)
+        kw["compile_config"]._compile_all_devices = True
+    with torch.inference_mode():
+        out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=args.new_tokens,
+                             min_new_tokens=args.new_tokens, do_sample=False, pad_token_id=PAD, **kw, **extra)
+    if out.shape[1] != ids.shape[1] + args.new_tokens:
+        raise RuntimeError(f"generated {out.shape[1] - ids.shape[1]} tokens, asked {args.new_tokens}")
 
 
-def param_bytes(model: torch.nn.Module, adapter: str | None = None) -> int:
-    return sum(p.numel() * p.element_size() for n, p in model.named_parameters()
-               if adapter is None or (f".{adapter}." in n and "lora_" in n))
+def last_logits(model, ids: torch.Tensor, **extra) -> torch.Tensor:
+    with torch.inference_mode():
+        return model(input_ids=ids, **extra).logits[:, -1].float()
 
 
-def timed(run, repeats: int) -> tuple[float, float]:
-    """(median wall seconds, peak memory bytes) over ``repeats`` calls after one warm-up."""
-    free()
-    if CUDA:
-        torch.cuda.reset_peak_memory_stats()
-    run()  # warm-up
-    walls = []
-    for _ in range(repeats):
-        sync()
-        t0 = time.perf_counter()
-        run()
-        sync()
-        walls.append(time.perf_counter() - t0)
-    peak = torch.cuda.max_memory_allocated() if CUDA else psutil.Process().memory_info().rss
-    return statistics.median(walls), peak
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).norm() / b.norm())
 
 
-def gen_fn(model, ids: torch.Tensor, new_tokens: int, **extra):
-    def run():
-        with torch.inference_mode():
-            out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
-                                 min_new_tokens=new_tokens, do_sample=False, pad_token_id=PAD, **extra)
-        assert out.shape[1] == ids.shape[1] + new_tokens, out.shape
-    return run
-
-
-def record(rows: list, cond: str, n: int, c: int, args, run=None, error: str | None = None,
-           skipped: str | None = None) -> None:
-    row = {"condition": cond, "adapters": n, "concurrency": c, "tokens_per_s": None, "p50_latency_s": None,
-           "peak_memory_bytes": None, "error": error, "skipped": skipped}
-    if run is not None and error is None and skipped is None:
-        try:
-            wall, peak = timed(run, args.repeats)
-            row.update(tokens_per_s=c * args.new_tokens / wall, p50_latency_s=wall, peak_memory_bytes=peak)
-        except Exception as exc:
-            row["error"] = one_line(exc)
-    rows.append(row)
-    tag = row["error"] or row["skipped"] or f"{row['tokens_per_s']:.1f} tok/s"
-    print(f"  {cond:<14} c={c:<3} {tag}", flush=True)
-
-
-def record_missing(rows: list, cond: str, n: int, conc: list[int], args, error: str) -> None:
-    """Record ``error`` for every concurrency of ``cond`` that has no row yet."""
-    done = {r["concurrency"] for r in rows if r["condition"] == cond}
-    for c in conc:
-        if c not in done:
-            record(rows, cond, n, c, args, error=error)
+def write(result: dict, out: Path) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
+    with os.fdopen(fd, "w") as fh:
+        json.dump(result, fh, indent=2)
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, out)
 
 
 def main() -> None:
@@ -181,138 +196,218 @@ def main() -> None:
     ap.add_argument("--shape", choices=sorted(SHAPES), default="tiny")
     ap.add_argument("--adapters", type=ints, default=[1, 4, 16])
     ap.add_argument("--concurrency", type=ints, default=[1, 4])
-    for flag, default in [("--rank", 16), ("--prompt-tokens", 128), ("--new-tokens", 32), ("--repeats", 3),
-                          ("--seed", 0), ("--skip-per-adapter-copies-above", 4)]:
+    ap.add_argument("--peft", type=ints, default=[4], help="N for the PEFT mixed-batch reference ('' for none)")
+    ap.add_argument("--copies", type=ints, default=[4], help="N for one merged copy per adapter ('' for none)")
+    ap.add_argument("--graphs", action="store_true", help="also the compiled static-cache decoding (CUDA graphs)")
+    for flag, default in [("--rank", 16), ("--prompt-tokens", 128), ("--new-tokens", 32), ("--rounds", 5),
+                          ("--seed", 0), ("--deadline-s", 0)]:
         ap.add_argument(flag, type=int, default=default)
     ap.add_argument("--out", default="bench/results/multi_lora.json")
     args = ap.parse_args()
-    adapters, conc = sorted(set(args.adapters)), sorted(set(args.concurrency))
-    aseed = lambda i: args.seed + 1 + i  # noqa: E731  adapter i is identical in every condition
+    started = time.monotonic()
+    late = lambda: args.deadline_s and time.monotonic() - started > args.deadline_s  # noqa: E731
     transformers.logging.set_verbosity_error()
-    warnings.filterwarnings("ignore", category=FutureWarning)  # deprecation chatter between peft/transformers
+    torch._dynamo.config.cache_size_limit = 32  # a graph per (batch size, adapter mode)
+    warnings.filterwarnings("ignore")
+    device_name = torch.cuda.get_device_name(0) if CUDA else f"cpu ({platform.machine()})"
+    adapters, conc, scale = args.adapters, args.concurrency, 2.0  # lora_alpha = 2 x rank
     gen = torch.Generator().manual_seed(args.seed)
-    all_ids = torch.randint(3, SHAPES[args.shape]["vocab_size"], (max(conc), args.prompt_tokens),
-                            generator=gen).to(DEVICE)
-    device_name = torch.cuda.get_device_name(0) if CUDA else f"cpu ({platform.processor() or platform.machine()})"
-    print(f"device={device_name} dtype={DTYPE} shape={args.shape} adapters={adapters} concurrency={conc}")
-    rows: list[dict] = []
-    sizes = {"base_param_bytes": None, "adapter_param_bytes": None}
-
-    # 1. merged: base + adapter a0 merged in.
-    model = None
-    try:
-        model = merged_model(args.shape, args.seed, args.rank, aseed(0))
-        sizes["base_param_bytes"] = param_bytes(model)
-        for c in conc:
-            record(rows, "merged", 1, c, args, gen_fn(model, all_ids[:c], args.new_tokens))
-    except Exception as exc:  # e.g. OOM while building
-        record_missing(rows, "merged", 1, conc, args, one_line(exc))
-    del model
-    free()
-
-    # 2. multi_lora_N: one base, adapters added incrementally so N adapters are resident for row N.
-    model, loaded = None, 0
-    try:
-        model = build_base(args.shape, args.seed)
-        sizes["base_param_bytes"] = param_bytes(model)
-        for n in adapters:
-            try:
-                while loaded < n:
-                    model = add_lora(model, f"a{loaded}", args.rank, aseed(loaded))
-                    loaded += 1
-                sizes["adapter_param_bytes"] = param_bytes(model, "a0")
-            except Exception as exc:
-                for n2 in (a for a in adapters if a >= n):  # later N cannot be built either
-                    record_missing(rows, f"multi_lora_{n2}", n2, conc, args, one_line(exc))
-                break
-            for c in conc:
-                names = [f"a{j % n}" for j in range(c)]
-                record(rows, f"multi_lora_{n}", n, c, args,
-                       gen_fn(model, all_ids[:c], args.new_tokens, adapter_names=names))
-    except Exception as exc:
-        for n in adapters:
-            record_missing(rows, f"multi_lora_{n}", n, conc, args, one_line(exc))
-    del model
-    free()
-
-    # 3. copies_N: N merged models resident, rows grouped per copy, copies run one at a time.
-    for n in adapters:
-        if n > args.skip_per_adapter_copies_above:
-            why = f"N={n} > --skip-per-adapter-copies-above={args.skip_per_adapter_copies_above} (would not fit)"
-            for c in conc:
-                record(rows, f"copies_{n}", n, c, args, skipped=why)
-            continue
-        copies, err = [], None
-        try:
-            for i in range(n):
-                copies.append(merged_model(args.shape, args.seed, args.rank, aseed(i)))
-        except Exception as exc:
-            err = one_line(exc)
-        if err:  # outside the except block, so the traceback no longer pins the half-built copy
-            copies.clear()
-            free()
-            record_missing(rows, f"copies_{n}", n, conc, args, err)
-            continue
-        for c in conc:
-            runs = [gen_fn(copies[k], all_ids[:c][k::n], args.new_tokens) for k in range(min(n, c))]
-            record(rows, f"copies_{n}", n, c, args, lambda runs=runs: [r() for r in runs])
-        del copies, runs
-        free()
-
-    # Goal: multi_lora_N within 10 % of merged throughput, memory <= base + N x adapter (+ merged overhead).
-    by = {(r["condition"], r["concurrency"]): r for r in rows}
-    base_b, ad_b = sizes["base_param_bytes"], sizes["adapter_param_bytes"]
-    goals = []
-    for c in conc:
-        m = by.get(("merged", c), {})
-        for n in adapters:
-            r = by.get((f"multi_lora_{n}", c), {})
-            g = {"adapters": n, "concurrency": c, "throughput_vs_merged": None, "memory_over_budget": None,
-                 "verdict": "n/a (missing measurement)"}
-            if m.get("tokens_per_s") and r.get("tokens_per_s") and base_b and ad_b:
-                budget = base_b + n * ad_b + (m["peak_memory_bytes"] - base_b)
-                g["throughput_vs_merged"] = r["tokens_per_s"] / m["tokens_per_s"]
-                g["memory_over_budget"] = r["peak_memory_bytes"] / budget
-                ok = g["throughput_vs_merged"] >= 0.9 and g["memory_over_budget"] <= 1.0
-                g["verdict"] = "PASS" if ok else "FAIL"
-            goals.append(g)
-
+    ids = torch.randint(3, SHAPES[args.shape]["vocab_size"], (max(conc), args.prompt_tokens), generator=gen).to(DEVICE)
     status = git("status", "--porcelain")
-    result = {
-        "benchmark": "multi_lora", "utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "argv": sys.argv, "settings": vars(args) | {"adapters": adapters, "concurrency": conc},
-        "seeds": {"model": args.seed, "prompt": args.seed, "adapter_i": "seed + 1 + i"},
-        "shape": {"name": args.shape, **SHAPES[args.shape]}, "device": device_name, "dtype": str(DTYPE),
-        "memory_kind": "cuda_max_memory_allocated" if CUDA else "cpu_process_rss_after_run",
-        "versions": {"python": platform.python_version(), "torch": torch.__version__,
-                     "transformers": transformers.__version__, "peft": peft.__version__},
-        "git_commit": (git("rev-parse", "HEAD") or "").strip() or None,
-        "dirty": None if status is None else bool(status.strip()),
-        **sizes, "rows": rows, "goal": goals,
-    }
+    result = {"benchmark": "multi_lora", "utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+              "argv": sys.argv, "settings": vars(args), "device": device_name, "dtype": str(DTYPE),
+              "seeds": {"model": args.seed, "prompt": args.seed, "adapter_i": "seed + 1 + i"},
+              "shape": {"name": args.shape, **SHAPES[args.shape]},
+              "versions": {"python": platform.python_version(), "torch": torch.__version__,
+                           "transformers": transformers.__version__},
+              "git_commit": (git("rev-parse", "HEAD") or "").strip() or None,
+              "dirty": None if status is None else bool(status.strip()), "calls": [], "errors": {}}
     out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
-    with os.fdopen(fd, "w") as fh:
-        json.dump(result, fh, indent=2)
-    os.chmod(tmp, 0o644)  # mkstemp creates 0600
-    os.replace(tmp, out)
+    print(f"device={device_name} dtype={DTYPE} shape={args.shape} adapters={adapters} concurrency={conc}", flush=True)
 
-    fmt = lambda v, spec: format(v, spec) if v else "-"  # noqa: E731
-    mib = lambda b, spec=",.0f": fmt(b and b / 2**20, spec)  # noqa: E731
-    print(f"\n{device_name} | {DTYPE} | {args.shape} | base {mib(base_b, ',.1f')} MiB | adapter"
-          f" {mib(ad_b, ',.1f')} MiB | memory = {result['memory_kind']}")
-    print(f"{'condition':<15}{'c':>3}{'tok/s':>10}{'p50 s':>9}{'peak MiB':>11}  note")
-    for r in rows:
-        print(f"{r['condition']:<15}{r['concurrency']:>3}{fmt(r['tokens_per_s'], '.1f'):>10}"
-              f"{fmt(r['p50_latency_s'], '.3f'):>9}{mib(r['peak_memory_bytes']):>11}  "
-              f"{(r['error'] or r['skipped'] or '')[:60]}")
-    print("goal: tokens/s >= 0.90 x merged and peak <= base + N x adapter + merged overhead")
-    for g in goals:
-        print(f"  multi_lora_{g['adapters']:<4} c={g['concurrency']:<3} throughput vs merged"
-              f" {fmt(g['throughput_vs_merged'], '.2f'):>5}  memory over base+N*adapter"
-              f" {fmt(g['memory_over_budget'], '.3f'):>6}  {g['verdict']}")
-    print(f"wrote {out}")
+    base = build_base(args.shape, args.seed)
+    states = [adapter_state(base, args.rank, args.seed + 1 + i) for i in range(max(adapters + args.peft + args.copies))]
+    del base
+    free()
+    # Memory first: per N a fresh base with N slots (nothing else resident), peak over a run at the largest c.
+    memory = []
+    if CUDA:
+        c = max(conc)
+        for n in adapters:
+            row = {"adapters": n, "concurrency": c}
+            try:
+                model = build_base(args.shape, args.seed)
+                base_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+                slots = batched_lora.BatchedLoRA(model, TARGETS, slots=n, rank=args.rank)
+                for i in range(n):
+                    slots.load(i, states[i], scale)
+                slots.select([j % n for j in range(c)])
+                torch.cuda.reset_peak_memory_stats()
+                generate(model, ids[:c], args, False)
+                row["peak_bytes"] = torch.cuda.max_memory_allocated()
+                row["weights_budget_bytes"] = base_bytes + n * slots.adapter_bytes()
+                row["peak_over_weights_budget"] = row["peak_bytes"] / row["weights_budget_bytes"]
+                del model, slots
+            except Exception as exc:  # noqa: BLE001
+                row["error"] = one_line(exc)
+            free()
+            memory.append(row)
+        try:
+            model = merged_model(args, states[0], scale)
+            torch.cuda.reset_peak_memory_stats()
+            generate(model, ids[:c], args, False)
+            memory.append({"condition": "merged", "concurrency": c, "peak_bytes": torch.cuda.max_memory_allocated()})
+            del model
+        except Exception as exc:  # noqa: BLE001
+            memory.append({"condition": "merged", "error": one_line(exc)})
+        free()
+    result["memory"] = memory
+    write(result, out)
+    print(f"  memory measured ({time.monotonic() - started:.0f} s)", flush=True)
+    base = build_base(args.shape, args.seed)
+    batched = batched_lora.BatchedLoRA(base, TARGETS, slots=max(adapters), rank=args.rank)
+    for i in range(max(adapters)):
+        batched.load(i, states[i], scale)
+    result["base_param_bytes"] = sum(p.numel() * p.element_size() for p in base.parameters())
+    result["adapter_bytes"] = batched.adapter_bytes()
+    models = {"merged": merged_model(args, states[0], scale)}
+    runs = {}  # condition -> (model, c -> callable)
+
+    def on_batched(n: int, graph: bool):
+        def run(c: int):
+            batched.select([j % n for j in range(c)])
+            generate(base, ids[:c], args, graph)
+        return run
+
+    runs["merged"] = lambda c: generate(models["merged"], ids[:c], args, False)
+    for n in adapters:
+        runs[f"batched_{n}"] = on_batched(n, False)
+    for n in args.peft:
+        try:
+            models[f"peft_{n}"] = peft_model(args, states[:n])
+            runs[f"peft_{n}"] = (lambda m, n: lambda c: generate(m, ids[:c], args, False,
+                                 adapter_names=[f"a{j % n}" for j in range(c)]))(models[f"peft_{n}"], n)
+        except Exception as exc:  # noqa: BLE001 (OOM: recorded, the others go on)
+            result["errors"][f"peft_{n}"] = one_line(exc)
+    for n in args.copies:
+        try:
+            copies = [merged_model(args, states[i], scale) for i in range(n)]
+            runs[f"copies_{n}"] = (lambda cs: lambda c: [generate(cs[k], ids[:c][k::len(cs)], args, False)
+                                                         for k in range(min(len(cs), c))])(copies)
+        except Exception as exc:  # noqa: BLE001
+            result["errors"][f"copies_{n}"] = one_line(exc)
+            copies = None
+            free()
+
+    # Agreement before any timing: batched rows against PEFT's mixed batch and against the merged model.
+    check = {}
+    batched.select([0])
+    check["batched_vs_merged_a0"] = rel(last_logits(base, ids[:1]), last_logits(models["merged"], ids[:1]))
+    peft_n = next((n for n in args.peft if f"peft_{n}" in models), None)
+    if peft_n:
+        c = max(conc)
+        batched.select([j % peft_n for j in range(c)])
+        check[f"batched_vs_peft_{peft_n}_c{c}"] = rel(
+            last_logits(base, ids[:c]),
+            last_logits(models[f"peft_{peft_n}"], ids[:c], adapter_names=[f"a{j % peft_n}" for j in range(c)]))
+    batched.select([])
+    check["base_vs_merged"] = rel(last_logits(base, ids[:1]), last_logits(models["merged"], ids[:1]))
+    result["agreement_rel_error"] = check
+    print("agreement (relative error of last logits):", {k: f"{v:.2e}" for k, v in check.items()}, flush=True)
+
+    if args.graphs:
+        runs["merged_graph"] = lambda c: generate(models["merged"], ids[:c], args, True)
+        for n in adapters:
+            runs[f"batched_{n}_graph"] = on_batched(n, True)
+
+    def call(cond: str, c: int, rnd: int) -> None:
+        sync()
+        t0 = time.perf_counter()
+        error = None
+        try:
+            runs[cond](c)
+            sync()
+        except Exception as exc:  # noqa: BLE001
+            error = one_line(exc)
+        wall = time.perf_counter() - t0
+        result["calls"].append({"condition": cond, "concurrency": c, "round": rnd, "wall_s": wall,
+                                "tokens": c * args.new_tokens if error is None else 0, "error": error})
+
+    conds = list(runs)
+    rounds_done = {}
+    for phase in ([c for c in conds if not c.endswith("_graph")], [c for c in conds if c.endswith("_graph")]):
+        if not phase:
+            continue
+        for cond in phase:  # warm-up (round -1; compiles and graph recordings happen here): every call is kept
+            if late():
+                result["errors"][cond] = "deadline before its warm-up"
+                continue
+            for c in conc:
+                for _ in range(3 if cond.endswith("_graph") else 1):
+                    call(cond, c, -1)
+            print(f"  warmed {cond} ({time.monotonic() - started:.0f} s)", flush=True)
+            write(result, out)
+        done = 0
+        for rnd in range(args.rounds):
+            if late():
+                print(f"deadline: {done} rounds of {phase[0]}'s phase", flush=True)
+                break
+            shift = rnd % len(phase)
+            for cond in phase[shift:] + phase[:shift]:
+                for c in conc:
+                    call(cond, c, rnd)
+            done += 1
+            print(f"  round {rnd} ({time.monotonic() - started:.0f} s)", flush=True)
+            write(result, out)
+        rounds_done[phase[0]] = done
+    result["rounds_done"] = rounds_done
+
+    # Summary: tokens/s per condition and c (median over rounds), ratio to the reference of its phase.
+    summary = []
+    timed = [k for k in result["calls"] if k["round"] >= 0]
+    for cond in conds:
+        ref = "merged_graph" if cond.endswith("_graph") else "merged"
+        for c in conc:
+            mine = {k["round"]: k for k in timed if k["condition"] == cond and k["concurrency"] == c}
+            refs = {k["round"]: k for k in timed if k["condition"] == ref and k["concurrency"] == c}
+            ok = [k for k in mine.values() if not k["error"]]
+            ratios = [(mine[r]["tokens"] / mine[r]["wall_s"]) / (refs[r]["tokens"] / refs[r]["wall_s"])
+                      for r in mine if r in refs and not mine[r]["error"] and not refs[r]["error"]]
+            summary.append({"condition": cond, "concurrency": c, "reference": ref, "calls": len(mine),
+                            "errors": len(mine) - len(ok),
+                            "tokens_per_s": statistics.median([k["tokens"] / k["wall_s"] for k in ok]) if ok else None,
+                            "ratio_to_reference": interval(ratios)})
+    graph_vs_eager = []
+    for c in conc:
+        pairs = [(k, next((g for g in timed if g["condition"] == "merged_graph" and g["concurrency"] == c
+                           and g["round"] == k["round"]), None)) for k in timed
+                 if k["condition"] == "merged" and k["concurrency"] == c]
+        graph_vs_eager.append({"concurrency": c, "merged_graph_over_merged": interval(
+            [k["wall_s"] / g["wall_s"] for k, g in pairs if g and not k["error"] and not g["error"]])})
+    result["summary"], result["graph_speedup"] = summary, graph_vs_eager
+    write(result, out)
+
+    result["memory"] = memory
+    result["elapsed_s"] = time.monotonic() - started
+    write(result, out)
+
+    fmt = lambda v, spec=".2f": "-" if v is None else format(v, spec)  # noqa: E731
+    print(f"\n{device_name} | {DTYPE} | {args.shape} | base {result['base_param_bytes'] / 2**20:,.0f} MiB | adapter "
+          f"{result['adapter_bytes'] / 2**20:,.1f} MiB | {rounds_done} rounds per phase | {len(result['calls'])} calls, "
+          f"{sum(1 for k in result['calls'] if k['error'])} errors")
+    print(f"{'condition':<20}{'c':>3}{'tok/s':>10}  ratio to reference [95 % paired]")
+    for s in summary:
+        r = s["ratio_to_reference"]
+        print(f"{s['condition']:<20}{s['concurrency']:>3}{fmt(s['tokens_per_s'], '.1f'):>10}  {fmt(r['mean'])} "
+              f"[{fmt(r['low'])}, {fmt(r['high'])}] vs {s['reference']} (n={r['n']}, errors {s['errors']})")
+    for g in graph_vs_eager:
+        r = g["merged_graph_over_merged"]
+        print(f"merged: graphs over eager, c={g['concurrency']}: {fmt(r['mean'])}x [{fmt(r['low'])}, {fmt(r['high'])}]")
+    for m in memory:
+        print("memory", {k: (f"{v / 2**30:.2f} GiB" if k.endswith("bytes") else v) for k, v in m.items()})
+    for cond, err in result["errors"].items():
+        print(f"error {cond}: {err}")
+    print(f"wrote {out} in {result['elapsed_s']:.0f} s")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,202 @@
+"""Many LoRA adapters on one loaded base model, batched: each adapter's weights sit in a slot of stacked
+tensors, each row of a batch names its slot, and each adapted projection adds its rows' low-rank updates with
+two batched matrix products (one `bmm`, one `baddbmm`) whatever the mix of adapters in the batch.
+
+PEFT's mixed-batch forward (`adapter_names`) instead runs, in every adapted layer and for every adapter in the
+batch, a sub-batch of four eager operations: its cost grows with the number of distinct adapters, and on a GPU
+the launches dominate (0.10-0.35x of the merged model's tokens/s, `bench/results/multi_lora_h200.json`).
+Here the rows' weights are gathered once per batch (`select`), not once per token, so a decoding step costs two
+small kernels per adapted projection for any mix. A batch whose rows all use one adapter reads that slot's
+weights directly (no gathered copy); a mixed batch gathers its rows' weights into a working buffer sized to the
+batch (rows x one adapter: the batch's working memory, like its KV cache); base rows gather zeros.
+
+What an adapter may be: an HF-PEFT LoRA adapter (`adapter_config.json` + `adapter_model.safetensors`) whose
+target modules are `torch.nn.Linear` layers wrapped here, rank at most `rank` (smaller ranks are padded with
+zeros), scale `lora_alpha / r` (or `/ sqrt(r)` with rsLoRA) folded into B. Refused with a clear error: DoRA,
+`modules_to_save`, per-module rank or alpha patterns, LoRA biases, a weight for a module not wrapped here.
+
+Copied verbatim beside the Triton model like `lora_cache.py`; imports torch (and safetensors to read a folder).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+from typing import Any, Iterable, Mapping
+
+import torch
+
+KEY = re.compile(r"^(?:base_model\.model\.)?(?P<module>.+)\.lora_(?P<which>[AB])(?:\.[A-Za-z0-9_]+)?\.weight$")
+UNSUPPORTED = {"use_dora": "DoRA", "modules_to_save": "modules_to_save", "rank_pattern": "per-module ranks",
+               "alpha_pattern": "per-module alphas", "lora_bias": "LoRA biases"}
+
+
+class AdapterFormatError(ValueError):
+    """This adapter cannot be put in a slot (its format, rank or modules): the slot is left as it was."""
+
+
+class SlotLinear(torch.nn.Module):
+    """A frozen `nn.Linear` plus `slots` low-rank updates; which one each row gets is set by `BatchedLoRA.select`."""
+
+    def __init__(self, base: torch.nn.Linear, slots: int, rank: int) -> None:
+        super().__init__()
+        self.base = base
+        kw = {"device": base.weight.device, "dtype": base.weight.dtype}
+        self.register_buffer("lora_a", torch.zeros(slots, base.in_features, rank, **kw), persistent=False)
+        self.register_buffer("lora_b", torch.zeros(slots, rank, base.out_features, **kw), persistent=False)
+        self.register_buffer("rows_a", torch.zeros(0, base.in_features, rank, **kw), persistent=False)
+        self.register_buffer("rows_b", torch.zeros(0, rank, base.out_features, **kw), persistent=False)
+        self.mode = "off"  # off: the base alone; one: every row on slot `self.slot`; rows: per-row weights
+        self.slot = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.base(x)
+        if self.mode == "off":
+            return y
+        if self.mode == "one":
+            flat = x.reshape(-1, x.shape[-1])
+            out = torch.addmm(y.reshape(-1, y.shape[-1]), flat @ self.lora_a[self.slot], self.lora_b[self.slot])
+            return out.reshape(y.shape)
+        rows = x.shape[0]
+        if rows != self.rows_a.shape[0]:
+            raise ValueError(f"a batch of {rows} rows; select() was given {self.rows_a.shape[0]}")
+        low = torch.bmm(x.reshape(rows, -1, x.shape[-1]), self.rows_a)
+        return torch.baddbmm(y.reshape(rows, -1, y.shape[-1]), low, self.rows_b).reshape(y.shape)
+
+    def gather(self, index: torch.Tensor, keep: torch.Tensor) -> None:
+        """Row i gets slot index[i] where keep[i], zeros (the base) elsewhere. The working buffers are reused
+        while the batch size holds (a captured graph keeps reading the same memory)."""
+        rows = index.shape[0]
+        if self.rows_a.shape[0] != rows:
+            self.rows_a = self.lora_a.new_zeros(rows, *self.lora_a.shape[1:])
+            self.rows_b = self.lora_b.new_zeros(rows, *self.lora_b.shape[1:])
+        mask = keep.to(self.lora_a.dtype).view(rows, 1, 1)
+        torch.mul(self.lora_a.index_select(0, index), mask, out=self.rows_a)
+        self.rows_b.copy_(self.lora_b.index_select(0, index))
+
+
+class BatchedLoRA:
+    """Puts `SlotLinear` in place of every `nn.Linear` of `model` whose name ends in one of `targets`, with
+    `slots` adapter slots of rank at most `rank`. `load` fills a slot, `clear` empties it, `select` names each
+    row's slot (None: the base) for the batches that follow."""
+
+    def __init__(self, model: torch.nn.Module, targets: Iterable[str], slots: int, rank: int) -> None:
+        if slots < 1 or rank < 1:
+            raise ValueError(f"slots and rank must be at least 1, got {slots} and {rank}")
+        self.model, self.slots, self.rank = model, slots, rank
+        wanted = set(targets)
+        self.layers: dict[str, SlotLinear] = {}
+        for name, module in list(model.named_modules()):
+            for child_name, child in list(module.named_children()):
+                if type(child) is torch.nn.Linear and child_name in wanted:
+                    slot_linear = SlotLinear(child, slots, rank)
+                    setattr(module, child_name, slot_linear)
+                    self.layers[f"{name}.{child_name}" if name else child_name] = slot_linear
+        if not self.layers:
+            raise ValueError(f"no nn.Linear named {sorted(wanted)} in the model")
+        self.selected: list[int | None] = []
+
+    def _check_slot(self, slot: int) -> None:
+        if not isinstance(slot, int) or not 0 <= slot < self.slots:
+            raise ValueError(f"slot {slot!r} is not one of 0..{self.slots - 1}")
+
+    def load(self, slot: int, weights: Mapping[str, torch.Tensor], scale: float) -> None:
+        """Slot `slot` holds the adapter whose PEFT state dict is `weights` (keys `...<module>.lora_A.weight`
+        [r, in] and `.lora_B.weight` [out, r]), scaled by `scale`. Checked whole before any slot is written."""
+        self._check_slot(slot)
+        pairs: dict[str, dict[str, torch.Tensor]] = {}
+        for key, tensor in weights.items():
+            found = KEY.match(key)
+            if not found:
+                raise AdapterFormatError(f"{key!r} is not a LoRA A or B weight")
+            module = found["module"]
+            if module not in self.layers:
+                raise AdapterFormatError(f"the adapter adapts {module!r}, which is not an adapted layer here")
+            pairs.setdefault(module, {})[found["which"]] = tensor
+        if not pairs:
+            raise AdapterFormatError("the adapter holds no LoRA weights")
+        for module, pair in pairs.items():
+            layer = self.layers[module]
+            if set(pair) != {"A", "B"}:
+                raise AdapterFormatError(f"{module!r} has lora_{''.join(pair)} without its other half")
+            a, b = pair["A"], pair["B"]
+            r = a.shape[0]
+            expected_a, expected_b = (r, layer.base.in_features), (layer.base.out_features, r)
+            if tuple(a.shape) != expected_a or tuple(b.shape) != expected_b:
+                raise AdapterFormatError(f"{module!r}: A {tuple(a.shape)} and B {tuple(b.shape)} do not fit a "
+                                         f"{layer.base.in_features}->{layer.base.out_features} layer")
+            if r > self.rank:
+                raise AdapterFormatError(f"rank {r} is over this model's adapter rank {self.rank}")
+        with torch.no_grad():
+            for module, layer in self.layers.items():
+                layer.lora_a[slot].zero_()
+                layer.lora_b[slot].zero_()
+                if module in pairs:
+                    a, b = pairs[module]["A"], pairs[module]["B"]
+                    r = a.shape[0]
+                    layer.lora_a[slot, :, :r].copy_(a.t())
+                    layer.lora_b[slot, :r, :].copy_(b.t().to(torch.float32).mul(scale))
+        self._refresh()
+
+    def load_folder(self, slot: int, path: str) -> dict[str, Any]:
+        """Slot `slot` holds the HF-PEFT adapter in folder `path`; returns its config."""
+        try:
+            with open(os.path.join(path, "adapter_config.json"), encoding="utf-8") as handle:
+                config = json.load(handle)
+        except (OSError, ValueError) as exc:
+            raise AdapterFormatError(f"{path}: no readable adapter_config.json ({exc})") from None
+        if config.get("peft_type", "LORA") != "LORA":
+            raise AdapterFormatError(f"{path}: a {config.get('peft_type')} adapter, not LoRA")
+        for key, what in UNSUPPORTED.items():
+            if config.get(key):
+                raise AdapterFormatError(f"{path}: {what} are not supported by batched serving")
+        r, alpha = int(config["r"]), float(config.get("lora_alpha", config["r"]))
+        scale = alpha / math.sqrt(r) if config.get("use_rslora") else alpha / r
+        from safetensors.torch import load_file
+
+        first = next(iter(self.layers.values())).lora_a
+        weights = load_file(os.path.join(path, "adapter_model.safetensors"), device=str(first.device))
+        self.load(slot, weights, scale)
+        return config
+
+    def clear(self, slot: int) -> None:
+        self._check_slot(slot)
+        with torch.no_grad():
+            for layer in self.layers.values():
+                layer.lora_a[slot].zero_()
+                layer.lora_b[slot].zero_()
+        self._refresh()
+
+    def select(self, rows: list[int | None]) -> None:
+        """Row i of the next batches runs on slot rows[i] (None: the base model alone)."""
+        for slot in rows:
+            if slot is not None:
+                self._check_slot(slot)
+        self.selected = list(rows)
+        self._refresh()
+
+    def _refresh(self) -> None:
+        """Apply `selected` to every layer (again after a load: a gathered copy would hold the old weights)."""
+        rows = self.selected
+        used = {slot for slot in rows if slot is not None}
+        if not used:
+            mode, slot = "off", 0
+        elif len(used) == 1 and None not in rows:
+            mode, slot = "one", used.pop()
+        else:
+            mode, slot = "rows", 0
+        if mode == "rows":
+            device = next(iter(self.layers.values())).lora_a.device
+            index = torch.tensor([s or 0 for s in rows], device=device)
+            keep = torch.tensor([s is not None for s in rows], device=device)
+        for layer in self.layers.values():
+            layer.mode, layer.slot = mode, slot
+            if mode == "rows":
+                layer.gather(index, keep)
+
+    def adapter_bytes(self) -> int:
+        """Bytes one slot takes over every adapted layer."""
+        return sum((layer.lora_a[0].numel() + layer.lora_b[0].numel()) * layer.lora_a.element_size()
+                   for layer in self.layers.values())
