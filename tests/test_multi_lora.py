@@ -53,9 +53,9 @@ def test_a_mixed_batch_answers_each_row_with_its_own_adapter_and_the_cache_stays
     """Rows of one batch name different adapters (and none): each row's logits are those of its own adapter
     merged into its own copy of the base. Three adapters through a cache of two: the least recently used one is
     evicted and loads again when asked, still right; a batch of one adapter (its active-adapter path) and one of
-    the base alone (adapters disabled) too. Mutations tried: `route` returning no adapter names for a mixed batch
-    (every row on the active adapter), or not making a lone adapter the active one, or not disabling the adapters
-    for base rows: each fails the per-row comparison; `ensure` never evicting fails the bound."""
+    the base alone too. Mutations tried: `route` putting base rows on slot 0, or every row on the first row's
+    slot, or selecting nothing (the previous batch's selection left): each fails the per-row comparison; `ensure`
+    never evicting fails the bound (no free slot: StopIteration)."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -137,7 +137,7 @@ def test_a_replaced_adapter_folder_is_loaded_afresh_not_served_from_the_cache(ti
     (root / "v1").rename(tmp_path / "old")
     (tmp_path / "staged").rename(root / "v1")
     assert torch.allclose(served(), _merged_logits(tiny["base"], tiny["adapters"]["a3"], enc), atol=1e-4)
-    assert list(cache.loaded) == ["v1"] and len(cache.model.peft_config) == 1
+    assert list(cache.loaded) == ["v1"] and cache.slot == {"v1": 0}
 
 
 def test_a_project_owns_only_its_own_model_names(tmp_path):
@@ -158,10 +158,10 @@ def test_a_project_owns_only_its_own_model_names(tmp_path):
 
 
 def test_a_broken_adapter_is_its_requests_error_and_leaves_the_base_serving(tiny, tmp_path):
-    """The first adapter a base loads is broken (its weights file is not safetensors): that load fails, and the
-    base is whole again, so the next adapter loads and answers right; an adapter deployed for another shared base
-    is refused. Mutation tried: dropping the `unload()` on a failed first load fails the second step (the base
-    keeps the broken adapter's LoRA layers and the next load goes to transformers' own `load_adapter`)."""
+    """The first adapter a base loads is broken (its weights file is not safetensors): that load fails and leaves
+    nothing cached, so the next adapter loads and answers right; an adapter deployed for another shared base is
+    refused. Mutation tried: `_load` recording the adapter before its weights are in (the broken one cached,
+    holding a slot) fails the second step."""
     import json
 
     import torch
@@ -181,7 +181,7 @@ def test_a_broken_adapter_is_its_requests_error_and_leaves_the_base_serving(tiny
     cache = AdapterCache(base, str(root), CAPACITY, log=lambda _: None, shared="lora__tiny")
     with pytest.raises(Exception):
         cache.ensure(["broken"])
-    assert not hasattr(cache.model, "peft_config") and not cache.loaded
+    assert not cache.loaded and not cache.slot
     enc = _inputs(tiny["base"], 2)
     cache.ensure(["good"])
     context, kwargs = cache.route(["good", "good"])

@@ -10,9 +10,11 @@ small kernels per adapted projection for any mix. A batch whose rows all use one
 weights directly (no gathered copy); a mixed batch gathers its rows' weights into a working buffer sized to the
 batch (rows x one adapter: the batch's working memory, like its KV cache); base rows gather zeros.
 
-What an adapter may be: an HF-PEFT LoRA adapter (`adapter_config.json` + `adapter_model.safetensors`) whose
-target modules are `torch.nn.Linear` layers wrapped here, rank at most `rank` (smaller ranks are padded with
-zeros), scale `lora_alpha / r` (or `/ sqrt(r)` with rsLoRA) folded into B. Refused with a clear error: DoRA,
+Slots are allocated as adapters arrive (never more than `slots`), at the largest rank loaded so far (smaller
+ranks are padded with zeros; a larger one re-allocates every slot at that rank): the memory is the base plus the
+adapters loaded. What an adapter may be: an HF-PEFT LoRA adapter (`adapter_config.json` +
+`adapter_model.safetensors`) whose target modules are `torch.nn.Linear` layers wrapped here, rank at most `rank`
+when one is given, scale `lora_alpha / r` (or `/ sqrt(r)` with rsLoRA) folded into B. Refused with a clear error: DoRA,
 `modules_to_save`, per-module rank or alpha patterns, LoRA biases, a weight for a module not wrapped here.
 
 Copied verbatim beside the Triton model like `lora_cache.py`; imports torch (and safetensors to read a folder).
@@ -40,14 +42,14 @@ class AdapterFormatError(ValueError):
 class SlotLinear(torch.nn.Module):
     """A frozen `nn.Linear` plus `slots` low-rank updates; which one each row gets is set by `BatchedLoRA.select`."""
 
-    def __init__(self, base: torch.nn.Linear, slots: int, rank: int) -> None:
+    def __init__(self, base: torch.nn.Linear) -> None:
         super().__init__()
         self.base = base
         kw = {"device": base.weight.device, "dtype": base.weight.dtype}
-        self.register_buffer("lora_a", torch.zeros(slots, base.in_features, rank, **kw), persistent=False)
-        self.register_buffer("lora_b", torch.zeros(slots, rank, base.out_features, **kw), persistent=False)
-        self.register_buffer("rows_a", torch.zeros(0, base.in_features, rank, **kw), persistent=False)
-        self.register_buffer("rows_b", torch.zeros(0, rank, base.out_features, **kw), persistent=False)
+        self.register_buffer("lora_a", torch.zeros(0, base.in_features, 0, **kw), persistent=False)
+        self.register_buffer("lora_b", torch.zeros(0, 0, base.out_features, **kw), persistent=False)
+        self.register_buffer("rows_a", torch.zeros(0, base.in_features, 0, **kw), persistent=False)
+        self.register_buffer("rows_b", torch.zeros(0, 0, base.out_features, **kw), persistent=False)
         self.mode = "off"  # off: the base alone; one: every row on slot `self.slot`; rows: per-row weights
         self.slot = 0
 
@@ -65,11 +67,23 @@ class SlotLinear(torch.nn.Module):
         low = torch.bmm(x.reshape(rows, -1, x.shape[-1]), self.rows_a)
         return torch.baddbmm(y.reshape(rows, -1, y.shape[-1]), low, self.rows_b).reshape(y.shape)
 
+    def grow(self, slots: int, rank: int) -> None:
+        """At least `slots` slots of rank at least `rank`, the loaded weights kept."""
+        have, have_rank = self.lora_a.shape[0], self.lora_a.shape[2]
+        if slots <= have and rank <= have_rank:
+            return
+        slots, rank = max(slots, have), max(rank, have_rank)
+        a = self.lora_a.new_zeros(slots, self.base.in_features, rank)
+        b = self.lora_b.new_zeros(slots, rank, self.base.out_features)
+        a[:have, :, :have_rank] = self.lora_a
+        b[:have, :have_rank, :] = self.lora_b
+        self.lora_a, self.lora_b = a, b
+
     def gather(self, index: torch.Tensor, keep: torch.Tensor) -> None:
         """Row i gets slot index[i] where keep[i], zeros (the base) elsewhere. The working buffers are reused
         while the batch size holds (a captured graph keeps reading the same memory)."""
         rows = index.shape[0]
-        if self.rows_a.shape[0] != rows:
+        if self.rows_a.shape[0] != rows or self.rows_a.shape[2] != self.lora_a.shape[2]:
             self.rows_a = self.lora_a.new_zeros(rows, *self.lora_a.shape[1:])
             self.rows_b = self.lora_b.new_zeros(rows, *self.lora_b.shape[1:])
         mask = keep.to(self.lora_a.dtype).view(rows, 1, 1)
@@ -79,11 +93,11 @@ class SlotLinear(torch.nn.Module):
 
 class BatchedLoRA:
     """Puts `SlotLinear` in place of every `nn.Linear` of `model` whose name ends in one of `targets`, with
-    `slots` adapter slots of rank at most `rank`. `load` fills a slot, `clear` empties it, `select` names each
-    row's slot (None: the base) for the batches that follow."""
+    at most `slots` adapter slots (of rank at most `rank`, when given). `load` fills a slot, `clear` empties it,
+    `select` names each row's slot (None: the base) for the batches that follow."""
 
-    def __init__(self, model: torch.nn.Module, targets: Iterable[str], slots: int, rank: int) -> None:
-        if slots < 1 or rank < 1:
+    def __init__(self, model: torch.nn.Module, targets: Iterable[str], slots: int, rank: int | None = None) -> None:
+        if slots < 1 or (rank is not None and rank < 1):
             raise ValueError(f"slots and rank must be at least 1, got {slots} and {rank}")
         self.model, self.slots, self.rank = model, slots, rank
         wanted = set(targets)
@@ -91,7 +105,7 @@ class BatchedLoRA:
         for name, module in list(model.named_modules()):
             for child_name, child in list(module.named_children()):
                 if type(child) is torch.nn.Linear and child_name in wanted:
-                    slot_linear = SlotLinear(child, slots, rank)
+                    slot_linear = SlotLinear(child)
                     setattr(module, child_name, slot_linear)
                     self.layers[f"{name}.{child_name}" if name else child_name] = slot_linear
         if not self.layers:
@@ -127,10 +141,12 @@ class BatchedLoRA:
             if tuple(a.shape) != expected_a or tuple(b.shape) != expected_b:
                 raise AdapterFormatError(f"{module!r}: A {tuple(a.shape)} and B {tuple(b.shape)} do not fit a "
                                          f"{layer.base.in_features}->{layer.base.out_features} layer")
-            if r > self.rank:
+            if self.rank is not None and r > self.rank:
                 raise AdapterFormatError(f"rank {r} is over this model's adapter rank {self.rank}")
+        rank = max(pair["A"].shape[0] for pair in pairs.values())
         with torch.no_grad():
             for module, layer in self.layers.items():
+                layer.grow(slot + 1, rank)
                 layer.lora_a[slot].zero_()
                 layer.lora_b[slot].zero_()
                 if module in pairs:
@@ -165,8 +181,9 @@ class BatchedLoRA:
         self._check_slot(slot)
         with torch.no_grad():
             for layer in self.layers.values():
-                layer.lora_a[slot].zero_()
-                layer.lora_b[slot].zero_()
+                if slot < layer.lora_a.shape[0]:
+                    layer.lora_a[slot].zero_()
+                    layer.lora_b[slot].zero_()
         self._refresh()
 
     def select(self, rows: list[int | None]) -> None:
@@ -184,9 +201,11 @@ class BatchedLoRA:
         if not used:
             mode, slot = "off", 0
         elif len(used) == 1 and None not in rows:
-            mode, slot = "one", used.pop()
+            mode, slot = "one", next(iter(used))
         else:
             mode, slot = "rows", 0
+        for layer in self.layers.values():  # a slot never loaded reads zeros (the base)
+            layer.grow(max(used, default=-1) + 1, 1 if used else 0)
         if mode == "rows":
             device = next(iter(self.layers.values())).lora_a.device
             index = torch.tensor([s or 0 for s in rows], device=device)
@@ -197,6 +216,6 @@ class BatchedLoRA:
                 layer.gather(index, keep)
 
     def adapter_bytes(self) -> int:
-        """Bytes one slot takes over every adapted layer."""
-        return sum((layer.lora_a[0].numel() + layer.lora_b[0].numel()) * layer.lora_a.element_size()
-                   for layer in self.layers.values())
+        """Bytes one slot takes over every adapted layer (at the rank allocated now)."""
+        return sum((layer.base.in_features + layer.base.out_features) * layer.lora_a.shape[2]
+                   * layer.lora_a.element_size() for layer in self.layers.values())

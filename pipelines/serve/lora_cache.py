@@ -7,10 +7,12 @@ one sub-folder per adapter named as its Triton model would be (`<project>__tool_
 adapter written there whole by `flywheel deploy` (staged, then renamed). An adapter whose folder is gone is
 refused even while it is cached (an undeployed project stops answering at once).
 
-A batch may mix adapters: PEFT's mixed-batch forward (`adapter_names`, one per row, `__base__` for the base
-model) runs each LoRA layer once per adapter sub-batch over the shared base weights; a batch of one adapter
-runs it as the active adapter (`route`). A batch with more
-distinct adapters than the cache holds is split into parts that fit (`plan`).
+The adapters live in slots of `batched_lora.py` (copied beside this file too): a batch may mix adapters and
+the base, each row runs on its own adapter with two batched products per adapted projection whatever the mix
+(PEFT's mixed-batch forward looped over the adapters of a batch in every layer: 0.11-0.30x of a merged
+model's tokens/s on an H200 against 0.47-0.57x, `bench/results/multi_lora_batched_h200.json`). A slot is
+freed (least recently used first) before the next adapter loads into it. A batch with more distinct adapters
+than the cache holds is split into parts that fit (`plan`).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from typing import Any, Callable
 
 NAME = re.compile(r"^[a-z][a-z0-9_]{0,120}$")  # a Triton model name: never a path
 BASE = ""  # a request without an adapter: the base model itself
-PEFT_BASE = "__base__"  # PEFT's name for "no adapter" in a mixed batch
+TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")  # what training adapts
 
 
 class AdapterError(ValueError):
@@ -43,16 +45,16 @@ class AdapterCache:
                  shared: str | None = None) -> None:
         if capacity < 1:
             raise ValueError(f"max_adapters must be at least 1, got {capacity}")
-        self.model = model  # the base model; a PeftModel around it once the first adapter is loaded
+        self.model = model  # the base model, its adapted projections batched-slot layers once an adapter loads
         self.root = root
         self.shared = shared  # this base's Triton name: an adapter written for another base is refused
         self.capacity = capacity
         self.log = log
         self.loaded: OrderedDict[str, tuple[int, int]] = OrderedDict()  # name -> its folder's identity, LRU first
+        self.slot: dict[str, int] = {}  # name -> its slot in the engine
+        self.engine: Any = None  # batched_lora.BatchedLoRA, made at the first load
         self.loads = 0
         self.evictions = 0
-        self._layers: list[Any] | None = None  # the model's LoRA layers (found once per wrapping)
-        self._active: str | None = None  # the adapter those layers run now
 
     def folder(self, name: str) -> str:
         """The deployed adapter's folder; AdapterError when the name is not one or nothing is deployed so."""
@@ -102,85 +104,41 @@ class AdapterCache:
                 continue
             if name in self.loaded:  # its folder was replaced (other weights under the name): load it afresh
                 self._evict(name)
+            while len(self.loaded) >= self.capacity:  # a slot freed first: the least recently used not wanted now
+                self._evict(next(n for n in self.loaded if n not in wanted))
             self._load(name, path)
-            while len(self.loaded) > self.capacity:
-                old = next(n for n in self.loaded if n not in wanted)
-                self._evict(old)
 
     def _load(self, name: str, path: str) -> None:
         started = time.perf_counter()
         identity = _identity(path)
-        if not hasattr(self.model, "peft_config"):
-            from peft import PeftConfig, get_peft_model
+        if self.engine is None:  # the base's adapted projections wrapped once, on the first adapter
+            if __package__:  # imported from pipelines (tests); beside model.py in Triton it is a top-level module
+                from . import batched_lora
+            else:
+                import batched_lora
 
-            config = PeftConfig.from_pretrained(path)
-            config.inference_mode = True
-            wrapper = get_peft_model(self.model, config, adapter_name=name)  # LoRA layers put into the base in place
-            try:
-                wrapper.load_adapter(path, adapter_name=name)
-            except Exception:
-                self.model = wrapper.unload()  # the bare base back: a bad adapter never breaks the next request
-                raise
-            self.model = wrapper.eval()
-        else:
-            try:
-                self.model.load_adapter(path, adapter_name=name)
-            except Exception:
-                if name in self.model.peft_config and len(self.model.peft_config) > 1:  # registered, then failed
-                    self.model.delete_adapter(name)
-                raise
+            self.engine = batched_lora.BatchedLoRA(self.model, TARGETS, slots=self.capacity)
+        taken = set(self.slot.values())
+        free = next(s for s in range(self.capacity) if s not in taken)  # ensure evicts before loading past capacity
+        self.engine.load_folder(free, path)  # checked whole before the slot is written: a bad adapter leaves it
         self.loaded[name] = identity
-        self._layers = self._active = None
+        self.slot[name] = free
         self.loads += 1
-        self.log(f"adapter {name} loaded in {(time.perf_counter() - started) * 1000:.0f} ms "
+        self.log(f"adapter {name} loaded in {(time.perf_counter() - started) * 1000:.0f} ms into slot {free} "
                  f"({len(self.loaded)}/{self.capacity} cached, {self.loads} loads, {self.evictions} evictions)")
 
     def _evict(self, name: str) -> None:
-        if len(self.model.peft_config) > 1:
-            self.model.delete_adapter(name)
-            if self.model.active_adapter not in self.model.peft_config:  # PEFT repairs it only in some layouts
-                self._point_at(next(iter(self.model.peft_config)))
-        else:  # PEFT keeps at least one adapter: the bare base back (the next load wraps it afresh)
-            self.model = self.model.unload()
+        self.engine.clear(self.slot.pop(name))
         del self.loaded[name]
-        self._layers = self._active = None
         self.evictions += 1
         self.log(f"adapter {name} evicted (least recently used; {len(self.loaded)}/{self.capacity} cached)")
 
     def route(self, names: list[str]) -> tuple[contextlib.AbstractContextManager[Any], dict[str, Any]]:
-        """(context, generate kwargs) that run these rows on their adapters: rows of one adapter make it the
-        active one (PEFT's plain LoRA forward; the mixed-batch forward measured ~20 % slower per token here),
-        base-only rows run with the adapters disabled, and rows of several adapters (or of adapters and the
-        base) take the mixed batch (one adapter name per row). Nothing before any adapter was loaded."""
-        if not hasattr(self.model, "peft_config"):
-            return contextlib.nullcontext(), {}
-        distinct = set(names)
-        if distinct == {BASE}:
-            return self.model.disable_adapter(), {}
-        if len(distinct) == 1:
-            self._activate(names[0])
-            return contextlib.nullcontext(), {}
-        return contextlib.nullcontext(), {"adapter_names": [n if n != BASE else PEFT_BASE for n in names]}
-
-    def _activate(self, name: str) -> None:
-        """Make `name` the adapter every LoRA layer runs. PEFT's `set_adapter` also sets requires_grad on every
-        adapter's weights of every layer (139 ms with 16 adapters of SmolLM2 here, per batch); serving never
-        trains, so only the layers' active adapter is set (what their forward reads)."""
-        if self._active == name:
-            return
-        from peft.tuners.tuners_utils import BaseTunerLayer
-
-        if self._layers is None:
-            self._layers = [m for m in self.model.modules() if isinstance(m, BaseTunerLayer)]
-        for layer in self._layers:
-            layer._active_adapter = [name]
-        self._point_at(name)
-        self._active = name
-
-    def _point_at(self, name: str) -> None:
-        """The wrapper's own record of the active adapter (`generate` and `disable_adapter` read its config)."""
-        self.model.active_adapter = name
-        self.model.base_model.active_adapter = name
+        """(context, generate kwargs) that run these rows on their adapters: each row on its adapter's slot, base
+        rows on the base alone (every name must be loaded: `ensure` first). Nothing to do before any adapter."""
+        if self.engine is not None:
+            self.engine.select([self.slot[n] if n != BASE else None for n in names])
+        return contextlib.nullcontext(), {}
 
     def stats(self) -> dict[str, Any]:
         return {"cached": list(self.loaded), "capacity": self.capacity, "loads": self.loads,

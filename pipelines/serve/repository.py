@@ -10,7 +10,7 @@ the champion (canary) and the previous version stays loaded for a rollback in se
     <repository>/tool_router_v3/1/flywheel.json   registry version, base model, prompt style
 
 With `triton.multi_lora` every project's versions share one loaded base instead (`lora__<base model>`, the
-Python model in its shared-base mode with `lora_cache.py` beside it) and each version is an adapter folder
+Python model in its shared-base mode with `lora_cache.py` and `batched_lora.py` beside it) and each version is an adapter folder
 under `<repository>/../lora_adapters/<model name>_v<N>/`; its serving name is `lora__<base>@<model name>_v<N>`
 (the client sends the part after `@` as the request's ADAPTER).
 
@@ -38,6 +38,7 @@ MODEL_FILE = Path(__file__).with_name("triton_model.py")
 GRAMMAR_FILE = Path(__file__).parents[1] / "toolcall" / "grammar.py"  # model.py's constrained decoder, copied beside it
 GRAMMAR_MODULE = "tool_grammar.py"  # its name there (model.py imports `tool_grammar`)
 LORA_FILE = Path(__file__).with_name("lora_cache.py")  # the shared base's adapter cache, copied beside model.py
+BATCHED_FILE = Path(__file__).with_name("batched_lora.py")  # its adapter slots (lora_cache imports it), beside too
 SHARED_PREFIX = "lora__"  # a shared base model's Triton name: lora__<base model> (`shared_base`)
 BASE_NAME = "base"  # the un-tuned base model (the few-shot baseline in benchmarks)
 
@@ -119,7 +120,7 @@ parameters [
 def _fingerprint(config: str, adapter_dir: str | None) -> str:
     """Everything a model folder is built from: its config, model.py and the adapter's files."""
     digest = hashlib.sha256(config.encode() + MODEL_FILE.read_bytes() + GRAMMAR_FILE.read_bytes()
-                            + LORA_FILE.read_bytes())
+                            + LORA_FILE.read_bytes() + BATCHED_FILE.read_bytes())
     if adapter_dir:
         hash_files(digest, Path(adapter_dir))
     return digest.hexdigest()
@@ -172,6 +173,7 @@ def write_model(settings: Settings, repository: Path, name: str, base_model_path
         shutil.copy(MODEL_FILE, staging / "1" / "model.py")
         shutil.copy(GRAMMAR_FILE, staging / "1" / GRAMMAR_MODULE)
         shutil.copy(LORA_FILE, staging / "1" / LORA_FILE.name)
+        shutil.copy(BATCHED_FILE, staging / "1" / BATCHED_FILE.name)
         if adapter_dir:
             shutil.copytree(adapter_dir, staging / "1" / "adapter")
         (staging / "1" / "flywheel.json").write_text(json.dumps(meta, indent=2, sort_keys=True))

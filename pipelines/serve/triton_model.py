@@ -10,8 +10,9 @@ A request that also carries TOOLS (the offered tools, JSON) is decoded under the
 (`tool_grammar.py`, copied beside this file); tools the grammar cannot express are that request's error.
 
 With the parameter `adapter_root` the model is a shared base: it merges nothing, and a request's optional ADAPTER
-names one of the adapters deployed under that folder (`lora_cache.py`, copied beside this file: loaded on first
-use, evicted least-recently-used past `max_adapters`); a request without one is answered by the base model.
+names one of the adapters deployed under that folder (`lora_cache.py` with `batched_lora.py`, copied beside this
+file: loaded on first use into a slot of the one base, evicted least-recently-used past `max_adapters`); a request
+without one is answered by the base model.
 
 The model is decoupled (gRPC streaming): every request gets its responses through its own sender, the last
 one with FINAL true and the whole answer. A request with STREAM true also gets one response per decoding
