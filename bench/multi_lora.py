@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import hashlib
 import importlib.util
 import json
 import math
@@ -221,6 +222,8 @@ def main() -> None:
               "versions": {"python": platform.python_version(), "torch": torch.__version__,
                            "transformers": transformers.__version__},
               "git_commit": (git("rev-parse", "HEAD") or "").strip() or None,
+              "sha256": {f.name: hashlib.sha256(f.read_bytes()).hexdigest() for f in (Path(__file__).resolve(),
+                                                                                      Path(_spec.origin))},
               "dirty": None if status is None else bool(status.strip()), "calls": [], "errors": {}}
     out = Path(args.out)
     print(f"device={device_name} dtype={DTYPE} shape={args.shape} adapters={adapters} concurrency={conc}", flush=True)
@@ -247,9 +250,9 @@ def main() -> None:
                 row["peak_bytes"] = torch.cuda.max_memory_allocated()
                 row["weights_budget_bytes"] = base_bytes + n * slots.adapter_bytes()
                 row["peak_over_weights_budget"] = row["peak_bytes"] / row["weights_budget_bytes"]
-                del model, slots
             except Exception as exc:  # noqa: BLE001
                 row["error"] = one_line(exc)
+            model = slots = None  # freed before the next N's peak, on an error too
             free()
             memory.append(row)
         try:
@@ -365,16 +368,19 @@ def main() -> None:
     # Summary: tokens/s per condition and c (median over rounds), ratio to the reference of its phase.
     summary = []
     timed = [k for k in result["calls"] if k["round"] >= 0]
-    for cond in conds:
-        ref = "merged_graph" if cond.endswith("_graph") else "merged"
+    pairs_to = [(cond, "merged_graph" if cond.endswith("_graph") else "merged") for cond in conds]
+    pairs_to += [(f"batched_{n}", f"peft_{n}") for n in args.peft if f"peft_{n}" in conds and n in adapters]
+    for cond, ref in pairs_to:
         for c in conc:
             mine = {k["round"]: k for k in timed if k["condition"] == cond and k["concurrency"] == c}
             refs = {k["round"]: k for k in timed if k["condition"] == ref and k["concurrency"] == c}
             ok = [k for k in mine.values() if not k["error"]]
             ratios = [(mine[r]["tokens"] / mine[r]["wall_s"]) / (refs[r]["tokens"] / refs[r]["wall_s"])
                       for r in mine if r in refs and not mine[r]["error"] and not refs[r]["error"]]
+            n = next((int(part) for part in cond.split("_") if part.isdigit()), 1)
             summary.append({"condition": cond, "concurrency": c, "reference": ref, "calls": len(mine),
-                            "errors": len(mine) - len(ok),
+                            "distinct_adapters_per_batch": min(n, c),
+                            "failed_requests": c * (len(mine) - len(ok)),
                             "tokens_per_s": statistics.median([k["tokens"] / k["wall_s"] for k in ok]) if ok else None,
                             "ratio_to_reference": interval(ratios)})
     graph_vs_eager = []
@@ -382,7 +388,7 @@ def main() -> None:
         pairs = [(k, next((g for g in timed if g["condition"] == "merged_graph" and g["concurrency"] == c
                            and g["round"] == k["round"]), None)) for k in timed
                  if k["condition"] == "merged" and k["concurrency"] == c]
-        graph_vs_eager.append({"concurrency": c, "merged_graph_over_merged": interval(
+        graph_vs_eager.append({"concurrency": c, "merged_graph_over_merged_unpaired": interval(  # phases apart
             [k["wall_s"] / g["wall_s"] for k, g in pairs if g and not k["error"] and not g["error"]])})
     result["summary"], result["graph_speedup"] = summary, graph_vs_eager
     write(result, out)
@@ -399,10 +405,11 @@ def main() -> None:
     for s in summary:
         r = s["ratio_to_reference"]
         print(f"{s['condition']:<20}{s['concurrency']:>3}{fmt(s['tokens_per_s'], '.1f'):>10}  {fmt(r['mean'])} "
-              f"[{fmt(r['low'])}, {fmt(r['high'])}] vs {s['reference']} (n={r['n']}, errors {s['errors']})")
+              f"[{fmt(r['low'])}, {fmt(r['high'])}] vs {s['reference']} (n={r['n']}, "
+              f"{s['distinct_adapters_per_batch']} adapters a batch, failed requests {s['failed_requests']})")
     for g in graph_vs_eager:
-        r = g["merged_graph_over_merged"]
-        print(f"merged: graphs over eager, c={g['concurrency']}: {fmt(r['mean'])}x [{fmt(r['low'])}, {fmt(r['high'])}]")
+        r = g["merged_graph_over_merged_unpaired"]
+        print(f"merged: graphs over eager (round r of each phase, not paired), c={g['concurrency']}: {fmt(r['mean'])}x [{fmt(r['low'])}, {fmt(r['high'])}]")
     for m in memory:
         print("memory", {k: (f"{v / 2**30:.2f} GiB" if k.endswith("bytes") else v) for k, v in m.items()})
     for cond, err in result["errors"].items():

@@ -87,10 +87,11 @@ def test_every_row_of_a_mixed_batch_gets_its_own_adapter(tiny):
         got = model(**enc).logits[:, -1]
     for row, name in enumerate(["a1", "a3", None, "a1"]):
         assert torch.allclose(got[row], want[name][row], atol=1e-4, rtol=1e-4), row
-    batched.clear(0)
-    batched.select([0, 0, 0, 0])
+    batched.clear(0)  # rows 0 and 3 named slot 0: the base from now on
     with torch.inference_mode():
-        assert torch.allclose(model(**enc).logits[:, -1], want[None], atol=1e-4, rtol=1e-4)
+        got = model(**enc).logits[:, -1]
+    for row, name in enumerate([None, "a3", None, None]):
+        assert torch.allclose(got[row], want[name][row], atol=1e-4, rtol=1e-4), row
 
 
 def test_an_adapter_that_does_not_fit_is_refused_whole_and_the_slot_keeps_serving(tiny, tmp_path):
@@ -135,3 +136,74 @@ def test_an_adapter_that_does_not_fit_is_refused_whole_and_the_slot_keeps_servin
         batched.select([1, None])
     with torch.inference_mode():
         assert torch.equal(model(**enc).logits[:, -1], before)
+
+
+def _variant(source: Path, folder: Path, config: dict, keep=lambda key: True) -> Path:
+    """A copy of adapter `source` with `config` merged into its adapter_config.json and only the weights `keep`s."""
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(source, folder)
+    (folder / "adapter_config.json").write_text(json.dumps(json.loads((source / "adapter_config.json").read_text())
+                                                           | config))
+    weights = load_file(str(source / "adapter_model.safetensors"))
+    save_file({k: v for k, v in weights.items() if keep(k)}, str(folder / "adapter_model.safetensors"))
+    return folder
+
+
+def test_rslora_and_an_adapter_of_some_layers_match_peft_and_a_cleared_slot_serves_the_base_at_once(tiny, tmp_path):
+    """An rsLoRA adapter (scale alpha / sqrt(r)) and one trained on layer 0 alone (`layers_to_transform`: the other
+    layers run as the base, no zero products) answer as PEFT merges them; a slot cleared while a mixed batch names
+    it serves its rows from the base with no new `select`. Mutations tried: the rsLoRA scale as alpha / r, and
+    `clear` leaving the selection's gathered copy as it was: each fails a comparison below."""
+    import torch
+
+    from pipelines.bench.adapters import TARGETS
+    from pipelines.serve.batched_lora import BatchedLoRA
+
+    a1 = tiny["adapters"]["a1"]
+    rs = _variant(a1, tmp_path / "rs", {"use_rslora": True})
+    low = _variant(a1, tmp_path / "low", {"layers_to_transform": [0]}, keep=lambda k: ".layers.0." in k)
+    enc = _inputs(tiny["base"], 3)
+    with torch.inference_mode():
+        want = {name: _model(tiny["base"], folder)(**enc).logits[:, -1]
+                for name, folder in (("rs", rs), ("low", low), ("a1", a1), (None, None))}
+    assert not torch.allclose(want["rs"], want["a1"], atol=1e-3) and not torch.allclose(want["low"], want["a1"],
+                                                                                         atol=1e-3)
+    model = _model(tiny["base"])
+    batched = BatchedLoRA(model, TARGETS, slots=2)
+    batched.load_folder(0, str(rs))
+    batched.load_folder(1, str(low))
+    batched.select([0, 1, None])
+    with torch.inference_mode():
+        got = model(**enc).logits[:, -1]
+    for row, name in enumerate(["rs", "low", None]):
+        assert torch.allclose(got[row], want[name][row], atol=1e-4, rtol=1e-4), name
+    batched.select([1, 1, 1])
+    assert {layer.mode for key, layer in batched.layers.items() if ".layers.0." not in key} == {"off"}
+    batched.select([0, 1, 0])
+    batched.clear(1)
+    with torch.inference_mode():
+        got = model(**enc).logits[:, -1]
+    for row, name in enumerate(["rs", None, "rs"]):
+        assert torch.allclose(got[row], want[name][row], atol=1e-4, rtol=1e-4), name
+    with pytest.raises(ValueError, match="slot 1 holds no adapter"):
+        batched.select([1, None, None])
+
+
+@pytest.mark.parametrize("change, reason", [
+    ({"peft_type": "IA3"}, "not LoRA"), ({"modules_to_save": ["lm_head"]}, "modules_to_save"),
+    ({"alpha_pattern": {"q_proj": 4}}, "per-module alphas"), ({"r": None}, "no usable rank"),
+    ({"r": 3}, "the adapter's config says 3"), ("no-weights", "adapter_model.safetensors")])
+def test_each_unfit_adapter_folder_is_one_clear_error(tiny, tmp_path, change, reason):
+    """Mutations tried: the UNSUPPORTED check removed (modules_to_save and alpha patterns load, DID NOT RAISE),
+    the rank-against-config check removed (r = 3 loads with a wrong scale)."""
+    from pipelines.bench.adapters import TARGETS
+    from pipelines.serve.batched_lora import AdapterFormatError, BatchedLoRA
+
+    folder = _variant(tiny["adapters"]["a1"], tmp_path / "v", {} if change == "no-weights" else change)
+    if change == "no-weights":
+        (folder / "adapter_model.safetensors").rename(folder / "adapter_model.bin")
+    batched = BatchedLoRA(_model(tiny["base"]), TARGETS, slots=1)
+    with pytest.raises(AdapterFormatError, match=reason):
+        batched.load_folder(0, str(folder))
+    assert not batched.loaded

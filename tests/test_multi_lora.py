@@ -52,7 +52,7 @@ def _merged_logits(base: str, folder: Path | None, enc):
 def test_a_mixed_batch_answers_each_row_with_its_own_adapter_and_the_cache_stays_bounded(tiny):
     """Rows of one batch name different adapters (and none): each row's logits are those of its own adapter
     merged into its own copy of the base. Three adapters through a cache of two: the least recently used one is
-    evicted and loads again when asked, still right; a batch of one adapter (its active-adapter path) and one of
+    evicted and loads again when asked, still right; a batch of one adapter (its slot read directly) and one of
     the base alone too. Mutations tried: `route` putting base rows on slot 0, or every row on the first row's
     slot, or selecting nothing (the previous batch's selection left): each fails the per-row comparison; `ensure`
     never evicting fails the bound (no free slot: StopIteration)."""
@@ -161,7 +161,7 @@ def test_a_broken_adapter_is_its_requests_error_and_leaves_the_base_serving(tiny
     """The first adapter a base loads is broken (its weights file is not safetensors): that load fails and leaves
     nothing cached, so the next adapter loads and answers right; an adapter deployed for another shared base is
     refused. Mutation tried: `_load` recording the adapter before its weights are in (the broken one cached,
-    holding a slot) fails the second step."""
+    holding a slot) fails the assertion right after it."""
     import json
 
     import torch
@@ -179,7 +179,9 @@ def test_a_broken_adapter_is_its_requests_error_and_leaves_the_base_serving(tiny
     (root / "elsewhere" / "flywheel.json").write_text(json.dumps({"shared": "lora__other"}))
     base = AutoModelForCausalLM.from_pretrained(tiny["base"], torch_dtype=torch.float32).eval()
     cache = AdapterCache(base, str(root), CAPACITY, log=lambda _: None, shared="lora__tiny")
-    with pytest.raises(Exception):
+    from pipelines.serve.batched_lora import AdapterFormatError
+
+    with pytest.raises(AdapterFormatError, match="adapter_model.safetensors"):
         cache.ensure(["broken"])
     assert not cache.loaded and not cache.slot
     enc = _inputs(tiny["base"], 2)
@@ -190,3 +192,30 @@ def test_a_broken_adapter_is_its_requests_error_and_leaves_the_base_serving(tiny
     assert torch.allclose(got, _merged_logits(tiny["base"], tiny["adapters"]["a2"], enc), atol=1e-4)
     with pytest.raises(AdapterError, match="deployed on lora__other"):
         cache.folder("elsewhere")
+
+
+def test_one_unfit_adapter_is_its_own_rows_error_and_evicts_nothing(tiny, tmp_path):
+    """A batch naming a broken adapter beside cached good ones (the cache full): `ensure_each` reports the broken
+    one alone, loads the others, and evicts nothing for it (its folder is read and checked before a slot is
+    freed), so asking for it again and again never churns the cache. Mutation tried: evicting before reading
+    (the old order) fails the `loaded` and eviction checks."""
+    import json
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from pipelines.serve.lora_cache import AdapterCache
+
+    root = tmp_path / "adapters"
+    for name in ("a1", "a2"):
+        shutil.copytree(tiny["adapters"][name], root / name)
+    shutil.copytree(tiny["adapters"]["a3"], root / "dora")
+    config = json.loads((root / "dora" / "adapter_config.json").read_text()) | {"use_dora": True}
+    (root / "dora" / "adapter_config.json").write_text(json.dumps(config))
+    base = AutoModelForCausalLM.from_pretrained(tiny["base"], torch_dtype=torch.float32).eval()
+    cache = AdapterCache(base, str(root), CAPACITY, log=lambda _: None)
+    cache.ensure(["a1", "a2"])
+    for _ in range(3):
+        failed = cache.ensure_each(["a1", "dora"])
+        assert list(failed) == ["dora"] and "DoRA" in failed["dora"]
+    assert list(cache.loaded) == ["a2", "a1"] and cache.evictions == 0 and cache.loads == 2

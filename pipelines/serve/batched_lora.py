@@ -12,7 +12,9 @@ batch (rows x one adapter: the batch's working memory, like its KV cache); base 
 
 Slots are allocated as adapters arrive (never more than `slots`), at the largest rank loaded so far (smaller
 ranks are padded with zeros; a larger one re-allocates every slot at that rank): the memory is the base plus the
-adapters loaded. What an adapter may be: an HF-PEFT LoRA adapter (`adapter_config.json` +
+adapters loaded at that rank, plus, while a batch mixes adapters, a copy of its rows' weights (rows x one
+adapter). A layer that none of a batch's adapters adapts (an adapter trained on the top layers only) runs as
+the base alone. What an adapter may be: an HF-PEFT LoRA adapter (`adapter_config.json` +
 `adapter_model.safetensors`) whose target modules are `torch.nn.Linear` layers wrapped here, rank at most `rank`
 when one is given, scale `lora_alpha / r` (or `/ sqrt(r)` with rsLoRA) folded into B. Refused with a clear error: DoRA,
 `modules_to_save`, per-module rank or alpha patterns, LoRA biases, a weight for a module not wrapped here.
@@ -52,6 +54,7 @@ class SlotLinear(torch.nn.Module):
         self.register_buffer("rows_b", torch.zeros(0, 0, base.out_features, **kw), persistent=False)
         self.mode = "off"  # off: the base alone; one: every row on slot `self.slot`; rows: per-row weights
         self.slot = 0
+        self.filled: set[int] = set()  # the slots whose adapter adapts this layer (others leave it as the base)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.base(x)
@@ -87,8 +90,8 @@ class SlotLinear(torch.nn.Module):
             self.rows_a = self.lora_a.new_zeros(rows, *self.lora_a.shape[1:])
             self.rows_b = self.lora_b.new_zeros(rows, *self.lora_b.shape[1:])
         mask = keep.to(self.lora_a.dtype).view(rows, 1, 1)
-        torch.mul(self.lora_a.index_select(0, index), mask, out=self.rows_a)
-        self.rows_b.copy_(self.lora_b.index_select(0, index))
+        torch.index_select(self.lora_a, 0, index, out=self.rows_a).mul_(mask)  # both halves masked: a base row
+        torch.index_select(self.lora_b, 0, index, out=self.rows_b).mul_(mask)  # never reads another slot's values
 
 
 class BatchedLoRA:
@@ -111,15 +114,15 @@ class BatchedLoRA:
         if not self.layers:
             raise ValueError(f"no nn.Linear named {sorted(wanted)} in the model")
         self.selected: list[int | None] = []
+        self.loaded: set[int] = set()  # the slots holding an adapter
 
     def _check_slot(self, slot: int) -> None:
-        if not isinstance(slot, int) or not 0 <= slot < self.slots:
+        if type(slot) is not int or not 0 <= slot < self.slots:
             raise ValueError(f"slot {slot!r} is not one of 0..{self.slots - 1}")
 
-    def load(self, slot: int, weights: Mapping[str, torch.Tensor], scale: float) -> None:
-        """Slot `slot` holds the adapter whose PEFT state dict is `weights` (keys `...<module>.lora_A.weight`
-        [r, in] and `.lora_B.weight` [out, r]), scaled by `scale`. Checked whole before any slot is written."""
-        self._check_slot(slot)
+    def check(self, weights: Mapping[str, torch.Tensor], rank: int | None = None) -> dict[str, dict[str, torch.Tensor]]:
+        """The adapter's (A, B) per adapted layer, every key, pair and shape checked (and every pair of rank
+        `rank`, when given): AdapterFormatError otherwise. Writes nothing."""
         pairs: dict[str, dict[str, torch.Tensor]] = {}
         for key, tensor in weights.items():
             found = KEY.match(key)
@@ -141,26 +144,43 @@ class BatchedLoRA:
             if tuple(a.shape) != expected_a or tuple(b.shape) != expected_b:
                 raise AdapterFormatError(f"{module!r}: A {tuple(a.shape)} and B {tuple(b.shape)} do not fit a "
                                          f"{layer.base.in_features}->{layer.base.out_features} layer")
+            if rank is not None and r != rank:
+                raise AdapterFormatError(f"{module!r} has rank {r}; the adapter's config says {rank}")
             if self.rank is not None and r > self.rank:
                 raise AdapterFormatError(f"rank {r} is over this model's adapter rank {self.rank}")
+        return pairs
+
+    def load(self, slot: int, weights: Mapping[str, torch.Tensor], scale: float) -> None:
+        """Slot `slot` holds the adapter whose PEFT state dict is `weights` (keys `...<module>.lora_A.weight`
+        [r, in] and `.lora_B.weight` [out, r]), scaled by `scale`. Checked whole, and every layer's room made,
+        before the slot is written."""
+        self._check_slot(slot)
+        pairs = self.check(weights)
         rank = max(pair["A"].shape[0] for pair in pairs.values())
         with torch.no_grad():
-            for module, layer in self.layers.items():
+            for layer in self.layers.values():
                 layer.grow(slot + 1, rank)
+            for module, layer in self.layers.items():
                 layer.lora_a[slot].zero_()
                 layer.lora_b[slot].zero_()
+                layer.filled.discard(slot)
                 if module in pairs:
                     a, b = pairs[module]["A"], pairs[module]["B"]
                     r = a.shape[0]
                     layer.lora_a[slot, :, :r].copy_(a.t())
                     layer.lora_b[slot, :r, :].copy_(b.t().to(torch.float32).mul(scale))
+                    layer.filled.add(slot)
+        self.loaded.add(slot)
         self._refresh()
 
-    def load_folder(self, slot: int, path: str) -> dict[str, Any]:
-        """Slot `slot` holds the HF-PEFT adapter in folder `path`; returns its config."""
+    def read_folder(self, path: str) -> tuple[dict[str, torch.Tensor], float]:
+        """(weights, scale) of the HF-PEFT LoRA adapter in folder `path`, checked against this model; every way
+        it can be unfit is one AdapterFormatError. Writes nothing."""
         try:
             with open(os.path.join(path, "adapter_config.json"), encoding="utf-8") as handle:
                 config = json.load(handle)
+            if not isinstance(config, dict):
+                raise ValueError("not a JSON object")
         except (OSError, ValueError) as exc:
             raise AdapterFormatError(f"{path}: no readable adapter_config.json ({exc})") from None
         if config.get("peft_type", "LORA") != "LORA":
@@ -168,14 +188,28 @@ class BatchedLoRA:
         for key, what in UNSUPPORTED.items():
             if config.get(key):
                 raise AdapterFormatError(f"{path}: {what} are not supported by batched serving")
-        r, alpha = int(config["r"]), float(config.get("lora_alpha", config["r"]))
+        try:
+            r, alpha = int(config["r"]), float(config.get("lora_alpha", 8))  # PEFT's default alpha
+            if r < 1:
+                raise ValueError(f"r = {r}")
+        except (KeyError, TypeError, ValueError) as exc:
+            raise AdapterFormatError(f"{path}: adapter_config.json has no usable rank r ({exc})") from None
         scale = alpha / math.sqrt(r) if config.get("use_rslora") else alpha / r
+        from safetensors import SafetensorError
         from safetensors.torch import load_file
 
         first = next(iter(self.layers.values())).lora_a
-        weights = load_file(os.path.join(path, "adapter_model.safetensors"), device=str(first.device))
+        try:
+            weights = load_file(os.path.join(path, "adapter_model.safetensors"), device=str(first.device))
+        except (OSError, SafetensorError) as exc:
+            raise AdapterFormatError(f"{path}: no readable adapter_model.safetensors ({exc})") from None
+        self.check(weights, rank=r)
+        return weights, scale
+
+    def load_folder(self, slot: int, path: str) -> None:
+        """Slot `slot` holds the HF-PEFT adapter in folder `path` (`read_folder`, then `load`)."""
+        weights, scale = self.read_folder(path)
         self.load(slot, weights, scale)
-        return config
 
     def clear(self, slot: int) -> None:
         self._check_slot(slot)
@@ -184,36 +218,42 @@ class BatchedLoRA:
                 if slot < layer.lora_a.shape[0]:
                     layer.lora_a[slot].zero_()
                     layer.lora_b[slot].zero_()
+                layer.filled.discard(slot)
+        self.loaded.discard(slot)
+        self.selected = [None if s == slot else s for s in self.selected]  # its rows fall back to the base
         self._refresh()
 
     def select(self, rows: list[int | None]) -> None:
-        """Row i of the next batches runs on slot rows[i] (None: the base model alone)."""
+        """Row i of the next batches runs on slot rows[i] (None: the base model alone); every slot named must
+        hold an adapter."""
         for slot in rows:
             if slot is not None:
                 self._check_slot(slot)
+                if slot not in self.loaded:
+                    raise ValueError(f"slot {slot} holds no adapter")
         self.selected = list(rows)
         self._refresh()
 
     def _refresh(self) -> None:
-        """Apply `selected` to every layer (again after a load: a gathered copy would hold the old weights)."""
+        """Apply `selected` to every layer (again after a load: a gathered copy would hold the old weights). A
+        layer that none of the selected adapters adapts runs as the base alone."""
         rows = self.selected
-        used = {slot for slot in rows if slot is not None}
-        if not used:
-            mode, slot = "off", 0
-        elif len(used) == 1 and None not in rows:
-            mode, slot = "one", next(iter(used))
-        else:
-            mode, slot = "rows", 0
-        for layer in self.layers.values():  # a slot never loaded reads zeros (the base)
-            layer.grow(max(used, default=-1) + 1, 1 if used else 0)
-        if mode == "rows":
-            device = next(iter(self.layers.values())).lora_a.device
-            index = torch.tensor([s or 0 for s in rows], device=device)
-            keep = torch.tensor([s is not None for s in rows], device=device)
+        masks: dict[tuple[bool, ...], torch.Tensor] = {}
+        index = None
         for layer in self.layers.values():
-            layer.mode, layer.slot = mode, slot
-            if mode == "rows":
-                layer.gather(index, keep)
+            kept = tuple(s is not None and s in layer.filled for s in rows)
+            slots = {s for s, k in zip(rows, kept) if k}
+            if not slots:
+                layer.mode, layer.slot = "off", 0
+            elif len(slots) == 1 and all(kept):
+                layer.mode, layer.slot = "one", next(iter(slots))
+            else:
+                if index is None:
+                    index = torch.tensor([s or 0 for s in rows], device=layer.lora_a.device)
+                if kept not in masks:
+                    masks[kept] = torch.tensor(kept, device=layer.lora_a.device)
+                layer.mode, layer.slot = "rows", 0
+                layer.gather(index, masks[kept])
 
     def adapter_bytes(self) -> int:
         """Bytes one slot takes over every adapted layer (at the rank allocated now)."""

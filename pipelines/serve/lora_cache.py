@@ -93,22 +93,32 @@ class AdapterCache:
 
     def ensure(self, names: list[str]) -> None:
         """Every adapter of `names` loaded (at most `capacity` distinct), the least recently used others evicted;
-        the rows' order is the order of use."""
+        the rows' order is the order of use. The first adapter that cannot load raises."""
         wanted = [n for n in dict.fromkeys(names) if n != BASE]
         if len(wanted) > self.capacity:
             raise ValueError(f"{len(wanted)} adapters in one part of a batch; the cache holds {self.capacity}")
         for name in wanted:
-            path = self.folder(name)
-            if name in self.loaded and self.loaded[name] == _identity(path):
-                self.loaded.move_to_end(name)
-                continue
-            if name in self.loaded:  # its folder was replaced (other weights under the name): load it afresh
-                self._evict(name)
-            while len(self.loaded) >= self.capacity:  # a slot freed first: the least recently used not wanted now
-                self._evict(next(n for n in self.loaded if n not in wanted))
-            self._load(name, path)
+            self._ensure_one(name, wanted)
 
-    def _load(self, name: str, path: str) -> None:
+    def ensure_each(self, names: list[str]) -> dict[str, str]:
+        """`ensure` adapter by adapter: {name: why} for those that cannot be served, the others loaded, so one
+        broken adapter is its own rows' error and not its batch's."""
+        wanted = [n for n in dict.fromkeys(names) if n != BASE]
+        if len(wanted) > self.capacity:
+            raise ValueError(f"{len(wanted)} adapters in one part of a batch; the cache holds {self.capacity}")
+        failed: dict[str, str] = {}
+        for name in wanted:
+            try:
+                self._ensure_one(name, wanted)
+            except Exception as exc:  # noqa: BLE001 (a bad name, a folder gone, an unfit adapter: its rows' error)
+                failed[name] = f"{type(exc).__name__}: {exc}"
+        return failed
+
+    def _ensure_one(self, name: str, wanted: list[str]) -> None:
+        path = self.folder(name)
+        if name in self.loaded and self.loaded[name] == _identity(path):
+            self.loaded.move_to_end(name)
+            return
         started = time.perf_counter()
         identity = _identity(path)
         if self.engine is None:  # the base's adapted projections wrapped once, on the first adapter
@@ -118,9 +128,14 @@ class AdapterCache:
                 import batched_lora
 
             self.engine = batched_lora.BatchedLoRA(self.model, TARGETS, slots=self.capacity)
+        weights, scale = self.engine.read_folder(path)  # read and checked before anything is evicted
+        if name in self.loaded:  # its folder was replaced (other weights under the name): load it afresh
+            self._evict(name)
+        while len(self.loaded) >= self.capacity:  # a slot freed first: the least recently used not wanted now
+            self._evict(next(n for n in self.loaded if n not in wanted))
         taken = set(self.slot.values())
-        free = next(s for s in range(self.capacity) if s not in taken)  # ensure evicts before loading past capacity
-        self.engine.load_folder(free, path)  # checked whole before the slot is written: a bad adapter leaves it
+        free = next(s for s in range(self.capacity) if s not in taken)
+        self.engine.load(free, weights, scale)
         self.loaded[name] = identity
         self.slot[name] = free
         self.loads += 1
@@ -128,8 +143,8 @@ class AdapterCache:
                  f"({len(self.loaded)}/{self.capacity} cached, {self.loads} loads, {self.evictions} evictions)")
 
     def _evict(self, name: str) -> None:
-        self.engine.clear(self.slot.pop(name))
-        del self.loaded[name]
+        self.engine.clear(self.slot[name])
+        del self.slot[name], self.loaded[name]
         self.evictions += 1
         self.log(f"adapter {name} evicted (least recently used; {len(self.loaded)}/{self.capacity} cached)")
 

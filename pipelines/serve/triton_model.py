@@ -173,9 +173,19 @@ class TritonPythonModel:
         for part in self.lora.plan([v[5] for v in valid]):  # parts of at most max_adapters distinct adapters
             rows = [valid[i] for i in part]
             try:
-                self.lora.ensure([v[5] for v in rows])
+                failed = self.lora.ensure_each([v[5] for v in rows])  # {adapter: why}: its rows' error alone
+            except Exception as exc:  # noqa: BLE001 (never expected: the part's rows end with the reason)
+                failed = {v[5]: f"{type(exc).__name__}: {exc}" for v in rows}
+            for sender, *_, adapter in rows:
+                if adapter in failed:
+                    _send(sender, pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(
+                        f"adapter: {failed[adapter]}")), flags=final)
+            rows = [v for v in rows if v[5] not in failed]
+            if not rows:
+                continue
+            try:
                 context, kwargs = self.lora.route([v[5] for v in rows])
-            except Exception as exc:  # noqa: BLE001 (an adapter removed meanwhile, a broken folder: these rows' error)
+            except Exception as exc:  # noqa: BLE001
                 for sender, *_ in rows:
                     _send(sender, pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(
                         f"adapter: {type(exc).__name__}: {exc}")), flags=final)
