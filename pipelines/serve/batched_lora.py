@@ -238,8 +238,8 @@ class BatchedLoRA:
         """Apply `selected` to every layer (again after a load: a gathered copy would hold the old weights). A
         layer that none of the selected adapters adapts runs as the base alone."""
         rows = self.selected
-        masks: dict[tuple[bool, ...], torch.Tensor] = {}
-        index = None
+        masks: dict[tuple[Any, ...], torch.Tensor] = {}  # per device (a model may be split over devices)
+        indices: dict[Any, torch.Tensor] = {}
         for layer in self.layers.values():
             kept = tuple(s is not None and s in layer.filled for s in rows)
             slots = {s for s, k in zip(rows, kept) if k}
@@ -248,12 +248,13 @@ class BatchedLoRA:
             elif len(slots) == 1 and all(kept):
                 layer.mode, layer.slot = "one", next(iter(slots))
             else:
-                if index is None:
-                    index = torch.tensor([s or 0 for s in rows], device=layer.lora_a.device)
-                if kept not in masks:
-                    masks[kept] = torch.tensor(kept, device=layer.lora_a.device)
+                device = layer.lora_a.device
+                if device not in indices:
+                    indices[device] = torch.tensor([s or 0 for s in rows], device=device)
+                if (device, kept) not in masks:
+                    masks[device, kept] = torch.tensor(kept, device=device)
                 layer.mode, layer.slot = "rows", 0
-                layer.gather(index, masks[kept])
+                layer.gather(indices[device], masks[device, kept])
 
     def adapter_bytes(self) -> int:
         """Bytes one slot takes over every adapted layer (at the rank allocated now)."""
