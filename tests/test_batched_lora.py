@@ -192,18 +192,36 @@ def test_rslora_and_an_adapter_of_some_layers_match_peft_and_a_cleared_slot_serv
 
 @pytest.mark.parametrize("change, reason", [
     ({"peft_type": "IA3"}, "not LoRA"), ({"modules_to_save": ["lm_head"]}, "modules_to_save"),
-    ({"alpha_pattern": {"q_proj": 4}}, "per-module alphas"), ({"r": None}, "no usable rank"),
-    ({"r": 3}, "the adapter's config says 3"), ("no-weights", "adapter_model.safetensors")])
-def test_each_unfit_adapter_folder_is_one_clear_error(tiny, tmp_path, change, reason):
-    """Mutations tried: the UNSUPPORTED check removed (modules_to_save and alpha patterns load, DID NOT RAISE),
-    the rank-against-config check removed (r = 3 loads with a wrong scale)."""
+    ({"alpha_pattern": {"q_proj": 4}}, "per-module alphas"), ({"lora_bias": True}, "LoRA biases"),
+    ({"r": None}, "no usable rank"), ({"r": 3}, "the adapter's config says 3"),
+    ("no-weights", "a1: no readable adapter_model.safetensors"), ("nan", "NaN or infinite")])
+def test_each_unfit_adapter_folder_is_one_clear_error_and_the_slot_keeps_serving(tiny, tmp_path, change, reason):
+    """Each refusal names the folder (never the server's path) and leaves the slot's adapter answering as before.
+    Mutations tried: the UNSUPPORTED check removed (modules_to_save, alpha patterns, biases load: DID NOT RAISE),
+    the rank-against-config check removed (r = 3 loads with a wrong scale), the finite check removed."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
     from pipelines.bench.adapters import TARGETS
     from pipelines.serve.batched_lora import AdapterFormatError, BatchedLoRA
 
-    folder = _variant(tiny["adapters"]["a1"], tmp_path / "v", {} if change == "no-weights" else change)
+    folder = _variant(tiny["adapters"]["a1"], tmp_path / "a1", change if isinstance(change, dict) else {})
     if change == "no-weights":
         (folder / "adapter_model.safetensors").rename(folder / "adapter_model.bin")
-    batched = BatchedLoRA(_model(tiny["base"]), TARGETS, slots=1)
-    with pytest.raises(AdapterFormatError, match=reason):
+    if change == "nan":
+        weights = load_file(str(folder / "adapter_model.safetensors"))
+        first = sorted(k for k in weights if "lora_B" in k)[0]
+        weights[first][0, 0] = float("nan")
+        save_file(weights, str(folder / "adapter_model.safetensors"))
+    model = _model(tiny["base"])
+    batched = BatchedLoRA(model, TARGETS, slots=1)
+    batched.load_folder(0, str(tiny["adapters"]["a3"]))
+    batched.select([0, 0])
+    enc = _inputs(tiny["base"], 2)
+    with torch.inference_mode():
+        before = model(**enc).logits[:, -1].clone()
+    with pytest.raises(AdapterFormatError, match=reason) as refused:
         batched.load_folder(0, str(folder))
-    assert not batched.loaded
+    assert str(tmp_path) not in str(refused.value)
+    with torch.inference_mode():
+        assert torch.equal(model(**enc).logits[:, -1], before)

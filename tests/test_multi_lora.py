@@ -1,6 +1,6 @@
 """Many adapters on one base (issue 26, item 6): the shared base's adapter cache in process (every row of a mixed
 batch answered by its own adapter, a bounded cache that evicts and reloads, names that are never paths), and the
-same through the real Triton server (`test_shared_base_on_triton`)."""
+same through the real Triton server (`tests/test_serve.py::test_multi_lora_*`)."""
 
 from __future__ import annotations
 
@@ -160,7 +160,7 @@ def test_a_project_owns_only_its_own_model_names(tmp_path):
 def test_a_broken_adapter_is_its_requests_error_and_leaves_the_base_serving(tiny, tmp_path):
     """The first adapter a base loads is broken (its weights file is not safetensors): that load fails and leaves
     nothing cached, so the next adapter loads and answers right; an adapter deployed for another shared base is
-    refused. Mutation tried: `_load` recording the adapter before its weights are in (the broken one cached,
+    refused. Mutation tried: `_ensure_one` recording the adapter before its weights are in (the broken one cached,
     holding a slot) fails the assertion right after it."""
     import json
 
@@ -219,3 +219,78 @@ def test_one_unfit_adapter_is_its_own_rows_error_and_evicts_nothing(tiny, tmp_pa
         failed = cache.ensure_each(["a1", "dora"])
         assert list(failed) == ["dora"] and "DoRA" in failed["dora"]
     assert list(cache.loaded) == ["a2", "a1"] and cache.evictions == 0 and cache.loads == 2
+
+
+def test_the_triton_model_answers_a_batch_whose_one_adapter_is_unfit(tiny, tmp_path, monkeypatch):
+    """`execute` (the Triton model's batch entry, with a stand-in for Triton's Python stub module): a batch of a
+    good adapter, an unfit one (DoRA), the base and the good one again: the unfit row gets exactly one final
+    error, the three others are generated together, each sender closed once. Mutation tried: `execute` failing
+    the whole part when `ensure_each` reports a failure (the old behaviour) fails the answered rows check."""
+    import importlib
+    import json
+    import sys
+    import types
+
+    import numpy as np
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from pipelines.serve.lora_cache import AdapterCache
+
+    stub = types.ModuleType("triton_python_backend_utils")
+    stub.TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
+    stub.TritonError = lambda message: ("error", message)
+    stub.InferenceResponse = lambda output_tensors, error=None: {"tensors": output_tensors, "error": error}
+    stub.get_input_tensor_by_name = lambda request, name: request.inputs.get(name)
+    monkeypatch.setitem(sys.modules, "triton_python_backend_utils", stub)
+    monkeypatch.delitem(sys.modules, "pipelines.serve.triton_model", raising=False)
+    triton_model = importlib.import_module("pipelines.serve.triton_model")
+
+    class Tensor:
+        def __init__(self, value):
+            self.value = value
+
+        def as_numpy(self):
+            return np.array([[self.value]], dtype=np.object_)
+
+    class Sender:
+        def __init__(self):
+            self.sent = []
+
+        def send(self, response, flags=0):
+            self.sent.append((response, flags))
+
+    class Request:
+        def __init__(self, adapter):
+            self.sender = Sender()
+            self.inputs = {"CONVERSATION": Tensor(b"[]")} | ({"ADAPTER": Tensor(adapter.encode())} if adapter else {})
+
+        def get_response_sender(self):
+            return self.sender
+
+    root = tmp_path / "adapters"
+    shutil.copytree(tiny["adapters"]["a1"], root / "good")
+    shutil.copytree(tiny["adapters"]["a3"], root / "dora")
+    config = json.loads((root / "dora" / "adapter_config.json").read_text()) | {"use_dora": True}
+    (root / "dora" / "adapter_config.json").write_text(json.dumps(config))
+    model = triton_model.TritonPythonModel()
+    base = AutoModelForCausalLM.from_pretrained(tiny["base"], torch_dtype=torch.float32).eval()
+    model.lora = AdapterCache(base, str(root), CAPACITY, log=lambda _: None)
+    model._tools = lambda request: None
+    model._prompt = lambda raw: ("prompt", 1)
+    generated = []
+
+    def run(_model, rows, kwargs):
+        generated.append([row[5] for row in rows])
+        for sender, *_ in rows:
+            sender.send({"tensors": ["answer"], "error": None}, flags=1)
+
+    model._run = run
+    requests = [Request(name) for name in ("good", "dora", "", "good")]
+    model.execute(requests)
+    assert generated == [["good", "", "good"]]
+    for request, name in zip(requests, ("good", "dora", "", "good")):
+        assert len(request.sender.sent) == 1 and request.sender.sent[0][1] == 1, name
+        error = request.sender.sent[0][0]["error"]
+        assert (error is not None) == (name == "dora"), (name, error)
+    assert "DoRA" in requests[1].sender.sent[0][0]["error"][1]

@@ -89,9 +89,9 @@ class SlotLinear(torch.nn.Module):
         if self.rows_a.shape[0] != rows or self.rows_a.shape[2] != self.lora_a.shape[2]:
             self.rows_a = self.lora_a.new_zeros(rows, *self.lora_a.shape[1:])
             self.rows_b = self.lora_b.new_zeros(rows, *self.lora_b.shape[1:])
-        mask = keep.to(self.lora_a.dtype).view(rows, 1, 1)
-        torch.index_select(self.lora_a, 0, index, out=self.rows_a).mul_(mask)  # both halves masked: a base row
-        torch.index_select(self.lora_b, 0, index, out=self.rows_b).mul_(mask)  # never reads another slot's values
+        drop = ~keep.view(rows, 1, 1)  # base rows: zeros written, not products (0 x a NaN is a NaN)
+        torch.index_select(self.lora_a, 0, index, out=self.rows_a).masked_fill_(drop, 0)
+        torch.index_select(self.lora_b, 0, index, out=self.rows_b).masked_fill_(drop, 0)
 
 
 class BatchedLoRA:
@@ -148,6 +148,8 @@ class BatchedLoRA:
                 raise AdapterFormatError(f"{module!r} has rank {r}; the adapter's config says {rank}")
             if self.rank is not None and r > self.rank:
                 raise AdapterFormatError(f"rank {r} is over this model's adapter rank {self.rank}")
+            if not (torch.isfinite(a).all() and torch.isfinite(b).all()):
+                raise AdapterFormatError(f"{module!r} holds NaN or infinite weights")
         return pairs
 
     def load(self, slot: int, weights: Mapping[str, torch.Tensor], scale: float) -> None:
@@ -160,40 +162,46 @@ class BatchedLoRA:
         with torch.no_grad():
             for layer in self.layers.values():
                 layer.grow(slot + 1, rank)
-            for module, layer in self.layers.items():
-                layer.lora_a[slot].zero_()
-                layer.lora_b[slot].zero_()
-                layer.filled.discard(slot)
-                if module in pairs:
-                    a, b = pairs[module]["A"], pairs[module]["B"]
-                    r = a.shape[0]
-                    layer.lora_a[slot, :, :r].copy_(a.t())
-                    layer.lora_b[slot, :r, :].copy_(b.t().to(torch.float32).mul(scale))
-                    layer.filled.add(slot)
+            try:
+                for module, layer in self.layers.items():
+                    layer.lora_a[slot].zero_()
+                    layer.lora_b[slot].zero_()
+                    layer.filled.discard(slot)
+                    if module in pairs:
+                        a, b = pairs[module]["A"], pairs[module]["B"]
+                        r = a.shape[0]
+                        layer.lora_a[slot, :, :r].copy_(a.t())
+                        layer.lora_b[slot, :r, :].copy_(b.t().to(torch.float32).mul(scale))
+                        layer.filled.add(slot)
+            except BaseException:  # out of memory half-way: an empty slot, never half of two adapters
+                self.clear(slot)
+                raise
         self.loaded.add(slot)
         self._refresh()
 
     def read_folder(self, path: str) -> tuple[dict[str, torch.Tensor], float]:
         """(weights, scale) of the HF-PEFT LoRA adapter in folder `path`, checked against this model; every way
-        it can be unfit is one AdapterFormatError. Writes nothing."""
+        it can be unfit is one AdapterFormatError (naming the folder, not the server's path). Writes nothing."""
+        name = os.path.basename(os.path.normpath(path))
         try:
             with open(os.path.join(path, "adapter_config.json"), encoding="utf-8") as handle:
                 config = json.load(handle)
             if not isinstance(config, dict):
                 raise ValueError("not a JSON object")
         except (OSError, ValueError) as exc:
-            raise AdapterFormatError(f"{path}: no readable adapter_config.json ({exc})") from None
+            why = exc.strerror if isinstance(exc, OSError) else exc  # an OSError's text holds the server's path
+            raise AdapterFormatError(f"{name}: no readable adapter_config.json ({why})") from None
         if config.get("peft_type", "LORA") != "LORA":
-            raise AdapterFormatError(f"{path}: a {config.get('peft_type')} adapter, not LoRA")
+            raise AdapterFormatError(f"{name}: a {config.get('peft_type')} adapter, not LoRA")
         for key, what in UNSUPPORTED.items():
             if config.get(key):
-                raise AdapterFormatError(f"{path}: {what} are not supported by batched serving")
+                raise AdapterFormatError(f"{name}: {what} are not supported by batched serving")
         try:
             r, alpha = int(config["r"]), float(config.get("lora_alpha", 8))  # PEFT's default alpha
             if r < 1:
                 raise ValueError(f"r = {r}")
         except (KeyError, TypeError, ValueError) as exc:
-            raise AdapterFormatError(f"{path}: adapter_config.json has no usable rank r ({exc})") from None
+            raise AdapterFormatError(f"{name}: adapter_config.json has no usable rank r ({exc})") from None
         scale = alpha / math.sqrt(r) if config.get("use_rslora") else alpha / r
         from safetensors import SafetensorError
         from safetensors.torch import load_file
@@ -202,7 +210,8 @@ class BatchedLoRA:
         try:
             weights = load_file(os.path.join(path, "adapter_model.safetensors"), device=str(first.device))
         except (OSError, SafetensorError) as exc:
-            raise AdapterFormatError(f"{path}: no readable adapter_model.safetensors ({exc})") from None
+            why = exc.strerror if isinstance(exc, OSError) else exc
+            raise AdapterFormatError(f"{name}: no readable adapter_model.safetensors ({why})") from None
         self.check(weights, rank=r)
         return weights, scale
 

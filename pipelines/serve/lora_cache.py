@@ -116,7 +116,8 @@ class AdapterCache:
 
     def _ensure_one(self, name: str, wanted: list[str]) -> None:
         path = self.folder(name)
-        if name in self.loaded and self.loaded[name] == _identity(path):
+        if (name in self.loaded and self.loaded[name] == _identity(path)
+                and self.slot[name] in self.engine.loaded):  # the engine's own record too
             self.loaded.move_to_end(name)
             return
         started = time.perf_counter()
@@ -143,8 +144,9 @@ class AdapterCache:
                  f"({len(self.loaded)}/{self.capacity} cached, {self.loads} loads, {self.evictions} evictions)")
 
     def _evict(self, name: str) -> None:
-        self.engine.clear(self.slot[name])
-        del self.slot[name], self.loaded[name]
+        slot = self.slot.pop(name)  # the cache's records go first: a failing clear never leaves a name without
+        del self.loaded[name]  # its weights
+        self.engine.clear(slot)
         self.evictions += 1
         self.log(f"adapter {name} evicted (least recently used; {len(self.loaded)}/{self.capacity} cached)")
 
