@@ -71,9 +71,9 @@ def test_a_mixed_batch_answers_each_row_with_its_own_adapter_and_the_cache_stays
 
     def served(names: list[str]):
         cache.ensure(names)
-        context, kwargs = cache.route(names)
-        with torch.inference_mode(), context:
-            return cache.model(**enc, **kwargs).logits[:, -1]
+        cache.route(names)
+        with torch.inference_mode():
+            return cache.model(**enc).logits[:, -1]
 
     for names in (["a1", "a2", BASE, "a1"], ["a3", "a1", "a3", BASE], ["a2", "a2", "a3", "a3"], ["a2"] * 4,
                   [BASE] * 4, ["a3"] * 4):
@@ -128,9 +128,9 @@ def test_a_replaced_adapter_folder_is_loaded_afresh_not_served_from_the_cache(ti
 
     def served():
         cache.ensure(["v1", "v1"])
-        context, kwargs = cache.route(["v1", "v1"])
-        with torch.inference_mode(), context:
-            return cache.model(**enc, **kwargs).logits[:, -1]
+        cache.route(["v1", "v1"])
+        with torch.inference_mode():
+            return cache.model(**enc).logits[:, -1]
 
     assert torch.allclose(served(), _merged_logits(tiny["base"], tiny["adapters"]["a1"], enc), atol=1e-4)
     shutil.copytree(tiny["adapters"]["a3"], tmp_path / "staged")
@@ -186,9 +186,9 @@ def test_a_broken_adapter_is_its_requests_error_and_leaves_the_base_serving(tiny
     assert not cache.loaded and not cache.slot
     enc = _inputs(tiny["base"], 2)
     cache.ensure(["good"])
-    context, kwargs = cache.route(["good", "good"])
-    with torch.inference_mode(), context:
-        got = cache.model(**enc, **kwargs).logits[:, -1]
+    cache.route(["good", "good"])
+    with torch.inference_mode():
+        got = cache.model(**enc).logits[:, -1]
     assert torch.allclose(got, _merged_logits(tiny["base"], tiny["adapters"]["a2"], enc), atol=1e-4)
     with pytest.raises(AdapterError, match="deployed on lora__other"):
         cache.folder("elsewhere")

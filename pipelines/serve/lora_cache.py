@@ -17,7 +17,6 @@ than the cache holds is split into parts that fit (`plan`).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
@@ -94,18 +93,14 @@ class AdapterCache:
     def ensure(self, names: list[str]) -> None:
         """Every adapter of `names` loaded (at most `capacity` distinct), the least recently used others evicted;
         the rows' order is the order of use. The first adapter that cannot load raises."""
-        wanted = [n for n in dict.fromkeys(names) if n != BASE]
-        if len(wanted) > self.capacity:
-            raise ValueError(f"{len(wanted)} adapters in one part of a batch; the cache holds {self.capacity}")
+        wanted = self._wanted(names)
         for name in wanted:
             self._ensure_one(name, wanted)
 
     def ensure_each(self, names: list[str]) -> dict[str, str]:
         """`ensure` adapter by adapter: {name: why} for those that cannot be served, the others loaded, so one
         broken adapter is its own rows' error and not its batch's."""
-        wanted = [n for n in dict.fromkeys(names) if n != BASE]
-        if len(wanted) > self.capacity:
-            raise ValueError(f"{len(wanted)} adapters in one part of a batch; the cache holds {self.capacity}")
+        wanted = self._wanted(names)
         failed: dict[str, str] = {}
         for name in wanted:
             try:
@@ -113,6 +108,13 @@ class AdapterCache:
             except Exception as exc:  # noqa: BLE001 (a bad name, a folder gone, an unfit adapter: its rows' error)
                 failed[name] = f"{type(exc).__name__}: {exc}"
         return failed
+
+    def _wanted(self, names: list[str]) -> list[str]:
+        """The distinct adapters of `names` in order of use; ValueError past the cache's capacity."""
+        wanted = [n for n in dict.fromkeys(names) if n != BASE]
+        if len(wanted) > self.capacity:
+            raise ValueError(f"{len(wanted)} adapters in one part of a batch; the cache holds {self.capacity}")
+        return wanted
 
     def _ensure_one(self, name: str, wanted: list[str]) -> None:
         path = self.folder(name)
@@ -150,12 +152,11 @@ class AdapterCache:
         self.evictions += 1
         self.log(f"adapter {name} evicted (least recently used; {len(self.loaded)}/{self.capacity} cached)")
 
-    def route(self, names: list[str]) -> tuple[contextlib.AbstractContextManager[Any], dict[str, Any]]:
-        """(context, generate kwargs) that run these rows on their adapters: each row on its adapter's slot, base
-        rows on the base alone (every name must be loaded: `ensure` first). Nothing to do before any adapter."""
+    def route(self, names: list[str]) -> None:
+        """Run these rows on their adapters in the model's next batches: each row on its adapter's slot, base rows
+        on the base alone (every name must be loaded: `ensure` first). Nothing to do before any adapter."""
         if self.engine is not None:
             self.engine.select([self.slot[n] if n != BASE else None for n in names])
-        return contextlib.nullcontext(), {}
 
     def stats(self) -> dict[str, Any]:
         return {"cached": list(self.loaded), "capacity": self.capacity, "loads": self.loads,

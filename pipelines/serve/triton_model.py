@@ -184,14 +184,13 @@ class TritonPythonModel:
             if not rows:
                 continue
             try:
-                context, kwargs = self.lora.route([v[5] for v in rows])
+                self.lora.route([v[5] for v in rows])
             except Exception as exc:  # noqa: BLE001
                 for sender, *_ in rows:
                     _send(sender, pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(
                         f"adapter: {type(exc).__name__}: {exc}")), flags=final)
                 continue
-            with context:  # _run answers every row itself, an error included
-                self._run(self.lora.model, rows, kwargs)
+            self._run(self.lora.model, rows, {})  # answers every row itself, an error included
         return None
 
     def _run(self, model, valid, kwargs):
