@@ -8,8 +8,11 @@
    `openai` client: shop's key lists and gets shop's champion and is refused search's model; search's key the
    same the other way; carol reads shop's runs through MLflow's REST API and not search's.
 4. Noisy neighbour: `search` sends requests one after another (one client, its own WebShop requests) for
-   `--seconds` in three phases: alone; while `shop` floods (`--flood` clients back to back) with no quota;
-   while `shop` floods under a quota (`--flood-rpm` requests a minute, one in flight). Every request of both
+   `--seconds` in four phases: alone; while `shop` floods (`--flood` clients back to back) with no quota and
+   the gateway's queue off (`gateway.backend_slots 0`: first come, first served at Triton, the gateway
+   restarted for it); the same flood with the gateway's fair turns (its default: `gateway.backend_slots`
+   completions at the model, a freed one to the project with fewest there, pipelines/gateway/fair.py); while
+   `shop` floods under a quota (`--flood-rpm` requests a minute, one in flight). Every request of both
    projects is counted by outcome; search's latency per phase with a bootstrap 95 % interval, and its median
    ratio to the alone phase with its interval.
 5. Drift in shop retrains shop only: drifted traffic lands in shop's raw zone, `drift_monitor__shop` is
@@ -124,6 +127,32 @@ def phase(url: str, keys: dict[str, str], reqs: dict[str, list[dict[str, Any]]],
                      "answered": sum(len(c.latencies_ms) for c in floods)}}
 
 
+def restart_gateway(step: Any, url: str, slots: int | None) -> None:
+    """The gateway stopped and started again with `gateway.backend_slots` = slots (None: the settings'), then
+    waited for until it answers (every wait bounded)."""
+    import httpx
+
+    step(f"gateway_down_{slots}", "gateway", "down", timeout_s=120)
+    if slots is None:
+        os.environ.pop("FLYWHEEL_GATEWAY__BACKEND_SLOTS", None)
+    else:
+        os.environ["FLYWHEEL_GATEWAY__BACKEND_SLOTS"] = str(slots)
+    step(f"gateway_up_{slots}", "gateway", "up", timeout_s=300)
+    deadline = time.monotonic() + 180
+    while True:
+        try:
+            answer = httpx.get(url.removesuffix("/v1") + "/ready", timeout=10)
+            queue = answer.json().get("queue") or {}
+            if answer.status_code == 200 and "slots" in queue and (slots is None or queue["slots"] == slots):
+                print(f"  gateway queue: {queue}", flush=True)
+                return
+        except (httpx.HTTPError, ValueError, AttributeError):
+            pass
+        if time.monotonic() > deadline:
+            raise SystemExit(f"error: the gateway did not answer /ready with backend_slots={slots} in 180 s")
+        time.sleep(2)
+
+
 def ratio_ci(a: list[float], b: list[float], seed: int = 0, n: int = 2000) -> list[float]:
     """Bootstrap 95 % interval of median(b) / median(a) (independent samples)."""
     rng = random.Random(seed)
@@ -144,6 +173,8 @@ def main() -> int:  # noqa: PLR0915 (one scenario, told in order)
     parser.add_argument("--skip-runs", action="store_true", help="reuse a root whose two DAG runs are done (the "
                         "results of the earlier steps are kept from bench/results/projects.json)")
     parser.add_argument("--skip-drift", action="store_true", help="stop after the noisy neighbour")
+    parser.add_argument("--skip-fifo", action="store_true", help="no first-come-first-served phase (it restarts "
+                        "the gateway with gateway.backend_slots 0, then again with the settings')")
     parser.add_argument("--multi-lora", action="store_true", help="triton.multi_lora on: every project's versions "
                         "deploy as adapters on one shared base model (results: projects_multi_lora.json)")
     parser.add_argument("--multi-team", action="store_true", help="airflow.multi_team on: each project an Airflow "
@@ -209,17 +240,26 @@ def main() -> int:  # noqa: PLR0915 (one scenario, told in order)
         from pipelines.projects import settings_for
 
         platform = load_settings(root=str(root))
+        result["settings"]["gateway_backend_slots"] = platform.gateway.backend_slots  # the fair turns' slots
         reqs = {p: _requests_of(Path(settings_for(platform, p).zone("raw")), 200, SEED) for p in ("shop", "search")}
         phases = {}
         step("no_quota", "project", "quota", "shop", "--rpm", "0", "--concurrent", "0", "--tokens-per-day", "0")
         time.sleep(2)
         phases["alone"] = phase(url, keys, reqs, args.seconds, 0)
+        if not args.skip_fifo:
+            restart_gateway(step, url, slots=0)  # the gateway's queue off: Triton's first come, first served
+            try:
+                phases["flood_fifo"] = phase(url, keys, reqs, args.seconds, args.flood)
+            finally:
+                restart_gateway(step, url, slots=None)  # back to the settings' fair turns
         phases["flood_no_quota"] = phase(url, keys, reqs, args.seconds, args.flood)
         step("quota", "project", "quota", "shop", "--rpm", str(args.flood_rpm), "--concurrent", "1")
         time.sleep(2)  # the gateway re-reads the registry within a second
         phases["flood_quota"] = phase(url, keys, reqs, args.seconds, args.flood)
         alone = phases["alone"]["search"]["latencies_ms"]
-        for name in ("flood_no_quota", "flood_quota"):
+        for name in ("flood_fifo", "flood_no_quota", "flood_quota"):
+            if name not in phases:
+                continue
             other = phases[name]["search"]["latencies_ms"]
             if len(alone) > 2 and len(other) > 2:
                 phases[name]["search"]["p50_ratio_to_alone"] = round(statistics.median(other) / statistics.median(alone), 2)

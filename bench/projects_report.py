@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-PHASES = ("alone", "flood_no_quota", "flood_quota")
+PHASES = ("alone", "flood_fifo", "flood_no_quota", "flood_quota")
 
 
 def _isolation_rows(iso: dict[str, Any]) -> list[dict[str, Any]]:

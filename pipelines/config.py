@@ -177,6 +177,12 @@ class GatewaySettings(_Section):
     request_timeout_s: float = Field(120, gt=0, description="how long one request may wait for the model")
     max_concurrent_requests: int = Field(8, ge=1, description="completions in flight at once; more are refused at "
                                          "once with 429 and Retry-After (never queued until they time out)")
+    backend_slots: int = Field(4, ge=0, le=1024, description="completions sent to the model servers at once; more "
+                               "wait in one queue per project and a freed slot goes to the waiting project with the "
+                               "fewest at the model (pipelines/gateway/fair.py). 0: no queue (Triton's first come, "
+                               "first served)")
+    queue_timeout_s: float = Field(60, gt=0, description="how long a request may wait for its turn at the model; "
+                                   "then a 429 with Retry-After")
     few_shot: int = Field(3, ge=0, le=8, description="retrieved examples in the `base` model's prompt")
     capture: bool = Field(True, description="write every served turn into the raw zone as one log record")
     capture_rotate_bytes: int = Field(16_000_000, ge=1024, description="start a new capture file past this size")

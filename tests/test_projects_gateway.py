@@ -315,3 +315,80 @@ def test_gateway_replicas_count_usage_in_their_own_files_and_share_the_days_toke
     b.flush()
     days = usage_by_day(replica("gw-a"))
     assert (days[tomorrow]["prompt_tokens"], days[later]["prompt_tokens"]) == (5, 1)
+
+
+def test_a_quiet_project_waits_for_one_turn_at_the_model_not_behind_a_busy_projects_queue(gateway, monkeypatch) -> None:
+    """One slot at the model (gateway.backend_slots 1): search holds it and queues two more; disputes' request,
+    sent last, is answered second, not fourth (first come, first served would answer it last). Waiting past
+    gateway.queue_timeout_s is a 429 with Retry-After, counted in the project's usage, and leaks no slot.
+    (Mutations tried: the next turn taken first come, first served fails the order; a timed-out waiter left in
+    its queue, or a slot never given back, fails the last requests.)"""
+    import threading
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    from fastapi.testclient import TestClient
+
+    from pipelines.gateway.app import create_app
+    from pipelines.projects import registry
+
+    _client, settings, keys, stop = gateway
+    stop()  # the fixture's gateway (4 slots) is closed; this one has one slot
+    registry.set_quotas(settings, "search", rpm=100)
+    gate, order, lock = threading.Event(), [], threading.Lock()
+    real = FakeTriton.infer_one
+
+    def held(self, name, *args, **kwargs):
+        with lock:
+            order.append(name.split("__")[0])
+        assert gate.wait(30)
+        return real(self, name, *args, **kwargs)
+
+    monkeypatch.setattr(FakeTriton, "infer_one", held)
+    one_slot = settings.model_copy(update={"gateway": settings.gateway.model_copy(
+        update={"backend_slots": 1, "queue_timeout_s": 20.0})})
+
+    def queued(client: TestClient, n: int) -> None:
+        deadline = time.monotonic() + 30
+        while client.get("/ready").json()["queue"]["waiting"] != n:
+            assert time.monotonic() < deadline, client.get("/ready").json()["queue"]
+            time.sleep(0.05)
+
+    with TestClient(create_app(one_slot), raise_server_exceptions=False) as client, ThreadPoolExecutor(4) as pool:
+        sent = [pool.submit(client.post, "/v1/chat/completions", json=_body(), headers=_as(keys["search"]))]
+        deadline = time.monotonic() + 30
+        while not order:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        sent += [pool.submit(client.post, "/v1/chat/completions", json=_body(), headers=_as(keys["search"]))
+                 for _ in range(2)]
+        queued(client, 2)
+        sent.append(pool.submit(client.post, "/v1/chat/completions", json=_body("v2"), headers=_as(keys["disputes"])))
+        queued(client, 3)
+        gate.set()
+        assert [f.result(timeout=60).status_code for f in sent] == [200] * 4
+        assert order == ["search", "disputes", "search", "search"]
+        assert client.get("/ready").json()["queue"] | {"granted": 4} == {
+            "slots": 1, "busy": 0, "waiting": 0, "granted": 4, "waited": 3, "timed_out": 0}
+    gate.clear()
+    order.clear()
+    short = one_slot.model_copy(update={"gateway": one_slot.gateway.model_copy(update={"queue_timeout_s": 0.5})})
+    with TestClient(create_app(short), raise_server_exceptions=False) as client, ThreadPoolExecutor(1) as pool:
+        holding = pool.submit(client.post, "/v1/chat/completions", json=_body(), headers=_as(keys["search"]))
+        deadline = time.monotonic() + 30
+        while not order:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        late = client.post("/v1/chat/completions", json=_body("v2"), headers=_as(keys["disputes"]))
+        assert late.status_code == 429 and late.headers["retry-after"] == "1"
+        assert "queue_timeout_s" in late.json()["error"]["message"]
+        gate.set()
+        assert holding.result(timeout=60).status_code == 200
+        assert [client.post("/v1/chat/completions", json=_body("v2"), headers=_as(keys["disputes"])).status_code
+                for _ in range(3)] == [200, 200, 200]  # nothing leaked: the slot comes back every time
+    from pipelines.gateway.tenants import usage_by_day
+    from pipelines.projects import settings_for
+
+    used = usage_by_day(settings_for(settings, "disputes"))
+    assert sum(d["refused_queue"] for d in used.values()) == 1
+    assert sum(d["queue_ms"] for d in used.values()) >= 400

@@ -74,7 +74,8 @@ def serving(settings: Settings, since: date) -> list[dict[str, Any]]:
         out.append({"day": day, "requests": used["requests"], "prompt_tokens": used["prompt_tokens"],
                     "completion_tokens": used["completion_tokens"], "compute_seconds": round(seconds, 2),
                     "refused_rpm": used["refused_rpm"], "refused_tokens": used["refused_tokens"],
-                    "refused_concurrent": used["refused_concurrent"],
+                    "refused_concurrent": used["refused_concurrent"], "refused_queue": used["refused_queue"],
+                    "queue_seconds": round(used["queue_ms"] / 1000, 2),
                     "priced_as": row.name, "usd": round(seconds * row.usd_per_hour / 3600, 6)})
     return sorted(out, key=lambda r: r["day"])
 
@@ -105,7 +106,8 @@ def summarize(settings: Settings, since: date) -> dict[str, Any]:
         "serving": {"requests": sum(d["requests"] for d in days),
                     "tokens": sum(d["prompt_tokens"] + d["completion_tokens"] for d in days),
                     "compute_seconds": round(sum(d["compute_seconds"] for d in days), 2),
-                    "refused": sum(d["refused_rpm"] + d["refused_tokens"] + d["refused_concurrent"] for d in days),
+                    "refused": sum(d["refused_rpm"] + d["refused_tokens"] + d["refused_concurrent"] + d["refused_queue"]
+                                   for d in days),
                     "usd": round(sum(d["usd"] for d in days), 6), "by_day": days},
         "storage": {"bytes": sum(stored.values()), "by_zone": stored},
         "total_usd": round(sum(r["usd"] for r in runs) + sum(d["usd"] for d in days), 6),

@@ -134,6 +134,7 @@ def status(settings: Settings) -> dict[str, Any]:
 def create_app(settings: Settings) -> Any:
     from pipelines.config import DEFAULT_PROJECT
     from pipelines.gateway import openai_api as api
+    from pipelines.gateway.fair import FairShare
     from pipelines.gateway.streaming import stream_response
     from pipelines.gateway.tenants import Tenants
     from pipelines.logs.feedback import RATINGS
@@ -144,6 +145,7 @@ def create_app(settings: Settings) -> Any:
     platform = tenants.tenant(DEFAULT_PROJECT)  # built now: its zones expire at start, /ready asks its router
     tenants.serving()  # and every project that serves traffic: /ready counts it from the start
     probes = ThreadPoolExecutor(max_workers=4, thread_name_prefix="probe")  # /ready's own threads
+    fair = FairShare(settings.gateway.backend_slots, settings.gateway.queue_timeout_s)  # turns at the model
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: Any) -> AsyncIterator[None]:
@@ -225,7 +227,7 @@ def create_app(settings: Settings) -> Any:
         found = [a if isinstance(a, dict) else {"ready": False, "backend": "no answer in time", "routes": {}}
                  for a in answers]
         ok = any(f["ready"] for f in found)
-        return JSONResponse({**found[0], "ready": ok}, status_code=200 if ok else 503)
+        return JSONResponse({**found[0], "ready": ok, "queue": fair.snapshot()}, status_code=200 if ok else 503)
 
     @app.get("/v1/models")
     def models(request: Request) -> dict[str, Any]:
@@ -260,9 +262,22 @@ def create_app(settings: Settings) -> Any:
             leave()
             raise
 
+        try:  # its turn at the shared model: fair by project (gateway/fair.py), at most queue_timeout_s
+            waited = await fair.acquire(request.state.project)
+        except BaseException as exc:  # timed out (429), or the caller left while waiting: nothing was sent
+            leave()
+            tenant.quota.release()
+            if isinstance(exc, api.ApiError):
+                tenant.quota.queued(fair.timeout_s * 1000, refused=True)
+            raise
+        if waited:
+            tenant.quota.queued(waited)
+
         def done() -> None:
             leave()
             tenant.quota.release()
+            if waited is not None:
+                fair.release(request.state.project)
 
         if not parsed.stream:
             try:

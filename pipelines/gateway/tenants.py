@@ -36,7 +36,7 @@ FLUSH_EVERY_S = 5.0
 
 
 USAGE_FIELDS = ("requests", "prompt_tokens", "completion_tokens", "compute_ms", "refused_rpm", "refused_tokens",
-                "refused_concurrent")
+                "refused_concurrent", "queue_ms", "refused_queue")
 
 
 def replica_name(settings: Settings) -> str:
@@ -165,6 +165,15 @@ class Quota:
     def release(self) -> None:
         with self._lock:
             self.inflight -= 1
+
+    def queued(self, wait_ms: float, refused: bool = False) -> None:
+        """Time this project's requests waited for their turn at the shared model (gateway/fair.py), and the
+        requests refused for waiting too long."""
+        with self._lock:
+            self._roll()
+            self.used["queue_ms"] += int(wait_ms)
+            self.used["refused_queue"] += int(refused)
+            self._dirty = True
 
     def charge(self, body: dict[str, Any] | None, compute_ms: float) -> None:
         usage = (body or {}).get("usage") or {}

@@ -1,0 +1,115 @@
+"""Fair turns at the shared model: one project's burst waits behind its own requests, not in front of others'.
+
+Every project's adapters are answered by the same model servers (one Triton base with `triton.multi_lora`).
+Triton queues what it is sent first come, first served, so a project sending twenty requests at once put a
+quiet project's one request behind all twenty. The gateway therefore sends the model servers at most
+`gateway.backend_slots` completions at once; the others wait here, one queue per project, and a freed slot
+goes to the waiting project with the fewest completions at the model (ties: the one served least recently).
+Max-min fair: a project alone gets every slot; two busy projects get half each; a quiet project's request
+waits for one slot to free, never for a busy project's whole queue. A request that waits longer than
+`gateway.queue_timeout_s` is refused with an OpenAI-style 429 and `Retry-After` (nothing was sent to the
+model, nothing is captured). `backend_slots: 0` turns the queue off (straight to Triton's own queue).
+
+How many places a project may hold in the gateway itself (waiting or answered) is its quota's `concurrent`
+(`flywheel project quota NAME --concurrent N`); `gateway.max_concurrent_requests` bounds them all.
+Everything here runs on the gateway's event loop: no locks, no thread ever touches it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections import defaultdict, deque
+from typing import Any
+
+from pipelines.gateway import openai_api as api
+
+
+class FairShare:
+    """The model servers' slots, handed out in fair turns by project (see the module's doc)."""
+
+    def __init__(self, slots: int, timeout_s: float) -> None:
+        self.slots, self.timeout_s = slots, timeout_s
+        self.busy = 0
+        self.at_model: dict[str, int] = defaultdict(int)
+        self.waiting: dict[str, deque[asyncio.Future[None]]] = defaultdict(deque)
+        self._turn = itertools.count()
+        self._last: dict[str, int] = {}  # the turn a project was last given a slot
+        self.counts = {"granted": 0, "waited": 0, "timed_out": 0}  # all projects' (per project: their usage)
+
+    def _give(self, project: str) -> None:
+        self.busy += 1
+        self.at_model[project] += 1
+        self._last[project] = next(self._turn)
+        self.counts["granted"] += 1
+
+    def _next(self) -> str | None:
+        """The waiting project whose turn it is: fewest at the model, then served least recently."""
+        ready = [p for p, queue in self.waiting.items() if queue]
+        if not ready:
+            return None
+        return min(ready, key=lambda p: (self.at_model[p], self._last.get(p, -1)))
+
+    def _dispatch(self) -> None:
+        while self.busy < self.slots:
+            project = self._next()
+            if project is None:
+                return
+            future = self.waiting[project].popleft()
+            if not self.waiting[project]:
+                del self.waiting[project]
+            self._give(project)
+            future.set_result(None)
+
+    async def acquire(self, project: str) -> float | None:
+        """Wait for a slot at the model, at most `timeout_s` (then a 429 ApiError). The milliseconds waited when
+        a slot is held (give it back with `release`), None when the queue is off."""
+        if self.slots <= 0:
+            return None
+        if self.busy < self.slots:  # slots free means nobody waits (every release dispatches)
+            self._give(project)
+            return 0.0
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[None] = loop.create_future()
+        self.waiting[project].append(future)
+        started = loop.time()
+        self.counts["waited"] += 1
+        try:
+            await asyncio.wait_for(asyncio.shield(future), timeout=self.timeout_s)
+        except BaseException as exc:  # timed out, or the caller left while waiting
+            if future.done() and not future.cancelled():
+                self.release(project)  # granted in the same instant: given back, the next in turn gets it
+            else:
+                future.cancel()
+                self._forget(project, future)
+            if isinstance(exc, asyncio.TimeoutError):
+                self.counts["timed_out"] += 1
+                raise api.ApiError(429, f"project {project} waited {self.timeout_s:g} s for a turn at the model "
+                                        f"(gateway.queue_timeout_s; {self.slots} completions at once, shared by every "
+                                        "project); retry after a second", kind="rate_limit_error",
+                                   code="rate_limit_exceeded", headers={"Retry-After": "1"}) from None
+            raise
+        return (loop.time() - started) * 1000
+
+    def _forget(self, project: str, future: asyncio.Future[None]) -> None:
+        queue = self.waiting.get(project)
+        if queue is not None:
+            try:
+                queue.remove(future)
+            except ValueError:
+                pass
+            if not queue:
+                del self.waiting[project]
+
+    def release(self, project: str) -> None:
+        """Give a slot back; the next project in turn gets it."""
+        self.busy -= 1
+        self.at_model[project] -= 1
+        if self.at_model[project] <= 0:
+            del self.at_model[project]
+        self._dispatch()
+
+    def snapshot(self) -> dict[str, Any]:
+        """What /ready shows (an open path: totals only, no project's name): slots, busy, waiting, counts."""
+        return {"slots": self.slots, "busy": self.busy, "waiting": sum(len(q) for q in self.waiting.values()),
+                **self.counts}
