@@ -11,7 +11,7 @@
    `--seconds` in four phases: alone; while `shop` floods (`--flood` clients back to back) with no quota and
    the gateway's queue off (`gateway.backend_slots 0`: first come, first served at Triton, the gateway
    restarted for it); the same flood with the gateway's fair turns (its default: `gateway.backend_slots`
-   completions at the model, a freed one to the project with fewest there, pipelines/gateway/fair.py); while
+   completions at the model, unset: one per Triton instance on CPU; a freed one to the project with fewest there, pipelines/gateway/fair.py); while
    `shop` floods under a quota (`--flood-rpm` requests a minute, one in flight). Every request of both
    projects is counted by outcome; search's latency per phase with a bootstrap 95 % interval, and its median
    ratio to the alone phase with its interval.
@@ -240,7 +240,9 @@ def main() -> int:  # noqa: PLR0915 (one scenario, told in order)
         from pipelines.projects import settings_for
 
         platform = load_settings(root=str(root))
-        result["settings"]["gateway_backend_slots"] = platform.gateway.backend_slots  # the fair turns' slots
+        from pipelines.gateway.fair import backend_slots
+
+        result["settings"]["gateway_backend_slots"] = backend_slots(platform)  # the fair turns' slots
         reqs = {p: _requests_of(Path(settings_for(platform, p).zone("raw")), 200, SEED) for p in ("shop", "search")}
         phases = {}
         step("no_quota", "project", "quota", "shop", "--rpm", "0", "--concurrent", "0", "--tokens-per-day", "0")

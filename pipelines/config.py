@@ -154,6 +154,10 @@ class TritonSettings(_Section):
                              "with its own copy of the base per version; local model repository only")
     max_adapters: int = Field(8, ge=1, le=256, description="multi_lora: adapters the shared base keeps loaded; "
                               "past it the least recently used one is unloaded (it loads again when asked)")
+    max_adapter_rank: int | None = Field(None, ge=1, le=512, description="multi_lora: the largest LoRA rank the "
+                                         "shared base serves; a version over it is refused at deploy. Bounds the "
+                                         "base's adapter memory at max_adapters x one adapter of this rank (unset: "
+                                         "slots grow to the largest rank loaded and never shrink)")
     smoke_requests: int = Field(6, ge=1, description="test-split requests a new deployment must answer first")
     smoke_min_valid_json: float = Field(1.0, ge=0, le=1, description="share of smoke answers that must parse "
                                         "as JSON, on top of every answer being well formed (no error, not empty), "
@@ -177,10 +181,12 @@ class GatewaySettings(_Section):
     request_timeout_s: float = Field(120, gt=0, description="how long one request may wait for the model")
     max_concurrent_requests: int = Field(8, ge=1, description="completions in flight at once; more are refused at "
                                          "once with 429 and Retry-After (never queued until they time out)")
-    backend_slots: int = Field(4, ge=0, le=1024, description="completions sent to the model servers at once; more "
-                               "wait in one queue per project and a freed slot goes to the waiting project with the "
-                               "fewest at the model (pipelines/gateway/fair.py). 0: no queue (Triton's first come, "
-                               "first served)")
+    backend_slots: int | None = Field(None, ge=0, le=1024, description="completions sent to the model servers at "
+                                      "once; more wait in one queue per project and a freed slot goes to the waiting "
+                                      "project with the fewest at the model (pipelines/gateway/fair.py). Unset: "
+                                      "triton.instances on CPU (a batch there answers no more per second than one "
+                                      "request: README, Projects), instances x max_batch_size on GPU. 0: no queue "
+                                      "(Triton's first come, first served)")
     queue_timeout_s: float = Field(60, gt=0, description="how long a request may wait for its turn at the model; "
                                    "then a 429 with Retry-After")
     few_shot: int = Field(3, ge=0, le=8, description="retrieved examples in the `base` model's prompt")

@@ -104,3 +104,13 @@ def test_no_slots_means_no_queue() -> None:
         assert [await fair.acquire("a") for _ in range(50)] == [None] * 50 and fair.busy == 0
 
     asyncio.run(main())
+
+
+def test_unset_slots_are_one_per_instance_on_cpu_and_a_full_batch_per_instance_on_gpu(tmp_path) -> None:
+    from pipelines.config import load_settings
+    from pipelines.gateway.fair import backend_slots
+
+    assert backend_slots(load_settings(root=str(tmp_path), triton={"instances": 2})) == 2
+    assert backend_slots(load_settings(root=str(tmp_path), triton={"instances": 2, "instance_kind": "KIND_GPU",
+                                                                    "max_batch_size": 16})) == 32
+    assert backend_slots(load_settings(root=str(tmp_path), gateway={"backend_slots": 0})) == 0

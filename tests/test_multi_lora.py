@@ -294,3 +294,34 @@ def test_the_triton_model_answers_a_batch_whose_one_adapter_is_unfit(tiny, tmp_p
         error = request.sender.sent[0][0]["error"]
         assert (error is not None) == (name == "dora"), (name, error)
     assert "DoRA" in requests[1].sender.sent[0][0]["error"][1]
+
+
+def test_a_rank_cap_refuses_larger_adapters_at_deploy_and_in_the_shared_base(tiny, tmp_path):
+    """`triton.max_adapter_rank`: a version whose rank is over it is refused at deploy (nothing written under the
+    adapter root) and, should one be there anyway, by the shared base as its own rows' error; adapters within it
+    load at no more than the cap. (Mutations tried: the deploy check skipped writes the folder; the cache not
+    passing its rank to the engine loads the rank-4 adapter.)"""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from pipelines.config import ConfigError
+    from pipelines.serve import shared_base
+    from pipelines.serve.lora_cache import AdapterCache
+
+    capped = load_settings(root=str(tmp_path), triton={"multi_lora": True, "max_adapter_rank": 2})
+    with pytest.raises(ConfigError, match="rank 4 is over triton.max_adapter_rank 2"):
+        shared_base.write_adapter(capped, "tool_router_v1", str(tiny["adapters"]["a1"]), {"registry_version": "1"})
+    root = shared_base.adapter_root(capped)
+    assert not root.exists() or not [p for p in root.iterdir()]  # nothing put in place, no staging left
+    assert shared_base.shared_params(capped, root)["max_adapter_rank"] == "2"
+    roomy = capped.model_copy(update={"triton": capped.triton.model_copy(update={"max_adapter_rank": 4})})
+    assert (shared_base.write_adapter(roomy, "tool_router_v1", str(tiny["adapters"]["a1"]), {}) / "adapter_config.json").is_file()
+
+    base = AutoModelForCausalLM.from_pretrained(tiny["base"], torch_dtype=torch.float32).eval()
+    cache = AdapterCache(base, str(tiny["root"] / "adapters"), CAPACITY, log=lambda _: None, rank=2)
+    failed = cache.ensure_each(["a1", "a2"])
+    assert set(failed) == {"a1", "a2"} and "rank 4 is over" in failed["a1"] and not cache.loaded
+    base = AutoModelForCausalLM.from_pretrained(tiny["base"], torch_dtype=torch.float32).eval()
+    cache = AdapterCache(base, str(tiny["root"] / "adapters"), CAPACITY, log=lambda _: None, rank=4)
+    assert cache.ensure_each(["a1", "a2"]) == {}
+    assert {layer.lora_a.shape[2] for layer in cache.engine.layers.values()} == {4}

@@ -53,7 +53,7 @@ def gateway(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     from pipelines.serve import client as serve_client
     from pipelines.storage import write_json
 
-    settings = load_settings(root=str(tmp_path), gateway={"capture_rotate_bytes": 1024})
+    settings = load_settings(root=str(tmp_path), gateway={"capture_rotate_bytes": 1024, "backend_slots": 4})
     keys = {"default": api_key(settings)}
     for name, quotas in (("search", registry.Quotas(rpm=3)), ("disputes", registry.Quotas())):
         registry.create(settings, name, "alice", quotas)

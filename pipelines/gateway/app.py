@@ -134,7 +134,7 @@ def status(settings: Settings) -> dict[str, Any]:
 def create_app(settings: Settings) -> Any:
     from pipelines.config import DEFAULT_PROJECT
     from pipelines.gateway import openai_api as api
-    from pipelines.gateway.fair import FairShare
+    from pipelines.gateway.fair import FairShare, backend_slots
     from pipelines.gateway.streaming import stream_response
     from pipelines.gateway.tenants import Tenants
     from pipelines.logs.feedback import RATINGS
@@ -145,7 +145,7 @@ def create_app(settings: Settings) -> Any:
     platform = tenants.tenant(DEFAULT_PROJECT)  # built now: its zones expire at start, /ready asks its router
     tenants.serving()  # and every project that serves traffic: /ready counts it from the start
     probes = ThreadPoolExecutor(max_workers=4, thread_name_prefix="probe")  # /ready's own threads
-    fair = FairShare(settings.gateway.backend_slots, settings.gateway.queue_timeout_s)  # turns at the model
+    fair = FairShare(backend_slots(settings), settings.gateway.queue_timeout_s)  # turns at the model
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: Any) -> AsyncIterator[None]:

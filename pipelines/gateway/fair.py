@@ -3,7 +3,7 @@
 Every project's adapters are answered by the same model servers (one Triton base with `triton.multi_lora`).
 Triton queues what it is sent first come, first served, so a project sending twenty requests at once put a
 quiet project's one request behind all twenty. The gateway therefore sends the model servers at most
-`gateway.backend_slots` completions at once; the others wait here, one queue per project, and a freed slot
+`gateway.backend_slots` completions at once (`backend_slots`); the others wait here, one queue per project, and a freed slot
 goes to the waiting project with the fewest completions at the model (ties: the one served least recently).
 Max-min fair: a project alone gets every slot; two busy projects get half each; a quiet project's request
 waits for one slot to free, never for a busy project's whole queue. A request that waits longer than
@@ -23,6 +23,16 @@ from collections import defaultdict, deque
 from typing import Any
 
 from pipelines.gateway import openai_api as api
+
+
+def backend_slots(settings: Any) -> int:
+    """`gateway.backend_slots`, or when unset what the model servers answer at once without slowing down: one
+    request per Triton instance on CPU (a batch of seven there answered no more per second than one at a time),
+    a full batch per instance on GPU."""
+    if settings.gateway.backend_slots is not None:
+        return int(settings.gateway.backend_slots)
+    triton = settings.triton
+    return triton.instances * (triton.max_batch_size if triton.instance_kind == "KIND_GPU" else 1)
 
 
 class FairShare:

@@ -41,9 +41,10 @@ def _identity(path: str) -> tuple[int, int]:
 
 class AdapterCache:
     def __init__(self, model: Any, root: str, capacity: int, log: Callable[[str], None] = print,
-                 shared: str | None = None) -> None:
+                 shared: str | None = None, rank: int | None = None) -> None:
         if capacity < 1:
             raise ValueError(f"max_adapters must be at least 1, got {capacity}")
+        self.rank = rank  # the largest LoRA rank served (max_adapter_rank; None: any)
         self.model = model  # the base model, its adapted projections batched-slot layers once an adapter loads
         self.root = root
         self.shared = shared  # this base's Triton name: an adapter written for another base is refused
@@ -130,7 +131,7 @@ class AdapterCache:
             else:
                 import batched_lora
 
-            self.engine = batched_lora.BatchedLoRA(self.model, TARGETS, slots=self.capacity)
+            self.engine = batched_lora.BatchedLoRA(self.model, TARGETS, slots=self.capacity, rank=self.rank)
         weights, scale = self.engine.read_folder(path)  # read and checked before anything is evicted
         if name in self.loaded:  # its folder was replaced (other weights under the name): load it afresh
             self._evict(name)

@@ -69,8 +69,30 @@ def build_shared(settings: Settings, base_model: str, *,
                                   None, {"registry_version": None, "base_model": base_model, "prompt_style": "short",
                                          "model": "shared"}, in_use=in_use,
                                   limits=token_limits(settings, base_model, SHARED_BUDGET),
-                                  shared={"adapter_root": str(root), "max_adapters": str(settings.triton.max_adapters)})
+                                  shared=shared_params(settings, root))
     return ModelEntry(name, str(path), None, "short", base_model, stale)
+
+
+def shared_params(settings: Settings, root: Path) -> dict[str, str]:
+    """The shared base's Triton parameters: its adapters' folder, how many stay loaded, their largest rank."""
+    params = {"adapter_root": str(root), "max_adapters": str(settings.triton.max_adapters)}
+    if settings.triton.max_adapter_rank is not None:  # only when set: an unset cap leaves the folder unchanged
+        params["max_adapter_rank"] = str(settings.triton.max_adapter_rank)
+    return params
+
+
+def check_rank(settings: Settings, folder: Path, name: str) -> None:
+    """ConfigError when the adapter in `folder` has no readable rank or one over `triton.max_adapter_rank`."""
+    cap = settings.triton.max_adapter_rank
+    if cap is None:
+        return
+    try:
+        rank = int(json.loads((folder / "adapter_config.json").read_text())["r"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ConfigError(f"{name}: the adapter has no readable LoRA rank ({type(exc).__name__})") from None
+    if rank > cap:
+        raise ConfigError(f"{name}: LoRA rank {rank} is over triton.max_adapter_rank {cap}; the shared base "
+                          "would refuse it (raise the cap, or train the version at a lower rank)")
 
 
 def write_adapter(settings: Settings, name: str, adapter_dir: str, meta: dict[str, object]) -> Path:
@@ -89,6 +111,7 @@ def write_adapter(settings: Settings, name: str, adapter_dir: str, meta: dict[st
             fs.get(remote.rstrip("/") + "/", str(staging), recursive=True)
         else:
             shutil.copytree(adapter_dir, staging)
+        check_rank(settings, staging, name)  # refused before anything is put in place
         meta = {**meta, "fingerprint": _files_digest(staging)}
         existing = _read_meta(final / "flywheel.json")
         if existing is not None and (existing.get("fingerprint") or _files_digest(final)) == meta["fingerprint"]:

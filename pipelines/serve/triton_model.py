@@ -79,8 +79,10 @@ class TritonPythonModel:
         if adapter_root:
             import lora_cache
 
+            cap = params.get("max_adapter_rank")
             self.lora = lora_cache.AdapterCache(self.model, adapter_root, int(params.get("max_adapters", "8")),
-                                                log=pb_utils.Logger.log_info, shared=args["model_name"])
+                                                log=pb_utils.Logger.log_info, shared=args["model_name"],
+                                                rank=int(cap) if cap else None)
 
     def _adapter(self, request):
         """The request's adapter name (lora_cache.BASE: none), checked against the deployed ones."""
