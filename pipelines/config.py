@@ -182,13 +182,16 @@ class GatewaySettings(_Section):
     max_concurrent_requests: int = Field(8, ge=1, description="completions in flight at once; more are refused at "
                                          "once with 429 and Retry-After (never queued until they time out)")
     backend_slots: int | None = Field(None, ge=0, le=1024, description="completions sent to the model servers at "
-                                      "once; more wait in one queue per project and a freed slot goes to the waiting "
+                                      "once while two or more projects send (a project alone is never held back); "
+                                      "more wait in one queue per project and a freed slot goes to the waiting "
                                       "project with the fewest at the model (pipelines/gateway/fair.py). Unset: "
                                       "triton.instances on CPU (a batch there answers no more per second than one "
                                       "request: README, Projects), instances x max_batch_size on GPU. 0: no queue "
                                       "(Triton's first come, first served)")
     queue_timeout_s: float = Field(60, gt=0, description="how long a request may wait for its turn at the model; "
                                    "then a 429 with Retry-After")
+    fair_window_s: float = Field(10, gt=0, description="a project counts as sending for this long after its "
+                                 "latest request; the turns at the model apply while two or more do")
     few_shot: int = Field(3, ge=0, le=8, description="retrieved examples in the `base` model's prompt")
     capture: bool = Field(True, description="write every served turn into the raw zone as one log record")
     capture_rotate_bytes: int = Field(16_000_000, ge=1024, description="start a new capture file past this size")

@@ -318,8 +318,9 @@ def test_gateway_replicas_count_usage_in_their_own_files_and_share_the_days_toke
 
 
 def test_a_quiet_project_waits_for_one_turn_at_the_model_not_behind_a_busy_projects_queue(gateway, monkeypatch) -> None:
-    """One slot at the model (gateway.backend_slots 1): search holds it and queues two more; disputes' request,
-    sent last, is answered second, not fourth (first come, first served would answer it last). Waiting past
+    """One slot at the model (gateway.backend_slots 1) while two projects send: disputes has just been answered,
+    search holds the slot and queues two more; disputes' request, sent last, is answered second, not fourth
+    (first come, first served would answer it last). Waiting past
     gateway.queue_timeout_s is a 429 with Retry-After, counted in the project's usage, and leaks no slot.
     (Mutations tried: the next turn taken first come, first served fails the order; a timed-out waiter left in
     its queue, or a slot never given back, fails the last requests.)"""
@@ -335,18 +336,18 @@ def test_a_quiet_project_waits_for_one_turn_at_the_model_not_behind_a_busy_proje
     _client, settings, keys, stop = gateway
     stop()  # the fixture's gateway (4 slots) is closed; this one has one slot
     registry.set_quotas(settings, "search", rpm=100)
-    gate, order, lock = threading.Event(), [], threading.Lock()
+    gate, hold, order, lock = threading.Event(), threading.Event(), [], threading.Lock()
     real = FakeTriton.infer_one
 
     def held(self, name, *args, **kwargs):
         with lock:
             order.append(name.split("__")[0])
-        assert gate.wait(30)
+        assert not hold.is_set() or gate.wait(30)
         return real(self, name, *args, **kwargs)
 
     monkeypatch.setattr(FakeTriton, "infer_one", held)
     one_slot = settings.model_copy(update={"gateway": settings.gateway.model_copy(
-        update={"backend_slots": 1, "queue_timeout_s": 20.0})})
+        update={"backend_slots": 1, "queue_timeout_s": 20.0, "fair_window_s": 60.0})})
 
     def queued(client: TestClient, n: int) -> None:
         deadline = time.monotonic() + 30
@@ -355,6 +356,9 @@ def test_a_quiet_project_waits_for_one_turn_at_the_model_not_behind_a_busy_proje
             time.sleep(0.05)
 
     with TestClient(create_app(one_slot), raise_server_exceptions=False) as client, ThreadPoolExecutor(4) as pool:
+        assert client.post("/v1/chat/completions", json=_body("v2"), headers=_as(keys["disputes"])).status_code == 200
+        order.clear()
+        hold.set()
         sent = [pool.submit(client.post, "/v1/chat/completions", json=_body(), headers=_as(keys["search"]))]
         deadline = time.monotonic() + 30
         while not order:
@@ -368,8 +372,8 @@ def test_a_quiet_project_waits_for_one_turn_at_the_model_not_behind_a_busy_proje
         gate.set()
         assert [f.result(timeout=60).status_code for f in sent] == [200] * 4
         assert order == ["search", "disputes", "search", "search"]
-        assert client.get("/ready").json()["queue"] | {"granted": 4} == {
-            "slots": 1, "busy": 0, "waiting": 0, "granted": 4, "waited": 3, "timed_out": 0}
+        assert client.get("/ready").json()["queue"] == {
+            "slots": 1, "busy": 0, "waiting": 0, "contended": True, "granted": 5, "waited": 3, "timed_out": 0}
     gate.clear()
     order.clear()
     short = one_slot.model_copy(update={"gateway": one_slot.gateway.model_copy(update={"queue_timeout_s": 0.5})})

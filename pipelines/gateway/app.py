@@ -145,7 +145,8 @@ def create_app(settings: Settings) -> Any:
     platform = tenants.tenant(DEFAULT_PROJECT)  # built now: its zones expire at start, /ready asks its router
     tenants.serving()  # and every project that serves traffic: /ready counts it from the start
     probes = ThreadPoolExecutor(max_workers=4, thread_name_prefix="probe")  # /ready's own threads
-    fair = FairShare(backend_slots(settings), settings.gateway.queue_timeout_s)  # turns at the model
+    fair = FairShare(backend_slots(settings), settings.gateway.queue_timeout_s,  # turns at the model
+                     settings.gateway.fair_window_s)
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: Any) -> AsyncIterator[None]:

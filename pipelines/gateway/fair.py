@@ -2,13 +2,15 @@
 
 Every project's adapters are answered by the same model servers (one Triton base with `triton.multi_lora`).
 Triton queues what it is sent first come, first served, so a project sending twenty requests at once put a
-quiet project's one request behind all twenty. The gateway therefore sends the model servers at most
-`gateway.backend_slots` completions at once (`backend_slots`); the others wait here, one queue per project, and a freed slot
-goes to the waiting project with the fewest completions at the model (ties: the one served least recently).
-Max-min fair: a project alone gets every slot; two busy projects get half each; a quiet project's request
-waits for one slot to free, never for a busy project's whole queue. A request that waits longer than
-`gateway.queue_timeout_s` is refused with an OpenAI-style 429 and `Retry-After` (nothing was sent to the
-model, nothing is captured). `backend_slots: 0` turns the queue off (straight to Triton's own queue).
+quiet project's one request behind all twenty. While two or more projects send requests (each within the last
+`gateway.fair_window_s`), the gateway therefore sends the model servers at most `gateway.backend_slots`
+completions at once (`backend_slots`: one per Triton instance on CPU, where a batch answers no more per second
+than one request at a time); the others wait here, one queue per project, and a freed slot goes to the waiting
+project with the fewest completions at the model (ties: the one served least recently). Max-min fair: two busy
+projects get half each; a quiet project's request waits for one slot to free, never for a busy project's whole
+queue. A project alone is never held back (its requests go straight to Triton, batched there as before). A
+request that waits longer than `gateway.queue_timeout_s` is refused with an OpenAI-style 429 and `Retry-After`
+(nothing was sent to the model, nothing is captured). `backend_slots: 0` turns the queue off.
 
 How many places a project may hold in the gateway itself (waiting or answered) is its quota's `concurrent`
 (`flywheel project quota NAME --concurrent N`); `gateway.max_concurrent_requests` bounds them all.
@@ -19,6 +21,8 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import math
+import time
 from collections import defaultdict, deque
 from typing import Any
 
@@ -38,8 +42,10 @@ def backend_slots(settings: Any) -> int:
 class FairShare:
     """The model servers' slots, handed out in fair turns by project (see the module's doc)."""
 
-    def __init__(self, slots: int, timeout_s: float) -> None:
-        self.slots, self.timeout_s = slots, timeout_s
+    def __init__(self, slots: int, timeout_s: float, window_s: float = 10.0) -> None:
+        self.slots, self.timeout_s, self.window_s = slots, timeout_s, window_s
+        self.clock = time.monotonic
+        self._seen: dict[str, float] = {}  # each project's latest request
         self.busy = 0
         self.at_model: dict[str, int] = defaultdict(int)
         self.waiting: dict[str, deque[asyncio.Future[None]]] = defaultdict(deque)
@@ -58,10 +64,21 @@ class FairShare:
         ready = [p for p, queue in self.waiting.items() if queue]
         if not ready:
             return None
-        return min(ready, key=lambda p: (self.at_model[p], self._last.get(p, -1)))
+        return min(ready, key=lambda p: (self.at_model.get(p, 0), self._last.get(p, -1)))
+
+    def contended(self) -> bool:
+        """Whether two or more projects sent requests within the last `window_s`."""
+        horizon = self.clock() - self.window_s
+        for project in [p for p, at in self._seen.items()
+                        if at < horizon and p not in self.at_model and p not in self.waiting]:
+            del self._seen[project]
+        return len(self._seen) >= 2
+
+    def _cap(self) -> float:
+        return self.slots if self.contended() else math.inf
 
     def _dispatch(self) -> None:
-        while self.busy < self.slots:
+        while self.busy < self._cap():
             project = self._next()
             if project is None:
                 return
@@ -76,7 +93,9 @@ class FairShare:
         a slot is held (give it back with `release`), None when the queue is off."""
         if self.slots <= 0:
             return None
-        if self.busy < self.slots:  # slots free means nobody waits (every release dispatches)
+        self._seen[project] = self.clock()
+        self._dispatch()  # the waiting first, should the cap have risen (the other projects went quiet)
+        if self.busy < self._cap() and not self.waiting:
             self._give(project)
             return 0.0
         loop = asyncio.get_running_loop()
@@ -122,4 +141,4 @@ class FairShare:
     def snapshot(self) -> dict[str, Any]:
         """What /ready shows (an open path: totals only, no project's name): slots, busy, waiting, counts."""
         return {"slots": self.slots, "busy": self.busy, "waiting": sum(len(q) for q in self.waiting.values()),
-                **self.counts}
+                "contended": self.contended(), **self.counts}
