@@ -105,12 +105,39 @@ class Caller:
                 stop.wait(min(float(response.headers.get("retry-after") or 1), 2.0))
 
 
+def _watch_queue(url: str, key: str, stop: threading.Event, samples: list[dict[str, Any]]) -> None:
+    import httpx
+
+    while not stop.wait(2.0):
+        try:
+            answer = httpx.get(url + "/gateway/queue", headers={"Authorization": f"Bearer {key}"}, timeout=5)
+            samples.append(answer.json() if answer.status_code == 200 else {"status": answer.status_code})
+        except (httpx.HTTPError, ValueError) as exc:
+            samples.append({"error": type(exc).__name__})
+
+
+def _queue_summary(samples: list[dict[str, Any]]) -> dict[str, Any]:
+    ok = [s for s in samples if "busy" in s]
+    if not ok:
+        return {"samples": len(samples), "answered": 0}
+    last = ok[-1]
+    return {"samples": len(samples), "answered": len(ok), "slots": last.get("slots"),
+            "contended_share": round(sum(bool(s.get("contended")) for s in ok) / len(ok), 2),
+            "busy_max": max(s["busy"] for s in ok), "waiting_max": max(s["waiting"] for s in ok),
+            "busy_median": statistics.median(s["busy"] for s in ok),
+            "granted": last.get("granted"), "waited": last.get("waited"), "timed_out": last.get("timed_out"),
+            "refused_places": last.get("refused_places")}
+
+
 def phase(url: str, keys: dict[str, str], reqs: dict[str, list[dict[str, Any]]], seconds: float,
-          flood: int) -> dict[str, Any]:
+          flood: int, admin_key: str | None = None) -> dict[str, Any]:
     stop = threading.Event()
     quiet = Caller(url, keys["search"], reqs["search"])
     floods = [Caller(url, keys["shop"], reqs["shop"][i::max(flood, 1)] or reqs["shop"]) for i in range(flood)]
     threads = [threading.Thread(target=c.run, args=(stop,)) for c in [quiet, *floods]]
+    samples: list[dict[str, Any]] = []
+    if admin_key:  # the gateway's turns, every 2 s, with the operator's key (what a person would watch)
+        threads.append(threading.Thread(target=_watch_queue, args=(url, admin_key, stop, samples)))
     for t in threads:
         t.start()
     time.sleep(seconds)
@@ -124,7 +151,8 @@ def phase(url: str, keys: dict[str, str], reqs: dict[str, list[dict[str, Any]]],
                        "p50_ci95": _bootstrap(lat, statistics.median) if len(lat) > 2 else None,
                        "p95_ms": round(_p95(lat), 1) if lat else None, "latencies_ms": [round(x, 1) for x in lat]},
             "shop": {"outcomes": dict(shop), "clients": flood,
-                     "answered": sum(len(c.latencies_ms) for c in floods)}}
+                     "answered": sum(len(c.latencies_ms) for c in floods)},
+            "gateway_queue": _queue_summary(samples) if admin_key else None}
 
 
 def restart_gateway(step: Any, url: str, slots: int | None) -> None:
@@ -151,6 +179,26 @@ def restart_gateway(step: Any, url: str, slots: int | None) -> None:
         if time.monotonic() > deadline:
             raise SystemExit(f"error: the gateway did not answer /ready with backend_slots={slots} in 180 s")
         time.sleep(2)
+
+
+def ratios(phases: dict[str, Any]) -> dict[str, Any]:
+    """Search's median latency in each flood phase over its median alone, and under fair turns over first come
+    first served, each with a bootstrap 95 % interval (independent samples; at least 3 answers on each side)."""
+    def ratio(base: str, name: str, key: str) -> None:
+        a, b = phases[base]["search"]["latencies_ms"], phases[name]["search"]["latencies_ms"]
+        if len(a) > 2 and len(b) > 2:
+            phases[name]["search"][f"p50_ratio_to_{key}"] = round(statistics.median(b) / statistics.median(a), 2)
+            phases[name]["search"][f"p50_ratio_to_{key}_ci95"] = ratio_ci(a, b)
+
+    for name in ("flood_fifo", "flood_no_quota", "flood_quota"):
+        if name in phases:
+            ratio("alone", name, "alone")
+    if "flood_fifo" in phases:
+        ratio("flood_fifo", "flood_no_quota", "fifo")
+    for phase in phases.values():  # the name earlier results files used for the interval to alone
+        if "p50_ratio_to_alone_ci95" in phase["search"]:
+            phase["search"]["p50_ratio_ci95"] = phase["search"]["p50_ratio_to_alone_ci95"]
+    return phases
 
 
 def ratio_ci(a: list[float], b: list[float], seed: int = 0, n: int = 2000) -> list[float]:
@@ -245,28 +293,21 @@ def main() -> int:  # noqa: PLR0915 (one scenario, told in order)
         result["settings"]["gateway_backend_slots"] = backend_slots(platform)  # the fair turns' slots
         reqs = {p: _requests_of(Path(settings_for(platform, p).zone("raw")), 200, SEED) for p in ("shop", "search")}
         phases = {}
+        admin = (root / "runs" / "gateway.key").read_text().strip()  # the operator's key: the queue's figures
         step("no_quota", "project", "quota", "shop", "--rpm", "0", "--concurrent", "0", "--tokens-per-day", "0")
         time.sleep(2)
-        phases["alone"] = phase(url, keys, reqs, args.seconds, 0)
+        phases["alone"] = phase(url, keys, reqs, args.seconds, 0, admin)
         if not args.skip_fifo:
             restart_gateway(step, url, slots=0)  # the gateway's queue off: Triton's first come, first served
             try:
-                phases["flood_fifo"] = phase(url, keys, reqs, args.seconds, args.flood)
+                phases["flood_fifo"] = phase(url, keys, reqs, args.seconds, args.flood, admin)
             finally:
                 restart_gateway(step, url, slots=None)  # back to the settings' fair turns
-        phases["flood_no_quota"] = phase(url, keys, reqs, args.seconds, args.flood)
+        phases["flood_no_quota"] = phase(url, keys, reqs, args.seconds, args.flood, admin)
         step("quota", "project", "quota", "shop", "--rpm", str(args.flood_rpm), "--concurrent", "1")
         time.sleep(2)  # the gateway re-reads the registry within a second
-        phases["flood_quota"] = phase(url, keys, reqs, args.seconds, args.flood)
-        alone = phases["alone"]["search"]["latencies_ms"]
-        for name in ("flood_fifo", "flood_no_quota", "flood_quota"):
-            if name not in phases:
-                continue
-            other = phases[name]["search"]["latencies_ms"]
-            if len(alone) > 2 and len(other) > 2:
-                phases[name]["search"]["p50_ratio_to_alone"] = round(statistics.median(other) / statistics.median(alone), 2)
-                phases[name]["search"]["p50_ratio_ci95"] = ratio_ci(alone, other)
-        result["noisy_neighbour"] = phases
+        phases["flood_quota"] = phase(url, keys, reqs, args.seconds, args.flood, admin)
+        result["noisy_neighbour"] = ratios(phases)
         print(json.dumps({k: {kk: {x: y for x, y in vv.items() if x != "latencies_ms"} for kk, vv in v.items()}
                           for k, v in phases.items()}, indent=1), flush=True)
         if not args.skip_drift:

@@ -38,7 +38,10 @@ def _noisy_rows(phases: dict[str, Any]) -> list[dict[str, Any]]:
         rows.append({"phase": name, "search n (200s)": s.get("n"), "search outcomes": json.dumps(s.get("outcomes", {})),
                      "search p50 ms": s.get("p50_ms"), "p50 95% CI": s.get("p50_ci95"), "search p95 ms": s.get("p95_ms"),
                      "p50 / alone": s.get("p50_ratio_to_alone"), "ratio 95% CI": s.get("p50_ratio_ci95"),
-                     "shop clients": shop.get("clients"), "shop outcomes": json.dumps(shop.get("outcomes", {}))})
+                     "p50 / first come first served": s.get("p50_ratio_to_fifo"),
+                     "first come first served ratio 95% CI": s.get("p50_ratio_to_fifo_ci95"),
+                     "shop clients": shop.get("clients"), "shop outcomes": json.dumps(shop.get("outcomes", {})),
+                     "gateway turns (sampled every 2 s)": json.dumps(phases[name].get("gateway_queue"))})
     return rows
 
 

@@ -317,13 +317,15 @@ def test_gateway_replicas_count_usage_in_their_own_files_and_share_the_days_toke
     assert (days[tomorrow]["prompt_tokens"], days[later]["prompt_tokens"]) == (5, 1)
 
 
-def test_a_quiet_project_waits_for_one_turn_at_the_model_not_behind_a_busy_projects_queue(gateway, monkeypatch) -> None:
+def test_a_quiet_project_goes_to_the_model_at_once_not_behind_a_busy_projects_queue(gateway, monkeypatch) -> None:
     """One slot at the model (gateway.backend_slots 1) while two projects send: disputes has just been answered,
-    search holds the slot and queues two more; disputes' request, sent last, is answered second, not fourth
-    (first come, first served would answer it last). Waiting past
-    gateway.queue_timeout_s is a 429 with Retry-After, counted in the project's usage, and leaks no slot.
-    (Mutations tried: the next turn taken first come, first served fails the order; a timed-out waiter left in
-    its queue, or a slot never given back, fails the last requests.)"""
+    search holds the slot and queues two more; disputes' request, sent last, goes to the model at once (second,
+    not fourth: first come, first served would answer it last). The queue's figures are the operator's only
+    (the gateway's key; a project key gets a 404). Then, with 4 places in the gateway: search's third request
+    is refused at once (its share, 2 of 4, while two projects send), and its waiting one, past
+    gateway.queue_timeout_s, is a 429 with Retry-After counted in search's usage; no slot or place leaks.
+    (Mutations tried: first come, first served fails the order; no share lets the third in; a timed-out
+    waiter left in its queue, or a slot or place never given back, fails the last requests.)"""
     import threading
     import time
     from concurrent.futures import ThreadPoolExecutor
@@ -331,7 +333,8 @@ def test_a_quiet_project_waits_for_one_turn_at_the_model_not_behind_a_busy_proje
     from fastapi.testclient import TestClient
 
     from pipelines.gateway.app import create_app
-    from pipelines.projects import registry
+    from pipelines.gateway.tenants import usage_by_day
+    from pipelines.projects import registry, settings_for
 
     _client, settings, keys, stop = gateway
     stop()  # the fixture's gateway (4 slots) is closed; this one has one slot
@@ -348,51 +351,58 @@ def test_a_quiet_project_waits_for_one_turn_at_the_model_not_behind_a_busy_proje
     monkeypatch.setattr(FakeTriton, "infer_one", held)
     one_slot = settings.model_copy(update={"gateway": settings.gateway.model_copy(
         update={"backend_slots": 1, "queue_timeout_s": 20.0, "fair_window_s": 60.0})})
+    admin = _as(keys["default"])
 
-    def queued(client: TestClient, n: int) -> None:
+    def until(check, what: str) -> None:
         deadline = time.monotonic() + 30
-        while client.get("/ready").json()["queue"]["waiting"] != n:
-            assert time.monotonic() < deadline, client.get("/ready").json()["queue"]
-            time.sleep(0.05)
+        while not check():
+            assert time.monotonic() < deadline, what
+            time.sleep(0.02)
+
+    def post(pool, project: str, model: str = "champion"):
+        return pool.submit(client.post, "/v1/chat/completions", json=_body(model), headers=_as(keys[project]))
 
     with TestClient(create_app(one_slot), raise_server_exceptions=False) as client, ThreadPoolExecutor(4) as pool:
         assert client.post("/v1/chat/completions", json=_body("v2"), headers=_as(keys["disputes"])).status_code == 200
         order.clear()
         hold.set()
-        sent = [pool.submit(client.post, "/v1/chat/completions", json=_body(), headers=_as(keys["search"]))]
-        deadline = time.monotonic() + 30
-        while not order:
-            assert time.monotonic() < deadline
-            time.sleep(0.02)
-        sent += [pool.submit(client.post, "/v1/chat/completions", json=_body(), headers=_as(keys["search"]))
-                 for _ in range(2)]
-        queued(client, 2)
-        sent.append(pool.submit(client.post, "/v1/chat/completions", json=_body("v2"), headers=_as(keys["disputes"])))
-        queued(client, 3)
+        sent = [post(pool, "search")]
+        until(lambda: order == ["search"], "search at the model")
+        sent += [post(pool, "search") for _ in range(2)]
+        until(lambda: client.get("/v1/gateway/queue", headers=admin).json()["waiting"] == 2, "search's two queued")
+        sent.append(post(pool, "disputes", "v2"))
+        until(lambda: len(order) == 2, "disputes at the model")
+        assert order == ["search", "disputes"]  # behind nobody's queue
+        assert client.get("/v1/gateway/queue", headers=_as(keys["search"])).status_code == 404
         gate.set()
         assert [f.result(timeout=60).status_code for f in sent] == [200] * 4
         assert order == ["search", "disputes", "search", "search"]
-        assert client.get("/ready").json()["queue"] == {
-            "slots": 1, "busy": 0, "waiting": 0, "contended": True, "granted": 5, "waited": 3, "timed_out": 0}
+        assert client.get("/v1/gateway/queue", headers=admin).json() == {
+            "slots": 1, "busy": 0, "waiting": 0, "contended": True, "granted": 5, "waited": 2, "timed_out": 0,
+            "refused_places": 0}
+        assert "queue" not in client.get("/ready").json()  # an open path says nothing about requests
     gate.clear()
     order.clear()
-    short = one_slot.model_copy(update={"gateway": one_slot.gateway.model_copy(update={"queue_timeout_s": 0.5})})
-    with TestClient(create_app(short), raise_server_exceptions=False) as client, ThreadPoolExecutor(1) as pool:
-        holding = pool.submit(client.post, "/v1/chat/completions", json=_body(), headers=_as(keys["search"]))
-        deadline = time.monotonic() + 30
-        while not order:
-            assert time.monotonic() < deadline
-            time.sleep(0.02)
-        late = client.post("/v1/chat/completions", json=_body("v2"), headers=_as(keys["disputes"]))
+    short = one_slot.model_copy(update={"gateway": one_slot.gateway.model_copy(
+        update={"queue_timeout_s": 1.0, "max_concurrent_requests": 4})})
+    with TestClient(create_app(short), raise_server_exceptions=False) as client, ThreadPoolExecutor(2) as pool:
+        hold.clear()
+        assert client.post("/v1/chat/completions", json=_body("v2"), headers=_as(keys["disputes"])).status_code == 200
+        hold.set()
+        holding = post(pool, "search")
+        until(lambda: order[-1:] == ["search"], "search at the model")
+        waiting = post(pool, "search")
+        until(lambda: client.get("/v1/gateway/queue", headers=admin).json()["waiting"] == 1, "search's second queued")
+        third = client.post("/v1/chat/completions", json=_body(), headers=_as(keys["search"]))
+        assert third.status_code == 429 and "its share of 4" in third.json()["error"]["message"]
+        late = waiting.result(timeout=30)
         assert late.status_code == 429 and late.headers["retry-after"] == "1"
         assert "queue_timeout_s" in late.json()["error"]["message"]
         gate.set()
         assert holding.result(timeout=60).status_code == 200
-        assert [client.post("/v1/chat/completions", json=_body("v2"), headers=_as(keys["disputes"])).status_code
-                for _ in range(3)] == [200, 200, 200]  # nothing leaked: the slot comes back every time
-    from pipelines.gateway.tenants import usage_by_day
-    from pipelines.projects import settings_for
-
-    used = usage_by_day(settings_for(settings, "disputes"))
-    assert sum(d["refused_queue"] for d in used.values()) == 1
-    assert sum(d["queue_ms"] for d in used.values()) >= 400
+        assert [client.post("/v1/chat/completions", json=_body(), headers=_as(keys["search"])).status_code
+                for _ in range(3)] == [200, 200, 200]  # nothing leaked: the slot and places come back
+        assert client.get("/v1/gateway/queue", headers=admin).json()["busy"] == 0
+    used = usage_by_day(settings_for(settings, "search"))
+    assert sum(d["refused_queue"] for d in used.values()) == 2  # its share of places, then its wait
+    assert sum(d["queue_ms"] for d in used.values()) >= 900

@@ -228,7 +228,14 @@ def create_app(settings: Settings) -> Any:
         found = [a if isinstance(a, dict) else {"ready": False, "backend": "no answer in time", "routes": {}}
                  for a in answers]
         ok = any(f["ready"] for f in found)
-        return JSONResponse({**found[0], "ready": ok, "queue": fair.snapshot()}, status_code=200 if ok else 503)
+        return JSONResponse({**found[0], "ready": ok}, status_code=200 if ok else 503)
+
+    @app.get("/v1/gateway/queue")
+    def queue(request: Request) -> dict[str, Any]:
+        """The turns at the model (gateway/fair.py), totals only: for the gateway's own key (the operator's)."""
+        if request.state.project != DEFAULT_PROJECT:
+            raise api.ApiError(404, "no such path for a project key", code="not_found")
+        return fair.snapshot()
 
     @app.get("/v1/models")
     def models(request: Request) -> dict[str, Any]:
@@ -254,19 +261,28 @@ def create_app(settings: Settings) -> Any:
         parsed = api.parse_request(await read_body(request, settings.gateway.max_request_bytes))
         # the project's tenant (built on its first request) and its limits: file reads, off the event loop
         tenant, limits = await run_in_threadpool(tenants.lookup, request.state.project)
+        project = request.state.project
+        try:
+            fair.enter(project, limit)  # its share of the gateway's places while projects share it: 429 past it
+        except api.ApiError:
+            tenant.quota.queued(0, refused=True)
+            raise
         if inflight["n"] >= limit:  # refused at once, before any work: the caller retries, nothing is half done
+            fair.leave(project)
             raise api.too_busy(limit)
         inflight["n"] += 1  # no await between the check and this: two requests never take one slot
         try:
             tenant.quota.admit(*limits)  # the project's quota: 429 past it (a lock, no I/O, no await)
         except BaseException:
             leave()
+            fair.leave(project)
             raise
 
         try:  # its turn at the shared model: fair by project (gateway/fair.py), at most queue_timeout_s
-            waited = await fair.acquire(request.state.project)
+            waited = await fair.acquire(project)
         except BaseException as exc:  # timed out (429), or the caller left while waiting: nothing was sent
             leave()
+            fair.leave(project)
             tenant.quota.release()
             if isinstance(exc, api.ApiError):
                 tenant.quota.queued(fair.timeout_s * 1000, refused=True)
@@ -275,10 +291,13 @@ def create_app(settings: Settings) -> Any:
             tenant.quota.queued(waited)
 
         def done() -> None:
-            leave()
-            tenant.quota.release()
-            if waited is not None:
-                fair.release(request.state.project)
+            try:
+                if waited is not None:
+                    fair.release(project)
+            finally:
+                leave()
+                fair.leave(project)
+                tenant.quota.release()
 
         if not parsed.stream:
             try:

@@ -1,41 +1,52 @@
 """Fair turns at the shared model: one project's burst waits behind its own requests, not in front of others'.
 
 Every project's adapters are answered by the same model servers (one Triton base with `triton.multi_lora`).
-Triton queues what it is sent first come, first served, so a project sending twenty requests at once put a
+Triton answers what it is sent first come, first served, so a project sending twenty requests at once put a
 quiet project's one request behind all twenty. While two or more projects send requests (each within the last
-`gateway.fair_window_s`), the gateway therefore sends the model servers at most `gateway.backend_slots`
-completions at once (`backend_slots`: one per Triton instance on CPU, where a batch answers no more per second
-than one request at a time); the others wait here, one queue per project, and a freed slot goes to the waiting
-project with the fewest completions at the model (ties: the one served least recently). Max-min fair: two busy
-projects get half each; a quiet project's request waits for one slot to free, never for a busy project's whole
-queue. A project alone is never held back (its requests go straight to Triton, batched there as before). A
-request that waits longer than `gateway.queue_timeout_s` is refused with an OpenAI-style 429 and `Retry-After`
-(nothing was sent to the model, nothing is captured). `backend_slots: 0` turns the queue off.
+`gateway.fair_window_s`, or still waiting or answered), the gateway keeps its own turns:
+- every sending project may have one completion at the model at once, whatever the others hold; beyond that
+  at most `gateway.backend_slots` are at the model (`backend_slots`: with `triton.multi_lora`, one per Triton
+  instance on CPU, where a batch answers no more per second than one request at a time, a full batch per
+  instance on GPU; without it 0, off: each project's versions are their own Triton models). The others wait
+  here, one queue per project, and a freed slot goes to the waiting project with the fewest completions at the
+  model (ties: the one served least recently). A quiet project's request therefore never waits in the gateway:
+  it joins the model's queue at once, behind only what was sent before it;
+- each project may hold at most its share of the gateway's places (`gateway.max_concurrent_requests` divided
+  by the projects sending, at least 1), waiting or answered; past it, a 429 with `Retry-After`, so a flood can
+  not take every place and leave the quiet project the gateway's own 429.
+A project alone is never held back (its requests go straight to Triton, batched there as before): when a second
+project starts sending, what the first had already sent is ahead of it once. A request that waits longer than
+`gateway.queue_timeout_s` is refused with an OpenAI-style 429 and `Retry-After` (nothing was sent to the model,
+nothing is captured). `backend_slots: 0` turns the turns off. The turns are per gateway replica (the cluster
+runs two: each keeps its own).
 
-How many places a project may hold in the gateway itself (waiting or answered) is its quota's `concurrent`
-(`flywheel project quota NAME --concurrent N`); `gateway.max_concurrent_requests` bounds them all.
-Everything here runs on the gateway's event loop: no locks, no thread ever touches it.
+A project's own quota (`flywheel project quota NAME --rpm/--concurrent`) still applies first. Everything here
+runs on the gateway's event loop: no locks, no thread ever touches it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
-import math
+import logging
 import time
 from collections import defaultdict, deque
 from typing import Any
 
 from pipelines.gateway import openai_api as api
 
+LOG = logging.getLogger("flywheel.gateway")
+
 
 def backend_slots(settings: Any) -> int:
-    """`gateway.backend_slots`, or when unset what the model servers answer at once without slowing down: one
-    request per Triton instance on CPU (a batch of seven there answered no more per second than one at a time),
-    a full batch per instance on GPU."""
+    """`gateway.backend_slots`, or when unset: with `triton.multi_lora` what the shared model answers at once
+    without slowing down (one request per Triton instance on CPU: a batch of seven there answered no more per
+    second than one at a time; a full batch per instance on GPU), else 0 (off: each project's own models)."""
     if settings.gateway.backend_slots is not None:
         return int(settings.gateway.backend_slots)
     triton = settings.triton
+    if not triton.multi_lora:
+        return 0
     return triton.instances * (triton.max_batch_size if triton.instance_kind == "KIND_GPU" else 1)
 
 
@@ -46,12 +57,13 @@ class FairShare:
         self.slots, self.timeout_s, self.window_s = slots, timeout_s, window_s
         self.clock = time.monotonic
         self._seen: dict[str, float] = {}  # each project's latest request
+        self.places: dict[str, int] = {}  # each project's requests in the gateway (waiting or answered)
         self.busy = 0
         self.at_model: dict[str, int] = defaultdict(int)
         self.waiting: dict[str, deque[asyncio.Future[None]]] = defaultdict(deque)
         self._turn = itertools.count()
         self._last: dict[str, int] = {}  # the turn a project was last given a slot
-        self.counts = {"granted": 0, "waited": 0, "timed_out": 0}  # all projects' (per project: their usage)
+        self.counts = {"granted": 0, "waited": 0, "timed_out": 0, "refused_places": 0}  # all projects' together
 
     def _give(self, project: str) -> None:
         self.busy += 1
@@ -66,21 +78,27 @@ class FairShare:
             return None
         return min(ready, key=lambda p: (self.at_model.get(p, 0), self._last.get(p, -1)))
 
-    def contended(self) -> bool:
-        """Whether two or more projects sent requests within the last `window_s`."""
+    def sending(self) -> int:
+        """How many projects send: a request within the last `window_s`, or one waiting or answered now."""
         horizon = self.clock() - self.window_s
         for project in [p for p, at in self._seen.items()
-                        if at < horizon and p not in self.at_model and p not in self.waiting]:
+                        if at < horizon and p not in self.at_model and p not in self.waiting
+                        and p not in self.places]:
             del self._seen[project]
-        return len(self._seen) >= 2
+        return len(self._seen)
 
-    def _cap(self) -> float:
-        return self.slots if self.contended() else math.inf
+    def contended(self) -> bool:
+        return self.slots > 0 and self.sending() >= 2
+
+    def _may_go(self, project: str) -> bool:
+        """Whether a request of `project` may go to the model now: nobody is held back while one project sends;
+        every sending project may have one at the model; beyond that, `slots` at once."""
+        return self.at_model.get(project, 0) == 0 or self.busy < self.slots or not self.contended()
 
     def _dispatch(self) -> None:
-        while self.busy < self._cap():
-            project = self._next()
-            if project is None:
+        while True:
+            project = self._next()  # fewest at the model first: if it may not go, no other may
+            if project is None or not self._may_go(project):
                 return
             future = self.waiting[project].popleft()
             if not self.waiting[project]:
@@ -88,14 +106,36 @@ class FairShare:
             self._give(project)
             future.set_result(None)
 
+    def enter(self, project: str, limit: int) -> None:
+        """A place in the gateway for one request of `project` (give it back with `leave`): while projects share
+        the gateway, at most `limit` divided by the projects sending (at least 1); past it a 429 ApiError."""
+        self._seen[project] = self.clock()
+        held = self.places.get(project, 0)
+        if self.contended():
+            share = max(1, limit // self.sending())
+            if held >= share:
+                self.counts["refused_places"] += 1
+                raise api.ApiError(429, f"project {project} has {held} requests in the gateway, its share of "
+                                        f"{limit} (gateway.max_concurrent_requests) while {self.sending()} projects "
+                                        "send; retry after a second", kind="rate_limit_error",
+                                   code="rate_limit_exceeded", headers={"Retry-After": "1"})
+        self.places[project] = held + 1
+
+    def leave(self, project: str) -> None:
+        held = self.places.get(project, 0)
+        if held <= 1:
+            self.places.pop(project, None)
+        else:
+            self.places[project] = held - 1
+
     async def acquire(self, project: str) -> float | None:
         """Wait for a slot at the model, at most `timeout_s` (then a 429 ApiError). The milliseconds waited when
-        a slot is held (give it back with `release`), None when the queue is off."""
+        a slot is held (give it back with `release`), None when the turns are off."""
         if self.slots <= 0:
             return None
         self._seen[project] = self.clock()
-        self._dispatch()  # the waiting first, should the cap have risen (the other projects went quiet)
-        if self.busy < self._cap() and not self.waiting:
+        self._dispatch()  # the waiting first, should they may go now (the other projects went quiet)
+        if not self.waiting.get(project) and self._may_go(project):
             self._give(project)
             return 0.0
         loop = asyncio.get_running_loop()
@@ -103,6 +143,7 @@ class FairShare:
         self.waiting[project].append(future)
         started = loop.time()
         self.counts["waited"] += 1
+        later = loop.call_later(self.window_s + 0.01, self._dispatch)  # the others may go quiet meanwhile
         try:
             await asyncio.wait_for(asyncio.shield(future), timeout=self.timeout_s)
         except BaseException as exc:  # timed out, or the caller left while waiting
@@ -118,6 +159,8 @@ class FairShare:
                                         "project); retry after a second", kind="rate_limit_error",
                                    code="rate_limit_exceeded", headers={"Retry-After": "1"}) from None
             raise
+        finally:
+            later.cancel()
         return (loop.time() - started) * 1000
 
     def _forget(self, project: str, future: asyncio.Future[None]) -> None:
@@ -131,14 +174,19 @@ class FairShare:
                 del self.waiting[project]
 
     def release(self, project: str) -> None:
-        """Give a slot back; the next project in turn gets it."""
+        """Give a slot back; the next project in turn gets it. A release without a slot changes nothing."""
+        held = self.at_model.get(project, 0)
+        if held <= 0:
+            LOG.error("a slot of project %s was given back twice (ignored)", project)
+            return
         self.busy -= 1
-        self.at_model[project] -= 1
-        if self.at_model[project] <= 0:
+        if held == 1:
             del self.at_model[project]
+        else:
+            self.at_model[project] = held - 1
         self._dispatch()
 
     def snapshot(self) -> dict[str, Any]:
-        """What /ready shows (an open path: totals only, no project's name): slots, busy, waiting, counts."""
+        """The totals the gateway's operator reads (`GET /v1/gateway/queue`, the gateway's own key only)."""
         return {"slots": self.slots, "busy": self.busy, "waiting": sum(len(q) for q in self.waiting.values()),
                 "contended": self.contended(), **self.counts}
