@@ -155,9 +155,9 @@ def phase(url: str, keys: dict[str, str], reqs: dict[str, list[dict[str, Any]]],
             "gateway_queue": _queue_summary(samples) if admin_key else None}
 
 
-def restart_gateway(step: Any, url: str, slots: int | None) -> None:
+def restart_gateway(step: Any, url: str, slots: int | None, admin_key: str) -> None:
     """The gateway stopped and started again with `gateway.backend_slots` = slots (None: the settings'), then
-    waited for until it answers (every wait bounded)."""
+    waited for until it is ready and its turns have that many slots (every wait bounded)."""
     import httpx
 
     step(f"gateway_down_{slots}", "gateway", "down", timeout_s=120)
@@ -169,15 +169,16 @@ def restart_gateway(step: Any, url: str, slots: int | None) -> None:
     deadline = time.monotonic() + 180
     while True:
         try:
-            answer = httpx.get(url.removesuffix("/v1") + "/ready", timeout=10)
-            queue = answer.json().get("queue") or {}
-            if answer.status_code == 200 and "slots" in queue and (slots is None or queue["slots"] == slots):
-                print(f"  gateway queue: {queue}", flush=True)
+            ready = httpx.get(url.removesuffix("/v1") + "/ready", timeout=10)
+            queue = httpx.get(url + "/gateway/queue", headers={"Authorization": f"Bearer {admin_key}"}, timeout=10)
+            turns = queue.json() if queue.status_code == 200 else {}
+            if ready.status_code == 200 and "slots" in turns and (slots is None or turns["slots"] == slots):
+                print(f"  gateway turns: {turns}", flush=True)
                 return
-        except (httpx.HTTPError, ValueError, AttributeError):
+        except (httpx.HTTPError, ValueError):
             pass
         if time.monotonic() > deadline:
-            raise SystemExit(f"error: the gateway did not answer /ready with backend_slots={slots} in 180 s")
+            raise SystemExit(f"error: the gateway was not ready with backend_slots={slots} within 180 s")
         time.sleep(2)
 
 
@@ -298,11 +299,11 @@ def main() -> int:  # noqa: PLR0915 (one scenario, told in order)
         time.sleep(2)
         phases["alone"] = phase(url, keys, reqs, args.seconds, 0, admin)
         if not args.skip_fifo:
-            restart_gateway(step, url, slots=0)  # the gateway's queue off: Triton's first come, first served
+            restart_gateway(step, url, 0, admin)  # the gateway's queue off: Triton's first come, first served
             try:
                 phases["flood_fifo"] = phase(url, keys, reqs, args.seconds, args.flood, admin)
             finally:
-                restart_gateway(step, url, slots=None)  # back to the settings' fair turns
+                restart_gateway(step, url, None, admin)  # back to the settings' fair turns
         phases["flood_no_quota"] = phase(url, keys, reqs, args.seconds, args.flood, admin)
         step("quota", "project", "quota", "shop", "--rpm", str(args.flood_rpm), "--concurrent", "1")
         time.sleep(2)  # the gateway re-reads the registry within a second
