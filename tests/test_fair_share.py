@@ -158,10 +158,36 @@ def test_while_projects_share_the_gateway_each_holds_at_most_its_share_of_the_pl
     fair.enter("b", 8)
     fair.leave("a")
     fair.enter("a", 8)  # a place freed is a place again
+    now = [fair.clock() + 60]  # b quiet for a minute with nothing in the gateway: a sends alone again ...
+    fair.clock = lambda: now[0]
+    fair.leave("b")
+    fair.leave("b")
+    for _ in range(2):
+        fair.enter("a", 8)
+    with pytest.raises(api.ApiError):  # ... and keeps 2 of 8 free for the quiet project's return
+        fair.enter("a", 8)
+    assert fair.places == {"a": 6} and fair.share(8) == 6
     off = FairShare(0, 5)
     off.enter("b", 8)
     for _ in range(8):
         off.enter("a", 8)
+
+
+def test_the_waiting_go_on_their_own_when_the_other_project_goes_quiet() -> None:
+    """Nobody calls after the other project's last request ends: the gateway's own timer ends the turns when
+    that project's window runs out, and the waiting request goes. (Mutation tried: no timer: it waits until
+    its queue timeout.)"""
+    async def main() -> None:
+        fair = FairShare(1, 5, window_s=0.2)
+        assert await fair.acquire("a") == 0.0 and await fair.acquire("b") == 0.0
+        waiter = asyncio.create_task(fair.acquire("a"))
+        await _settle()
+        fair.release("b")
+        await _settle()
+        assert not waiter.done() and fair.contended()
+        assert await asyncio.wait_for(waiter, 1.5) >= 150  # about the window, then it went
+
+    asyncio.run(main())
 
 
 def test_a_waiter_that_times_out_or_is_cancelled_leaves_the_queue_and_a_late_grant_is_given_back() -> None:

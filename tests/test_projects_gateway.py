@@ -323,7 +323,7 @@ def test_a_quiet_project_goes_to_the_model_at_once_not_behind_a_busy_projects_qu
     not fourth: first come, first served would answer it last). The queue's figures are the operator's only
     (the gateway's key; a project key gets a 404). Then, with 4 places in the gateway: search's third request
     is refused at once (its share, 2 of 4, while two projects send), and its waiting one, past
-    gateway.queue_timeout_s, is a 429 with Retry-After counted in search's usage; no slot or place leaks.
+    gateway.queue_timeout_s, is a 429 with Retry-After, each counted in search's usage; no slot or place leaks.
     (Mutations tried: first come, first served fails the order; no share lets the third in; a timed-out
     waiter left in its queue, or a slot or place never given back, fails the last requests.)"""
     import threading
@@ -378,13 +378,13 @@ def test_a_quiet_project_goes_to_the_model_at_once_not_behind_a_busy_projects_qu
         assert [f.result(timeout=60).status_code for f in sent] == [200] * 4
         assert order == ["search", "disputes", "search", "search"]
         assert client.get("/v1/gateway/queue", headers=admin).json() == {
-            "slots": 1, "busy": 0, "waiting": 0, "contended": True, "granted": 5, "waited": 2, "timed_out": 0,
-            "refused_places": 0}
+            "slots": 1, "busy": 0, "waiting": 0, "places": 0, "contended": True, "granted": 5, "waited": 2,
+            "timed_out": 0, "refused_places": 0}
         assert "queue" not in client.get("/ready").json()  # an open path says nothing about requests
     gate.clear()
     order.clear()
     short = one_slot.model_copy(update={"gateway": one_slot.gateway.model_copy(
-        update={"queue_timeout_s": 1.0, "max_concurrent_requests": 4})})
+        update={"queue_timeout_s": 5.0, "max_concurrent_requests": 4})})
     with TestClient(create_app(short), raise_server_exceptions=False) as client, ThreadPoolExecutor(2) as pool:
         hold.clear()
         assert client.post("/v1/chat/completions", json=_body("v2"), headers=_as(keys["disputes"])).status_code == 200
@@ -402,7 +402,9 @@ def test_a_quiet_project_goes_to_the_model_at_once_not_behind_a_busy_projects_qu
         assert holding.result(timeout=60).status_code == 200
         assert [client.post("/v1/chat/completions", json=_body(), headers=_as(keys["search"])).status_code
                 for _ in range(3)] == [200, 200, 200]  # nothing leaked: the slot and places come back
-        assert client.get("/v1/gateway/queue", headers=admin).json()["busy"] == 0
+        turns = client.get("/v1/gateway/queue", headers=admin).json()
+        assert turns["busy"] == 0 and turns["places"] == 0 and turns["refused_places"] == 1
     used = usage_by_day(settings_for(settings, "search"))
-    assert sum(d["refused_queue"] for d in used.values()) == 2  # its share of places, then its wait
-    assert sum(d["queue_ms"] for d in used.values()) >= 900
+    assert sum(d["refused_share"] for d in used.values()) == 1  # its share of the places
+    assert sum(d["refused_queue"] for d in used.values()) == 1  # its wait past queue_timeout_s
+    assert sum(d["queue_ms"] for d in used.values()) >= 4500

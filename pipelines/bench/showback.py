@@ -75,6 +75,7 @@ def serving(settings: Settings, since: date) -> list[dict[str, Any]]:
                     "completion_tokens": used["completion_tokens"], "compute_seconds": round(seconds, 2),
                     "refused_rpm": used["refused_rpm"], "refused_tokens": used["refused_tokens"],
                     "refused_concurrent": used["refused_concurrent"], "refused_queue": used["refused_queue"],
+                    "refused_share": used["refused_share"],
                     "queue_seconds": round(used["queue_ms"] / 1000, 2),
                     "priced_as": row.name, "usd": round(seconds * row.usd_per_hour / 3600, 6)})
     return sorted(out, key=lambda r: r["day"])
@@ -107,7 +108,7 @@ def summarize(settings: Settings, since: date) -> dict[str, Any]:
                     "tokens": sum(d["prompt_tokens"] + d["completion_tokens"] for d in days),
                     "compute_seconds": round(sum(d["compute_seconds"] for d in days), 2),
                     "refused": sum(d["refused_rpm"] + d["refused_tokens"] + d["refused_concurrent"] + d["refused_queue"]
-                                   for d in days),
+                                   + d["refused_share"] for d in days),
                     "usd": round(sum(d["usd"] for d in days), 6), "by_day": days},
         "storage": {"bytes": sum(stored.values()), "by_zone": stored},
         "total_usd": round(sum(r["usd"] for r in runs) + sum(d["usd"] for d in days), 6),

@@ -231,7 +231,7 @@ def create_app(settings: Settings) -> Any:
         return JSONResponse({**found[0], "ready": ok}, status_code=200 if ok else 503)
 
     @app.get("/v1/gateway/queue")
-    def queue(request: Request) -> dict[str, Any]:
+    async def queue(request: Request) -> dict[str, Any]:  # on the event loop, like every use of the turns
         """The turns at the model (gateway/fair.py), totals only: for the gateway's own key (the operator's)."""
         if request.state.project != DEFAULT_PROJECT:
             raise api.ApiError(404, "no such path for a project key", code="not_found")
@@ -262,48 +262,47 @@ def create_app(settings: Settings) -> Any:
         # the project's tenant (built on its first request) and its limits: file reads, off the event loop
         tenant, limits = await run_in_threadpool(tenants.lookup, request.state.project)
         project = request.state.project
-        try:
-            fair.enter(project, limit)  # its share of the gateway's places while projects share it: 429 past it
-        except api.ApiError:
-            tenant.quota.queued(0, refused=True)
+        tenant.quota.admit(*limits)  # the project's own quota first: 429 past it (a lock, no I/O, no await)
+        try:  # then its share of the gateway's places (gateway/fair.py): a 429 past it
+            fair.enter(project, limit)
+        except BaseException:
+            tenant.quota.release()
+            tenant.quota.queued(0, share=True)
             raise
         if inflight["n"] >= limit:  # refused at once, before any work: the caller retries, nothing is half done
             fair.leave(project)
+            tenant.quota.release()  # (its request still counts in its requests per minute)
             raise api.too_busy(limit)
         inflight["n"] += 1  # no await between the check and this: two requests never take one slot
-        try:
-            tenant.quota.admit(*limits)  # the project's quota: 429 past it (a lock, no I/O, no await)
-        except BaseException:
-            leave()
-            fair.leave(project)
-            raise
-
-        try:  # its turn at the shared model: fair by project (gateway/fair.py), at most queue_timeout_s
-            waited = await fair.acquire(project)
-        except BaseException as exc:  # timed out (429), or the caller left while waiting: nothing was sent
-            leave()
-            fair.leave(project)
-            tenant.quota.release()
-            if isinstance(exc, api.ApiError):
-                tenant.quota.queued(fair.timeout_s * 1000, refused=True)
-            raise
-        if waited:
-            tenant.quota.queued(waited)
+        waited: float | None = None
 
         def done() -> None:
             try:
-                if waited is not None:
-                    fair.release(project)
-            finally:
                 leave()
                 fair.leave(project)
                 tenant.quota.release()
+            finally:  # the slot last, so the next turn sees this request gone
+                if waited is not None:
+                    fair.release(project)
+
+        try:  # its turn at the shared model: fair by project, at most queue_timeout_s
+            waited = await fair.acquire(project)
+            if waited:
+                tenant.quota.queued(waited)
+        except BaseException as exc:  # timed out (429), or the caller left while waiting: nothing was sent
+            done()
+            if isinstance(exc, api.ApiError):
+                tenant.quota.queued(fair.timeout_s * 1000, refused=True)
+            raise
 
         if not parsed.stream:
-            try:
-                return JSONResponse(await run_in_threadpool(tenant.metered.handle, parsed))
-            finally:
-                done()
+            import asyncio
+
+            # the slot is given back when the model's work ends, not when the caller leaves (a cancelled
+            # request's thread still runs): the work is its own task, shielded, and calls done() itself
+            work = asyncio.ensure_future(run_in_threadpool(tenant.metered.handle, parsed))
+            work.add_done_callback(lambda _task: done())
+            return JSONResponse(await asyncio.shield(work))
         return await stream_response(tenant.metered, parsed, on_done=done)  # when the generation ends
 
     return app

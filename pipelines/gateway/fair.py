@@ -12,10 +12,12 @@ quiet project's one request behind all twenty. While two or more projects send r
   model (ties: the one served least recently). A quiet project's request therefore never waits in the gateway:
   it joins the model's queue at once, behind only what was sent before it;
 - each project may hold at most its share of the gateway's places (`gateway.max_concurrent_requests` divided
-  by the projects sending, at least 1), waiting or answered; past it, a 429 with `Retry-After`, so a flood can
-  not take every place and leave the quiet project the gateway's own 429.
-A project alone is never held back (its requests go straight to Triton, batched there as before): when a second
-project starts sending, what the first had already sent is ahead of it once. A request that waits longer than
+  by the projects sending, at least 1), waiting or answered; past it, a 429 with `Retry-After`; a project
+  sending alone keeps a quarter of the places free once the gateway has served another project, so a flood
+  cannot take every place and leave the quiet project the gateway's own 429.
+A project alone is never held back at the model (its requests go straight to Triton, batched there as before):
+when a quiet project comes back, what the busy one had already sent is ahead of it (once per quiet spell: a
+project counts as sending for `fair_window_s` after its latest request). A request that waits longer than
 `gateway.queue_timeout_s` is refused with an OpenAI-style 429 and `Retry-After` (nothing was sent to the model,
 nothing is captured). `backend_slots: 0` turns the turns off. The turns are per gateway replica (the cluster
 runs two: each keeps its own).
@@ -58,6 +60,8 @@ class FairShare:
         self.clock = time.monotonic
         self._seen: dict[str, float] = {}  # each project's latest request
         self.places: dict[str, int] = {}  # each project's requests in the gateway (waiting or answered)
+        self._known: set[str] = set()  # every project this gateway has seen (one alone keeps no reserve)
+        self._timer: asyncio.TimerHandle | None = None
         self.busy = 0
         self.at_model: dict[str, int] = defaultdict(int)
         self.waiting: dict[str, deque[asyncio.Future[None]]] = defaultdict(deque)
@@ -99,34 +103,60 @@ class FairShare:
         while True:
             project = self._next()  # fewest at the model first: if it may not go, no other may
             if project is None or not self._may_go(project):
-                return
+                break
             future = self.waiting[project].popleft()
             if not self.waiting[project]:
                 del self.waiting[project]
             self._give(project)
             future.set_result(None)
+        self._arm()
+
+    def _arm(self) -> None:
+        """While requests wait, a dispatch when the next quiet project's window ends (the turns may end then)."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if not self.waiting:
+            return
+        held = set(self.at_model) | set(self.waiting) | set(self.places)
+        ends = [at + self.window_s for p, at in self._seen.items() if p not in held]
+        if ends:
+            loop = asyncio.get_running_loop()
+            self._timer = loop.call_later(max(0.0, min(ends) - self.clock()) + 0.01, self._dispatch)
+
+    def share(self, limit: int) -> int:
+        """The places in the gateway one project may hold: `limit` divided by the projects sending (at least 1);
+        a project sending alone keeps a quarter of them free (at least 1) once this gateway has served another
+        project, so a flood that started alone never holds every place when a quiet project comes back."""
+        sending = self.sending()
+        if sending >= 2:
+            return max(1, limit // sending)
+        return limit - max(1, limit // 4) if len(self._known) > 1 and limit > 1 else limit
 
     def enter(self, project: str, limit: int) -> None:
-        """A place in the gateway for one request of `project` (give it back with `leave`): while projects share
-        the gateway, at most `limit` divided by the projects sending (at least 1); past it a 429 ApiError."""
-        self._seen[project] = self.clock()
-        held = self.places.get(project, 0)
-        if self.contended():
-            share = max(1, limit // self.sending())
+        """A place in the gateway for one request of `project` (give it back with `leave`), at most `share`
+        (with the turns on); past it a 429 ApiError."""
+        if self.slots > 0:
+            self._seen[project] = self.clock()
+            self._known.add(project)
+            held, share = self.places.get(project, 0), self.share(limit)
             if held >= share:
                 self.counts["refused_places"] += 1
                 raise api.ApiError(429, f"project {project} has {held} requests in the gateway, its share of "
                                         f"{limit} (gateway.max_concurrent_requests) while {self.sending()} projects "
                                         "send; retry after a second", kind="rate_limit_error",
                                    code="rate_limit_exceeded", headers={"Retry-After": "1"})
-        self.places[project] = held + 1
+        self.places[project] = self.places.get(project, 0) + 1
 
     def leave(self, project: str) -> None:
+        """Give a place back (the turns may end with it: the waiting are looked at again)."""
         held = self.places.get(project, 0)
         if held <= 1:
             self.places.pop(project, None)
         else:
             self.places[project] = held - 1
+        if self.waiting:
+            self._dispatch()
 
     async def acquire(self, project: str) -> float | None:
         """Wait for a slot at the model, at most `timeout_s` (then a 429 ApiError). The milliseconds waited when
@@ -143,7 +173,7 @@ class FairShare:
         self.waiting[project].append(future)
         started = loop.time()
         self.counts["waited"] += 1
-        later = loop.call_later(self.window_s + 0.01, self._dispatch)  # the others may go quiet meanwhile
+        self._arm()  # the others may go quiet meanwhile
         try:
             await asyncio.wait_for(asyncio.shield(future), timeout=self.timeout_s)
         except BaseException as exc:  # timed out, or the caller left while waiting
@@ -159,8 +189,6 @@ class FairShare:
                                         "project); retry after a second", kind="rate_limit_error",
                                    code="rate_limit_exceeded", headers={"Retry-After": "1"}) from None
             raise
-        finally:
-            later.cancel()
         return (loop.time() - started) * 1000
 
     def _forget(self, project: str, future: asyncio.Future[None]) -> None:
@@ -189,4 +217,4 @@ class FairShare:
     def snapshot(self) -> dict[str, Any]:
         """The totals the gateway's operator reads (`GET /v1/gateway/queue`, the gateway's own key only)."""
         return {"slots": self.slots, "busy": self.busy, "waiting": sum(len(q) for q in self.waiting.values()),
-                "contended": self.contended(), **self.counts}
+                "places": sum(self.places.values()), "contended": self.contended(), **self.counts}

@@ -36,7 +36,7 @@ FLUSH_EVERY_S = 5.0
 
 
 USAGE_FIELDS = ("requests", "prompt_tokens", "completion_tokens", "compute_ms", "refused_rpm", "refused_tokens",
-                "refused_concurrent", "queue_ms", "refused_queue")
+                "refused_concurrent", "queue_ms", "refused_queue", "refused_share")
 
 
 def replica_name(settings: Settings) -> str:
@@ -166,13 +166,15 @@ class Quota:
         with self._lock:
             self.inflight -= 1
 
-    def queued(self, wait_ms: float, refused: bool = False) -> None:
-        """Time this project's requests waited for their turn at the shared model (gateway/fair.py), and the
-        requests refused for waiting too long."""
+    def queued(self, wait_ms: float, refused: bool = False, share: bool = False) -> None:
+        """Time this project's requests waited for their turn at the shared model (gateway/fair.py), the
+        requests refused for waiting too long (`refused`) and those refused past its share of the gateway's
+        places (`share`)."""
         with self._lock:
             self._roll()
             self.used["queue_ms"] += int(wait_ms)
             self.used["refused_queue"] += int(refused)
+            self.used["refused_share"] += int(share)
             self._dirty = True
 
     def charge(self, body: dict[str, Any] | None, compute_ms: float) -> None:
