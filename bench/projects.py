@@ -120,13 +120,14 @@ def _queue_summary(samples: list[dict[str, Any]]) -> dict[str, Any]:
     ok = [s for s in samples if "busy" in s]
     if not ok:
         return {"samples": len(samples), "answered": 0}
-    last = ok[-1]
+    first, last = ok[0], ok[-1]
     return {"samples": len(samples), "answered": len(ok), "slots": last.get("slots"),
             "contended_share": round(sum(bool(s.get("contended")) for s in ok) / len(ok), 2),
             "busy_max": max(s["busy"] for s in ok), "waiting_max": max(s["waiting"] for s in ok),
             "busy_median": statistics.median(s["busy"] for s in ok),
-            "granted": last.get("granted"), "waited": last.get("waited"), "timed_out": last.get("timed_out"),
-            "refused_places": last.get("refused_places")}
+            # the gateway's counts are totals since it started: the phase's are the first and last samples' gap
+            **{f"{k}_in_phase": (last.get(k) or 0) - (first.get(k) or 0)
+               for k in ("granted", "waited", "timed_out", "refused_places")}}
 
 
 def phase(url: str, keys: dict[str, str], reqs: dict[str, list[dict[str, Any]]], seconds: float,
