@@ -190,16 +190,14 @@ def ratios(phases: dict[str, Any]) -> dict[str, Any]:
         a, b = phases[base]["search"]["latencies_ms"], phases[name]["search"]["latencies_ms"]
         if len(a) > 2 and len(b) > 2:
             phases[name]["search"][f"p50_ratio_to_{key}"] = round(statistics.median(b) / statistics.median(a), 2)
-            phases[name]["search"][f"p50_ratio_to_{key}_ci95"] = ratio_ci(a, b)
+            # (the interval to alone keeps the name earlier results files and the page use)
+            phases[name]["search"]["p50_ratio_ci95" if key == "alone" else f"p50_ratio_to_{key}_ci95"] = ratio_ci(a, b)
 
     for name in ("flood_fifo", "flood_no_quota", "flood_quota"):
         if name in phases:
             ratio("alone", name, "alone")
     if "flood_fifo" in phases:
         ratio("flood_fifo", "flood_no_quota", "fifo")
-    for phase in phases.values():  # the name earlier results files used for the interval to alone
-        if "p50_ratio_to_alone_ci95" in phase["search"]:
-            phase["search"]["p50_ratio_ci95"] = phase["search"]["p50_ratio_to_alone_ci95"]
     return phases
 
 

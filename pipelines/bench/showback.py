@@ -23,6 +23,13 @@ LOG = logging.getLogger("flywheel.projects")
 ZONES = ("raw", "quarantine", "curated", "features", "serving", "reports", "runs")
 
 
+def _refusals() -> tuple[str, ...]:
+    """The gateway's refusal counters (`refused_*` of its usage fields): each shown, all summed."""
+    from pipelines.gateway.tenants import USAGE_FIELDS
+
+    return tuple(field for field in USAGE_FIELDS if field.startswith("refused_"))
+
+
 def _row_for(hardware_tag: str | None) -> Any:
     from pipelines.bench.hardware import table
 
@@ -73,9 +80,7 @@ def serving(settings: Settings, since: date) -> list[dict[str, Any]]:
         seconds = used["compute_ms"] / 1000
         out.append({"day": day, "requests": used["requests"], "prompt_tokens": used["prompt_tokens"],
                     "completion_tokens": used["completion_tokens"], "compute_seconds": round(seconds, 2),
-                    "refused_rpm": used["refused_rpm"], "refused_tokens": used["refused_tokens"],
-                    "refused_concurrent": used["refused_concurrent"], "refused_queue": used["refused_queue"],
-                    "refused_share": used["refused_share"],
+                    **{field: used[field] for field in _refusals()},
                     "queue_seconds": round(used["queue_ms"] / 1000, 2),
                     "priced_as": row.name, "usd": round(seconds * row.usd_per_hour / 3600, 6)})
     return sorted(out, key=lambda r: r["day"])
@@ -107,8 +112,7 @@ def summarize(settings: Settings, since: date) -> dict[str, Any]:
         "serving": {"requests": sum(d["requests"] for d in days),
                     "tokens": sum(d["prompt_tokens"] + d["completion_tokens"] for d in days),
                     "compute_seconds": round(sum(d["compute_seconds"] for d in days), 2),
-                    "refused": sum(d["refused_rpm"] + d["refused_tokens"] + d["refused_concurrent"] + d["refused_queue"]
-                                   + d["refused_share"] for d in days),
+                    "refused": sum(d[field] for d in days for field in _refusals()),
                     "usd": round(sum(d["usd"] for d in days), 6), "by_day": days},
         "storage": {"bytes": sum(stored.values()), "by_zone": stored},
         "total_usd": round(sum(r["usd"] for r in runs) + sum(d["usd"] for d in days), 6),

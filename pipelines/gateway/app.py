@@ -15,6 +15,7 @@ Run it with `flywheel gateway up` (a process of its own, like the other local se
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from concurrent.futures import ThreadPoolExecutor
 import json
@@ -219,8 +220,6 @@ def create_app(settings: Settings) -> Any:
         """Readiness: the backend answers and each route's model is loaded (503 otherwise: no traffic). The
         platform's (`default`) routes are shown; with projects, the gateway is ready when any project's routes
         are (each probed at once, within one budget). An open path: it names no project."""
-        import asyncio
-
         loop = asyncio.get_running_loop()
         tried = [platform, *(t for t in tenants.all() if t is not platform)]
         probes_ = [asyncio.wait_for(loop.run_in_executor(probes, t.router.readiness), READY_BUDGET_S) for t in tried]
@@ -296,8 +295,6 @@ def create_app(settings: Settings) -> Any:
             raise
 
         if not parsed.stream:
-            import asyncio
-
             # the slot is given back when the model's work ends, not when the caller leaves (a cancelled
             # request's thread still runs): the work is its own task, shielded, and calls done() itself
             work = asyncio.ensure_future(run_in_threadpool(tenant.metered.handle, parsed))

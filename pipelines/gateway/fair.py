@@ -33,14 +33,17 @@ import itertools
 import logging
 import time
 from collections import defaultdict, deque
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pipelines.gateway import openai_api as api
+
+if TYPE_CHECKING:
+    from pipelines.config import Settings
 
 LOG = logging.getLogger("flywheel.gateway")
 
 
-def backend_slots(settings: Any) -> int:
+def backend_slots(settings: Settings) -> int:
     """`gateway.backend_slots`, or when unset: with `triton.multi_lora` what the shared model answers at once
     without slowing down (one request per Triton instance on CPU: a batch of seven there answered no more per
     second than one at a time; a full batch per instance on GPU), else 0 (off: each project's own models)."""
@@ -142,10 +145,9 @@ class FairShare:
             held, share = self.places.get(project, 0), self.share(limit)
             if held >= share:
                 self.counts["refused_places"] += 1
-                raise api.ApiError(429, f"project {project} has {held} requests in the gateway, its share of "
-                                        f"{limit} (gateway.max_concurrent_requests) while {self.sending()} projects "
-                                        "send; retry after a second", kind="rate_limit_error",
-                                   code="rate_limit_exceeded", headers={"Retry-After": "1"})
+                raise api.rate_limited(f"project {project} has {held} requests in the gateway, its share of {limit} "
+                                       f"(gateway.max_concurrent_requests) while {self.sending()} projects send; "
+                                       "retry after a second")
         self.places[project] = self.places.get(project, 0) + 1
 
     def leave(self, project: str) -> None:
@@ -184,10 +186,9 @@ class FairShare:
                 self._forget(project, future)
             if isinstance(exc, asyncio.TimeoutError):
                 self.counts["timed_out"] += 1
-                raise api.ApiError(429, f"project {project} waited {self.timeout_s:g} s for a turn at the model "
-                                        f"(gateway.queue_timeout_s; {self.slots} completions at once, shared by every "
-                                        "project); retry after a second", kind="rate_limit_error",
-                                   code="rate_limit_exceeded", headers={"Retry-After": "1"}) from None
+                raise api.rate_limited(f"project {project} waited {self.timeout_s:g} s for a turn at the model "
+                                       f"(gateway.queue_timeout_s; {self.slots} completions at once, shared by every "
+                                       "project); retry after a second") from None
             raise
         return (loop.time() - started) * 1000
 

@@ -112,10 +112,14 @@ def model_error(model: str, message: str) -> ApiError:
     return ApiError(503, f"{model}: {message}", kind="server_error", code="model_unavailable")
 
 
+def rate_limited(message: str, retry_after: int = 1, code: str = "rate_limit_exceeded") -> ApiError:
+    """An OpenAI-style 429 with `Retry-After` (seconds): every limit the gateway enforces answers with one."""
+    return ApiError(429, message, kind="rate_limit_error", code=code, headers={"Retry-After": str(retry_after)})
+
+
 def too_busy(limit: int) -> ApiError:
-    return ApiError(429, f"the gateway is answering {limit} requests, its limit (gateway.max_concurrent_requests); "
-                         "retry after a second", kind="rate_limit_error", code="rate_limit_exceeded",
-                    headers={"Retry-After": "1"})
+    return rate_limited(f"the gateway is answering {limit} requests, its limit (gateway.max_concurrent_requests); "
+                        "retry after a second")
 
 
 def too_large(size: int, limit: int) -> ApiError:

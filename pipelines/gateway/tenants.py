@@ -135,9 +135,8 @@ class Quota:
             if concurrent is not None and self.inflight >= concurrent:
                 self.used["refused_concurrent"] += 1
                 self._dirty = True
-                raise api.ApiError(429, f"project {self.settings.project} has {concurrent} requests in flight, its "
-                                        "limit; retry after a second", kind="rate_limit_error",
-                                   code="rate_limit_exceeded", headers={"Retry-After": "1"})
+                raise api.rate_limited(f"project {self.settings.project} has {concurrent} requests in flight, its "
+                                       "limit; retry after a second")
             while self._minute and now - self._minute[0] >= 60:
                 self._minute.popleft()
             spent = sum(self.used[f] + self.others.get(f, 0) for f in ("prompt_tokens", "completion_tokens"))
@@ -147,18 +146,16 @@ class Quota:
                 midnight = datetime.combine(datetime.now(timezone.utc).date() + timedelta(days=1),
                                             datetime.min.time(), tzinfo=timezone.utc)
                 wait = max(1, math.ceil((midnight - datetime.now(timezone.utc)).total_seconds()))
-                raise api.ApiError(429, f"project {self.settings.project} used its {tokens_per_day} tokens of "
-                                        f"today (UTC); retry after {wait} s or raise its quota (`flywheel project "
-                                        f"quota {self.settings.project} --tokens-per-day N`)",
-                                   kind="rate_limit_error", code="tokens_per_day_exceeded",
-                                   headers={"Retry-After": str(wait)})
+                raise api.rate_limited(f"project {self.settings.project} used its {tokens_per_day} tokens of "
+                                       f"today (UTC); retry after {wait} s or raise its quota (`flywheel project "
+                                       f"quota {self.settings.project} --tokens-per-day N`)", wait,
+                                       code="tokens_per_day_exceeded")
             if rpm is not None and len(self._minute) >= rpm:
                 self.used["refused_rpm"] += 1
                 self._dirty = True
                 wait = max(1, math.ceil(60 - (now - self._minute[0])))
-                raise api.ApiError(429, f"project {self.settings.project} sent {rpm} requests in the last minute, "
-                                        f"its limit; retry after {wait} s", kind="rate_limit_error",
-                                   code="rate_limit_exceeded", headers={"Retry-After": str(wait)})
+                raise api.rate_limited(f"project {self.settings.project} sent {rpm} requests in the last minute, "
+                                       f"its limit; retry after {wait} s", wait)
             self._minute.append(now)
             self.inflight += 1
 

@@ -156,8 +156,12 @@ class BatchedLoRA:
         """Slot `slot` holds the adapter whose PEFT state dict is `weights` (keys `...<module>.lora_A.weight`
         [r, in] and `.lora_B.weight` [out, r]), scaled by `scale`. Checked whole, and every layer's room made,
         before the slot is written."""
+        self.write(slot, self.check(weights), scale)
+
+    def write(self, slot: int, pairs: Mapping[str, Mapping[str, torch.Tensor]], scale: float) -> None:
+        """Slot `slot` holds the adapter whose pairs `check` (or `read_folder`) returned: every layer's room is
+        made before the slot is written."""
         self._check_slot(slot)
-        pairs = self.check(weights)
         rank = max(pair["A"].shape[0] for pair in pairs.values())
         with torch.no_grad():
             for layer in self.layers.values():
@@ -179,8 +183,9 @@ class BatchedLoRA:
         self.loaded.add(slot)
         self._refresh()
 
-    def read_folder(self, path: str) -> tuple[dict[str, torch.Tensor], float]:
-        """(weights, scale) of the HF-PEFT LoRA adapter in folder `path`, checked against this model; every way
+    def read_folder(self, path: str) -> tuple[dict[str, dict[str, torch.Tensor]], float]:
+        """(pairs, scale) of the HF-PEFT LoRA adapter in folder `path`, checked against this model (the pairs as
+        `check` returns them, for `write`); every way
         it can be unfit is one AdapterFormatError (naming the folder, not the server's path). Writes nothing."""
         name = os.path.basename(os.path.normpath(path))
         try:
@@ -212,13 +217,11 @@ class BatchedLoRA:
         except (OSError, SafetensorError) as exc:
             why = exc.strerror if isinstance(exc, OSError) else exc
             raise AdapterFormatError(f"{name}: no readable adapter_model.safetensors ({why})") from None
-        self.check(weights, rank=r)
-        return weights, scale
+        return self.check(weights, rank=r), scale
 
     def load_folder(self, slot: int, path: str) -> None:
-        """Slot `slot` holds the HF-PEFT adapter in folder `path` (`read_folder`, then `load`)."""
-        weights, scale = self.read_folder(path)
-        self.load(slot, weights, scale)
+        """Slot `slot` holds the HF-PEFT adapter in folder `path` (`read_folder`, then `write`)."""
+        self.write(slot, *self.read_folder(path))
 
     def clear(self, slot: int) -> None:
         self._check_slot(slot)

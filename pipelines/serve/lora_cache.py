@@ -119,12 +119,12 @@ class AdapterCache:
 
     def _ensure_one(self, name: str, wanted: list[str]) -> None:
         path = self.folder(name)
-        if (name in self.loaded and self.loaded[name] == _identity(path)
+        identity = _identity(path)
+        if (name in self.loaded and self.loaded[name] == identity
                 and self.slot[name] in self.engine.loaded):  # the engine's own record too
             self.loaded.move_to_end(name)
             return
         started = time.perf_counter()
-        identity = _identity(path)
         if self.engine is None:  # the base's adapted projections wrapped once, on the first adapter
             if __package__:  # imported from pipelines (tests); beside model.py in Triton it is a top-level module
                 from . import batched_lora
@@ -132,14 +132,14 @@ class AdapterCache:
                 import batched_lora
 
             self.engine = batched_lora.BatchedLoRA(self.model, TARGETS, slots=self.capacity, rank=self.rank)
-        weights, scale = self.engine.read_folder(path)  # read and checked before anything is evicted
+        pairs, scale = self.engine.read_folder(path)  # read and checked before anything is evicted
         if name in self.loaded:  # its folder was replaced (other weights under the name): load it afresh
             self._evict(name)
         while len(self.loaded) >= self.capacity:  # a slot freed first: the least recently used not wanted now
             self._evict(next(n for n in self.loaded if n not in wanted))
         taken = set(self.slot.values())
         free = next(s for s in range(self.capacity) if s not in taken)
-        self.engine.load(free, weights, scale)
+        self.engine.write(free, pairs, scale)
         self.loaded[name] = identity
         self.slot[name] = free
         self.loads += 1

@@ -81,15 +81,18 @@ def shared_params(settings: Settings, root: Path) -> dict[str, str]:
     return params
 
 
-def check_rank(settings: Settings, folder: Path, name: str) -> None:
-    """ConfigError when the adapter in `folder` has no readable rank or one over `triton.max_adapter_rank`."""
+def check_rank(settings: Settings, adapter_dir: str, name: str) -> None:
+    """ConfigError when the adapter in `adapter_dir` (local or on object storage) has no readable rank or one
+    over `triton.max_adapter_rank`."""
+    from pipelines.serve.vllm import VllmConfigError, adapter_rank
+
     cap = settings.triton.max_adapter_rank
     if cap is None:
         return
     try:
-        rank = int(json.loads((folder / "adapter_config.json").read_text())["r"])
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise ConfigError(f"{name}: the adapter has no readable LoRA rank ({type(exc).__name__})") from None
+        rank = adapter_rank(adapter_dir)
+    except VllmConfigError as exc:
+        raise ConfigError(f"{name}: {exc}") from None
     if rank > cap:
         raise ConfigError(f"{name}: LoRA rank {rank} is over triton.max_adapter_rank {cap}; the shared base "
                           "would refuse it (raise the cap, or train the version at a lower rank)")
@@ -102,6 +105,7 @@ def write_adapter(settings: Settings, name: str, adapter_dir: str, meta: dict[st
     base reloads a cached adapter whose folder changed: `lora_cache`)."""
     from pipelines.storage import fs_for
 
+    check_rank(settings, adapter_dir, name)  # refused before anything is copied or put in place
     final = adapter_root(settings) / name
     final.parent.mkdir(parents=True, exist_ok=True)
     staging = final.parent / f".{name}.staging-{uuid.uuid4().hex[:8]}"
@@ -111,7 +115,6 @@ def write_adapter(settings: Settings, name: str, adapter_dir: str, meta: dict[st
             fs.get(remote.rstrip("/") + "/", str(staging), recursive=True)
         else:
             shutil.copytree(adapter_dir, staging)
-        check_rank(settings, staging, name)  # refused before anything is put in place
         meta = {**meta, "fingerprint": _files_digest(staging)}
         existing = _read_meta(final / "flywheel.json")
         if existing is not None and (existing.get("fingerprint") or _files_digest(final)) == meta["fingerprint"]:
