@@ -39,7 +39,13 @@ def test_gates_pass_on_a_clean_window_and_write_docs_and_json(window_root) -> No
     assert report.success and report.failures == []
     assert {s.suite for s in report.suites} == {"raw_logs", "raw_outcomes", "curated_examples", "curated_tool_counts",
                                                 "curated_session_splits"}
-    assert Path(report.data_docs.removeprefix("file://")).is_file()
+    index = Path(report.data_docs.removeprefix("file://"))
+    assert index.is_file()
+    # one Data Docs build for the window: a page per suite's result and per suite, each linked from the index
+    pages = {p.parent.parent.parent.name for p in (index.parent / "validations").rglob("*.html")}
+    assert pages == {s.suite for s in report.suites}
+    assert {p.stem for p in (index.parent / "expectations").glob("*.html")} == pages
+    assert all(f"validations/{suite}/" in index.read_text() for suite in pages)
     assert json.loads(Path(report.result_uri).read_text())["success"] is True
 
 
@@ -262,3 +268,16 @@ def test_an_example_past_the_base_models_context_window_fails_the_gate(tmp_path:
     assert report.prompt_ceiling["max_approx_tokens"] == median
     [failed] = [f for s in report.suites for f in s.failed]
     assert failed["column"] == "approx_tokens" and not report.success
+
+
+def test_importing_feast_through_its_client_skips_typeguards_rewriting() -> None:
+    """Feast's classes are not recompiled with typeguard's checks at import (9 of `import feast`'s 14 s here,
+    in every process that imports it): the client makes the decorator the identity before Feast is imported.
+    (Mutation: the client's call removed: DataSource's constructor holds typeguard's checks and this fails.)"""
+    import subprocess
+    import sys
+
+    code = ("import pipelines.clients.feast, feast.data_source as d; "
+            "print('TypeCheckMemo' in d.DataSource.__init__.__code__.co_names)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.strip().splitlines()[-1] == "False", out.stdout + out.stderr

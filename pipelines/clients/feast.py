@@ -9,6 +9,7 @@ database. The password comes from the environment with the URI, never from a fil
 from __future__ import annotations
 
 import importlib.util
+import sys
 from datetime import datetime
 from functools import lru_cache
 from pathlib import Path
@@ -19,6 +20,27 @@ from pipelines.config import Settings
 if TYPE_CHECKING:
     import pandas as pd
     from feast import FeatureStore
+
+
+def _no_import_time_type_instrumentation() -> None:
+    """Feast decorates its classes with typeguard's `@typechecked`, which parses, rewrites and recompiles each
+    decorated class's source when Feast is imported: 9 of the 14 s `import feast` took on this machine, in
+    every process that imports it (each DAG run's features task, the gateway's online features). typeguard's
+    own switch for production is `python -O` (the decorator is then the identity); -O cannot be used here (it
+    strips asserts), so the decorator is made the identity before Feast is first imported. Nothing in Feast
+    catches typeguard's errors; Feast's own checks (`apply`, its protobuf conversion) still run. Only Feast
+    imports typeguard among the platform's packages."""
+    if "feast" in sys.modules:  # imported already: its classes are instrumented, nothing to save
+        return
+    import typeguard
+
+    def identity(target: Any = None, **_: Any) -> Any:
+        return (lambda decorated: decorated) if target is None else target
+
+    typeguard.typechecked = identity
+
+
+_no_import_time_type_instrumentation()
 
 
 def is_postgres(uri: str | None) -> bool:
