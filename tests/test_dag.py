@@ -215,24 +215,3 @@ def test_every_task_of_both_dags_has_a_time_limit() -> None:
     missing = [f"{dag}.{task}" for dag, tasks in limits.items() for task, limit in tasks.items() if not limit]
     assert missing == []
     assert limits["commerce_flywheel"]["train"] == max(limits["commerce_flywheel"].values())
-
-
-def test_dag_on_a_landed_window_of_imported_turns_only(tmp_path: Path) -> None:
-    """A window holding only WebShop-style imported turns (pairs written here): no product categories,
-    no customer history, one workload. The data path builds its training set with empty context."""
-    from pipelines.logs.importers import webshop_to_raw
-
-    pairs = {f"find me {a} {b} for my {c}": [f"{a} {b}", f"{b} for {c}"]
-             for a in ("waterproof", "wireless", "organic", "leather") for b in ("boots", "earbuds", "tea", "wallet")
-             for c in ("father", "sister", "trip")}
-    pairs_file = tmp_path / "pairs.json"
-    pairs_file.write_text(json.dumps(pairs))
-    root = tmp_path / "fw"
-    webshop_to_raw(pairs_file, root / "raw", pd.Timestamp(DAY).date())
-    ok, out = _run(root, source="landed")
-    assert ok, out[-3000:]
-    manifest = json.loads((root / "curated" / "manifest.json").read_text())
-    assert manifest["counts"]["input"] == 96 and sum(manifest["training_set"]["examples_by_split"].values()) > 0
-    assert manifest["training_set"]["with_customer_context"] == 0
-    sft = pd.read_parquet(root / "curated" / "sft")
-    assert set(sft["tool"]) == {"search_products"} and (sft["context"] == "").all()

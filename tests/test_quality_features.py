@@ -281,3 +281,33 @@ def test_importing_feast_through_its_client_skips_typeguards_rewriting() -> None
             "print('TypeCheckMemo' in d.DataSource.__init__.__code__.co_names)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert out.stdout.strip().splitlines()[-1] == "False", out.stdout + out.stderr
+
+
+def test_a_landed_window_of_imported_turns_only_builds_its_training_set(tmp_path: Path, spark) -> None:
+    """A window holding only WebShop-style imported turns (pairs written here): no product categories, no
+    customer history, one workload. The DAG's data tasks (landed ingest, prep, the gates, features: the same
+    functions, in this process) build its training set with empty context. The DAG's wiring runs end to end
+    in test_dag.py."""
+    from pipelines import tasks
+    from pipelines.logs.importers import webshop_to_raw
+
+    pairs = {f"find me {a} {b} for my {c}": [f"{a} {b}", f"{b} for {c}"]
+             for a in ("waterproof", "wireless", "organic", "leather") for b in ("boots", "earbuds", "tea", "wallet")
+             for c in ("father", "sister", "trip")}
+    pairs_file = tmp_path / "pairs.json"
+    pairs_file.write_text(json.dumps(pairs))
+    root, day = tmp_path / "fw", END.isoformat()
+    settings = load_settings(root=str(root))
+    window = DateWindow.parse(day, day)
+    with pytest.raises(Exception, match="no raw logs landed"):  # nothing landed yet: the ingest task says so
+        tasks.ingest({"start": day, "end": day}, {"source": "landed"}, settings)
+    webshop_to_raw(pairs_file, root / "raw", END)
+    assert tasks.ingest({"start": day, "end": day}, {"source": "landed"}, settings)["files"]
+    run_prep(settings, window, spark=spark)
+    assert run_gates(settings, window, spark=spark).success
+    run_features(settings, window, spark=spark)
+    manifest = json.loads((root / "curated" / "manifest.json").read_text())
+    assert manifest["counts"]["input"] == 96 and sum(manifest["training_set"]["examples_by_split"].values()) > 0
+    assert manifest["training_set"]["with_customer_context"] == 0
+    sft = pd.read_parquet(root / "curated" / "sft")
+    assert set(sft["tool"]) == {"search_products"} and (sft["context"] == "").all()
