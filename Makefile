@@ -96,20 +96,15 @@ demo: setup serve-env
 TEST_WORKERS ?= 2
 XDIST = $(if $(filter-out 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 
-# The five venvs install side by side (uv waits on the package index and the disk as much as on the cores).
-VENVS := setup nemo-env serve-env checkov-env s3-env
-
-test:
-	@$(MAKE) --no-print-directory -j5 $(VENVS)
+test: setup nemo-env serve-env checkov-env s3-env
 	$(VENV)/bin/pytest -m "not scenario" $(XDIST) $(PYTEST_ARGS)
 
 test-scenario: setup nemo-env serve-env checkov-env s3-env
 	$(VENV)/bin/pytest -m scenario $(PYTEST_ARGS)
 
 # one after the other, even under make -j: beside the workers the scenario's training stalls
-test-all:
-	$(MAKE) --no-print-directory test
-	$(MAKE) --no-print-directory test-scenario
+.NOTPARALLEL: test-all
+test-all: test test-scenario
 
 test-fast: setup nemo-env serve-env checkov-env s3-env
 	$(VENV)/bin/pytest -m "not slow and not scenario" $(XDIST) $(PYTEST_ARGS)
