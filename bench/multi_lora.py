@@ -23,6 +23,8 @@ c-row run, against base + N x adapter (weights) and against that plus merged's o
 Needs torch, transformers, peft, numpy-free; imports `batched_lora.py` by path. CUDA bf16 when there, else CPU fp32:
     python3 bench/multi_lora.py --shape llama-8b --adapters 1,4,16 --concurrency 1,4 --graphs --out $OUT/multi_lora.json
     .venv/bin/python bench/multi_lora.py --shape tiny --rounds 2 --new-tokens 4 --prompt-tokens 16 --out /tmp/ml.json
+    OMP_NUM_THREADS=1 .venv/bin/python bench/multi_lora.py --shape smollm2-135m --adapters 4 --concurrency 4 \
+        --peft '' --copies '' --new-tokens 16 --prompt-tokens 64 --out /tmp/ml_smollm2.json  # this CPU's model, engine only
 """
 
 from __future__ import annotations

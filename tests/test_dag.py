@@ -166,10 +166,14 @@ def test_dag_trains_evaluates_registers_promotes_deploys_and_benchmarks_and_a_re
 
 
 def test_failing_gate_stops_the_dag_before_features_and_quarantines_the_batch(tmp_path: Path) -> None:
-    """Through `flywheel run` as a user runs it: the failed task and its reason in one line (the gate's suite,
+    """Through `flywheel run` as a user runs it, on logs that landed (`--source landed`: the agent's logs, here
+    written by `flywheel logs generate`): the failed task and its reason in one line (the gate's suite,
     expectation, failing count and Data Docs), exit 2 (a data problem the user can fix)."""
-    result = run_flywheel("run", "--end-date", DAY, "--window-days", "1", "--seed", "3", "--no-train",
-                          "--records-per-day", "1500", "--bad-share", "0.6", env={"FLYWHEEL_ROOT": str(tmp_path)})
+    env = {"FLYWHEEL_ROOT": str(tmp_path)}
+    landed = run_flywheel("logs", "generate", "--records", "1500", "--seed", "3", "--end-date", DAY,
+                          "--bad-share", "0.6", env=env)
+    assert landed.returncode == 0, landed.stderr
+    result = run_flywheel("run", "--end-date", DAY, "--window-days", "1", "--no-train", "--source", "landed", env=env)
     assert result.returncode == 2, result.stdout + result.stderr
     [line] = [x for x in result.stderr.splitlines() if x.startswith("error:")]
     assert line.startswith("error: task validate failed: quality gate failed"), line

@@ -46,6 +46,8 @@ def test_gates_pass_on_a_clean_window_and_write_docs_and_json(window_root) -> No
     assert pages == {s.suite for s in report.suites}
     assert {p.stem for p in (index.parent / "expectations").glob("*.html")} == pages
     assert all(f"validations/{suite}/" in index.read_text() for suite in pages)
+    checkpoints = list((index.parents[3] / "checkpoints").glob("*.json"))  # the build is run_gates', once
+    assert len(checkpoints) == 5 and all(json.loads(c.read_text())["actions"] == [] for c in checkpoints)
     assert json.loads(Path(report.result_uri).read_text())["success"] is True
 
 
@@ -268,9 +270,11 @@ def test_an_example_past_the_base_models_context_window_fails_the_gate(tmp_path:
     assert report.prompt_ceiling["max_approx_tokens"] == median
     [failed] = [f for s in report.suites for f in s.failed]
     assert failed["column"] == "approx_tokens" and not report.success
+    index = Path(report.data_docs.removeprefix("file://"))  # a failed window has its Data Docs too
+    assert len(list((index.parent / "validations" / "curated_examples").rglob("*.html"))) == 2  # both runs
 
 
-def test_importing_feast_through_its_client_skips_typeguards_rewriting() -> None:
+def test_importing_feast_through_its_client_skips_typeguards_rewriting(tmp_path: Path) -> None:
     """Feast's classes are not recompiled with typeguard's checks at import (9 of `import feast`'s 14 s here,
     in every process that imports it): the client makes the decorator the identity before Feast is imported.
     (Mutation: the client's call removed: DataSource's constructor holds typeguard's checks and this fails.)"""
@@ -281,15 +285,23 @@ def test_importing_feast_through_its_client_skips_typeguards_rewriting() -> None
             "print('TypeCheckMemo' in d.DataSource.__init__.__code__.co_names)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert out.stdout.strip().splitlines()[-1] == "False", out.stdout + out.stderr
+    # our feature repository's definitions still pass Feast's type checks, built with typeguard's on (feast
+    # imported first: the client then leaves it as it is)
+    code = ("import feast, feast.data_source as d; assert 'TypeCheckMemo' in d.DataSource.__init__.__code__.co_names; "
+            "from pipelines.clients.feast import definitions; from pipelines.config import load_settings; "
+            f"print(sorted(definitions(load_settings(root={str(tmp_path)!r}))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180, check=False)
+    assert out.returncode == 0 and "customer_profile" in out.stdout, out.stdout + out.stderr[-2000:]
 
 
 def test_a_landed_window_of_imported_turns_only_builds_its_training_set(tmp_path: Path, spark) -> None:
     """A window holding only WebShop-style imported turns (pairs written here): no product categories, no
-    customer history, one workload. The DAG's data tasks (landed ingest, prep, the gates, features: the same
-    functions, in this process) build its training set with empty context. The DAG's wiring runs end to end
-    in test_dag.py."""
+    customer history, one workload. The DAG's data path (the landed ingest task, then the functions its prep,
+    validate and features tasks call, in this process with the shared Spark session) builds its training set
+    with empty context. The DAG itself runs a landed window in test_dag.py (the failing gate)."""
     from pipelines import tasks
     from pipelines.logs.importers import webshop_to_raw
+    from pipelines.prep.pipeline import PrepError
 
     pairs = {f"find me {a} {b} for my {c}": [f"{a} {b}", f"{b} for {c}"]
              for a in ("waterproof", "wireless", "organic", "leather") for b in ("boots", "earbuds", "tea", "wallet")
@@ -299,12 +311,12 @@ def test_a_landed_window_of_imported_turns_only_builds_its_training_set(tmp_path
     root, day = tmp_path / "fw", END.isoformat()
     settings = load_settings(root=str(root))
     window = DateWindow.parse(day, day)
-    with pytest.raises(Exception, match="no raw logs landed"):  # nothing landed yet: the ingest task says so
+    with pytest.raises(PrepError, match="no raw logs landed"):  # nothing landed yet: the ingest task says so
         tasks.ingest({"start": day, "end": day}, {"source": "landed"}, settings)
     webshop_to_raw(pairs_file, root / "raw", END)
     assert tasks.ingest({"start": day, "end": day}, {"source": "landed"}, settings)["files"]
     run_prep(settings, window, spark=spark)
-    assert run_gates(settings, window, spark=spark).success
+    assert run_gates(settings, window, spark=spark, context_window=tasks.base_context_window(settings, {})).success
     run_features(settings, window, spark=spark)
     manifest = json.loads((root / "curated" / "manifest.json").read_text())
     assert manifest["counts"]["input"] == 96 and sum(manifest["training_set"]["examples_by_split"].values()) > 0

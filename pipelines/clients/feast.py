@@ -9,6 +9,7 @@ database. The password comes from the environment with the URI, never from a fil
 from __future__ import annotations
 
 import importlib.util
+import logging
 import sys
 from datetime import datetime
 from functools import lru_cache
@@ -28,11 +29,16 @@ def _no_import_time_type_instrumentation() -> None:
     every process that imports it (each DAG run's features task, the gateway's online features). typeguard's
     own switch for production is `python -O` (the decorator is then the identity); -O cannot be used here (it
     strips asserts), so the decorator is made the identity before Feast is first imported. Nothing in Feast
-    catches typeguard's errors; Feast's own checks (`apply`, its protobuf conversion) still run. Only Feast
-    imports typeguard among the platform's packages."""
+    catches typeguard's errors; Feast's own checks (`apply`, its protobuf conversion) still run, and a test builds
+    `feature_repo/features.py`'s definitions with typeguard's checks on. Only Feast imports typeguard among the
+    platform's packages."""
     if "feast" in sys.modules:  # imported already: its classes are instrumented, nothing to save
+        logging.getLogger(__name__).debug("feast was imported before its client: typeguard's checks stay on")
         return
-    import typeguard
+    try:
+        import typeguard
+    except ImportError:  # no Feast installed here (a training image): nothing to do
+        return
 
     def identity(target: Any = None, **_: Any) -> Any:
         return (lambda decorated: decorated) if target is None else target

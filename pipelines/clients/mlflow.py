@@ -32,9 +32,10 @@ def server_spec(settings: Settings) -> ServiceSpec:
     url = server_url(settings)
     env = dict(os.environ)
     env.update({"NO_PROXY": "127.0.0.1,localhost", "MLFLOW_BACKEND_STORE_URI": str(m.backend_store_uri)})
-    # MLflow 3's job runner (GenAI jobs: prompt optimisation, scorers) starts six huey consumer processes beside
-    # the server, each importing MLflow: ~40 CPU-seconds and ~1 GB at every start on two cores, for jobs the
-    # platform never submits. Off unless the operator's environment turns it on.
+    # MLflow 3's job runner (GenAI jobs: prompt optimisation, scorers, issue detection; and its periodic online
+    # scoring, trace archival and SQL trace rollups) starts six huey consumer processes beside the server, each
+    # importing MLflow: ~40 CPU-seconds and ~1 GB at every start on two cores, polling after, for jobs the platform
+    # never submits (it uses no GenAI evaluation or tracing). Off unless the operator's environment turns it on.
     env.setdefault("MLFLOW_SERVER_ENABLE_JOB_EXECUTION", "false")
     auth: list[str] = []
     if m.auth:

@@ -190,21 +190,25 @@ def run_gates(settings: Settings, window: DateWindow, spark: SparkSession | None
         f"curated_{k}": v for k, v in curated_frames(spark, settings, window).items()}}
     ceiling = ceiling_of(settings, frames["curated_examples"], context_window)
     outcomes, documented = [], []
-    for suite_name, expectations in _suites(settings, window, ceiling["max_approx_tokens"]).items():
-        suite = context.suites.add_or_update(gx.ExpectationSuite(name=suite_name, expectations=expectations))
-        asset = _asset(source, suite_name)
-        batch = _batch_definition(asset)
-        validation = context.validation_definitions.add_or_update(
-            gx.ValidationDefinition(name=suite_name, data=batch, suite=suite))
-        checkpoint = context.checkpoints.add_or_update(gx.Checkpoint(
-            name=f"{suite_name}_gate", validation_definitions=[validation], result_format=RESULT_FORMAT, actions=[]))
-        result = checkpoint.run(batch_parameters={"dataframe": frames[suite_name]},
-                                run_id=gx.RunIdentifier(run_name=f"{suite_name}-{window.label}"))
-        outcomes.append(_outcome(suite_name, result))
-        documented += [*result.run_results, ExpectationSuiteIdentifier(name=suite_name)]
-    # Data Docs once for the window's five results (what UpdateDataDocsAction does per checkpoint: each of its
-    # builds rewrote the site's index, which lists every run kept)
-    context.build_data_docs(resource_identifiers=documented)
+    try:
+        for suite_name, expectations in _suites(settings, window, ceiling["max_approx_tokens"]).items():
+            suite = context.suites.add_or_update(gx.ExpectationSuite(name=suite_name, expectations=expectations))
+            asset = _asset(source, suite_name)
+            batch = _batch_definition(asset)
+            validation = context.validation_definitions.add_or_update(
+                gx.ValidationDefinition(name=suite_name, data=batch, suite=suite))
+            checkpoint = context.checkpoints.add_or_update(gx.Checkpoint(
+                name=f"{suite_name}_gate", validation_definitions=[validation], result_format=RESULT_FORMAT,
+                actions=[]))
+            result = checkpoint.run(batch_parameters={"dataframe": frames[suite_name]},
+                                    run_id=gx.RunIdentifier(run_name=f"{suite_name}-{window.label}"))
+            outcomes.append(_outcome(suite_name, result))
+            documented += [*result.run_results, ExpectationSuiteIdentifier(name=suite_name)]
+    finally:
+        # Data Docs once for the window's results, those validated before an error too (what UpdateDataDocsAction
+        # did per checkpoint: each of its builds rewrote the site's index, which lists every run kept)
+        if documented:
+            context.build_data_docs(resource_identifiers=documented)
     docs = context.get_docs_sites_urls()[0]["site_url"]
     success = all(o.success for o in outcomes)
     sources = {str(r["label_source"]): int(r["count"])
