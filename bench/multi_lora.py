@@ -226,7 +226,7 @@ def main() -> None:
               "shape": {"name": args.shape, **SHAPES[args.shape]},
               "versions": {"python": platform.python_version(), "torch": torch.__version__,
                            "transformers": transformers.__version__},
-              "git_commit": (git("rev-parse", "HEAD") or "").strip() or None,
+              "commit": (git("rev-parse", "HEAD") or "").strip() or None,
               "sha256": {f.name: hashlib.sha256(f.read_bytes()).hexdigest() for f in (Path(__file__).resolve(),
                                                                                       Path(_spec.origin))},
               "dirty": None if status is None else bool(status.strip()), "calls": [], "errors": {}}
