@@ -28,16 +28,18 @@ help:
 setup: $(STAMP)
 
 # uv (requirements/uv.lock) installs every venv; pip only bootstraps it. uv reads neither pip.conf nor PIP_*:
-# requirements/uv_sources.py hands it pip's find-links (this machine's CPU torch) and constraints. Installs link
-# files from uv's cache (a copy where the cache is on another disk) and compile no bytecode: 65,000 modules in
-# five venvs took ~3 minutes to compile; the few thousand a process imports are compiled when first imported, and
-# kept, since make lets Python write bytecode even where the environment says not to (PYTHONDONTWRITEBYTECODE).
+# requirements/uv_sources.py hands it pip's find-links (this machine's CPU torch) and constraints. Installs hard-link
+# files from uv's cache (a copy where the cache is on another disk: ~50 s of copying saved on the five venvs) and
+# compile every module's bytecode (as pip does; ~3 minutes on two cores): with PYTHONDONTWRITEBYTECODE set, as here,
+# every process would compile its imports afresh (measured: compiling only what the tests import, on first import,
+# cost the suite about as much as it saved the install). What make runs writes the bytecode of the rest (the
+# project's own modules): make lets Python write it even where the environment says not to.
 unexport PYTHONDONTWRITEBYTECODE
 UV := $(VENV)/bin/uv
 UV_SOURCES := $(shell $(PYTHON) requirements/uv_sources.py 2>/dev/null)
 UV_CONSTRAINTS := $(shell $(PYTHON) requirements/uv_sources.py constraint 2>/dev/null)
 export UV_HTTP_TIMEOUT ?= 180
-UV_INSTALL = $(UV) pip install --quiet $(UV_SOURCES)
+UV_INSTALL = $(UV) pip install --quiet --compile-bytecode $(UV_SOURCES)
 
 $(UV): requirements/uv.lock
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)

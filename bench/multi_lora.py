@@ -20,7 +20,8 @@ rounds. Before timing, batched rows are checked against PEFT (mixed batch) and a
 c-row run, against base + N x adapter (weights) and against that plus merged's own working memory. Errors
 (OOM, compile failures) are recorded in their row and the run goes on; --deadline-s stops starting new rounds.
 
-Needs torch, transformers, peft, numpy-free; imports `batched_lora.py` by path. CUDA bf16 when there, else CPU fp32:
+Needs torch, transformers, peft, numpy-free; the models are built by `multi_lora_models.py` (beside this file), which
+imports `batched_lora.py` by path. CUDA bf16 when there, else CPU fp32:
     python3 bench/multi_lora.py --shape llama-8b --adapters 1,4,16 --concurrency 1,4 --graphs --out $OUT/multi_lora.json
     .venv/bin/python bench/multi_lora.py --shape tiny --rounds 2 --new-tokens 4 --prompt-tokens 16 --out /tmp/ml.json
     OMP_NUM_THREADS=1 .venv/bin/python bench/multi_lora.py --shape smollm2-135m --adapters 4 --concurrency 4 \
@@ -30,9 +31,7 @@ Needs torch, transformers, peft, numpy-free; imports `batched_lora.py` by path. 
 from __future__ import annotations
 
 import argparse
-import gc
 import hashlib
-import importlib.util
 import json
 import math
 import os
@@ -48,35 +47,14 @@ from pathlib import Path
 
 import torch
 import transformers
-from transformers import AutoModelForCausalLM, LlamaConfig
+
+from multi_lora_models import (
+    BATCHED_LORA, CUDA, DEVICE, DTYPE, SHAPES, TARGETS, adapter_state, batched_lora, build_base, free, generate,
+    last_logits, merged_model, peft_model, rel, sync)
 
 HERE = Path(__file__).resolve().parent
-_spec = importlib.util.spec_from_file_location("batched_lora", HERE.parent / "pipelines" / "serve" / "batched_lora.py")
-batched_lora = sys.modules["batched_lora"] = importlib.util.module_from_spec(_spec)  # torch.compile imports it
-_spec.loader.exec_module(batched_lora)
-
-SHAPES = {
-    "tiny": dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=4,
-                 intermediate_size=688, vocab_size=32000, max_position_embeddings=2048),
-    "smollm2-135m": dict(hidden_size=576, num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
-                         intermediate_size=1536, vocab_size=49152, rope_theta=100000.0, max_position_embeddings=8192,
-                         rms_norm_eps=1e-5, tie_word_embeddings=True),  # the model this CPU serves
-    "llama-8b": dict(hidden_size=4096, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
-                     intermediate_size=14336, vocab_size=128256, rope_theta=500000.0,
-                     max_position_embeddings=8192, rms_norm_eps=1e-5),
-}
-TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-CUDA = torch.cuda.is_available()
-DEVICE = torch.device("cuda" if CUDA else "cpu")
-DTYPE = torch.bfloat16 if CUDA else torch.float32
-PAD = 0
 T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
         12: 2.179, 15: 2.131, 20: 2.086, 30: 2.042}
-
-
-def sync() -> None:
-    if CUDA:
-        torch.cuda.synchronize()
 
 
 def ints(text: str) -> list[int]:
@@ -96,13 +74,6 @@ def git(*cmd: str) -> str | None:
         return None
 
 
-def free() -> None:
-    gc.collect()
-    sync()
-    if CUDA:
-        torch.cuda.empty_cache()
-
-
 def interval(ratios: list[float]) -> dict:
     """Mean of the per-round ratios with a 95 % t-interval (n = rounds)."""
     n = len(ratios)
@@ -114,78 +85,6 @@ def interval(ratios: list[float]) -> dict:
     t = T975[max(k for k in T975 if k <= n - 1)]
     half = t * statistics.stdev(ratios) / math.sqrt(n)
     return {"n": n, "mean": mean, "low": mean - half, "high": mean + half}
-
-
-def build_base(shape: str, seed: int) -> torch.nn.Module:
-    cfg = LlamaConfig(**SHAPES[shape], pad_token_id=PAD, bos_token_id=1, eos_token_id=2)
-    torch.manual_seed(seed)
-    with torch.device(DEVICE):
-        model = AutoModelForCausalLM.from_config(cfg, dtype=DTYPE)
-    model.generation_config.pad_token_id = PAD
-    return model.eval()
-
-
-def adapter_state(model: torch.nn.Module, rank: int, seed: int) -> dict[str, torch.Tensor]:
-    """A PEFT-format LoRA state dict for every target projection: A ~ U(+-1/sqrt(in)) as PEFT initialises it,
-    B ~ N(0, 0.01) so the adapter changes the answers."""
-    gen = torch.Generator().manual_seed(seed)
-    state = {}
-    for name, module in model.named_modules():
-        if type(module) is torch.nn.Linear and name.rsplit(".", 1)[-1] in TARGETS:
-            bound = 1 / math.sqrt(module.in_features)
-            a = (torch.rand(rank, module.in_features, generator=gen) * 2 - 1) * bound
-            b = torch.randn(module.out_features, rank, generator=gen) * 0.01
-            state[f"base_model.model.{name}.lora_A.weight"] = a.to(DTYPE)  # kept on the host: never in a peak
-            state[f"base_model.model.{name}.lora_B.weight"] = b.to(DTYPE)
-    return state
-
-
-def merged_model(args, state: dict[str, torch.Tensor], scale: float) -> torch.nn.Module:
-    model = build_base(args.shape, args.seed)
-    modules = dict(model.named_modules())
-    with torch.no_grad():
-        for key, a in state.items():
-            if ".lora_A." in key:
-                name = key.removeprefix("base_model.model.").rsplit(".lora_A.", 1)[0]
-                b = state[key.replace(".lora_A.", ".lora_B.")]
-                modules[name].weight += (scale * (b.to(DEVICE).float() @ a.to(DEVICE).float())).to(DTYPE)
-    return model
-
-
-def peft_model(args, states: list[dict[str, torch.Tensor]]) -> torch.nn.Module:
-    from peft import LoraConfig, get_peft_model, set_peft_model_state_dict
-
-    config = LoraConfig(r=args.rank, lora_alpha=2 * args.rank, target_modules=TARGETS, lora_dropout=0.0,
-                        init_lora_weights=False, task_type="CAUSAL_LM")
-    model = get_peft_model(build_base(args.shape, args.seed), config, adapter_name="a0")
-    for i, state in enumerate(states):
-        if i:
-            model.add_adapter(f"a{i}", config)
-        set_peft_model_state_dict(model, state, adapter_name=f"a{i}")
-    for p in model.parameters():
-        p.data = p.data.to(DTYPE)
-    return model.eval()
-
-
-def generate(model, ids: torch.Tensor, args, graph: bool, **extra) -> None:
-    kw = {"cache_implementation": "static"} if graph else {}
-    if graph and not CUDA:
-        kw["compile_config"] = transformers.CompileConfig(fullgraph=False)
-        kw["compile_config"]._compile_all_devices = True
-    with torch.inference_mode():
-        out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=args.new_tokens,
-                             min_new_tokens=args.new_tokens, do_sample=False, pad_token_id=PAD, **kw, **extra)
-    if out.shape[1] != ids.shape[1] + args.new_tokens:
-        raise RuntimeError(f"generated {out.shape[1] - ids.shape[1]} tokens, asked {args.new_tokens}")
-
-
-def last_logits(model, ids: torch.Tensor, **extra) -> torch.Tensor:
-    with torch.inference_mode():
-        return model(input_ids=ids, **extra).logits[:, -1].float()
-
-
-def rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a - b).norm() / b.norm())
 
 
 def write(result: dict, out: Path) -> None:
@@ -227,8 +126,8 @@ def main() -> None:
               "versions": {"python": platform.python_version(), "torch": torch.__version__,
                            "transformers": transformers.__version__},
               "commit": (git("rev-parse", "HEAD") or "").strip() or None,
-              "sha256": {f.name: hashlib.sha256(f.read_bytes()).hexdigest() for f in (Path(__file__).resolve(),
-                                                                                      Path(_spec.origin))},
+              "sha256": {f.name: hashlib.sha256(f.read_bytes()).hexdigest()
+                         for f in (Path(__file__).resolve(), HERE / "multi_lora_models.py", BATCHED_LORA)},
               "dirty": None if status is None else bool(status.strip()), "calls": [], "errors": {}}
     out = Path(args.out)
     print(f"device={device_name} dtype={DTYPE} shape={args.shape} adapters={adapters} concurrency={conc}", flush=True)

@@ -21,7 +21,12 @@ Prompts: the public WebShop instructions (data nobody here wrote) as the user tu
 Adapters: `pipelines.bench.adapters` (rank 16, every projection, random non-zero weights: a trained adapter's
 shape and cost). Every request is recorded, errors included.
 
+Triton's own counters per block (`TritonClient.statistics`): the batches the dynamic batcher formed (executions
+by batch size) and the compute per execution, so a gap between arms can be told apart: other batches, or the
+same batches costing more.
+
 Usage: .venv/bin/python bench/multi_lora_serving.py [--work /tmp/w/mlora] [--rounds 4] [--requests 8]
+       [--arms shared,merged] (merged, the reference, always runs)
 Writes bench/results/multi_lora_serving.json and .html, prints a summary.
 """
 
@@ -82,7 +87,35 @@ def _t95(values: list[float]) -> tuple[float, float, float]:
     return mean, mean - half, mean + half
 
 
+def _counters(client: Any, models: set[str]) -> dict[str, Any]:
+    """Triton's counters summed over the arm's models (`TritonClient.statistics`)."""
+    total: dict[str, Any] = {"executions_by_batch_size": {}}
+    for model in models:
+        for key, value in client.statistics(model).items():
+            if key == "executions_by_batch_size":
+                for size, count in value.items():
+                    total[key][size] = total[key].get(size, 0) + count
+            else:
+                total[key] = total.get(key, 0) + value
+    return total
+
+
+def _served(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    """What Triton did for one block: how the dynamic batcher formed its batches and where the time went."""
+    d = {k: after[k] - before[k] for k in after if k != "executions_by_batch_size"}
+    sizes = {size: after["executions_by_batch_size"].get(size, 0) - before["executions_by_batch_size"].get(size, 0)
+             for size in after["executions_by_batch_size"]}
+    executions = d["execution_count"] or 1
+    return {"inferences": d["inference_count"], "executions": d["execution_count"],
+            "mean_batch": round(d["inference_count"] / executions, 3),
+            "executions_by_batch_size": {str(k): v for k, v in sorted(sizes.items()) if v},
+            "compute_ms_per_execution": round(d["compute_infer_ns"] / executions / 1e6, 2),
+            "queue_ms_per_inference": round(d["queue_ns"] / max(d["inference_count"], 1) / 1e6, 2)}
+
+
 def _block(client: Any, names: list[str], prompts: list[list[dict[str, str]]], concurrency: int) -> dict[str, Any]:
+    models = {n.split("@", 1)[0] for n in names}
+    before = _counters(client, models)
     started = time.perf_counter()
     with ThreadPoolExecutor(concurrency) as pool:
         replies = list(pool.map(lambda pair: client.infer_one(pair[0], pair[1]), zip(names, prompts)))
@@ -90,6 +123,7 @@ def _block(client: Any, names: list[str], prompts: list[list[dict[str, str]]], c
     tokens = sum(r.output_tokens for r in replies if r.error is None)
     return {"wall_s": round(wall, 3), "tokens_per_s": tokens / wall, "requests_per_s": len(replies) / wall,
             "errors": sum(r.error is not None for r in replies),
+            "triton": _served(before, _counters(client, models)),
             "requests": [{"model": n, "latency_ms": round(r.latency_ms, 1), "output_tokens": r.output_tokens,
                           "error": r.error} for n, r in zip(names, replies)]}
 
@@ -103,11 +137,14 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=8, help="requests per block (one block per arm per round)")
     ap.add_argument("--new-tokens", type=int, default=24)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--arms", default="shared,copies,merged", help="which arms (merged always: the reference)")
     ap.add_argument("--out", default=str(REPO / "bench" / "results" / "multi_lora_serving.json"))
     args = ap.parse_args()
     counts = [int(x) for x in args.adapters.split(",")]
     levels = [int(x) for x in args.concurrency.split(",")]
     top = max(counts)
+    arm_names = [a for a in ("shared", "copies", "merged") if a in {*args.arms.split(","), "merged"}]
+    n_copies = top if "copies" in arm_names else 1  # merged is copy 0
 
     from pipelines.bench.adapters import make_adapters
     from pipelines.config import load_settings
@@ -133,7 +170,7 @@ def main() -> None:
         shared_base.write_adapter(settings, name, str(folders[name]), {"shared": shared.name, "prompt_style": "short",
                                                                       "base_model": BASE_MODEL})
     limits = (512, args.new_tokens)
-    copies = [f"bench_copy_{i:02d}" for i in range(top)]
+    copies = [f"bench_copy_{i:02d}" for i in range(n_copies)]
     for name, copy in zip(names, copies):
         repository.write_model(settings, repository.staging_repository(settings), copy, base, str(folders[name]),
                                {"registry_version": None, "base_model": BASE_MODEL, "prompt_style": "short",
@@ -169,10 +206,11 @@ def main() -> None:
         for copy in copies:
             client.load(copy)
             client.infer_one(copy, prompts[0])
-        print(f"{top} merged copies loaded in {time.perf_counter() - started:.1f} s", flush=True)
+        print(f"{len(copies)} merged copies loaded in {time.perf_counter() - started:.1f} s", flush=True)
         stubs = _stubs(status.pid)
         memory["copy_pss"] = {copy: _pss(stubs[copy]) for copy in copies}
-        memory["copies_by_adapters"] = {str(n): sum(memory["copy_pss"][c] for c in copies[:n]) for n in counts}
+        if "copies" in arm_names:
+            memory["copies_by_adapters"] = {str(n): sum(memory["copy_pss"][c] for c in copies[:n]) for n in counts}
         memory["merged_pss"] = memory["copy_pss"][copies[0]]
         memory["server_pss"] = _pss(status.pid)
 
@@ -180,18 +218,21 @@ def main() -> None:
         cursor = 2
         for n in counts:
             for c in levels:
-                arms = {"shared": [f"{shared.name}@{names[j % n]}" for j in range(args.requests)],
-                        "copies": [copies[j % n] for j in range(args.requests)],
-                        "merged": [copies[0]] * args.requests}
+                every = {"shared": lambda j: f"{shared.name}@{names[j % n]}", "copies": lambda j: copies[j % n],
+                         "merged": lambda j: copies[0]}
+                arms = {arm: [every[arm](j) for j in range(args.requests)] for arm in arm_names}
                 order = list(arms)
                 for r in range(args.rounds):
                     batch = prompts[cursor:cursor + args.requests]
                     cursor += args.requests
-                    for arm in order[r % 3:] + order[:r % 3]:
+                    for arm in order[r % len(order):] + order[:r % len(order)]:
                         result = _block(client, arms[arm], batch, c)
                         rows.append({"adapters": n, "concurrency": c, "round": r, "arm": arm, **result})
+                        served = result["triton"]
                         print(f"N={n:2d} c={c} round {r} {arm:7s} {result['tokens_per_s']:6.1f} tokens/s "
-                              f"{result['requests_per_s']:.2f} req/s errors {result['errors']}", flush=True)
+                              f"{result['requests_per_s']:.2f} req/s errors {result['errors']} | batches "
+                              f"{served['executions_by_batch_size']} {served['compute_ms_per_execution']} ms each, "
+                              f"queue {served['queue_ms_per_inference']} ms", flush=True)
         log = services.log_path(str(settings.root), server.SERVICE).read_text(errors="replace")
         loads = [float(x) for x in re.findall(r"adapter \w+ loaded in (\d+) ms", log)]
     finally:
@@ -202,23 +243,31 @@ def main() -> None:
     for n in counts:
         for c in levels:
             cell = [row for row in rows if row["adapters"] == n and row["concurrency"] == c]
-            by = {arm: {row["round"]: row for row in cell if row["arm"] == arm} for arm in ("shared", "copies", "merged")}
+            by = {arm: {row["round"]: row for row in cell if row["arm"] == arm} for arm in arm_names}
             entry: dict[str, Any] = {"adapters": n, "concurrency": c, "rounds": args.rounds,
                                      "requests": sum(len(row["requests"]) for row in cell),
                                      "errors": sum(row["errors"] for row in cell)}
             for arm in by:
                 entry[f"{arm}_tokens_per_s"] = round(statistics.median(x["tokens_per_s"] for x in by[arm].values()), 2)
-            for arm in ("shared", "copies"):
+                runs = [x["triton"] for x in by[arm].values()]
+                executions = sum(t["executions"] for t in runs) or 1
+                entry[f"{arm}_triton"] = {  # over the cell's rounds: the batches Triton formed and their cost
+                    "mean_batch": round(sum(t["inferences"] for t in runs) / executions, 3),
+                    "compute_ms_per_execution": round(sum(t["compute_ms_per_execution"] * t["executions"]
+                                                          for t in runs) / executions, 2)}
+            for arm in (a for a in ("shared", "copies") if a in by):
                 ratios = [by[arm][r]["tokens_per_s"] / by["merged"][r]["tokens_per_s"] for r in range(args.rounds)]
                 mean, low, high = _t95(ratios)
                 entry[f"{arm}_vs_merged"] = {"mean": round(mean, 3), "ci95": [round(low, 3), round(high, 3)],
                                              "per_round": [round(x, 3) for x in ratios]}
-            entry["shared_within_10pct_of_merged"] = bool(entry["shared_vs_merged"]["ci95"][0] >= 0.9)
+            if "shared" in by:
+                entry["shared_within_10pct_of_merged"] = bool(entry["shared_vs_merged"]["ci95"][0] >= 0.9)
             summary.append(entry)
-            print(f"N={n:2d} c={c}: shared {entry['shared_tokens_per_s']} copies {entry['copies_tokens_per_s']} merged "
-                  f"{entry['merged_tokens_per_s']} tokens/s; shared/merged {entry['shared_vs_merged']['mean']} "
-                  f"{entry['shared_vs_merged']['ci95']}, copies/merged {entry['copies_vs_merged']['mean']} "
-                  f"{entry['copies_vs_merged']['ci95']}", flush=True)
+            print(f"N={n:2d} c={c}: " + ", ".join(
+                f"{arm} {entry[f'{arm}_tokens_per_s']} tokens/s (batches of {entry[f'{arm}_triton']['mean_batch']}, "
+                f"{entry[f'{arm}_triton']['compute_ms_per_execution']} ms each)" for arm in by) + "; " + ", ".join(
+                f"{arm}/merged {entry[f'{arm}_vs_merged']['mean']} {entry[f'{arm}_vs_merged']['ci95']}"
+                for arm in ("shared", "copies") if arm in by), flush=True)
     result = {"benchmark": "multi_lora_serving", "utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
               "commit": code["sha"], "dirty": code["dirty"], "argv": sys.argv, "settings": vars(args),
               "seeds": {"adapters": f"{args.seed} * 1000 + i", "prompts": f"WebShop dev instructions from {args.seed * 1000}"},
@@ -237,6 +286,8 @@ def _html(result: dict[str, Any], path: Path) -> None:
 
     fig, (left, right) = new_figure(10, 3.5, ncols=2)
     for arm, style in (("shared", "o-"), ("copies", "s--"), ("merged", "^:")):
+        if f"{arm}_tokens_per_s" not in result["summary"][0]:
+            continue
         for c in sorted({s["concurrency"] for s in result["summary"]}):
             cells = [s for s in result["summary"] if s["concurrency"] == c]
             left.plot([s["adapters"] for s in cells], [s[f"{arm}_tokens_per_s"] for s in cells], style,
@@ -246,7 +297,8 @@ def _html(result: dict[str, Any], path: Path) -> None:
     counts = sorted(int(n) for n in m["shared_by_adapters"])
     right.plot(counts, [m["shared_by_adapters"][str(n)]["pss"] / 2**20 for n in counts], "o-", label="shared (PSS)")
     right.plot(counts, [m["shared_by_adapters"][str(n)]["bound"] / 2**20 for n in counts], "k:", label="base + N x adapter")
-    right.plot(counts, [m["copies_by_adapters"][str(n)] / 2**20 for n in counts], "s--", label="copies (PSS)")
+    if "copies_by_adapters" in m:
+        right.plot(counts, [m["copies_by_adapters"][str(n)] / 2**20 for n in counts], "s--", label="copies (PSS)")
     right.set_xlabel("adapters"), right.set_ylabel("MiB"), right.set_xscale("log", base=2), right.legend(fontsize=7)
     rows = [{k: (json.dumps(v) if isinstance(v, dict) else v) for k, v in s.items()} for s in result["summary"]]
     path.write_text(page("Multi-LoRA serving on one base (CPU, Triton)", [

@@ -144,3 +144,4 @@ def test_without_a_terminal_paths_and_names_are_printed_whole(tmp_path: Path) ->
     key = str(root / "runs" / "gateway.key")
     assert any(key in line for line in result.stdout.splitlines()), result.stdout
     assert "…" not in result.stdout
+

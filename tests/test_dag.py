@@ -118,11 +118,8 @@ def test_dag_trains_evaluates_registers_promotes_deploys_and_benchmarks_and_a_re
         assert alias_version(settings, CHAMPION) == "1"
         from pipelines.clients.mlflow import client as mlflow_client
 
-        def versions() -> list[str]:
-            found = mlflow_client(settings).search_model_versions(f"name='{settings.mlflow.registered_model}'")
-            return sorted(str(v.version) for v in found)
-
-        registered = versions()
+        found = mlflow_client(settings).search_model_versions(f"name='{settings.mlflow.registered_model}'")
+        assert sorted(str(v.version) for v in found) == ["1"]  # the sweep's best, registered once
         manifest = json.loads((tmp_path / "curated" / "manifest.json").read_text())
         assert manifest["counts"]["input"] == 1200 + len(captured) + imported  # captured and imported turns too
         partly = {"list_products_by_tags": "partly (checked after decoding: uniqueItems)"}
@@ -172,8 +169,6 @@ def test_dag_trains_evaluates_registers_promotes_deploys_and_benchmarks_and_a_re
         assert again["counts"] == manifest["counts"]
         assert len(pd.read_parquet(tmp_path / "quarantine" / "records")) == quarantined
         assert sorted(p.name for p in (tmp_path / "raw" / f"dt={DAY}").glob("*.jsonl")) == raw_files
-        assert alias_version(settings, CHAMPION) == "1"
-        assert versions() == registered == ["1"]
     finally:
         server.down(load_settings(root=str(tmp_path)))
 
@@ -216,18 +211,27 @@ def test_dag_files_parse_without_heavy_imports() -> None:
 
 
 def test_every_task_of_both_dags_has_a_time_limit() -> None:
-    """No task can hang a run: each has an execution_timeout (training's is the longest)."""
+    """No task can hang a run: each has an execution_timeout (training's is the longest). And a run with
+    `train: false` (`flywheel run --no-train`) stops after the training set: `should_train` answers False for it
+    and skips every task after it whatever their trigger rules (`train` runs when none failed). Mutations tried:
+    should_train always True; `ignore_downstream_trigger_rules=False`."""
     import subprocess
     import sys
 
     code = ("from airflow.dag_processing.dagbag import DagBag; b = DagBag(dag_folder='dags'); "
             "assert not b.import_errors, b.import_errors; import json; print(json.dumps({d.dag_id: {t.task_id: "
             "(t.execution_timeout.total_seconds() if t.execution_timeout else None) for t in d.tasks} "
-            "for d in b.dags.values()}))")
+            "for d in b.dags.values()})); t = b.dags['commerce_flywheel'].get_task('should_train'); "
+            "print(json.dumps({'after': sorted(t.get_flat_relative_ids(upstream=False)), "
+            "'ignores_their_rules': t.ignore_downstream_trigger_rules, 'no_train': t.python_callable({}, {'train': False}), "
+            "'by_default': t.python_callable({}, {})}))")
     out = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parent.parent,
                          capture_output=True, text=True, timeout=300, check=False)
     assert out.returncode == 0, out.stderr[-2000:]
-    limits = json.loads(out.stdout.strip().splitlines()[-1])
+    gate = json.loads(out.stdout.strip().splitlines()[-1])
+    assert gate["no_train"] is False and gate["by_default"] is True and gate["ignores_their_rules"] is True, gate
+    assert {"train_pods", "train", "evaluate", "register", "promote", "deploy", "benchmark"} <= set(gate["after"]), gate
+    limits = json.loads(out.stdout.strip().splitlines()[-2])
     assert set(limits) == {"commerce_flywheel", "drift_monitor"}
     missing = [f"{dag}.{task}" for dag, tasks in limits.items() for task, limit in tasks.items() if not limit]
     assert missing == []

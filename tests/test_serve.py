@@ -273,8 +273,16 @@ def test_multi_lora_serves_every_version_as_an_adapter_on_one_loaded_base(regist
         assert shared in loaded and not [n for n in loaded if n.startswith("tool_router_v")], loaded  # no copies
         row = deploy.smoke_rows(settings, 1)[0]
         names = [f"{shared}@tool_router_v{v}" for v in (v1, v2, v1, v2)]
+        counted = client.statistics(shared)
         replies = [client.infer_one(name, conversation(row, "short")) for name in names]
         assert all(r.error is None and r.output_tokens > 0 for r in replies), [r.error for r in replies]
+        # Triton's own counters for the shared base (an adapter's name reads its base's): four inferences, one at a
+        # time, so four executions of batch size 1, each with compute time
+        after = client.statistics(names[0])
+        assert after["inference_count"] - counted["inference_count"] == 4, (counted, after)
+        assert after["execution_count"] - counted["execution_count"] == 4, (counted, after)
+        assert after["executions_by_batch_size"].get(1, 0) - counted["executions_by_batch_size"].get(1, 0) == 4
+        assert after["compute_infer_ns"] > counted["compute_infer_ns"]
         assert replies[0].text == replies[2].text and replies[1].text == replies[3].text  # reloaded, same answer
         log = services.log_path(str(settings.root), server.SERVICE).read_text(errors="replace")
         loads = re.findall(rf"adapter tool_router_v(?:{v1}|{v2}) loaded", log)

@@ -208,6 +208,21 @@ class TritonClient:
                       if meta.get("shared") in names}
         return sorted(names)
 
+    def statistics(self, name: str) -> dict[str, Any]:
+        """Triton's own counters for one model (an adapter: its shared base's): inferences, executions (batches),
+        cumulative queue and compute nanoseconds, and executions per batch size, as plain integers."""
+        extra = {} if self.protocol == "http" else {"as_json": True, **self._deadline}
+        with self._control_lock:
+            found = self._control().get_inference_statistics(model_name=name.split("@", 1)[0], **extra)
+        stats = (found.get("model_stats") or [{}])[0]
+        phases = stats.get("inference_stats") or {}
+        return {"inference_count": int(stats.get("inference_count") or 0),
+                "execution_count": int(stats.get("execution_count") or 0),
+                **{f"{phase}_ns": int((phases.get(phase) or {}).get("ns") or 0)
+                   for phase in ("queue", "compute_input", "compute_infer", "compute_output")},
+                "executions_by_batch_size": {int(b["batch_size"]): int((b.get("compute_infer") or {}).get("count") or 0)
+                                             for b in stats.get("batch_stats") or []}}
+
     # inference ----------------------------------------------------------------------------------
     def _stream_client(self) -> Any:
         """This thread's gRPC connection for streamed inference (a gRPC client holds one stream at a time)."""
