@@ -109,7 +109,7 @@ def _served(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
     return {"inferences": d["inference_count"], "executions": d["execution_count"],
             "mean_batch": round(d["inference_count"] / executions, 3),
             "executions_by_batch_size": {str(k): v for k, v in sorted(sizes.items()) if v},
-            "compute_ms_per_execution": round(d["compute_infer_ns"] / executions / 1e6, 2),
+            "compute_ms_per_execution": round(d["execution_ns"] / executions / 1e6, 2),
             "queue_ms_per_inference": round(d["queue_ns"] / max(d["inference_count"], 1) / 1e6, 2)}
 
 
@@ -251,6 +251,8 @@ def main() -> None:
                 entry[f"{arm}_tokens_per_s"] = round(statistics.median(x["tokens_per_s"] for x in by[arm].values()), 2)
                 runs = [x["triton"] for x in by[arm].values()]
                 executions = sum(t["executions"] for t in runs) or 1
+                answers = [q["output_tokens"] for x in by[arm].values() for q in x["requests"] if not q["error"]]
+                entry[f"{arm}_tokens_per_request"] = round(statistics.fmean(answers), 2) if answers else None
                 entry[f"{arm}_triton"] = {  # over the cell's rounds: the batches Triton formed and their cost
                     "mean_batch": round(sum(t["inferences"] for t in runs) / executions, 3),
                     "compute_ms_per_execution": round(sum(t["compute_ms_per_execution"] * t["executions"]
@@ -264,7 +266,8 @@ def main() -> None:
                 entry["shared_within_10pct_of_merged"] = bool(entry["shared_vs_merged"]["ci95"][0] >= 0.9)
             summary.append(entry)
             print(f"N={n:2d} c={c}: " + ", ".join(
-                f"{arm} {entry[f'{arm}_tokens_per_s']} tokens/s (batches of {entry[f'{arm}_triton']['mean_batch']}, "
+                f"{arm} {entry[f'{arm}_tokens_per_s']} tokens/s ({entry[f'{arm}_tokens_per_request']} a request; "
+                f"batches of {entry[f'{arm}_triton']['mean_batch']}, "
                 f"{entry[f'{arm}_triton']['compute_ms_per_execution']} ms each)" for arm in by) + "; " + ", ".join(
                 f"{arm}/merged {entry[f'{arm}_vs_merged']['mean']} {entry[f'{arm}_vs_merged']['ci95']}"
                 for arm in ("shared", "copies") if arm in by), flush=True)

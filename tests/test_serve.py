@@ -282,7 +282,7 @@ def test_multi_lora_serves_every_version_as_an_adapter_on_one_loaded_base(regist
         assert after["inference_count"] - counted["inference_count"] == 4, (counted, after)
         assert after["execution_count"] - counted["execution_count"] == 4, (counted, after)
         assert after["executions_by_batch_size"].get(1, 0) - counted["executions_by_batch_size"].get(1, 0) == 4
-        assert after["compute_infer_ns"] > counted["compute_infer_ns"]
+        assert after["compute_infer_ns"] > counted["compute_infer_ns"] and after["execution_ns"] > counted["execution_ns"]
         assert replies[0].text == replies[2].text and replies[1].text == replies[3].text  # reloaded, same answer
         log = services.log_path(str(settings.root), server.SERVICE).read_text(errors="replace")
         loads = re.findall(rf"adapter tool_router_v(?:{v1}|{v2}) loaded", log)

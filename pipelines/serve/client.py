@@ -209,8 +209,9 @@ class TritonClient:
         return sorted(names)
 
     def statistics(self, name: str) -> dict[str, Any]:
-        """Triton's own counters for one model (an adapter: its shared base's): inferences, executions (batches),
-        cumulative queue and compute nanoseconds, and executions per batch size, as plain integers."""
+        """Triton's own counters for one model (an adapter: its shared base's), as plain integers: inferences,
+        executions (batches), each phase's nanoseconds summed over the requests, executions per batch size and
+        `execution_ns` (compute summed over the executions: a batch counts once)."""
         extra = {} if self.protocol == "http" else {"as_json": True, **self._deadline}
         with self._control_lock:
             found = self._control().get_inference_statistics(model_name=name.split("@", 1)[0], **extra)
@@ -221,7 +222,8 @@ class TritonClient:
                 **{f"{phase}_ns": int((phases.get(phase) or {}).get("ns") or 0)
                    for phase in ("queue", "compute_input", "compute_infer", "compute_output")},
                 "executions_by_batch_size": {int(b["batch_size"]): int((b.get("compute_infer") or {}).get("count") or 0)
-                                             for b in stats.get("batch_stats") or []}}
+                                             for b in stats.get("batch_stats") or []},
+                "execution_ns": sum(int((b.get("compute_infer") or {}).get("ns") or 0) for b in stats.get("batch_stats") or [])}
 
     # inference ----------------------------------------------------------------------------------
     def _stream_client(self) -> Any:
