@@ -138,6 +138,9 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=24)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--arms", default="shared,copies,merged", help="which arms (merged always: the reference)")
+    ap.add_argument("--adapter-scale", type=float, default=1.0, help="the adapters' LoRA B weights times this: "
+                    "small (0.01) leaves every adapter's greedy answers as the base's, so the arms do equal work "
+                    "(the same answer lengths) at the same cost per token")
     ap.add_argument("--out", default=str(REPO / "bench" / "results" / "multi_lora_serving.json"))
     args = ap.parse_args()
     counts = [int(x) for x in args.adapters.split(",")]
@@ -163,7 +166,7 @@ def main() -> None:
     base = prepare_base(BASE_MODEL, settings)
     names = [f"bench_a{i:02d}" for i in range(top)]
     print(f"writing {top} adapters (rank 16, every projection) of {BASE_MODEL} ...", flush=True)
-    folders = make_adapters(base, work / "adapters", names, rank=16, alpha=32, seed=args.seed)
+    folders = make_adapters(base, work / "adapters", names, rank=16, alpha=32, seed=args.seed, scale=args.adapter_scale)
     adapter_bytes = statistics.fmean((folders[n] / "adapter_model.safetensors").stat().st_size for n in names)
     shared = shared_base.build_shared(settings, BASE_MODEL, is_loaded=lambda _: False)
     for name in names:
