@@ -121,9 +121,14 @@ def _block(client: Any, names: list[str], prompts: list[list[dict[str, str]]], c
         replies = list(pool.map(lambda pair: client.infer_one(pair[0], pair[1]), zip(names, prompts)))
     wall = time.perf_counter() - started
     tokens = sum(r.output_tokens for r in replies if r.error is None)
+    after = _counters(client, models)  # Triton counts an execution when it returns, after its answers went out:
+    waited = time.monotonic() + 5  # wait (5 s at most) for the block's last execution to be counted in this block
+    while after["inference_count"] - before["inference_count"] < len(names) and time.monotonic() < waited:
+        time.sleep(0.05)
+        after = _counters(client, models)
     return {"wall_s": round(wall, 3), "tokens_per_s": tokens / wall, "requests_per_s": len(replies) / wall,
             "errors": sum(r.error is not None for r in replies),
-            "triton": _served(before, _counters(client, models)),
+            "triton": _served(before, after),
             "requests": [{"model": n, "latency_ms": round(r.latency_ms, 1), "output_tokens": r.output_tokens,
                           "error": r.error} for n, r in zip(names, replies)]}
 
