@@ -242,3 +242,36 @@ def test_unset_slots_follow_the_shared_base_one_per_instance_on_cpu_a_batch_on_g
     assert slots(multi_lora=True, instances=2) == 2
     assert slots(multi_lora=True, instances=2, instance_kind="KIND_GPU", max_batch_size=16) == 32
     assert backend_slots(load_settings(root=str(tmp_path), triton={"multi_lora": True}, gateway={"backend_slots": 0})) == 0
+
+
+def test_a_project_whose_answers_outlast_the_window_still_sends_when_one_ends() -> None:
+    """The noisy-neighbour bench's shape: the quiet project sends one request after another, each answered after
+    more than the window; when one ends (the app gives the place back, then the slot), the flooding project's
+    waiting requests do not all go to the model in that instant: the turns hold until the quiet project's next
+    request. (Mutation tried: no refresh at release: busy 4, the waiting all went; found by
+    bench/projects.py, where the model held 4-5 requests under the turns.)"""
+    async def main() -> None:
+        now = [0.0]
+        fair = FairShare(1, 60, window_s=10)
+        fair.clock = lambda: now[0]
+        fair.enter("search", 8)
+        assert await fair.acquire("search") == 0.0
+        for _ in range(4):
+            fair.enter("shop", 8)
+        assert await fair.acquire("shop") == 0.0  # each sending project has one at the model
+        waiting = [asyncio.create_task(fair.acquire("shop")) for _ in range(3)]
+        await _settle()
+        assert fair.busy == 2 and len(fair.waiting["shop"]) == 3
+        now[0] = 14.0  # search's answer took 14 s: longer than the window
+        fair.leave("search")  # the app's order: the place, then the slot
+        fair.release("search")
+        await _settle()
+        assert fair.busy == 1 and fair.contended() and not any(w.done() for w in waiting), fair.snapshot()
+        now[0] = 14.05  # search's next request goes at once, shop's still wait
+        fair.enter("search", 8)
+        assert await fair.acquire("search") == 0.0 and fair.busy == 2
+        for w in waiting:
+            w.cancel()
+        await _settle()
+
+    asyncio.run(main())

@@ -17,7 +17,7 @@ quiet project's one request behind all twenty. While two or more projects send r
   cannot take every place and leave the quiet project the gateway's own 429.
 A project alone is never held back at the model (its requests go straight to Triton, batched there as before):
 when a quiet project comes back, what the busy one had already sent is ahead of it (once per quiet spell: a
-project counts as sending for `fair_window_s` after its latest request). A request that waits longer than
+project counts as sending for `fair_window_s` after its latest request was sent or answered). A request that waits longer than
 `gateway.queue_timeout_s` is refused with an OpenAI-style 429 and `Retry-After` (nothing was sent to the model,
 nothing is captured). `backend_slots: 0` turns the turns off. The turns are per gateway replica (the cluster
 runs two: each keeps its own).
@@ -213,6 +213,10 @@ class FairShare:
             del self.at_model[project]
         else:
             self.at_model[project] = held - 1
+        # its window runs from its latest answer too: a project sending one request after another, each longer
+        # than the window, still sends when its answer ends (else the turns ended there for an instant, and every
+        # request the other project had waiting went to the model at once)
+        self._seen[project] = self.clock()
         self._dispatch()
 
     def snapshot(self) -> dict[str, Any]:
