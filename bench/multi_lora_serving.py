@@ -77,12 +77,15 @@ def _stubs(server_pid: int) -> dict[str, int]:
     return found
 
 
-def _t95(values: list[float]) -> tuple[float, float, float]:
+def _t95(values: list[float]) -> tuple[float | None, float | None, float | None]:
+    """Mean and 95 % t-interval; None where the rounds cannot give one (JSON has no NaN)."""
     from scipy import stats
 
+    if not values:
+        return None, None, None
     mean = statistics.fmean(values)
     if len(values) < 2:
-        return mean, float("nan"), float("nan")
+        return mean, None, None
     half = float(stats.t.ppf(0.975, len(values) - 1)) * statistics.stdev(values) / len(values) ** 0.5
     return mean, mean - half, mean + half
 
@@ -151,6 +154,9 @@ def main() -> None:
     counts = [int(x) for x in args.adapters.split(",")]
     levels = [int(x) for x in args.concurrency.split(",")]
     top = max(counts)
+    unknown = set(args.arms.split(",")) - {"shared", "copies", "merged"}
+    if unknown:
+        raise SystemExit(f"error: --arms: unknown {sorted(unknown)}; choose from shared, copies, merged")
     arm_names = [a for a in ("shared", "copies", "merged") if a in {*args.arms.split(","), "merged"}]
     n_copies = top if "copies" in arm_names else 1  # merged is copy 0
 
@@ -266,12 +272,15 @@ def main() -> None:
                     "compute_ms_per_execution": round(sum(t["compute_ms_per_execution"] * t["executions"]
                                                           for t in runs) / executions, 2)}
             for arm in (a for a in ("shared", "copies") if a in by):
-                ratios = [by[arm][r]["tokens_per_s"] / by["merged"][r]["tokens_per_s"] for r in range(args.rounds)]
+                ratios = [by[arm][r]["tokens_per_s"] / by["merged"][r]["tokens_per_s"] for r in range(args.rounds)
+                          if by["merged"][r]["tokens_per_s"] > 0]  # a round whose merged block all failed: no ratio
                 mean, low, high = _t95(ratios)
-                entry[f"{arm}_vs_merged"] = {"mean": round(mean, 3), "ci95": [round(low, 3), round(high, 3)],
+                r3 = lambda v: None if v is None else round(v, 3)  # noqa: E731
+                entry[f"{arm}_vs_merged"] = {"mean": r3(mean), "ci95": [r3(low), r3(high)],
                                              "per_round": [round(x, 3) for x in ratios]}
             if "shared" in by:
-                entry["shared_within_10pct_of_merged"] = bool(entry["shared_vs_merged"]["ci95"][0] >= 0.9)
+                low = entry["shared_vs_merged"]["ci95"][0]
+                entry["shared_within_10pct_of_merged"] = low is not None and low >= 0.9
             summary.append(entry)
             print(f"N={n:2d} c={c}: " + ", ".join(
                 f"{arm} {entry[f'{arm}_tokens_per_s']} tokens/s ({entry[f'{arm}_tokens_per_request']} a request; "

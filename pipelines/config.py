@@ -191,7 +191,7 @@ class GatewaySettings(_Section):
     queue_timeout_s: float = Field(60, gt=0, description="how long a request may wait for its turn at the model; "
                                    "then a 429 with Retry-After")
     fair_window_s: float = Field(10, gt=0, description="a project counts as sending for this long after its "
-                                 "latest request; the turns at the model apply while two or more do")
+                                 "latest request was sent or answered; the turns at the model apply while two or more do")
     few_shot: int = Field(3, ge=0, le=8, description="retrieved examples in the `base` model's prompt")
     capture: bool = Field(True, description="write every served turn into the raw zone as one log record")
     capture_rotate_bytes: int = Field(16_000_000, ge=1024, description="start a new capture file past this size")

@@ -270,8 +270,14 @@ def test_a_project_whose_answers_outlast_the_window_still_sends_when_one_ends() 
         now[0] = 14.05  # search's next request goes at once, shop's still wait
         fair.enter("search", 8)
         assert await fair.acquire("search") == 0.0 and fair.busy == 2
-        for w in waiting:
-            w.cancel()
+        now[0] = 20.0  # its answer; then search sends nothing more
+        fair.leave("search")
+        fair.release("search")
         await _settle()
+        assert not any(w.done() for w in waiting) and fair.contended()  # its window runs from the answer
+        now[0] = 30.02  # the window after its last answer is over: the turns end, the waiting go
+        fair._dispatch()  # what the window's timer does
+        await _settle()
+        assert all(w.done() for w in waiting) and not fair.contended(), fair.snapshot()
 
     asyncio.run(main())

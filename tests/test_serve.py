@@ -4,6 +4,7 @@ tiny model: start/stop, load/infer/unload, bad requests, a broken repository, sm
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -273,12 +274,24 @@ def test_multi_lora_serves_every_version_as_an_adapter_on_one_loaded_base(regist
         assert shared in loaded and not [n for n in loaded if n.startswith("tool_router_v")], loaded  # no copies
         row = deploy.smoke_rows(settings, 1)[0]
         names = [f"{shared}@tool_router_v{v}" for v in (v1, v2, v1, v2)]
-        counted = client.statistics(shared)
+        def settled(at_least: int = 0) -> dict:
+            """The counters once Triton has counted everything answered (it counts an execution when it returns,
+            after its answers went out): at least `at_least` inferences and unchanged over 0.3 s, 10 s at most."""
+            deadline, seen = time.monotonic() + 10, client.statistics(shared)
+            while time.monotonic() < deadline:
+                time.sleep(0.3)
+                now = client.statistics(names[0])
+                if now == seen and now["inference_count"] >= at_least:
+                    break
+                seen = now
+            return seen
+
+        counted = settled()
         replies = [client.infer_one(name, conversation(row, "short")) for name in names]
         assert all(r.error is None and r.output_tokens > 0 for r in replies), [r.error for r in replies]
         # Triton's own counters for the shared base (an adapter's name reads its base's): four inferences, one at a
         # time, so four executions of batch size 1, each with compute time
-        after = client.statistics(names[0])
+        after = settled(counted["inference_count"] + 4)
         assert after["inference_count"] - counted["inference_count"] == 4, (counted, after)
         assert after["execution_count"] - counted["execution_count"] == 4, (counted, after)
         assert after["executions_by_batch_size"].get(1, 0) - counted["executions_by_batch_size"].get(1, 0) == 4

@@ -17,9 +17,9 @@ quiet project's one request behind all twenty. While two or more projects send r
   cannot take every place and leave the quiet project the gateway's own 429.
 A project alone is never held back at the model (its requests go straight to Triton, batched there as before):
 when a quiet project comes back, what the busy one had already sent is ahead of it (once per quiet spell: a
-project counts as sending for `fair_window_s` after its latest request was sent or answered). A request that waits longer than
-`gateway.queue_timeout_s` is refused with an OpenAI-style 429 and `Retry-After` (nothing was sent to the model,
-nothing is captured). `backend_slots: 0` turns the turns off. The turns are per gateway replica (the cluster
+project counts as sending for `fair_window_s` after its latest request was sent or answered). A request that
+waits longer than `gateway.queue_timeout_s` is refused with an OpenAI-style 429 and `Retry-After` (nothing
+was sent to the model, nothing is captured). `backend_slots: 0` turns the turns off. The turns are per gateway replica (the cluster
 runs two: each keeps its own).
 
 A project's own quota (`flywheel project quota NAME --rpm/--concurrent`) still applies first. Everything here
@@ -61,7 +61,7 @@ class FairShare:
     def __init__(self, slots: int, timeout_s: float, window_s: float = 10.0) -> None:
         self.slots, self.timeout_s, self.window_s = slots, timeout_s, window_s
         self.clock = time.monotonic
-        self._seen: dict[str, float] = {}  # each project's latest request
+        self._seen: dict[str, float] = {}  # when each project's latest request was sent or answered
         self.places: dict[str, int] = {}  # each project's requests in the gateway (waiting or answered)
         self._known: set[str] = set()  # every project this gateway has seen (one alone keeps no reserve)
         self._timer: asyncio.TimerHandle | None = None
@@ -86,7 +86,8 @@ class FairShare:
         return min(ready, key=lambda p: (self.at_model.get(p, 0), self._last.get(p, -1)))
 
     def sending(self) -> int:
-        """How many projects send: a request within the last `window_s`, or one waiting or answered now."""
+        """How many projects send: a request sent or answered within the last `window_s`, or one waiting or at the
+        model now."""
         horizon = self.clock() - self.window_s
         for project in [p for p, at in self._seen.items()
                         if at < horizon and p not in self.at_model and p not in self.waiting
