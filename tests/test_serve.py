@@ -280,7 +280,7 @@ def test_multi_lora_serves_every_version_as_an_adapter_on_one_loaded_base(regist
             deadline, seen = time.monotonic() + 10, client.statistics(shared)
             while time.monotonic() < deadline:
                 time.sleep(0.3)
-                now = client.statistics(names[0])
+                now = client.statistics(shared)
                 if now == seen and now["inference_count"] >= at_least:
                     break
                 seen = now
