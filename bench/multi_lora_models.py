@@ -27,6 +27,9 @@ SHAPES = {
     "smollm2-135m": dict(hidden_size=576, num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
                          intermediate_size=1536, vocab_size=49152, rope_theta=100000.0, max_position_embeddings=8192,
                          rms_norm_eps=1e-5, tie_word_embeddings=True),  # the model this CPU serves
+    "llama-1b": dict(hidden_size=2048, num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8,
+                     intermediate_size=8192, vocab_size=128256, rope_theta=500000.0, max_position_embeddings=8192,
+                     rms_norm_eps=1e-5, tie_word_embeddings=True),  # Llama 3.2 1B: a rank-16 adapter is 0.9 % of it
     "llama-8b": dict(hidden_size=4096, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
                      intermediate_size=14336, vocab_size=128256, rope_theta=500000.0,
                      max_position_embeddings=8192, rms_norm_eps=1e-5),
