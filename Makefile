@@ -23,7 +23,7 @@ AIPERF_STAMP := $(AIPERF_VENV)/.installed
 help:
 	@echo "make demo   install what is missing, then run the whole flywheel on embedded defaults"
 	@echo "make test   install what is missing, then run the test suite"
-	@echo "             (make test-scenario: the ~13-minute scheduler scenario it leaves out; make test-all: both)"
+	@echo "             (make test-scenario: the 12-17-minute scheduler scenario it leaves out; make test-all: both)"
 
 setup: $(STAMP)
 
