@@ -1,4 +1,4 @@
-"""The settings sections of evaluation, benchmarks, drift and the promotion gate (`pipelines.config`
+"""The settings sections of the gateway, evaluation, benchmarks, drift and the promotion gate (`pipelines.config`
 holds the one `Settings` object; its sections live here and there so neither file grows past a room)."""
 
 from __future__ import annotations
@@ -6,6 +6,9 @@ from __future__ import annotations
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+
+
+LOOPBACK = "127.0.0.1"
 
 
 class _Section(BaseModel):
@@ -133,3 +136,58 @@ class PromotionSettings(_Section):
     baseline: Literal["base_few_shot", "none"] = Field(
         "base_few_shot", description="with no champion yet, beat this evaluation row; `none` promotes the first "
         "candidate unchecked (plumbing smoke tests with an untrained model only)")
+
+
+class GatewaySettings(_Section):
+    """The OpenAI-compatible front door (`pipelines/gateway/`): what agents call."""
+
+    host: str = LOOPBACK
+    port: int = Field(8400, ge=1, le=65535)
+    api_key: SecretStr | None = Field(None, description="the bearer key callers send; default: one generated "
+                                      "once per local root into <root>/runs/gateway.key (0600)")
+    replica: str | None = Field(None, pattern=r"^[A-Za-z0-9._-]{1,63}$", description="this gateway process's name "
+                                "in the usage files (gateway/usage/<day>/<replica>.json); default: the host's name")
+    replicas: int = Field(1, ge=1, le=1024, description="gateway replicas behind one address: each admits its "
+                          "share, ceil(limit / replicas), of a project's requests per minute and in flight (the "
+                          "cluster's manifests set it to their replica count)")
+    max_request_bytes: int = Field(1_000_000, ge=1024, description="larger request bodies are refused (413)")
+    request_timeout_s: float = Field(120, gt=0, description="how long one request may wait for the model")
+    max_concurrent_requests: int = Field(8, ge=1, description="completions in flight at once; more are refused at "
+                                         "once with 429 and Retry-After (never queued until they time out)")
+    backend_slots: int | None = Field(None, ge=0, le=1024, description="completions sent to the model servers at "
+                                      "once while two or more projects send (a project alone is never held back); "
+                                      "more wait in one queue per project and a freed slot goes to the waiting "
+                                      "project with the fewest at the model (pipelines/gateway/fair.py). Unset: "
+                                      "triton.instances on CPU (a batch there answers no more per second than one "
+                                      "request: README, Projects), instances x max_batch_size on GPU. 0: no queue "
+                                      "(Triton's first come, first served)")
+    queue_timeout_s: float = Field(60, gt=0, description="how long a request may wait for its turn at the model; "
+                                   "then a 429 with Retry-After")
+    fair_window_s: float = Field(10, gt=0, description="a project counts as sending for this long after its "
+                                 "latest request was sent or answered; the turns at the model apply while two or more do")
+    few_shot: int = Field(3, ge=0, le=8, description="retrieved examples in the `base` model's prompt")
+    capture: bool = Field(True, description="write every served turn into the raw zone as one log record")
+    capture_rotate_bytes: int = Field(16_000_000, ge=1024, description="start a new capture file past this size")
+    retention_days: int = Field(30, ge=1, description="days the gateway keeps its unusable answers and live "
+                                "comparisons (redacted at rest); older day partitions are deleted at its start")
+    country: str = Field("US", pattern=r"^[A-Z]{2}$", description="a captured turn's country when the request "
+                         "names none (metadata.country)")
+    currency: str = Field("USD", pattern=r"^[A-Z]{3}$")
+    channel: Literal["web", "mobile_app", "chat_widget", "voice", "api"] = "api"
+    teacher_url: str | None = Field(None, description="shadow/canary reference: an OpenAI-compatible base URL "
+                                    "(the large model serving the agent today); needed for shadow and canary")
+    base_as_teacher: bool = Field(False, description="without teacher_url, compare with this gateway's own `base` "
+                                  "route (plumbing tests only: the model a candidate was trained to beat is no teacher)")
+    teacher_model: str = Field("base", description="the model name sent to the teacher")
+    teacher_api_key: SecretStr | None = None
+    canary_share: float = Field(0.2, gt=0, lt=1, description="share of a canary route's requests sent to the candidate")
+    agreement_metric: Literal["name", "exact", "arg_f1"] = Field(
+        "name", description="what the live gate compares with the teacher: the tool (name), the whole call (exact: "
+        "name and arguments) or the arguments' F1 over (key, value) pairs; every comparison records all three. "
+        "Whole calls need `min_agreement` set from the candidate's offline exact match (a tuned model at 0.79 "
+        "exact match never passes 0.8)")
+    min_agreement: float = Field(0.8, ge=0, le=1, description="live agreement with the teacher a candidate needs")
+    gate_requests: int = Field(50, ge=1, description="compared requests before the live gate moves a route")
+    canary_max_error_share: float = Field(0.05, ge=0, le=1)
+    shadow_queue: int = Field(16, ge=1, description="off-path comparisons waiting at most; more are skipped "
+                              "(counted), so a slow candidate never slows the caller")

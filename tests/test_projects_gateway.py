@@ -317,6 +317,39 @@ def test_gateway_replicas_count_usage_in_their_own_files_and_share_the_days_toke
     assert (days[tomorrow]["prompt_tokens"], days[later]["prompt_tokens"]) == (5, 1)
 
 
+def test_each_of_the_gateway_replicas_admits_its_share_of_a_projects_minute_and_flight(tmp_path: Path) -> None:
+    """Requests per minute and in flight are counted by each replica alone: with `gateway.replicas` 2, each
+    admits ceil(limit / 2), so two replicas behind a balancer hold the project's limit, and the 429 says whose
+    limit it is; one replica keeps the whole limit. (Mutation tried: the limits not divided, two replicas
+    admit 2 x rpm: the fourth request is let in and the test fails.)"""
+    from pipelines.gateway import openai_api as api
+    from pipelines.gateway.tenants import Quota
+
+    def quota(replicas: int, name: str) -> Quota:
+        return Quota(load_settings(root=str(tmp_path), project="search",
+                                   gateway={"replica": name, "replicas": replicas}))
+
+    a, b = quota(2, "gw-a"), quota(2, "gw-b")
+    for q in (a, b):  # rpm 5: 3 each (5 does not divide), 6 in all at most
+        for _ in range(3):
+            q.admit(5, None)
+            q.release()
+        with pytest.raises(api.ApiError) as refused:
+            q.admit(5, None)
+        assert refused.value.status == 429 and "this gateway replica's share of its limit" in refused.value.message
+    c = quota(2, "gw-c")
+    c.admit(None, None, concurrent=2)  # in flight 2: one each
+    with pytest.raises(api.ApiError):
+        c.admit(None, None, concurrent=2)
+    c.release()
+    alone = quota(1, "gw-d")
+    for _ in range(5):
+        alone.admit(5, None)
+    with pytest.raises(api.ApiError) as refused:
+        alone.admit(5, None)
+    assert "its limit" in refused.value.message and "share" not in refused.value.message
+
+
 def test_a_quiet_project_goes_to_the_model_at_once_not_behind_a_busy_projects_queue(gateway, monkeypatch) -> None:
     """One slot at the model (gateway.backend_slots 1) while two projects send: disputes has just been answered,
     search holds the slot and queues two more; disputes' request, sent last, goes to the model at once (second,

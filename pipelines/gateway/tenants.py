@@ -10,8 +10,10 @@ OpenAI-style 429 and `Retry-After`; what each project used per day is kept in it
 gateway replica (`gateway/usage/<day>/<replica>.json`, written atomically every few seconds by one thread, and at
 shutdown: replicas never overwrite each other's counts), which `flywheel project usage` sums and prices and a
 restarted replica counts on from. The tokens-per-day limit holds across replicas (each adds the others' counts as
-last flushed and read: up to about two flush periods, ~10 s, old); requests per minute and in flight are limits
-per replica. A replica's name is `gateway.replica` (the cluster's manifests set the pod's name), else
+last flushed and read: up to about two flush periods, ~10 s, old); requests per minute and in flight are counted
+by each replica alone, so each admits its share of them, ceil(limit / `gateway.replicas`): behind a balancer that
+spreads requests evenly the project's total holds (within one request per replica where the limit does not
+divide). A replica's name is `gateway.replica` (the cluster's manifests set the pod's name), else
 `<host>-<port>`: two gateways on one host never share a file.
 """
 
@@ -130,13 +132,17 @@ class Quota:
         from pipelines.gateway import openai_api as api
 
         now = time.monotonic()
+        replicas = self.settings.gateway.replicas
+        share = (lambda limit: limit if limit is None else -(-limit // replicas))  # noqa: E731 (ceil)
+        whose = "its limit" if replicas == 1 else "this gateway replica's share of its limit"
+        rpm, concurrent = share(rpm), share(concurrent)
         with self._lock:
             self._roll()
             if concurrent is not None and self.inflight >= concurrent:
                 self.used["refused_concurrent"] += 1
                 self._dirty = True
-                raise api.rate_limited(f"project {self.settings.project} has {concurrent} requests in flight, its "
-                                       "limit; retry after a second")
+                raise api.rate_limited(f"project {self.settings.project} has {concurrent} requests in flight, "
+                                       f"{whose}; retry after a second")
             while self._minute and now - self._minute[0] >= 60:
                 self._minute.popleft()
             spent = sum(self.used[f] + self.others.get(f, 0) for f in ("prompt_tokens", "completion_tokens"))
@@ -155,7 +161,7 @@ class Quota:
                 self._dirty = True
                 wait = max(1, math.ceil(60 - (now - self._minute[0])))
                 raise api.rate_limited(f"project {self.settings.project} sent {rpm} requests in the last minute, "
-                                       f"its limit; retry after {wait} s", wait)
+                                       f"{whose}; retry after {wait} s", wait)
             self._minute.append(now)
             self.inflight += 1
 
