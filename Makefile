@@ -97,7 +97,7 @@ demo: setup serve-env
 
 # Both cores: pytest-xdist workers, a module and its fixtures on one worker, the longest modules first
 # (tests/conftest.py), one torch thread per worker. TEST_WORKERS=1 runs everything in one process (--pdb, -s).
-# The scheduler scenario (~13 min alone) runs apart and alone: beside another worker its training stalled.
+# The scheduler scenario (12-17 min alone) runs apart and alone: beside another worker its training stalled.
 TEST_WORKERS ?= 2
 XDIST = $(if $(filter-out 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 

@@ -26,7 +26,7 @@ imports `batched_lora.py` by path. CUDA bf16 when there, else CPU fp32:
     .venv/bin/python bench/multi_lora.py --shape tiny --rounds 2 --new-tokens 4 --prompt-tokens 16 --out /tmp/ml.json
     OMP_NUM_THREADS=1 .venv/bin/python bench/multi_lora.py --shape smollm2-135m --adapters 4 --concurrency 4 \
         --peft '' --copies '' --new-tokens 16 --prompt-tokens 64 --out /tmp/ml_smollm2.json  # this CPU's model, engine only
-    OMP_NUM_THREADS=1 .venv/bin/python bench/multi_lora.py --shape llama-1b ...  # adapters 0.9 % of the base, not 3.4 %
+    OMP_NUM_THREADS=1 .venv/bin/python bench/multi_lora.py --shape llama-1b ...  # adapters 0.9 % of the base, not 3.6 %
 """
 
 from __future__ import annotations

@@ -147,9 +147,6 @@ class GatewaySettings(_Section):
                                       "once per local root into <root>/runs/gateway.key (0600)")
     replica: str | None = Field(None, pattern=r"^[A-Za-z0-9._-]{1,63}$", description="this gateway process's name "
                                 "in the usage files (gateway/usage/<day>/<replica>.json); default: the host's name")
-    replicas: int = Field(1, ge=1, le=1024, description="gateway replicas behind one address: each admits its "
-                          "share, ceil(limit / replicas), of a project's requests per minute and in flight (the "
-                          "cluster's manifests set it to their replica count)")
     max_request_bytes: int = Field(1_000_000, ge=1024, description="larger request bodies are refused (413)")
     request_timeout_s: float = Field(120, gt=0, description="how long one request may wait for the model")
     max_concurrent_requests: int = Field(8, ge=1, description="completions in flight at once; more are refused at "

@@ -147,7 +147,7 @@ def test_quotas_answer_429_with_retry_after_and_spare_the_other_projects(gateway
     the day's usage is written where `project usage` reads it, and a restarted gateway counts on from it.
     (Mutations tried: a limiter shared by all projects fails the disputes check; one never refusing fails the
     429 checks.)"""
-    from pipelines.gateway.tenants import usage_by_day, _today
+    from pipelines.gateway.quota import usage_by_day, _today
     from pipelines.projects import registry, settings_for
 
     client, settings, keys, stop = gateway
@@ -261,8 +261,8 @@ def test_gateway_replicas_count_usage_in_their_own_files_and_share_the_days_toke
 
     from pipelines.bench.showback import serving
     from pipelines.gateway import openai_api as api
-    from pipelines.gateway import tenants
-    from pipelines.gateway.tenants import Quota, _today, usage_by_day
+    from pipelines.gateway import quota as quotas
+    from pipelines.gateway.quota import Quota, _today, usage_by_day
     from pipelines.storage import write_json
 
     def replica(name: str):
@@ -294,7 +294,7 @@ def test_gateway_replicas_count_usage_in_their_own_files_and_share_the_days_toke
     # midnight (UTC): the day's counts are written to the day they belong to, the next day starts from zero
     today = _today()
     tomorrow = (date.fromisoformat(today) + timedelta(days=1)).isoformat()
-    monkeypatch.setattr(tenants, "_today", lambda: tomorrow)
+    monkeypatch.setattr(quotas, "_today", lambda: tomorrow)
     answer(b, 2, 0)
     b.flush()
     days = usage_by_day(replica("gw-a"))
@@ -309,7 +309,7 @@ def test_gateway_replicas_count_usage_in_their_own_files_and_share_the_days_toke
     answer(b, 3, 0)
     later = (date.fromisoformat(tomorrow) + timedelta(days=1)).isoformat()
     monkeypatch.setattr(storage, "write_json", down)
-    monkeypatch.setattr(tenants, "_today", lambda: later)
+    monkeypatch.setattr(quotas, "_today", lambda: later)
     answer(b, 1, 0)  # the roll's write fails
     monkeypatch.setattr(storage, "write_json", write_json)
     b.flush()
@@ -317,37 +317,66 @@ def test_gateway_replicas_count_usage_in_their_own_files_and_share_the_days_toke
     assert (days[tomorrow]["prompt_tokens"], days[later]["prompt_tokens"]) == (5, 1)
 
 
-def test_each_of_the_gateway_replicas_admits_its_share_of_a_projects_minute_and_flight(tmp_path: Path) -> None:
-    """Requests per minute and in flight are counted by each replica alone: with `gateway.replicas` 2, each
-    admits ceil(limit / 2), so two replicas behind a balancer hold the project's limit, and the 429 says whose
-    limit it is; one replica keeps the whole limit. (Mutation tried: the limits not divided, two replicas
-    admit 2 x rpm: the fourth request is let in and the test fails.)"""
+def test_gateway_replicas_hold_a_projects_minute_and_flight_together(tmp_path: Path) -> None:
+    """Requests per minute and in flight hold across replicas however the balancer spreads them: each replica's
+    file carries its minute (per second) and its flight, and a replica admits only while its own and the others'
+    (as last read) are under the limit; one replica with every request gets the whole limit. A replica whose
+    file is older than LIVE_S no longer counts as in flight; requests over a minute old count for nobody; a
+    restarted replica counts on from its own minute; a replica with a request in flight rewrites its file at
+    every flush. (Mutations tried: the others' minute left out, the fourth
+    request is admitted; the others' flight left out, the second is admitted; a stale file's flight counted,
+    the last admission is refused; a restarted replica's minute not read back; a file written only on news.)"""
+    import time
+
     from pipelines.gateway import openai_api as api
-    from pipelines.gateway.tenants import Quota
+    from pipelines.gateway import quota as quotas
+    from pipelines.gateway.quota import Quota, usage_uri
+    from pipelines.storage import read_json, write_json
 
-    def quota(replicas: int, name: str) -> Quota:
-        return Quota(load_settings(root=str(tmp_path), project="search",
-                                   gateway={"replica": name, "replicas": replicas}))
+    def quota(name: str) -> Quota:
+        return Quota(load_settings(root=str(tmp_path), project="search", gateway={"replica": name}))
 
-    a, b = quota(2, "gw-a"), quota(2, "gw-b")
-    for q in (a, b):  # rpm 5: 3 each (5 does not divide), 6 in all at most
-        for _ in range(3):
-            q.admit(5, None)
-            q.release()
-        with pytest.raises(api.ApiError) as refused:
-            q.admit(5, None)
-        assert refused.value.status == 429 and "this gateway replica's share of its limit" in refused.value.message
-    c = quota(2, "gw-c")
-    c.admit(None, None, concurrent=2)  # in flight 2: one each
-    with pytest.raises(api.ApiError):
-        c.admit(None, None, concurrent=2)
-    c.release()
-    alone = quota(1, "gw-d")
-    for _ in range(5):
-        alone.admit(5, None)
+    a, b = quota("gw-a"), quota("gw-b")
+    for _ in range(3):
+        a.admit(4, None)
+        a.release()
+    a.flush()
+    b.flush()  # b reads a's minute: 3 of the 4
+    b.admit(4, None)
+    b.release()
     with pytest.raises(api.ApiError) as refused:
-        alone.admit(5, None)
-    assert "its limit" in refused.value.message and "share" not in refused.value.message
+        b.admit(4, None)
+    assert refused.value.status == 429 and 0 < int(refused.value.headers["Retry-After"]) <= 60
+    b.flush()
+    a.flush()
+    with pytest.raises(api.ApiError):
+        a.admit(4, None)  # and a reads b's
+    alone = quota("gw-c")  # one replica taking every request has the whole limit (the others' 4 make it 8)
+    for _ in range(4):
+        alone.admit(8, None)
+        alone.release()
+    again = quota("gw-a")  # restarted: its own minute is read back from its file
+    assert len(again._minute) == 3
+
+    c, d = Quota(load_settings(root=str(tmp_path), project="shop", gateway={"replica": "gw-c"})), \
+        Quota(load_settings(root=str(tmp_path), project="shop", gateway={"replica": "gw-d"}))
+    c.admit(None, None, concurrent=1)  # in flight on c
+    c.flush()
+    d.flush()
+    with pytest.raises(api.ApiError):
+        d.admit(None, None, concurrent=1)
+    uri = usage_uri(c.settings, c.day, "gw-c")
+    record = read_json(uri)
+    assert record["inflight"] == 1 and record["minute"][0][1] == 1
+    write_json(uri, {**record, "at": time.time() - 100})
+    c.flush()  # nothing new on c, but a request still in flight (a long answer): written again, still live
+    assert time.time() - read_json(uri)["at"] < quotas.LIVE_S
+    record = read_json(uri)
+    write_json(uri, {**record, "at": time.time() - quotas.LIVE_S - 1,  # c stopped long ago
+                     "minute": [[time.time() - 61, 1]]})
+    d.flush()
+    assert d.others_inflight == 0 and d.others_minute == []
+    d.admit(1, None, concurrent=1)
 
 
 def test_a_quiet_project_goes_to_the_model_at_once_not_behind_a_busy_projects_queue(gateway, monkeypatch) -> None:
@@ -366,7 +395,7 @@ def test_a_quiet_project_goes_to_the_model_at_once_not_behind_a_busy_projects_qu
     from fastapi.testclient import TestClient
 
     from pipelines.gateway.app import create_app
-    from pipelines.gateway.tenants import usage_by_day
+    from pipelines.gateway.quota import usage_by_day
     from pipelines.projects import registry, settings_for
 
     _client, settings, keys, stop = gateway

@@ -25,7 +25,7 @@ ZONES = ("raw", "quarantine", "curated", "features", "serving", "reports", "runs
 
 def _refusals() -> tuple[str, ...]:
     """The gateway's refusal counters (`refused_*` of its usage fields): each shown, all summed."""
-    from pipelines.gateway.tenants import USAGE_FIELDS
+    from pipelines.gateway.quota import USAGE_FIELDS
 
     return tuple(field for field in USAGE_FIELDS if field.startswith("refused_"))
 
@@ -70,7 +70,7 @@ def serving(settings: Settings, since: date) -> list[dict[str, Any]]:
     """The gateway's usage of the project per day since `since` (every replica's summed), priced on the serving
     device."""
     from pipelines.bench.hardware import detect
-    from pipelines.gateway.tenants import usage_by_day
+    from pipelines.gateway.quota import usage_by_day
 
     row = detect()
     out = []

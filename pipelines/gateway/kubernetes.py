@@ -29,8 +29,6 @@ def gateway_manifests(settings: Settings, *, replicas: int = 2) -> list[dict[str
                             {"name": "FLYWHEEL_GATEWAY__PORT", "value": str(PORT)},
                             # each replica counts its usage in its own file (gateway/usage/<day>/<pod>.json)
                             {"name": "FLYWHEEL_GATEWAY__REPLICA", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
-                            # each replica admits its share of a project's requests per minute and in flight
-                            {"name": "FLYWHEEL_GATEWAY__REPLICAS", "value": str(replicas)},
                             {"name": "FLYWHEEL_GATEWAY__API_KEY",
                              "valueFrom": {"secretKeyRef": {"name": KEY_SECRET, "key": "key"}}}],
                     "envFrom": [{"configMapRef": {"name": "flywheel-settings", "optional": True}}],

@@ -5,221 +5,24 @@
 registry (re-read when the file changes, so a revoked key is refused from the next request on). Each
 project gets its own `Tenant`: its router (its Triton models only: `<project>__tool_router_v<N>`, its
 serving state), its capture and feedback writers (its raw zone) and its comparisons, built on the first
-request. `Quota` holds a project's limits: requests per minute and tokens per UTC day, refused with an
-OpenAI-style 429 and `Retry-After`; what each project used per day is kept in its serving zone, one file per
-gateway replica (`gateway/usage/<day>/<replica>.json`, written atomically every few seconds by one thread, and at
-shutdown: replicas never overwrite each other's counts), which `flywheel project usage` sums and prices and a
-restarted replica counts on from. The tokens-per-day limit holds across replicas (each adds the others' counts as
-last flushed and read: up to about two flush periods, ~10 s, old); requests per minute and in flight are counted
-by each replica alone, so each admits its share of them, ceil(limit / `gateway.replicas`): behind a balancer that
-spreads requests evenly the project's total holds (within one request per replica where the limit does not
-divide). A replica's name is `gateway.replica` (the cluster's manifests set the pod's name), else
-`<host>-<port>`: two gateways on one host never share a file.
+request. `Quota` (`quota.py`) holds a project's limits and its usage.
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
-import math
 import secrets
 import threading
 import time
-from collections import deque
-from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
 from pipelines.config import DEFAULT_PROJECT, Settings
+from pipelines.gateway.quota import FLUSH_EVERY_S, Quota
 
 LOG = logging.getLogger("flywheel.gateway")
 REGISTRY_TTL_S = 1.0  # how stale the key index may be (a local registry is re-read only when it changed)
-FLUSH_EVERY_S = 5.0
-
-
-USAGE_FIELDS = ("requests", "prompt_tokens", "completion_tokens", "compute_ms", "refused_rpm", "refused_tokens",
-                "refused_concurrent", "queue_ms", "refused_queue", "refused_share")
-
-
-def replica_name(settings: Settings) -> str:
-    """This gateway process's name in the usage files: `gateway.replica`, else `<host>-<port>`."""
-    import re
-    import socket
-
-    host = re.sub(r"[^A-Za-z0-9._-]", "-", socket.gethostname())[:50] or "gateway"
-    return settings.gateway.replica or f"{host}-{settings.gateway.port}"
-
-
-def _counts(record: Any) -> dict[str, int]:
-    """A usage record's counts (TypeError / AttributeError / ValueError: not a usage record)."""
-    return {field: int(record.get(field) or 0) for field in USAGE_FIELDS}
-
-
-def usage_uri(settings: Settings, day: str, replica: str) -> str:
-    return f"{settings.zone('serving')}/gateway/usage/{day}/{replica}.json"
-
-
-def usage_by_day(settings: Settings, day: str = "*", exclude: str | None = None) -> dict[str, dict[str, int]]:
-    """The project's gateway usage per day, summed over every replica's file (and a day file of the one-file
-    layout before replicas, `gateway/usage/<day>.json`); `exclude` leaves one replica out. An unreadable file
-    is logged and left out."""
-    from pipelines.storage import glob, read_json
-
-    base = f"{settings.zone('serving')}/gateway/usage"
-    out: dict[str, dict[str, int]] = {}
-    for uri in glob(f"{base}/{day}/*.json") + glob(f"{base}/{day}.json"):
-        name = uri.removeprefix(base + "/").removesuffix(".json")
-        this_day, _, replica = name.partition("/")
-        if exclude is not None and replica == exclude:
-            continue
-        try:
-            counts = _counts(read_json(uri))
-        except (OSError, ValueError, TypeError, AttributeError) as exc:  # unreadable, or not a usage record
-            LOG.warning("usage %s unreadable: %s", uri, exc)
-            continue
-        total = out.setdefault(this_day, dict.fromkeys(USAGE_FIELDS, 0))
-        for field in USAGE_FIELDS:
-            total[field] += counts[field]
-    return out
-
-
-def _today() -> str:
-    return datetime.now(timezone.utc).date().isoformat()
-
-
-class Quota:
-    """A project's gateway limits and its day's usage (thread-safe)."""
-
-    def __init__(self, settings: Settings) -> None:
-        from pipelines.storage import exists, read_json
-
-        self.settings = settings
-        self.replica = replica_name(settings)
-        self._lock = threading.Lock()
-        self._minute: deque[float] = deque()
-        self.day = _today()
-        uri = usage_uri(settings, self.day, self.replica)
-        try:  # a restarted replica counts on from its own file
-            self.used = _counts(read_json(uri) if exists(uri) else {})
-        except (OSError, ValueError, TypeError, AttributeError) as exc:
-            LOG.warning("usage %s unreadable (%s): counting from zero", uri, exc)
-            self.used = dict.fromkeys(USAGE_FIELDS, 0)
-        self.others = self._others()
-        self._unwritten: dict[str, dict[str, int]] = {}
-        self.inflight = 0
-        self._dirty, self._flushed = False, time.monotonic()
-
-    def _others(self) -> dict[str, int]:
-        """The other replicas' usage of the day as they last flushed it (read off the request path)."""
-        try:
-            return usage_by_day(self.settings, self.day, exclude=self.replica).get(self.day, {})
-        except OSError as exc:  # the last known counts stay
-            LOG.warning("the other replicas' usage could not be read: %s", exc)
-            return getattr(self, "others", {})
-
-    def _roll(self) -> None:
-        today = _today()
-        if today != self.day:
-            self._flush_locked()
-            if self._dirty:  # not written (storage down): kept, and written by a later flush
-                self._unwritten[self.day] = self.used
-            self.day, self.used, self.others, self._dirty = today, {k: 0 for k in self.used}, {}, False
-
-    def admit(self, rpm: int | None, tokens_per_day: int | None, concurrent: int | None = None) -> None:
-        """Count one request, or refuse it (429, Retry-After) when a limit is reached: the project's requests in
-        flight, the minute's requests (a sliding window) or the day's tokens (until the next UTC midnight).
-        An admitted request holds one of the project's slots until `release`."""
-        from pipelines.gateway import openai_api as api
-
-        now = time.monotonic()
-        replicas = self.settings.gateway.replicas
-        share = (lambda limit: limit if limit is None else -(-limit // replicas))  # noqa: E731 (ceil)
-        whose = "its limit" if replicas == 1 else "this gateway replica's share of its limit"
-        rpm, concurrent = share(rpm), share(concurrent)
-        with self._lock:
-            self._roll()
-            if concurrent is not None and self.inflight >= concurrent:
-                self.used["refused_concurrent"] += 1
-                self._dirty = True
-                raise api.rate_limited(f"project {self.settings.project} has {concurrent} requests in flight, "
-                                       f"{whose}; retry after a second")
-            while self._minute and now - self._minute[0] >= 60:
-                self._minute.popleft()
-            spent = sum(self.used[f] + self.others.get(f, 0) for f in ("prompt_tokens", "completion_tokens"))
-            if tokens_per_day is not None and spent >= tokens_per_day:
-                self.used["refused_tokens"] += 1
-                self._dirty = True
-                midnight = datetime.combine(datetime.now(timezone.utc).date() + timedelta(days=1),
-                                            datetime.min.time(), tzinfo=timezone.utc)
-                wait = max(1, math.ceil((midnight - datetime.now(timezone.utc)).total_seconds()))
-                raise api.rate_limited(f"project {self.settings.project} used its {tokens_per_day} tokens of "
-                                       f"today (UTC); retry after {wait} s or raise its quota (`flywheel project "
-                                       f"quota {self.settings.project} --tokens-per-day N`)", wait,
-                                       code="tokens_per_day_exceeded")
-            if rpm is not None and len(self._minute) >= rpm:
-                self.used["refused_rpm"] += 1
-                self._dirty = True
-                wait = max(1, math.ceil(60 - (now - self._minute[0])))
-                raise api.rate_limited(f"project {self.settings.project} sent {rpm} requests in the last minute, "
-                                       f"{whose}; retry after {wait} s", wait)
-            self._minute.append(now)
-            self.inflight += 1
-
-    def release(self) -> None:
-        with self._lock:
-            self.inflight -= 1
-
-    def queued(self, wait_ms: float, refused: bool = False, share: bool = False) -> None:
-        """Time this project's requests waited for their turn at the shared model (gateway/fair.py), the
-        requests refused for waiting too long (`refused`) and those refused past its share of the gateway's
-        places (`share`)."""
-        with self._lock:
-            self._roll()
-            self.used["queue_ms"] += int(wait_ms)
-            self.used["refused_queue"] += int(refused)
-            self.used["refused_share"] += int(share)
-            self._dirty = True
-
-    def charge(self, body: dict[str, Any] | None, compute_ms: float) -> None:
-        usage = (body or {}).get("usage") or {}
-        with self._lock:
-            self._roll()
-            self.used["requests"] += 1
-            self.used["prompt_tokens"] += int(usage.get("prompt_tokens") or 0)
-            self.used["completion_tokens"] += int(usage.get("completion_tokens") or 0)
-            self.used["compute_ms"] += int(compute_ms)
-            self._dirty = True
-
-    def flush(self) -> None:
-        """This replica's counts written (when they changed), the other replicas' read again."""
-        with self._lock:
-            self._flush_locked()
-            day = self.day
-        others = self._others()  # file reads outside the lock: requests are admitted meanwhile
-        with self._lock:
-            if self.day == day:
-                self.others = others
-
-    def _write(self, day: str, used: dict[str, int]) -> None:
-        from pipelines.storage import write_json
-
-        write_json(usage_uri(self.settings, day, self.replica),
-                   {**used, "day": day, "project": self.settings.project, "replica": self.replica})
-
-    def _flush_locked(self) -> None:
-        for day, used in list(self._unwritten.items()):  # an earlier day's counts a failed write left behind
-            try:
-                self._write(day, used)
-                del self._unwritten[day]
-            except OSError as exc:
-                LOG.warning("usage of %s not written: %s", day, exc)
-        if not self._dirty:
-            return
-        try:
-            self._write(self.day, self.used)
-            self._dirty, self._flushed = False, time.monotonic()
-        except OSError as exc:  # the count stays in memory; the next flush tries again
-            LOG.warning("usage not written: %s", exc)
 
 
 class Metered:

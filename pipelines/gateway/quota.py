@@ -1,0 +1,249 @@
+"""A project's gateway limits and usage, per gateway replica and across them.
+
+`Quota` holds a project's limits: requests per minute, requests in flight and tokens per UTC day, each refused
+with an OpenAI-style 429 and `Retry-After`. What each project used per day is kept in its serving zone, one file
+per gateway replica (`gateway/usage/<day>/<replica>.json`, written atomically every few seconds by one thread,
+and at shutdown: replicas never overwrite each other's counts), which `flywheel project usage` sums and prices
+and a restarted replica counts on from. Every limit holds across replicas, however the balancer spreads the
+requests (one client's kept-alive connection stays on one replica: it gets the whole limit): each replica's
+file also holds its requests of the last minute (per second) and its requests in flight, and a replica admits a
+request only while its own counts and the others' (as last flushed and read: up to about two flush periods,
+~10 s, old) are under the limit. Replicas admitting at the same moment can therefore pass a limit by what each
+admitted since it last read the others'. A replica whose file is older than LIVE_S (stopped, or rescheduled
+under a new name) no longer counts as in flight; its requests of the minute count until they are a minute old.
+A replica's name is `gateway.replica` (the cluster's manifests set the pod's name), else `<host>-<port>`: two
+gateways on one host never share a file.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections import deque
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from pipelines.config import Settings
+
+LOG = logging.getLogger("flywheel.gateway")
+FLUSH_EVERY_S = 5.0
+LIVE_S = 3 * FLUSH_EVERY_S  # a replica's requests in flight count while its file is younger than this
+
+
+USAGE_FIELDS = ("requests", "prompt_tokens", "completion_tokens", "compute_ms", "refused_rpm", "refused_tokens",
+                "refused_concurrent", "queue_ms", "refused_queue", "refused_share")
+
+
+def replica_name(settings: Settings) -> str:
+    """This gateway process's name in the usage files: `gateway.replica`, else `<host>-<port>`."""
+    import re
+    import socket
+
+    host = re.sub(r"[^A-Za-z0-9._-]", "-", socket.gethostname())[:50] or "gateway"
+    return settings.gateway.replica or f"{host}-{settings.gateway.port}"
+
+
+def _counts(record: Any) -> dict[str, int]:
+    """A usage record's counts (TypeError / AttributeError / ValueError: not a usage record)."""
+    return {field: int(record.get(field) or 0) for field in USAGE_FIELDS}
+
+
+def usage_uri(settings: Settings, day: str, replica: str) -> str:
+    return f"{settings.zone('serving')}/gateway/usage/{day}/{replica}.json"
+
+
+def _minute_of(record: Any, wall: float) -> list[tuple[float, int]]:
+    """A usage record's requests of the last minute (before `wall`): (unix second, count) pairs."""
+    pairs = record.get("minute") or [] if isinstance(record, dict) else []
+    return [(float(second), int(n)) for second, n in pairs if wall - float(second) < 60 and int(n) > 0]
+
+
+def usage_by_day(settings: Settings, day: str = "*", exclude: str | None = None,
+                 live: list[dict[str, Any]] | None = None) -> dict[str, dict[str, int]]:
+    """The project's gateway usage per day, summed over every replica's file (and a day file of the one-file
+    layout before replicas, `gateway/usage/<day>.json`); `exclude` leaves one replica out. An unreadable file
+    is logged and left out. `live`, when given, receives each replica file's record (its minute and flight)."""
+    from pipelines.storage import glob, read_json
+
+    base = f"{settings.zone('serving')}/gateway/usage"
+    out: dict[str, dict[str, int]] = {}
+    for uri in glob(f"{base}/{day}/*.json") + glob(f"{base}/{day}.json"):
+        name = uri.removeprefix(base + "/").removesuffix(".json")
+        this_day, _, replica = name.partition("/")
+        if exclude is not None and replica == exclude:
+            continue
+        try:
+            record = read_json(uri)
+            counts = _counts(record)
+            if live is not None and replica:
+                _minute_of(record, time.time())  # a malformed minute: the file is unreadable, not half-read
+                live.append(record)
+        except (OSError, ValueError, TypeError, AttributeError) as exc:  # unreadable, or not a usage record
+            LOG.warning("usage %s unreadable: %s", uri, exc)
+            continue
+        total = out.setdefault(this_day, dict.fromkeys(USAGE_FIELDS, 0))
+        for field in USAGE_FIELDS:
+            total[field] += counts[field]
+    return out
+
+
+def _today() -> str:
+    return datetime.now(timezone.utc).date().isoformat()
+
+
+class Quota:
+    """A project's gateway limits and its day's usage (thread-safe)."""
+
+    def __init__(self, settings: Settings) -> None:
+        from pipelines.storage import exists, read_json
+
+        self.settings = settings
+        self.replica = replica_name(settings)
+        self._lock = threading.Lock()
+        self._minute: deque[float] = deque()
+        self.day = _today()
+        uri = usage_uri(settings, self.day, self.replica)
+        try:  # a restarted replica counts on from its own file (its day, and its requests of the last minute)
+            record = read_json(uri) if exists(uri) else {}
+            self.used = _counts(record)
+            wall, now = time.time(), time.monotonic()
+            for second, n in sorted(_minute_of(record, wall)):
+                self._minute.extend([now - (wall - second)] * n)
+        except (OSError, ValueError, TypeError, AttributeError) as exc:
+            LOG.warning("usage %s unreadable (%s): counting from zero", uri, exc)
+            self.used = dict.fromkeys(USAGE_FIELDS, 0)
+        self.others_minute: list[tuple[float, int]] = []  # the other replicas' requests: (unix second, count)
+        self.others_inflight = 0
+        self.others = self._others()
+        self._unwritten: dict[str, dict[str, int]] = {}
+        self.inflight = 0
+        self._dirty, self._flushed = False, time.monotonic()
+
+    def _others(self) -> dict[str, int]:
+        """The other replicas' usage of the day as they last flushed it (read off the request path); their
+        requests of the last minute and in flight land in `others_minute` and `others_inflight`."""
+        live: list[dict[str, Any]] = []
+        try:
+            counts = usage_by_day(self.settings, self.day, exclude=self.replica, live=live).get(self.day, {})
+        except OSError as exc:  # the last known counts stay
+            LOG.warning("the other replicas' usage could not be read: %s", exc)
+            return getattr(self, "others", {})
+        wall = time.time()
+        self.others_minute = [pair for record in live for pair in _minute_of(record, wall)]
+        self.others_inflight = sum(int(record.get("inflight") or 0) for record in live
+                                   if wall - float(record.get("at") or 0) < LIVE_S)
+        return counts
+
+    def _roll(self) -> None:
+        today = _today()
+        if today != self.day:
+            self._flush_locked()
+            if self._dirty:  # not written (storage down): kept, and written by a later flush
+                self._unwritten[self.day] = self.used
+            self.day, self.used, self.others, self._dirty = today, {k: 0 for k in self.used}, {}, False
+
+    def admit(self, rpm: int | None, tokens_per_day: int | None, concurrent: int | None = None) -> None:
+        """Count one request, or refuse it (429, Retry-After) when a limit is reached: the project's requests in
+        flight, the minute's requests (a sliding window) or the day's tokens (until the next UTC midnight).
+        An admitted request holds one of the project's slots until `release`."""
+        from pipelines.gateway import openai_api as api
+
+        now, wall = time.monotonic(), time.time()
+        with self._lock:
+            self._roll()
+            if concurrent is not None and self.inflight + self.others_inflight >= concurrent:
+                self.used["refused_concurrent"] += 1
+                self._dirty = True
+                raise api.rate_limited(f"project {self.settings.project} has {concurrent} requests in flight, its "
+                                       "limit; retry after a second")
+            while self._minute and now - self._minute[0] >= 60:
+                self._minute.popleft()
+            spent = sum(self.used[f] + self.others.get(f, 0) for f in ("prompt_tokens", "completion_tokens"))
+            if tokens_per_day is not None and spent >= tokens_per_day:
+                self.used["refused_tokens"] += 1
+                self._dirty = True
+                midnight = datetime.combine(datetime.now(timezone.utc).date() + timedelta(days=1),
+                                            datetime.min.time(), tzinfo=timezone.utc)
+                wait = max(1, math.ceil((midnight - datetime.now(timezone.utc)).total_seconds()))
+                raise api.rate_limited(f"project {self.settings.project} used its {tokens_per_day} tokens of "
+                                       f"today (UTC); retry after {wait} s or raise its quota (`flywheel project "
+                                       f"quota {self.settings.project} --tokens-per-day N`)", wait,
+                                       code="tokens_per_day_exceeded")
+            others = [(second, n) for second, n in self.others_minute if wall - second < 60]
+            if rpm is not None and len(self._minute) + sum(n for _, n in others) >= rpm:
+                self.used["refused_rpm"] += 1
+                self._dirty = True
+                oldest = ([wall - (now - self._minute[0])] if self._minute else []) + [second for second, _ in others]
+                wait = max(1, math.ceil(60 - (wall - min(oldest)))) if oldest else 60
+                raise api.rate_limited(f"project {self.settings.project} sent {rpm} requests in the last minute, "
+                                       f"its limit; retry after {wait} s", wait)
+            self._minute.append(now)
+            self.inflight += 1
+            self._dirty = True  # the other replicas read this one's minute and flight at its next flush
+
+    def release(self) -> None:
+        with self._lock:
+            self.inflight -= 1
+            self._dirty = True
+
+    def queued(self, wait_ms: float, refused: bool = False, share: bool = False) -> None:
+        """Time this project's requests waited for their turn at the shared model (gateway/fair.py), the
+        requests refused for waiting too long (`refused`) and those refused past its share of the gateway's
+        places (`share`)."""
+        with self._lock:
+            self._roll()
+            self.used["queue_ms"] += int(wait_ms)
+            self.used["refused_queue"] += int(refused)
+            self.used["refused_share"] += int(share)
+            self._dirty = True
+
+    def charge(self, body: dict[str, Any] | None, compute_ms: float) -> None:
+        usage = (body or {}).get("usage") or {}
+        with self._lock:
+            self._roll()
+            self.used["requests"] += 1
+            self.used["prompt_tokens"] += int(usage.get("prompt_tokens") or 0)
+            self.used["completion_tokens"] += int(usage.get("completion_tokens") or 0)
+            self.used["compute_ms"] += int(compute_ms)
+            self._dirty = True
+
+    def flush(self) -> None:
+        """This replica's counts written (when they changed), the other replicas' read again."""
+        with self._lock:
+            self._flush_locked()
+            day = self.day
+        others = self._others()  # file reads outside the lock: requests are admitted meanwhile
+        with self._lock:
+            if self.day == day:
+                self.others = others
+
+    def _write(self, day: str, used: dict[str, int], live: bool = False) -> None:
+        from pipelines.storage import write_json
+
+        record: dict[str, Any] = {**used, "day": day, "project": self.settings.project, "replica": self.replica}
+        if live:  # what the other replicas add to their own minute and flight
+            now, wall = time.monotonic(), time.time()
+            per_second: dict[int, int] = {}
+            for t in self._minute:
+                if now - t < 60:
+                    second = int(wall - (now - t))
+                    per_second[second] = per_second.get(second, 0) + 1
+            record.update(at=wall, inflight=self.inflight, minute=sorted(per_second.items()))
+        write_json(usage_uri(self.settings, day, self.replica), record)
+
+    def _flush_locked(self) -> None:
+        for day, used in list(self._unwritten.items()):  # an earlier day's counts a failed write left behind
+            try:
+                self._write(day, used)
+                del self._unwritten[day]
+            except OSError as exc:
+                LOG.warning("usage of %s not written: %s", day, exc)
+        if not self._dirty and not self.inflight:  # in flight: written again, so the others count it as live
+            return
+        try:
+            self._write(self.day, self.used, live=True)
+            self._dirty, self._flushed = False, time.monotonic()
+        except OSError as exc:  # the count stays in memory; the next flush tries again
+            LOG.warning("usage not written: %s", exc)
