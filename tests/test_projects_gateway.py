@@ -317,24 +317,27 @@ def test_gateway_replicas_count_usage_in_their_own_files_and_share_the_days_toke
     assert (days[tomorrow]["prompt_tokens"], days[later]["prompt_tokens"]) == (5, 1)
 
 
-def test_gateway_replicas_hold_a_projects_minute_and_flight_together(tmp_path: Path) -> None:
+def test_gateway_replicas_hold_a_projects_minute_and_flight_together(tmp_path: Path, monkeypatch) -> None:
     """Requests per minute and in flight hold across replicas however the balancer spreads them: each replica's
     file carries its minute (per second) and its flight, and a replica admits only while its own and the others'
-    (as last read) are under the limit; one replica with every request gets the whole limit. A replica whose
-    file is older than LIVE_S no longer counts as in flight; requests over a minute old count for nobody; a
-    restarted replica counts on from its own minute; a replica with a request in flight rewrites its file at
-    every flush. (Mutations tried: the others' minute left out, the fourth
-    request is admitted; the others' flight left out, the second is admitted; a stale file's flight counted,
-    the last admission is refused; a restarted replica's minute not read back; a file written only on news.)"""
+    (as last read) are under the limit; one replica with every request gets the whole limit. Retry-After says
+    when the oldest request leaves the minute; a restarted replica counts on from its own minute; a replica with
+    a request in flight rewrites its file every flush and one that ended it says so; a file older than its live
+    span counts no flight, requests over a minute old count for nobody, a malformed file counts nothing; within
+    a minute after midnight the day before's files still count. (Mutations tried, each failed this test: the
+    others' minute left out; the others' flight left out; a stale file's flight counted; a restarted replica's
+    minute not read back; a file written only on news; release not marking the file; the day before not read; a
+    malformed file's flight counted; the seconds written 40 s early.)"""
     import time
+    from datetime import datetime, timedelta
 
     from pipelines.gateway import openai_api as api
     from pipelines.gateway import quota as quotas
     from pipelines.gateway.quota import Quota, usage_uri
     from pipelines.storage import read_json, write_json
 
-    def quota(name: str) -> Quota:
-        return Quota(load_settings(root=str(tmp_path), project="search", gateway={"replica": name}))
+    def quota(name: str, project: str = "search") -> Quota:
+        return Quota(load_settings(root=str(tmp_path), project=project, gateway={"replica": name}))
 
     a, b = quota("gw-a"), quota("gw-b")
     for _ in range(3):
@@ -346,37 +349,67 @@ def test_gateway_replicas_hold_a_projects_minute_and_flight_together(tmp_path: P
     b.release()
     with pytest.raises(api.ApiError) as refused:
         b.admit(4, None)
-    assert refused.value.status == 429 and 0 < int(refused.value.headers["Retry-After"]) <= 60
+    assert refused.value.status == 429 and 58 <= int(refused.value.headers["Retry-After"]) <= 60
     b.flush()
     a.flush()
     with pytest.raises(api.ApiError):
         a.admit(4, None)  # and a reads b's
-    alone = quota("gw-c")  # one replica taking every request has the whole limit (the others' 4 make it 8)
+    alone = quota("gw-c")  # one replica taking every request has the whole limit (the others' 4 of 8)
     for _ in range(4):
         alone.admit(8, None)
         alone.release()
-    again = quota("gw-a")  # restarted: its own minute is read back from its file
-    assert len(again._minute) == 3
+    with pytest.raises(api.ApiError):
+        alone.admit(8, None)
+    again = quota("gw-a")  # restarted: its own minute is read back from its file, at its time
+    assert len(again._minute) == 3 and abs(time.monotonic() - again._minute[0]) < 2
+    other = usage_uri(a.settings, a.day, "gw-x")  # a replica whose 4 requests are 30 s old
+    write_json(other, {"replica": "gw-x", "at": time.time(), "inflight": 0, "minute": [[time.time() - 30, 4]]})
+    quota("gw-y", "disputes").admit(4, None)  # another project's minute is its own
+    with pytest.raises(api.ApiError) as refused:
+        quota("gw-z").admit(8, None)  # a's 3, b's 1 and x's 4 in the minute
+    assert 28 <= int(refused.value.headers["Retry-After"]) <= 32  # when x's leave the minute
 
-    c, d = Quota(load_settings(root=str(tmp_path), project="shop", gateway={"replica": "gw-c"})), \
-        Quota(load_settings(root=str(tmp_path), project="shop", gateway={"replica": "gw-d"}))
+    c, d = quota("gw-c", "shop"), quota("gw-d", "shop")
     c.admit(None, None, concurrent=1)  # in flight on c
     c.flush()
     d.flush()
-    with pytest.raises(api.ApiError):
+    with pytest.raises(api.ApiError) as refused:
         d.admit(None, None, concurrent=1)
+    assert refused.value.headers["Retry-After"] == str(quotas.FLUSH_EVERY_S.__ceil__())  # the others' next news
     uri = usage_uri(c.settings, c.day, "gw-c")
     record = read_json(uri)
     assert record["inflight"] == 1 and record["minute"][0][1] == 1
     write_json(uri, {**record, "at": time.time() - 100})
     c.flush()  # nothing new on c, but a request still in flight (a long answer): written again, still live
     assert time.time() - read_json(uri)["at"] < quotas.LIVE_S
-    record = read_json(uri)
-    write_json(uri, {**record, "at": time.time() - quotas.LIVE_S - 1,  # c stopped long ago
+    c.release()
+    c.flush()
+    d.flush()
+    assert d.others_inflight == 0  # c's request ended, and c said so
+    write_json(uri, {**read_json(uri), "inflight": 3, "at": time.time() - quotas.LIVE_S - 1,  # c stopped
                      "minute": [[time.time() - 61, 1]]})
+    write_json(usage_uri(c.settings, c.day, "gw-bad"), {"replica": "gw-bad", "at": time.time(), "inflight": -5})
     d.flush()
     assert d.others_inflight == 0 and d.others_minute == []
     d.admit(1, None, concurrent=1)
+    d.release()
+    own = usage_uri(c.settings, c.day, "gw-e")  # its own file's minute is malformed: its day's counts stay
+    write_json(own, {"replica": "gw-e", "prompt_tokens": 7, "minute": "x"})
+    assert quota("gw-e", "shop").used["prompt_tokens"] == 7
+
+    # just after midnight (UTC): f has rolled to the new day, g's minute is in the day before's file
+    g = quota("gw-g", "invoices")
+    for _ in range(2):
+        g.admit(None, None)
+        g.release()
+    g.flush()
+    tomorrow = (datetime.fromisoformat(g.day) + timedelta(days=1)).date().isoformat()
+    monkeypatch.setattr(quotas, "_today", lambda: tomorrow)  # the clock says just before (midnight is ahead)
+    f = quota("gw-f", "invoices")
+    assert f.day == tomorrow
+    f.admit(3, None)
+    with pytest.raises(api.ApiError):
+        f.admit(3, None)
 
 
 def test_a_quiet_project_goes_to_the_model_at_once_not_behind_a_busy_projects_queue(gateway, monkeypatch) -> None:

@@ -9,8 +9,10 @@ requests (one client's kept-alive connection stays on one replica: it gets the w
 file also holds its requests of the last minute (per second) and its requests in flight, and a replica admits a
 request only while its own counts and the others' (as last flushed and read: up to about two flush periods,
 ~10 s, old) are under the limit. Replicas admitting at the same moment can therefore pass a limit by what each
-admitted since it last read the others'. A replica whose file is older than LIVE_S (stopped, or rescheduled
-under a new name) no longer counts as in flight; its requests of the minute count until they are a minute old.
+admitted since it last read the others', and a request refused for the others' flight is told to retry after a
+flush period (their news). A replica whose file is older than its live span (three of its flush cycles, LIVE_S
+at least: stopped, or rescheduled under a new name) no longer counts as in flight; its requests of the minute
+count until they are a minute old, and in the minute after midnight (UTC) the day before's files still count.
 A replica's name is `gateway.replica` (the cluster's manifests set the pod's name), else `<host>-<port>`: two
 gateways on one host never share a file.
 """
@@ -29,7 +31,8 @@ from pipelines.config import Settings
 
 LOG = logging.getLogger("flywheel.gateway")
 FLUSH_EVERY_S = 5.0
-LIVE_S = 3 * FLUSH_EVERY_S  # a replica's requests in flight count while its file is younger than this
+LIVE_S = 3 * FLUSH_EVERY_S  # a replica's requests in flight count while its file is younger than this (at least)
+MAX_MINUTE = 1_000_000  # more requests than this in one second of a usage file: not a usage record
 
 
 USAGE_FIELDS = ("requests", "prompt_tokens", "completion_tokens", "compute_ms", "refused_rpm", "refused_tokens",
@@ -55,9 +58,27 @@ def usage_uri(settings: Settings, day: str, replica: str) -> str:
 
 
 def _minute_of(record: Any, wall: float) -> list[tuple[float, int]]:
-    """A usage record's requests of the last minute (before `wall`): (unix second, count) pairs."""
+    """A usage record's requests of the last minute (before `wall`): (unix second, count) pairs. ValueError or
+    TypeError when they are not pairs of a finite second and a count from 0 to MAX_MINUTE."""
     pairs = record.get("minute") or [] if isinstance(record, dict) else []
-    return [(float(second), int(n)) for second, n in pairs if wall - float(second) < 60 and int(n) > 0]
+    out = []
+    for second, n in pairs:
+        second, n = float(second), int(n)
+        if not math.isfinite(second) or not 0 <= n <= MAX_MINUTE:
+            raise ValueError(f"minute entry ({second}, {n}) is not a second and a count")
+        if wall - second < 60 and n:
+            out.append((second, n))
+    return out
+
+
+def _live_of(record: Any, wall: float) -> tuple[float, int, list[tuple[float, int]]]:
+    """A replica file's (written at, requests in flight while it counts as live, requests of the minute);
+    ValueError or TypeError when malformed. A file older than its `live_s` (3 flush cycles) counts no flight."""
+    at, inflight = float(record.get("at") or 0), int(record.get("inflight") or 0)
+    live_s = float(record.get("live_s") or LIVE_S)
+    if not (math.isfinite(at) and math.isfinite(live_s)) or inflight < 0:
+        raise ValueError(f"at {at}, live_s {live_s} and inflight {inflight} are not a time, a span and a count")
+    return at, (inflight if wall - at < live_s else 0), _minute_of(record, wall)
 
 
 def usage_by_day(settings: Settings, day: str = "*", exclude: str | None = None,
@@ -78,7 +99,7 @@ def usage_by_day(settings: Settings, day: str = "*", exclude: str | None = None,
             record = read_json(uri)
             counts = _counts(record)
             if live is not None and replica:
-                _minute_of(record, time.time())  # a malformed minute: the file is unreadable, not half-read
+                _live_of(record, time.time())  # a malformed minute or flight: the file is unreadable, not half-read
                 live.append(record)
         except (OSError, ValueError, TypeError, AttributeError) as exc:  # unreadable, or not a usage record
             LOG.warning("usage %s unreadable: %s", uri, exc)
@@ -105,36 +126,50 @@ class Quota:
         self._minute: deque[float] = deque()
         self.day = _today()
         uri = usage_uri(settings, self.day, self.replica)
+        record: Any = {}
         try:  # a restarted replica counts on from its own file (its day, and its requests of the last minute)
             record = read_json(uri) if exists(uri) else {}
             self.used = _counts(record)
-            wall, now = time.time(), time.monotonic()
-            for second, n in sorted(_minute_of(record, wall)):
-                self._minute.extend([now - (wall - second)] * n)
         except (OSError, ValueError, TypeError, AttributeError) as exc:
             LOG.warning("usage %s unreadable (%s): counting from zero", uri, exc)
             self.used = dict.fromkeys(USAGE_FIELDS, 0)
-        self.others_minute: list[tuple[float, int]] = []  # the other replicas' requests: (unix second, count)
-        self.others_inflight = 0
-        self.others = self._others()
+        try:
+            wall, now = time.time(), time.monotonic()
+            for second, n in sorted(_minute_of(record, wall)):
+                self._minute.extend([now - (wall - second)] * n)
+        except (ValueError, TypeError, AttributeError) as exc:  # the day's counts stay
+            LOG.warning("usage %s: the last minute unreadable (%s)", uri, exc)
+        self.live_s = LIVE_S  # how long the others count this replica's flight: 3 flush cycles (Tenants measures)
+        self.others, self.others_minute, self.others_inflight = self._others()
         self._unwritten: dict[str, dict[str, int]] = {}
         self.inflight = 0
         self._dirty, self._flushed = False, time.monotonic()
 
-    def _others(self) -> dict[str, int]:
-        """The other replicas' usage of the day as they last flushed it (read off the request path); their
-        requests of the last minute and in flight land in `others_minute` and `others_inflight`."""
+    def _others(self) -> tuple[dict[str, int], list[tuple[float, int]], int]:
+        """The other replicas' usage of the day, their requests of the last minute ((unix second, count) pairs)
+        and in flight, as they last flushed them (read off the request path). Within a minute after midnight
+        (UTC) the day before's files count for the minute and the flight too (a replica that has not rolled
+        yet, or the minute before midnight)."""
         live: list[dict[str, Any]] = []
         try:
             counts = usage_by_day(self.settings, self.day, exclude=self.replica, live=live).get(self.day, {})
+            wall = time.time()
+            midnight = datetime.fromisoformat(self.day).replace(tzinfo=timezone.utc).timestamp()
+            if wall - midnight < 60:
+                before = (datetime.fromisoformat(self.day) - timedelta(days=1)).date().isoformat()
+                usage_by_day(self.settings, before, exclude=self.replica, live=live)
         except OSError as exc:  # the last known counts stay
             LOG.warning("the other replicas' usage could not be read: %s", exc)
-            return getattr(self, "others", {})
-        wall = time.time()
-        self.others_minute = [pair for record in live for pair in _minute_of(record, wall)]
-        self.others_inflight = sum(int(record.get("inflight") or 0) for record in live
-                                   if wall - float(record.get("at") or 0) < LIVE_S)
-        return counts
+            return (getattr(self, "others", {}), getattr(self, "others_minute", []),
+                    getattr(self, "others_inflight", 0))
+        latest: dict[str, tuple[float, int, list[tuple[float, int]]]] = {}  # per replica, its latest file
+        for record in live:
+            at, inflight, minute = _live_of(record, wall)
+            name = str(record.get("replica"))
+            if name not in latest or at > latest[name][0]:
+                latest[name] = (at, inflight, minute)
+        return (counts, [pair for _, _, minute in latest.values() for pair in minute],
+                sum(inflight for _, inflight, _ in latest.values()))
 
     def _roll(self) -> None:
         today = _today()
@@ -150,14 +185,16 @@ class Quota:
         An admitted request holds one of the project's slots until `release`."""
         from pipelines.gateway import openai_api as api
 
-        now, wall = time.monotonic(), time.time()
         with self._lock:
+            now, wall = time.monotonic(), time.time()
             self._roll()
             if concurrent is not None and self.inflight + self.others_inflight >= concurrent:
                 self.used["refused_concurrent"] += 1
                 self._dirty = True
+                # the others' flight is re-read every flush: a request they ended frees its place by then
+                wait = 1 if self.inflight >= concurrent else math.ceil(FLUSH_EVERY_S)
                 raise api.rate_limited(f"project {self.settings.project} has {concurrent} requests in flight, its "
-                                       "limit; retry after a second")
+                                       f"limit; retry after {wait} s", wait)
             while self._minute and now - self._minute[0] >= 60:
                 self._minute.popleft()
             spent = sum(self.used[f] + self.others.get(f, 0) for f in ("prompt_tokens", "completion_tokens"))
@@ -212,12 +249,13 @@ class Quota:
     def flush(self) -> None:
         """This replica's counts written (when they changed), the other replicas' read again."""
         with self._lock:
+            self._roll()  # a replica with requests in flight but no news rolls at midnight too
             self._flush_locked()
             day = self.day
         others = self._others()  # file reads outside the lock: requests are admitted meanwhile
         with self._lock:
             if self.day == day:
-                self.others = others
+                self.others, self.others_minute, self.others_inflight = others
 
     def _write(self, day: str, used: dict[str, int], live: bool = False) -> None:
         from pipelines.storage import write_json
@@ -227,10 +265,10 @@ class Quota:
             now, wall = time.monotonic(), time.time()
             per_second: dict[int, int] = {}
             for t in self._minute:
-                if now - t < 60:
-                    second = int(wall - (now - t))
+                if now - t < 60:  # rounded up: a request never leaves the others' minute before its time
+                    second = math.ceil(wall - (now - t))
                     per_second[second] = per_second.get(second, 0) + 1
-            record.update(at=wall, inflight=self.inflight, minute=sorted(per_second.items()))
+            record.update(at=wall, live_s=self.live_s, inflight=self.inflight, minute=sorted(per_second.items()))
         write_json(usage_uri(self.settings, day, self.replica), record)
 
     def _flush_locked(self) -> None:

@@ -91,12 +91,16 @@ class Tenants:
 
     def _flush_every(self) -> None:
         """Every project's usage (answers and refusals) written every FLUSH_EVERY_S, off the request path."""
+        cycle = FLUSH_EVERY_S
         while not self._stop.wait(FLUSH_EVERY_S):
+            started = time.monotonic()
             for tenant in self.all():
                 try:
+                    tenant.quota.live_s = 3 * cycle  # the others count this replica's flight that long
                     tenant.quota.flush()
                 except Exception:  # noqa: BLE001 (one project's bad usage never stops the others' counting)
                     LOG.exception("usage of project %s not flushed", tenant.settings.project)
+            cycle = FLUSH_EVERY_S + time.monotonic() - started  # many projects on object storage: longer
 
     def _registry(self) -> tuple[dict[str, str], dict[str, Any]]:
         """(key digest -> project, project -> quotas). A local registry is re-read whenever its file changed
