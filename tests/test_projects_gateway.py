@@ -310,7 +310,8 @@ def test_gateway_replicas_count_usage_in_their_own_files_and_share_the_days_toke
     later = (date.fromisoformat(tomorrow) + timedelta(days=1)).isoformat()
     monkeypatch.setattr(storage, "write_json", down)
     monkeypatch.setattr(quotas, "_today", lambda: later)
-    answer(b, 1, 0)  # the roll's write fails
+    answer(b, 1, 0)  # rolls: the day before's last record waits for the next flush
+    b.flush()  # whose writes fail: both records kept
     monkeypatch.setattr(storage, "write_json", write_json)
     b.flush()
     days = usage_by_day(replica("gw-a"))
@@ -324,10 +325,11 @@ def test_gateway_replicas_hold_a_projects_minute_and_flight_together(tmp_path: P
     when the oldest request leaves the minute; a restarted replica counts on from its own minute; a replica with
     a request in flight rewrites its file every flush and one that ended it says so; a file older than its live
     span counts no flight, requests over a minute old count for nobody, a malformed file counts nothing; within
-    a minute after midnight the day before's files still count. (Mutations tried, each failed this test: the
+    a minute after midnight the day before's files still count; a flush's write never holds up an admission.
+    (Mutations tried, each failed this test: the
     others' minute left out; the others' flight left out; a stale file's flight counted; a restarted replica's
     minute not read back; a file written only on news; release not marking the file; the day before not read; a
-    malformed file's flight counted; the seconds written 40 s early.)"""
+    malformed file's flight counted; the seconds written 40 s early; the write made under the lock.)"""
     import time
     from datetime import datetime, timedelta
 
@@ -396,6 +398,29 @@ def test_gateway_replicas_hold_a_projects_minute_and_flight_together(tmp_path: P
     own = usage_uri(c.settings, c.day, "gw-e")  # its own file's minute is malformed: its day's counts stay
     write_json(own, {"replica": "gw-e", "prompt_tokens": 7, "minute": "x"})
     assert quota("gw-e", "shop").used["prompt_tokens"] == 7
+
+    # a flush writes outside the quota's lock: a request is admitted while the store takes its time
+    import threading
+
+    from pipelines import storage
+
+    entered, admitted, seen = threading.Event(), threading.Event(), []
+
+    def slow(*args, **kwargs):
+        entered.set()
+        seen.append(admitted.wait(10))  # False: the admission waited for this write (the lock held)
+        return write_json(*args, **kwargs)
+
+    monkeypatch.setattr(storage, "write_json", slow)
+    writer = threading.Thread(target=d.flush)
+    writer.start()
+    assert entered.wait(10)
+    d.admit(None, None)
+    admitted.set()
+    writer.join(30)
+    monkeypatch.setattr(storage, "write_json", write_json)
+    assert seen == [True]
+    d.release()
 
     # just after midnight (UTC): f has rolled to the new day, g's minute is in the day before's file
     g = quota("gw-g", "invoices")

@@ -141,9 +141,10 @@ class Quota:
             LOG.warning("usage %s: the last minute unreadable (%s)", uri, exc)
         self.live_s = LIVE_S  # how long the others count this replica's flight: 3 flush cycles (Tenants measures)
         self.others, self.others_minute, self.others_inflight = self._others()
-        self._unwritten: dict[str, dict[str, int]] = {}
+        self._unwritten: dict[str, dict[str, Any]] = {}  # an earlier day's last record, not written yet
+        self._writing = threading.Lock()  # one flush writes at a time (never an older record over a newer)
         self.inflight = 0
-        self._dirty, self._flushed = False, time.monotonic()
+        self._dirty = False
 
     def _others(self) -> tuple[dict[str, int], list[tuple[float, int]], int]:
         """The other replicas' usage of the day, their requests of the last minute ((unix second, count) pairs)
@@ -172,11 +173,11 @@ class Quota:
                 sum(inflight for _, inflight, _ in latest.values()))
 
     def _roll(self) -> None:
+        """At midnight (UTC): the day's last record kept for the next flush to write, the new day from zero."""
         today = _today()
         if today != self.day:
-            self._flush_locked()
-            if self._dirty:  # not written (storage down): kept, and written by a later flush
-                self._unwritten[self.day] = self.used
+            if self._dirty or self.inflight:
+                self._unwritten[self.day] = self._record(self.day, live=True)
             self.day, self.used, self.others, self._dirty = today, {k: 0 for k in self.used}, {}, False
 
     def admit(self, rpm: int | None, tokens_per_day: int | None, concurrent: int | None = None) -> None:
@@ -247,21 +248,42 @@ class Quota:
             self._dirty = True
 
     def flush(self) -> None:
-        """This replica's counts written (when they changed), the other replicas' read again."""
-        with self._lock:
-            self._roll()  # a replica with requests in flight but no news rolls at midnight too
-            self._flush_locked()
-            day = self.day
+        """This replica's counts written (when they changed, or while requests are in flight), the other
+        replicas' read again. The records are made under the lock and written outside it: an admission never
+        waits for object storage. A record whose write fails is made again (today's) or kept (a day before's)
+        for the next flush."""
+        with self._writing:
+            with self._lock:
+                self._roll()  # a replica with requests in flight but no news rolls at midnight too
+                pending, self._unwritten = self._unwritten, {}
+                if self._dirty or self.inflight:  # in flight: written again, so the others count it as live
+                    pending[self.day] = self._record(self.day, live=True)
+                self._dirty, day = False, self.day
+            from pipelines.storage import write_json
+
+            failed = {}
+            for when, record in pending.items():
+                try:
+                    write_json(usage_uri(self.settings, when, self.replica), record)
+                except OSError as exc:  # kept in memory; the next flush tries again
+                    LOG.warning("usage of %s not written: %s", when, exc)
+                    failed[when] = record
+            with self._lock:
+                for when, record in failed.items():
+                    if when == self.day:
+                        self._dirty = True  # made again from the counts at the next flush
+                    else:  # a day before's: kept, unless the roll left a newer record of it
+                        self._unwritten.setdefault(when, record)
         others = self._others()  # file reads outside the lock: requests are admitted meanwhile
         with self._lock:
             if self.day == day:
                 self.others, self.others_minute, self.others_inflight = others
 
-    def _write(self, day: str, used: dict[str, int], live: bool = False) -> None:
-        from pipelines.storage import write_json
-
-        record: dict[str, Any] = {**used, "day": day, "project": self.settings.project, "replica": self.replica}
-        if live:  # what the other replicas add to their own minute and flight
+    def _record(self, day: str, live: bool = False) -> dict[str, Any]:
+        """The usage file's record of `day` now (under the lock): the counts, and with `live` what the other
+        replicas add to their own minute and flight."""
+        record: dict[str, Any] = {**self.used, "day": day, "project": self.settings.project, "replica": self.replica}
+        if live:
             now, wall = time.monotonic(), time.time()
             per_second: dict[int, int] = {}
             for t in self._minute:
@@ -269,19 +291,4 @@ class Quota:
                     second = math.ceil(wall - (now - t))
                     per_second[second] = per_second.get(second, 0) + 1
             record.update(at=wall, live_s=self.live_s, inflight=self.inflight, minute=sorted(per_second.items()))
-        write_json(usage_uri(self.settings, day, self.replica), record)
-
-    def _flush_locked(self) -> None:
-        for day, used in list(self._unwritten.items()):  # an earlier day's counts a failed write left behind
-            try:
-                self._write(day, used)
-                del self._unwritten[day]
-            except OSError as exc:
-                LOG.warning("usage of %s not written: %s", day, exc)
-        if not self._dirty and not self.inflight:  # in flight: written again, so the others count it as live
-            return
-        try:
-            self._write(self.day, self.used, live=True)
-            self._dirty, self._flushed = False, time.monotonic()
-        except OSError as exc:  # the count stays in memory; the next flush tries again
-            LOG.warning("usage not written: %s", exc)
+        return record
