@@ -304,7 +304,7 @@ def test_gateway_replicas_count_usage_in_their_own_files_and_share_the_days_toke
     from pipelines import storage
 
     def down(*args, **kwargs):
-        raise OSError("storage down")
+        raise RuntimeError("storage down")  # not an OSError: an object store's client raises its own errors
 
     answer(b, 3, 0)
     later = (date.fromisoformat(tomorrow) + timedelta(days=1)).isoformat()

@@ -265,7 +265,7 @@ class Quota:
             for when, record in pending.items():
                 try:
                     write_json(usage_uri(self.settings, when, self.replica), record)
-                except OSError as exc:  # kept in memory; the next flush tries again
+                except Exception as exc:  # noqa: BLE001 (an object store's own errors too): kept for the next flush
                     LOG.warning("usage of %s not written: %s", when, exc)
                     failed[when] = record
             with self._lock:
