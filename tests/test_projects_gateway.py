@@ -419,7 +419,7 @@ def test_gateway_replicas_hold_a_projects_minute_and_flight_together(tmp_path: P
     admitted.set()
     writer.join(30)
     monkeypatch.setattr(storage, "write_json", write_json)
-    assert seen == [True]
+    assert seen and all(seen)  # every write (two if the UTC day turned meanwhile) saw the admission first
     d.release()
 
     # just after midnight (UTC): f has rolled to the new day, g's minute is in the day before's file
