@@ -81,11 +81,15 @@ def _live_of(record: Any, wall: float) -> tuple[float, int, list[tuple[float, in
     return at, (inflight if wall - at < live_s else 0), _minute_of(record, wall)
 
 
+Live = tuple[str, float, int, list[tuple[float, int]]]  # a replica, when its file was written, its flight, its minute
+
+
 def usage_by_day(settings: Settings, day: str = "*", exclude: str | None = None,
-                 live: list[dict[str, Any]] | None = None) -> dict[str, dict[str, int]]:
+                 live: list[Live] | None = None) -> dict[str, dict[str, int]]:
     """The project's gateway usage per day, summed over every replica's file (and a day file of the one-file
     layout before replicas, `gateway/usage/<day>.json`); `exclude` leaves one replica out. An unreadable file
-    is logged and left out. `live`, when given, receives each replica file's record (its minute and flight)."""
+    is logged and left out. `live`, when given, receives each replica file's (replica, `_live_of`): when it was
+    written, its flight while live, its minute."""
     from pipelines.storage import glob, read_json
 
     base = f"{settings.zone('serving')}/gateway/usage"
@@ -98,9 +102,8 @@ def usage_by_day(settings: Settings, day: str = "*", exclude: str | None = None,
         try:
             record = read_json(uri)
             counts = _counts(record)
-            if live is not None and replica:
-                _live_of(record, time.time())  # a malformed minute or flight: the file is unreadable, not half-read
-                live.append(record)
+            if live is not None and replica:  # a malformed minute or flight: the file is unreadable, not half-read
+                live.append((replica, *_live_of(record, time.time())))
         except (OSError, ValueError, TypeError, AttributeError) as exc:  # unreadable, or not a usage record
             LOG.warning("usage %s unreadable: %s", uri, exc)
             continue
@@ -151,7 +154,7 @@ class Quota:
         and in flight, as they last flushed them (read off the request path). Within a minute after midnight
         (UTC) the day before's files count for the minute and the flight too (a replica that has not rolled
         yet, or the minute before midnight)."""
-        live: list[dict[str, Any]] = []
+        live: list[Live] = []
         try:
             counts = usage_by_day(self.settings, self.day, exclude=self.replica, live=live).get(self.day, {})
             wall = time.time()
@@ -164,9 +167,7 @@ class Quota:
             return (getattr(self, "others", {}), getattr(self, "others_minute", []),
                     getattr(self, "others_inflight", 0))
         latest: dict[str, tuple[float, int, list[tuple[float, int]]]] = {}  # per replica, its latest file
-        for record in live:
-            at, inflight, minute = _live_of(record, wall)
-            name = str(record.get("replica"))
+        for name, at, inflight, minute in live:
             if name not in latest or at > latest[name][0]:
                 latest[name] = (at, inflight, minute)
         return (counts, [pair for _, _, minute in latest.values() for pair in minute],
