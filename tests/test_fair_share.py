@@ -6,6 +6,7 @@ Through the app with two projects' keys: test_projects_gateway.py."""
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import pytest
 
@@ -281,3 +282,91 @@ def test_a_project_whose_answers_outlast_the_window_still_sends_when_one_ends() 
         assert all(w.done() for w in waiting) and not fair.contended(), fair.snapshot()
 
     asyncio.run(main())
+
+
+def _tell(settings, fair: FairShare, replica: str) -> list[dict]:
+    """One exchange of `replica` (what peers.keep_in_step does every EVERY_S): its turns out, the others' in."""
+    import time
+
+    from pipelines.gateway import peers
+
+    found = peers.exchange(settings, replica, {**fair.state(), "at": time.time(), "live_s": 15.0, "replica": replica})
+    fair.learn(found, time.time())
+    return found
+
+
+def test_replicas_tell_each_other_who_sends_and_split_the_models_slots(tmp_path) -> None:
+    """Two gateway replicas on one root (real files), two slots at the model: on b, shop alone sends four (none
+    waits); search sends through a. Once b has read a's file, search sends on b too: shop's next waits, and the
+    slots are split by demand (b: 4 + 1 against a's 1, floor(2 x 5 / 6) = 1), so b's waiter goes only when b has
+    none at the model. a learns b's demand too: search's second waits behind its first. When a stops (its file
+    removed), shop is alone again. (Mutations tried: the others' projects not counted as sending lets shop's
+    fifth go at once; the slots not split lets it go at busy 1; a stopped replica's file kept counting leaves it
+    waiting.)"""
+    from pipelines.config import load_settings
+    from pipelines.gateway import peers
+
+    settings = load_settings(root=str(tmp_path))
+
+    async def main() -> None:
+        a, b = FairShare(2, 30, window_s=10), FairShare(2, 30, window_s=10)
+        assert await _many(b, "shop", 4) == [0.0] * 4 and not b.contended()
+        assert await a.acquire("search") == 0.0
+        assert _tell(settings, a, "gw-a") == []  # b has not written yet
+        assert len(_tell(settings, b, "gw-b")) == 1
+        assert b.contended() and b.snapshot()["peer_demand"] == 1 and b.budget() == 1
+        got: list[str] = []
+        fifth = asyncio.create_task(_waiter(b, "shop", got))
+        await _settle()
+        assert got == [] and b.snapshot()["waiting"] == 1
+        _tell(settings, b, "gw-b")  # its next exchange: demand 5
+        assert len(_tell(settings, a, "gw-a")) == 1 and a.contended() and a.snapshot()["peer_demand"] == 5
+        second = asyncio.create_task(_waiter(a, "search", got))
+        await _settle()
+        assert got == [] and a.budget() == 1
+        a.release("search")
+        await _settle()
+        assert got == ["search"]
+        for _ in range(3):
+            b.release("shop")
+        await _settle()
+        assert got == ["search"] and b.busy == 1, b.snapshot()  # b's share is one slot
+        b.release("shop")
+        await asyncio.wait_for(fifth, 5)
+        assert got == ["search", "shop"]
+        await second
+        peers.withdraw(settings, "gw-a")  # a stops
+        assert _tell(settings, b, "gw-b") == [] and not b.contended()
+        assert await _many(b, "shop", 3) == [0.0] * 3 and b.busy == 4
+
+    asyncio.run(main())
+
+
+def test_a_stale_or_malformed_replica_file_counts_nothing_and_an_old_one_is_removed(tmp_path, caplog) -> None:
+    """Only live files count: one older than its live span (a stopped replica) adds no project and no demand,
+    one not a turns record is logged and left out, one older than an hour is removed; a live one still counts.
+    (Mutations tried: the age not checked counts the stale file's project; a malformed `held` accepted.)"""
+    import json
+    import time
+
+    from pipelines.config import load_settings
+    from pipelines.gateway import peers
+
+    settings = load_settings(root=str(tmp_path))
+    wall = time.time()
+    record = {"sending": {"shop": {"seen": wall, "held": True}}, "demand": 3, "live_s": 15.0}
+    files = {"stale": {**record, "at": wall - 20}, "old": {**record, "at": wall - 7200},
+             "bad": {**record, "at": wall, "sending": {"shop": {"seen": wall, "held": "yes"}}},
+             "live": {**record, "at": wall, "sending": {"search": {"seen": wall - 2, "held": False}}}}
+    for name, data in files.items():
+        path = Path(peers.turns_uri(settings, name))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(data))
+    Path(peers.turns_uri(settings, "junk")).write_text("{not json")
+    fair = FairShare(1, 5, window_s=10)
+    found = _tell(settings, fair, "me")
+    assert [next(iter(f["sending"])) for f in found] == ["search"]
+    assert fair._elsewhere.keys() == {"search"} and fair.peer_demand() == 3
+    assert not Path(peers.turns_uri(settings, "old")).exists() and Path(peers.turns_uri(settings, "stale")).exists()
+    assert "bad.json unreadable" in caplog.text and "junk.json unreadable" in caplog.text
+    assert 7 < fair._elsewhere["search"] - fair.clock() <= 8.1  # the rest of its window (10 s, seen 2 s ago)

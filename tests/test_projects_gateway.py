@@ -499,7 +499,7 @@ def test_a_quiet_project_goes_to_the_model_at_once_not_behind_a_busy_projects_qu
         assert order == ["search", "disputes", "search", "search"]
         assert client.get("/v1/gateway/queue", headers=admin).json() == {
             "slots": 1, "busy": 0, "waiting": 0, "places": 0, "contended": True, "granted": 5, "waited": 2,
-            "timed_out": 0, "refused_places": 0}
+            "timed_out": 0, "refused_places": 0, "peers": 0, "peer_demand": 0, "budget": 1}
         assert "queue" not in client.get("/ready").json()  # an open path says nothing about requests
     gate.clear()
     order.clear()
@@ -528,3 +528,81 @@ def test_a_quiet_project_goes_to_the_model_at_once_not_behind_a_busy_projects_qu
     assert sum(d["refused_share"] for d in used.values()) == 1  # its share of the places
     assert sum(d["refused_queue"] for d in used.values()) == 1  # its wait past queue_timeout_s
     assert sum(d["queue_ms"] for d in used.values()) >= 4500
+
+
+def test_a_replica_that_sees_only_the_flood_holds_it_while_the_quiet_project_sends_through_another(
+        gateway, monkeypatch) -> None:
+    """Two gateway replicas (two apps, `gateway.replica` gw-a and gw-b) on one root, one slot at the model, their
+    turns exchanged every 0.1 s (gateway/peers.py). disputes' request is at the model through gw-a; search sends
+    three through gw-b, which has never seen disputes: its first goes (one per project), the other two wait in
+    gw-b's queue, as they would on one gateway, and go one after another as search's answers end (disputes'
+    still at the model). When gw-a stops, its turns file is gone. (Mutations tried: the replicas' turns not
+    exchanged: gw-b sends all three at once; the last exchange's write not awaited at stop: a stopped replica's
+    file written again after its removal.)"""
+    import contextlib
+    import threading
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    from fastapi.testclient import TestClient
+
+    from pipelines.gateway import peers
+    from pipelines.gateway.app import create_app
+    from pipelines.projects import registry
+
+    _client, settings, keys, stop = gateway
+    stop()
+    registry.set_quotas(settings, "search", rpm=100)
+    monkeypatch.setattr(peers, "EVERY_S", 0.1)
+    gates = {"disputes": threading.Event(), "search": threading.Event()}
+    order, lock = [], threading.Lock()
+    real = FakeTriton.infer_one
+
+    def held(self, name, *args, **kwargs):
+        project = name.split("__")[0]
+        with lock:
+            order.append(project)
+        assert gates[project].wait(30)
+        return real(self, name, *args, **kwargs)
+
+    monkeypatch.setattr(FakeTriton, "infer_one", held)
+
+    def replica(name: str):
+        return settings.model_copy(update={"gateway": settings.gateway.model_copy(update={
+            "backend_slots": 1, "queue_timeout_s": 30.0, "fair_window_s": 1.0, "replica": name})})
+
+    admin = _as(keys["default"])
+
+    def until(check, what: str) -> None:
+        deadline = time.monotonic() + 30
+        while not check():
+            assert time.monotonic() < deadline, what
+            time.sleep(0.02)
+
+    a = TestClient(create_app(replica("gw-a")), raise_server_exceptions=False)
+    a.__enter__()
+    with contextlib.ExitStack() as closing:
+        closing.callback(a.__exit__, None, None, None)
+        b = closing.enter_context(TestClient(create_app(replica("gw-b")), raise_server_exceptions=False))
+        pool = closing.enter_context(ThreadPoolExecutor(4))
+        closing.callback(lambda: [gate.set() for gate in gates.values()])  # a failed check leaves no thread held
+        quiet = pool.submit(a.post, "/v1/chat/completions", json=_body("v2"), headers=_as(keys["disputes"]))
+        until(lambda: order == ["disputes"], "disputes at the model")
+        until(lambda: b.get("/v1/gateway/queue", headers=admin).json()["peer_demand"] == 1,
+              "gw-b told that disputes has one at the model")
+        flood = [pool.submit(b.post, "/v1/chat/completions", json=_body(), headers=_as(keys["search"]))
+                 for _ in range(3)]
+        until(lambda: b.get("/v1/gateway/queue", headers=admin).json()["waiting"] == 2, "search's two queued on gw-b")
+        assert order == ["disputes", "search"]
+        turns = b.get("/v1/gateway/queue", headers=admin).json()
+        assert turns["peers"] == 1 and turns["busy"] == 1 and turns["budget"] == 1
+        gates["search"].set()  # search's answers end one after another: each frees the one slot for the next
+        assert [f.result(timeout=30).status_code for f in flood] == [200] * 3
+        assert order == ["disputes", "search", "search", "search"] and not quiet.done()
+        gates["disputes"].set()
+        assert quiet.result(timeout=30).status_code == 200
+        assert Path(peers.turns_uri(settings, "gw-a")).exists()
+        closing.pop_all()
+        a.__exit__(None, None, None)  # gw-a stops: its file goes with it
+        assert not Path(peers.turns_uri(settings, "gw-a")).exists()
+        b.__exit__(None, None, None)

@@ -135,7 +135,9 @@ def status(settings: Settings) -> dict[str, Any]:
 def create_app(settings: Settings) -> Any:
     from pipelines.config import DEFAULT_PROJECT
     from pipelines.gateway import openai_api as api
+    from pipelines.gateway import peers
     from pipelines.gateway.fair import FairShare, backend_slots
+    from pipelines.gateway.quota import replica_name
     from pipelines.gateway.streaming import stream_response
     from pipelines.gateway.tenants import Tenants
     from pipelines.logs.feedback import RATINGS
@@ -149,9 +151,20 @@ def create_app(settings: Settings) -> Any:
     fair = FairShare(backend_slots(settings), settings.gateway.queue_timeout_s,  # turns at the model
                      settings.gateway.fair_window_s)
 
+    replica = replica_name(settings)
+
     @contextlib.asynccontextmanager
     async def lifespan(_app: Any) -> AsyncIterator[None]:
+        # the turns across replicas (gateway/peers.py): which projects send through the others, their demand
+        in_step = asyncio.create_task(peers.keep_in_step(fair, settings, replica)) if fair.slots > 0 else None
         yield
+        if in_step is not None:
+            in_step.cancel()
+            await asyncio.gather(in_step, return_exceptions=True)
+            try:
+                await asyncio.wait_for(asyncio.to_thread(peers.withdraw, settings, replica), peers.IO_TIMEOUT_S)
+            except asyncio.TimeoutError:
+                LOG.warning("the gateway's turns file not removed in time (the others stop counting it when it ages out)")
         probes.shutdown(wait=False, cancel_futures=True)
         tenants.close()  # per project: captures first, then ratings, comparisons and the day's usage
 

@@ -19,8 +19,13 @@ A project alone is never held back at the model (its requests go straight to Tri
 when a quiet project comes back, what the busy one had already sent is ahead of it (once per quiet spell: a
 project counts as sending for `fair_window_s` after its latest request was sent or answered). A request that
 waits longer than `gateway.queue_timeout_s` is refused with an OpenAI-style 429 and `Retry-After` (nothing
-was sent to the model, nothing is captured). `backend_slots: 0` turns the turns off. The turns are per gateway replica (the cluster
-runs two: each keeps its own).
+was sent to the model, nothing is captured). `backend_slots: 0` turns the turns off.
+
+Across gateway replicas (the cluster runs two; `peers.py`): each replica keeps its own turns and queues, and
+every few seconds tells the others which projects send to it and how many of its requests are at the model or
+waiting. A project sending through another replica counts as sending here too (so a replica that only sees the
+flood still holds it to its slots), and the model's `backend_slots` are split between the replicas in
+proportion to their demand, at least one each. What a replica knows of the others is up to ~10 s old.
 
 A project's own quota (`flywheel project quota NAME --rpm/--concurrent`) still applies first. Everything here
 runs on the gateway's event loop: no locks, no thread ever touches it.
@@ -31,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import math
 import time
 from collections import defaultdict, deque
 from typing import TYPE_CHECKING, Any
@@ -71,6 +77,8 @@ class FairShare:
         self._turn = itertools.count()
         self._last: dict[str, int] = {}  # the turn a project was last given a slot
         self.counts = {"granted": 0, "waited": 0, "timed_out": 0, "refused_places": 0}  # all projects' together
+        self._elsewhere: dict[str, float] = {}  # projects sending through other replicas: until when (clock)
+        self._peers: list[tuple[float, int]] = []  # each other replica's (until when it counts, its demand)
 
     def _give(self, project: str) -> None:
         self.busy += 1
@@ -87,13 +95,14 @@ class FairShare:
 
     def sending(self) -> int:
         """How many projects send: a request sent or answered within the last `window_s`, or one waiting or at the
-        model now."""
-        horizon = self.clock() - self.window_s
+        model now, here or through another replica (as it last told)."""
+        now = self.clock()
+        horizon = now - self.window_s
         for project in [p for p, at in self._seen.items()
                         if at < horizon and p not in self.at_model and p not in self.waiting
                         and p not in self.places]:
             del self._seen[project]
-        return len(self._seen)
+        return len(self._seen.keys() | {p for p, until in self._elsewhere.items() if until > now})
 
     def contended(self) -> bool:
         return self.slots > 0 and self.sending() >= 2
@@ -101,7 +110,25 @@ class FairShare:
     def _may_go(self, project: str) -> bool:
         """Whether a request of `project` may go to the model now: nobody is held back while one project sends;
         every sending project may have one at the model; beyond that, `slots` at once."""
-        return self.at_model.get(project, 0) == 0 or self.busy < self.slots or not self.contended()
+        return self.at_model.get(project, 0) == 0 or self.busy < self.budget() or not self.contended()
+
+    def demand(self) -> int:
+        """This replica's requests at the model or waiting for it."""
+        return self.busy + sum(len(queue) for queue in self.waiting.values())
+
+    def peer_demand(self) -> int:
+        """The other replicas' requests at the model or waiting, as they last told (while their news is live)."""
+        now = self.clock()
+        return sum(demand for until, demand in self._peers if until > now)
+
+    def budget(self) -> int:
+        """The slots this replica may fill: all of them alone; with other replicas' demand, its share in proportion
+        to its own demand (at least one)."""
+        others = self.peer_demand()
+        if others <= 0:
+            return self.slots
+        mine = self.demand()
+        return max(1, math.floor(self.slots * mine / (mine + others)))
 
     def _dispatch(self) -> None:
         while True:
@@ -124,6 +151,7 @@ class FairShare:
             return
         held = set(self.at_model) | set(self.waiting) | set(self.places)
         ends = [at + self.window_s for p, at in self._seen.items() if p not in held]
+        ends += [until for p, until in self._elsewhere.items() if p not in held and until > self.clock()]
         if ends:
             loop = asyncio.get_running_loop()
             self._timer = loop.call_later(max(0.0, min(ends) - self.clock()) + 0.01, self._dispatch)
@@ -223,4 +251,32 @@ class FairShare:
     def snapshot(self) -> dict[str, Any]:
         """The totals the gateway's operator reads (`GET /v1/gateway/queue`, the gateway's own key only)."""
         return {"slots": self.slots, "busy": self.busy, "waiting": sum(len(q) for q in self.waiting.values()),
-                "places": sum(self.places.values()), "contended": self.contended(), **self.counts}
+                "places": sum(self.places.values()), "contended": self.contended(), **self.counts,
+                "peers": sum(until > self.clock() for until, _ in self._peers), "peer_demand": self.peer_demand(),
+                "budget": self.budget()}
+
+    def state(self) -> dict[str, object]:
+        """What this replica tells the others (`peers.py`): the projects sending here (when each was last seen,
+        wall clock, and whether it still has requests here) and its demand. Its own knowledge only: what it
+        learned of the others is never passed on."""
+        self.sending()  # the quiet ones pruned
+        now, wall = self.clock(), time.time()
+        held = set(self.at_model) | set(self.waiting) | set(self.places)
+        return {"sending": {p: {"seen": wall - (now - at), "held": p in held} for p, at in self._seen.items()},
+                "demand": self.demand()}
+
+    def learn(self, others: list[dict[str, Any]], wall: float) -> None:
+        """The other replicas' live states (`peers.check`ed; read at `wall`): a project they hold counts as
+        sending here while their file is live, one they saw lately for the rest of its window; their demand
+        splits the slots. The waiting are looked at again."""
+        now, elsewhere, peers = self.clock(), {}, []
+        for other in others:
+            expires = now + other["at"] + other["live_s"] - wall
+            for project, info in other["sending"].items():
+                until = expires if info["held"] else min(expires, now + self.window_s - (wall - info["seen"]))
+                if until > now:
+                    elsewhere[project] = max(until, elsewhere.get(project, until))
+            peers.append((expires, other["demand"]))
+        self._elsewhere, self._peers = elsewhere, peers
+        self._known.update(elsewhere)
+        self._dispatch()
