@@ -162,6 +162,10 @@ class GatewaySettings(_Section):
                                    "then a 429 with Retry-After")
     fair_window_s: float = Field(10, gt=0, description="a project counts as sending for this long after its "
                                  "latest request was sent or answered; the turns at the model apply while two or more do")
+    turns_exchange_s: float = Field(5, ge=0, le=60, description="how often each gateway replica tells the others "
+                                    "which projects send to it and its demand, and reads theirs "
+                                    "(pipelines/gateway/peers.py: the turns hold across replicas). 0: each "
+                                    "replica keeps its turns alone")
     few_shot: int = Field(3, ge=0, le=8, description="retrieved examples in the `base` model's prompt")
     capture: bool = Field(True, description="write every served turn into the raw zone as one log record")
     capture_rotate_bytes: int = Field(16_000_000, ge=1024, description="start a new capture file past this size")

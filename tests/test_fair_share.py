@@ -285,7 +285,7 @@ def test_a_project_whose_answers_outlast_the_window_still_sends_when_one_ends() 
 
 
 def _tell(settings, fair: FairShare, replica: str) -> list[dict]:
-    """One exchange of `replica` (what peers.keep_in_step does every EVERY_S): its turns out, the others' in."""
+    """One exchange of `replica` (what peers.keep_in_step does every gateway.turns_exchange_s): its turns out, the others' in."""
     import time
 
     from pipelines.gateway import peers

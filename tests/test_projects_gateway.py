@@ -553,7 +553,6 @@ def test_a_replica_that_sees_only_the_flood_holds_it_while_the_quiet_project_sen
     _client, settings, keys, stop = gateway
     stop()
     registry.set_quotas(settings, "search", rpm=100)
-    monkeypatch.setattr(peers, "EVERY_S", 0.1)
     gates = {"disputes": threading.Event(), "search": threading.Event()}
     order, lock = [], threading.Lock()
     real = FakeTriton.infer_one
@@ -569,7 +568,8 @@ def test_a_replica_that_sees_only_the_flood_holds_it_while_the_quiet_project_sen
 
     def replica(name: str):
         return settings.model_copy(update={"gateway": settings.gateway.model_copy(update={
-            "backend_slots": 1, "queue_timeout_s": 30.0, "fair_window_s": 1.0, "replica": name})})
+            "backend_slots": 1, "queue_timeout_s": 30.0, "fair_window_s": 1.0, "replica": name,
+            "turns_exchange_s": 0.1})})
 
     admin = _as(keys["default"])
 

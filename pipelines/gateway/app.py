@@ -156,7 +156,8 @@ def create_app(settings: Settings) -> Any:
     @contextlib.asynccontextmanager
     async def lifespan(_app: Any) -> AsyncIterator[None]:
         # the turns across replicas (gateway/peers.py): which projects send through the others, their demand
-        in_step = asyncio.create_task(peers.keep_in_step(fair, settings, replica)) if fair.slots > 0 else None
+        in_step = (asyncio.create_task(peers.keep_in_step(fair, settings, replica))
+                   if fair.slots > 0 and settings.gateway.turns_exchange_s > 0 else None)
         yield
         if in_step is not None:
             in_step.cancel()

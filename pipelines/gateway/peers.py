@@ -3,14 +3,14 @@
 The turns at the shared model (`fair.py`) are kept by each gateway replica on its own event loop; the cluster
 runs two replicas, and the balancer spreads connections, not projects. Alone, a replica that only sees the
 flooding project would think it alone and send its whole flood to Triton, where the quiet project's request,
-sent through the other replica, waits behind all of it. So every `EVERY_S` each replica writes what its turns
+sent through the other replica, waits behind all of it. So every `gateway.turns_exchange_s` (5 s; 0: off)
+each replica writes what its turns
 know (`FairShare.state`: the projects sending to it, whether each still has requests here, and its demand:
 requests at the model or waiting) to `<serving zone>/gateway/turns/<replica>.json`, atomically, and reads the
 others' (`FairShare.learn`): a project sending through any live replica counts as sending on every replica, and
 the model's slots (`gateway.backend_slots`, the model's, not one replica's) are split between the replicas with
 demand, in proportion to it (at least one each). What a replica knows of the others is up to about two periods
-old (~10 s); a file older than its live span (three of its writer's cycles, `EVERY_S` each at least: a stopped
-replica) counts nothing, and one older than an hour is removed. A replica that stops removes its own file.
+old (~10 s); a file older than its live span (three of its writer's cycles: a stopped replica) counts nothing, and one older than an hour is removed. A replica that stops removes its own file.
 
 The file I/O runs in a worker thread with a timeout; the turns are only read and changed on the event loop.
 """
@@ -28,7 +28,6 @@ if TYPE_CHECKING:
     from pipelines.gateway.fair import FairShare
 
 LOG = logging.getLogger("flywheel.gateway")
-EVERY_S = 5.0  # how often a replica writes its turns and reads the others'
 IO_TIMEOUT_S = 30.0  # one exchange's file I/O, at most (object storage)
 FORGET_S = 3600.0  # a replica's file older than this is removed (a pod rescheduled under a new name)
 
@@ -95,11 +94,13 @@ def withdraw(settings: Settings, replica: str) -> None:
 
 
 async def keep_in_step(fair: FairShare, settings: Settings, replica: str) -> None:
-    """Every EVERY_S: this replica's turns out, the others' in (until cancelled). Runs on the gateway's loop."""
-    cycle = EVERY_S
+    """Every `gateway.turns_exchange_s`: this replica's turns out, the others' in (until cancelled). Runs on the
+    gateway's loop."""
+    every = settings.gateway.turns_exchange_s
+    cycle = every
     while True:
         started = time.monotonic()
-        state = {**fair.state(), "at": time.time(), "live_s": 3 * max(cycle, EVERY_S), "replica": replica}
+        state = {**fair.state(), "at": time.time(), "live_s": 3 * max(cycle, every), "replica": replica}
         io = asyncio.ensure_future(asyncio.to_thread(exchange, settings, replica, state))
         try:
             found = await asyncio.wait_for(asyncio.shield(io), IO_TIMEOUT_S)
@@ -113,5 +114,5 @@ async def keep_in_step(fair: FairShare, settings: Settings, replica: str) -> Non
             LOG.exception("the gateway's turns: exchange failed")
         else:
             fair.learn(found, time.time())
-        await asyncio.sleep(EVERY_S)
+        await asyncio.sleep(every)
         cycle = time.monotonic() - started
