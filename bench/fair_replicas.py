@@ -214,6 +214,17 @@ def summarize(phases: list[dict[str, Any]]) -> dict[str, Any]:
                                  "ratio": round(y / x, 2) if x and y else None,
                                  "search_answered": {arm: cell[arm]["search"]["n"] for arm in cell},
                                  "shop_answered": {arm: cell[arm]["shop"]["answered"] for arm in cell}})
+    ratios = [row["ratio"] for row in out["per_round"] if row["ratio"] is not None]
+    if len(ratios) >= 2:  # paired by round: each round ran both arms back to back, their order alternating
+        from scipy import stats
+
+        mean = statistics.fmean(ratios)
+        half = float(stats.t.ppf(0.975, len(ratios) - 1)) * statistics.stdev(ratios) / len(ratios) ** 0.5
+        out["per_round_ratio_mean"] = round(mean, 3)
+        out["per_round_ratio_ci95_paired"] = [round(mean - half, 3), round(mean + half, 3)]
+    out["answered_per_phase"] = {arm: round(statistics.fmean(p["search"]["n"] + p["shop"]["answered"] for p in phases
+                                                             if p["arm"] == arm), 1)
+                                 for arm in ("alone_turns", "shared_turns") if any(p["arm"] == arm for p in phases)}
     out["all_requests"] = {project: dict(sum((Counter(p[project]["outcomes"]) for p in phases), Counter()))
                            for project in ("search", "shop")}
     return out
@@ -267,7 +278,20 @@ def main() -> int:
     ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "fair_replicas.json")
+    ap.add_argument("--summarize", type=Path, default=None, help="a results file of this bench: its summary and page "
+                    "made again from its phases (nothing measured; the code doing it recorded as summary_commit)")
     args = ap.parse_args()
+    if args.summarize is not None:
+        try:
+            result = json.loads(args.summarize.read_text())
+            result["summary"], result["summary_commit"] = summarize(result["phases"]), commit()
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            print(f"error: {args.summarize}: not a results file of this bench ({exc})", file=sys.stderr)
+            return 2
+        args.summarize.write_text(json.dumps(result, indent=1))
+        args.summarize.with_suffix(".html").write_text(render(result), encoding="utf-8")
+        print(json.dumps({k: v for k, v in result["summary"].items() if k != "per_round"}, indent=1))
+        return 0
     if args.rounds < 1 or args.seconds <= 0 or args.flood < 1:
         print("error: --rounds and --flood at least 1, --seconds above 0", file=sys.stderr)
         return 2
