@@ -188,7 +188,9 @@ def phase(urls: dict[str, str], keys: dict[str, str], reqs: dict[str, list[dict[
                        "p95_ms": round(_p95(lat), 1) if lat else None, "latencies_ms": [round(x, 1) for x in lat]},
             "shop": {"outcomes": dict(shop), "clients": flood, "answered": sum(len(c.latencies_ms) for c in floods)},
             "turns": {r: {**_queue_summary(samples[r]),
-                          "peers_seen": max((s.get("peers", 0) for s in samples[r] if "busy" in s), default=None)}
+                          "peers_seen": max((s.get("peers", 0) for s in samples[r] if "busy" in s), default=None),
+                          "waiting_median": statistics.median([s["waiting"] for s in samples[r] if "busy" in s] or [0]),
+                          "samples_raw": samples[r]}
                       for r in REPLICAS}}
 
 
@@ -256,7 +258,7 @@ def render(result: dict[str, Any]) -> str:
     rows = [{"phase": label, "search answered": p["search"]["n"], "search outcomes": json.dumps(p["search"]["outcomes"]),
              "search p50 ms (95 % CI)": f"{p['search']['p50_ms']} {p['search']['p50_ci95']}",
              "search p95 ms": p["search"]["p95_ms"], "shop outcomes": json.dumps(p["shop"]["outcomes"]),
-             "gw-a turns": json.dumps(p["turns"]["gw-a"]), "gw-b turns": json.dumps(p["turns"]["gw-b"])}
+             "gw-a turns": json.dumps({k: v for k, v in p["turns"]["gw-a"].items() if k != "samples_raw"}), "gw-b turns": json.dumps({k: v for k, v in p["turns"]["gw-b"].items() if k != "samples_raw"})}
             for label, p in zip(labels, phases)]
     s = result["summary"]
     head = [{"commit": result["commit"].get("sha"), "dirty": result["commit"].get("dirty"),
@@ -296,6 +298,7 @@ def main() -> int:
         print("error: --rounds and --flood at least 1, --seconds above 0", file=sys.stderr)
         return 2
 
+    from pipelines.gateway.fair import backend_slots
     from pipelines.serve import server
     from pipelines.services import free_port
 
@@ -313,11 +316,11 @@ def main() -> int:
             procs = start_gateways(settings, ports, 0.0 if arm == "alone_turns" else settings.gateway.turns_exchange_s,
                                    args.work)
             try:
-                warm(urls, keys, reqs, ("search",) if arm == "alone" else ("search", "shop"))
+                warmed = warm(urls, keys, reqs, ("search",) if arm == "alone" else ("search", "shop"))
                 result = phase(urls, keys, reqs, args.seconds, 0 if arm == "alone" else args.flood, offset=i * 17)
             finally:
                 stop_gateways(procs)
-            result.update(arm=arm, round=r)
+            result.update(arm=arm, round=r, warm_up=warmed)  # one request per project before the phase (200s)
             phases.append(result)
             s = result["search"]
             print(f"{arm:12s} round {r}: search {s['n']} answered, p50 {s['p50_ms']} ms {s['p50_ci95']}, outcomes "
@@ -330,7 +333,9 @@ def main() -> int:
               "seconds_total": round(time.time() - started, 1),
               "settings": {**{k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
                            "base_model": BASE_MODEL, "triton_instances": settings.triton.instances,
-                           "triton_threads": settings.triton.threads, "backend_slots": settings.gateway.backend_slots,
+                           "triton_threads": settings.triton.threads, "backend_slots": backend_slots(settings),
+                           "max_concurrent_requests": settings.gateway.max_concurrent_requests,
+                           "queue_timeout_s": settings.gateway.queue_timeout_s,
                            "fair_window_s": settings.gateway.fair_window_s,
                            "turns_exchange_s": settings.gateway.turns_exchange_s},
               "summary": summary, "phases": phases}

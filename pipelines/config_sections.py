@@ -165,7 +165,7 @@ class GatewaySettings(_Section):
     turns_exchange_s: float = Field(5, ge=0, le=60, description="how often each gateway replica tells the others "
                                     "which projects send to it and its demand, and reads theirs "
                                     "(pipelines/gateway/peers.py: the turns hold across replicas). 0: each "
-                                    "replica keeps its turns alone")
+                                    "replica keeps its turns alone; else at least 0.1")
     few_shot: int = Field(3, ge=0, le=8, description="retrieved examples in the `base` model's prompt")
     capture: bool = Field(True, description="write every served turn into the raw zone as one log record")
     capture_rotate_bytes: int = Field(16_000_000, ge=1024, description="start a new capture file past this size")
@@ -192,3 +192,10 @@ class GatewaySettings(_Section):
     canary_max_error_share: float = Field(0.05, ge=0, le=1)
     shadow_queue: int = Field(16, ge=1, description="off-path comparisons waiting at most; more are skipped "
                               "(counted), so a slow candidate never slows the caller")
+
+    @field_validator("turns_exchange_s")
+    @classmethod
+    def _exchange_period(cls, seconds: float) -> float:
+        if 0 < seconds < 0.1:
+            raise ValueError("0 (off) or at least 0.1 s: each exchange writes a file")
+        return seconds

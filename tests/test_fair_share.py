@@ -300,9 +300,10 @@ def test_replicas_tell_each_other_who_sends_and_split_the_models_slots(tmp_path)
     waits); search sends through a. Once b has read a's file, search sends on b too: shop's next waits, and the
     slots are split by demand (b: 4 + 1 against a's 1, floor(2 x 5 / 6) = 1), so b's waiter goes only when b has
     none at the model. a learns b's demand too: search's second waits behind its first. When a stops (its file
-    removed), shop is alone again. (Mutations tried: the others' projects not counted as sending lets shop's
-    fifth go at once; the slots not split lets it go at busy 1; a stopped replica's file kept counting leaves it
-    waiting.)"""
+    removed), shop is alone again. b's places stay its own: search, sending elsewhere, does not halve shop's.
+    (Mutations tried: the others' projects not counted as sending lets shop's fifth go at once; the slots not
+    split lets it go at busy 1; a stopped replica's file kept counting leaves it waiting; the others' projects
+    dividing b's places.)"""
     from pipelines.config import load_settings
     from pipelines.gateway import peers
 
@@ -315,6 +316,9 @@ def test_replicas_tell_each_other_who_sends_and_split_the_models_slots(tmp_path)
         assert _tell(settings, a, "gw-a") == []  # b has not written yet
         assert len(_tell(settings, b, "gw-b")) == 1
         assert b.contended() and b.snapshot()["peer_demand"] == 1 and b.budget() == 1
+        b.enter("shop", 8)  # b's places are its own: search (elsewhere) only keeps a quarter free
+        assert b.share(8) == 6
+        b.leave("shop")
         got: list[str] = []
         fifth = asyncio.create_task(_waiter(b, "shop", got))
         await _settle()
@@ -344,8 +348,9 @@ def test_replicas_tell_each_other_who_sends_and_split_the_models_slots(tmp_path)
 
 def test_a_stale_or_malformed_replica_file_counts_nothing_and_an_old_one_is_removed(tmp_path, caplog) -> None:
     """Only live files count: one older than its live span (a stopped replica) adds no project and no demand,
-    one not a turns record is logged and left out, one older than an hour is removed; a live one still counts.
-    (Mutations tried: the age not checked counts the stale file's project; a malformed `held` accepted.)"""
+    one not a turns record or written an hour ahead (a clock off) is logged and left out, one older than an hour
+    is removed; a live one still counts. (Mutations tried: the age not checked counts the stale file's project; a
+    malformed `held` accepted; a file from the future counted.)"""
     import json
     import time
 
@@ -356,6 +361,7 @@ def test_a_stale_or_malformed_replica_file_counts_nothing_and_an_old_one_is_remo
     wall = time.time()
     record = {"sending": {"shop": {"seen": wall, "held": True}}, "demand": 3, "live_s": 15.0}
     files = {"stale": {**record, "at": wall - 20}, "old": {**record, "at": wall - 7200},
+             "ahead": {**record, "at": wall + 3600},  # a replica whose clock is an hour off
              "bad": {**record, "at": wall, "sending": {"shop": {"seen": wall, "held": "yes"}}},
              "live": {**record, "at": wall, "sending": {"search": {"seen": wall - 2, "held": False}}}}
     for name, data in files.items():
@@ -369,4 +375,66 @@ def test_a_stale_or_malformed_replica_file_counts_nothing_and_an_old_one_is_remo
     assert fair._elsewhere.keys() == {"search"} and fair.peer_demand() == 3
     assert not Path(peers.turns_uri(settings, "old")).exists() and Path(peers.turns_uri(settings, "stale")).exists()
     assert "bad.json unreadable" in caplog.text and "junk.json unreadable" in caplog.text
-    assert 7 < fair._elsewhere["search"] - fair.clock() <= 8.1  # the rest of its window (10 s, seen 2 s ago)
+    assert "ahead.json unreadable: written 3600 s in the future" in caplog.text
+    assert 5 < fair._elsewhere["search"] - fair.clock() <= 8.1  # the rest of its window (10 s, seen 2 s ago)
+
+
+def test_a_replica_that_stops_removes_its_file_after_the_exchange_in_flight_and_a_stuck_one_is_never_doubled(
+        tmp_path, monkeypatch) -> None:
+    """The exchange loop (peers.InStep): a failed exchange is logged and the loop goes on; at stop, the exchange
+    in flight ends first and the file is removed after it (never written again after the removal); an exchange
+    stuck in the store is never run twice at once, and stop returns within its bound, leaving the file to age
+    out. (Mutations tried: stop not waiting for the exchange in flight leaves the file written after its removal;
+    a new exchange every cycle while one is stuck runs it again; an exception in the exchange ending the loop.)"""
+    import threading
+    import time
+
+    from pipelines.config import load_settings
+    from pipelines.gateway import peers
+
+    settings = load_settings(root=str(tmp_path), gateway={"turns_exchange_s": 0.1})
+    real, calls, entered = peers.exchange, [], threading.Event()
+
+    def slow(*args, **kwargs):
+        calls.append(time.monotonic())
+        if len(calls) == 1:
+            raise RuntimeError("the store said no")  # the loop logs it and goes on
+        entered.set()
+        time.sleep(0.5)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(peers, "exchange", slow)
+
+    async def stop_during_an_exchange() -> None:
+        step = peers.InStep(FairShare(1, 5), settings, "gw-a")
+        step.start()
+        assert await asyncio.to_thread(entered.wait, 5)
+        await step.stop()
+
+    asyncio.run(stop_during_an_exchange())
+    assert len(calls) == 2 and not Path(peers.turns_uri(settings, "gw-a")).exists()
+
+    calls.clear()
+    release = threading.Event()
+
+    def stuck(*args, **kwargs):
+        calls.append(time.monotonic())
+        release.wait(10)
+        return []
+
+    monkeypatch.setattr(peers, "exchange", stuck)
+    monkeypatch.setattr(peers, "IO_TIMEOUT_S", 0.2)
+    monkeypatch.setattr(peers, "STOP_WAIT_S", 0.3)
+
+    async def stop_while_stuck() -> float:
+        step = peers.InStep(FairShare(1, 5), settings, "gw-b")
+        step.start()
+        await asyncio.sleep(1.0)  # five exchange periods, each past IO_TIMEOUT_S
+        started = time.monotonic()
+        await step.stop()
+        took = time.monotonic() - started
+        release.set()
+        return took
+
+    took = asyncio.run(stop_while_stuck())
+    assert len(calls) == 1 and took < 2.0

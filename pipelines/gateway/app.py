@@ -156,16 +156,11 @@ def create_app(settings: Settings) -> Any:
     @contextlib.asynccontextmanager
     async def lifespan(_app: Any) -> AsyncIterator[None]:
         # the turns across replicas (gateway/peers.py): which projects send through the others, their demand
-        in_step = (asyncio.create_task(peers.keep_in_step(fair, settings, replica))
-                   if fair.slots > 0 and settings.gateway.turns_exchange_s > 0 else None)
+        in_step = peers.InStep(fair, settings, replica)
+        if fair.slots > 0 and settings.gateway.turns_exchange_s > 0:
+            in_step.start()
         yield
-        if in_step is not None:
-            in_step.cancel()
-            await asyncio.gather(in_step, return_exceptions=True)
-            try:
-                await asyncio.wait_for(asyncio.to_thread(peers.withdraw, settings, replica), peers.IO_TIMEOUT_S)
-            except asyncio.TimeoutError:
-                LOG.warning("the gateway's turns file not removed in time (the others stop counting it when it ages out)")
+        await in_step.stop()  # bounded (~10 s at most); a no-op when it never started
         probes.shutdown(wait=False, cancel_futures=True)
         tenants.close()  # per project: captures first, then ratings, comparisons and the day's usage
 

@@ -25,7 +25,10 @@ Across gateway replicas (the cluster runs two; `peers.py`): each replica keeps i
 every few seconds tells the others which projects send to it and how many of its requests are at the model or
 waiting. A project sending through another replica counts as sending here too (so a replica that only sees the
 flood still holds it to its slots), and the model's `backend_slots` are split between the replicas in
-proportion to their demand, at least one each. What a replica knows of the others is up to ~10 s old.
+proportion to their demand, at least one each (so the replicas together may send one more per replica, and
+one per sending project, than `backend_slots`). A replica's places stay its own: only the projects sending
+through it share them (one seen elsewhere keeps the quarter free). What a replica knows of the others is up
+to ~10 s old.
 
 A project's own quota (`flywheel project quota NAME --rpm/--concurrent`) still applies first. Everything here
 runs on the gateway's event loop: no locks, no thread ever touches it.
@@ -104,6 +107,11 @@ class FairShare:
             del self._seen[project]
         return len(self._seen.keys() | {p for p, until in self._elsewhere.items() if until > now})
 
+    def sending_here(self) -> int:
+        """How many projects send through this replica (the others' not counted: this replica's places are its own)."""
+        self.sending()  # the quiet ones pruned
+        return len(self._seen)
+
     def contended(self) -> bool:
         return self.slots > 0 and self.sending() >= 2
 
@@ -157,10 +165,11 @@ class FairShare:
             self._timer = loop.call_later(max(0.0, min(ends) - self.clock()) + 0.01, self._dispatch)
 
     def share(self, limit: int) -> int:
-        """The places in the gateway one project may hold: `limit` divided by the projects sending (at least 1);
+        """The places in the gateway one project may hold: `limit` divided by the projects sending through this
+        replica (at least 1; a replica's places are its own);
         a project sending alone keeps a quarter of them free (at least 1) once this gateway has served another
         project, so a flood that started alone never holds every place when a quiet project comes back."""
-        sending = self.sending()
+        sending = self.sending_here()
         if sending >= 2:
             return max(1, limit // sending)
         return limit - max(1, limit // 4) if len(self._known) > 1 and limit > 1 else limit
@@ -175,7 +184,7 @@ class FairShare:
             if held >= share:
                 self.counts["refused_places"] += 1
                 raise api.rate_limited(f"project {project} has {held} requests in the gateway, its share of {limit} "
-                                       f"(gateway.max_concurrent_requests) while {self.sending()} projects send; "
+                                       f"(gateway.max_concurrent_requests) while {self.sending_here()} projects send here; "
                                        "retry after a second")
         self.places[project] = self.places.get(project, 0) + 1
 

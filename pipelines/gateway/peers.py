@@ -11,6 +11,8 @@ others' (`FairShare.learn`): a project sending through any live replica counts a
 the model's slots (`gateway.backend_slots`, the model's, not one replica's) are split between the replicas with
 demand, in proportion to it (at least one each). What a replica knows of the others is up to about two periods
 old (~10 s); a file older than its live span (three of its writer's cycles: a stopped replica) counts nothing, and one older than an hour is removed. A replica that stops removes its own file.
+The replicas' clocks must agree to within a few seconds (NTP): a file written more than a minute ahead is
+left out.
 
 The file I/O runs in a worker thread with a timeout; the turns are only read and changed on the event loop.
 """
@@ -28,7 +30,9 @@ if TYPE_CHECKING:
     from pipelines.gateway.fair import FairShare
 
 LOG = logging.getLogger("flywheel.gateway")
-IO_TIMEOUT_S = 30.0  # one exchange's file I/O, at most (object storage)
+IO_TIMEOUT_S = 30.0  # one exchange's file I/O: a warning past it (object storage)
+STOP_WAIT_S = 5.0  # at shutdown: for the exchange in flight, then for the file's removal
+MAX_AHEAD_S = 60.0  # a file written further in the future than this (a replica's clock off): left out
 FORGET_S = 3600.0  # a replica's file older than this is removed (a pod rescheduled under a new name)
 
 
@@ -67,7 +71,9 @@ def exchange(settings: Settings, replica: str, state: dict[str, Any]) -> list[di
             continue
         try:
             record = check(read_json(uri))
-        except (OSError, ValueError, TypeError, KeyError, AttributeError) as exc:
+            if record["at"] - wall > MAX_AHEAD_S:
+                raise ValueError(f"written {record['at'] - wall:.0f} s in the future (the replicas' clocks differ)")
+        except Exception as exc:  # noqa: BLE001 (unreadable, not a turns record, or the store's own error)
             LOG.warning("turns %s unreadable: %s", uri, exc)
             continue
         age = wall - record["at"]
@@ -89,30 +95,70 @@ def withdraw(settings: Settings, replica: str) -> None:
     try:
         if exists(uri):
             remove(uri)
-    except OSError as exc:
+    except Exception as exc:  # noqa: BLE001 (an object store's own errors too): the file ages out by itself
         LOG.warning("turns %s not removed: %s (the others stop counting it when it ages out)", uri, exc)
 
 
-async def keep_in_step(fair: FairShare, settings: Settings, replica: str) -> None:
-    """Every `gateway.turns_exchange_s`: this replica's turns out, the others' in (until cancelled). Runs on the
-    gateway's loop."""
-    every = settings.gateway.turns_exchange_s
-    cycle = every
-    while True:
-        started = time.monotonic()
-        state = {**fair.state(), "at": time.time(), "live_s": 3 * max(cycle, every), "replica": replica}
-        io = asyncio.ensure_future(asyncio.to_thread(exchange, settings, replica, state))
+class InStep:
+    """One replica's exchange loop: `start` on the gateway's event loop, `stop` (bounded) at its shutdown. At most
+    one exchange runs at a time (one stuck in object storage: no new one until it ends, logged every
+    IO_TIMEOUT_S); the turns are read and changed on the loop only."""
+
+    def __init__(self, fair: FairShare, settings: Settings, replica: str) -> None:
+        self.fair, self.settings, self.replica = fair, settings, replica
+        self.every = settings.gateway.turns_exchange_s
+        self._stop: asyncio.Event | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._io: asyncio.Future[list[dict[str, Any]]] | None = None  # the exchange's thread while it runs
+
+    def start(self) -> None:
+        self._stop = asyncio.Event()
+        self._task = asyncio.create_task(self._run())
+
+    async def _run(self) -> None:
+        assert self._stop is not None
+        cycle = self.every
+        while not self._stop.is_set():
+            started = time.monotonic()
+            if self._io is None:
+                try:
+                    state = {**self.fair.state(), "at": time.time(), "live_s": 3 * max(cycle, self.every),
+                             "replica": self.replica}
+                    self._io = asyncio.ensure_future(asyncio.to_thread(exchange, self.settings, self.replica, state))
+                except Exception:  # noqa: BLE001 (the turns go on with what this replica knows)
+                    LOG.exception("the gateway's turns: not exchanged")
+            if self._io is not None:
+                done, _ = await asyncio.wait({self._io}, timeout=IO_TIMEOUT_S)
+                if done:
+                    io, self._io = self._io, None
+                    try:
+                        self.fair.learn(io.result(), time.time())
+                    except Exception:  # noqa: BLE001 (the others' last known state ages out)
+                        LOG.exception("the gateway's turns: exchange failed")
+                else:
+                    LOG.warning("the gateway's turns: no exchange within %s s (the others' last known state ages "
+                                "out; no new exchange until this one ends)", IO_TIMEOUT_S)
+            try:
+                await asyncio.wait_for(self._stop.wait(), self.every)
+            except asyncio.TimeoutError:
+                pass
+            cycle = time.monotonic() - started
+
+    async def stop(self) -> None:
+        """The loop ended and this replica's file removed, within about 2 x STOP_WAIT_S: an exchange in flight
+        ends first (else the file is left to age out: its write could land after the removal)."""
+        if self._stop is None or self._task is None:
+            return
+        self._stop.set()
+        pending = {t for t in (self._task, self._io) if t is not None and not t.done()}
+        if pending:
+            await asyncio.wait(pending, timeout=STOP_WAIT_S)
+        if not self._task.done():
+            self._task.cancel()
+        if self._io is not None and not self._io.done():
+            LOG.warning("the gateway's turns: an exchange still running at stop; the file is left to age out")
+            return
         try:
-            found = await asyncio.wait_for(asyncio.shield(io), IO_TIMEOUT_S)
-        except asyncio.CancelledError:  # the gateway stops: a write in flight ends before its file is removed
-            await asyncio.wait({io}, timeout=IO_TIMEOUT_S)
-            raise
+            await asyncio.wait_for(asyncio.to_thread(withdraw, self.settings, self.replica), STOP_WAIT_S)
         except asyncio.TimeoutError:
-            LOG.warning("the gateway's turns: no exchange within %s s (the others' last known state ages out)",
-                        IO_TIMEOUT_S)
-        except Exception:  # noqa: BLE001 (the turns go on with what this replica knows)
-            LOG.exception("the gateway's turns: exchange failed")
-        else:
-            fair.learn(found, time.time())
-        await asyncio.sleep(every)
-        cycle = time.monotonic() - started
+            LOG.warning("the gateway's turns file not removed within %s s (it ages out)", STOP_WAIT_S)
