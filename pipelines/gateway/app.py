@@ -160,7 +160,7 @@ def create_app(settings: Settings) -> Any:
         if fair.slots > 0 and settings.gateway.turns_exchange_s > 0:
             in_step.start()
         yield
-        await in_step.stop()  # bounded (~10 s at most); a no-op when it never started
+        await in_step.stop()  # bounded (~10 s at most; its threads are daemons); a no-op when it never started
         probes.shutdown(wait=False, cancel_futures=True)
         tenants.close()  # per project: captures first, then ratings, comparisons and the day's usage
 

@@ -14,7 +14,8 @@ old (~10 s); a file older than its live span (three of its writer's cycles: a st
 The replicas' clocks must agree to within a few seconds (NTP): a file written more than a minute ahead is
 left out.
 
-The file I/O runs in a worker thread with a timeout; the turns are only read and changed on the event loop.
+The file I/O runs in a daemon thread with a timeout (a stuck store never holds the gateway's exit); the turns
+are only read and changed on the event loop.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import threading
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -82,7 +84,7 @@ def exchange(settings: Settings, replica: str, state: dict[str, Any]) -> list[di
         elif age > FORGET_S:
             try:
                 remove(uri)
-            except OSError as exc:
+            except Exception as exc:  # noqa: BLE001 (the store's own errors too): the others' records still count
                 LOG.warning("turns %s not removed: %s", uri, exc)
     return found
 
@@ -97,6 +99,32 @@ def withdraw(settings: Settings, replica: str) -> None:
             remove(uri)
     except Exception as exc:  # noqa: BLE001 (an object store's own errors too): the file ages out by itself
         LOG.warning("turns %s not removed: %s (the others stop counting it when it ages out)", uri, exc)
+
+
+def _in_daemon(fn: Any, *args: Any) -> asyncio.Future[Any]:
+    """`fn(*args)` in a daemon thread, its result as a future of the running loop. Not the loop's default
+    executor: that one is joined without a timeout when the gateway's loop closes, so a call stuck in object
+    storage would hold the process's exit."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[Any] = loop.create_future()
+
+    def settle(result: Any, exc: BaseException | None) -> None:
+        if not future.done():
+            future.set_exception(exc) if exc is not None else future.set_result(result)
+
+    def run() -> None:
+        result, error = None, None
+        try:
+            result = fn(*args)
+        except BaseException as exc:  # noqa: BLE001 (handed to the loop)
+            error = exc
+        try:
+            loop.call_soon_threadsafe(settle, result, error)
+        except RuntimeError:  # the loop closed meanwhile: nobody waits for it
+            pass
+
+    threading.Thread(target=run, name="gateway-turns", daemon=True).start()
+    return future
 
 
 class InStep:
@@ -124,7 +152,7 @@ class InStep:
                 try:
                     state = {**self.fair.state(), "at": time.time(), "live_s": 3 * max(cycle, self.every),
                              "replica": self.replica}
-                    self._io = asyncio.ensure_future(asyncio.to_thread(exchange, self.settings, self.replica, state))
+                    self._io = _in_daemon(exchange, self.settings, self.replica, state)
                 except Exception:  # noqa: BLE001 (the turns go on with what this replica knows)
                     LOG.exception("the gateway's turns: not exchanged")
             if self._io is not None:
@@ -132,9 +160,14 @@ class InStep:
                 if done:
                     io, self._io = self._io, None
                     try:
-                        self.fair.learn(io.result(), time.time())
+                        found = io.result()
                     except Exception:  # noqa: BLE001 (the others' last known state ages out)
                         LOG.exception("the gateway's turns: exchange failed")
+                    else:
+                        try:
+                            self.fair.learn(found, time.time())
+                        except Exception:  # noqa: BLE001 (the turns go on with what they knew)
+                            LOG.exception("the gateway's turns: the others' state not applied")
                 else:
                     LOG.warning("the gateway's turns: no exchange within %s s (the others' last known state ages "
                                 "out; no new exchange until this one ends)", IO_TIMEOUT_S)
@@ -155,10 +188,12 @@ class InStep:
             await asyncio.wait(pending, timeout=STOP_WAIT_S)
         if not self._task.done():
             self._task.cancel()
+        elif not self._task.cancelled() and self._task.exception() is not None:
+            LOG.error("the gateway's turns: the exchange loop ended", exc_info=self._task.exception())
         if self._io is not None and not self._io.done():
             LOG.warning("the gateway's turns: an exchange still running at stop; the file is left to age out")
             return
         try:
-            await asyncio.wait_for(asyncio.to_thread(withdraw, self.settings, self.replica), STOP_WAIT_S)
+            await asyncio.wait_for(_in_daemon(withdraw, self.settings, self.replica), STOP_WAIT_S)
         except asyncio.TimeoutError:
             LOG.warning("the gateway's turns file not removed within %s s (it ages out)", STOP_WAIT_S)
