@@ -40,7 +40,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "bench"))
-from projects import Caller, _bootstrap, _p95, _queue_summary, _watch_queue, ratio_ci  # noqa: E402
+from projects import Caller, _queue_summary, _watch_queue, ratio_ci, run_phase  # noqa: E402
 from real_data import commit  # noqa: E402
 
 WEBSHOP = Path(os.environ.get("FLYWHEEL_SHARED", REPO.parent / "shared")) / "data" / "webshop" / "instruction_to_query.dev.json"
@@ -174,19 +174,7 @@ def phase(urls: dict[str, str], keys: dict[str, str], reqs: dict[str, list[dict[
     samples: dict[str, list[dict[str, Any]]] = {r: [] for r in REPLICAS}
     threads = [threading.Thread(target=c.run, args=(stop,)) for c in [quiet, *floods]]
     threads += [threading.Thread(target=_watch_queue, args=(urls[r], keys["default"], stop, samples[r])) for r in REPLICAS]
-    for t in threads:
-        t.start()
-    time.sleep(seconds)
-    stop.set()
-    for t in threads:
-        t.join(timeout=240)
-    lat = quiet.latencies_ms
-    shop: Counter[str] = sum((c.outcomes for c in floods), Counter())
-    return {"search": {"outcomes": dict(quiet.outcomes), "n": len(lat),
-                       "p50_ms": round(statistics.median(lat), 1) if lat else None,
-                       "p50_ci95": _bootstrap(lat, statistics.median) if len(lat) > 2 else None,
-                       "p95_ms": round(_p95(lat), 1) if lat else None, "latencies_ms": [round(x, 1) for x in lat]},
-            "shop": {"outcomes": dict(shop), "clients": flood, "answered": sum(len(c.latencies_ms) for c in floods)},
+    return {**run_phase(threads, stop, seconds, quiet, floods),
             "turns": {r: {**_queue_summary(samples[r]),
                           "peers_seen": max((s.get("peers", 0) for s in samples[r] if "busy" in s), default=None),
                           "waiting_median": statistics.median([s["waiting"] for s in samples[r] if "busy" in s] or [0]),

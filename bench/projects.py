@@ -139,6 +139,14 @@ def phase(url: str, keys: dict[str, str], reqs: dict[str, list[dict[str, Any]]],
     samples: list[dict[str, Any]] = []
     if admin_key:  # the gateway's turns, every 2 s, with the operator's key (what a person would watch)
         threads.append(threading.Thread(target=_watch_queue, args=(url, admin_key, stop, samples)))
+    return {**run_phase(threads, stop, seconds, quiet, floods),
+            "gateway_queue": _queue_summary(samples) if admin_key else None}
+
+
+def run_phase(threads: list[threading.Thread], stop: threading.Event, seconds: float, quiet: Caller,
+              floods: list[Caller]) -> dict[str, Any]:
+    """The phase's threads run for `seconds` (then each caller ends its request in flight); search's answers
+    (every latency, the median with its bootstrap interval) and every outcome of both projects."""
     for t in threads:
         t.start()
     time.sleep(seconds)
@@ -151,9 +159,8 @@ def phase(url: str, keys: dict[str, str], reqs: dict[str, list[dict[str, Any]]],
                        "p50_ms": round(statistics.median(lat), 1) if lat else None,
                        "p50_ci95": _bootstrap(lat, statistics.median) if len(lat) > 2 else None,
                        "p95_ms": round(_p95(lat), 1) if lat else None, "latencies_ms": [round(x, 1) for x in lat]},
-            "shop": {"outcomes": dict(shop), "clients": flood,
-                     "answered": sum(len(c.latencies_ms) for c in floods)},
-            "gateway_queue": _queue_summary(samples) if admin_key else None}
+            "shop": {"outcomes": dict(shop), "clients": len(floods),
+                     "answered": sum(len(c.latencies_ms) for c in floods)}}
 
 
 def restart_gateway(step: Any, url: str, slots: int | None, admin_key: str) -> None:

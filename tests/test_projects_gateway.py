@@ -86,6 +86,16 @@ def _as(key: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"}
 
 
+def _until(check, what: str, timeout_s: float = 30) -> None:
+    """Wait (polling) until `check()` holds, at most `timeout_s`; else fail with `what`."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.02)
+
+
 def _captured(zone: str) -> list[dict[str, Any]]:
     return [json.loads(line) for f in sorted(Path(zone).glob("dt=*/gateway-*.jsonl")) for line in f.read_text().splitlines()]
 
@@ -473,12 +483,6 @@ def test_a_quiet_project_goes_to_the_model_at_once_not_behind_a_busy_projects_qu
         update={"backend_slots": 1, "queue_timeout_s": 20.0, "fair_window_s": 60.0})})
     admin = _as(keys["default"])
 
-    def until(check, what: str) -> None:
-        deadline = time.monotonic() + 30
-        while not check():
-            assert time.monotonic() < deadline, what
-            time.sleep(0.02)
-
     def post(pool, project: str, model: str = "champion"):
         return pool.submit(client.post, "/v1/chat/completions", json=_body(model), headers=_as(keys[project]))
 
@@ -487,11 +491,11 @@ def test_a_quiet_project_goes_to_the_model_at_once_not_behind_a_busy_projects_qu
         order.clear()
         hold.set()
         sent = [post(pool, "search")]
-        until(lambda: order == ["search"], "search at the model")
+        _until(lambda: order == ["search"], "search at the model")
         sent += [post(pool, "search") for _ in range(2)]
-        until(lambda: client.get("/v1/gateway/queue", headers=admin).json()["waiting"] == 2, "search's two queued")
+        _until(lambda: client.get("/v1/gateway/queue", headers=admin).json()["waiting"] == 2, "search's two queued")
         sent.append(post(pool, "disputes", "v2"))
-        until(lambda: len(order) == 2, "disputes at the model")
+        _until(lambda: len(order) == 2, "disputes at the model")
         assert order == ["search", "disputes"]  # behind nobody's queue
         assert client.get("/v1/gateway/queue", headers=_as(keys["search"])).status_code == 404
         gate.set()
@@ -510,9 +514,9 @@ def test_a_quiet_project_goes_to_the_model_at_once_not_behind_a_busy_projects_qu
         assert client.post("/v1/chat/completions", json=_body("v2"), headers=_as(keys["disputes"])).status_code == 200
         hold.set()
         holding = post(pool, "search")
-        until(lambda: order[-1:] == ["search"], "search at the model")
+        _until(lambda: order[-1:] == ["search"], "search at the model")
         waiting = post(pool, "search")
-        until(lambda: client.get("/v1/gateway/queue", headers=admin).json()["waiting"] == 1, "search's second queued")
+        _until(lambda: client.get("/v1/gateway/queue", headers=admin).json()["waiting"] == 1, "search's second queued")
         third = client.post("/v1/chat/completions", json=_body(), headers=_as(keys["search"]))
         assert third.status_code == 429 and "its share of 4" in third.json()["error"]["message"]
         late = waiting.result(timeout=30)
@@ -572,12 +576,6 @@ def test_a_replica_that_sees_only_the_flood_holds_it_while_the_quiet_project_sen
 
     admin = _as(keys["default"])
 
-    def until(check, what: str) -> None:
-        deadline = time.monotonic() + 30
-        while not check():
-            assert time.monotonic() < deadline, what
-            time.sleep(0.02)
-
     a = TestClient(create_app(replica("gw-a")), raise_server_exceptions=False)
     a.__enter__()
     a_open = [True]
@@ -592,12 +590,12 @@ def test_a_replica_that_sees_only_the_flood_holds_it_while_the_quiet_project_sen
         pool = closing.enter_context(ThreadPoolExecutor(4))
         closing.callback(lambda: [gate.set() for gate in gates.values()])  # a failed check leaves no thread held
         quiet = pool.submit(a.post, "/v1/chat/completions", json=_body("v2"), headers=_as(keys["disputes"]))
-        until(lambda: order == ["disputes"], "disputes at the model")
-        until(lambda: b.get("/v1/gateway/queue", headers=admin).json()["peer_demand"] == 1,
+        _until(lambda: order == ["disputes"], "disputes at the model")
+        _until(lambda: b.get("/v1/gateway/queue", headers=admin).json()["peer_demand"] == 1,
               "gw-b told that disputes has one at the model")
         flood = [pool.submit(b.post, "/v1/chat/completions", json=_body(), headers=_as(keys["search"]))
                  for _ in range(3)]
-        until(lambda: b.get("/v1/gateway/queue", headers=admin).json()["waiting"] == 2, "search's two queued on gw-b")
+        _until(lambda: b.get("/v1/gateway/queue", headers=admin).json()["waiting"] == 2, "search's two queued on gw-b")
         assert order == ["disputes", "search"]
         turns = b.get("/v1/gateway/queue", headers=admin).json()
         assert turns["peers"] == 1 and turns["busy"] == 1 and turns["budget"] == 1
