@@ -65,7 +65,7 @@ def requests_for(seed: int) -> dict[str, list[dict[str, Any]]]:
     return {"search": search, "shop": shop}
 
 
-def set_up(work: Path, new_tokens: int, seed: int) -> tuple[Any, dict[str, str], Any]:
+def set_up(work: Path, new_tokens: int, seed: int, instances: int = 1) -> tuple[Any, dict[str, str], Any]:
     """(settings, keys, Triton status): the shared base loaded with both projects' champions as adapters."""
     from pipelines.bench.adapters import make_adapters
     from pipelines.config import load_settings
@@ -80,7 +80,8 @@ def set_up(work: Path, new_tokens: int, seed: int) -> tuple[Any, dict[str, str],
     shutil.rmtree(work, ignore_errors=True)
     settings = load_settings(root=str(work), triton={
         "http_port": free_port(), "grpc_port": free_port(), "metrics_port": free_port(), "multi_lora": True,
-        "max_adapters": 2, "max_new_tokens": new_tokens, "max_input_tokens": 1536, "threads": 1})
+        "max_adapters": 2, "max_new_tokens": new_tokens, "max_input_tokens": 1536, "threads": 1,
+        "instances": instances})
     keys = {"default": api_key(settings)}
     base = prepare_base(BASE_MODEL, settings)
     names = {}
@@ -167,10 +168,11 @@ def warm(urls: dict[str, str], keys: dict[str, str], reqs: dict[str, list[dict[s
 
 
 def phase(urls: dict[str, str], keys: dict[str, str], reqs: dict[str, list[dict[str, Any]]], seconds: float,
-          flood: int, offset: int) -> dict[str, Any]:
+          flood: int, offset: int, flood_through: tuple[str, ...] = ("gw-b",)) -> dict[str, Any]:
     stop = threading.Event()
     quiet = Caller(urls["gw-a"], keys["search"], reqs["search"][offset:] + reqs["search"][:offset])
-    floods = [Caller(urls["gw-b"], keys["shop"], reqs["shop"][offset + i::max(flood, 1)]) for i in range(flood)]
+    floods = [Caller(urls[flood_through[i % len(flood_through)]], keys["shop"], reqs["shop"][offset + i::max(flood, 1)])
+              for i in range(flood)]
     samples: dict[str, list[dict[str, Any]]] = {r: [] for r in REPLICAS}
     threads = [threading.Thread(target=c.run, args=(stop,)) for c in [quiet, *floods]]
     threads += [threading.Thread(target=_watch_queue, args=(urls[r], keys["default"], stop, samples[r])) for r in REPLICAS]
@@ -267,6 +269,10 @@ def main() -> int:
     ap.add_argument("--flood", type=int, default=6)
     ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--instances", type=int, default=1, help="Triton instances of the shared base (backend_slots "
+                    "unset = this many: with 2 or more, the split of the slots between replicas is exercised)")
+    ap.add_argument("--flood-through", default="gw-b", help="the replicas shop's clients go through, in turn "
+                    "(gw-b: the worst case for per-replica turns; gw-b,gw-a: both replicas have demand)")
     ap.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "fair_replicas.json")
     ap.add_argument("--summarize", type=Path, default=None, help="a results file of this bench: its summary and page "
                     "made again from its phases (nothing measured; the code doing it recorded as summary_commit)")
@@ -282,8 +288,12 @@ def main() -> int:
         args.summarize.with_suffix(".html").write_text(render(result), encoding="utf-8")
         print(json.dumps({k: v for k, v in result["summary"].items() if k != "per_round"}, indent=1))
         return 0
-    if args.rounds < 1 or args.seconds <= 0 or args.flood < 1:
-        print("error: --rounds and --flood at least 1, --seconds above 0", file=sys.stderr)
+    flood_through = tuple(x.strip() for x in args.flood_through.split(",") if x.strip())
+    if args.rounds < 1 or args.seconds <= 0 or args.flood < 1 or args.instances < 1:
+        print("error: --rounds, --flood and --instances at least 1, --seconds above 0", file=sys.stderr)
+        return 2
+    if not flood_through or set(flood_through) - set(REPLICAS):
+        print(f"error: --flood-through: one or more of {', '.join(REPLICAS)}", file=sys.stderr)
         return 2
 
     from pipelines.gateway.fair import backend_slots
@@ -293,7 +303,7 @@ def main() -> int:
     code = commit()
     started = time.time()
     reqs = requests_for(args.seed)
-    settings, keys, _status = set_up(args.work, args.new_tokens, args.seed)
+    settings, keys, _status = set_up(args.work, args.new_tokens, args.seed, args.instances)
     ports = {r: free_port() for r in REPLICAS}
     urls = {r: f"http://127.0.0.1:{ports[r]}/v1" for r in REPLICAS}
     plan = [("alone", None)] + [(arm, r) for r in range(args.rounds)
@@ -305,7 +315,8 @@ def main() -> int:
                                    args.work)
             try:
                 warmed = warm(urls, keys, reqs, ("search",) if arm == "alone" else ("search", "shop"))
-                result = phase(urls, keys, reqs, args.seconds, 0 if arm == "alone" else args.flood, offset=i * 17)
+                result = phase(urls, keys, reqs, args.seconds, 0 if arm == "alone" else args.flood, offset=i * 17,
+                               flood_through=flood_through)
             finally:
                 stop_gateways(procs)
             result.update(arm=arm, round=r, warm_up=warmed)  # one request per project before the phase (200s)
