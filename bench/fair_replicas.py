@@ -20,6 +20,7 @@ by outcome; search's answered latencies pooled per arm, the median ratio shared 
 95 % interval (independent samples) and per round; both gateways' turns sampled every 2 s.
 
 Usage: .venv/bin/python bench/fair_replicas.py [--work /tmp/w/fair_replicas] [--seconds 50] [--rounds 3] [--flood 6]
+       [--instances 1] [--flood-through gw-b]   (--instances 2 --flood-through gw-b,gw-a: the slots split by demand)
 Writes bench/results/fair_replicas.json (commit, settings, seeds, every count) and fair_replicas.html; prints a summary.
 """
 
