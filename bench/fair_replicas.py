@@ -6,12 +6,12 @@ keeps its own turns at the shared model (`pipelines/gateway/fair.py`); `gateway.
 them tell each other which projects send and their demand (`pipelines/gateway/peers.py`), 0 keeps each alone.
 
 Set-up (real components, no DAG run: the adapters are random rank-16 ones, a trained adapter's shape and cost):
-one Triton server with the SmolLM2-135M base loaded once (`triton.multi_lora`, one instance, one thread), two
+one Triton server with the SmolLM2-135M base loaded once (`triton.multi_lora`, `--instances`, one thread), two
 projects `shop` and `search` each with its champion an adapter on that base (serving state written as a deploy
 writes it), a key each; two real gateway processes (`python -m pipelines.gateway`, replicas gw-a and gw-b, one
 root). search (one client, one request after another, the public WebShop instructions: data nobody here
 wrote) always goes through gw-a; shop's `--flood` clients (generated commerce turns, back to back, each waits
-what a 429's Retry-After says, at most 2 s) through gw-b.
+what a 429's Retry-After says, at most 2 s) through `--flood-through` (gw-b; gw-b,gw-a: in turn).
 
 Phases, `--seconds` each: search alone (exchange on); then `--rounds` rounds of the flood with the exchange off
 (`alone_turns`: each replica keeps its own turns, what the platform did before) and on (`shared_turns`), their
@@ -152,17 +152,17 @@ def stop_gateways(procs: list[subprocess.Popen]) -> None:
 
 
 def warm(urls: dict[str, str], keys: dict[str, str], reqs: dict[str, list[dict[str, Any]]],
-         projects: tuple[str, ...]) -> dict[str, int]:
+         projects: tuple[str, ...], flood_through: tuple[str, ...] = ("gw-b",)) -> dict[str, int]:
     """One answer per project through its replica (the routing tables built, the adapters in the cache)."""
     import httpx
 
     out = {}
-    for project, replica in (("search", "gw-a"), ("shop", "gw-b")):
+    for project, replica in [("search", "gw-a")] + [("shop", r) for r in flood_through]:
         if project not in projects:
             continue
         answer = httpx.post(urls[replica] + "/chat/completions", json={**reqs[project][0], "model": "champion"},
                             headers={"Authorization": f"Bearer {keys[project]}"}, timeout=300)
-        out[project] = answer.status_code
+        out[f"{project}@{replica}"] = answer.status_code
         if answer.status_code != 200:
             raise SystemExit(f"error: {project}'s warm-up through {replica}: {answer.status_code} {answer.text[:300]}")
     return out
@@ -242,7 +242,7 @@ def render(result: dict[str, Any]) -> str:
         counts = [p["shop"]["outcomes"].get(code, 0) for p in phases]
         right.bar(labels, counts, bottom=bottom, label=code)
         bottom = [x + c for x, c in zip(bottom, counts)]
-    right.set_title("shop (the flood, through gw-b) by outcome")
+    right.set_title(f"shop (the flood, through {result['settings'].get('flood_through', 'gw-b')}) by outcome")
     right.tick_params(axis="x", rotation=30)
     if codes:
         right.legend()
@@ -315,7 +315,7 @@ def main() -> int:
             procs = start_gateways(settings, ports, 0.0 if arm == "alone_turns" else settings.gateway.turns_exchange_s,
                                    args.work)
             try:
-                warmed = warm(urls, keys, reqs, ("search",) if arm == "alone" else ("search", "shop"))
+                warmed = warm(urls, keys, reqs, ("search",) if arm == "alone" else ("search", "shop"), flood_through)
                 result = phase(urls, keys, reqs, args.seconds, 0 if arm == "alone" else args.flood, offset=i * 17,
                                flood_through=flood_through)
             finally:

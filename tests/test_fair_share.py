@@ -446,3 +446,19 @@ def test_a_replica_that_stops_removes_its_file_after_the_exchange_in_flight_and_
     release.set()
     assert len(calls) == 1 and took < 2.0 and closed < 4.0, (took, closed)
     assert "exchange failed" in caplog.text  # the first loop's failed exchange, logged
+
+    calls.clear()
+    monkeypatch.setattr(peers, "exchange", lambda *args: calls.append(1) or [])
+
+    class Refusing(FairShare):
+        def learn(self, others, wall):  # what the others told cannot be applied: logged, the loop goes on
+            raise RuntimeError("cannot apply")
+
+    async def apply_fails() -> None:
+        step = peers.InStep(Refusing(1, 5), settings, "gw-c")
+        step.start()
+        await asyncio.sleep(0.5)
+        await step.stop()
+
+    asyncio.run(apply_fails())
+    assert len(calls) >= 2 and "the others' state not applied" in caplog.text

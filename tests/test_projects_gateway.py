@@ -457,7 +457,6 @@ def test_a_quiet_project_goes_to_the_model_at_once_not_behind_a_busy_projects_qu
     (Mutations tried: first come, first served fails the order; no share lets the third in; a timed-out
     waiter left in its queue, or a slot or place never given back, fails the last requests.)"""
     import threading
-    import time
     from concurrent.futures import ThreadPoolExecutor
 
     from fastapi.testclient import TestClient
@@ -544,7 +543,6 @@ def test_a_replica_that_sees_only_the_flood_holds_it_while_the_quiet_project_sen
     three at once. The file written after its removal: test_fair_share.py.)"""
     import contextlib
     import threading
-    import time
     from concurrent.futures import ThreadPoolExecutor
 
     from fastapi.testclient import TestClient

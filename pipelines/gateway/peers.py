@@ -116,8 +116,9 @@ def _in_daemon(fn: Any, *args: Any) -> asyncio.Future[Any]:
         result, error = None, None
         try:
             result = fn(*args)
-        except BaseException as exc:  # noqa: BLE001 (handed to the loop)
-            error = exc
+        except BaseException as exc:  # noqa: BLE001 (handed to the loop as an error a future can hold)
+            error = exc if isinstance(exc, Exception) and not isinstance(exc, StopIteration) \
+                else RuntimeError(f"{type(exc).__name__}: {exc}")
         try:
             loop.call_soon_threadsafe(settle, result, error)
         except RuntimeError:  # the loop closed meanwhile: nobody waits for it
