@@ -162,6 +162,8 @@ def test_triton_manifests_serve_the_s3_repository_on_the_gpu_pool(tmp_path: Path
     assert "secretKeyRef" in key["valueFrom"] and "value" not in key
     replica = next(e for e in box["env"] if e["name"] == "FLYWHEEL_GATEWAY__REPLICA")  # its own usage file
     assert replica["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    # its stop (drain 20 s, the turns' file, captures and usage written) fits before SIGKILL
+    assert gateway["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] >= 45
     assert "s3cret-value" not in (out / "gateway.yaml").read_text()
 
     local = run_flywheel("serve", "manifests", "--out", str(out), env={"FLYWHEEL_ROOT": str(tmp_path / "fw")})

@@ -22,6 +22,9 @@ def gateway_manifests(settings: Settings, *, replicas: int = 2) -> list[dict[str
     deployment = rolling_deployment(APP, meta, replicas, {"metadata": {"labels": labels}, "spec": {
                 "serviceAccountName": "airflow",  # reads the raw zone and the serving state (terraform/modules/iam)
                 "securityContext": {"runAsNonRoot": True, "runAsUser": 1000},
+                # a stop: uvicorn drains (20 s), the turns' file goes (10 s at most), then the captures are
+                # uploaded and the day's usage written: more than Kubernetes' default 30 s before SIGKILL
+                "terminationGracePeriodSeconds": 60,
                 "containers": [{
                     "name": "gateway", "image": k.gateway_image, "command": ["python", "-m", "pipelines.gateway"],
                     "env": [{"name": "FLYWHEEL_PROFILE", "value": "cluster"}, {"name": "HOME", "value": "/home/flywheel"},
