@@ -23,7 +23,7 @@ AIPERF_STAMP := $(AIPERF_VENV)/.installed
 help:
 	@echo "make demo   install what is missing, then run the whole flywheel on embedded defaults"
 	@echo "make test   install what is missing, then run the test suite"
-	@echo "             (make test-scenario: the 12-17-minute scheduler scenario it leaves out; make test-all: both)"
+	@echo "             (make test-scenario: the 10-17-minute scheduler scenario it leaves out; make test-all: both)"
 
 setup: $(STAMP)
 
@@ -97,7 +97,7 @@ demo: setup serve-env
 
 # Both cores: pytest-xdist workers, a module and its fixtures on one worker, the longest modules first
 # (tests/conftest.py), one torch thread per worker. TEST_WORKERS=1 runs everything in one process (--pdb, -s).
-# The scheduler scenario (12-17 min alone) runs apart and alone: beside another worker its training stalled.
+# The scheduler scenario (10-17 min alone) runs apart and alone: beside another worker its training stalled.
 TEST_WORKERS ?= 2
 XDIST = $(if $(filter-out 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 
