@@ -38,8 +38,12 @@ MAX_AHEAD_S = 60.0  # a file written further in the future than this (a replica'
 FORGET_S = 3600.0  # a replica's file older than this is removed (a pod rescheduled under a new name)
 
 
+def _turns_dir(settings: Settings) -> str:
+    return f"{settings.zone('serving')}/gateway/turns"
+
+
 def turns_uri(settings: Settings, replica: str) -> str:
-    return f"{settings.zone('serving')}/gateway/turns/{replica}.json"
+    return f"{_turns_dir(settings)}/{replica}.json"
 
 
 def check(record: Any) -> dict[str, Any]:
@@ -68,8 +72,9 @@ def exchange(settings: Settings, replica: str, state: dict[str, Any]) -> list[di
     except Exception as exc:  # noqa: BLE001 (an object store's own errors too)
         LOG.warning("the gateway's turns not written: %s", exc)
     wall, found = time.time(), []
-    for uri in glob(f"{settings.zone('serving')}/gateway/turns/*.json"):
-        if uri.rsplit("/", 1)[-1] == f"{replica}.json":
+    mine = turns_uri(settings, replica).rsplit("/", 1)[-1]
+    for uri in glob(f"{_turns_dir(settings)}/*.json"):
+        if uri.rsplit("/", 1)[-1] == mine:
             continue
         try:
             record = check(read_json(uri))
