@@ -198,6 +198,9 @@ def test_benchmark_compares_base_few_shot_with_the_tuned_model(registered) -> No
     # (measured, not timed: under load the tokens may arrive in one chunk, an inter-token time of 0.0 ms)
     assert all(r["ttft_ms"] is not None and r["ttft_ms"] > 0 and r["itl_ms"] is not None and r["itl_ms"] >= 0
                for r in report["runs"] if r["constrained"]), [(r["ttft_ms"], r["itl_ms"]) for r in report["runs"]]
+    # one request at a time, a constrained answer's tokens arrive apart: an inter-token time never measured (0) fails
+    assert any(r["itl_ms"] > 0 for r in report["runs"] if r["constrained"] and r["concurrency"] == 1), \
+        [(r["concurrency"], r["itl_ms"]) for r in report["runs"]]
     assert all(r["p95_ms"] is None and r["p99_ms"] is None for r in report["runs"])  # 4 samples support no p95
     longest = report["longest_prompt_tokens"]
     assert settings.triton.max_input_tokens >= max(longest.values()) and len(longest) == 2
