@@ -233,7 +233,9 @@ def main() -> int:  # noqa: PLR0915 (one scenario, told in order)
     parser.add_argument("--multi-lora", action="store_true", help="triton.multi_lora on: every project's versions "
                         "deploy as adapters on one shared base model (results: projects_multi_lora.json)")
     parser.add_argument("--multi-team", action="store_true", help="airflow.multi_team on: each project an Airflow "
-                        "team; isolation also checks carol's Airflow login (results: ..._multi_team.json)")
+                        "team; isolation also checks carol's Airflow login (results: ..._multi_team.json). The "
+                        "platform's default (auto) turns it on with the first project; without this flag the bench "
+                        "sets it off, as its first runs had it")
     args = parser.parse_args()
     # every flywheel command (and every server `up` starts) reads it; the flag alone decides, not the shell
     os.environ["FLYWHEEL_TRITON__MULTI_LORA"] = "true" if args.multi_lora else "false"

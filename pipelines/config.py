@@ -49,11 +49,21 @@ class AirflowSettings(_Section):
     # `flywheel run`: how long one DAG run may take (dags test or the scheduler) before it is stopped
     run_timeout_s: float = Field(3600, gt=0)
     migrate_timeout_s: float = Field(300, gt=0)
-    multi_team: bool = Field(False, description="each AI project an Airflow team (Airflow 3.3's multi-team mode, "
-                             "experimental): its DAGs visible and triggerable only by its members' logins")
+    multi_team: bool | Literal["auto"] = Field(
+        "auto", description="each AI project an Airflow team (Airflow 3.3's multi-team mode, experimental): its DAGs "
+        "visible and triggerable only by its members' logins. auto: on while the platform has a project besides "
+        "`default` (a single-team platform runs as before); true / false: always / never")
     schedules: Literal["active", "paused"] = Field(
         "active", description="after `flywheel up`: the drift monitor (hourly) and the daily flywheel run on their "
         "schedules (active), or wait for `flywheel schedules resume` (paused)")
+
+    @field_validator("multi_team", mode="before")
+    @classmethod
+    def _multi_team(cls, value: Any) -> Any:
+        words = {"auto": "auto", "true": True, "false": False, "1": True, "0": False, "on": True, "off": False}
+        if isinstance(value, bool) or (isinstance(value, str) and value.strip().lower() in words):
+            return value if isinstance(value, bool) else words[value.strip().lower()]
+        raise ValueError("expected true, false or auto")
 
 
 class MlflowSettings(_Section):

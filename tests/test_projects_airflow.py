@@ -1,6 +1,7 @@
-"""Airflow itself keeps a project's DAGs to its members (`airflow.multi_team`: each project an Airflow team owning
-its own DAG bundle, one login per member and project). Against the real API server with the DAGs parsed from
-the bundles into its metadata DB (`airflow dags reserialize`)."""
+"""Airflow itself keeps a project's DAGs to its members (`airflow.multi_team`, `auto` by default: on while a
+project besides `default` exists; each project an Airflow team owning its own DAG bundle, one login per member
+and project). Against the real API server with the DAGs parsed from the bundles into its metadata DB (`airflow
+dags reserialize`)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from typing import Any
 import pytest
 
 from helpers import run_flywheel, wait_for
-from pipelines.config import load_settings
+from pipelines.config import ConfigError, load_settings
 
 SHOP = {"commerce_flywheel__shop", "drift_monitor__shop"}
 SEARCH = {"commerce_flywheel__search", "drift_monitor__search"}
@@ -33,6 +34,53 @@ def _call(url: str, method: str, path: str, token: str | None = None, body: dict
         return exc.code, None
 
 
+def test_airflow_turns_multi_team_on_with_the_first_project_and_off_after_the_last(tmp_path: Path) -> None:
+    """`auto`: a single-team platform runs Airflow as before (nothing prepared, no teams in any Airflow process);
+    a project besides `default` turns the teams on at the next `prepare`, and until then every Airflow process
+    keeps the layout the metadata DB has (the teams' file says it); `true` without prepared teams, or `false`
+    with teams still in place, starts no Airflow process; off again (the last project deleted), `prepare` (no
+    Airflow running) removes them: bundles, member logins, the teams' file.
+    (Mutations tried: `auto` read as off, the slow test below fails at its first step; the guard for teams left
+    in place removed, this test fails; `_leave` keeping the teams' file, this test fails.)"""
+    from pipelines.clients import airflow
+    from pipelines.projects import airflow_access, registry
+    from pipelines.services import free_port
+
+    settings = load_settings(root=str(tmp_path), airflow={"port": free_port()})
+    teams = airflow.multi_team_env_file(settings)
+    assert settings.airflow.multi_team == "auto" and not airflow_access.enabled(settings)
+    with pytest.raises(ConfigError, match="airflow.multi_team: expected true, false or auto"):
+        load_settings(root=str(tmp_path), airflow={"multi_team": "maybe"})
+    assert airflow_access.prepare(settings) == {} and not teams.exists()
+    assert "AIRFLOW__CORE__MULTI_TEAM" not in airflow.airflow_env(settings)
+    registry.create(settings, "shop", "alice")
+    assert airflow_access.enabled(settings)
+    assert "AIRFLOW__CORE__MULTI_TEAM" not in airflow.airflow_env(settings)  # the DB single-team until prepared
+    on = load_settings(root=str(tmp_path), airflow={"port": settings.airflow.port, "multi_team": True})
+    with pytest.raises(airflow.AirflowUnavailable, match="not prepared"):
+        airflow.airflow_env(on)
+    off = load_settings(root=str(tmp_path), airflow={"port": settings.airflow.port, "multi_team": False})
+    assert not airflow_access.enabled(off) and "AIRFLOW__CORE__MULTI_TEAM" not in airflow.airflow_env(off)
+    # teams prepared before (as `prepare` leaves them) while the platform is now single-team
+    teams.write_text(json.dumps({"AIRFLOW__CORE__MULTI_TEAM": "True"}))
+    bundle = airflow_access.bundle_dir(settings, "shop")
+    bundle.mkdir(parents=True)
+    airflow.password_file(settings).write_text(json.dumps({"admin": "a", "alice@shop": "b"}))
+    airflow_access.login_password_file(settings, "alice@shop").parent.mkdir(parents=True, exist_ok=True)
+    airflow_access.login_password_file(settings, "alice@shop").write_text("b\n")
+    assert airflow.airflow_env(settings)["AIRFLOW__CORE__MULTI_TEAM"] == "True"
+    registry.delete(settings, "shop")
+    assert not airflow_access.enabled(settings)
+    assert airflow.airflow_env(settings)["AIRFLOW__CORE__MULTI_TEAM"] == "True"  # the DB's teams until left
+    with pytest.raises(airflow.AirflowUnavailable, match="still in place"):
+        airflow.airflow_env(off)
+    assert airflow_access.prepare(settings) == {}  # no Airflow runs on its port: the teams go
+    assert not teams.exists() and not bundle.parent.exists()
+    assert json.loads(airflow.password_file(settings).read_text()) == {"admin": "a"}
+    assert not airflow_access.login_password_file(settings, "alice@shop").exists()
+    assert "AIRFLOW__CORE__MULTI_TEAM" not in airflow.airflow_env(settings)
+
+
 @pytest.mark.slow
 def test_a_projects_dags_are_listed_read_and_triggered_by_its_members_only(tmp_path: Path) -> None:
     """carol (viewer of shop) lists and reads shop's DAGs only, gets 403 for search's and cannot trigger shop's;
@@ -45,15 +93,19 @@ def test_a_projects_dags_are_listed_read_and_triggered_by_its_members_only(tmp_p
     from pipelines.projects import airflow_access, registry
     from pipelines.services import free_port, http_ok, stop_group
 
-    settings = load_settings(root=str(tmp_path), airflow={"multi_team": True, "port": free_port()})
+    settings = load_settings(root=str(tmp_path), airflow={"port": free_port()})  # multi_team: auto
+    # a platform that ran single-team first: its DAGs in the metadata DB on the one DAG-folder bundle
+    migrated = airflow.run_cli(settings, "db", "migrate", timeout=600)
+    assert migrated.returncode == 0, migrated.stderr[-3000:]
+    parsed = airflow.run_cli(settings, "dags", "reserialize", timeout=600)
+    assert parsed.returncode == 0, parsed.stderr[-3000:]
+    assert _bundles(settings) == {"commerce_flywheel": "dags-folder", "drift_monitor": "dags-folder"}
     registry.create(settings, "shop", "alice")
     registry.create(settings, "search", "bob")
-    added = run_flywheel("project", "members", "shop", "add", "carol", "--role", "viewer", "--json",
-                         env={"FLYWHEEL_ROOT": str(tmp_path), "FLYWHEEL_AIRFLOW__MULTI_TEAM": "true"})
+    env = {"FLYWHEEL_ROOT": str(tmp_path), "FLYWHEEL_AIRFLOW__PORT": str(settings.airflow.port)}
+    added = run_flywheel("project", "members", "shop", "add", "carol", "--role", "viewer", "--json", env=env)
     assert added.returncode == 0, added.stderr
     assert json.loads(added.stdout)["airflow_login"].startswith("carol@shop, password in ")  # what carol logs in as
-    with pytest.raises(airflow.AirflowUnavailable, match="not prepared"):  # never a process on the default bundle
-        airflow.run_cli(settings, "version")
     prepared = airflow_access.prepare(settings)
     assert airflow_access.prepare(settings) == prepared  # nothing changed: nothing done again
     # Airflow's teams need 3 characters, projects 2: padded with a character no project name holds
@@ -62,6 +114,8 @@ def test_a_projects_dags_are_listed_read_and_triggered_by_its_members_only(tmp_p
     assert "BUNDLE_PROJECT: str | None = 'shop'" in shop_file.read_text()
     parsed = airflow.run_cli(settings, "dags", "reserialize", timeout=600)  # every bundle into the metadata DB
     assert parsed.returncode == 0, parsed.stderr[-3000:]
+    assert _bundles(settings) == {f"{dag}{suffix}": f"project-{project}" for dag in ("commerce_flywheel", "drift_monitor")
+                                  for project, suffix in (("default", ""), ("shop", "__shop"), ("search", "__search"))}
 
     home = Path(str(settings.airflow.home))
     server = subprocess.Popen([str(airflow.bin_dir() / "airflow"), "api-server"], env=airflow.airflow_env(settings),  # noqa: S603
@@ -105,6 +159,11 @@ def test_a_projects_dags_are_listed_read_and_triggered_by_its_members_only(tmp_p
         with pytest.raises(airflow.AirflowUnavailable, match="flywheel down && flywheel up"):
             airflow_access.prepare(settings)
         assert airflow.multi_team_env_file(settings).read_text() == before
+        off = load_settings(root=str(tmp_path), airflow={"port": settings.airflow.port, "multi_team": False})
+        with pytest.raises(airflow.AirflowUnavailable, match="flywheel down && flywheel up"):  # nor left
+            airflow_access.prepare(off)
+        assert airflow.multi_team_env_file(settings).read_text() == before
+        assert airflow_access.bundle_dir(settings, "shop").is_dir()
     finally:
         stop_group(server)
     # Airflow stopped: a deleted project's bundle, team logins and their passwords go at the next prepare
@@ -114,3 +173,22 @@ def test_a_projects_dags_are_listed_read_and_triggered_by_its_members_only(tmp_p
     left = json.loads(airflow.password_file(settings).read_text())
     assert "bob@search" not in left and "carol@shop" in left
     assert not airflow_access.login_password_file(settings, "bob@search").exists()
+    # the last project deleted: single-team again, and the DAGs back on the one DAG-folder bundle
+    deleted = run_flywheel("project", "delete", "shop", "--json", env=env)
+    assert deleted.returncode == 0, deleted.stderr
+    assert "Airflow runs single-team again" in json.loads(deleted.stdout)["airflow"]
+    assert airflow_access.prepare(settings) == {} and not airflow.multi_team_env_file(settings).exists()
+    assert "carol@shop" not in json.loads(airflow.password_file(settings).read_text())
+    parsed = airflow.run_cli(settings, "dags", "reserialize", timeout=600)
+    assert parsed.returncode == 0, parsed.stderr[-3000:]
+    assert {dag: bundle for dag, bundle in _bundles(settings).items() if "__" not in dag} == {
+        "commerce_flywheel": "dags-folder", "drift_monitor": "dags-folder"}
+
+
+def _bundles(settings: Any) -> dict[str, str]:
+    """Each DAG of the metadata DB (not stale) and its bundle, as `airflow dags list` shows them."""
+    from pipelines.clients import airflow
+
+    listed = airflow.run_cli(settings, "dags", "list", "-o", "json", timeout=300)
+    assert listed.returncode == 0, listed.stderr[-3000:]
+    return {row["dag_id"]: row["bundle_name"] for row in json.loads(listed.stdout.strip().splitlines()[-1])}

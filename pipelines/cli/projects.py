@@ -67,6 +67,28 @@ def _sync_access(name: str, removed: tuple[str, ...] = ()) -> str:
     return access.sync_quietly(_platform(), name, removed)
 
 
+def _airflow_note(name: str, user: str | None, added: bool) -> dict[str, str]:
+    """What Airflow does about it (airflow.multi_team on, `auto` once a project besides `default` exists): the
+    member's own login, applied when Airflow restarts."""
+    from pipelines.projects.airflow_access import enabled, login, login_password_file
+
+    platform = _platform()
+    later = ": Airflow applies it when restarted (`flywheel down && flywheel up`); until then it serves the " \
+            "logins, roles and tokens it started with"
+    if user is None:  # the project's team and bundle went with it
+        if enabled(platform):
+            return {"airflow": f"{name}'s team, DAGs and logins removed{later}"}
+        from pipelines.clients.airflow import multi_team_env_file
+
+        return {"airflow": f"{name}'s team, DAGs and logins removed, and Airflow runs single-team again (no project "
+                           f"besides `default` is left){later}"} if multi_team_env_file(platform).is_file() else {}
+    if user == "admin" or not enabled(platform):
+        return {}
+    who = login(user, name)
+    return {"airflow_login": (f"{who}, password in {login_password_file(platform, who)}" if added
+                              else f"{who} removed") + later}
+
+
 @project_app.command("create")
 def create_cmd(name: NameArg, owner: Annotated[str | None, typer.Option(help="its first owner (default: you)")] = None,
                rpm: RpmOpt = None, tokens_per_day: TokensOpt = None, training_runs: RunsOpt = None,
@@ -80,7 +102,8 @@ def create_cmd(name: NameArg, owner: Annotated[str | None, typer.Option(help="it
         project = registry.create(_platform(), name, owner or _user(), quotas)
     except _errors() as exc:
         raise UserError(str(exc)) from None
-    emit({**project.summary(), "access": _sync_access(name)}, as_json, f"project {name} created")
+    emit({**project.summary(), "access": _sync_access(name), **_airflow_note(name, project.owner, True)}, as_json,
+         f"project {name} created")
 
 
 @project_app.command("list")
@@ -136,14 +159,7 @@ def members_cmd(name: NameArg, action: Annotated[str, typer.Argument(help="add o
     except _errors() as exc:
         raise UserError(str(exc)) from None
     access = _sync_access(name, (user,) if action == "remove" else ())
-    out = {"project": name, "members": project.members, "access": access}
-    if _platform().airflow.multi_team and user != "admin":  # this member's Airflow login (airflow_access)
-        from pipelines.projects.airflow_access import login, login_password_file
-
-        out["airflow_login"] = (f"{login(user, name)}, password in {login_password_file(_platform(), login(user, name))}"
-                                if action == "add" else f"{login(user, name)} removed") + (
-            ": Airflow applies it when restarted (`flywheel down && flywheel up`); until then it serves the logins, "
-            "roles and tokens it started with")
+    out = {"project": name, "members": project.members, "access": access, **_airflow_note(name, user, action == "add")}
     emit(out, as_json, f"project {name}")
 
 
@@ -215,7 +231,7 @@ def delete_cmd(name: NameArg, as_json: JsonOpt = False) -> None:
     except _errors() as exc:
         raise UserError(str(exc)) from None
     result["mlflow"] = access.revoke_quietly(_platform(), name, tuple(result["members"]))
-    emit(result, as_json, f"project {name} deleted")
+    emit({**result, **_airflow_note(name, None, False)}, as_json, f"project {name} deleted")
 
 
 @key_app.command("create")

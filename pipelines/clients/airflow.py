@@ -63,14 +63,18 @@ def airflow_env(settings: Settings, extra: dict[str, str] | None = None) -> dict
         "NO_PROXY": "127.0.0.1,localhost",
     })
     Path(str(a.home)).mkdir(parents=True, exist_ok=True)
-    if a.multi_team:  # each project a team with its own DAG bundle and logins (pipelines/projects/airflow_access.py)
-        teams = multi_team_env_file(settings)
-        if teams.is_file():
-            env.update(json.loads(teams.read_text()))
-        elif "AIRFLOW__CORE__MULTI_TEAM" not in (extra or {}):  # never a process on the default bundle: it would
-            raise AirflowUnavailable(  # move the projects' DAGs off their teams
-                f"airflow.multi_team is on but the project teams are not prepared ({teams} is missing): run "
-                "`flywheel up` (or `flywheel run`), which prepares them")
+    # each project a team with its own DAG bundle and logins (pipelines/projects/airflow_access.py: `prepare`
+    # writes the teams' file and removes it when the teams go, so the file says which layout the metadata DB
+    # has). Never a process on the other layout: it would move the projects' DAGs off (or onto) their teams.
+    teams = multi_team_env_file(settings)
+    if a.multi_team is not False and teams.is_file():  # true, or auto with teams prepared
+        env.update(json.loads(teams.read_text()))
+    elif "AIRFLOW__CORE__MULTI_TEAM" not in (extra or {}) and (a.multi_team is True or teams.is_file()):
+        raise AirflowUnavailable(
+            (f"airflow.multi_team is on but the project teams are not prepared ({teams} is missing)"
+             if not teams.is_file() else
+             "airflow.multi_team is off but the project teams prepared earlier are still in place")
+            + ": run `flywheel up` (or `flywheel run`), which prepares them")
     env.update(extra or {})
     return env
 

@@ -1,5 +1,6 @@
 """Airflow access per AI project, enforced by Airflow itself: Airflow 3.3's multi-team mode with its simple auth
-manager (opt-in, `airflow.multi_team`: multi-team is an experimental feature of Airflow 3.3).
+manager (`airflow.multi_team`, `auto` by default: on while the platform has a project besides `default`, so a
+single-team platform runs Airflow as before; multi-team is an experimental feature of Airflow 3.3).
 
 Each project (and `default`) is an Airflow team that owns one DAG bundle, `<airflow home>/bundles/<project>/`:
 copies of the repository's DAG files fixed to that project (their `BUNDLE_PROJECT` line), so the bundle holds
@@ -15,6 +16,10 @@ Airflow's servers read the teams, bundles and logins when they start: `prepare` 
 each `flywheel run`) refuses while a running Airflow holds an older set (a new project, a changed member):
 `flywheel down && flywheel up` applies it, with a new token-signing secret so that no token issued before
 (carrying its login's old role and teams) is accepted after.
+
+Leaving multi-team mode (`false`, or `auto` once the last project besides `default` is deleted) is the same:
+refused while the running Airflow serves the teams, else the teams' bundles, logins and their passwords go, and
+the next Airflow parses the DAG folder again as one bundle.
 
 Why not FAB: FAB's per-DAG `access_control` needs the FAB provider (flask-appbuilder and its stack) and a user
 database beside the one the platform already runs; Airflow 3.3's own teams express "a project's runs are
@@ -37,6 +42,17 @@ BUNDLE_LINE = re.compile(r"^BUNDLE_PROJECT: str \| None = None\b.*$", re.MULTILI
 AIRFLOW_ROLE = {"viewer": "viewer", "editor": "user", "owner": "user"}
 PREPARE_TIMEOUT_S = 900.0
 SECRET_KEY = "AIRFLOW__API_AUTH__JWT_SECRET"
+
+
+def enabled(settings: Settings) -> bool:
+    """Whether Airflow runs in multi-team mode for this platform: `airflow.multi_team`, where `auto` is on while
+    the registry holds a project besides `default`."""
+    from pipelines.projects import registry
+
+    mode = settings.airflow.multi_team
+    if mode != "auto":
+        return bool(mode)
+    return any(name != DEFAULT_PROJECT for name in registry.load(settings))
 
 
 def team_name(project: str) -> str:
@@ -142,12 +158,16 @@ def prepare(settings: Settings) -> dict[str, str]:
     from pipelines.services import http_ok
     from pipelines.storage import write_json
 
-    if not settings.airflow.multi_team:
-        return {}
+    on = enabled(settings)
     home = Path(str(settings.airflow.home))
-    home.mkdir(parents=True, exist_ok=True)
     env_file = airflow.multi_team_env_file(settings)
+    if not on and not env_file.is_file():
+        return {}  # single-team, as it was
+    home.mkdir(parents=True, exist_ok=True)
     with FileLock(str(home / "flywheel-multi-team.lock"), timeout=PREPARE_TIMEOUT_S):
+        if not on:
+            _leave(settings, env_file)
+            return {}
         old = json.loads(env_file.read_text()) if env_file.is_file() else {}
         users = logins(settings)
         out = {"AIRFLOW__CORE__MULTI_TEAM": "True",
@@ -158,8 +178,12 @@ def prepare(settings: Settings) -> dict[str, str]:
             return old
         if http_ok(f"{airflow.base_url(settings)}{airflow.HEALTH_PATH}", timeout=3):  # a running Airflow
             raise airflow.AirflowUnavailable(
-                "the running Airflow serves an older set of project teams, DAG bundles or logins (a project or member "
-                "changed since it started): apply it with `flywheel down && flywheel up`")
+                ("the running Airflow serves an older set of project teams, DAG bundles or logins (a project or member "
+                 "changed since it started)" if old else
+                 f"Airflow is to keep each project's DAGs to its members (airflow.multi_team: {settings.airflow.multi_team}"
+                 f"{', and the platform has projects besides `default`' if settings.airflow.multi_team == 'auto' else ''}"
+                 "), and the running Airflow started without teams") +
+                ": apply it with `flywheel down && flywheel up`")
         out[SECRET_KEY] = secrets.token_urlsafe(32)  # tokens issued before (old roles and teams) stop working
         _passwords(settings, list(users))
         for args in (("db", "migrate"), ("teams", "sync")):
@@ -170,3 +194,19 @@ def prepare(settings: Settings) -> dict[str, str]:
         write_json(str(env_file), out)
         env_file.chmod(0o600)
         return out
+
+
+def _leave(settings: Settings, env_file: Path) -> None:
+    """Back to single-team (under prepare's lock): refused while an Airflow started with the teams runs (its
+    processes would keep them); else the bundles, the member logins with their passwords and the teams' file go."""
+    from pipelines.clients import airflow
+    from pipelines.services import http_ok
+
+    if http_ok(f"{airflow.base_url(settings)}{airflow.HEALTH_PATH}", timeout=3):
+        raise airflow.AirflowUnavailable(
+            "the running Airflow keeps each project's DAGs to its members (multi-team), which is now off "
+            f"(airflow.multi_team: {settings.airflow.multi_team}): apply it with `flywheel down && flywheel up`")
+    shutil.rmtree(bundle_dir(settings, DEFAULT_PROJECT).parent, ignore_errors=True)
+    if airflow.password_file(settings).is_file():
+        _passwords(settings, [])  # the member logins and their own files; admin's stays
+    env_file.unlink(missing_ok=True)
