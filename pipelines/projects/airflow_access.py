@@ -205,7 +205,9 @@ def _leave(settings: Settings, env_file: Path) -> None:
     if http_ok(f"{airflow.base_url(settings)}{airflow.HEALTH_PATH}", timeout=3):
         raise airflow.AirflowUnavailable(
             "the running Airflow keeps each project's DAGs to its members (multi-team), which is now off "
-            f"(airflow.multi_team: {settings.airflow.multi_team}): apply it with `flywheel down && flywheel up`")
+            f"(airflow.multi_team: {settings.airflow.multi_team}"
+            f"{', and no project besides `default` is left' if settings.airflow.multi_team == 'auto' else ''}"
+            "): apply it with `flywheel down && flywheel up`")
     shutil.rmtree(bundle_dir(settings, DEFAULT_PROJECT).parent, ignore_errors=True)
     if airflow.password_file(settings).is_file():
         _passwords(settings, [])  # the member logins and their own files; admin's stays
