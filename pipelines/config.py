@@ -60,9 +60,12 @@ class AirflowSettings(_Section):
     @field_validator("multi_team", mode="before")
     @classmethod
     def _multi_team(cls, value: Any) -> Any:
-        words = {"auto": "auto", "true": True, "false": False, "1": True, "0": False, "on": True, "off": False}
-        if isinstance(value, bool) or (isinstance(value, str) and value.strip().lower() in words):
-            return value if isinstance(value, bool) else words[value.strip().lower()]
+        words = {"auto": "auto", **dict.fromkeys(("true", "1", "on", "yes", "y", "t"), True),
+                 **dict.fromkeys(("false", "0", "off", "no", "n", "f"), False)}
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, (int, str)) and str(value).strip().lower() in words:
+            return words[str(value).strip().lower()]
         raise ValueError("expected true, false or auto")
 
 

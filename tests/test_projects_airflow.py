@@ -5,10 +5,14 @@ dags reserialize`)."""
 
 from __future__ import annotations
 
+import http.server
 import json
 import subprocess
+import threading
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -40,8 +44,10 @@ def test_airflow_turns_multi_team_on_with_the_first_project_and_off_after_the_la
     keeps the layout the metadata DB has (the teams' file says it); `true` without prepared teams, or `false`
     with teams still in place, starts no Airflow process; off again (the last project deleted), `prepare` (no
     Airflow running) removes them: bundles, member logins, the teams' file.
-    (Mutations tried: `auto` read as off, the slow test below fails at its first step; the guard for teams left
-    in place removed, this test fails; `_leave` keeping the teams' file, this test fails.)"""
+    A switch is refused while Airflow runs (the health URL answers: here a stand-in) and while a `dags test`
+    holds the layout. (Mutations tried: `auto` read as off, the slow test below fails at its first step; the
+    guard for teams left in place removed, `_leave` keeping the teams' file, the switch taking the layout lock
+    shared: this test fails.)"""
     from pipelines.clients import airflow
     from pipelines.projects import airflow_access, registry
     from pipelines.services import free_port
@@ -56,6 +62,13 @@ def test_airflow_turns_multi_team_on_with_the_first_project_and_off_after_the_la
     registry.create(settings, "shop", "alice")
     assert airflow_access.enabled(settings)
     assert "AIRFLOW__CORE__MULTI_TEAM" not in airflow.airflow_env(settings)  # the DB single-team until prepared
+    with _health(settings.airflow.port), pytest.raises(airflow.AirflowUnavailable, match=(
+            r"projects besides `default`\), and the running Airflow started without teams: apply it with `flywheel "
+            r"down && flywheel up` \(or keep Airflow single-team: FLYWHEEL_AIRFLOW__MULTI_TEAM=false\)")):
+        airflow_access.prepare(settings)  # a single-team Airflow runs
+    with airflow.layout(settings), pytest.raises(airflow.AirflowUnavailable, match="`airflow dags test` run"):
+        airflow_access.prepare(settings)  # a single-team `dags test` runs
+    assert not teams.exists()
     on = load_settings(root=str(tmp_path), airflow={"port": settings.airflow.port, "multi_team": True})
     with pytest.raises(airflow.AirflowUnavailable, match="not prepared"):
         airflow.airflow_env(on)
@@ -72,8 +85,14 @@ def test_airflow_turns_multi_team_on_with_the_first_project_and_off_after_the_la
     registry.delete(settings, "shop")
     assert not airflow_access.enabled(settings)
     assert airflow.airflow_env(settings)["AIRFLOW__CORE__MULTI_TEAM"] == "True"  # the DB's teams until left
-    with pytest.raises(airflow.AirflowUnavailable, match="still in place"):
+    with pytest.raises(airflow.AirflowUnavailable, match="still in place.*which removes them"):
         airflow.airflow_env(off)
+    with _health(settings.airflow.port), pytest.raises(airflow.AirflowUnavailable, match=(
+            r"which is now off \(airflow.multi_team: auto, and no project besides `default` is left\)")):
+        airflow_access.prepare(settings)  # the teams' Airflow runs
+    with airflow.layout(settings), pytest.raises(airflow.AirflowUnavailable, match="`airflow dags test` run"):
+        airflow_access.prepare(settings)  # a `dags test` on the teams runs
+    assert teams.exists() and bundle.exists() and airflow_access.login_password_file(settings, "alice@shop").exists()
     assert airflow_access.prepare(settings) == {}  # no Airflow runs on its port: the teams go
     assert not teams.exists() and not bundle.parent.exists()
     assert json.loads(airflow.password_file(settings).read_text()) == {"admin": "a"}
@@ -176,13 +195,39 @@ def test_a_projects_dags_are_listed_read_and_triggered_by_its_members_only(tmp_p
     # the last project deleted: single-team again, and the DAGs back on the one DAG-folder bundle
     deleted = run_flywheel("project", "delete", "shop", "--json", env=env)
     assert deleted.returncode == 0, deleted.stderr
-    assert "Airflow runs single-team again" in json.loads(deleted.stdout)["airflow"]
+    assert "Airflow turns single-team again (no project besides `default` is left)" in json.loads(deleted.stdout)["airflow"]
     assert airflow_access.prepare(settings) == {} and not airflow.multi_team_env_file(settings).exists()
     assert "carol@shop" not in json.loads(airflow.password_file(settings).read_text())
     parsed = airflow.run_cli(settings, "dags", "reserialize", timeout=600)
     assert parsed.returncode == 0, parsed.stderr[-3000:]
-    assert {dag: bundle for dag, bundle in _bundles(settings).items() if "__" not in dag} == {
+    rows = _bundles(settings)  # a deleted project's DAGs stay on its gone bundle (the dag processor marks them stale)
+    assert {dag: bundle for dag, bundle in rows.items() if bundle == "dags-folder"} == {
         "commerce_flywheel": "dags-folder", "drift_monitor": "dags-folder"}
+    assert {rows[f"{dag}__{p}"] for dag in ("commerce_flywheel", "drift_monitor") for p in ("shop", "search")} == {
+        "project-shop", "project-search"}
+
+
+@contextmanager
+def _health(port: int) -> Iterator[None]:
+    """Something answering Airflow's health URL on `port`: to `prepare`, a running Airflow."""
+    class Ok(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(b"{}")
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", port), Ok)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=10)
 
 
 def _bundles(settings: Any) -> dict[str, str]:

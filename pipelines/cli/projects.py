@@ -69,24 +69,30 @@ def _sync_access(name: str, removed: tuple[str, ...] = ()) -> str:
 
 def _airflow_note(name: str, user: str | None, added: bool) -> dict[str, str]:
     """What Airflow does about it (airflow.multi_team on, `auto` once a project besides `default` exists): the
-    member's own login, applied when Airflow restarts."""
-    from pipelines.projects.airflow_access import enabled, login, login_password_file
+    member's own login, a switch to or from project teams; applied when Airflow restarts."""
+    from pipelines.clients.airflow import multi_team_env_file
+    from pipelines.projects.airflow_access import enabled, login, login_password_file, mode
 
     platform = _platform()
+    on, prepared = enabled(platform), multi_team_env_file(platform).is_file()
     later = ": Airflow applies it when restarted (`flywheel down && flywheel up`); until then it serves the " \
             "logins, roles and tokens it started with"
-    if user is None:  # the project's team and bundle went with it
-        if enabled(platform):
-            return {"airflow": f"{name}'s team, DAGs and logins removed{later}"}
-        from pipelines.clients.airflow import multi_team_env_file
-
-        return {"airflow": f"{name}'s team, DAGs and logins removed, and Airflow runs single-team again (no project "
-                           f"besides `default` is left){later}"} if multi_team_env_file(platform).is_file() else {}
-    if user == "admin" or not enabled(platform):
-        return {}
-    who = login(user, name)
-    return {"airflow_login": (f"{who}, password in {login_password_file(platform, who)}" if added
-                              else f"{who} removed") + later}
+    switch = (": until Airflow restarts (`flywheel down && flywheel up`), `flywheel up` and `flywheel run` refuse "
+              "while it runs")
+    note: dict[str, str] = {}
+    if on and not prepared:
+        note["airflow"] = (f"Airflow turns multi-team (airflow.multi_team: {mode(platform)}): each project an Airflow "
+                           f"team whose DAGs only its members see{switch}")
+    elif not on and prepared:
+        why = "no project besides `default` is left" if mode(platform) == "auto" else "airflow.multi_team: false"
+        note["airflow"] = f"Airflow turns single-team again ({why}){switch}"
+    elif user is None and on:  # the project's team and bundle go with it
+        note["airflow"] = f"{name}'s team, DAGs and logins removed{later}"
+    if user is not None and user != "admin" and on:
+        who = login(user, name)
+        note["airflow_login"] = (f"{who}, password in {login_password_file(platform, who)}" if added
+                                 else f"{who} removed") + later
+    return note
 
 
 @project_app.command("create")

@@ -6,6 +6,7 @@ Every Airflow process we start (standalone, `airflow dags test`, the tests) gets
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
@@ -15,6 +16,8 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -74,7 +77,7 @@ def airflow_env(settings: Settings, extra: dict[str, str] | None = None) -> dict
             (f"airflow.multi_team is on but the project teams are not prepared ({teams} is missing)"
              if not teams.is_file() else
              "airflow.multi_team is off but the project teams prepared earlier are still in place")
-            + ": run `flywheel up` (or `flywheel run`), which prepares them")
+            + f": run `flywheel up` (or `flywheel run`), which {'prepares' if not teams.is_file() else 'removes'} them")
     env.update(extra or {})
     return env
 
@@ -143,6 +146,38 @@ def standalone_spec(settings: Settings, extra_env: dict[str, str] | None = None)
     )
 
 
+LAYOUT_LOCK = "flywheel-layout.lock"
+LAYOUT_WAIT_S = 900.0
+
+
+@contextmanager
+def layout(settings: Settings, switch: bool = False) -> Iterator[None]:
+    """Airflow's layout (one DAG-folder bundle, or project teams: pipelines/projects/airflow_access.py) held
+    while a `dags test` runs (shared: waits up to LAYOUT_WAIT_S for a switch in progress), or taken to switch it
+    (`switch`: exclusive, refused at once while a run holds it: the run would go on in the layout it parsed)."""
+    path = Path(str(settings.airflow.home)) / LAYOUT_LOCK
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        deadline = time.monotonic() + LAYOUT_WAIT_S
+        while True:
+            try:
+                fcntl.flock(fd, (fcntl.LOCK_EX if switch else fcntl.LOCK_SH) | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if switch:
+                    raise AirflowUnavailable(
+                        "an `airflow dags test` run (`flywheel run`, `make demo`) is going on in Airflow's current "
+                        "layout; the switch to or from project teams waits for it: run this again when it ends") from None
+                if time.monotonic() > deadline:
+                    raise AirflowUnavailable(f"Airflow's layout was being switched for over {LAYOUT_WAIT_S:g} s "
+                                             f"(lock {path}): try again") from None
+                time.sleep(0.5)
+        yield
+    finally:
+        os.close(fd)
+
+
 def password_file(settings: Settings) -> Path:
     return Path(str(settings.airflow.home)) / PASSWORD_FILE
 
@@ -188,6 +223,12 @@ def dags_test(settings: Settings, dag_id: str, conf: dict[str, Any], timeout: fl
     (default `airflow.run_timeout_s`) the run's whole process group is stopped and `RunTimedOut`
     names the tasks that were running. `bundle`: the DAG bundle to parse (airflow.multi_team: the project's)."""
     timeout = settings.airflow.run_timeout_s if timeout is None else timeout
+    with layout(settings):  # no switch to or from project teams under a run
+        return _dags_test(settings, dag_id, conf, timeout, extra_env, log, bundle)
+
+
+def _dags_test(settings: Settings, dag_id: str, conf: dict[str, Any], timeout: float,
+               extra_env: dict[str, str] | None, log: Path | None, bundle: str | None) -> subprocess.CompletedProcess[str]:
     migrate = run_cli(settings, "db", "migrate", timeout=settings.airflow.migrate_timeout_s, extra_env=extra_env)
     if migrate.returncode != 0:
         return migrate

@@ -100,6 +100,11 @@ def write_bundles(settings: Settings, projects: list[str]) -> list[dict[str, Any
     for gone in bundle_dir(settings, DEFAULT_PROJECT).parent.iterdir():
         if gone.is_dir() and gone.name not in projects:
             shutil.rmtree(gone)
+    return bundle_config(settings, projects)
+
+
+def bundle_config(settings: Settings, projects: list[str]) -> list[dict[str, Any]]:
+    """Airflow's `dag_bundle_config_list` for these projects' bundles."""
     return [{"name": bundle_name(p), "classpath": "airflow.dag_processing.bundles.local.LocalDagBundle",
              "kwargs": {"path": str(bundle_dir(settings, p))}, "team_name": team_name(p)} for p in projects]
 
@@ -158,41 +163,44 @@ def prepare(settings: Settings) -> dict[str, str]:
     from pipelines.services import http_ok
     from pipelines.storage import write_json
 
-    on = enabled(settings)
     home = Path(str(settings.airflow.home))
     env_file = airflow.multi_team_env_file(settings)
-    if not on and not env_file.is_file():
+    if not enabled(settings) and not env_file.is_file():
         return {}  # single-team, as it was
     home.mkdir(parents=True, exist_ok=True)
     with FileLock(str(home / "flywheel-multi-team.lock"), timeout=PREPARE_TIMEOUT_S):
-        if not on:
-            _leave(settings, env_file)
+        if not enabled(settings):  # decided again under the lock: a project may have come or gone meanwhile
+            if env_file.is_file():
+                _leave(settings, env_file)
             return {}
         old = json.loads(env_file.read_text()) if env_file.is_file() else {}
-        users = logins(settings)
+        users, projects = logins(settings), sorted(registry.load(settings))
         out = {"AIRFLOW__CORE__MULTI_TEAM": "True",
-               "AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST": json.dumps(
-                   write_bundles(settings, sorted(registry.load(settings)))),
+               "AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST": json.dumps(bundle_config(settings, projects)),
                "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": ",".join(["admin:admin", *(f"{n}:{r}" for n, r in users.items())])}
         if {k: v for k, v in old.items() if k != SECRET_KEY} == out:
+            write_bundles(settings, projects)  # the same set: the DAG files' copies follow the repository's
             return old
         if http_ok(f"{airflow.base_url(settings)}{airflow.HEALTH_PATH}", timeout=3):  # a running Airflow
+            auto = settings.airflow.multi_team == "auto"
             raise airflow.AirflowUnavailable(
                 ("the running Airflow serves an older set of project teams, DAG bundles or logins (a project or member "
                  "changed since it started)" if old else
-                 f"Airflow is to keep each project's DAGs to its members (airflow.multi_team: {settings.airflow.multi_team}"
-                 f"{', and the platform has projects besides `default`' if settings.airflow.multi_team == 'auto' else ''}"
-                 "), and the running Airflow started without teams") +
-                ": apply it with `flywheel down && flywheel up`")
-        out[SECRET_KEY] = secrets.token_urlsafe(32)  # tokens issued before (old roles and teams) stop working
-        _passwords(settings, list(users))
-        for args in (("db", "migrate"), ("teams", "sync")):
-            done = airflow.run_cli(settings, *args, timeout=settings.airflow.migrate_timeout_s, extra_env=out)
-            if done.returncode != 0:
-                tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["(no output)"]
-                raise airflow.AirflowUnavailable(f"`airflow {' '.join(args)}` failed for the project teams: {tail[0]}")
-        write_json(str(env_file), out)
-        env_file.chmod(0o600)
+                 f"Airflow is to keep each project's DAGs to its members (airflow.multi_team: {mode(settings)}"
+                 f"{', and the platform has projects besides `default`' if auto else ''}), and the running Airflow "
+                 "started without teams") + ": apply it with `flywheel down && flywheel up`" +
+                (" (or keep Airflow single-team: FLYWHEEL_AIRFLOW__MULTI_TEAM=false)" if auto and not old else ""))
+        with airflow.layout(settings, switch=not old):  # from one DAG-folder bundle to teams: no run under it
+            write_bundles(settings, projects)
+            out[SECRET_KEY] = secrets.token_urlsafe(32)  # tokens issued before (old roles and teams) stop working
+            _passwords(settings, list(users))
+            for args in (("db", "migrate"), ("teams", "sync")):
+                done = airflow.run_cli(settings, *args, timeout=settings.airflow.migrate_timeout_s, extra_env=out)
+                if done.returncode != 0:
+                    tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["(no output)"]
+                    raise airflow.AirflowUnavailable(f"`airflow {' '.join(args)}` failed for the project teams: {tail[0]}")
+            write_json(str(env_file), out)
+            env_file.chmod(0o600)
         return out
 
 
@@ -205,10 +213,19 @@ def _leave(settings: Settings, env_file: Path) -> None:
     if http_ok(f"{airflow.base_url(settings)}{airflow.HEALTH_PATH}", timeout=3):
         raise airflow.AirflowUnavailable(
             "the running Airflow keeps each project's DAGs to its members (multi-team), which is now off "
-            f"(airflow.multi_team: {settings.airflow.multi_team}"
+            f"(airflow.multi_team: {mode(settings)}"
             f"{', and no project besides `default` is left' if settings.airflow.multi_team == 'auto' else ''}"
             "): apply it with `flywheel down && flywheel up`")
-    shutil.rmtree(bundle_dir(settings, DEFAULT_PROJECT).parent, ignore_errors=True)
-    if airflow.password_file(settings).is_file():
-        _passwords(settings, [])  # the member logins and their own files; admin's stays
-    env_file.unlink(missing_ok=True)
+    with airflow.layout(settings, switch=True):  # no run under it
+        if airflow.password_file(settings).is_file():
+            _passwords(settings, [])  # the member logins; admin's stays
+        for own in login_password_file(settings, "*@*").parent.glob("*@*.airflow.password"):
+            own.unlink(missing_ok=True)
+        env_file.unlink()  # single-team from here (the file says the layout): what is left below is unused
+        shutil.rmtree(bundle_dir(settings, DEFAULT_PROJECT).parent, ignore_errors=True)
+
+
+def mode(settings: Settings) -> str:
+    """`airflow.multi_team` as it is written: true, false or auto."""
+    value = settings.airflow.multi_team
+    return value if isinstance(value, str) else str(value).lower()
