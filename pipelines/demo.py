@@ -145,8 +145,10 @@ def run_demo(settings: Settings, *, records_per_day: int, days: int, seed: int, 
         console.print(table)
         change = bench["comparison"]
         if change:
+            from pipelines.bench.report import change_line
+
             console.print(f"tuned vs base + few-shot ({'grammar' if bench.get('constrained') else 'free'} decoding, "
-                          f"as served): latency p50 {change['latency_p50_change']:+.0%}, prompt tokens "
+                          f"as served): latency p50 {change_line(change)}, prompt tokens "
                           f"{change['prompt_tokens_change']:+.0%}, throughput {change['throughput_change']:+.0%}")
 
     gateway_url = _ask_the_gateway(settings, end, seed, console) if live is not None else None

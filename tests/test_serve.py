@@ -208,10 +208,29 @@ def test_benchmark_compares_base_few_shot_with_the_tuned_model(registered) -> No
     assert report["constrained"] is True and report["direct"]["model"].endswith(", constrained")
     assert base["prompt_tokens_mean"] > tuned["prompt_tokens_mean"]  # schemas + shots vs the short prompt
     assert report["comparison"]["prompt_tokens_change"] < 0 and report["direct"]["requests"] == 4
-    assert Path(report["json_uri"]).is_file() and "<img" in Path(report["html_uri"]).read_text()
+    # every request's latency is in the report, and the median is one of them (nearest rank)
+    assert all(len(r["latencies_ms"]) == 4 and r["p50_ms"] in r["latencies_ms"] for r in report["runs"])
+    ci, change = report["comparison"]["latency_p50_change_ci95"], report["comparison"]["latency_p50_change"]
+    assert report["comparison"]["paired_requests"] == 4 and ci[0] <= change <= ci[1], (ci, change)
+    html = Path(report["html_uri"]).read_text()
+    assert "<img" in html and "paired 95 % CI" in html and "Every request" in html and Path(report["json_uri"]).is_file()
     tag = json.loads(mlflow_client(settings).get_model_version(settings.mlflow.registered_model, live.version)
                      .tags["flywheel.benchmark"])
     assert tag["p50_ms_c1"] == tuned["p50_ms"]
+
+
+def test_the_latency_change_interval_pairs_the_requests() -> None:
+    """Both models answer the same requests: request i's two latencies are resampled together, so a tuned model
+    20 % faster on every request has an interval of -20 % at both ends however much the requests differ (an
+    unpaired bootstrap of the same numbers spans tens of points). Mutation tried: the two resampled apart, this
+    fails."""
+    from pipelines.bench.serving import paired_p50_change_ci
+
+    base = [100.0, 2400.0, 350.0, 1800.0, 90.0, 3000.0, 700.0, 1200.0]
+    assert paired_p50_change_ci(base, [x * 0.8 for x in base]) == [-0.2, -0.2]
+    lo, hi = paired_p50_change_ci(base, [x * (0.5 if i % 2 else 1.0) for i, x in enumerate(base)])
+    assert -0.5 <= lo < hi <= 0.0
+    assert paired_p50_change_ci(base[:1], base[:1]) is None and paired_p50_change_ci(base, base[:4]) is None
 
 
 def test_a_restart_while_a_model_is_live_keeps_it_live(registered) -> None:

@@ -6,8 +6,28 @@ from typing import Any
 
 from pipelines.reports import figure_html, new_figure, page, table_html
 
-COLUMNS = ("model", "concurrency", "requests", "errors", "p50_ms", "p95_ms", "p99_ms", "requests_per_s",
-           "output_tokens_per_s", "prompt_tokens_mean", "exact_match", "usd_per_million_requests")
+COLUMNS = ("model", "concurrency", "requests", "errors", "ttft_ms", "itl_ms", "p50_ms", "p95_ms", "p99_ms",
+           "requests_per_s", "output_tokens_per_s", "prompt_tokens_mean", "exact_match", "usd_per_million_requests")
+
+
+def change_line(comparison: dict[str, Any]) -> str:
+    """The median latency's change with its paired interval and n: how the CLI, the demo and the page say it."""
+    change, ci = comparison.get("latency_p50_change"), comparison.get("latency_p50_change_ci95")
+    if change is None:
+        return "n/a"
+    text = f"{change:+.1%}"
+    if ci:
+        text += f" (paired 95 % CI {ci[0]:+.1%} to {ci[1]:+.1%}, n = {comparison.get('paired_requests')})"
+    return text
+
+
+def _si(value: float | None, unit: str) -> str:
+    if value is None:
+        return "n/a"
+    for factor, prefix in ((1e12, "T"), (1e9, "G"), (1e6, "M")):
+        if value >= factor:
+            return f"{value / factor:,.1f} {prefix}{unit}"
+    return f"{value:,.0f} {unit}"
 
 
 def concurrency_figure(runs: list[dict[str, Any]], solid: tuple[str, str], dashed: tuple[str, str],
@@ -34,14 +54,32 @@ def render_html(report: dict[str, Any]) -> str:
     if report.get("direct"):
         rows.append({c: report["direct"].get(c) for c in COLUMNS})
     for row in rows:  # percentiles the sample does not support (pipelines.bench.serving.percentile)
-        row.update({c: "n/a" for c in ("p50_ms", "p95_ms", "p99_ms") if row[c] is None})
+        row.update({c: "n/a" for c in ("ttft_ms", "itl_ms", "p50_ms", "p95_ms", "p99_ms") if row[c] is None})
     fig = concurrency_figure(runs, ("p50_ms", "p50"), ("p95_ms", "p95"), "latency")
     hw = report["hardware"]
     comparison = report.get("comparison") or {}
-    summary = table_html([{"metric": k, "value": v} for k, v in comparison.items() if not isinstance(v, dict)]
-                         + [{"metric": f"exact match, {k}", "value": v}
+
+    def pct(key: str) -> str:
+        return "n/a" if comparison.get(key) is None else f"{comparison[key]:+.1%}"
+
+    level = comparison.get("concurrency", 1)
+    summary = table_html([{"metric": f"median latency (p50), concurrency {level}", "change": change_line(comparison)},
+                          {"metric": "prompt tokens (mean)", "change": pct("prompt_tokens_change")},
+                          {"metric": f"throughput (answered requests/s), concurrency {level}",
+                           "change": pct("throughput_change")},
+                          {"metric": "cost per million requests", "change": pct("cost_change")}]
+                         + [{"metric": f"exact match, {k}", "change": f"{v:.3f}"}
                             for k, v in (comparison.get("exact_match") or {}).items()]
-                         + [{"metric": "Triton overhead at concurrency 1 (p50, ms)", "value": report.get("triton_overhead_ms")}])
+                         + [{"metric": "Triton overhead at concurrency 1 (p50, ms)",
+                             "change": report.get("triton_overhead_ms")}])
+    if comparison.get("interval"):
+        summary += (f"<p>Interval: {comparison['interval']}. Throughput and cost come from one timed pass per "
+                    "model (no interval).</p>")
+    every = table_html([{"model": r["model"], "concurrency": r["concurrency"],
+                         "latency of each request, ms (in order; * errored, counted at the client's timeout)": ", ".join(
+                             f"{ms:,.0f}{'*' if i in set(r.get('errored') or []) else ''}"
+                             for i, ms in enumerate(r.get("latencies_ms") or []))}
+                        for r in runs if r.get("latencies_ms") is not None])
     notes = ("<p>Every request is streamed from the decoupled model: TTFT is the median time to its first "
              "text, ITL the median of each request's mean time per output token after the first. The in-process "
              "row is not streamed.</p>")
@@ -49,8 +87,9 @@ def render_html(report: dict[str, Any]) -> str:
         ("Base + few-shot vs tuned", summary),
         ("Runs", table_html(rows) + notes),
         ("Latency and throughput", figure_html(fig, "latency and throughput against concurrency")),
-        ("Hardware", table_html([{"device": hw["name"], "peak bf16 FLOP/s": hw["peak_bf16_flops"],
-                                  "memory bandwidth (B/s)": hw["memory_bandwidth"], "$ / hour": hw["usd_per_hour"],
+        ("Every request", every),
+        ("Hardware", table_html([{"device": hw["name"], "peak bf16": _si(hw["peak_bf16_flops"], "FLOP/s"),
+                                  "memory bandwidth": _si(hw["memory_bandwidth"], "B/s"), "$ / hour": hw["usd_per_hour"],
                                   "price source": hw.get("price_source", "not stated"),
                                   "price as of": hw.get("price_date", "")}])
          + "<p>Cost per million requests = $/hour / requests per hour on this one device: between two models "

@@ -68,7 +68,9 @@ def summarize_run(label: str, concurrency: int, rows: list[dict[str, Any]], repl
             "name_accuracy": quality["name_accuracy"],
             "ttft_ms": percentile([r.first_token_ms for r in ok if r.first_token_ms is not None], 50),
             "itl_ms": percentile([r.inter_token_ms for r in ok if r.inter_token_ms is not None], 50),
-            "first_error": next((r.error for r in replies if r.error), None)}
+            "first_error": next((r.error for r in replies if r.error), None),
+            "latencies_ms": [round(x, 1) for x in latencies],  # every request, in the rows' order (errors too)
+            "errored": [i for i, r in enumerate(replies) if r.error is not None]}
 
 
 TABLE_COLUMNS = ("model", "decoding", "in flight", "requests", "errors", "TTFT ms", "ITL ms", "p50 ms", "p95 ms",
@@ -253,11 +255,39 @@ def _direct(settings: Settings, live: Any, conversations: list[list[dict[str, st
                          sum(r.latency_ms for r in replies) / 1000)
 
 
+BOOTSTRAP_RESAMPLES = 2000
+BOOTSTRAP_SEED = 0
+
+
+def paired_p50_change_ci(base: list[float], tuned: list[float], resamples: int = BOOTSTRAP_RESAMPLES,
+                         seed: int = BOOTSTRAP_SEED) -> list[float] | None:
+    """95 % interval of the median latency's relative change, tuned against base, by a paired bootstrap over
+    the requests (both models answered the same requests: request i's two latencies are resampled together).
+    None with fewer than 2 pairs."""
+    import numpy as np
+
+    if len(base) != len(tuned) or len(base) < 2:
+        return None
+    a, b = np.asarray(base, dtype=float), np.asarray(tuned, dtype=float)
+    picks = np.random.default_rng(seed).integers(0, len(a), size=(resamples, len(a)))
+    rank = -(-len(a) // 2) - 1  # the nearest-rank median, as `percentile` takes it
+    low, high = np.sort(a[picks], axis=1)[:, rank], np.sort(b[picks], axis=1)[:, rank]
+    changes = (high - low) / np.where(low > 0, low, np.nan)
+    lo, hi = np.nanpercentile(changes, [2.5, 97.5])
+    return [round(float(lo), 3), round(float(hi), 3)]
+
+
 def _compare(base: dict[str, Any], tuned: dict[str, Any]) -> dict[str, Any]:
     def change(a: float | None, b: float | None) -> float | None:
         return round((b - a) / a, 3) if a and b is not None else None
 
+    pairs = len(base.get("latencies_ms") or [])
     return {"latency_p50_change": change(base["p50_ms"], tuned["p50_ms"]),
+            "latency_p50_change_ci95": paired_p50_change_ci(base.get("latencies_ms") or [],
+                                                            tuned.get("latencies_ms") or []),
+            "paired_requests": pairs, "concurrency": tuned["concurrency"],
+            "interval": f"paired bootstrap over the {pairs} requests ({BOOTSTRAP_RESAMPLES} resamples, seed "
+                        f"{BOOTSTRAP_SEED}), at concurrency {tuned['concurrency']}",
             "prompt_tokens_change": change(base["prompt_tokens_mean"], tuned["prompt_tokens_mean"]),
             "throughput_change": change(base["requests_per_s"], tuned["requests_per_s"]),
             "cost_change": change(base.get("usd_per_million_requests"), tuned.get("usd_per_million_requests")),

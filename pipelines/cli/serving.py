@@ -181,3 +181,8 @@ def bench_cmd(
 
     _print_table(f"serving benchmark ({report['hardware']['name']}): {report['html_uri']}", TABLE_COLUMNS,
                  table_rows(report))
+    if report.get("comparison"):
+        from pipelines.bench.report import change_line
+
+        console.print(f"tuned vs base + few-shot: latency p50 {change_line(report['comparison'])}", soft_wrap=True,
+                      highlight=False)
