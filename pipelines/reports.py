@@ -39,7 +39,7 @@ def table_html(rows: list[dict[str, Any]]) -> str:
     columns = list(rows[0])
     head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
     body = "".join("<tr>" + "".join(f"<td>{_cell(r.get(c))}</td>" for c in columns) + "</tr>" for r in rows)
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+    return f'<div class="wide"><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>'
 
 
 def page(title: str, sections: list[tuple[str, str]], subtitle: str = "") -> str:
@@ -48,5 +48,5 @@ def page(title: str, sections: list[tuple[str, str]], subtitle: str = "") -> str
     return f"""<!doctype html><html><head><meta charset="utf-8"><title>{html.escape(title)}</title>
 <style>body{{font-family:system-ui,sans-serif;margin:2em;max-width:1100px}}table{{border-collapse:collapse;margin:1em 0}}
 td,th{{border:1px solid #ccc;padding:4px 8px;text-align:right}}th{{background:#f3f3f3}}td:first-child{{text-align:left}}
-img{{max-width:100%}}code{{background:#f6f6f6}}</style></head><body><h1>{html.escape(title)}</h1>
+img{{max-width:100%}}.wide{{overflow-x:auto}}code{{background:#f6f6f6}}</style></head><body><h1>{html.escape(title)}</h1>
 <p>{html.escape(subtitle)}</p>{parts}</body></html>"""
