@@ -246,15 +246,16 @@ def render(result: dict[str, Any]) -> str:
     right.tick_params(axis="x", rotation=30)
     if codes:
         right.legend()
-    rows = [{"phase": label, "search answered": p["search"]["n"], "search outcomes": json.dumps(p["search"]["outcomes"]),
+    rows = [{"phase": label, "search answered": p["search"]["n"], "search outcomes": p["search"]["outcomes"],
              "search p50 ms (95 % CI)": f"{p['search']['p50_ms']} {p['search']['p50_ci95']}",
-             "search p95 ms": p["search"]["p95_ms"], "shop outcomes": json.dumps(p["shop"]["outcomes"]),
-             "gw-a turns": json.dumps({k: v for k, v in p["turns"]["gw-a"].items() if k != "samples_raw"}), "gw-b turns": json.dumps({k: v for k, v in p["turns"]["gw-b"].items() if k != "samples_raw"})}
+             "search p95 ms": p["search"]["p95_ms"], "shop outcomes": p["shop"]["outcomes"],
+             **{f"{gw} turns": {k: v for k, v in p["turns"][gw].items() if k != "samples_raw"} for gw in ("gw-a", "gw-b")}}
             for label, p in zip(labels, phases)]
     s = result["summary"]
-    head = [{"commit": result["commit"].get("sha"), "dirty": result["commit"].get("dirty"),
-             **{k: v for k, v in result["settings"].items() if k != "work"}}]
-    verdict = [{k: json.dumps(v) if isinstance(v, (dict, list)) else v for k, v in s.items() if k != "per_round"}]
+    head = [{"setting": k, "value": v} for k, v in {"commit": result["commit"].get("sha"),
+                                                   "dirty": result["commit"].get("dirty"),
+                                                   **{k: v for k, v in result["settings"].items() if k != "work"}}.items()]
+    verdict = [{"figure": k, "value": v} for k, v in s.items() if k != "per_round"]
     return page("Fair turns across two gateway replicas", [
         ("Run", table_html(head)), ("Summary (search's pooled latencies per arm)", table_html(verdict)),
         ("Per round", table_html(s["per_round"])),

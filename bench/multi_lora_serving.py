@@ -320,7 +320,7 @@ def _html(result: dict[str, Any], path: Path) -> None:
     if "copies_by_adapters" in m:
         right.plot(counts, [m["copies_by_adapters"][str(n)] / 2**20 for n in counts], "s--", label="copies (PSS)")
     right.set_xlabel("adapters"), right.set_ylabel("MiB"), right.set_xscale("log", base=2), right.legend(fontsize=7)
-    rows = [{k: (json.dumps(v) if isinstance(v, dict) else v) for k, v in s.items()} for s in result["summary"]]
+    rows = [dict(s) for s in result["summary"]]
     path.write_text(page("Multi-LoRA serving on one base (CPU, Triton)", [
         ("Throughput and memory", figure_html(fig, "tokens/s and memory by adapters")),
         ("Per cell (paired ratios to merged, 95 % t-interval over rounds)", table_html(rows))],

@@ -35,13 +35,13 @@ def _noisy_rows(phases: dict[str, Any]) -> list[dict[str, Any]]:
         if name not in phases:
             continue
         s, shop = phases[name]["search"], phases[name]["shop"]
-        rows.append({"phase": name, "search n (200s)": s.get("n"), "search outcomes": json.dumps(s.get("outcomes", {})),
+        rows.append({"phase": name, "search n (200s)": s.get("n"), "search outcomes": s.get("outcomes", {}),
                      "search p50 ms": s.get("p50_ms"), "p50 95% CI": s.get("p50_ci95"), "search p95 ms": s.get("p95_ms"),
                      "p50 / alone": s.get("p50_ratio_to_alone"), "ratio 95% CI": s.get("p50_ratio_ci95"),
                      "p50 / first come first served": s.get("p50_ratio_to_fifo"),
                      "first come first served ratio 95% CI": s.get("p50_ratio_to_fifo_ci95"),
-                     "shop clients": shop.get("clients"), "shop outcomes": json.dumps(shop.get("outcomes", {})),
-                     "gateway turns (sampled every 2 s)": json.dumps(phases[name].get("gateway_queue"))})
+                     "shop clients": shop.get("clients"), "shop outcomes": shop.get("outcomes", {}),
+                     "gateway turns (sampled every 2 s)": phases[name].get("gateway_queue")})
     return rows
 
 
@@ -101,8 +101,8 @@ def render(result: dict[str, Any]) -> str:
     if "drift" in result:
         d = result["drift"]
         sections.append(("Drift in shop retrains shop only", table_html(
-            [{"check": d.get("check"), "error": d.get("error"), "shop retrain": json.dumps(d.get("shop_retrain")),
-              "asset-triggered runs": json.dumps(d.get("asset_triggered_runs")), "seconds": d.get("seconds"),
+            [{"check": d.get("check"), "error": d.get("error"), "shop retrain": d.get("shop_retrain"),
+              "asset-triggered runs": d.get("asset_triggered_runs"), "seconds": d.get("seconds"),
               "daily runs failed by the bench": len(d.get("daily_runs_failed") or [])}])
             + (f"<p>{html.escape(d['note_by_hand'])}</p>" if d.get("note_by_hand") else "")))
     return page("Two AI projects on one platform", sections, subtitle=(

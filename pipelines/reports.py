@@ -27,10 +27,21 @@ def new_figure(width: float = 7, height: float = 3.5, ncols: int = 1) -> tuple[A
     return plt.subplots(1, ncols, figsize=(width, height))
 
 
-def _cell(value: Any) -> str:
+def _text(value: Any) -> str:
+    """A value as a reader reads it: numbers rounded, a mapping as `key: value` pairs, a list comma-separated."""
+    if isinstance(value, bool) or value is None:
+        return "" if value is None else str(value)
     if isinstance(value, float):
         return f"{value:,.3f}" if abs(value) < 10 else f"{value:,.1f}"
-    return html.escape("" if value is None else str(value))
+    if isinstance(value, dict):
+        return "; ".join(f"{k}: ({_text(v)})" if isinstance(v, dict) else f"{k}: {_text(v)}" for k, v in value.items())
+    if isinstance(value, (list, tuple)):
+        return ", ".join(_text(v) for v in value)
+    return str(value)
+
+
+def _cell(value: Any) -> str:
+    return html.escape(_text(value))
 
 
 def table_html(rows: list[dict[str, Any]]) -> str:
@@ -38,7 +49,11 @@ def table_html(rows: list[dict[str, Any]]) -> str:
         return "<p>(none)</p>"
     columns = list(rows[0])
     head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
-    body = "".join("<tr>" + "".join(f"<td>{_cell(r.get(c))}</td>" for c in columns) + "</tr>" for r in rows)
+    def td(value: Any) -> str:  # numbers right-aligned, text left
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        return f"<td>{_cell(value)}</td>" if number or value is None else f'<td class="t">{_cell(value)}</td>'
+
+    body = "".join("<tr>" + "".join(td(r.get(c)) for c in columns) + "</tr>" for r in rows)
     return f'<div class="wide"><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>'
 
 
@@ -47,6 +62,6 @@ def page(title: str, sections: list[tuple[str, str]], subtitle: str = "") -> str
     parts = "".join(f"<h2>{html.escape(h)}</h2>{body}" for h, body in sections)
     return f"""<!doctype html><html><head><meta charset="utf-8"><title>{html.escape(title)}</title>
 <style>body{{font-family:system-ui,sans-serif;margin:2em;max-width:1100px}}table{{border-collapse:collapse;margin:1em 0}}
-td,th{{border:1px solid #ccc;padding:4px 8px;text-align:right}}th{{background:#f3f3f3}}td:first-child{{text-align:left}}
+td,th{{border:1px solid #ccc;padding:4px 8px;text-align:right}}th{{background:#f3f3f3}}td:first-child,td.t{{text-align:left}}
 img{{max-width:100%}}.wide{{overflow-x:auto}}code{{background:#f6f6f6}}</style></head><body><h1>{html.escape(title)}</h1>
 <p>{html.escape(subtitle)}</p>{parts}</body></html>"""
