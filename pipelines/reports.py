@@ -6,7 +6,11 @@ from __future__ import annotations
 import base64
 import html
 import io
+import numbers
+import re
 from typing import Any
+
+NUMERIC = re.compile(r"^(n/a|[-+]?[\d,]*\.?\d+ ?%?)$")
 
 
 def figure_html(fig: Any, alt: str) -> str:
@@ -49,9 +53,11 @@ def table_html(rows: list[dict[str, Any]]) -> str:
         return "<p>(none)</p>"
     columns = list(rows[0])
     head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
-    def td(value: Any) -> str:  # numbers right-aligned, text left
-        number = isinstance(value, (int, float)) and not isinstance(value, bool)
-        return f"<td>{_cell(value)}</td>" if number or value is None else f'<td class="t">{_cell(value)}</td>'
+    def td(value: Any) -> str:  # numbers (and "n/a", "+4.5%") right-aligned, text left
+        number = isinstance(value, numbers.Number) and not isinstance(value, bool)
+        if number or value is None or NUMERIC.match(_text(value)):
+            return f"<td>{_cell(value)}</td>"
+        return f'<td class="t">{_cell(value)}</td>'
 
     body = "".join("<tr>" + "".join(td(r.get(c)) for c in columns) + "</tr>" for r in rows)
     return f'<div class="wide"><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>'

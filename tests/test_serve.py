@@ -210,10 +210,11 @@ def test_benchmark_compares_base_few_shot_with_the_tuned_model(registered) -> No
     assert report["comparison"]["prompt_tokens_change"] < 0 and report["direct"]["requests"] == 4
     # every request's latency is in the report, and the median is one of them (nearest rank)
     assert all(len(r["latencies_ms"]) == 4 and r["p50_ms"] in r["latencies_ms"] for r in report["runs"])
-    ci, change = report["comparison"]["latency_p50_change_ci95"], report["comparison"]["latency_p50_change"]
-    assert report["comparison"]["paired_requests"] == 4 and ci[0] <= change <= ci[1], (ci, change)
+    # 4 requests are too few for an interval of the median: none, and the page says why (the interval: below)
+    assert report["comparison"]["latency_p50_change_ci95"] is None and report["comparison"]["paired_requests"] == 4
+    assert "fewer than the 8" in report["comparison"]["interval"]
     html = Path(report["html_uri"]).read_text()
-    assert "<img" in html and "paired 95 % CI" in html and "Every request" in html and Path(report["json_uri"]).is_file()
+    assert "<img" in html and "fewer than the 8" in html and "Every request" in html and Path(report["json_uri"]).is_file()
     tag = json.loads(mlflow_client(settings).get_model_version(settings.mlflow.registered_model, live.version)
                      .tags["flywheel.benchmark"])
     assert tag["p50_ms_c1"] == tuned["p50_ms"]
@@ -224,13 +225,32 @@ def test_the_latency_change_interval_pairs_the_requests() -> None:
     20 % faster on every request has an interval of -20 % at both ends however much the requests differ (an
     unpaired bootstrap of the same numbers spans tens of points). Mutation tried: the two resampled apart, this
     fails."""
-    from pipelines.bench.serving import paired_p50_change_ci
+    from pipelines.bench.report import change_line, render_html
+    from pipelines.bench.serving import _compare, nearest_rank, paired_p50_change_ci, percentile
 
     base = [100.0, 2400.0, 350.0, 1800.0, 90.0, 3000.0, 700.0, 1200.0]
     assert paired_p50_change_ci(base, [x * 0.8 for x in base]) == [-0.2, -0.2]
     lo, hi = paired_p50_change_ci(base, [x * (0.5 if i % 2 else 1.0) for i, x in enumerate(base)])
     assert -0.5 <= lo < hi <= 0.0
-    assert paired_p50_change_ci(base[:1], base[:1]) is None and paired_p50_change_ci(base, base[:4]) is None
+    assert paired_p50_change_ci(base[:7], base[:7]) is None  # fewer than 8 pairs
+    assert paired_p50_change_ci(base, base[:4]) is None and paired_p50_change_ci([0.0] * 8, base) is None
+    assert nearest_rank(8, 50) == 4 and percentile(base, 50) == sorted(base)[3] and nearest_rank(20, 95) == 19
+    # the headline compares the rows it is given, request by request, one request at a time only
+    def run(latencies: list[float], level: int = 1) -> dict:
+        return {"p50_ms": percentile(latencies, 50), "p95_ms": None, "latencies_ms": latencies, "concurrency": level,
+                "prompt_tokens_mean": 10.0, "requests_per_s": 1.0, "exact_match": 0.5, "model": "tuned v1"}
+
+    tuned = [x * (0.5 if i % 2 else 1.0) for i, x in enumerate(base)]
+    compared = _compare(run(base), run(tuned))
+    assert compared["latency_p50_change_ci95"] == [lo, hi] and compared["paired_requests"] == 8
+    assert change_line(compared) == (f"{compared['latency_p50_change']:+.1%} (paired 95 % CI {lo:+.1%} to {hi:+.1%}, "
+                                      "n = 8)")
+    at_four = _compare(run(base, 4), run(tuned, 4))
+    assert at_four["latency_p50_change_ci95"] is None and "not resampled as independent" in at_four["interval"]
+    page = render_html({"runs": [run(base)], "comparison": compared, "live": "l", "baseline": "b", "requests": 8,
+                        "protocol": "http", "generated_at": "now", "hardware": {"name": "cpu", "peak_bf16_flops": 2e11,
+                                                                                "memory_bandwidth": 2e10, "usd_per_hour": 0.1}})
+    assert "paired 95 % CI" in page and "200.0 GFLOP/s" in page
 
 
 def test_a_restart_while_a_model_is_live_keeps_it_live(registered) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 from typing import Any
 
 from pipelines.reports import figure_html, new_figure, page, table_html
@@ -62,7 +63,7 @@ def render_html(report: dict[str, Any]) -> str:
     def pct(key: str) -> str:
         return "n/a" if comparison.get(key) is None else f"{comparison[key]:+.1%}"
 
-    level = comparison.get("concurrency", 1)
+    level = comparison.get("concurrency") or next((r["concurrency"] for r in runs if r["model"].startswith("tuned")), 1)
     summary = table_html([{"metric": f"median latency (p50), concurrency {level}", "change": change_line(comparison)},
                           {"metric": "prompt tokens (mean)", "change": pct("prompt_tokens_change")},
                           {"metric": f"throughput (answered requests/s), concurrency {level}",
@@ -73,8 +74,8 @@ def render_html(report: dict[str, Any]) -> str:
                          + [{"metric": "Triton overhead at concurrency 1 (p50, ms)",
                              "change": report.get("triton_overhead_ms")}])
     if comparison.get("interval"):
-        summary += (f"<p>Interval: {comparison['interval']}. Throughput and cost come from one timed pass per "
-                    "model (no interval).</p>")
+        summary += (f"<p>Interval: {html.escape(comparison['interval'])}. Throughput and cost come from one timed "
+                    "pass per model (no interval).</p>")
     every = table_html([{"model": r["model"], "concurrency": r["concurrency"],
                          "latency of each request, ms (in order; * errored, counted at the client's timeout)": ", ".join(
                              f"{ms:,.0f}{'*' if i in set(r.get('errored') or []) else ''}"

@@ -46,8 +46,12 @@ def percentile(values: list[float], q: float) -> float | None:
     if len(values) < min_samples(q) or not values:
         return None
     ordered = sorted(values)
-    rank = max(1, -(-len(ordered) * q // 100))  # ceil
-    return round(ordered[int(rank) - 1], 1)
+    return round(ordered[nearest_rank(len(ordered), q) - 1], 1)
+
+
+def nearest_rank(n: int, q: float) -> int:
+    """The 1-based rank of the nearest-rank q-th percentile of n values: ceil(n q / 100), at least 1."""
+    return int(max(1, -(-n * q // 100)))
 
 
 def summarize_run(label: str, concurrency: int, rows: list[dict[str, Any]], replies: list[Reply],
@@ -257,37 +261,47 @@ def _direct(settings: Settings, live: Any, conversations: list[list[dict[str, st
 
 BOOTSTRAP_RESAMPLES = 2000
 BOOTSTRAP_SEED = 0
+MIN_PAIRS = 8  # below it the bootstrapped median takes too few values for a 95 % interval to hold its coverage
 
 
 def paired_p50_change_ci(base: list[float], tuned: list[float], resamples: int = BOOTSTRAP_RESAMPLES,
-                         seed: int = BOOTSTRAP_SEED) -> list[float] | None:
-    """95 % interval of the median latency's relative change, tuned against base, by a paired bootstrap over
-    the requests (both models answered the same requests: request i's two latencies are resampled together).
-    None with fewer than 2 pairs."""
+                         seed: int = BOOTSTRAP_SEED, min_pairs: int = MIN_PAIRS) -> list[float] | None:
+    """95 % interval of the median latency's relative change, tuned against base: a percentile bootstrap over
+    the requests, paired (both models answered the same requests: request i's two latencies are resampled
+    together). It covers which requests were drawn, given each model's one timed pass (not what moved between
+    the passes). None with fewer than `min_pairs` pairs, lists of different lengths, or a resample whose base
+    median is not above 0."""
     import numpy as np
 
-    if len(base) != len(tuned) or len(base) < 2:
+    if len(base) != len(tuned) or len(base) < max(2, min_pairs):
         return None
     a, b = np.asarray(base, dtype=float), np.asarray(tuned, dtype=float)
     picks = np.random.default_rng(seed).integers(0, len(a), size=(resamples, len(a)))
-    rank = -(-len(a) // 2) - 1  # the nearest-rank median, as `percentile` takes it
+    rank = nearest_rank(len(a), 50) - 1  # the median as `percentile` takes it
     low, high = np.sort(a[picks], axis=1)[:, rank], np.sort(b[picks], axis=1)[:, rank]
-    changes = (high - low) / np.where(low > 0, low, np.nan)
-    lo, hi = np.nanpercentile(changes, [2.5, 97.5])
-    return [round(float(lo), 3), round(float(hi), 3)]
+    if not (low > 0).all():
+        return None
+    lo, hi = np.percentile((high - low) / low, [2.5, 97.5])
+    return [round(float(lo), 3), round(float(hi), 3)] if np.isfinite([lo, hi]).all() else None
 
 
 def _compare(base: dict[str, Any], tuned: dict[str, Any]) -> dict[str, Any]:
     def change(a: float | None, b: float | None) -> float | None:
         return round((b - a) / a, 3) if a and b is not None else None
 
-    pairs = len(base.get("latencies_ms") or [])
-    return {"latency_p50_change": change(base["p50_ms"], tuned["p50_ms"]),
-            "latency_p50_change_ci95": paired_p50_change_ci(base.get("latencies_ms") or [],
-                                                            tuned.get("latencies_ms") or []),
-            "paired_requests": pairs, "concurrency": tuned["concurrency"],
-            "interval": f"paired bootstrap over the {pairs} requests ({BOOTSTRAP_RESAMPLES} resamples, seed "
-                        f"{BOOTSTRAP_SEED}), at concurrency {tuned['concurrency']}",
+    pairs = min(len(base.get("latencies_ms") or []), len(tuned.get("latencies_ms") or []))
+    level = tuned["concurrency"]
+    ci = paired_p50_change_ci(base.get("latencies_ms") or [], tuned.get("latencies_ms") or []) if level == 1 else None
+    if ci is not None:
+        interval = (f"percentile bootstrap over the {pairs} requests, paired ({BOOTSTRAP_RESAMPLES} resamples, seed "
+                    f"{BOOTSTRAP_SEED}), one request at a time; it covers which requests were drawn, given each "
+                    "model's one timed pass")
+    else:
+        interval = ("none: " + (f"at concurrency {level} requests in flight together slow each other, so they are "
+                                "not resampled as independent" if level != 1 else
+                                f"{pairs} requests, fewer than the {MIN_PAIRS} an interval of the median needs"))
+    return {"latency_p50_change": change(base["p50_ms"], tuned["p50_ms"]), "latency_p50_change_ci95": ci,
+            "paired_requests": pairs, "concurrency": level, "interval": interval,
             "prompt_tokens_change": change(base["prompt_tokens_mean"], tuned["prompt_tokens_mean"]),
             "throughput_change": change(base["requests_per_s"], tuned["requests_per_s"]),
             "cost_change": change(base.get("usd_per_million_requests"), tuned.get("usd_per_million_requests")),
