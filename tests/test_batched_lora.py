@@ -92,6 +92,12 @@ def test_every_row_of_a_mixed_batch_gets_its_own_adapter(tiny):
         got = model(**enc).logits[:, -1]
     for row, name in enumerate([None, "a3", None, None]):
         assert torch.allclose(got[row], want[name][row], atol=1e-4, rtol=1e-4), row
+    batched.select([2] * 4)  # one adapter for the whole batch (the direct path: views of that slot)
+    batched.load_folder(2, str(tiny["adapters"]["a2"]))  # reloaded while selected: served at once
+    with torch.inference_mode():
+        got = model(**enc).logits[:, -1]
+    assert all(layer.mode == "one" for layer in batched.layers.values())
+    assert torch.allclose(got, want["a2"], atol=1e-4, rtol=1e-4)
 
 
 def test_an_adapter_that_does_not_fit_is_refused_whole_and_the_slot_keeps_serving(tiny, tmp_path):
