@@ -231,3 +231,43 @@ def test_each_unfit_adapter_folder_is_one_clear_error_and_the_slot_keeps_serving
     assert str(tmp_path) not in str(refused.value)
     with torch.inference_mode():
         assert torch.equal(model(**enc).logits[:, -1], before)
+
+
+def test_a_slot_layer_follows_its_base_moved_replaced_or_hooked_and_its_slots_grown() -> None:
+    """The direct path reads the base's own parameter table and the selected slot's views: a base with a bias,
+    slots re-allocated for a larger rank while one adapter is selected, the model moved to float64, the base's
+    weight replaced by a new Parameter, and a hook on the base each serve the merged answer (and the hook runs).
+    Mutations tried: `_apply` not re-pointing the views (float64: a dtype error), the weight read from a stored
+    reference (the replaced weight not served), the hooks not honoured (the hook never runs): each fails here."""
+    import torch
+
+    from pipelines.serve.batched_lora import BatchedLoRA
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 6, bias=True))
+    base = model[0]
+
+    def adapter(rank: int, seed: int) -> dict[str, torch.Tensor]:
+        g = torch.Generator().manual_seed(seed)
+        return {"0.lora_A.weight": torch.randn(rank, 8, generator=g), "0.lora_B.weight": torch.randn(6, rank, generator=g)}
+
+    def merged(x: torch.Tensor, weights: dict[str, torch.Tensor]) -> torch.Tensor:
+        a, b = (weights[f"0.lora_{k}.weight"].to(base.weight.dtype) for k in "AB")
+        return torch.nn.functional.linear(x, base.weight + 0.5 * b @ a, base.bias)
+
+    batched = BatchedLoRA(model, ["0"], slots=3)
+    small, large = adapter(2, 1), adapter(4, 2)
+    batched.load(0, small, 0.5)
+    batched.select([0, 0])  # one adapter for the batch: the direct path
+    x = torch.randn(2, 3, 8)
+    with torch.no_grad():
+        assert torch.allclose(model(x), merged(x, small), atol=1e-5)
+        batched.load(1, large, 0.5)  # rank 4: every slot re-allocated while slot 0 is selected
+        assert batched.layers["0"].lora_a.shape[2] == 4 and torch.allclose(model(x), merged(x, small), atol=1e-5)
+        model.double()
+        assert torch.allclose(model(x.double()), merged(x.double(), small), atol=1e-9)
+        base.weight = torch.nn.Parameter(torch.randn(6, 8, dtype=torch.float64))
+        assert torch.allclose(model(x.double()), merged(x.double(), small), atol=1e-9)
+        seen: list[int] = []
+        base.register_forward_hook(lambda *_: seen.append(1))
+        assert torch.allclose(model(x.double()), merged(x.double(), small), atol=1e-9) and seen == [1]

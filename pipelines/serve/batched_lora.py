@@ -55,10 +55,11 @@ class SlotLinear(torch.nn.Module):
         self.mode = "off"  # off: the base alone; one: every row on slot `self.slot`; rows: per-row weights
         self.slot = 0
         # plain attributes read on every call (a module's own attribute lookup for parameters and buffers costs
-        # microseconds a projection, hundreds of projections a token): the base's weight and bias (the same
-        # Parameter objects, not registered twice) and, in mode `one`, views of that slot (set by `_refresh`)
-        object.__setattr__(self, "_weight", base.weight)
-        object.__setattr__(self, "_bias", base.bias)
+        # microseconds a projection, hundreds of projections a token): the base's parameter and hook tables
+        # (the same dicts: a weight replaced or a hook added is seen at once; nothing registered twice) and, in
+        # mode `one`, views of that slot (set by `_refresh`, `grow` and `_apply`)
+        object.__setattr__(self, "_params", base._parameters)
+        object.__setattr__(self, "_hooks", (base._forward_pre_hooks, base._forward_hooks))
         self.one_a: torch.Tensor | None = None
         self.one_b: torch.Tensor | None = None
         self.filled: set[int] = set()  # the slots whose adapter adapts this layer (others leave it as the base)
@@ -66,7 +67,11 @@ class SlotLinear(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # the base's product called directly (no second module call) and the update added in place into its
         # fresh output (no copy of it); bench/multi_lora.py measures what it changes for the whole model
-        y = torch.nn.functional.linear(x, self._weight, self._bias)
+        weight = self._params.get("weight")
+        if weight is None or self._hooks[0] or self._hooks[1]:  # a computed weight (parametrized) or hooks: as is
+            y = self.base(x)
+        else:
+            y = torch.nn.functional.linear(x, weight, self._params.get("bias"))
         if self.mode == "off":
             return y
         if self.mode == "one":
@@ -90,7 +95,18 @@ class SlotLinear(torch.nn.Module):
         a[:have, :, :have_rank] = self.lora_a
         b[:have, :have_rank, :] = self.lora_b
         self.lora_a, self.lora_b = a, b
-        self.mode, self.one_a, self.one_b = "off", None, None  # views of the old tensors: `_refresh` sets them again
+        self._views()  # the selected slot in the new tensors (a gathered copy of rows stays valid)
+
+    def _views(self) -> None:
+        if self.mode == "one":
+            self.one_a, self.one_b = self.lora_a[self.slot], self.lora_b[self.slot]
+        else:
+            self.one_a = self.one_b = None
+
+    def _apply(self, fn: Any, recurse: bool = True) -> "SlotLinear":  # .to(), .half(), .cuda(): new buffers
+        out = super()._apply(fn, recurse)
+        self._views()
+        return out
 
     def gather(self, index: torch.Tensor, keep: torch.Tensor) -> None:
         """Row i gets slot index[i] where keep[i], zeros (the base) elsewhere. The working buffers are reused
@@ -265,12 +281,10 @@ class BatchedLoRA:
         for layer in self.layers.values():
             kept = tuple(s is not None and s in layer.filled for s in rows)
             slots = {s for s, k in zip(rows, kept) if k}
-            layer.one_a = layer.one_b = None
             if not slots:
                 layer.mode, layer.slot = "off", 0
             elif len(slots) == 1 and all(kept):
                 layer.mode, layer.slot = "one", next(iter(slots))
-                layer.one_a, layer.one_b = layer.lora_a[layer.slot], layer.lora_b[layer.slot]
             else:
                 device = layer.lora_a.device
                 if device not in indices:
@@ -279,6 +293,7 @@ class BatchedLoRA:
                     masks[device, kept] = torch.tensor(kept, device=device)
                 layer.mode, layer.slot = "rows", 0
                 layer.gather(indices[device], masks[device, kept])
+            layer._views()
 
     def adapter_bytes(self) -> int:
         """Bytes one slot takes over every adapted layer (at the rank allocated now)."""
