@@ -168,16 +168,17 @@ def start(root: str, spec: ServiceSpec, *, host: str, port: int, timeout_s: floa
 
 def _start_locked(root: str, spec: ServiceSpec, *, host: str, port: int, timeout_s: float) -> ServiceStatus:
     current = status(root, spec.name, spec.health_url, spec.url)
-    if current.running and current.pid is not None and _started_at(current.pid) is None:
-        # the leader died (a crash, an OOM kill) and some of its group lingers: that is no server to wait for;
-        # what is left goes, and a fresh one starts
-        LOG.warning("%s: its leader %s is gone while its group lingers; stopping the rest", spec.name, current.pid)
-        stop(root, spec.name, grace_s=5.0)
+    if current.running and current.pid is not None and not _leader_alive(current.pid):
+        _stop_leaderless(root, spec, current.pid)
         current = status(root, spec.name, spec.health_url, spec.url)
     if current.running:
-        if not current.healthy:
-            wait_healthy(root, spec, timeout_s)
-        return status(root, spec.name, spec.health_url, spec.url)
+        if current.healthy:
+            return current
+        try:
+            wait_healthy(root, spec, timeout_s, leader=current.pid)
+            return status(root, spec.name, spec.health_url, spec.url)
+        except _LeaderGone:  # it died while we waited for it (a crash caught mid-exit): start afresh
+            _stop_leaderless(root, spec, current.pid)
     if not port_free(host, port):
         raise ServiceError(f"{spec.name}: port {host}:{port} is already in use; set another port in the config")
     log = log_path(root, spec.name)
@@ -191,7 +192,25 @@ def _start_locked(root: str, spec: ServiceSpec, *, host: str, port: int, timeout
     return status(root, spec.name, spec.health_url, spec.url)
 
 
-def wait_healthy(root: str, spec: ServiceSpec, timeout_s: float, proc: subprocess.Popen | None = None) -> None:
+class _LeaderGone(Exception):
+    """The server waited for has no leader any more."""
+
+
+def _leader_alive(pid: int) -> bool:
+    return _started_at(pid) is not None
+
+
+def _stop_leaderless(root: str, spec: ServiceSpec, pid: int | None) -> None:
+    """The leader died (a crash, an OOM kill) and some of its group lingers: that is no server to wait for;
+    what is left goes, and a fresh one starts."""
+    LOG.warning("%s: its leader %s is gone while its group lingers; stopping the rest", spec.name, pid)
+    stop(root, spec.name, grace_s=5.0)
+
+
+def wait_healthy(root: str, spec: ServiceSpec, timeout_s: float, proc: subprocess.Popen | None = None,
+                 leader: int | None = None) -> None:
+    """Until the health URL answers (ServiceError past `timeout_s`); `proc` (ours) exiting is an error at once,
+    and `leader` (another start's) dying is `_LeaderGone` at once."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if http_ok(spec.health_url):
@@ -199,6 +218,8 @@ def wait_healthy(root: str, spec: ServiceSpec, timeout_s: float, proc: subproces
         if proc is not None and proc.poll() is not None:
             stop(root, spec.name)
             raise ServiceError(f"{spec.name} exited with code {proc.returncode}; see {log_path(root, spec.name)}")
+        if leader is not None and not _leader_alive(leader):
+            raise _LeaderGone(leader)
         time.sleep(1.0)
     stop(root, spec.name)
     raise ServiceError(f"{spec.name} not healthy after {timeout_s:.0f}s; see {log_path(root, spec.name)}")

@@ -8,6 +8,8 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 from pipelines import services
 from pipelines.storage import read_json, write_json
 
@@ -66,10 +68,15 @@ def test_a_stale_pid_file_never_signals_a_process_that_is_not_ours(tmp_path: Pat
         other.wait(timeout=10)
 
 
-def test_a_server_whose_leader_was_killed_is_started_afresh_not_waited_for(tmp_path: Path) -> None:
+@pytest.mark.parametrize("mid_exit", [False, True], ids=["gone", "caught-mid-exit"])
+def test_a_server_whose_leader_was_killed_is_started_afresh_not_waited_for(tmp_path: Path, monkeypatch,
+                                                                          mid_exit: bool) -> None:
     """A crash kills a server's leader while a child of its group lingers (or is still exiting): `start` stops
     what is left and starts a fresh server at once, instead of waiting the whole start timeout for a health
-    check that cannot pass and then failing. A group whose processes are all zombies counts as gone."""
+    check that cannot pass and then failing. A group whose processes are all zombies counts as gone. A leader
+    caught still alive in its exit (the first look says alive) is seen gone while `start` waits for it, and
+    replaced then. (Mutation tried: no leader check in `wait_healthy`: the mid-exit case waits its 30 s and
+    fails, as it once did in a full suite run under load.)"""
     import os
     import signal
     import sys
@@ -87,6 +94,9 @@ def test_a_server_whose_leader_was_killed_is_started_afresh_not_waited_for(tmp_p
         while services.http_ok(spec.health_url) and time.monotonic() < deadline:
             time.sleep(0.1)
         assert services.group_alive(first.pid)  # the lingering child
+        if mid_exit:
+            real, looks = services._leader_alive, []
+            monkeypatch.setattr(services, "_leader_alive", lambda pid: looks.append(pid) or len(looks) == 1 or real(pid))
         started = time.monotonic()
         second = services.start(root, spec, host="127.0.0.1", port=port, timeout_s=30)
         assert second.healthy and second.pid != first.pid
