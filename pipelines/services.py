@@ -159,10 +159,11 @@ def start(root: str, spec: ServiceSpec, *, host: str, port: int, timeout_s: floa
     from filelock import FileLock, Timeout
 
     try:
-        with FileLock(str(run_dir(root) / f"{spec.name}.lock"), timeout=timeout_s + 60):
+        # the holder may wait for a server (timeout_s), find its leader gone, stop the rest and start afresh
+        with FileLock(str(run_dir(root) / f"{spec.name}.lock"), timeout=2 * timeout_s + 75):
             return _start_locked(root, spec, host=host, port=port, timeout_s=timeout_s)
     except Timeout:
-        raise ServiceError(f"{spec.name}: another `flywheel up` held its start lock for over {timeout_s + 60:.0f} s; "
+        raise ServiceError(f"{spec.name}: another `flywheel up` held its start lock for over {2 * timeout_s + 75:.0f} s; "
                            f"see {log_path(root, spec.name)}") from None
 
 
@@ -177,8 +178,11 @@ def _start_locked(root: str, spec: ServiceSpec, *, host: str, port: int, timeout
         try:
             wait_healthy(root, spec, timeout_s, leader=current.pid)
             return status(root, spec.name, spec.health_url, spec.url)
-        except _LeaderGone:  # it died while we waited for it (a crash caught mid-exit): start afresh
-            _stop_leaderless(root, spec, current.pid)
+        except _LeaderGone:  # it died while we waited for it (a crash caught mid-exit)
+            if read_pid(root, spec.name) is None:  # its whole group is gone too: stopped (`flywheel down`) or exited
+                raise ServiceError(f"{spec.name} exited or was stopped while this start waited for it; see "
+                                   f"{log_path(root, spec.name)}") from None
+            _stop_leaderless(root, spec, current.pid)  # a lingering group: start afresh
     if not port_free(host, port):
         raise ServiceError(f"{spec.name}: port {host}:{port} is already in use; set another port in the config")
     log = log_path(root, spec.name)
@@ -231,13 +235,15 @@ def stop(root: str, name: str, grace_s: float = 30.0) -> bool:
     if pid is None:
         return False
     if group_alive(pid):
-        os.killpg(pid, signal.SIGTERM)
+        with contextlib.suppress(ProcessLookupError):  # its last member exited since the look
+            os.killpg(pid, signal.SIGTERM)
         deadline = time.monotonic() + grace_s
         while group_alive(pid) and time.monotonic() < deadline:
             _reap(pid)
             time.sleep(0.2)
         if group_alive(pid):
-            os.killpg(pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
             deadline = time.monotonic() + 10
             while group_alive(pid) and time.monotonic() < deadline:
                 _reap(pid)

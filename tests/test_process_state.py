@@ -102,5 +102,43 @@ def test_a_server_whose_leader_was_killed_is_started_afresh_not_waited_for(tmp_p
         assert second.healthy and second.pid != first.pid
         assert time.monotonic() - started < 20, "waited for a server that was gone"
         assert not services.group_alive(first.pid)  # what was left of the old group is gone
+        assert not mid_exit or len(looks) >= 2  # the forced "alive" was the first look; the wait looked again
+    finally:
+        services.stop(root, "web", grace_s=5)
+
+
+def test_a_server_stopped_while_a_start_waits_for_it_stays_stopped(tmp_path: Path, monkeypatch) -> None:
+    """`flywheel down` stops a server whose start another `flywheel up` is waiting for: the waiting start says
+    so at once (one error) instead of starting the server again behind the user's back. (Mutation tried: the
+    lingering-group check removed, a fresh server starts: this fails.)"""
+    import os
+    import signal
+    import sys
+
+    root = str(tmp_path)
+    port = services.free_port()
+    spec = services.ServiceSpec(
+        "web", ["sh", "-c", f"sleep 300 & exec {sys.executable} -m http.server {port} --bind 127.0.0.1"],
+        dict(os.environ), f"http://127.0.0.1:{port}/", f"http://127.0.0.1:{port}/", cwd=root)
+    first = services.start(root, spec, host="127.0.0.1", port=port, timeout_s=30)
+    try:
+        os.kill(first.pid, signal.SIGKILL)  # a server not answering (its leader caught mid-exit at the first look)
+        deadline = time.monotonic() + 10
+        while services.http_ok(spec.health_url) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        real, looks = services._leader_alive, []
+
+        def look(pid: int) -> bool:
+            looks.append(pid)
+            if len(looks) == 2:  # while the start waits: `flywheel down` stops the whole group
+                services.stop(root, "web", grace_s=5)
+            return len(looks) == 1 or real(pid)
+
+        monkeypatch.setattr(services, "_leader_alive", look)
+        started = time.monotonic()
+        with pytest.raises(services.ServiceError, match="exited or was stopped while this start waited"):
+            services.start(root, spec, host="127.0.0.1", port=port, timeout_s=30)
+        assert time.monotonic() - started < 20 and not services.http_ok(spec.health_url)
+        assert services.read_pid(root, "web") is None and not services.group_alive(first.pid)
     finally:
         services.stop(root, "web", grace_s=5)
