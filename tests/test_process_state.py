@@ -68,6 +68,17 @@ def test_a_stale_pid_file_never_signals_a_process_that_is_not_ours(tmp_path: Pat
         other.wait(timeout=10)
 
 
+def _web(tmp_path: Path) -> tuple[str, int, services.ServiceSpec]:
+    """A server whose group has a second process (`sleep`) that outlives its leader (a web server)."""
+    import os
+    import sys
+
+    root, port = str(tmp_path), services.free_port()
+    return root, port, services.ServiceSpec(
+        "web", ["sh", "-c", f"sleep 300 & exec {sys.executable} -m http.server {port} --bind 127.0.0.1"],
+        dict(os.environ), f"http://127.0.0.1:{port}/", f"http://127.0.0.1:{port}/", cwd=root)
+
+
 @pytest.mark.parametrize("mid_exit", [False, True], ids=["gone", "caught-mid-exit"])
 def test_a_server_whose_leader_was_killed_is_started_afresh_not_waited_for(tmp_path: Path, monkeypatch,
                                                                           mid_exit: bool) -> None:
@@ -79,13 +90,8 @@ def test_a_server_whose_leader_was_killed_is_started_afresh_not_waited_for(tmp_p
     fails, as it once did in a full suite run under load.)"""
     import os
     import signal
-    import sys
 
-    root = str(tmp_path)
-    port = services.free_port()
-    spec = services.ServiceSpec(
-        "web", ["sh", "-c", f"sleep 300 & exec {sys.executable} -m http.server {port} --bind 127.0.0.1"],
-        dict(os.environ), f"http://127.0.0.1:{port}/", f"http://127.0.0.1:{port}/", cwd=root)
+    root, port, spec = _web(tmp_path)
     first = services.start(root, spec, host="127.0.0.1", port=port, timeout_s=30)
     try:
         assert first.healthy
@@ -113,13 +119,8 @@ def test_a_server_stopped_while_a_start_waits_for_it_stays_stopped(tmp_path: Pat
     lingering-group check removed, a fresh server starts: this fails.)"""
     import os
     import signal
-    import sys
 
-    root = str(tmp_path)
-    port = services.free_port()
-    spec = services.ServiceSpec(
-        "web", ["sh", "-c", f"sleep 300 & exec {sys.executable} -m http.server {port} --bind 127.0.0.1"],
-        dict(os.environ), f"http://127.0.0.1:{port}/", f"http://127.0.0.1:{port}/", cwd=root)
+    root, port, spec = _web(tmp_path)
     first = services.start(root, spec, host="127.0.0.1", port=port, timeout_s=30)
     try:
         os.kill(first.pid, signal.SIGKILL)  # a server not answering (its leader caught mid-exit at the first look)

@@ -178,6 +178,13 @@ def layout(settings: Settings, switch: bool = False) -> Iterator[None]:
         os.close(fd)
 
 
+def running(settings: Settings) -> bool:
+    """Whether an Airflow API server answers this platform's health URL."""
+    from pipelines.services import http_ok
+
+    return http_ok(f"{base_url(settings)}{HEALTH_PATH}", timeout=3)
+
+
 def password_file(settings: Settings) -> Path:
     return Path(str(settings.airflow.home)) / PASSWORD_FILE
 

@@ -34,7 +34,7 @@ import re
 import secrets
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable, Mapping
 
 from pipelines.config import DEFAULT_PROJECT, Settings
 
@@ -44,15 +44,15 @@ PREPARE_TIMEOUT_S = 900.0
 SECRET_KEY = "AIRFLOW__API_AUTH__JWT_SECRET"
 
 
-def enabled(settings: Settings) -> bool:
+def enabled(settings: Settings, projects: Iterable[str] | None = None) -> bool:
     """Whether Airflow runs in multi-team mode for this platform: `airflow.multi_team`, where `auto` is on while
-    the registry holds a project besides `default`."""
+    the registry (or `projects`, its names as read already) holds a project besides `default`."""
     from pipelines.projects import registry
 
     mode = settings.airflow.multi_team
     if mode != "auto":
         return bool(mode)
-    return any(name != DEFAULT_PROJECT for name in registry.load(settings))
+    return any(name != DEFAULT_PROJECT for name in (registry.load(settings) if projects is None else projects))
 
 
 def team_name(project: str) -> str:
@@ -109,12 +109,13 @@ def bundle_config(settings: Settings, projects: list[str]) -> list[dict[str, Any
              "kwargs": {"path": str(bundle_dir(settings, p))}, "team_name": team_name(p)} for p in projects]
 
 
-def logins(settings: Settings) -> dict[str, str]:
-    """login -> `role:team` for every member of every project (the platform's `admin` has its own login)."""
+def logins(settings: Settings, projects: Mapping[str, Any] | None = None) -> dict[str, str]:
+    """login -> `role:team` for every member of every project (the platform's `admin` has its own login);
+    `projects`: the registry as read already."""
     from pipelines.projects import registry
 
     return {login(user, name): f"{AIRFLOW_ROLE[role]}:{team_name(name)}"
-            for name, project in sorted(registry.load(settings).items())
+            for name, project in sorted((registry.load(settings) if projects is None else projects).items())
             for user, role in sorted(project.members.items()) if user != "admin"}
 
 
@@ -160,7 +161,6 @@ def prepare(settings: Settings) -> dict[str, str]:
 
     from pipelines.clients import airflow
     from pipelines.projects import registry
-    from pipelines.services import http_ok
     from pipelines.storage import write_json
 
     home = Path(str(settings.airflow.home))
@@ -169,19 +169,20 @@ def prepare(settings: Settings) -> dict[str, str]:
         return {}  # single-team, as it was
     home.mkdir(parents=True, exist_ok=True)
     with FileLock(str(home / "flywheel-multi-team.lock"), timeout=PREPARE_TIMEOUT_S):
-        if not enabled(settings):  # decided again under the lock: a project may have come or gone meanwhile
+        registered = registry.load(settings)  # read once, under the lock: a project may have come or gone
+        if not enabled(settings, registered):
             if env_file.is_file():
                 _leave(settings, env_file)
             return {}
         old = json.loads(env_file.read_text()) if env_file.is_file() else {}
-        users, projects = logins(settings), sorted(registry.load(settings))
+        users, projects = logins(settings, registered), sorted(registered)
         out = {"AIRFLOW__CORE__MULTI_TEAM": "True",
                "AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST": json.dumps(bundle_config(settings, projects)),
                "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": ",".join(["admin:admin", *(f"{n}:{r}" for n, r in users.items())])}
         if {k: v for k, v in old.items() if k != SECRET_KEY} == out:
             write_bundles(settings, projects)  # the same set: the DAG files' copies follow the repository's
             return old
-        if http_ok(f"{airflow.base_url(settings)}{airflow.HEALTH_PATH}", timeout=3):  # a running Airflow
+        if airflow.running(settings):
             auto = settings.airflow.multi_team == "auto"
             raise airflow.AirflowUnavailable(
                 ("the running Airflow serves an older set of project teams, DAG bundles or logins (a project or member "
@@ -208,9 +209,8 @@ def _leave(settings: Settings, env_file: Path) -> None:
     """Back to single-team (under prepare's lock): refused while an Airflow started with the teams runs (its
     processes would keep them); else the bundles, the member logins with their passwords and the teams' file go."""
     from pipelines.clients import airflow
-    from pipelines.services import http_ok
 
-    if http_ok(f"{airflow.base_url(settings)}{airflow.HEALTH_PATH}", timeout=3):
+    if airflow.running(settings):
         raise airflow.AirflowUnavailable(
             "the running Airflow keeps each project's DAGs to its members (multi-team), which is now off "
             f"(airflow.multi_team: {mode(settings)}"
