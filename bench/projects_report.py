@@ -24,7 +24,7 @@ def _isolation_rows(iso: dict[str, Any]) -> list[dict[str, Any]]:
         rows.append({"key of": p, "models it lists": ", ".join(f"{a} -> {m}" for a, m in iso.get("models", {}).get(p, {}).items()),
                      "answered by": ", ".join(f"{a}: {m}" for a, m in iso.get(f"{p}_answered_by", {}).items()),
                      "its own models only": iso.get(f"{p}_own_models_only"),
-                     f"asking the other project's models": ", ".join(
+                     "asking the other project's models": ", ".join(
                          f"{m}: {o}" for m, o in iso.get(f"{p}_asking_{other}_models", {}).items())})
     return rows
 

@@ -8,7 +8,6 @@ import json
 import os
 from pathlib import Path
 
-import pytest
 
 from pipelines.config import get_settings, load_settings
 

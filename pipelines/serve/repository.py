@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 import shutil
 import uuid
 from dataclasses import dataclass
