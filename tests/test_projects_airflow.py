@@ -100,6 +100,29 @@ def test_airflow_turns_multi_team_on_with_the_first_project_and_off_after_the_la
     assert "AIRFLOW__CORE__MULTI_TEAM" not in airflow.airflow_env(settings)
 
 
+def test_what_a_project_command_says_of_airflow_depends_on_whether_one_runs(tmp_path: Path, monkeypatch) -> None:
+    """`project create`/`members`/`delete` say when Airflow applies the change: at its next start when none runs,
+    after a restart (and refusing meanwhile) while one answers; nothing on a single-team platform. (Mutation
+    tried: the running check left out, the stopped case names a restart: fails.)"""
+    from pipelines.cli import projects as cli
+    from pipelines.projects import registry
+    from pipelines.services import free_port
+
+    settings = load_settings(root=str(tmp_path), airflow={"port": free_port()})
+    monkeypatch.setattr(cli, "_platform", lambda: settings)
+    assert cli._airflow_note("default", "admin", True) == {}  # single-team: nothing to say
+    registry.create(settings, "shop", "alice")
+    stopped = cli._airflow_note("shop", "alice", True)
+    assert stopped["airflow"].endswith("only its members see: from Airflow's next start (`flywheel up`)"), stopped
+    assert stopped["airflow_login"].startswith("alice@shop, password in ")
+    assert stopped["airflow_login"].endswith(": from Airflow's next start (`flywheel up`)")
+    with _health(settings.airflow.port):
+        running = cli._airflow_note("shop", "alice", True)
+    assert "until Airflow restarts (`flywheel down && flywheel up`), `flywheel up` and `flywheel run` refuse" \
+        in running["airflow"], running
+    assert "Airflow applies it when restarted" in running["airflow_login"]
+
+
 @pytest.mark.slow
 def test_a_projects_dags_are_listed_read_and_triggered_by_its_members_only(tmp_path: Path) -> None:
     """carol (viewer of shop) lists and reads shop's DAGs only, gets 403 for search's and cannot trigger shop's;

@@ -69,16 +69,22 @@ def _sync_access(name: str, removed: tuple[str, ...] = ()) -> str:
 
 def _airflow_note(name: str, user: str | None, added: bool) -> dict[str, str]:
     """What Airflow does about it (airflow.multi_team on, `auto` once a project besides `default` exists): the
-    member's own login, a switch to or from project teams; applied when Airflow restarts."""
-    from pipelines.clients.airflow import multi_team_env_file
+    member's own login, a switch to or from project teams; applied when Airflow next starts (while one runs,
+    after `flywheel down && flywheel up`)."""
+    from pipelines.clients import airflow
     from pipelines.projects.airflow_access import enabled, login, login_password_file, mode
 
     platform = _platform()
-    on, prepared = enabled(platform), multi_team_env_file(platform).is_file()
-    later = ": Airflow applies it when restarted (`flywheel down && flywheel up`); until then it serves the " \
-            "logins, roles and tokens it started with"
-    switch = (": until Airflow restarts (`flywheel down && flywheel up`), `flywheel up` and `flywheel run` refuse "
-              "while it runs")
+    on, prepared = enabled(platform), airflow.multi_team_env_file(platform).is_file()
+    if not (on or prepared):  # single-team before and after: nothing to say, no server to ask
+        return {}
+    if airflow.running(platform):
+        later = ": Airflow applies it when restarted (`flywheel down && flywheel up`); until then it serves the " \
+                "logins, roles and tokens it started with"
+        switch = (": until Airflow restarts (`flywheel down && flywheel up`), `flywheel up` and `flywheel run` "
+                  "refuse while it runs")
+    else:
+        later = switch = ": from Airflow's next start (`flywheel up`)"
     note: dict[str, str] = {}
     if on and not prepared:
         note["airflow"] = (f"Airflow turns multi-team (airflow.multi_team: {mode(platform)}): each project an Airflow "
