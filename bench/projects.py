@@ -41,9 +41,9 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "bench"))
-from real_data import commit, flywheel  # noqa: E402 (one way to run the CLI as a user would)
 from projects_checks import (DAY, SEED, airflow_isolation, drift_retrains_only_its_project, isolation,  # noqa: E402
                              requests_of, triton_models)
+from real_data import commit, flywheel  # noqa: E402 (one way to run the CLI as a user would)
 
 WEBSHOP = Path(os.environ.get("FLYWHEEL_SHARED", REPO.parent / "shared")) / "data" / "webshop" / "instruction_to_query.dev.json"
 

@@ -1,7 +1,8 @@
 """The gateway's turns at the shared model (pipelines/gateway/fair.py), on an event loop of its own: who goes to
 the model at once, who waits, who gets a freed slot, each project's share of the gateway's places, and that a
 waiter who leaves (timed out, cancelled, or granted in the instant it gave up) never leaks a slot nor keeps one.
-Through the app with two projects' keys: test_projects_gateway.py; replicas: test_fair_share_replicas.py."""
+Through the app with two projects' keys: test_projects_gateway.py; replicas: test_fair_share_replicas.py and
+test_projects_gateway_replicas.py."""
 
 from __future__ import annotations
 

@@ -15,6 +15,7 @@ from typing import Any
 import orjson
 import pytest
 
+from gateway_records import DEFAULTS, chat_request, generated_records
 from pipelines.logs.schema import check_line
 from pipelines.prep.nodes import prepare_line
 from pipelines.toolcall.calls import call_text
@@ -23,7 +24,6 @@ from pipelines.gateway import openai_api as api
 from pipelines.gateway.app import read_body
 from pipelines.gateway.capture import CaptureWriter
 from pipelines.toolcall.prompt import system_for
-from gateway_records import DEFAULTS, chat_request, generated_records
 
 
 def test_a_served_request_renders_exactly_the_prompt_training_saw() -> None:

@@ -1,13 +1,12 @@
 """AI projects: the commands and their boundaries, each project's own zones and names, and MLflow's own
 permissions keeping one project's runs from another's members. The gateway's side (keys, models,
-captures, quotas): test_projects_gateway.py."""
+captures, quotas): test_projects_gateway.py, across replicas test_projects_gateway_replicas.py."""
 
 from __future__ import annotations
 
 import json
 import os
 from pathlib import Path
-
 
 from pipelines.config import get_settings, load_settings
 

@@ -1,6 +1,6 @@
-"""One gateway's fair turns and many gateway replicas: a quiet project goes to the model at once, not behind a busy
-project's queue; replicas count usage in their own files, share a day's tokens, hold a project's minute and its
-flight together, and one that sees only the flood holds it while the quiet project sends through another."""
+"""Many gateway replicas of one platform: each counts usage in its own file, they share a day's tokens, hold a
+project's minute and its flight together, and one that sees only the flood holds it while the quiet project
+sends through another. One gateway: test_projects_gateway.py."""
 
 from __future__ import annotations
 
@@ -197,92 +197,6 @@ def test_gateway_replicas_hold_a_projects_minute_and_flight_together(tmp_path: P
     f.admit(3, None)
     with pytest.raises(api.ApiError):
         f.admit(3, None)
-
-
-def test_a_quiet_project_goes_to_the_model_at_once_not_behind_a_busy_projects_queue(gateway, monkeypatch) -> None:
-    """One slot at the model (gateway.backend_slots 1) while two projects send: disputes has just been answered,
-    search holds the slot and queues two more; disputes' request, sent last, goes to the model at once (second,
-    not fourth: first come, first served would answer it last). The queue's figures are the operator's only
-    (the gateway's key; a project key gets a 404). Then, with 4 places in the gateway: search's third request
-    is refused at once (its share, 2 of 4, while two projects send), and its waiting one, past
-    gateway.queue_timeout_s, is a 429 with Retry-After, each counted in search's usage; no slot or place leaks.
-    (Mutations tried: first come, first served fails the order; no share lets the third in; a timed-out
-    waiter left in its queue, or a slot or place never given back, fails the last requests.)"""
-    import threading
-    from concurrent.futures import ThreadPoolExecutor
-
-    from fastapi.testclient import TestClient
-
-    from pipelines.gateway.app import create_app
-    from pipelines.gateway.quota import usage_by_day
-    from pipelines.projects import registry, settings_for
-
-    _client, settings, keys, stop = gateway
-    stop()  # the fixture's gateway (4 slots) is closed; this one has one slot
-    registry.set_quotas(settings, "search", rpm=100)
-    gate, hold, order, lock = threading.Event(), threading.Event(), [], threading.Lock()
-    real = FakeTriton.infer_one
-
-    def held(self, name, *args, **kwargs):
-        with lock:
-            order.append(name.split("__")[0])
-        assert not hold.is_set() or gate.wait(30)
-        return real(self, name, *args, **kwargs)
-
-    monkeypatch.setattr(FakeTriton, "infer_one", held)
-    one_slot = settings.model_copy(update={"gateway": settings.gateway.model_copy(
-        update={"backend_slots": 1, "queue_timeout_s": 20.0, "fair_window_s": 60.0})})
-    admin = _as(keys["default"])
-
-    def post(pool, project: str, model: str = "champion"):
-        return pool.submit(client.post, "/v1/chat/completions", json=_body(model), headers=_as(keys[project]))
-
-    with TestClient(create_app(one_slot), raise_server_exceptions=False) as client, ThreadPoolExecutor(4) as pool:
-        assert client.post("/v1/chat/completions", json=_body("v2"), headers=_as(keys["disputes"])).status_code == 200
-        order.clear()
-        hold.set()
-        sent = [post(pool, "search")]
-        _until(lambda: order == ["search"], "search at the model")
-        sent += [post(pool, "search") for _ in range(2)]
-        _until(lambda: client.get("/v1/gateway/queue", headers=admin).json()["waiting"] == 2, "search's two queued")
-        sent.append(post(pool, "disputes", "v2"))
-        _until(lambda: len(order) == 2, "disputes at the model")
-        assert order == ["search", "disputes"]  # behind nobody's queue
-        assert client.get("/v1/gateway/queue", headers=_as(keys["search"])).status_code == 404
-        gate.set()
-        assert [f.result(timeout=60).status_code for f in sent] == [200] * 4
-        assert order == ["search", "disputes", "search", "search"]
-        assert client.get("/v1/gateway/queue", headers=admin).json() == {
-            "slots": 1, "busy": 0, "waiting": 0, "places": 0, "contended": True, "granted": 5, "waited": 2,
-            "timed_out": 0, "refused_places": 0, "peers": 0, "peer_demand": 0, "budget": 1}
-        assert "queue" not in client.get("/ready").json()  # an open path says nothing about requests
-    gate.clear()
-    order.clear()
-    short = one_slot.model_copy(update={"gateway": one_slot.gateway.model_copy(
-        update={"queue_timeout_s": 5.0, "max_concurrent_requests": 4})})
-    with TestClient(create_app(short), raise_server_exceptions=False) as client, ThreadPoolExecutor(2) as pool:
-        hold.clear()
-        assert client.post("/v1/chat/completions", json=_body("v2"), headers=_as(keys["disputes"])).status_code == 200
-        hold.set()
-        holding = post(pool, "search")
-        _until(lambda: order[-1:] == ["search"], "search at the model")
-        waiting = post(pool, "search")
-        _until(lambda: client.get("/v1/gateway/queue", headers=admin).json()["waiting"] == 1, "search's second queued")
-        third = client.post("/v1/chat/completions", json=_body(), headers=_as(keys["search"]))
-        assert third.status_code == 429 and "its share of 4" in third.json()["error"]["message"]
-        late = waiting.result(timeout=30)
-        assert late.status_code == 429 and late.headers["retry-after"] == "1"
-        assert "queue_timeout_s" in late.json()["error"]["message"]
-        gate.set()
-        assert holding.result(timeout=60).status_code == 200
-        assert [client.post("/v1/chat/completions", json=_body(), headers=_as(keys["search"])).status_code
-                for _ in range(3)] == [200, 200, 200]  # nothing leaked: the slot and places come back
-        turns = client.get("/v1/gateway/queue", headers=admin).json()
-        assert turns["busy"] == 0 and turns["places"] == 0 and turns["refused_places"] == 1
-    used = usage_by_day(settings_for(settings, "search"))
-    assert sum(d["refused_share"] for d in used.values()) == 1  # its share of the places
-    assert sum(d["refused_queue"] for d in used.values()) == 1  # its wait past queue_timeout_s
-    assert sum(d["queue_ms"] for d in used.values()) >= 4500
 
 
 def test_a_replica_that_sees_only_the_flood_holds_it_while_the_quiet_project_sends_through_another(

@@ -15,7 +15,6 @@ from pipelines.toolcall.calls import call_text
 from pipelines.toolcall.prompt import short_system_prompt, tool_signatures, tools_json_for
 from pipelines.train.sweep import SweepConfig, load_sweep, variants
 
-
 TINY = str(Path(__file__).resolve().parent.parent / "conf" / "sweeps" / "tiny.yaml")
 
 
