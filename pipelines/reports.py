@@ -33,8 +33,8 @@ def new_figure(width: float = 7, height: float = 3.5, ncols: int = 1) -> tuple[A
 
 def _text(value: Any) -> str:
     """A value as a reader reads it: numbers rounded, a mapping as `key: value` pairs, a list comma-separated."""
-    if isinstance(value, bool) or value is None:
-        return "" if value is None else str(value)
+    if value is None:
+        return ""
     if isinstance(value, float):
         return f"{value:,.3f}" if abs(value) < 10 else f"{value:,.1f}"
     if isinstance(value, dict):
@@ -44,10 +44,6 @@ def _text(value: Any) -> str:
     return str(value)
 
 
-def _cell(value: Any) -> str:
-    return html.escape(_text(value))
-
-
 def table_html(rows: list[dict[str, Any]]) -> str:
     if not rows:
         return "<p>(none)</p>"
@@ -55,9 +51,9 @@ def table_html(rows: list[dict[str, Any]]) -> str:
     head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
     def td(value: Any) -> str:  # numbers (and "n/a", "+4.5%") right-aligned, text left
         number = isinstance(value, numbers.Number) and not isinstance(value, bool)
-        if number or value is None or NUMERIC.match(_text(value)):
-            return f"<td>{_cell(value)}</td>"
-        return f'<td class="t">{_cell(value)}</td>'
+        text = _text(value)
+        cls = "" if number or value is None or NUMERIC.match(text) else ' class="t"'
+        return f"<td{cls}>{html.escape(text)}</td>"
 
     body = "".join("<tr>" + "".join(td(r.get(c)) for c in columns) + "</tr>" for r in rows)
     return f'<div class="wide"><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>'

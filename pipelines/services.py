@@ -158,12 +158,12 @@ def start(root: str, spec: ServiceSpec, *, host: str, port: int, timeout_s: floa
     Under a per-service lock: two `flywheel up` at once start one server (the second waits for it)."""
     from filelock import FileLock, Timeout
 
+    wait_s = 2 * timeout_s + 75  # the holder may wait for a server, find its leader gone, stop the rest, start afresh
     try:
-        # the holder may wait for a server (timeout_s), find its leader gone, stop the rest and start afresh
-        with FileLock(str(run_dir(root) / f"{spec.name}.lock"), timeout=2 * timeout_s + 75):
+        with FileLock(str(run_dir(root) / f"{spec.name}.lock"), timeout=wait_s):
             return _start_locked(root, spec, host=host, port=port, timeout_s=timeout_s)
     except Timeout:
-        raise ServiceError(f"{spec.name}: another `flywheel up` held its start lock for over {2 * timeout_s + 75:.0f} s; "
+        raise ServiceError(f"{spec.name}: another `flywheel up` held its start lock for over {wait_s:.0f} s; "
                            f"see {log_path(root, spec.name)}") from None
 
 

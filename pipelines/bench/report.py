@@ -11,15 +11,22 @@ COLUMNS = ("model", "concurrency", "requests", "errors", "ttft_ms", "itl_ms", "p
            "requests_per_s", "output_tokens_per_s", "prompt_tokens_mean", "exact_match", "usd_per_million_requests")
 
 
+def _pct(comparison: dict[str, Any], key: str) -> str:
+    return "n/a" if comparison.get(key) is None else f"{comparison[key]:+.1%}"
+
+
 def change_line(comparison: dict[str, Any]) -> str:
     """The median latency's change with its paired interval and n: how the CLI, the demo and the page say it."""
-    change, ci = comparison.get("latency_p50_change"), comparison.get("latency_p50_change_ci95")
-    if change is None:
-        return "n/a"
-    text = f"{change:+.1%}"
-    if ci:
+    text, ci = _pct(comparison, "latency_p50_change"), comparison.get("latency_p50_change_ci95")
+    if ci and comparison.get("latency_p50_change") is not None:
         text += f" (paired 95 % CI {ci[0]:+.1%} to {ci[1]:+.1%}, n = {comparison.get('paired_requests')})"
     return text
+
+
+def _latencies(run: dict[str, Any]) -> str:
+    """A run's request latencies in order, an errored one marked *."""
+    errored = set(run.get("errored") or [])
+    return ", ".join(f"{ms:,.0f}{'*' if i in errored else ''}" for i, ms in enumerate(run.get("latencies_ms") or []))
 
 
 def _si(value: float | None, unit: str) -> str:
@@ -59,10 +66,7 @@ def render_html(report: dict[str, Any]) -> str:
     fig = concurrency_figure(runs, ("p50_ms", "p50"), ("p95_ms", "p95"), "latency")
     hw = report["hardware"]
     comparison = report.get("comparison") or {}
-
-    def pct(key: str) -> str:
-        return "n/a" if comparison.get(key) is None else f"{comparison[key]:+.1%}"
-
+    pct = lambda key: _pct(comparison, key)  # noqa: E731
     level = comparison.get("concurrency") or next((r["concurrency"] for r in runs if r["model"].startswith("tuned")), 1)
     summary = table_html([{"metric": f"median latency (p50), concurrency {level}", "change": change_line(comparison)},
                           {"metric": "prompt tokens (mean)", "change": pct("prompt_tokens_change")},
@@ -77,10 +81,8 @@ def render_html(report: dict[str, Any]) -> str:
         summary += (f"<p>Interval: {html.escape(comparison['interval'])}. Throughput and cost come from one timed "
                     "pass per model (no interval).</p>")
     every = table_html([{"model": r["model"], "concurrency": r["concurrency"],
-                         "latency of each request, ms (in order; * errored, counted at the client's timeout)": ", ".join(
-                             f"{ms:,.0f}{'*' if i in set(r.get('errored') or []) else ''}"
-                             for i, ms in enumerate(r.get("latencies_ms") or []))}
-                        for r in runs if r.get("latencies_ms") is not None])
+                         "latency of each request, ms (in order; * errored, counted at the client's timeout)":
+                             _latencies(r)} for r in runs if r.get("latencies_ms") is not None])
     notes = ("<p>Every request is streamed from the decoupled model: TTFT is the median time to its first "
              "text, ITL the median of each request's mean time per output token after the first. The in-process "
              "row is not streamed.</p>")

@@ -289,9 +289,9 @@ def _compare(base: dict[str, Any], tuned: dict[str, Any]) -> dict[str, Any]:
     def change(a: float | None, b: float | None) -> float | None:
         return round((b - a) / a, 3) if a and b is not None else None
 
-    pairs = min(len(base.get("latencies_ms") or []), len(tuned.get("latencies_ms") or []))
-    level = tuned["concurrency"]
-    ci = paired_p50_change_ci(base.get("latencies_ms") or [], tuned.get("latencies_ms") or []) if level == 1 else None
+    a, b = base.get("latencies_ms") or [], tuned.get("latencies_ms") or []
+    pairs, level = min(len(a), len(b)), tuned["concurrency"]
+    ci = paired_p50_change_ci(a, b) if level == 1 else None
     if ci is not None:
         interval = (f"percentile bootstrap over the {pairs} requests, paired ({BOOTSTRAP_RESAMPLES} resamples, seed "
                     f"{BOOTSTRAP_SEED}), one request at a time; it covers which requests were drawn, given each "
@@ -299,7 +299,9 @@ def _compare(base: dict[str, Any], tuned: dict[str, Any]) -> dict[str, Any]:
     else:
         interval = ("none: " + (f"at concurrency {level} requests in flight together slow each other, so they are "
                                 "not resampled as independent" if level != 1 else
-                                f"{pairs} requests, fewer than the {MIN_PAIRS} an interval of the median needs"))
+                                f"{pairs} requests, fewer than the {MIN_PAIRS} an interval of the median needs"
+                                if pairs < MIN_PAIRS else
+                                "the two models' request lists differ, or a resample's base median is 0"))
     return {"latency_p50_change": change(base["p50_ms"], tuned["p50_ms"]), "latency_p50_change_ci95": ci,
             "paired_requests": pairs, "concurrency": level, "interval": interval,
             "prompt_tokens_change": change(base["prompt_tokens_mean"], tuned["prompt_tokens_mean"]),

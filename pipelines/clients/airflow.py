@@ -70,14 +70,14 @@ def airflow_env(settings: Settings, extra: dict[str, str] | None = None) -> dict
     # writes the teams' file and removes it when the teams go, so the file says which layout the metadata DB
     # has). Never a process on the other layout: it would move the projects' DAGs off (or onto) their teams.
     teams = multi_team_env_file(settings)
-    if a.multi_team is not False and teams.is_file():  # true, or auto with teams prepared
+    prepared = teams.is_file()
+    if a.multi_team is not False and prepared:  # true, or auto with teams prepared
         env.update(json.loads(teams.read_text()))
-    elif "AIRFLOW__CORE__MULTI_TEAM" not in (extra or {}) and (a.multi_team is True or teams.is_file()):
-        raise AirflowUnavailable(
-            (f"airflow.multi_team is on but the project teams are not prepared ({teams} is missing)"
-             if not teams.is_file() else
-             "airflow.multi_team is off but the project teams prepared earlier are still in place")
-            + f": run `flywheel up` (or `flywheel run`), which {'prepares' if not teams.is_file() else 'removes'} them")
+    elif "AIRFLOW__CORE__MULTI_TEAM" not in (extra or {}) and (a.multi_team is True or prepared):
+        why, verb = (("airflow.multi_team is off but the project teams prepared earlier are still in place", "removes")
+                     if prepared else
+                     (f"airflow.multi_team is on but the project teams are not prepared ({teams} is missing)", "prepares"))
+        raise AirflowUnavailable(f"{why}: run `flywheel up` (or `flywheel run`), which {verb} them")
     env.update(extra or {})
     return env
 

@@ -77,9 +77,9 @@ def login_password_file(settings: Settings, name: str) -> Path:
     return Path(str(settings.root)) / "runs" / "users" / f"{name}.airflow.password"
 
 
-def write_bundles(settings: Settings, projects: list[str]) -> list[dict[str, Any]]:
+def write_bundles(settings: Settings, projects: list[str]) -> None:
     """Each project's bundle folder (a file rewritten only when its text changed: the DAG processor re-parses
-    what changed), a deleted project's folder removed; Airflow's `dag_bundle_config_list`."""
+    what changed), a deleted project's folder removed."""
     from pipelines.storage import write_text
 
     source = Path(settings.airflow.dags_folder)
@@ -100,7 +100,6 @@ def write_bundles(settings: Settings, projects: list[str]) -> list[dict[str, Any
     for gone in bundle_dir(settings, DEFAULT_PROJECT).parent.iterdir():
         if gone.is_dir() and gone.name not in projects:
             shutil.rmtree(gone)
-    return bundle_config(settings, projects)
 
 
 def bundle_config(settings: Settings, projects: list[str]) -> list[dict[str, Any]]:
@@ -109,13 +108,11 @@ def bundle_config(settings: Settings, projects: list[str]) -> list[dict[str, Any
              "kwargs": {"path": str(bundle_dir(settings, p))}, "team_name": team_name(p)} for p in projects]
 
 
-def logins(settings: Settings, projects: Mapping[str, Any] | None = None) -> dict[str, str]:
-    """login -> `role:team` for every member of every project (the platform's `admin` has its own login);
-    `projects`: the registry as read already."""
-    from pipelines.projects import registry
-
+def logins(projects: Mapping[str, Any]) -> dict[str, str]:
+    """login -> `role:team` for every member of every project (the registry as read already; the platform's
+    `admin` has its own login)."""
     return {login(user, name): f"{AIRFLOW_ROLE[role]}:{team_name(name)}"
-            for name, project in sorted((registry.load(settings) if projects is None else projects).items())
+            for name, project in sorted(projects.items())
             for user, role in sorted(project.members.items()) if user != "admin"}
 
 
@@ -165,7 +162,7 @@ def prepare(settings: Settings) -> dict[str, str]:
 
     home = Path(str(settings.airflow.home))
     env_file = airflow.multi_team_env_file(settings)
-    if not enabled(settings) and not env_file.is_file():
+    if not env_file.is_file() and not enabled(settings):  # the registry read only without teams in place
         return {}  # single-team, as it was
     home.mkdir(parents=True, exist_ok=True)
     with FileLock(str(home / "flywheel-multi-team.lock"), timeout=PREPARE_TIMEOUT_S):
@@ -175,7 +172,7 @@ def prepare(settings: Settings) -> dict[str, str]:
                 _leave(settings, env_file)
             return {}
         old = json.loads(env_file.read_text()) if env_file.is_file() else {}
-        users, projects = logins(settings, registered), sorted(registered)
+        users, projects = logins(registered), sorted(registered)
         out = {"AIRFLOW__CORE__MULTI_TEAM": "True",
                "AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST": json.dumps(bundle_config(settings, projects)),
                "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": ",".join(["admin:admin", *(f"{n}:{r}" for n, r in users.items())])}
