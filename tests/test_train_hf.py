@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -15,7 +16,7 @@ import torch
 
 from train_data import examples, tiny_config, tiny_loader
 from pipelines.train.hf_backend import (_target_loss, cosine_lr, encode, pack_rows, packed_batch, padded_batch,
-                                        train_lora)
+                                        last_checkpoint, train_lora)
 
 STEPS = 8
 
@@ -107,16 +108,20 @@ def test_killed_run_resumes_and_ends_with_the_same_adapter(trained, tmp_path: Pa
     worker = [sys.executable, str(Path(__file__).with_name("train_worker.py")), str(tmp_path), model_root, str(STEPS)]
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent)}
     proc = subprocess.Popen(worker, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
-    state = tmp_path / "checkpoint" / "state.json"
     deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and not (state.exists() and json.loads(state.read_text())["step"] >= 4):
+    while time.monotonic() < deadline and _checkpoint_step(tmp_path) < 4:
         assert proc.poll() is None, "the run finished before it could be killed"
         time.sleep(0.05)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
+    # the kill as it lands between a save's two renames: the last checkpoint moved aside, the next not yet in
+    if (tmp_path / "checkpoint").exists():
+        shutil.rmtree(tmp_path / "checkpoint.old", ignore_errors=True)
+        os.replace(tmp_path / "checkpoint", tmp_path / "checkpoint.old")
     resumed = subprocess.run(worker, env=env, capture_output=True, text=True, timeout=600, check=True)
     result = json.loads(resumed.stdout.strip().splitlines()[-1])
     assert result["resumed_from"] >= 4 and result["steps"] == STEPS
+    assert not [p.name for p in tmp_path.glob("checkpoint*")], "a finished run leaves no checkpoint behind"
     _, uninterrupted = trained
     a = load_file(str(Path(uninterrupted.adapter_dir) / "adapter_model.safetensors"))
     b = load_file(str(Path(result["adapter_dir"]) / "adapter_model.safetensors"))
@@ -124,6 +129,28 @@ def test_killed_run_resumes_and_ends_with_the_same_adapter(trained, tmp_path: Pa
     for key in a:
         assert torch.allclose(a[key], b[key], atol=1e-6), key
     assert result["losses"] == pytest.approx(uninterrupted.losses, abs=1e-5)
+
+
+def _checkpoint_step(out_dir: Path) -> int:
+    """The step of the run's last checkpoint, -1 while none (the run may swap it in while this reads)."""
+    found = last_checkpoint(out_dir)
+    try:
+        return json.loads((found / "state.json").read_text())["step"] if found else -1
+    except FileNotFoundError:
+        return -1
+
+
+def test_a_resume_finds_the_checkpoint_a_kill_left_aside(tmp_path: Path) -> None:
+    assert last_checkpoint(tmp_path) is None
+    for name in ("checkpoint.old", "checkpoint.tmp"):
+        (tmp_path / name).mkdir()
+    (tmp_path / "checkpoint.tmp" / "state.json").write_text("{}")
+    assert last_checkpoint(tmp_path) is None, "a folder without its state, or one not yet swapped in, is no checkpoint"
+    (tmp_path / "checkpoint.old" / "state.json").write_text("{}")
+    assert last_checkpoint(tmp_path) == tmp_path / "checkpoint.old"
+    (tmp_path / "checkpoint").mkdir()
+    (tmp_path / "checkpoint" / "state.json").write_text("{}")
+    assert last_checkpoint(tmp_path) == tmp_path / "checkpoint", "the newer one first"
 
 
 def test_first_fit_decreasing_packing_by_hand() -> None:

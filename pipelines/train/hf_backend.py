@@ -165,12 +165,12 @@ def train_lora(examples: list[tuple[list[dict[str, str]], str]], cfg: TrainConfi
 
     ckpt = out_dir / "checkpoint"
     start, losses, lrs, tokens = 0, [], [], 0
-    if (ckpt / "state.json").is_file():
-        state = json.loads((ckpt / "state.json").read_text())
-        set_peft_model_state_dict(model, load_file(str(ckpt / "adapter_model.safetensors")))
-        optimizer.load_state_dict(torch.load(ckpt / "optimizer.pt", weights_only=False))
-        scheduler.load_state_dict(torch.load(ckpt / "scheduler.pt", weights_only=False))
-        torch.set_rng_state(torch.load(ckpt / "rng.pt", weights_only=False))
+    if (found := last_checkpoint(out_dir)) is not None:
+        state = json.loads((found / "state.json").read_text())
+        set_peft_model_state_dict(model, load_file(str(found / "adapter_model.safetensors")))
+        optimizer.load_state_dict(torch.load(found / "optimizer.pt", weights_only=False))
+        scheduler.load_state_dict(torch.load(found / "scheduler.pt", weights_only=False))
+        torch.set_rng_state(torch.load(found / "rng.pt", weights_only=False))
         start, losses, lrs, tokens = state["step"], state["losses"], state["learning_rates"], state["tokens"]
     resumed_from = start
 
@@ -201,7 +201,8 @@ def train_lora(examples: list[tuple[list[dict[str, str]], str]], cfg: TrainConfi
     final = out_dir / "adapter"
     model.save_pretrained(final)
     tokenizer.save_pretrained(final)
-    shutil.rmtree(ckpt, ignore_errors=True)
+    for name in ("checkpoint", "checkpoint.old", "checkpoint.tmp"):
+        shutil.rmtree(out_dir / name, ignore_errors=True)
     return TrainResult(adapter_dir=str(final), status=status, steps=len(lrs), resumed_from=resumed_from,
                        tokens=tokens, seconds=round(seconds, 2),
                        tokens_per_s=round(tokens / seconds, 1) if seconds > 0 else 0.0,
@@ -317,6 +318,15 @@ def _epoch_batches(n: int, lengths: list[int], batch_size: int, seed: int) -> li
     return _epoch_batches_cached(n, tuple(lengths), batch_size, seed)
 
 
+def last_checkpoint(out_dir: Path) -> Path | None:
+    """The checkpoint a resumed run starts from: `checkpoint`, or `checkpoint.old` when a kill fell between
+    `_save_checkpoint`'s two renames (the newer one was moved aside and the next not yet moved in)."""
+    for name in ("checkpoint", "checkpoint.old"):
+        if (out_dir / name / "state.json").is_file():
+            return out_dir / name
+    return None
+
+
 def _save_checkpoint(model: Any, optimizer: Any, scheduler: Any, ckpt: Path, step: int, losses: list[float],
                      lrs: list[float], tokens: int) -> None:
     """Write the checkpoint to a temporary folder, then swap it in (a kill never leaves half a checkpoint)."""
@@ -335,8 +345,8 @@ def _save_checkpoint(model: Any, optimizer: Any, scheduler: Any, ckpt: Path, ste
     (tmp / "state.json").write_text(json.dumps({"step": step, "losses": losses, "learning_rates": lrs,
                                                 "tokens": tokens}))
     old = ckpt.with_name("checkpoint.old")
-    shutil.rmtree(old, ignore_errors=True)
-    if ckpt.exists():
+    if ckpt.exists():  # else `old` is the one a resume started from: kept until the new one is in
+        shutil.rmtree(old, ignore_errors=True)
         os.replace(ckpt, old)
     os.replace(tmp, ckpt)
     shutil.rmtree(old, ignore_errors=True)
