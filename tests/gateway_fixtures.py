@@ -67,8 +67,18 @@ def _client(gateway, key: str | None = None):
 def _captured(settings, zone: str | None = None) -> dict[str, dict]:
     """The turns the gateway captured into the raw zone, or into `zone` (the unusable answers' folder)."""
     folder = Path(zone or settings.zone("raw"))
-    return {r["record_id"]: r for f in sorted(folder.glob("dt=*/gateway-*.jsonl"))
-            for r in (orjson.loads(line) for line in f.read_bytes().splitlines())}
+    records = {}
+    for f in sorted(folder.glob("dt=*/gateway-*.jsonl")):
+        lines = f.read_bytes().splitlines()
+        for n, line in enumerate(lines):
+            try:
+                record = orjson.loads(line)
+            except orjson.JSONDecodeError:
+                if n == len(lines) - 1:  # a killed gateway's last, unanswered write (prep quarantines it)
+                    continue
+                raise
+            records[record["record_id"]] = record
+    return records
 
 
 def _unusable(settings) -> dict[str, dict]:

@@ -45,6 +45,7 @@ def test_concurrent_writers_of_one_file_never_collide_or_leave_half_a_file(tmp_p
         t.start()
     for t in threads:
         t.join(timeout=60)
+    assert not any(t.is_alive() for t in threads), "a writer or the reader hung"
     assert errors == []
     assert sorted(p.name for p in tmp_path.iterdir()) == ["state.json"]
 

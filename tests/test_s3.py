@@ -7,6 +7,7 @@ cluster image must provide them), so a local session cannot open s3a:// paths of
 
 from __future__ import annotations
 
+import itertools
 import json
 import threading
 import time
@@ -89,8 +90,11 @@ def test_write_bytes_replaces_an_object_whole_under_concurrent_writers(bucket: s
     errors: list[BaseException] = []
 
     def writer(w: int) -> None:
-        try:
-            for _ in range(8):
+        deadline = time.monotonic() + 60
+        try:  # 8 writes each, and on until the reader has read 5 times while they write
+            for n in itertools.count():
+                if n >= 8 and (len(seen) >= 5 or time.monotonic() > deadline):
+                    break
                 storage.write_bytes(uri, docs[w])
         except BaseException as exc:  # noqa: BLE001 (reported below)
             errors.append(exc)
