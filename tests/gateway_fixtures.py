@@ -64,8 +64,9 @@ def _client(gateway, key: str | None = None):
     return OpenAI(base_url=gateway["url"], api_key=key or gateway["key"], timeout=120, max_retries=0)
 
 
-def _captured(settings, zone: str | None = None) -> dict[str, dict]:
-    """The turns the gateway captured into the raw zone, or into `zone` (the unusable answers' folder)."""
+def _captured(settings, zone: str | None = None, *, killed: bool = False) -> dict[str, dict]:
+    """The turns the gateway captured into the raw zone, or into `zone` (the unusable answers' folder). Every
+    line is whole, but where the test `killed` the gateway: its files' last line may be torn."""
     folder = Path(zone or settings.zone("raw"))
     records = {}
     for f in sorted(folder.glob("dt=*/gateway-*.jsonl")):
@@ -74,16 +75,16 @@ def _captured(settings, zone: str | None = None) -> dict[str, dict]:
             try:
                 record = orjson.loads(line)
             except orjson.JSONDecodeError:
-                if n == len(lines) - 1:  # a killed gateway's last, unanswered write (prep quarantines it)
+                if killed and n == len(lines) - 1:  # a killed gateway's last, unanswered write (prep quarantines it)
                     continue
                 raise
             records[record["record_id"]] = record
     return records
 
 
-def _unusable(settings) -> dict[str, dict]:
+def _unusable(settings, *, killed: bool = False) -> dict[str, dict]:
     """Answers that are no label (cut, free text): kept apart from the raw zone, never trained on."""
-    return _captured(settings, f"{settings.zone('serving')}/gateway/unusable")
+    return _captured(settings, f"{settings.zone('serving')}/gateway/unusable", killed=killed)
 
 
 def _wait(predicate, timeout_s: float, what: str):

@@ -334,7 +334,7 @@ def test_captured_turns_pass_the_schema_check_and_survive_a_kill_under_load(gate
     for t in threads:
         t.join(timeout=180)
     assert len(acknowledged) >= 6 and errors, (len(acknowledged), errors)
-    captured, unusable = _captured(settings), _unusable(settings)
+    captured, unusable = _captured(settings, killed=True), _unusable(settings, killed=True)
     # a tiny model may answer free text or be cut: that turn is kept apart (no label), never lost
     assert set(acknowledged) <= set(captured) | set(unusable), "an answered request's record was lost"
     # this run's labels reached the raw zone (earlier tests' records share it: the check is on the acknowledged)
@@ -358,7 +358,7 @@ def test_after_triton_and_the_gateway_are_killed_flywheel_up_serves_the_champion
     from pipelines.serve import deploy, server
 
     settings = gateway["settings"]
-    before = set(_captured(settings))
+    before = set(_captured(settings, killed=True))  # the test before killed the gateway too
     live = deploy.state(settings)["live"]["name"]
     for service in (server.SERVICE, gw.SERVICE):
         os.killpg(read_pid(str(settings.root), service), signal.SIGKILL)
@@ -380,7 +380,7 @@ def test_after_triton_and_the_gateway_are_killed_flywheel_up_serves_the_champion
     answer = _client(gateway).chat.completions.create(model="champion", messages=ASK, tools=TOOLS,
                                                       tool_choice="required", user="cus_0000001")
     assert answer.choices[0].finish_reason == "tool_calls" and answer.model == "champion"
-    assert before <= set(_captured(settings))  # nothing captured before the kill was lost
+    assert before <= set(_captured(settings, killed=True))  # nothing captured before the kill was lost
 
 
 def test_alive_but_not_ready_while_triton_is_down(tmp_path: Path) -> None:

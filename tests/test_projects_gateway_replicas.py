@@ -202,7 +202,7 @@ def test_gateway_replicas_hold_a_projects_minute_and_flight_together(tmp_path: P
 def test_a_replica_that_sees_only_the_flood_holds_it_while_the_quiet_project_sends_through_another(
         gateway, monkeypatch) -> None:
     """Two gateway replicas (two apps, `gateway.replica` gw-a and gw-b) on one root, one slot at the model, their
-    turns exchanged every 0.5 s (gateway/peers.py). disputes' request is at the model through gw-a; search sends
+    turns exchanged every 2 s (gateway/peers.py). disputes' request is at the model through gw-a; search sends
     three through gw-b, which has never seen disputes: its first goes (one per project), the other two wait in
     gw-b's queue, as they would on one gateway, and go when search's answers end (disputes' still at the model).
     When gw-a stops, its turns file is gone. (Mutation tried: the replicas' turns not exchanged: gw-b sends all

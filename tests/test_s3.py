@@ -85,7 +85,7 @@ def test_write_bytes_replaces_an_object_whole_under_concurrent_writers(bucket: s
     uri = f"{bucket}/serving/state.json"
     docs = {w: json.dumps({"writer": w, "pad": [w] * 40_000}).encode() for w in range(4)}  # ~160 KB each
     storage.write_bytes(uri, docs[0])
-    stop = threading.Event()
+    stop, writing = threading.Event(), threading.Event()
     seen: list[bytes] = []
     errors: list[BaseException] = []
 
@@ -95,11 +95,13 @@ def test_write_bytes_replaces_an_object_whole_under_concurrent_writers(bucket: s
             for n in itertools.count():
                 if n >= 8 and (len(seen) >= 5 or time.monotonic() > deadline):
                     break
+                writing.set()
                 storage.write_bytes(uri, docs[w])
         except BaseException as exc:  # noqa: BLE001 (reported below)
             errors.append(exc)
 
     def reader() -> None:
+        writing.wait(30)  # every read counted is one made while the writers write
         while not stop.is_set():
             try:
                 seen.append(storage.read_bytes(uri))

@@ -16,7 +16,7 @@ import torch
 
 from train_data import examples, tiny_config, tiny_loader
 from pipelines.train.hf_backend import (_target_loss, cosine_lr, encode, pack_rows, packed_batch, padded_batch,
-                                        last_checkpoint, train_lora)
+                                        CHECKPOINT_FILES, last_checkpoint, train_lora)
 
 STEPS = 8
 
@@ -112,6 +112,7 @@ def test_killed_run_resumes_and_ends_with_the_same_adapter(trained, tmp_path: Pa
     while time.monotonic() < deadline and _checkpoint_step(tmp_path) < 4:
         assert proc.poll() is None, "the run finished before it could be killed"
         time.sleep(0.05)
+    assert _checkpoint_step(tmp_path) >= 4, "no checkpoint at step 4 within 300 s"
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     # the kill as it lands between a save's two renames: the last checkpoint moved aside, the next not yet in
@@ -140,17 +141,56 @@ def _checkpoint_step(out_dir: Path) -> int:
         return -1
 
 
+def _fill(folder: Path, files=CHECKPOINT_FILES) -> None:
+    folder.mkdir(exist_ok=True)
+    for name in files:
+        (folder / name).write_text("{}")
+
+
 def test_a_resume_finds_the_checkpoint_a_kill_left_aside(tmp_path: Path) -> None:
     assert last_checkpoint(tmp_path) is None
-    for name in ("checkpoint.old", "checkpoint.tmp"):
-        (tmp_path / name).mkdir()
-    (tmp_path / "checkpoint.tmp" / "state.json").write_text("{}")
-    assert last_checkpoint(tmp_path) is None, "a folder without its state, or one not yet swapped in, is no checkpoint"
-    (tmp_path / "checkpoint.old" / "state.json").write_text("{}")
+    _fill(tmp_path / "checkpoint.tmp")
+    _fill(tmp_path / "checkpoint.old", ["state.json"])  # a kill while it was being removed
+    assert last_checkpoint(tmp_path) is None, "one not yet swapped in, or one missing files, is no checkpoint"
+    _fill(tmp_path / "checkpoint.old")
     assert last_checkpoint(tmp_path) == tmp_path / "checkpoint.old"
-    (tmp_path / "checkpoint").mkdir()
-    (tmp_path / "checkpoint" / "state.json").write_text("{}")
+    _fill(tmp_path / "checkpoint")
     assert last_checkpoint(tmp_path) == tmp_path / "checkpoint", "the newer one first"
+
+
+def test_a_save_keeps_the_checkpoint_a_resume_started_from_until_the_next_is_in(tmp_path: Path, model_root: str,
+                                                                                 monkeypatch) -> None:
+    from peft import LoraConfig, get_peft_model
+
+    from pipelines.train import hf_backend
+
+    model, _ = tiny_loader(model_root)("tiny-llama")
+    model = get_peft_model(model, LoraConfig(r=4, target_modules=["q_proj"], task_type="CAUSAL_LM"))
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad])
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
+    hf_backend._save_checkpoint(model, optimizer, scheduler, tmp_path / "checkpoint", 2, [1.0, 0.9], [0.1, 0.1], 8)
+    os.replace(tmp_path / "checkpoint", tmp_path / "checkpoint.old")  # a resume from the one a kill left aside
+    real = os.replace
+
+    def killed_before_the_move_in(src, dst):
+        if Path(dst).name == "checkpoint":
+            raise OSError("killed")
+        real(src, dst)
+
+    monkeypatch.setattr(hf_backend.os, "replace", killed_before_the_move_in)
+    with pytest.raises(OSError, match="killed"):
+        hf_backend._save_checkpoint(model, optimizer, scheduler, tmp_path / "checkpoint", 4, [1.0] * 4, [0.1] * 4, 16)
+    monkeypatch.undo()
+    assert last_checkpoint(tmp_path) == tmp_path / "checkpoint.old"
+    assert json.loads((tmp_path / "checkpoint.old" / "state.json").read_text())["step"] == 2
+
+
+def test_a_finished_run_leaves_no_checkpoint_folder(tmp_path: Path, model_root: str) -> None:
+    _fill(tmp_path / "checkpoint.old", ["state.json"])  # what kills left: no whole checkpoint among them
+    _fill(tmp_path / "checkpoint.tmp")
+    result = train_lora(examples()[:4], tiny_config(max_steps=1), tmp_path, tiny_loader(model_root))
+    assert result.resumed_from == 0 and result.steps == 1
+    assert not [p.name for p in tmp_path.glob("checkpoint*")]
 
 
 def test_first_fit_decreasing_packing_by_hand() -> None:

@@ -318,11 +318,15 @@ def _epoch_batches(n: int, lengths: list[int], batch_size: int, seed: int) -> li
     return _epoch_batches_cached(n, tuple(lengths), batch_size, seed)
 
 
+CHECKPOINT_FILES = ("adapter_model.safetensors", "optimizer.pt", "scheduler.pt", "rng.pt", "state.json")
+
+
 def last_checkpoint(out_dir: Path) -> Path | None:
     """The checkpoint a resumed run starts from: `checkpoint`, or `checkpoint.old` when a kill fell between
-    `_save_checkpoint`'s two renames (the newer one was moved aside and the next not yet moved in)."""
+    `_save_checkpoint`'s two renames (the newer one was moved aside and the next not yet moved in). A folder
+    missing one of its files (a kill while it was being removed) is none."""
     for name in ("checkpoint", "checkpoint.old"):
-        if (out_dir / name / "state.json").is_file():
+        if all((out_dir / name / f).is_file() for f in CHECKPOINT_FILES):
             return out_dir / name
     return None
 
