@@ -60,7 +60,7 @@ def postgres():
     import tempfile
 
     from pipelines.clients.postgres import start
-    from pipelines.services import free_port
+    from ports import free_port
 
     folder = Path(tempfile.mkdtemp(prefix="flywheel-pg-"))
     server = start(folder / "data", free_port())

@@ -13,7 +13,7 @@ import pytest
 
 from serving_fixtures import registered  # noqa: F401 (the module-scoped fixture: v1 champion, v2 candidate)
 from teacher_stub import Teacher
-from pipelines.services import free_port
+from ports import free_port
 
 # bounded arguments (enums, ranges, short strings): every answer the grammar admits fits the token budget
 TOOLS = [

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.services import free_port, http_ok, stop_group
+from pipelines.services import http_ok, stop_group
+from ports import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 MOTO_SERVER = REPO / ".venv-s3" / "bin" / "moto_server"

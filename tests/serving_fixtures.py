@@ -11,7 +11,7 @@ import pytest
 
 from train_data import write_training_set
 from pipelines.config import load_settings
-from pipelines.services import free_port
+from ports import free_port
 
 TINY = str(Path(__file__).resolve().parent.parent / "conf" / "sweeps" / "tiny.yaml")
 

@@ -13,7 +13,7 @@ import pytest
 from helpers import run_flywheel
 from pipelines.clients.airflow import dags_test
 from pipelines.config import load_settings
-from pipelines.services import free_port
+from ports import free_port
 
 pytestmark = pytest.mark.slow
 DAY = "2026-11-20"

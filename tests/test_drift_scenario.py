@@ -28,7 +28,7 @@ import pytest
 
 from helpers import (FLYWHEEL, clean_env, create_databases, listening_sockets, processes_with_env, run_flywheel,
                      wait_for)
-from pipelines.services import free_port
+from ports import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.scenario]  # outside `make test`: `make test-scenario`
 SWEEPS = Path(__file__).resolve().parent / "sweeps"

@@ -25,7 +25,8 @@ from teacher_stub import MODEL as TEACHER_MODEL
 from pipelines.logs.generator import GeneratorConfig, TrafficGenerator
 from pipelines.logs.schema import check_line
 from pipelines.gateway import openai_api as api
-from pipelines.services import free_port, read_pid
+from pipelines.services import read_pid
+from ports import free_port
 
 pytestmark = pytest.mark.slow
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from pipelines import services
+from ports import free_port
 from pipelines.storage import read_json, write_json
 
 
@@ -74,7 +75,7 @@ def _web(tmp_path: Path) -> tuple[str, int, services.ServiceSpec]:
     import os
     import sys
 
-    root, port = str(tmp_path), services.free_port()
+    root, port = str(tmp_path), free_port()
     return root, port, services.ServiceSpec(
         "web", ["sh", "-c", f"sleep 300 & exec {sys.executable} -m http.server {port} --bind 127.0.0.1"],
         dict(os.environ), f"http://127.0.0.1:{port}/", f"http://127.0.0.1:{port}/", cwd=root)

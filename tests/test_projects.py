@@ -153,7 +153,7 @@ def test_mlflow_itself_keeps_a_projects_runs_from_other_projects_members(tmp_pat
     import httpx
 
     from helpers import run_flywheel
-    from pipelines.services import free_port
+    from ports import free_port
 
     env = {"FLYWHEEL_ROOT": str(tmp_path), "FLYWHEEL_MLFLOW__PORT": str(free_port())}
     url = f"http://127.0.0.1:{env['FLYWHEEL_MLFLOW__PORT']}"

@@ -50,7 +50,7 @@ def test_airflow_turns_multi_team_on_with_the_first_project_and_off_after_the_la
     shared: this test fails.)"""
     from pipelines.clients import airflow
     from pipelines.projects import airflow_access, registry
-    from pipelines.services import free_port
+    from ports import free_port
 
     settings = load_settings(root=str(tmp_path), airflow={"port": free_port()})
     teams = airflow.multi_team_env_file(settings)
@@ -106,7 +106,7 @@ def test_what_a_project_command_says_of_airflow_depends_on_whether_one_runs(tmp_
     tried: the running check left out, the stopped case names a restart: fails.)"""
     from pipelines.cli import projects as cli
     from pipelines.projects import registry
-    from pipelines.services import free_port
+    from ports import free_port
 
     settings = load_settings(root=str(tmp_path), airflow={"port": free_port()})
     monkeypatch.setattr(cli, "_platform", lambda: settings)
@@ -133,7 +133,8 @@ def test_a_projects_dags_are_listed_read_and_triggered_by_its_members_only(tmp_p
     refusal while Airflow runs, the late member's change is written under the running servers.)"""
     from pipelines.clients import airflow
     from pipelines.projects import airflow_access, registry
-    from pipelines.services import free_port, http_ok, stop_group
+    from pipelines.services import http_ok, stop_group
+    from ports import free_port
 
     settings = load_settings(root=str(tmp_path), airflow={"port": free_port()})  # multi_team: auto
     # a platform that ran single-team first: its DAGs in the metadata DB on the one DAG-folder bundle

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from pipelines import services
+from ports import free_port
 from pipelines.clients.spark import spark_submit_command, standalone_specs
 from pipelines.config import load_settings
 from pipelines.logs.generator import GeneratorConfig, write_raw_logs
@@ -32,7 +33,7 @@ def _master_state(ui_port: int) -> dict:
 def test_prep_runs_through_spark_submit_on_a_standalone_master(tmp_path: Path) -> None:
     root = tmp_path / "fw"
     root.mkdir()
-    ports = [services.free_port() for _ in range(3)]
+    ports = [free_port() for _ in range(3)]
     specs = standalone_specs(*ports)
     try:
         for spec, port in zip(specs, (ports[0], ports[2])):
