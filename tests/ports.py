@@ -1,16 +1,31 @@
 """Ports for the servers the tests start. `pipelines.services.free_port` asks the kernel for any free port,
 and a test may bind it minutes later (a fixture trains, then deploys): meanwhile the other xdist worker, or any
-process binding port 0, could be handed the same one. Here each worker draws in turn from its own block below
-the kernel's ephemeral range (32768-60999 here), skipping a port something holds, so a drawn port is never
-drawn again, by either worker, and never handed out by the kernel."""
+process binding port 0, could be handed the same one. Here each test process claims a block of its own (a lock
+file held for its life, so a second pytest run beside this one claims another) below the kernel's ephemeral
+range (32768-60999 here: from 16768), and draws from it in turn, skipping a port something holds: a drawn port is never
+drawn again, by any test process, and never handed out by the kernel."""
 
 from __future__ import annotations
 
+import fcntl
 import itertools
 import os
 import socket
+import tempfile
+from pathlib import Path
 
-BASE, BLOCK = 16000, 2000
+BLOCK, BLOCKS = 2000, 8
+
+
+def _kernel_low() -> int:
+    """The first port the kernel hands to a bind to port 0 (Linux; 32768 where it cannot be read)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+BASE = max(1024, _kernel_low() - BLOCKS * BLOCK)
 
 
 def _worker() -> int:
@@ -18,7 +33,21 @@ def _worker() -> int:
     return int(digits) if digits.isdigit() else 0
 
 
-_first = BASE + _worker() * BLOCK
+def _claim() -> tuple[int, object]:
+    """The first block free of other test processes, from this worker's own; its lock is held until exit."""
+    for i in range(BLOCKS):
+        block = (_worker() + i) % BLOCKS
+        handle = (Path(tempfile.gettempdir()) / f"flywheel-test-ports-{block}.lock").open("a")
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            handle.close()
+            continue
+        return BASE + block * BLOCK, handle
+    raise RuntimeError(f"all {BLOCKS} blocks of test ports are held by other test processes")
+
+
+_first, _lock = _claim()
 _next = itertools.count(_first)
 
 
@@ -34,7 +63,7 @@ def _unused(port: int) -> bool:
 def free_port() -> int:
     for port in _next:
         if port >= _first + BLOCK:
-            raise RuntimeError(f"this worker's {BLOCK} test ports ({_first}-{_first + BLOCK - 1}) are used up")
+            raise RuntimeError(f"this process's {BLOCK} test ports ({_first}-{_first + BLOCK - 1}) are used up")
         if _unused(port):
             return port
     raise AssertionError("unreachable")
