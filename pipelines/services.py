@@ -128,9 +128,11 @@ def group_alive(pgid: int) -> bool:
     return False
 
 
-def port_free(host: str, port: int) -> bool:
+def port_free(host: str, port: int, *, reuse_addr: bool = True) -> bool:
+    """Whether `port` can be bound; with `reuse_addr` off, a port in TIME_WAIT counts as taken."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuse_addr:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((host, port))
         except OSError:

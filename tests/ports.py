@@ -7,12 +7,13 @@ drawn again, by any test process, and never handed out by the kernel."""
 
 from __future__ import annotations
 
-import fcntl
-import itertools
 import os
-import socket
 import tempfile
 from pathlib import Path
+
+from filelock import FileLock, Timeout
+
+from pipelines.services import port_free
 
 BLOCK, BLOCKS = 2000, 8
 
@@ -33,37 +34,26 @@ def _worker() -> int:
     return int(digits) if digits.isdigit() else 0
 
 
-def _claim() -> tuple[int, object]:
+def _claim() -> tuple[int, FileLock]:
     """The first block free of other test processes, from this worker's own; its lock is held until exit."""
     for i in range(BLOCKS):
         block = (_worker() + i) % BLOCKS
-        handle = (Path(tempfile.gettempdir()) / f"flywheel-test-ports-{block}.lock").open("a")
+        lock = FileLock(str(Path(tempfile.gettempdir()) / f"flywheel-test-ports-{block}.lock"), timeout=0)
         try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            handle.close()
+            lock.acquire()
+        except Timeout:
             continue
-        return BASE + block * BLOCK, handle
+        return BASE + block * BLOCK, lock
     raise RuntimeError(f"all {BLOCKS} blocks of test ports are held by other test processes")
 
 
 _first, _lock = _claim()
-_next = itertools.count(_first)
-
-
-def _unused(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:  # no SO_REUSEADDR: a port in TIME_WAIT is skipped
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
+_next = iter(range(_first, _first + BLOCK))
 
 
 def free_port() -> int:
-    for port in _next:
-        if port >= _first + BLOCK:
-            raise RuntimeError(f"this process's {BLOCK} test ports ({_first}-{_first + BLOCK - 1}) are used up")
-        if _unused(port):
-            return port
-    raise AssertionError("unreachable")
+    # no SO_REUSEADDR in the check: a port in TIME_WAIT is skipped (a server binding without it would fail)
+    port = next((p for p in _next if port_free("127.0.0.1", p, reuse_addr=False)), None)
+    if port is None:
+        raise RuntimeError(f"this process's {BLOCK} test ports ({_first}-{_first + BLOCK - 1}) are used up")
+    return port

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from pipelines import services
 from ports import free_port
+from pipelines import services
 from pipelines.storage import read_json, write_json
 
 

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from pipelines import services
 from ports import free_port
+from pipelines import services
 from pipelines.clients.spark import spark_submit_command, standalone_specs
 from pipelines.config import load_settings
 from pipelines.logs.generator import GeneratorConfig, write_raw_logs

@@ -18,7 +18,7 @@ def _pct(comparison: dict[str, Any], key: str) -> str:
 def change_line(comparison: dict[str, Any]) -> str:
     """The median latency's change with its paired interval and n: how the CLI, the demo and the page say it."""
     text, ci = _pct(comparison, "latency_p50_change"), comparison.get("latency_p50_change_ci95")
-    if ci and comparison.get("latency_p50_change") is not None:
+    if ci and text != "n/a":
         text += f" (paired 95 % CI {ci[0]:+.1%} to {ci[1]:+.1%}, n = {comparison.get('paired_requests')})"
     return text
 

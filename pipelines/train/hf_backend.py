@@ -201,7 +201,7 @@ def train_lora(examples: list[tuple[list[dict[str, str]], str]], cfg: TrainConfi
     final = out_dir / "adapter"
     model.save_pretrained(final)
     tokenizer.save_pretrained(final)
-    for name in ("checkpoint", "checkpoint.old", "checkpoint.tmp"):
+    for name in CHECKPOINT_DIRS:
         shutil.rmtree(out_dir / name, ignore_errors=True)
     return TrainResult(adapter_dir=str(final), status=status, steps=len(lrs), resumed_from=resumed_from,
                        tokens=tokens, seconds=round(seconds, 2),
@@ -319,13 +319,14 @@ def _epoch_batches(n: int, lengths: list[int], batch_size: int, seed: int) -> li
 
 
 CHECKPOINT_FILES = ("adapter_model.safetensors", "optimizer.pt", "scheduler.pt", "rng.pt", "state.json")
+CHECKPOINT_DIRS = ("checkpoint", "checkpoint.old", "checkpoint.tmp")  # the last, the one moved aside, the next
 
 
 def last_checkpoint(out_dir: Path) -> Path | None:
     """The checkpoint a resumed run starts from: `checkpoint`, or `checkpoint.old` when a kill fell between
     `_save_checkpoint`'s two renames (the newer one was moved aside and the next not yet moved in). A folder
     missing one of its files (a kill while it was being removed) is none."""
-    for name in ("checkpoint", "checkpoint.old"):
+    for name in CHECKPOINT_DIRS[:2]:
         if all((out_dir / name / f).is_file() for f in CHECKPOINT_FILES):
             return out_dir / name
     return None
