@@ -29,8 +29,14 @@ def main() -> None:
     from pipelines.config import get_settings
 
     try:
-        report = run_aiperf(get_settings(), args.requests, [int(c) for c in args.concurrency.split(",")],
-                            tuple(args.models.split(",")), args.timeout_s, say=lambda line: print(line, flush=True))
+        report = run_aiperf(
+            get_settings(),
+            args.requests,
+            [int(c) for c in args.concurrency.split(",")],
+            tuple(args.models.split(",")),
+            args.timeout_s,
+            say=lambda line: print(line, flush=True),
+        )
     except AiperfFailed as exc:
         raise SystemExit(f"error: {exc}") from None
     out = REPO / "bench" / "results" / "aiperf.json"

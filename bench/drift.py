@@ -46,20 +46,27 @@ def run(root: Path, args: argparse.Namespace) -> None:
     from pipelines.drift.monitor import parse_window, reference
     from pipelines.drift.signals import compare, summarize
     from pipelines.embeddings import embed
-    from pipelines.logs.generator import Drift, GeneratorConfig, write_raw_logs
+    from pipelines.simulate.generator import Drift, GeneratorConfig, write_raw_logs
     from pipelines.window import DateWindow
 
     records, reference_records = args.records, args.reference_records
     day = date(2026, 11, 12)
     ref_window = DateWindow.parse("2026-11-08", "2026-11-10")
     started = time.perf_counter()
-    write_raw_logs(GeneratorConfig(seed=1, records=reference_records, days=3, end_date=ref_window.end,
-                                   bad_share=0.03), root / "raw")
-    write_raw_logs(GeneratorConfig(seed=3, records=records, end_date=day, bad_share=0.03, drift=Drift.HOLIDAY,
-                                   drift_magnitude=0.8), root / "raw")
+    write_raw_logs(
+        GeneratorConfig(seed=1, records=reference_records, days=3, end_date=ref_window.end, bad_share=0.03),
+        root / "raw",
+    )
+    write_raw_logs(
+        GeneratorConfig(
+            seed=3, records=records, end_date=day, bad_share=0.03, drift=Drift.HOLIDAY, drift_magnitude=0.8
+        ),
+        root / "raw",
+    )
     generated = time.perf_counter() - started
-    settings = load_settings(root=str(root), drift={"parse_workers": args.workers,
-                                                    "parse_chunk_lines": args.chunk_lines})
+    settings = load_settings(
+        root=str(root), drift={"parse_workers": args.workers, "parse_chunk_lines": args.chunk_lines}
+    )
     cfg = settings.drift
 
     t = time.perf_counter()
@@ -81,22 +88,29 @@ def run(root: Path, args: argparse.Namespace) -> None:
     timings["compare"] = time.perf_counter() - t
     total = sum(timings.values())
 
-    print(f"generated {reference_records:,} reference + {records:,} current raw lines in {generated:.1f} s "
-          f"under {root}")
-    print(f"reference window {ref_window} (one-off, then stored): {ref_summary.records:,} clean records in "
-          f"{ref_seconds:.1f} s")
+    print(
+        f"generated {reference_records:,} reference + {records:,} current raw lines in {generated:.1f} s under {root}"
+    )
+    print(
+        f"reference window {ref_window} (one-off, then stored): {ref_summary.records:,} clean records in "
+        f"{ref_seconds:.1f} s"
+    )
     print(f"check of {day}: {lines:,} raw lines -> {len(clean):,} clean, {sum(reasons.values()):,} quarantined")
     print(f"  {'stage':<10}{'seconds':>10}{'lines/s':>14}")
     for stage, seconds in [*timings.items(), ("total", total)]:
         note = f"  ({cfg.embedding_sample} texts)" if stage == "embed" else ""
         print(f"  {stage:<10}{seconds:>10.2f}{lines / seconds if seconds else float('inf'):>14,.0f}{note}")
     per_line = (timings["parse"] + timings["summarize"]) / max(lines, 1)  # embed and compare: fixed samples
-    print(f"  -> a 1M-line window: about {(per_line * 1_000_000 + timings['embed'] + timings['compare']) / 60:.1f} "
-          f"min (parse {timings['parse'] / total:.0%} of this run; {cfg.parse_workers or 'auto'} parse workers, "
-          f"{cfg.parse_chunk_lines:,} lines per chunk)")
+    print(
+        f"  -> a 1M-line window: about {(per_line * 1_000_000 + timings['embed'] + timings['compare']) / 60:.1f} "
+        f"min (parse {timings['parse'] / total:.0%} of this run; {cfg.parse_workers or 'auto'} parse workers, "
+        f"{cfg.parse_chunk_lines:,} lines per chunk)"
+    )
     acting = [r for r in results if r.band == "act"]
-    print(f"verdict: {'act' if acting else 'no act-level signal'}; "
-          + ", ".join(f"{r.signal} {r.metric} {r.value:g}" for r in acting))
+    print(
+        f"verdict: {'act' if acting else 'no act-level signal'}; "
+        + ", ".join(f"{r.signal} {r.metric} {r.value:g}" for r in acting)
+    )
 
 
 if __name__ == "__main__":

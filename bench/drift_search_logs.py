@@ -44,9 +44,14 @@ def compare(name: str, a: list[str], b: list[str], cfg) -> dict:
     edges = metrics.quantile_edges(la, cfg.numeric_bins)
     length_psi = metrics.psi(metrics.binned_counts(la, edges), metrics.binned_counts(lb, edges))
     auc = metrics.classifier_auc(va, vb)
-    return {"pair": name, "n": f"{len(a)} vs {len(b)}", "embedding_auc": round(auc, 3),
-            "mmd_rbf": round(metrics.mmd_rbf(va, vb), 5), "length_psi": round(length_psi, 3),
-            "flagged": auc >= cfg.auc_act or length_psi >= cfg.psi_act}
+    return {
+        "pair": name,
+        "n": f"{len(a)} vs {len(b)}",
+        "embedding_auc": round(auc, 3),
+        "mmd_rbf": round(metrics.mmd_rbf(va, vb), 5),
+        "length_psi": round(length_psi, 3),
+        "flagged": auc >= cfg.auc_act or length_psi >= cfg.psi_act,
+    }
 
 
 def main() -> None:
@@ -64,20 +69,26 @@ def main() -> None:
     def halves(items: list[str]) -> tuple[list[str], list[str]]:
         shuffled = items[:]
         rng.shuffle(shuffled)
-        return shuffled[: len(shuffled) // 2], shuffled[len(shuffled) // 2:]
+        return shuffled[: len(shuffled) // 2], shuffled[len(shuffled) // 2 :]
 
     started = time.perf_counter()
-    rows = [(compare("Amazon vs Wayfair", amazon_s, wayfair_s, cfg), True),
-            (compare("Amazon: random halves", *halves(amazon_s), cfg), False),
-            (compare("Wayfair: random halves", *halves(wayfair_s), cfg), False)]
-    print(f"{len(amazon)} Amazon queries, {len(wayfair)} Wayfair queries; act thresholds: embedding AUC >= "
-          f"{cfg.auc_act}, length PSI >= {cfg.psi_act}")
+    rows = [
+        (compare("Amazon vs Wayfair", amazon_s, wayfair_s, cfg), True),
+        (compare("Amazon: random halves", *halves(amazon_s), cfg), False),
+        (compare("Wayfair: random halves", *halves(wayfair_s), cfg), False),
+    ]
+    print(
+        f"{len(amazon)} Amazon queries, {len(wayfair)} Wayfair queries; act thresholds: embedding AUC >= "
+        f"{cfg.auc_act}, length PSI >= {cfg.psi_act}"
+    )
     print(f"{'pair':<26}{'n':>12}{'AUC':>8}{'MMD':>10}{'len PSI':>9}  flagged  expected")
     wrong = 0
     for row, expected in rows:
         wrong += row["flagged"] != expected
-        print(f"{row['pair']:<26}{row['n']:>12}{row['embedding_auc']:>8}{row['mmd_rbf']:>10}{row['length_psi']:>9}"
-              f"  {str(row['flagged']):<8} {expected}")
+        print(
+            f"{row['pair']:<26}{row['n']:>12}{row['embedding_auc']:>8}{row['mmd_rbf']:>10}{row['length_psi']:>9}"
+            f"  {str(row['flagged']):<8} {expected}"
+        )
     print(f"{time.perf_counter() - started:.1f} s; {'all verdicts right' if not wrong else f'{wrong} wrong'}")
     sys.exit(1 if wrong else 0)
 

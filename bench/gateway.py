@@ -21,10 +21,11 @@ import argparse
 import json
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -33,12 +34,15 @@ def _requests(n: int) -> list[dict[str, Any]]:
     """The generated shopper turns AIPerf replays (`pipelines.bench.aiperf.trace_lines`), as request bodies."""
     from pipelines.bench.aiperf import trace_lines
 
-    return [{"model": "champion", "messages": t["messages"], "tools": t["tools"], "user": t["extra"]["user"]}
-            for t in trace_lines(n)]
+    return [
+        {"model": "champion", "messages": t["messages"], "tools": t["tools"], "user": t["extra"]["user"]}
+        for t in trace_lines(n)
+    ]
 
 
-def _run(label: str, level: int, jobs: list[dict[str, Any]], one: Callable[[dict[str, Any]], dict[str, Any]]
-         ) -> dict[str, Any]:
+def _run(
+    label: str, level: int, jobs: list[dict[str, Any]], one: Callable[[dict[str, Any]], dict[str, Any]]
+) -> dict[str, Any]:
     from pipelines.bench.serving import percentile
 
     one(jobs[0])  # warm-up (a new connection, the first grammar build)
@@ -49,12 +53,18 @@ def _run(label: str, level: int, jobs: list[dict[str, Any]], one: Callable[[dict
     latency = [r["ms"] for r in results]
     ttft = [r["ttft_ms"] for r in results if r.get("ttft_ms") is not None]
     named = [r["name_ms"] for r in results if r.get("name_ms") is not None]
-    return {"path": label, "concurrency": level, "requests": len(results),
-            "errors": sum(1 for r in results if r["error"]), "p50_ms": percentile(latency, 50),
-            "p95_ms": percentile(latency, 95), "requests_per_s": round(len(results) / wall, 3),
-            "ttft_p50_ms": percentile(ttft, 50) if ttft else None,
-            "name_p50_ms": percentile(named, 50) if named else None,
-            "error_examples": sorted({r["error"] for r in results if r["error"]})[:3]}
+    return {
+        "path": label,
+        "concurrency": level,
+        "requests": len(results),
+        "errors": sum(1 for r in results if r["error"]),
+        "p50_ms": percentile(latency, 50),
+        "p95_ms": percentile(latency, 95),
+        "requests_per_s": round(len(results) / wall, 3),
+        "ttft_p50_ms": percentile(ttft, 50) if ttft else None,
+        "name_p50_ms": percentile(named, 50) if named else None,
+        "error_examples": sorted({r["error"] for r in results if r["error"]})[:3],
+    }
 
 
 def main() -> None:
@@ -66,7 +76,8 @@ def main() -> None:
     from openai import OpenAI
 
     from pipelines.config import get_settings
-    from pipelines.gateway import app as gateway, openai_api as api
+    from pipelines.gateway import app as gateway
+    from pipelines.gateway import openai_api as api
     from pipelines.serve.client import TritonClient
 
     settings = get_settings()
@@ -86,15 +97,20 @@ def main() -> None:
     def direct(job: dict[str, Any]) -> dict[str, Any]:
         if not hasattr(local, "triton"):
             local.triton = TritonClient(settings, timeout_s=settings.gateway.request_timeout_s)
-        reply = local.triton.infer_one(target.name, job["turns"], job["tools"] if settings.triton.constrained else None,
-                                       stream=True)
+        reply = local.triton.infer_one(
+            target.name, job["turns"], job["tools"] if settings.triton.constrained else None, stream=True
+        )
         return {"ms": reply.latency_ms, "error": reply.error, "ttft_ms": reply.first_token_ms}
 
     def through_gateway(stream: bool) -> Callable[[dict[str, Any]], dict[str, Any]]:
         def one(body: dict[str, Any]) -> dict[str, Any]:
             if not hasattr(local, "openai"):
-                local.openai = OpenAI(base_url=gateway.base_url(settings), api_key=key,
-                                      timeout=settings.gateway.request_timeout_s, max_retries=0)
+                local.openai = OpenAI(
+                    base_url=gateway.base_url(settings),
+                    api_key=key,
+                    timeout=settings.gateway.request_timeout_s,
+                    max_retries=0,
+                )
             client = local.openai
             t0 = time.perf_counter()
             first = named = None
@@ -103,8 +119,9 @@ def main() -> None:
                     for chunk in client.chat.completions.create(**body, stream=True):
                         at = (time.perf_counter() - t0) * 1000
                         first = first if first is not None or not chunk.choices else at
-                        if named is None and any(d.function and d.function.name for c in chunk.choices
-                                                 for d in c.delta.tool_calls or []):
+                        if named is None and any(
+                            d.function and d.function.name for c in chunk.choices for d in c.delta.tool_calls or []
+                        ):
                             named = at
                 else:
                     client.chat.completions.create(**body)
@@ -112,6 +129,7 @@ def main() -> None:
             except Exception as exc:  # noqa: BLE001 (counted, with its type)
                 error = f"{type(exc).__name__}: {str(exc)[:120]}"
             return {"ms": (time.perf_counter() - t0) * 1000, "error": error, "ttft_ms": first, "name_ms": named}
+
         return one
 
     runs = []
@@ -123,17 +141,28 @@ def main() -> None:
             print(json.dumps(r))
     one = {r["path"]: r for r in runs if r["concurrency"] == 1}
     direct_label = "Triton direct (tritonclient, streamed)"
-    overhead = (round(one["gateway (openai client)"]["p50_ms"] - one[direct_label]["p50_ms"], 1)
-                if one.get("gateway (openai client)", {}).get("p50_ms") and one.get(direct_label, {}).get("p50_ms")
-                else None)
-    ttft_overhead = (round(one["gateway streamed (openai client)"]["ttft_p50_ms"] - one[direct_label]["ttft_p50_ms"], 1)
-                     if one.get("gateway streamed (openai client)", {}).get("ttft_p50_ms")
-                     and one.get(direct_label, {}).get("ttft_p50_ms") else None)
-    result = {"generated_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "model": target.name,
-              "constrained": settings.triton.constrained, "requests": len(bodies), "runs": runs,
-              "gateway_overhead_p50_ms_c1": overhead, "gateway_ttft_overhead_p50_ms_c1": ttft_overhead,
-              "note": "TTFT: direct, the first streamed text from Triton; through the gateway, the first SSE chunk "
-                      "(sent with the first token); name_p50_ms: the chunk naming the tool"}
+    overhead = (
+        round(one["gateway (openai client)"]["p50_ms"] - one[direct_label]["p50_ms"], 1)
+        if one.get("gateway (openai client)", {}).get("p50_ms") and one.get(direct_label, {}).get("p50_ms")
+        else None
+    )
+    ttft_overhead = (
+        round(one["gateway streamed (openai client)"]["ttft_p50_ms"] - one[direct_label]["ttft_p50_ms"], 1)
+        if one.get("gateway streamed (openai client)", {}).get("ttft_p50_ms")
+        and one.get(direct_label, {}).get("ttft_p50_ms")
+        else None
+    )
+    result = {
+        "generated_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "model": target.name,
+        "constrained": settings.triton.constrained,
+        "requests": len(bodies),
+        "runs": runs,
+        "gateway_overhead_p50_ms_c1": overhead,
+        "gateway_ttft_overhead_p50_ms_c1": ttft_overhead,
+        "note": "TTFT: direct, the first streamed text from Triton; through the gateway, the first SSE chunk "
+        "(sent with the first token); name_p50_ms: the chunk naming the tool",
+    }
     out = REPO / "bench" / "results" / "gateway.json"
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"gateway overhead at concurrency 1 (p50): {overhead} ms, on TTFT: {ttft_overhead} ms; written {out}")

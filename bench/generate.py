@@ -11,7 +11,7 @@ import tempfile
 from datetime import date
 from pathlib import Path
 
-from pipelines.logs.generator import GeneratorConfig, write_raw_logs
+from pipelines.simulate.generator import GeneratorConfig, write_raw_logs
 
 
 def main() -> None:
@@ -26,8 +26,10 @@ def main() -> None:
             cfg = GeneratorConfig(seed=1, records=args.records, days=7, end_date=date(2026, 11, 20))
             s = write_raw_logs(cfg, target, compress=compress)
             size = sum(p.stat().st_size for p in target.rglob("*.jsonl*")) / 1e6
-            print(f"{'jsonl.gz' if compress else 'jsonl':<10}{s.records:>10}{s.seconds:>10.2f}"
-                  f"{s.records_per_s:>12,.0f}{size:>10.1f}")
+            print(
+                f"{'jsonl.gz' if compress else 'jsonl':<10}{s.records:>10}{s.seconds:>10.2f}"
+                f"{s.records_per_s:>12,.0f}{size:>10.1f}"
+            )
     finally:
         shutil.rmtree(out)
 

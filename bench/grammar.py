@@ -19,16 +19,17 @@ import argparse
 import json
 import sys
 import time
-from datetime import date, datetime, timezone
+from collections.abc import Callable
+from datetime import UTC, date, datetime
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 
 
 def requests(n: int) -> list[dict[str, Any]]:
-    from pipelines.logs.generator import GeneratorConfig, TrafficGenerator
     from pipelines.prep.nodes import prepare_line
+    from pipelines.simulate.generator import GeneratorConfig, TrafficGenerator
     from pipelines.toolcall.prompt import chat_turns
 
     gen = TrafficGenerator(GeneratorConfig(seed=11, records=400, bad_share=0.0, end_date=date(2026, 11, 20)))
@@ -49,8 +50,14 @@ def valid(text: str, tools: str) -> bool:
         return False
 
 
-def run(label: str, model: Any, tok: Any, reqs: list[dict[str, Any]], max_new_tokens: int,
-        extra_for: Callable[[str], dict[str, Any]] | None) -> dict[str, Any]:
+def run(
+    label: str,
+    model: Any,
+    tok: Any,
+    reqs: list[dict[str, Any]],
+    max_new_tokens: int,
+    extra_for: Callable[[str], dict[str, Any]] | None,
+) -> dict[str, Any]:
     import torch
 
     latencies, tokens, ok, build = [], 0, 0, 0.0
@@ -61,17 +68,28 @@ def run(label: str, model: Any, tok: Any, reqs: list[dict[str, Any]], max_new_to
         extra = extra_for(r["tools"]) if extra_for else {}
         build += time.perf_counter() - t0
         with torch.inference_mode():
-            out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False,
-                                 pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, **extra)
+            out = model.generate(
+                **enc,
+                max_new_tokens=max_new_tokens,
+                do_sample=False,
+                pad_token_id=tok.pad_token_id,
+                eos_token_id=tok.eos_token_id,
+                **extra,
+            )
         latencies.append((time.perf_counter() - t0) * 1000)
-        new = out[0, enc["input_ids"].shape[1]:]
+        new = out[0, enc["input_ids"].shape[1] :]
         tokens += int((new != tok.pad_token_id).sum())
         ok += valid(tok.decode(new, skip_special_tokens=True).strip(), r["tools"])
     n = len(reqs)
-    row = {"decoder": label, "requests": n, "ms_per_request": round(sum(latencies) / n, 1),
-           "ms_per_output_token": round(sum(latencies) / max(tokens, 1), 2),
-           "output_tokens_mean": round(tokens / n, 1), "schema_valid": round(ok / n, 3),
-           "grammar_build_ms_mean": round(build * 1000 / n, 2)}
+    row = {
+        "decoder": label,
+        "requests": n,
+        "ms_per_request": round(sum(latencies) / n, 1),
+        "ms_per_output_token": round(sum(latencies) / max(tokens, 1), 2),
+        "output_tokens_mean": round(tokens / n, 1),
+        "schema_valid": round(ok / n, 3),
+        "grammar_build_ms_mean": round(build * 1000 / n, 2),
+    }
     print(json.dumps(row), flush=True)
     return row
 
@@ -90,43 +108,83 @@ def main() -> int:
     import torch
     from transformers import LogitsProcessorList
 
+    from pipelines.base_models import load_base
     from pipelines.config import load_settings
     from pipelines.toolcall.grammar import ToolCallConstraint, call_schema
-    from pipelines.train.models import load_base
 
     torch.manual_seed(0)
     with tempfile.TemporaryDirectory() as root:
         model, tok = load_base("smollm2-135m-instruct", load_settings(root=root))
     reqs = requests(args.requests)
-    rows = [run("unconstrained", model, tok, reqs, args.max_new_tokens, None),
-            run("llguidance", model, tok, reqs, args.max_new_tokens,
-                lambda tools: {"logits_processor": LogitsProcessorList([ToolCallConstraint(tok, [tools])])})]
+    rows = [
+        run("unconstrained", model, tok, reqs, args.max_new_tokens, None),
+        run(
+            "llguidance",
+            model,
+            tok,
+            reqs,
+            args.max_new_tokens,
+            lambda tools: {"logits_processor": LogitsProcessorList([ToolCallConstraint(tok, [tools])])},
+        ),
+    ]
     try:
         import xgrammar as xgr
 
         info = xgr.TokenizerInfo.from_huggingface(tok, vocab_size=model.config.vocab_size)
         compiler = xgr.GrammarCompiler(info)
-        rows.append(run("xgrammar", model, tok, reqs, args.max_new_tokens, lambda tools: {
-            "logits_processor": LogitsProcessorList([xgr.contrib.hf.LogitsProcessor(
-                compiler.compile_json_schema(json.dumps(call_schema(tools)), any_whitespace=False))])}))
+        rows.append(
+            run(
+                "xgrammar",
+                model,
+                tok,
+                reqs,
+                args.max_new_tokens,
+                lambda tools: {
+                    "logits_processor": LogitsProcessorList(
+                        [
+                            xgr.contrib.hf.LogitsProcessor(
+                                compiler.compile_json_schema(json.dumps(call_schema(tools)), any_whitespace=False)
+                            )
+                        ]
+                    )
+                },
+            )
+        )
     except Exception as exc:  # noqa: BLE001 (a library that is missing or cannot run here is reported)
         rows.append({"decoder": "xgrammar", "error": f"{type(exc).__name__}: {exc}"[:300]})
         print(json.dumps(rows[-1]), flush=True)
     try:
         from lmformatenforcer import JsonSchemaParser
-        from lmformatenforcer.integrations.transformers import (build_token_enforcer_tokenizer_data,
-                                                                build_transformers_prefix_allowed_tokens_fn)
+        from lmformatenforcer.integrations.transformers import (
+            build_token_enforcer_tokenizer_data,
+            build_transformers_prefix_allowed_tokens_fn,
+        )
 
         data = build_token_enforcer_tokenizer_data(tok)
-        rows.append(run("lm-format-enforcer", model, tok, reqs, args.max_new_tokens, lambda tools: {
-            "prefix_allowed_tokens_fn": build_transformers_prefix_allowed_tokens_fn(
-                data, JsonSchemaParser(call_schema(tools)))}))
+        rows.append(
+            run(
+                "lm-format-enforcer",
+                model,
+                tok,
+                reqs,
+                args.max_new_tokens,
+                lambda tools: {
+                    "prefix_allowed_tokens_fn": build_transformers_prefix_allowed_tokens_fn(
+                        data, JsonSchemaParser(call_schema(tools))
+                    )
+                },
+            )
+        )
     except Exception as exc:  # noqa: BLE001
         rows.append({"decoder": "lm-format-enforcer", "error": f"{type(exc).__name__}: {exc}"[:300]})
         print(json.dumps(rows[-1]), flush=True)
-    result = {"generated_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-              "model": "smollm2-135m-instruct", "condition": "base zero-shot, full prompt, batch 1",
-              "torch_threads": torch.get_num_threads(), "rows": rows}
+    result = {
+        "generated_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "model": "smollm2-135m-instruct",
+        "condition": "base zero-shot, full prompt, batch 1",
+        "torch_threads": torch.get_num_threads(),
+        "rows": rows,
+    }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     print(f"wrote {args.out}")

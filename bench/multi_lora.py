@@ -6,7 +6,7 @@ config: no downloads, no tokenizer). Conditions, all resident at once and measur
 order (so each round pairs every condition with `merged` under the same machine state):
 
 * `merged`      adapter a0 merged into the base: the single-adapter ceiling.
-* `batched_N`   one base + N adapters in slots (`pipelines/serve/batched_lora.py`); row j of a batch of c uses
+* `batched_N`   one base + N adapters in slots (`pipelines/triton_backend/batched_lora.py`); row j of a batch of c uses
                 adapter j % N: two batched products per adapted projection for any mix.
 * `peft_N`      one base + N PEFT adapters, PEFT's mixed-batch forward (`adapter_names`), for N in --peft.
 * `copies_N`    N merged models, rows grouped by copy, copies run one after another, for N in --copies.
@@ -16,7 +16,8 @@ order (so each round pairs every condition with `merged` under the same machine 
 Per condition and concurrency: every call's wall time (a call = one batch of c requests), tokens/s, and per
 round the ratio to `merged` (or `merged_graph`) of the same round: mean with a paired 95 % t-interval over the
 rounds. Before timing, batched rows are checked against PEFT (mixed batch) and against the merged model
-(relative Frobenius error of the last logits; `agreement_ok` when under a quarter of the adapter's own effect). Memory (CUDA): per N, a fresh base with N slots, peak allocated over a
+(relative Frobenius error of the last logits; `agreement_ok` when under a quarter of the adapter's own effect).
+Memory (CUDA): per N, a fresh base with N slots, peak allocated over a
 c-row run, against base + N x adapter (weights) and against that plus merged's own working memory. Errors
 (OOM, compile failures) are recorded in their row and the run goes on; --deadline-s stops starting new rounds.
 
@@ -25,7 +26,8 @@ imports `batched_lora.py` by path. CUDA bf16 when there, else CPU fp32:
     python3 bench/multi_lora.py --shape llama-8b --adapters 1,4,16 --concurrency 1,4 --graphs --out $OUT/multi_lora.json
     .venv/bin/python bench/multi_lora.py --shape tiny --rounds 2 --new-tokens 4 --prompt-tokens 16 --out /tmp/ml.json
     OMP_NUM_THREADS=1 .venv/bin/python bench/multi_lora.py --shape smollm2-135m --adapters 4 --concurrency 4 \
-        --peft '' --copies '' --new-tokens 16 --prompt-tokens 64 --out /tmp/ml_smollm2.json  # this CPU's model, engine only
+        --peft '' --copies '' --new-tokens 16 --prompt-tokens 64 --out /tmp/ml_smollm2.json
+    # (above: this CPU's model, engine only)
     OMP_NUM_THREADS=1 .venv/bin/python bench/multi_lora.py --shape llama-1b ...  # adapters 0.9 % of the base, not 3.6 %
 """
 
@@ -43,19 +45,47 @@ import sys
 import tempfile
 import time
 import warnings
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import torch
 import transformers
-
 from multi_lora_models import (
-    BATCHED_LORA, CUDA, DEVICE, DTYPE, SHAPES, TARGETS, adapter_state, batched_lora, build_base, free, generate,
-    last_logits, merged_model, peft_model, rel, sync)
+    BATCHED_LORA,
+    CUDA,
+    DEVICE,
+    DTYPE,
+    SHAPES,
+    TARGETS,
+    adapter_state,
+    batched_lora,
+    build_base,
+    free,
+    generate,
+    last_logits,
+    merged_model,
+    peft_model,
+    rel,
+    sync,
+)
 
 HERE = Path(__file__).resolve().parent
-T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
-        12: 2.179, 15: 2.131, 20: 2.086, 30: 2.042}
+T975 = {
+    1: 12.706,
+    2: 4.303,
+    3: 3.182,
+    4: 2.776,
+    5: 2.571,
+    6: 2.447,
+    7: 2.365,
+    8: 2.306,
+    9: 2.262,
+    10: 2.228,
+    12: 2.179,
+    15: 2.131,
+    20: 2.086,
+    30: 2.042,
+}
 
 
 def ints(text: str) -> list[int]:
@@ -105,8 +135,14 @@ def main() -> None:
     ap.add_argument("--peft", type=ints, default=[4], help="N for the PEFT mixed-batch reference ('' for none)")
     ap.add_argument("--copies", type=ints, default=[4], help="N for one merged copy per adapter ('' for none)")
     ap.add_argument("--graphs", action="store_true", help="also the compiled static-cache decoding (CUDA graphs)")
-    for flag, default in [("--rank", 16), ("--prompt-tokens", 128), ("--new-tokens", 32), ("--rounds", 5),
-                          ("--seed", 0), ("--deadline-s", 0)]:
+    for flag, default in [
+        ("--rank", 16),
+        ("--prompt-tokens", 128),
+        ("--new-tokens", 32),
+        ("--rounds", 5),
+        ("--seed", 0),
+        ("--deadline-s", 0),
+    ]:
         ap.add_argument(flag, type=int, default=default)
     ap.add_argument("--out", default="bench/results/multi_lora.json")
     args = ap.parse_args()
@@ -120,16 +156,29 @@ def main() -> None:
     gen = torch.Generator().manual_seed(args.seed)
     ids = torch.randint(3, SHAPES[args.shape]["vocab_size"], (max(conc), args.prompt_tokens), generator=gen).to(DEVICE)
     status = git("status", "--porcelain")
-    result = {"benchmark": "multi_lora", "utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-              "argv": sys.argv, "settings": vars(args), "device": device_name, "dtype": str(DTYPE),
-              "seeds": {"model": args.seed, "prompt": args.seed, "adapter_i": "seed + 1 + i"},
-              "shape": {"name": args.shape, **SHAPES[args.shape]},
-              "versions": {"python": platform.python_version(), "torch": torch.__version__,
-                           "transformers": transformers.__version__},
-              "commit": (git("rev-parse", "HEAD") or "").strip() or None,
-              "sha256": {f.name: hashlib.sha256(f.read_bytes()).hexdigest()
-                         for f in (Path(__file__).resolve(), HERE / "multi_lora_models.py", BATCHED_LORA)},
-              "dirty": None if status is None else bool(status.strip()), "calls": [], "errors": {}}
+    result = {
+        "benchmark": "multi_lora",
+        "utc": datetime.now(UTC).isoformat(timespec="seconds"),
+        "argv": sys.argv,
+        "settings": vars(args),
+        "device": device_name,
+        "dtype": str(DTYPE),
+        "seeds": {"model": args.seed, "prompt": args.seed, "adapter_i": "seed + 1 + i"},
+        "shape": {"name": args.shape, **SHAPES[args.shape]},
+        "versions": {
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+        },
+        "commit": (git("rev-parse", "HEAD") or "").strip() or None,
+        "sha256": {
+            f.name: hashlib.sha256(f.read_bytes()).hexdigest()
+            for f in (Path(__file__).resolve(), HERE / "multi_lora_models.py", BATCHED_LORA)
+        },
+        "dirty": None if status is None else bool(status.strip()),
+        "calls": [],
+        "errors": {},
+    }
     out = Path(args.out)
     print(f"device={device_name} dtype={DTYPE} shape={args.shape} adapters={adapters} concurrency={conc}", flush=True)
 
@@ -185,6 +234,7 @@ def main() -> None:
         def run(c: int):
             batched.select([j % n for j in range(c)])
             generate(base, ids[:c], args, graph)
+
         return run
 
     runs["merged"] = lambda c: generate(models["merged"], ids[:c], args, False)
@@ -193,15 +243,19 @@ def main() -> None:
     for n in args.peft:
         try:
             models[f"peft_{n}"] = peft_model(args, states[:n])
-            runs[f"peft_{n}"] = (lambda m, n: lambda c: generate(m, ids[:c], args, False,
-                                 adapter_names=[f"a{j % n}" for j in range(c)]))(models[f"peft_{n}"], n)
+            runs[f"peft_{n}"] = (
+                lambda m, n: lambda c: generate(m, ids[:c], args, False, adapter_names=[f"a{j % n}" for j in range(c)])
+            )(models[f"peft_{n}"], n)
         except Exception as exc:  # noqa: BLE001 (OOM: recorded, the others go on)
             result["errors"][f"peft_{n}"] = one_line(exc)
     for n in args.copies:
         try:
             copies = [merged_model(args, states[i], scale) for i in range(n)]
-            runs[f"copies_{n}"] = (lambda cs: lambda c: [generate(cs[k], ids[:c][k::len(cs)], args, False)
-                                                         for k in range(min(len(cs), c))])(copies)
+            runs[f"copies_{n}"] = (
+                lambda cs: (
+                    lambda c: [generate(cs[k], ids[:c][k :: len(cs)], args, False) for k in range(min(len(cs), c))]
+                )
+            )(copies)
         except Exception as exc:  # noqa: BLE001
             result["errors"][f"copies_{n}"] = one_line(exc)
             copies = None
@@ -217,7 +271,8 @@ def main() -> None:
         batched.select([j % peft_n for j in range(c)])
         check[f"batched_vs_peft_{peft_n}_c{c}"] = rel(
             last_logits(base, ids[:c]),
-            last_logits(models[f"peft_{peft_n}"], ids[:c], adapter_names=[f"a{j % peft_n}" for j in range(c)]))
+            last_logits(models[f"peft_{peft_n}"], ids[:c], adapter_names=[f"a{j % peft_n}" for j in range(c)]),
+        )
     batched.select([])
     check["base_vs_merged"] = rel(last_logits(base, ids[:1]), last_logits(models["merged"], ids[:1]))
     result["agreement_rel_error"] = check  # relative Frobenius error of the last logits over the batch
@@ -242,8 +297,16 @@ def main() -> None:
         except Exception as exc:  # noqa: BLE001
             error = one_line(exc)
         wall = time.perf_counter() - t0
-        result["calls"].append({"condition": cond, "concurrency": c, "round": rnd, "wall_s": wall,
-                                "tokens": c * args.new_tokens if error is None else 0, "error": error})
+        result["calls"].append(
+            {
+                "condition": cond,
+                "concurrency": c,
+                "round": rnd,
+                "wall_s": wall,
+                "tokens": c * args.new_tokens if error is None else 0,
+                "error": error,
+            }
+        )
 
     conds = list(runs)
     rounds_done = {}
@@ -284,24 +347,51 @@ def main() -> None:
             mine = {k["round"]: k for k in timed if k["condition"] == cond and k["concurrency"] == c}
             refs = {k["round"]: k for k in timed if k["condition"] == ref and k["concurrency"] == c}
             ok = [k for k in mine.values() if not k["error"]]
-            ratios = [(mine[r]["tokens"] / mine[r]["wall_s"]) / (refs[r]["tokens"] / refs[r]["wall_s"])
-                      for r in mine if r in refs and not mine[r]["error"] and not refs[r]["error"]]
+            ratios = [
+                (mine[r]["tokens"] / mine[r]["wall_s"]) / (refs[r]["tokens"] / refs[r]["wall_s"])
+                for r in mine
+                if r in refs and not mine[r]["error"] and not refs[r]["error"]
+            ]
             n = next((int(part) for part in cond.split("_") if part.isdigit()), 1)
-            summary.append({"condition": cond, "concurrency": c, "reference": ref, "calls": len(mine),
-                            "distinct_adapters_per_batch": min(n, c),
-                            "failed_requests": c * (len(mine) - len(ok)),
-                            "failed_warmup_requests": c * sum(1 for k in result["calls"] if k["round"] < 0 and k[
-                                "condition"] == cond and k["concurrency"] == c and k["error"]),
-                            "skipped": result["errors"].get(cond),
-                            "tokens_per_s": statistics.median([k["tokens"] / k["wall_s"] for k in ok]) if ok else None,
-                            "ratio_to_reference": interval(ratios)})
+            summary.append(
+                {
+                    "condition": cond,
+                    "concurrency": c,
+                    "reference": ref,
+                    "calls": len(mine),
+                    "distinct_adapters_per_batch": min(n, c),
+                    "failed_requests": c * (len(mine) - len(ok)),
+                    "failed_warmup_requests": c
+                    * sum(
+                        1
+                        for k in result["calls"]
+                        if k["round"] < 0 and k["condition"] == cond and k["concurrency"] == c and k["error"]
+                    ),
+                    "skipped": result["errors"].get(cond),
+                    "tokens_per_s": statistics.median([k["tokens"] / k["wall_s"] for k in ok]) if ok else None,
+                    "ratio_to_reference": interval(ratios),
+                }
+            )
     graph_vs_eager = []  # the two phases run minutes apart: a ratio of medians, no interval
     for c in conc:
-        med = {cond: [k["tokens"] / k["wall_s"] for k in timed if k["condition"] == cond and k["concurrency"] == c
-                      and not k["error"]] for cond in ("merged", "merged_graph")}
-        graph_vs_eager.append({"concurrency": c, "merged_graph_over_merged_medians": (
-            statistics.median(med["merged_graph"]) / statistics.median(med["merged"])
-            if med["merged"] and med["merged_graph"] else None)})
+        med = {
+            cond: [
+                k["tokens"] / k["wall_s"]
+                for k in timed
+                if k["condition"] == cond and k["concurrency"] == c and not k["error"]
+            ]
+            for cond in ("merged", "merged_graph")
+        }
+        graph_vs_eager.append(
+            {
+                "concurrency": c,
+                "merged_graph_over_merged_medians": (
+                    statistics.median(med["merged_graph"]) / statistics.median(med["merged"])
+                    if med["merged"] and med["merged_graph"]
+                    else None
+                ),
+            }
+        )
     result["summary"], result["graph_speedup"] = summary, graph_vs_eager
     write(result, out)
 
@@ -310,18 +400,24 @@ def main() -> None:
     write(result, out)
 
     fmt = lambda v, spec=".2f": "-" if v is None else format(v, spec)  # noqa: E731
-    print(f"\n{device_name} | {DTYPE} | {args.shape} | base {result['base_param_bytes'] / 2**20:,.0f} MiB | adapter "
-          f"{result['adapter_bytes'] / 2**20:,.1f} MiB | {rounds_done} rounds per phase | {len(result['calls'])} calls, "
-          f"{sum(1 for k in result['calls'] if k['error'])} errors")
+    print(
+        f"\n{device_name} | {DTYPE} | {args.shape} | base {result['base_param_bytes'] / 2**20:,.0f} MiB | adapter "
+        f"{result['adapter_bytes'] / 2**20:,.1f} MiB | {rounds_done} rounds per phase | {len(result['calls'])} calls, "
+        f"{sum(1 for k in result['calls'] if k['error'])} errors"
+    )
     print(f"{'condition':<20}{'c':>3}{'tok/s':>10}  ratio to reference [95 % paired]")
     for s in summary:
         r = s["ratio_to_reference"]
-        print(f"{s['condition']:<20}{s['concurrency']:>3}{fmt(s['tokens_per_s'], '.1f'):>10}  {fmt(r['mean'])} "
-              f"[{fmt(r['low'])}, {fmt(r['high'])}] vs {s['reference']} (n={r['n']}, "
-              f"{s['distinct_adapters_per_batch']} adapters a batch, failed requests {s['failed_requests']})")
+        print(
+            f"{s['condition']:<20}{s['concurrency']:>3}{fmt(s['tokens_per_s'], '.1f'):>10}  {fmt(r['mean'])} "
+            f"[{fmt(r['low'])}, {fmt(r['high'])}] vs {s['reference']} (n={r['n']}, "
+            f"{s['distinct_adapters_per_batch']} adapters a batch, failed requests {s['failed_requests']})"
+        )
     for g in graph_vs_eager:
-        print(f"merged: graphs over eager (ratio of medians, phases apart), c={g['concurrency']}: "
-              f"{fmt(g['merged_graph_over_merged_medians'])}x")
+        print(
+            f"merged: graphs over eager (ratio of medians, phases apart), c={g['concurrency']}: "
+            f"{fmt(g['merged_graph_over_merged_medians'])}x"
+        )
     for m in memory:
         print("memory", {k: (f"{v / 2**30:.2f} GiB" if k.endswith("bytes") else v) for k, v in m.items()})
     for cond, err in result["errors"].items():

@@ -22,17 +22,50 @@ batched_lora = sys.modules["batched_lora"] = importlib.util.module_from_spec(_sp
 _spec.loader.exec_module(batched_lora)
 
 SHAPES = {
-    "tiny": dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=4,
-                 intermediate_size=688, vocab_size=32000, max_position_embeddings=2048),
-    "smollm2-135m": dict(hidden_size=576, num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
-                         intermediate_size=1536, vocab_size=49152, rope_theta=100000.0, max_position_embeddings=8192,
-                         rms_norm_eps=1e-5, tie_word_embeddings=True),  # the model this CPU serves
-    "llama-1b": dict(hidden_size=2048, num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8,
-                     intermediate_size=8192, vocab_size=128256, rope_theta=500000.0, max_position_embeddings=8192,
-                     rms_norm_eps=1e-5, tie_word_embeddings=True),  # Llama 3.2 1B: a rank-16 adapter is 0.9 % of it
-    "llama-8b": dict(hidden_size=4096, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
-                     intermediate_size=14336, vocab_size=128256, rope_theta=500000.0,
-                     max_position_embeddings=8192, rms_norm_eps=1e-5),
+    "tiny": {
+        "hidden_size": 256,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 4,
+        "intermediate_size": 688,
+        "vocab_size": 32000,
+        "max_position_embeddings": 2048,
+    },
+    "smollm2-135m": {
+        "hidden_size": 576,
+        "num_hidden_layers": 30,
+        "num_attention_heads": 9,
+        "num_key_value_heads": 3,
+        "intermediate_size": 1536,
+        "vocab_size": 49152,
+        "rope_theta": 100000.0,
+        "max_position_embeddings": 8192,
+        "rms_norm_eps": 1e-5,
+        "tie_word_embeddings": True,
+    },  # the model this CPU serves
+    "llama-1b": {
+        "hidden_size": 2048,
+        "num_hidden_layers": 16,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "intermediate_size": 8192,
+        "vocab_size": 128256,
+        "rope_theta": 500000.0,
+        "max_position_embeddings": 8192,
+        "rms_norm_eps": 1e-5,
+        "tie_word_embeddings": True,
+    },  # Llama 3.2 1B: a rank-16 adapter is 0.9 % of it
+    "llama-8b": {
+        "hidden_size": 4096,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "intermediate_size": 14336,
+        "vocab_size": 128256,
+        "rope_theta": 500000.0,
+        "max_position_embeddings": 8192,
+        "rms_norm_eps": 1e-5,
+    },
 }
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 CUDA = torch.cuda.is_available()
@@ -92,8 +125,14 @@ def merged_model(args, state: dict[str, torch.Tensor], scale: float) -> torch.nn
 def peft_model(args, states: list[dict[str, torch.Tensor]]) -> torch.nn.Module:
     from peft import LoraConfig, get_peft_model, set_peft_model_state_dict
 
-    config = LoraConfig(r=args.rank, lora_alpha=2 * args.rank, target_modules=TARGETS, lora_dropout=0.0,
-                        init_lora_weights=False, task_type="CAUSAL_LM")
+    config = LoraConfig(
+        r=args.rank,
+        lora_alpha=2 * args.rank,
+        target_modules=TARGETS,
+        lora_dropout=0.0,
+        init_lora_weights=False,
+        task_type="CAUSAL_LM",
+    )
     model = get_peft_model(build_base(args.shape, args.seed), config, adapter_name="a0")
     for i, state in enumerate(states):
         if i:
@@ -110,8 +149,16 @@ def generate(model, ids: torch.Tensor, args, graph: bool, **extra) -> None:
         kw["compile_config"] = transformers.CompileConfig(fullgraph=False)
         kw["compile_config"]._compile_all_devices = True
     with torch.inference_mode():
-        out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=args.new_tokens,
-                             min_new_tokens=args.new_tokens, do_sample=False, pad_token_id=PAD, **kw, **extra)
+        out = model.generate(
+            input_ids=ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=args.new_tokens,
+            min_new_tokens=args.new_tokens,
+            do_sample=False,
+            pad_token_id=PAD,
+            **kw,
+            **extra,
+        )
     if out.shape[1] != ids.shape[1] + args.new_tokens:
         raise RuntimeError(f"generated {out.shape[1] - ids.shape[1]} tokens, asked {args.new_tokens}")
 

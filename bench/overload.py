@@ -23,7 +23,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -65,18 +65,20 @@ def main() -> int:
     args = parser.parse_args()
 
     import httpx
-
     from gateway import _requests
+    from real_data import commit
+
     from pipelines.bench.serving import percentile
     from pipelines.config import get_settings
     from pipelines.gateway import app as gateway
     from pipelines.serve import deploy
-    from real_data import commit
 
     settings = get_settings()
     if str(settings.root).startswith(("s3://", "s3a://", "gs://", "abfss://")):
-        print(f"error: root {settings.root} is on object storage: the captured turns are read from a local root",
-              file=sys.stderr)
+        print(
+            f"error: root {settings.root} is on object storage: the captured turns are read from a local root",
+            file=sys.stderr,
+        )
         return 2
     if not settings.gateway.capture:
         print("error: gateway.capture is off: no answered turn could be found captured", file=sys.stderr)
@@ -117,9 +119,12 @@ def main() -> int:
                 t0 = time.perf_counter()
                 try:
                     response = http.post(f"{base}/chat/completions", json=body)
-                    row = {"status": response.status_code, "ms": (time.perf_counter() - t0) * 1000,
-                           "retry_after": response.headers.get("retry-after"),
-                           "id": response.json().get("id") if response.status_code == 200 else None}
+                    row = {
+                        "status": response.status_code,
+                        "ms": (time.perf_counter() - t0) * 1000,
+                        "retry_after": response.headers.get("retry-after"),
+                        "id": response.json().get("id") if response.status_code == 200 else None,
+                    }
                 except Exception as exc:  # transport, timeout, or a 200 that is not JSON: the thread keeps counting
                     row = {"status": None, "ms": (time.perf_counter() - t0) * 1000, "error": type(exc).__name__}
                 with lock:
@@ -161,36 +166,72 @@ def main() -> int:
 
     def latency(rows: list[dict[str, Any]]) -> dict[str, float | None]:
         values = [r["ms"] for r in rows]
-        return {"p50_ms": percentile(values, 50) if values else None,
-                "p99_ms": percentile(values, 99) if values else None,
-                "max_ms": round(max(values), 1) if values else None}
+        return {
+            "p50_ms": percentile(values, 50) if values else None,
+            "p99_ms": percentile(values, 99) if values else None,
+            "max_ms": round(max(values), 1) if values else None,
+        }
 
     probe_rows = {path: [p for p in probes if p["path"] == path] for path in ("/livez", "/ready")}
     probe_ok = {"/livez": (200,), "/ready": (200, 503)}  # not ready is an answer under load; not alive is not
     refused_p99 = latency(refused)["p99_ms"]
     result = {
-        "generated_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "commit": commit(),
-        "settings": {"factor": args.factor, "clients": clients, "admitted": admitted, "seconds": args.seconds,
-                     "turns": args.turns, "turns_seed": 41,
-                     "constrained": settings.triton.constrained, "request_timeout_s": settings.gateway.request_timeout_s},
-        "model": deploy.live_model(settings).name, "wall_s": round(wall, 1), "requests": len(outcomes),
+        "generated_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "commit": commit(),
+        "settings": {
+            "factor": args.factor,
+            "clients": clients,
+            "admitted": admitted,
+            "seconds": args.seconds,
+            "turns": args.turns,
+            "turns_seed": 41,
+            "constrained": settings.triton.constrained,
+            "request_timeout_s": settings.gateway.request_timeout_s,
+        },
+        "model": deploy.live_model(settings).name,
+        "wall_s": round(wall, 1),
+        "requests": len(outcomes),
         "by_status": dict(sorted(by_status.items())),
-        "answered": len(answered), "refused_429": len(refused),
+        "answered": len(answered),
+        "refused_429": len(refused),
         "refused_without_retry_after": sum(1 for o in refused if not o["retry_after"]),
         "other_status_or_no_response": len(outcomes) - len(answered) - len(refused),
         "answered_per_s": round(len(answered) / wall, 3),
         "latency": {"answered": latency(answered), "refused_429": latency(refused)},
         "refused_at_once": refused_p99 is None or refused_p99 < 1000,
-        "answered_not_captured": len(lost), "lost_examples": lost[:5], "client_threads_still_running": hung,
-        "probes": {path: {"n": len(rows), "ok": sum(1 for r in rows if r["status"] in probe_ok[path]),
-                          "failed": [r["status"] for r in rows if r["status"] not in probe_ok[path]][:5],
-                          "ready_200": sum(1 for r in rows if r["status"] == 200), **latency(rows)}
-                   for path, rows in probe_rows.items()},
+        "answered_not_captured": len(lost),
+        "lost_examples": lost[:5],
+        "client_threads_still_running": hung,
+        "probes": {
+            path: {
+                "n": len(rows),
+                "ok": sum(1 for r in rows if r["status"] in probe_ok[path]),
+                "failed": [r["status"] for r in rows if r["status"] not in probe_ok[path]][:5],
+                "ready_200": sum(1 for r in rows if r["status"] == 200),
+                **latency(rows),
+            }
+            for path, rows in probe_rows.items()
+        },
     }
     out = REPO / "bench" / "results" / "overload.json"
     out.write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps({k: result[k] for k in ("requests", "by_status", "answered_per_s", "answered_not_captured",
-                                             "latency", "refused_at_once", "probes")}, indent=1))
+    print(
+        json.dumps(
+            {
+                k: result[k]
+                for k in (
+                    "requests",
+                    "by_status",
+                    "answered_per_s",
+                    "answered_not_captured",
+                    "latency",
+                    "refused_at_once",
+                    "probes",
+                )
+            },
+            indent=1,
+        )
+    )
     print(f"written {out}")
     healthy = all(not v["failed"] for v in result["probes"].values())
     ok = not lost and not hung and healthy and result["refused_at_once"] and result["other_status_or_no_response"] == 0

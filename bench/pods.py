@@ -25,9 +25,10 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
 
+from train_data import write_training_set  # noqa: E402
+
 from pipelines import tasks  # noqa: E402
 from pipelines.config import load_settings  # noqa: E402
-from train_data import write_training_set  # noqa: E402
 
 
 def main() -> None:
@@ -42,35 +43,65 @@ def main() -> None:
     root = Path(args.root or tempfile.mkdtemp(prefix="bench-pods-")).resolve()
     write_training_set(root, records=600)
     sweep = root / "sweep.yaml"
-    sweep.write_text(yaml.safe_dump({
-        "name": "pods", "backend": args.backend, "method": "grid", "prompt_style": "short",
-        "train_examples": 64, "val_examples": 4,
-        "base": {"base_model": args.model, "warmup_steps": 1, "lora_rank": 16, "lora_alpha": 32,
-                 "batch_size": args.batch_size, "max_steps": args.steps, "max_seq_len": 512,
-                 "checkpoint_every": 1000},
-        "grid": {"learning_rate": [float(x) for x in args.learning_rates.split(",")]}}))
+    sweep.write_text(
+        yaml.safe_dump(
+            {
+                "name": "pods",
+                "backend": args.backend,
+                "method": "grid",
+                "prompt_style": "short",
+                "train_examples": 64,
+                "val_examples": 4,
+                "base": {
+                    "base_model": args.model,
+                    "warmup_steps": 1,
+                    "lora_rank": 16,
+                    "lora_alpha": 32,
+                    "batch_size": args.batch_size,
+                    "max_steps": args.steps,
+                    "max_seq_len": 512,
+                    "checkpoint_every": 1000,
+                },
+                "grid": {"learning_rate": [float(x) for x in args.learning_rates.split(",")]},
+            }
+        )
+    )
     cluster = load_settings(root=str(root), train={"runner": "kubernetes"})
     pods = tasks.train_pods({"sweep": str(sweep)}, cluster)
     print(f"plan: {len(pods)} pods ({args.model}, {args.backend}, {args.steps} steps, batch {args.batch_size})")
-    env = {**os.environ, "FLYWHEEL_ROOT": str(root), "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    env = {
+        **os.environ,
+        "FLYWHEEL_ROOT": str(root),
+        "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+    }
     for pod in pods:  # the container's env: the pod trains its own variant
         container = pod["spec"]["containers"][0]
         env.update({e["name"]: e["value"] for e in container["env"] if e["name"] != "FLYWHEEL_TRAIN__NEMO_PYTHON"})
         started = time.perf_counter()
-        done = subprocess.run([sys.executable, *container["command"][1:]], env=env, cwd=str(root),
-                              capture_output=True, text=True, check=False)
+        done = subprocess.run(
+            [sys.executable, *container["command"][1:]],
+            env=env,
+            cwd=str(root),
+            capture_output=True,
+            text=True,
+            check=False,
+        )
         wall = time.perf_counter() - started
         if done.returncode != 0:
             sys.exit(f"{pod['metadata']['name']} failed:\n{done.stderr[-4000:]}")
         result = json.loads(done.stdout.strip().splitlines()[-1])
         m = result["metrics"]
-        print(f"{pod['metadata']['name']:<40} {result['status']:<9} wall {wall:7.1f} s  "
-              f"{m.get('tokens_per_s', 0):9.1f} tokens/s  loss {m.get('final_loss', 0):.3f}  "
-              f"val exact {m.get('val_exact_match', 0):.3f}")
+        print(
+            f"{pod['metadata']['name']:<40} {result['status']:<9} wall {wall:7.1f} s  "
+            f"{m.get('tokens_per_s', 0):9.1f} tokens/s  loss {m.get('final_loss', 0):.3f}  "
+            f"val exact {m.get('val_exact_match', 0):.3f}"
+        )
     started = time.perf_counter()
     trained = tasks.train({"sweep": str(sweep)}, cluster)
-    print(f"collected in {time.perf_counter() - started:.1f} s: best run {trained['best_run_id']} "
-          f"(val exact {trained['metrics'].get('val_exact_match', 0):.3f}), adapter {trained['adapter_dir']}")
+    print(
+        f"collected in {time.perf_counter() - started:.1f} s: best run {trained['best_run_id']} "
+        f"(val exact {trained['metrics'].get('val_exact_match', 0):.3f}), adapter {trained['adapter_dir']}"
+    )
 
 
 if __name__ == "__main__":

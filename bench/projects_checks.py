@@ -23,8 +23,13 @@ def requests_of(raw_zone: Path, n: int, seed: int) -> list[dict[str, Any]]:
         for line in path.read_text().splitlines():
             try:
                 record = json.loads(line)
-                records.append({"messages": record["request"]["messages"], "tools": record["request"]["tools"],
-                                "user": record.get("customer_id") or "anonymous"})
+                records.append(
+                    {
+                        "messages": record["request"]["messages"],
+                        "tools": record["request"]["tools"],
+                        "user": record.get("customer_id") or "anonymous",
+                    }
+                )
             except (ValueError, KeyError, TypeError):
                 continue  # the bad records the generator writes on purpose
     random.Random(seed).shuffle(records)
@@ -64,12 +69,20 @@ def isolation(url: str, keys: dict[str, str], root: Path) -> dict[str, Any]:
     from pipelines.config import load_settings
 
     mlflow = f"{server_url(load_settings(root=str(root)))}/api/2.0/mlflow"
-    ids = {e["name"]: e["experiment_id"] for e in httpx.post(f"{mlflow}/experiments/search", auth=admin,
-                                                                json={"max_results": 100}, timeout=30).json()["experiments"]}
+    ids = {
+        e["name"]: e["experiment_id"]
+        for e in httpx.post(f"{mlflow}/experiments/search", auth=admin, json={"max_results": 100}, timeout=30).json()[
+            "experiments"
+        ]
+    }
     for p in ("shop", "search"):
-        r = httpx.post(f"{mlflow}/runs/search", auth=carol, json={"experiment_ids": [ids[f"commerce-flywheel--{p}"]]},
-                       timeout=30)
-        out[f"carol_reads_{p}_runs"] = {"status": r.status_code, "runs": len(r.json().get("runs", [])) if r.status_code == 200 else None}
+        r = httpx.post(
+            f"{mlflow}/runs/search", auth=carol, json={"experiment_ids": [ids[f"commerce-flywheel--{p}"]]}, timeout=30
+        )
+        out[f"carol_reads_{p}_runs"] = {
+            "status": r.status_code,
+            "runs": len(r.json().get("runs", [])) if r.status_code == 200 else None,
+        }
     return out
 
 
@@ -81,8 +94,10 @@ def airflow_isolation(root: Path) -> dict[str, Any]:
 
     rest = AirflowRest(load_settings(root=str(root)), username="carol@shop")
     out: dict[str, Any] = {"carol_lists": sorted(rest.dags())}
-    for what, call in (("carol_reads_search_dag", lambda: rest.dag("commerce_flywheel__search")),
-                       ("carol_triggers_shop_dag", lambda: rest.trigger("commerce_flywheel__shop"))):
+    for what, call in (
+        ("carol_reads_search_dag", lambda: rest.dag("commerce_flywheel__search")),
+        ("carol_triggers_shop_dag", lambda: rest.trigger("commerce_flywheel__shop")),
+    ):
         try:
             out[what] = "allowed" if call() is not None else "HTTP 404"  # a DAG Airflow does not know: no answer
         except AirflowUnavailable as exc:
@@ -109,8 +124,25 @@ def drift_retrains_only_its_project(root: Path, args: argparse.Namespace, step, 
     from pipelines.config import load_settings
 
     drift_day = (date.fromisoformat(DAY) + timedelta(days=1)).isoformat()
-    step("logs_shop_drift", "--project", "shop", "logs", "generate", "--records", "700", "--seed", "9", "--end-date",
-         drift_day, "--drift", "holiday", "--drift-magnitude", "0.9", "--bad-share", "0.03")
+    step(
+        "logs_shop_drift",
+        "--project",
+        "shop",
+        "logs",
+        "generate",
+        "--records",
+        "700",
+        "--seed",
+        "9",
+        "--end-date",
+        drift_day,
+        "--drift",
+        "holiday",
+        "--drift-magnitude",
+        "0.9",
+        "--bad-share",
+        "0.03",
+    )
     rest = AirflowRest(load_settings(root=str(root)))
     flywheels = ("commerce_flywheel__shop", "commerce_flywheel__search")
     known = {d: {r["dag_run_id"] for r in rest.dag_runs(d)} for d in flywheels}
@@ -121,7 +153,11 @@ def drift_retrains_only_its_project(root: Path, args: argparse.Namespace, step, 
         that is not what is measured here; it is failed at once (recorded) so only asset-triggered runs train."""
         for d in flywheels:
             for r in rest.dag_runs(d):
-                if r["run_type"] == "scheduled" and r["state"] in ("queued", "running") and r["dag_run_id"] not in known[d]:
+                if (
+                    r["run_type"] == "scheduled"
+                    and r["state"] in ("queued", "running")
+                    and r["dag_run_id"] not in known[d]
+                ):
                     rest._request("PATCH", f"/api/v2/dags/{d}/dagRuns/{r['dag_run_id']}", {"state": "failed"})
                     known[d].add(r["dag_run_id"])
                     failed_daily.append(f"{d}/{r['dag_run_id']}")
@@ -148,9 +184,12 @@ def drift_retrains_only_its_project(root: Path, args: argparse.Namespace, step, 
             if retrain["state"] in ("success", "failed"):
                 break
         time.sleep(10)
-    out["shop_retrain"] = {k: retrain.get(k) for k in ("dag_run_id", "run_type", "state", "start_date", "end_date")} if retrain else None
-    out["asset_triggered_runs"] = {d: [r["state"] for r in rest.dag_runs(d) if r.get("run_type") == "asset_triggered"]
-                                   for d in flywheels}
+    out["shop_retrain"] = (
+        {k: retrain.get(k) for k in ("dag_run_id", "run_type", "state", "start_date", "end_date")} if retrain else None
+    )
+    out["asset_triggered_runs"] = {
+        d: [r["state"] for r in rest.dag_runs(d) if r.get("run_type") == "asset_triggered"] for d in flywheels
+    }
     out["daily_runs_failed"] = failed_daily
     out["seconds"] = round(time.monotonic() - started, 1)
     return out

@@ -26,13 +26,13 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from pipelines.bench.hardware import detect, mfu, training_flops_per_token
+from pipelines.base_models import load_base, prepare_base
 from pipelines.config import load_settings
-from pipelines.logs.generator import GeneratorConfig, TrafficGenerator
+from pipelines.hardware import detect, mfu, training_flops_per_token
 from pipelines.prep.nodes import prepare_line
+from pipelines.simulate.generator import GeneratorConfig, TrafficGenerator
 from pipelines.toolcall.examples import to_examples, training_pairs
 from pipelines.train.hf_backend import TrainConfig, train_lora
-from pipelines.train.models import load_base, prepare_base
 from pipelines.train.nemo_backend import train_nemo
 
 
@@ -56,16 +56,27 @@ def main() -> None:
     out = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="bench-train-"))
     try:
         flops_per_token = training_flops_per_token(_params_outside_embedding(prepare_base(args.model, settings)))
-        cfg = TrainConfig(base_model=args.model, max_steps=args.steps, batch_size=args.batch_size,
-                          lora_rank=args.rank, lora_alpha=2 * args.rank, checkpoint_every=10_000, warmup_steps=2,
-                          max_seq_len=min(768, args.pack or 768))
+        cfg = TrainConfig(
+            base_model=args.model,
+            max_steps=args.steps,
+            batch_size=args.batch_size,
+            lora_rank=args.rank,
+            lora_alpha=2 * args.rank,
+            checkpoint_every=10_000,
+            warmup_steps=2,
+            max_seq_len=min(768, args.pack or 768),
+        )
         hardware = detect()
         gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
-        print(f"hardware: {gpu or platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch "
-              f"{torch.__version__}, {'bf16' if gpu else f'fp32, threads {torch.get_num_threads()}'}; "
-              f"{args.prompt} prompt; {flops_per_token / 4e9:.2f}B parameters outside the embedding")
-        print(f"{'backend':<8}{'model':<24}{'packed':>7}{'rank':>5}{'batch':>6}{'steps':>6}{'seconds':>9}"
-              f"{'tokens/s':>10}{'MFU':>7}{'loss first->last':>20}")
+        print(
+            f"hardware: {gpu or platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch "
+            f"{torch.__version__}, {'bf16' if gpu else f'fp32, threads {torch.get_num_threads()}'}; "
+            f"{args.prompt} prompt; {flops_per_token / 4e9:.2f}B parameters outside the embedding"
+        )
+        print(
+            f"{'backend':<8}{'model':<24}{'packed':>7}{'rank':>5}{'batch':>6}{'steps':>6}{'seconds':>9}"
+            f"{'tokens/s':>10}{'MFU':>7}{'loss first->last':>20}"
+        )
         for backend in args.backends.split(","):
             rates = {}
             for pack in [None, args.pack] if args.pack else [None]:
@@ -79,13 +90,18 @@ def main() -> None:
                 torch.cuda.empty_cache()  # no-op on CPU; on a GPU the next backend (another process) needs it
                 util = mfu(result.tokens_per_s, flops_per_token, hardware)
                 rates[pack] = result.tokens_per_s
-                print(f"{backend:<8}{args.model[:23]:<24}{pack or '-':>7}{args.rank:>5}{args.batch_size:>6}"
-                      f"{result.steps:>6}{result.seconds:>9.1f}{result.tokens_per_s:>10.1f}"
-                      f"{f'{util:.1%}' if util else '-':>7}{result.losses[0]:>10.3f} -> {result.losses[-1]:.3f}",
-                      flush=True)
+                print(
+                    f"{backend:<8}{args.model[:23]:<24}{pack or '-':>7}{args.rank:>5}{args.batch_size:>6}"
+                    f"{result.steps:>6}{result.seconds:>9.1f}{result.tokens_per_s:>10.1f}"
+                    f"{f'{util:.1%}' if util else '-':>7}{result.losses[0]:>10.3f} -> {result.losses[-1]:.3f}",
+                    flush=True,
+                )
             if args.pack and rates.get(None):
-                print(f"{backend}: packed into {args.pack}-token rows / unpacked tokens/s = "
-                      f"{rates[args.pack] / rates[None]:.2f}x", flush=True)
+                print(
+                    f"{backend}: packed into {args.pack}-token rows / unpacked tokens/s = "
+                    f"{rates[args.pack] / rates[None]:.2f}x",
+                    flush=True,
+                )
     finally:
         if not args.keep:
             shutil.rmtree(out, ignore_errors=True)

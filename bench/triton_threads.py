@@ -22,7 +22,7 @@ import re
 import shutil
 import tempfile
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -41,12 +41,13 @@ def main() -> None:
             raise SystemExit(f"error: --layouts: expected INSTANCESxTHREADS such as 2x1, got {item!r}")
         layouts.append((int(found.group(1)), int(found.group(2))))
 
-    from pipelines.bench.hardware import detect
     from pipelines.bench.serving import summarize_run
     from pipelines.config import get_settings
-    from pipelines.serve import deploy, repository, server
+    from pipelines.hardware import detect
+    from pipelines.serve import deploy, repository
     from pipelines.serve.client import TritonClient, conversation
     from pipelines.services import free_port
+    from pipelines.stack import triton as server
 
     settings = get_settings()
     live = deploy.live_model(settings)
@@ -63,46 +64,91 @@ def main() -> None:
 
     scratch = Path(tempfile.mkdtemp(prefix="triton-threads-"))
     ports = {"http_port": free_port(), "grpc_port": free_port(), "metrics_port": free_port()}
-    probe = settings.model_copy(update={"root": str(scratch), "triton": settings.triton.model_copy(
-        update={**ports, "model_repository": str(scratch / "model_repository")})})
+    probe = settings.model_copy(
+        update={
+            "root": str(scratch),
+            "triton": settings.triton.model_copy(
+                update={**ports, "model_repository": str(scratch / "model_repository")}
+            ),
+        }
+    )
     runs = []
     started = time.perf_counter()
     try:
         server.up(probe)
         for instances, threads in layouts:
-            layout = probe.model_copy(update={"triton": probe.triton.model_copy(
-                update={"instances": instances, "threads": threads})})
+            layout = probe.model_copy(
+                update={"triton": probe.triton.model_copy(update={"instances": instances, "threads": threads})}
+            )
             name = f"probe_{instances}x{threads}"
-            repository.write_model(layout, scratch / "model_repository", name, base_path,
-                                   str(adapter) if adapter.is_dir() else None,
-                                   {"registry_version": live.version, "base_model": "probe",
-                                    "prompt_style": live.prompt_style, "model": name})
+            repository.write_model(
+                layout,
+                scratch / "model_repository",
+                name,
+                base_path,
+                str(adapter) if adapter.is_dir() else None,
+                {
+                    "registry_version": live.version,
+                    "base_model": "probe",
+                    "prompt_style": live.prompt_style,
+                    "model": name,
+                },
+            )
             client = TritonClient(layout, "grpc", timeout_s=settings.gateway.request_timeout_s)
             try:
                 t0 = time.perf_counter()
                 client.load(name)
                 load_s = round(time.perf_counter() - t0, 1)
-                client.infer(name, conversations[:instances], concurrency=instances,
-                             tools=tools[:instances] if tools else None)  # warm-up: every instance once
+                client.infer(
+                    name, conversations[:instances], concurrency=instances, tools=tools[:instances] if tools else None
+                )  # warm-up: every instance once
                 for level in levels:
                     t0 = time.perf_counter()
                     replies = client.infer(name, conversations, concurrency=level, tools=tools, stream=True)
-                    run = summarize_run(f"{instances} instance(s) x {threads or 'default'} thread(s)", level, rows,
-                                        replies, time.perf_counter() - t0, client.timeout_s * 1000)
+                    run = summarize_run(
+                        f"{instances} instance(s) x {threads or 'default'} thread(s)",
+                        level,
+                        rows,
+                        replies,
+                        time.perf_counter() - t0,
+                        client.timeout_s * 1000,
+                    )
                     run.update(instances=instances, threads=threads, load_s=load_s)
                     runs.append(run)
-                    print(json.dumps({k: run[k] for k in ("model", "concurrency", "errors", "ttft_ms", "itl_ms",
-                                                          "p50_ms", "p95_ms", "requests_per_s")}), flush=True)
+                    print(
+                        json.dumps(
+                            {
+                                k: run[k]
+                                for k in (
+                                    "model",
+                                    "concurrency",
+                                    "errors",
+                                    "ttft_ms",
+                                    "itl_ms",
+                                    "p50_ms",
+                                    "p95_ms",
+                                    "requests_per_s",
+                                )
+                            }
+                        ),
+                        flush=True,
+                    )
                 client.unload(name, wait_s=120)
             finally:
                 client.close()
     finally:
         server.down(probe)
         shutil.rmtree(scratch, ignore_errors=True)
-    result = {"generated_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "live": live.name,
-              "requests": len(rows), "constrained": tools is not None, "hardware": detect().__dict__,
-              "runs": runs, "seconds": round(time.perf_counter() - started, 1),
-              "note": "every request streamed; TTFT and ITL are medians; threads 0 = torch's default (the cores)"}
+    result = {
+        "generated_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "live": live.name,
+        "requests": len(rows),
+        "constrained": tools is not None,
+        "hardware": detect().__dict__,
+        "runs": runs,
+        "seconds": round(time.perf_counter() - started, 1),
+        "note": "every request streamed; TTFT and ITL are medians; threads 0 = torch's default (the cores)",
+    }
     out = REPO / "bench" / "results" / "triton_threads.json"
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"written {out}")

@@ -32,6 +32,7 @@ def drift_asset(project: str) -> Asset:
     name, uri = drift_asset_ref(project)
     return Asset(name=name, uri=uri)
 
+
 # The `kubernetes` train runner: one pod per sweep variant, planned by `train_pods` (none locally,
 # so `train_variant` is skipped). Cluster credentials come from the Airflow connection.
 TRAIN_POD_ARGS = {
@@ -63,20 +64,27 @@ def build(project: str, training_runs: int):
     @dag(
         dag_id=dag_id_for("commerce_flywheel", project),
         # daily, and whenever the project's drift monitor raises an alert (the run retrains on the drifted window)
-        schedule=AssetOrTimeSchedule(timetable=CronTriggerTimetable("0 2 * * *", timezone="UTC"),
-                                     assets=[drift_asset(project)]),
+        schedule=AssetOrTimeSchedule(
+            timetable=CronTriggerTimetable("0 2 * * *", timezone="UTC"), assets=[drift_asset(project)]
+        ),
         start_date=pendulum.datetime(2026, 11, 1, tz="UTC"),
         catchup=False,
         max_active_runs=training_runs,  # the project's quota of concurrent training runs
         default_args=DEFAULT_ARGS,
         tags=["flywheel", f"project:{project}"],
         params={
-            "end_date": Param(None, type=["null", "string"], description="Last day of the window (YYYY-MM-DD); "
-                              "default: the last complete day"),
+            "end_date": Param(
+                None,
+                type=["null", "string"],
+                description="Last day of the window (YYYY-MM-DD); default: the last complete day",
+            ),
             "window_days": Param(1, type="integer", minimum=1, maximum=90),
-            "source": Param("synthetic" if project == "default" else "landed", enum=["synthetic", "landed"],
-                            description="synthetic: generate traffic for the window (the default project's demo); "
-                            "landed: use the agent's logs (a project's default: its own logs only)"),
+            "source": Param(
+                "synthetic" if project == "default" else "landed",
+                enum=["synthetic", "landed"],
+                description="synthetic: generate traffic for the window (the default project's demo); "
+                "landed: use the agent's logs (a project's default: its own logs only)",
+            ),
             "records_per_day": Param(1500, type="integer", minimum=1),
             "seed": Param(0, type="integer", description="0: derived from the date"),
             "bad_share": Param(0.05, type="number", minimum=0, maximum=1),
@@ -85,10 +93,16 @@ def build(project: str, training_runs: int):
             "sweep": Param(None, type=["null", "string"], description="sweep file; default: train.sweep in the config"),
             "train": Param(True, type="boolean", description="false: stop after the training set is built"),
             "deploy": Param(True, type="boolean", description="false: stop after promotion (no Triton)"),
-            "reference_days": Param(None, type=["null", "array"], description="drift retrain: days of the champion's "
-                                    "training window to mix in (set from the drift alert)"),
+            "reference_days": Param(
+                None,
+                type=["null", "array"],
+                description="drift retrain: days of the champion's "
+                "training window to mix in (set from the drift alert)",
+            ),
             "drift_alerts": Param(0, type="integer", minimum=0, description="drift alerts this run serves"),
-            "reason": Param(None, type=["null", "string"], description="why this run retrains (recorded with the model)"),
+            "reason": Param(
+                None, type=["null", "string"], description="why this run retrains (recorded with the model)"
+            ),
         },
         doc_md=__doc__,
     )
@@ -99,8 +113,12 @@ def build(project: str, training_runs: int):
             from pipelines.tasks import run_params
 
             context = get_current_context()
-            events = [dict(e.extra or {}) for key, evs in (context.get("triggering_asset_events") or {}).items()
-                      for e in evs if "drift" in str(key)]
+            events = [
+                dict(e.extra or {})
+                for key, evs in (context.get("triggering_asset_events") or {}).items()
+                for e in evs
+                if "drift" in str(key)
+            ]
             return run_params(dict(context["params"]), events)
 
         @task
@@ -171,7 +189,8 @@ def build(project: str, training_runs: int):
         built = features(win, validate(win, prep(win, ingest(win, p)), p))
         go = should_train(built, p)
         pods = KubernetesPodOperator.partial(task_id="train_variant", **TRAIN_POD_ARGS).expand(
-            pod_template_dict=train_pods(go, p, win))
+            pod_template_dict=train_pods(go, p, win)
+        )
         trained = train(p, win)
         pods >> trained
         evaluated = evaluate(trained)

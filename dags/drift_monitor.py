@@ -43,8 +43,13 @@ def build(project: str):
         # an hourly check must never hang the next one: a check (parse + embeddings of a day) gets 30 minutes
         default_args={"execution_timeout": timedelta(minutes=30)},
         tags=["flywheel", "drift", f"project:{project}"],
-        params={"end_date": Param(None, type=["null", "string"],
-                                  description="last day of the window to check (YYYY-MM-DD); default: the newest logs")},
+        params={
+            "end_date": Param(
+                None,
+                type=["null", "string"],
+                description="last day of the window to check (YYYY-MM-DD); default: the newest logs",
+            )
+        },
         doc_md=__doc__,
     )
     def drift_monitor():

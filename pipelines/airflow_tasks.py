@@ -6,13 +6,14 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Iterator
+from datetime import UTC
 from typing import Any
 
 PROJECT_PATTERN = r"^[a-z][a-z0-9_]{1,30}$"  # = pipelines.config.PROJECT_PATTERN (kept stdlib-only here)
 PROJECT_SEP = "__"  # commerce_flywheel__<project>: one DAG per AI project (the `default` project's has no suffix)
 DEFAULT_PROJECT = "default"  # = pipelines.config.DEFAULT_PROJECT (kept stdlib-only here)
 FAILURES = "runs/failures"  # under the reports zone: per DAG, its newest final task failure and why, in one line
-RUN_TOKEN = "FLYWHEEL_RUN_TOKEN"  # set by `flywheel run` for its `dags test`: the record names the run it belongs to
+RUN_TOKEN = "FLYWHEEL_RUN_TOKEN"  # noqa: S105 (a name: `flywheel run` sets it for its `dags test`, the record names its run)
 
 
 def run_task(step: str, *args: Any) -> Any:
@@ -112,7 +113,9 @@ def projects(only: str | None = None) -> list[tuple[str, int]]:
             sys.stderr.write(f"flywheel: project {name!r} skipped in {uri}: {exc}\n")
             continue
         found.append((name, runs))
-    return ([(n, r) for n, r in found if n == DEFAULT_PROJECT] or out) + [(n, r) for n, r in found if n != DEFAULT_PROJECT]
+    return ([(n, r) for n, r in found if n == DEFAULT_PROJECT] or out) + [
+        (n, r) for n, r in found if n != DEFAULT_PROJECT
+    ]
 
 
 def _run_of() -> dict[str, Any]:
@@ -121,8 +124,12 @@ def _run_of() -> dict[str, Any]:
         from airflow.sdk import get_current_context
 
         ti = get_current_context()["ti"]
-        return {"dag_id": ti.dag_id, "run_id": ti.run_id, "try_number": ti.try_number,
-                "max_tries": getattr(ti, "max_tries", None)}
+        return {
+            "dag_id": ti.dag_id,
+            "run_id": ti.run_id,
+            "try_number": ti.try_number,
+            "max_tries": getattr(ti, "max_tries", None),
+        }
     except Exception:  # noqa: BLE001 (called outside a task)
         return {}
 
@@ -130,7 +137,7 @@ def _run_of() -> dict[str, Any]:
 def record_failure(step: str, exc: BaseException, final: bool | None) -> None:
     """Best effort: a failure to record the failure never hides the failure itself. `final` None: final when no
     retry is left."""
-    from datetime import datetime, timezone
+    from datetime import datetime
 
     from pipelines.config import get_settings
     from pipelines.errors import DataProblem, one_line
@@ -145,16 +152,25 @@ def record_failure(step: str, exc: BaseException, final: bool | None) -> None:
         if not final:
             return
         reason = " ".join(str(exc).split()) if isinstance(exc, DataProblem) else one_line(exc)
-        write_json(f"{get_settings().zone('reports')}/{FAILURES}/{run.get('dag_id', 'commerce_flywheel')}.json", {
-            "task": step, "data_problem": isinstance(exc, DataProblem), "reason": mask_uri_passwords(reason),
-            "dag_id": run.get("dag_id"), "run_id": run.get("run_id"), "token": os.environ.get(RUN_TOKEN),
-            "at": datetime.now(timezone.utc).isoformat(timespec="microseconds")})
+        write_json(
+            f"{get_settings().zone('reports')}/{FAILURES}/{run.get('dag_id', 'commerce_flywheel')}.json",
+            {
+                "task": step,
+                "data_problem": isinstance(exc, DataProblem),
+                "reason": mask_uri_passwords(reason),
+                "dag_id": run.get("dag_id"),
+                "run_id": run.get("run_id"),
+                "token": os.environ.get(RUN_TOKEN),
+                "at": datetime.now(UTC).isoformat(timespec="microseconds"),
+            },
+        )
     except Exception:  # noqa: BLE001, S110 (the task's own error is what the caller must see)
         pass
 
 
-def failure_of(reports_zone: str, dag_id: str, *, token: str | None = None, run_id: str | None = None
-               ) -> dict[str, Any] | None:
+def failure_of(
+    reports_zone: str, dag_id: str, *, token: str | None = None, run_id: str | None = None
+) -> dict[str, Any] | None:
     """The recorded final failure of exactly this run (by `flywheel run`'s token or the DAG run's id), if any."""
     from pipelines.storage import read_json
 

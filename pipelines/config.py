@@ -19,10 +19,10 @@ from pydantic import Field, PrivateAttr, SecretStr, ValidationError, field_valid
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, YamlConfigSettingsSource
 
 from pipelines.config_sections import (  # noqa: F401 (re-exported: one settings object, its sections in two files)
+    LOOPBACK,
     BenchSettings,
     DriftSettings,
     EvaluationSettings,
-    LOOPBACK,
     GatewaySettings,
     PromotionSettings,
     _Section,
@@ -50,18 +50,25 @@ class AirflowSettings(_Section):
     run_timeout_s: float = Field(3600, gt=0)
     migrate_timeout_s: float = Field(300, gt=0)
     multi_team: bool | Literal["auto"] = Field(
-        "auto", description="each AI project an Airflow team (Airflow 3.3's multi-team mode, experimental): its DAGs "
+        "auto",
+        description="each AI project an Airflow team (Airflow 3.3's multi-team mode, experimental): its DAGs "
         "visible and triggerable only by its members' logins. auto: on while the platform has a project besides "
-        "`default` (a single-team platform runs as before); true / false: always / never")
+        "`default` (a single-team platform runs as before); true / false: always / never",
+    )
     schedules: Literal["active", "paused"] = Field(
-        "active", description="after `flywheel up`: the drift monitor (hourly) and the daily flywheel run on their "
-        "schedules (active), or wait for `flywheel schedules resume` (paused)")
+        "active",
+        description="after `flywheel up`: the drift monitor (hourly) and the daily flywheel run on their "
+        "schedules (active), or wait for `flywheel schedules resume` (paused)",
+    )
 
     @field_validator("multi_team", mode="before")
     @classmethod
     def _multi_team(cls, value: Any) -> Any:
-        words = {"auto": "auto", **dict.fromkeys(("true", "1", "on", "yes", "y", "t"), True),
-                 **dict.fromkeys(("false", "0", "off", "no", "n", "f"), False)}
+        words = {
+            "auto": "auto",
+            **dict.fromkeys(("true", "1", "on", "yes", "y", "t"), True),
+            **dict.fromkeys(("false", "0", "off", "no", "n", "f"), False),
+        }
         if isinstance(value, bool):
             return value
         if isinstance(value, (int, str)) and str(value).strip().lower() in words:
@@ -79,12 +86,16 @@ class MlflowSettings(_Section):
     experiment: str = "commerce-flywheel"
     registered_model: str = "commerce-tool-caller"
     auth: bool = Field(True, description="tracking server with basic authentication (mlflow/basic_auth.ini)")
-    auth_database_uri: str | None = Field(None, description="the auth app's user store; default SQLite next to "
-                                          "the tracking store (cluster: a PostgreSQL database)")
+    auth_database_uri: str | None = Field(
+        None,
+        description="the auth app's user store; default SQLite next to "
+        "the tracking store (cluster: a PostgreSQL database)",
+    )
     username: str | None = Field(None, description="client credentials for an authenticated tracking server")
     password: SecretStr | None = Field(None, description="client password; the server's admin password")
-    server_secret_key: SecretStr | None = Field(None, description="the auth app's CSRF signing key "
-                                                "(generated per root locally)")
+    server_secret_key: SecretStr | None = Field(
+        None, description="the auth app's CSRF signing key (generated per root locally)"
+    )
 
 
 class SparkSettings(_Section):
@@ -131,8 +142,11 @@ class FeastSettings(_Section):
     registry: str | None = Field(None, description="registry file, or postgresql://... (Feast's SQL registry)")
     online_store: str | None = Field(None, description="SQLite file, or postgresql://... (PostgreSQL online store)")
     offline_store: Literal["file", "spark"] = "file"
-    sslmode: str | None = Field(None, description="PostgreSQL online store: libpq sslmode; default "
-                                "`require` in the cluster profile (RDS forces TLS), `prefer` locally")
+    sslmode: str | None = Field(
+        None,
+        description="PostgreSQL online store: libpq sslmode; default "
+        "`require` in the cluster profile (RDS forces TLS), `prefer` locally",
+    )
 
 
 class TritonSettings(_Section):
@@ -142,44 +156,91 @@ class TritonSettings(_Section):
     metrics_port: int = Field(8002, ge=1, le=65535)
     url: str | None = None
     model_repository: str | None = None
-    model_name: str = Field("tool_router", pattern=r"^[a-z][a-z0-9_]*$",
-                            description="Triton model name prefix; each registry version is <name>_v<N>")
-    execution_env: str | None = Field(None, description="the Python backend's environment (EXECUTION_ENV_PATH); "
-                                      "default .venv-serve locally, none in a Triton container that has the packages")
+    model_name: str = Field(
+        "tool_router",
+        pattern=r"^[a-z][a-z0-9_]*$",
+        description="Triton model name prefix; each registry version is <name>_v<N>",
+    )
+    execution_env: str | None = Field(
+        None,
+        description="the Python backend's environment (EXECUTION_ENV_PATH); "
+        "default .venv-serve locally, none in a Triton container that has the packages",
+    )
     instance_kind: Literal["KIND_CPU", "KIND_GPU"] = "KIND_CPU"
     max_batch_size: int = Field(8, ge=1, le=256)
     instances: int = Field(1, ge=1, le=64, description="model instances per Triton model (instance_group count)")
-    threads: int = Field(1, ge=0, le=256, description="torch threads per CPU instance (0: torch's default, the "
-                         "cores). 1 measured best on this 2-core machine: as fast per token as 2 alone, and 2 threads "
-                         "stall 4-8x whenever anything else runs (a load generator, the gateway); README, serving")
+    threads: int = Field(
+        1,
+        ge=0,
+        le=256,
+        description="torch threads per CPU instance (0: torch's default, the "
+        "cores). 1 measured best on this 2-core machine: as fast per token as 2 alone, and 2 threads "
+        "stall 4-8x whenever anything else runs (a load generator, the gateway); README, serving",
+    )
     queue_delay_us: int = Field(5000, ge=0, description="dynamic batching: how long a request waits for others")
-    max_input_tokens: int | None = Field(None, ge=16, description="longest prompt a model accepts (tokens); "
-                                         "unset: the base model's context window minus the model's answer budget "
-                                         "(`toolcall.budget`); `flywheel bench` checks its prompts against it first")
-    max_new_tokens: int | None = Field(None, ge=8, description="longest answer a model writes (tokens); unset: the "
-                                       "answer budget recorded with the model version (its longest training call "
-                                       "plus a margin; 64 for a version registered without one)")
-    constrained: bool = Field(True, description="decode every served tool call under the offered tools' grammar "
-                              "(the client sends them as TOOLS): the smoke test, canary and `flywheel bench` use it")
-    grounded_ids: bool = Field(True, description="under the grammar, a write tool's `*_id`/`*_ids` arguments only "
-                               "take values the conversation states (served, evaluated and validated alike)")
-    multi_lora: bool = Field(False, description="serve every version (every project's) as an adapter on one loaded "
-                             "base per base model (`lora__<base>`), chosen per request, instead of one Triton model "
-                             "with its own copy of the base per version; local model repository only")
-    max_adapters: int = Field(8, ge=1, le=256, description="multi_lora: adapters the shared base keeps loaded; "
-                              "past it the least recently used one is unloaded (it loads again when asked)")
-    max_adapter_rank: int | None = Field(None, ge=1, le=512, description="multi_lora: the largest LoRA rank the "
-                                         "shared base serves; a version over it is refused at deploy. Bounds the "
-                                         "base's adapter memory at max_adapters x one adapter of this rank (unset: "
-                                         "slots grow to the largest rank loaded and never shrink)")
+    max_input_tokens: int | None = Field(
+        None,
+        ge=16,
+        description="longest prompt a model accepts (tokens); "
+        "unset: the base model's context window minus the model's answer budget "
+        "(`toolcall.budget`); `flywheel bench` checks its prompts against it first",
+    )
+    max_new_tokens: int | None = Field(
+        None,
+        ge=8,
+        description="longest answer a model writes (tokens); unset: the "
+        "answer budget recorded with the model version (its longest training call "
+        "plus a margin; 64 for a version registered without one)",
+    )
+    constrained: bool = Field(
+        True,
+        description="decode every served tool call under the offered tools' grammar "
+        "(the client sends them as TOOLS): the smoke test, canary and `flywheel bench` use it",
+    )
+    grounded_ids: bool = Field(
+        True,
+        description="under the grammar, a write tool's `*_id`/`*_ids` arguments only "
+        "take values the conversation states (served, evaluated and validated alike)",
+    )
+    multi_lora: bool = Field(
+        False,
+        description="serve every version (every project's) as an adapter on one loaded "
+        "base per base model (`lora__<base>`), chosen per request, instead of one Triton model "
+        "with its own copy of the base per version; local model repository only",
+    )
+    max_adapters: int = Field(
+        8,
+        ge=1,
+        le=256,
+        description="multi_lora: adapters the shared base keeps loaded; "
+        "past it the least recently used one is unloaded (it loads again when asked)",
+    )
+    max_adapter_rank: int | None = Field(
+        None,
+        ge=1,
+        le=512,
+        description="multi_lora: the largest LoRA rank the "
+        "shared base serves; a version over it is refused at deploy. Bounds the "
+        "base's adapter memory at max_adapters x one adapter of this rank (unset: "
+        "slots grow to the largest rank loaded and never shrink)",
+    )
     smoke_requests: int = Field(6, ge=1, description="test-split requests a new deployment must answer first")
-    smoke_min_valid_json: float = Field(1.0, ge=0, le=1, description="share of smoke answers that must parse "
-                                        "as JSON, on top of every answer being well formed (no error, not empty), "
-                                        "which the smoke test always requires; 0 only for untrained test models")
+    smoke_min_valid_json: float = Field(
+        1.0,
+        ge=0,
+        le=1,
+        description="share of smoke answers that must parse "
+        "as JSON, on top of every answer being well formed (no error, not empty), "
+        "which the smoke test always requires; 0 only for untrained test models",
+    )
     canary_share: float = Field(0.2, ge=0, le=1, description="share of replayed traffic sent to the candidate")
     startup_timeout_s: int = Field(120, ge=5)
-    state_lock_timeout_s: float = Field(900, gt=0, description="how long deploy/rollback/canary wait for another "
-                                        "one's lock on serving/state.json (a deploy's smoke test takes minutes)")
+    state_lock_timeout_s: float = Field(
+        900,
+        gt=0,
+        description="how long deploy/rollback/canary wait for another "
+        "one's lock on serving/state.json (a deploy's smoke test takes minutes)",
+    )
 
 
 class QualitySettings(_Section):
@@ -190,41 +251,66 @@ class QualitySettings(_Section):
     max_quarantined_share: float = Field(0.2, ge=0, le=1, description="largest share of a batch prep may quarantine")
     min_examples_per_tool: int = Field(5, ge=0)
     min_approx_tokens: int = Field(16, ge=0)
-    max_approx_tokens: int | None = Field(None, ge=1, description="longest example (prep's approx_tokens); unset: "
-                                          "the base model's context window minus the window's answer budget")
+    max_approx_tokens: int | None = Field(
+        None,
+        ge=1,
+        description="longest example (prep's approx_tokens); unset: "
+        "the base model's context window minus the window's answer budget",
+    )
     train_label_sources: list[Literal["teacher", "human", "import", "generated"]] = Field(
-        default_factory=lambda: ["teacher", "human", "import", "generated"], description="label sources that train "
-        "(prep.labels); our own models' answers train only when a person rated them up; a down-rated one never")
+        default_factory=lambda: ["teacher", "human", "import", "generated"],
+        description="label sources that train "
+        "(prep.labels); our own models' answers train only when a person rated them up; a down-rated one never",
+    )
     min_trusted_label_share: float = Field(
-        0.5, ge=0, le=1, description="smallest share of a window's examples whose label our own model did not "
+        0.5,
+        ge=0,
+        le=1,
+        description="smallest share of a window's examples whose label our own model did not "
         "write (teacher, human, import, generated): the gate fails a window that would mostly retrain the champion "
-        "on its own answers, even confirmed ones")
+        "on its own answers, even confirmed ones",
+    )
 
 
 class TrainSettings(_Section):
     """Where and how sweeps train; the sweep file holds the hyperparameters."""
 
     sweep: str = Field(str(REPO_ROOT / "conf" / "sweeps" / "demo.yaml"), description="default sweep file")
-    drift_sweep: str | None = Field(str(REPO_ROOT / "conf" / "sweeps" / "drift.yaml"),
-                                    description="the (smaller) sweep a drift-triggered retrain runs; None: `sweep`")
+    drift_sweep: str | None = Field(
+        str(REPO_ROOT / "conf" / "sweeps" / "drift.yaml"),
+        description="the (smaller) sweep a drift-triggered retrain runs; None: `sweep`",
+    )
     backend: Literal["hf", "nemo"] | None = Field(None, description="override the sweep file's backend")
     runner: Literal["local", "kubernetes"] = Field("local", description="local process, or one pod per variant")
-    nemo_python: str = Field(str(REPO_ROOT / ".venv-nemo" / "bin" / "python"),
-                             description="interpreter of the NeMo AutoModel environment (make nemo-env)")
-    variant_timeout_s: float = Field(6 * 3600, gt=0, description="longest one variant's training process may run "
-                                     "(NeMo AutoModel launch) before it is stopped; it resumes from its checkpoints")
+    nemo_python: str = Field(
+        str(REPO_ROOT / ".venv-nemo" / "bin" / "python"),
+        description="interpreter of the NeMo AutoModel environment (make nemo-env)",
+    )
+    variant_timeout_s: float = Field(
+        6 * 3600,
+        gt=0,
+        description="longest one variant's training process may run "
+        "(NeMo AutoModel launch) before it is stopped; it resumes from its checkpoints",
+    )
 
 
 class KubernetesSettings(_Section):
     namespace: str = "flywheel"
     gpu_node_selector: dict[str, str] = Field(default_factory=lambda: {"flywheel.io/gpu": "h100"})
     nemo_image: str = Field("nvcr.io/nvidia/nemo-automodel:25.11", description="base of the training image")
-    training_image: str = Field("flywheel-training:latest", description="docker/training.Dockerfile, pushed to "
-                                "the registry from terraform output `training_image`")
-    triton_image: str = Field("flywheel-triton:latest", description="docker/triton.Dockerfile: the official "
-                              "Triton image plus our Python backend's packages")
-    gateway_image: str = Field("flywheel-platform:latest", description="an image with the `pipelines` package "
-                               "(the platform's requirements): the gateway runs `python -m pipelines.gateway`")
+    training_image: str = Field(
+        "flywheel-training:latest",
+        description="docker/training.Dockerfile, pushed to the registry from terraform output `training_image`",
+    )
+    triton_image: str = Field(
+        "flywheel-triton:latest",
+        description="docker/triton.Dockerfile: the official Triton image plus our Python backend's packages",
+    )
+    gateway_image: str = Field(
+        "flywheel-platform:latest",
+        description="an image with the `pipelines` package "
+        "(the platform's requirements): the gateway runs `python -m pipelines.gateway`",
+    )
 
 
 class Settings(BaseSettings):
@@ -239,10 +325,14 @@ class Settings(BaseSettings):
 
     profile: Literal["local", "cluster"] = "local"
     root: str | None = Field(None, description="Root of the data zones: a folder or an s3:// prefix")
-    project: str = Field(DEFAULT_PROJECT, pattern=PROJECT_PATTERN, description="the AI project every command and "
-                         "run works in (`flywheel --project NAME`, FLYWHEEL_PROJECT): its zones live under "
-                         "<root>/projects/<name>/, its experiment, registered model, Feast project and Triton models "
-                         "carry its name; `default` is the single-team layout (zones right under the root)")
+    project: str = Field(
+        DEFAULT_PROJECT,
+        pattern=PROJECT_PATTERN,
+        description="the AI project every command and "
+        "run works in (`flywheel --project NAME`, FLYWHEEL_PROJECT): its zones live under "
+        "<root>/projects/<name>/, its experiment, registered model, Feast project and Triton models "
+        "carry its name; `default` is the single-team layout (zones right under the root)",
+    )
     airflow: AirflowSettings = Field(default_factory=AirflowSettings)
     mlflow: MlflowSettings = Field(default_factory=MlflowSettings)
     spark: SparkSettings = Field(default_factory=SparkSettings)
@@ -299,9 +389,13 @@ class Settings(BaseSettings):
         if name == DEFAULT_PROJECT:
             return
         m, f, t = self.mlflow, self.feast, self.triton
-        self._unscoped.update({"mlflow": {"experiment": m.experiment, "registered_model": m.registered_model},
-                               "feast": {"project": f.project, "registry": f.registry, "online_store": f.online_store},
-                               "triton": {"model_name": t.model_name}})
+        self._unscoped.update(
+            {
+                "mlflow": {"experiment": m.experiment, "registered_model": m.registered_model},
+                "feast": {"project": f.project, "registry": f.registry, "online_store": f.online_store},
+                "triton": {"model_name": t.model_name},
+            }
+        )
         m.experiment = f"{m.experiment}--{name}"
         m.registered_model = f"{m.registered_model}--{name}"
         f.project = f"{f.project}__{name}"
@@ -349,8 +443,10 @@ class Settings(BaseSettings):
             raise ValueError(f"{missing[0]}: required by the cluster profile (see terraform output)")
         if not str(self.root).startswith(("s3://", "s3a://", "gs://", "abfss://")):
             raise ValueError("root: the cluster profile needs an object-store URI such as s3://bucket/flywheel")
-        for name, uri in (("airflow.sql_alchemy_conn", self.airflow.sql_alchemy_conn),
-                          ("mlflow.backend_store_uri", self.mlflow.backend_store_uri)):
+        for name, uri in (
+            ("airflow.sql_alchemy_conn", self.airflow.sql_alchemy_conn),
+            ("mlflow.backend_store_uri", self.mlflow.backend_store_uri),
+        ):
             if not str(uri).startswith("postgresql"):
                 raise ValueError(f"{name}: the cluster profile needs a postgresql:// URI")
 

@@ -7,7 +7,6 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
-
 LOOPBACK = "127.0.0.1"
 
 
@@ -30,23 +29,40 @@ def decoding_modes(setting: str, served_constrained: bool) -> str:
 
 
 class EvaluationSettings(_Section):
-    examples: int = Field(96, ge=1, description="the ceiling of test requests per evaluation (a seeded sample, "
-                          "stratified by tool): the DAG starts with `first_examples` and doubles the sample while "
-                          "the paired gate is undecided, up to this many")
-    first_examples: int = Field(24, ge=1, description="the first sample of the DAG's evaluation; every condition "
-                                "is evaluated on it, a larger sample only re-runs the two the gate compares")
+    examples: int = Field(
+        96,
+        ge=1,
+        description="the ceiling of test requests per evaluation (a seeded sample, "
+        "stratified by tool): the DAG starts with `first_examples` and doubles the sample while "
+        "the paired gate is undecided, up to this many",
+    )
+    first_examples: int = Field(
+        24,
+        ge=1,
+        description="the first sample of the DAG's evaluation; every condition "
+        "is evaluated on it, a larger sample only re-runs the two the gate compares",
+    )
     shots: int = Field(3, ge=0, description="in-context examples for the base few-shot condition")
-    baselines: bool = Field(True, description="also evaluate the base model (zero-shot, few-shot); off skips them "
-                            "only where no gate needs them (`promotion.baseline: none`)")
+    baselines: bool = Field(
+        True,
+        description="also evaluate the base model (zero-shot, few-shot); off skips them "
+        "only where no gate needs them (`promotion.baseline: none`)",
+    )
     constrained: Decoding = Field(
-        "served", description="evaluate each condition decoded the way models are served (`triton.constrained`: "
+        "served",
+        description="evaluate each condition decoded the way models are served (`triton.constrained`: "
         "under the tool-call grammar by default, rows named `<condition>_constrained`), unconstrained (off), under "
         "the grammar (on) or both side by side (twice the time: `flywheel eval --constrained both`); the gate "
-        "compares the served rows")
-    max_new_tokens: int | None = Field(None, ge=8, description="generation budget per answer (evaluation and the "
-                                       "sweep's validation); unset: the answer budget of the models evaluated (the "
-                                       "longest training call plus a margin: `toolcall.budget`). Answers that stop "
-                                       "at the budget are counted (`cut_at_max_new_tokens`) and reported")
+        "compares the served rows",
+    )
+    max_new_tokens: int | None = Field(
+        None,
+        ge=8,
+        description="generation budget per answer (evaluation and the "
+        "sweep's validation); unset: the answer budget of the models evaluated (the "
+        "longest training call plus a margin: `toolcall.budget`). Answers that stop "
+        "at the budget are counted (`cut_at_max_new_tokens`) and reported",
+    )
     judge_url: str | None = Field(None, description="OpenAI-compatible endpoint for an optional LLM-as-judge")
     judge_model: str | None = None
     judge_api_key: SecretStr | None = None
@@ -58,12 +74,17 @@ class BenchSettings(_Section):
     shots: int = Field(3, ge=0, description="in-context examples of the base-model baseline")
     protocol: Literal["http", "grpc"] = "http"
     constrained: Decoding = Field(
-        "served", description="time each model decoded the way models are served (`triton.constrained`), "
+        "served",
+        description="time each model decoded the way models are served (`triton.constrained`), "
         "unconstrained (off), under the tool-call grammar (on), or both (rows side by side); the headline "
-        "comparison uses the served rows")
+        "comparison uses the served rows",
+    )
     direct: bool = Field(True, description="also time in-process inference (Triton's overhead)")
-    after_deploy: bool = Field(True, description="the DAG benchmarks the live model after each deployment (off: "
-                               "its benchmark task records that it was skipped; `flywheel bench` still runs)")
+    after_deploy: bool = Field(
+        True,
+        description="the DAG benchmarks the live model after each deployment (off: "
+        "its benchmark task records that it was skipped; `flywheel bench` still runs)",
+    )
 
     @field_validator("concurrency")
     @classmethod
@@ -85,20 +106,31 @@ class DriftSettings(_Section):
     latency_slo_ms: float = Field(4000, gt=0)
     latency_slo_violation_act: float = Field(0.2, ge=0, le=1)
     numeric_bins: int = Field(10, ge=2)
-    min_signal_count: int = Field(100, ge=1, description="a numeric signal with fewer values on either side is "
-                                  "not judged (binned PSI on a few dozen values is noise)")
+    min_signal_count: int = Field(
+        100,
+        ge=1,
+        description="a numeric signal with fewer values on either side is "
+        "not judged (binned PSI on a few dozen values is noise)",
+    )
     numeric_sample: int = Field(2000, ge=10)
     embedding_sample: int = Field(300, ge=20)
-    cooldown_hours: float = Field(6, ge=0, description="after an emitted alert, further alerts are recorded, "
-                                  "not emitted")
+    cooldown_hours: float = Field(
+        6, ge=0, description="after an emitted alert, further alerts are recorded, not emitted"
+    )
     state_lock_timeout_s: float = Field(60, gt=0, description="the longest wait for the monitor's state lock")
-    parse_workers: int = Field(0, ge=0, description="processes parsing a window's raw lines (0: the physical "
-                               "cores, at most 8; 1: in the monitor's process)")
-    parse_chunk_lines: int = Field(20_000, ge=100, description="raw lines per parse task; a window of one chunk "
-                                   "is parsed in-process")
+    parse_workers: int = Field(
+        0,
+        ge=0,
+        description="processes parsing a window's raw lines (0: the physical "
+        "cores, at most 8; 1: in the monitor's process)",
+    )
+    parse_chunk_lines: int = Field(
+        20_000, ge=100, description="raw lines per parse task; a window of one chunk is parsed in-process"
+    )
     parse_timeout_s: float = Field(900, gt=0, description="the longest wait for one parsed chunk")
-    retrain_reference_share: float = Field(0.3, ge=0, le=1, description="share of the reference window mixed "
-                                           "into a drift retrain's training window")
+    retrain_reference_share: float = Field(
+        0.3, ge=0, le=1, description="share of the reference window mixed into a drift retrain's training window"
+    )
 
 
 class PromotionSettings(_Section):
@@ -108,34 +140,67 @@ class PromotionSettings(_Section):
     (the base model with retrieved in-context examples, the serving alternative to a tuned model)."""
 
     rule: Literal["paired", "point"] = Field(
-        "paired", description="paired: decide on the paired 95 % interval of the task-score difference on the same "
+        "paired",
+        description="paired: decide on the paired 95 % interval of the task-score difference on the same "
         "requests (superior, non-inferior and cheaper, inferior, or undecided: evaluate more); point: the older "
-        "point comparison with `min_score_gain` (also used for rows without per-request scores)")
-    non_inferiority_margin: float = Field(0.05, ge=0, le=1, description="quality held: the paired interval's lower "
-                                          "bound of the task-score difference stays above -margin (README, the gate)")
-    min_cost_gain: float = Field(0.10, ge=0, le=1, description="non-inferior is promoted only when p50 latency or "
-                                 "prompt tokens per request fall by this share (equal cost: no reason to change)")
+        "point comparison with `min_score_gain` (also used for rows without per-request scores)",
+    )
+    non_inferiority_margin: float = Field(
+        0.05,
+        ge=0,
+        le=1,
+        description="quality held: the paired interval's lower "
+        "bound of the task-score difference stays above -margin (README, the gate)",
+    )
+    min_cost_gain: float = Field(
+        0.10,
+        ge=0,
+        le=1,
+        description="non-inferior is promoted only when p50 latency or "
+        "prompt tokens per request fall by this share (equal cost: no reason to change)",
+    )
     confidence: float = Field(0.95, gt=0.5, lt=1, description="the paired intervals' level")
     bootstrap_resamples: int = Field(2000, ge=200, le=100_000)
-    min_score_gain: float = Field(0.02, ge=-1, le=1, description="point rule only: least rise of the task score: each "
-                                  "tool's metric (`tool_metrics`; exact match by default) averaged over the examples")
+    min_score_gain: float = Field(
+        0.02,
+        ge=-1,
+        le=1,
+        description="point rule only: least rise of the task score: each "
+        "tool's metric (`tool_metrics`; exact match by default) averaged over the examples",
+    )
     min_arg_f1_gain: float = Field(0.0, ge=-1, le=1, description="point rule only")
-    max_extra_wrong_writes: int = Field(0, ge=0, description="wrong writes (a write tool the request did not ask "
-                                        "for, or other ids) the candidate may make beyond the reference's on the same "
-                                        "requests; more vetoes the promotion whatever its task score")
+    max_extra_wrong_writes: int = Field(
+        0,
+        ge=0,
+        description="wrong writes (a write tool the request did not ask "
+        "for, or other ids) the candidate may make beyond the reference's on the same "
+        "requests; more vetoes the promotion whatever its task score",
+    )
     max_latency_increase: float = Field(0.10, ge=0, description="tolerated p50 latency increase (measurement noise)")
-    max_tool_regression: float = Field(0.20, ge=0, le=1, description="largest tolerated drop of one tool's exact "
-                                       "match against the reference (no tool may collapse while the average rises)")
-    min_tool_examples: int = Field(5, ge=1, description="a tool is checked when both rows have this many of its "
-                                   "examples (fewer is noise: one example of 3 is a 0.33 swing)")
+    max_tool_regression: float = Field(
+        0.20,
+        ge=0,
+        le=1,
+        description="largest tolerated drop of one tool's exact "
+        "match against the reference (no tool may collapse while the average rises)",
+    )
+    min_tool_examples: int = Field(
+        5,
+        ge=1,
+        description="a tool is checked when both rows have this many of its "
+        "examples (fewer is noise: one example of 3 is a 0.33 swing)",
+    )
     tool_metrics: dict[str, Literal["exact_match", "text_f1", "arg_f1"]] = Field(
         default_factory=lambda: {"search_products": "text_f1"},
         description="the metric the per-tool regression check compares for a tool (every tool not named: "
         "exact_match); text_f1 (token F1 of string arguments) for free-text arguments such as a search query, "
-        "exact_match where ids must be exact (orders)")
+        "exact_match where ids must be exact (orders)",
+    )
     baseline: Literal["base_few_shot", "none"] = Field(
-        "base_few_shot", description="with no champion yet, beat this evaluation row; `none` promotes the first "
-        "candidate unchecked (plumbing smoke tests with an untrained model only)")
+        "base_few_shot",
+        description="with no champion yet, beat this evaluation row; `none` promotes the first "
+        "candidate unchecked (plumbing smoke tests with an untrained model only)",
+    )
 
 
 class GatewaySettings(_Section):
@@ -143,55 +208,100 @@ class GatewaySettings(_Section):
 
     host: str = LOOPBACK
     port: int = Field(8400, ge=1, le=65535)
-    api_key: SecretStr | None = Field(None, description="the bearer key callers send; default: one generated "
-                                      "once per local root into <root>/runs/gateway.key (0600)")
-    replica: str | None = Field(None, pattern=r"^[A-Za-z0-9._-]{1,63}$", description="this gateway process's name "
-                                "in the usage files (gateway/usage/<day>/<replica>.json); default: the host's name")
+    api_key: SecretStr | None = Field(
+        None,
+        description="the bearer key callers send; default: one generated "
+        "once per local root into <root>/runs/gateway.key (0600)",
+    )
+    replica: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z0-9._-]{1,63}$",
+        description="this gateway process's name "
+        "in the usage files (gateway/usage/<day>/<replica>.json); default: the host's name",
+    )
     max_request_bytes: int = Field(1_000_000, ge=1024, description="larger request bodies are refused (413)")
     request_timeout_s: float = Field(120, gt=0, description="how long one request may wait for the model")
-    max_concurrent_requests: int = Field(8, ge=1, description="completions in flight at once; more are refused at "
-                                         "once with 429 and Retry-After (never queued until they time out)")
-    backend_slots: int | None = Field(None, ge=0, le=1024, description="completions sent to the model servers at "
-                                      "once while two or more projects send (a project alone is never held back); "
-                                      "more wait in one queue per project and a freed slot goes to the waiting "
-                                      "project with the fewest at the model (pipelines/gateway/fair.py). Unset: "
-                                      "triton.instances on CPU (a batch there answers no more per second than one "
-                                      "request: README, Projects), instances x max_batch_size on GPU. 0: no queue "
-                                      "(Triton's first come, first served)")
-    queue_timeout_s: float = Field(60, gt=0, description="how long a request may wait for its turn at the model; "
-                                   "then a 429 with Retry-After")
-    fair_window_s: float = Field(10, gt=0, description="a project counts as sending for this long after its "
-                                 "latest request was sent or answered; the turns at the model apply while two or more do")
-    turns_exchange_s: float = Field(5, ge=0, le=60, description="how often each gateway replica tells the others "
-                                    "which projects send to it and its demand, and reads theirs "
-                                    "(pipelines/gateway/peers.py: the turns hold across replicas). 0: each "
-                                    "replica keeps its turns alone; else at least 0.1")
+    max_concurrent_requests: int = Field(
+        8,
+        ge=1,
+        description="completions in flight at once; more are refused at "
+        "once with 429 and Retry-After (never queued until they time out)",
+    )
+    backend_slots: int | None = Field(
+        None,
+        ge=0,
+        le=1024,
+        description="completions sent to the model servers at "
+        "once while two or more projects send (a project alone is never held back); "
+        "more wait in one queue per project and a freed slot goes to the waiting "
+        "project with the fewest at the model (pipelines/admission/fair.py). Unset: "
+        "triton.instances on CPU (a batch there answers no more per second than one "
+        "request: README, Projects), instances x max_batch_size on GPU. 0: no queue "
+        "(Triton's first come, first served)",
+    )
+    queue_timeout_s: float = Field(
+        60, gt=0, description="how long a request may wait for its turn at the model; then a 429 with Retry-After"
+    )
+    fair_window_s: float = Field(
+        10,
+        gt=0,
+        description="a project counts as sending for this long after its "
+        "latest request was sent or answered; the turns at the model apply while two or more do",
+    )
+    turns_exchange_s: float = Field(
+        5,
+        ge=0,
+        le=60,
+        description="how often each gateway replica tells the others "
+        "which projects send to it and its demand, and reads theirs "
+        "(pipelines/admission/peers.py: the turns hold across replicas). 0: each "
+        "replica keeps its turns alone; else at least 0.1",
+    )
     few_shot: int = Field(3, ge=0, le=8, description="retrieved examples in the `base` model's prompt")
     capture: bool = Field(True, description="write every served turn into the raw zone as one log record")
     capture_rotate_bytes: int = Field(16_000_000, ge=1024, description="start a new capture file past this size")
-    retention_days: int = Field(30, ge=1, description="days the gateway keeps its unusable answers and live "
-                                "comparisons (redacted at rest); older day partitions are deleted at its start")
-    country: str = Field("US", pattern=r"^[A-Z]{2}$", description="a captured turn's country when the request "
-                         "names none (metadata.country)")
+    retention_days: int = Field(
+        30,
+        ge=1,
+        description="days the gateway keeps its unusable answers and live "
+        "comparisons (redacted at rest); older day partitions are deleted at its start",
+    )
+    country: str = Field(
+        "US",
+        pattern=r"^[A-Z]{2}$",
+        description="a captured turn's country when the request names none (metadata.country)",
+    )
     currency: str = Field("USD", pattern=r"^[A-Z]{3}$")
     channel: Literal["web", "mobile_app", "chat_widget", "voice", "api"] = "api"
-    teacher_url: str | None = Field(None, description="shadow/canary reference: an OpenAI-compatible base URL "
-                                    "(the large model serving the agent today); needed for shadow and canary")
-    base_as_teacher: bool = Field(False, description="without teacher_url, compare with this gateway's own `base` "
-                                  "route (plumbing tests only: the model a candidate was trained to beat is no teacher)")
+    teacher_url: str | None = Field(
+        None,
+        description="shadow/canary reference: an OpenAI-compatible base URL "
+        "(the large model serving the agent today); needed for shadow and canary",
+    )
+    base_as_teacher: bool = Field(
+        False,
+        description="without teacher_url, compare with this gateway's own `base` "
+        "route (plumbing tests only: the model a candidate was trained to beat is no teacher)",
+    )
     teacher_model: str = Field("base", description="the model name sent to the teacher")
     teacher_api_key: SecretStr | None = None
     canary_share: float = Field(0.2, gt=0, lt=1, description="share of a canary route's requests sent to the candidate")
     agreement_metric: Literal["name", "exact", "arg_f1"] = Field(
-        "name", description="what the live gate compares with the teacher: the tool (name), the whole call (exact: "
+        "name",
+        description="what the live gate compares with the teacher: the tool (name), the whole call (exact: "
         "name and arguments) or the arguments' F1 over (key, value) pairs; every comparison records all three. "
         "Whole calls need `min_agreement` set from the candidate's offline exact match (a tuned model at 0.79 "
-        "exact match never passes 0.8)")
+        "exact match never passes 0.8)",
+    )
     min_agreement: float = Field(0.8, ge=0, le=1, description="live agreement with the teacher a candidate needs")
     gate_requests: int = Field(50, ge=1, description="compared requests before the live gate moves a route")
     canary_max_error_share: float = Field(0.05, ge=0, le=1)
-    shadow_queue: int = Field(16, ge=1, description="off-path comparisons waiting at most; more are skipped "
-                              "(counted), so a slow candidate never slows the caller")
+    shadow_queue: int = Field(
+        16,
+        ge=1,
+        description="off-path comparisons waiting at most; more are skipped "
+        "(counted), so a slow candidate never slows the caller",
+    )
 
     @field_validator("turns_exchange_s")
     @classmethod

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -11,9 +11,9 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from pipelines.clients import airflow
 from pipelines.config import Settings
 from pipelines.security import redact_uri
+from pipelines.stack import airflow as airflow_server
 from pipelines.storage import read_json, write_json
 
 
@@ -24,7 +24,9 @@ class DemoFailed(RuntimeError):
 def _latest_evaluation(settings: Settings) -> dict | None:
     """The newest evaluation with every condition (a round the gate asked for, on more requests, re-runs only
     the two it compares: its sample size is shown from the report's `sampling` record instead)."""
-    reports = sorted(Path(settings.zone("reports"), "evaluation").glob("*/report.json"), key=lambda p: p.stat().st_mtime)
+    reports = sorted(
+        Path(settings.zone("reports"), "evaluation").glob("*/report.json"), key=lambda p: p.stat().st_mtime
+    )
     whole = [r for r in (read_json(str(p)) for p in reports) if not (r.get("settings") or {}).get("only")]
     return whole[-1] if whole else None
 
@@ -35,7 +37,7 @@ def _dags_test(settings: Settings, dag_id: str, conf: dict, extra_env: dict[str,
     from pipelines.projects import airflow_access
 
     airflow_access.prepare(settings)  # airflow.multi_team: the bundles and teams first
-    return airflow.dags_test(settings, dag_id, conf, extra_env=extra_env)
+    return airflow_server.dags_test(settings, dag_id, conf, extra_env=extra_env)
 
 
 def _require_a_champion(settings: Settings) -> None:
@@ -71,17 +73,26 @@ def _heading(console: Console, text: str) -> None:
 
 def run_demo(settings: Settings, *, records_per_day: int, days: int, seed: int, console: Console) -> dict[str, str]:
     started = time.perf_counter()
-    end = (datetime.now(timezone.utc) - timedelta(days=1)).date()
+    end = (datetime.now(UTC) - timedelta(days=1)).date()
     root = Path(str(settings.root))
-    conf = {"end_date": end.isoformat(), "window_days": days, "records_per_day": records_per_day,
-            "source": "synthetic", "seed": seed}
+    conf = {
+        "end_date": end.isoformat(),
+        "window_days": days,
+        "records_per_day": records_per_day,
+        "source": "synthetic",
+        "seed": seed,
+    }
 
     _heading(console, f"commerce_flywheel DAG: {days} days of traffic ending {end} ({records_per_day}/day)")
-    console.print("ingest -> Spark prep -> Great Expectations gates -> Feast features -> LoRA sweep on "
-                  "SmolLM2-135M -> evaluation -> MLflow registry -> promotion gate -> Triton deploy -> smoke test "
-                  "-> benchmark (airflow dags test) ...")
-    with console.status("running the DAG (about 17 minutes on 2 cores: most of it LoRA training, "
-                        "evaluation and the serving benchmark on the CPU) ..."):
+    console.print(
+        "ingest -> Spark prep -> Great Expectations gates -> Feast features -> LoRA sweep on "
+        "SmolLM2-135M -> evaluation -> MLflow registry -> promotion gate -> Triton deploy -> smoke test "
+        "-> benchmark (airflow dags test) ..."
+    )
+    with console.status(
+        "running the DAG (about 17 minutes on 2 cores: most of it LoRA training, "
+        "evaluation and the serving benchmark on the CPU) ..."
+    ):
         result = _dags_test(settings, "commerce_flywheel", conf)
     log = root / "logs" / "demo-dags-test.log"
     log.parent.mkdir(parents=True, exist_ok=True)
@@ -91,26 +102,38 @@ def run_demo(settings: Settings, *, records_per_day: int, days: int, seed: int, 
 
     manifest = read_json(f"{settings.zone('curated')}/manifest.json")
     counts = manifest["counts"]
-    console.print(f"records in: {counts['input']:,}  ->  examples: {counts['clean']:,}, quarantined: "
-                  f"{counts['quarantined']:,}, duplicates: {counts['duplicates']:,}, held (labels that do not train): "
-                  f"{counts.get('held', 0):,} (reconciled: {counts['reconciled']})")
+    console.print(
+        f"records in: {counts['input']:,}  ->  examples: {counts['clean']:,}, quarantined: "
+        f"{counts['quarantined']:,}, duplicates: {counts['duplicates']:,}, held (labels that do not train): "
+        f"{counts.get('held', 0):,} (reconciled: {counts['reconciled']})"
+    )
     console.print(f"quarantine reasons: {manifest['quarantine_reasons']}")
     console.print(f"PII redacted: {manifest['redactions']}")
-    console.print(f"splits: {manifest['examples_by_split']}; with customer context: "
-                  f"{manifest['training_set']['with_customer_context']:,}")
+    console.print(
+        f"splits: {manifest['examples_by_split']}; with customer context: "
+        f"{manifest['training_set']['with_customer_context']:,}"
+    )
 
     evaluation = _latest_evaluation(settings)
     if evaluation:
-        table = Table(title=f"tool-calling evaluation on {evaluation['examples']} test requests "
-                            "(grammar: decoded under the offered tools' schemas)")
+        table = Table(
+            title=f"tool-calling evaluation on {evaluation['examples']} test requests "
+            "(grammar: decoded under the offered tools' schemas)"
+        )
         for column in ("condition", "decoding", "exact", "name acc.", "arg F1", "text F1", "prompt tok.", "p50 ms"):
             table.add_column(column)
         for c in evaluation["conditions"]:
             s = c["summary"]
-            table.add_row(c["condition"].removesuffix("_constrained"), "grammar" if c.get("constrained") else "free",
-                          f"{s['exact_match']:.3f}", f"{s['name_accuracy']:.3f}", f"{s['arg_f1'] or 0:.3f}",
-                          "n/a" if s.get("text_f1") is None else f"{s['text_f1']:.3f}",
-                          f"{c['stats']['prompt_tokens_mean']:.0f}", f"{c['stats']['latency_ms_p50']:.0f}")
+            table.add_row(
+                c["condition"].removesuffix("_constrained"),
+                "grammar" if c.get("constrained") else "free",
+                f"{s['exact_match']:.3f}",
+                f"{s['name_accuracy']:.3f}",
+                f"{s['arg_f1'] or 0:.3f}",
+                "n/a" if s.get("text_f1") is None else f"{s['text_f1']:.3f}",
+                f"{c['stats']['prompt_tokens_mean']:.0f}",
+                f"{c['stats']['latency_ms_p50']:.0f}",
+            )
         console.print(table)
     _require_a_champion(settings)
 
@@ -120,19 +143,28 @@ def run_demo(settings: Settings, *, records_per_day: int, days: int, seed: int, 
     live = live_model(settings)
     if bench and (live is None or bench.get("live") != live.name):  # an older run's figures are not this run's
         why = "bench.after_deploy is off" if not settings.bench.after_deploy else "the last one measured another model"
-        console.print(f"no serving benchmark of {live.name if live else 'a live model'} ({why}): `flywheel bench` "
-                      f"runs it", soft_wrap=True)
+        console.print(
+            f"no serving benchmark of {live.name if live else 'a live model'} ({why}): `flywheel bench` runs it",
+            soft_wrap=True,
+        )
         bench = None
     if bench:
         from pipelines.bench.serving import TABLE_COLUMNS, table_rows
 
-        table = Table(title=f"served by Triton ({bench['hardware']['name']}): {bench['live']} vs {bench['baseline']}",
-                      box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, padding=0)
+        table = Table(
+            title=f"served by Triton ({bench['hardware']['name']}): {bench['live']} vs {bench['baseline']}",
+            box=box.SIMPLE_HEAD,
+            pad_edge=False,
+            show_edge=False,
+            padding=0,
+        )
         # the columns a terminal has room for, whole milliseconds (the HTML report has them all)
         keep = [i for i, c in enumerate(TABLE_COLUMNS) if c not in ("requests", "p95 ms", "p99 ms", "$/M req")]
         rows = []
         for row in table_rows(bench):
-            row[0] = row[0].split(" (")[0].replace(" in-process", " in-proc.")  # "tuned v1 (names prompt)" -> "tuned v1"
+            row[0] = (
+                row[0].split(" (")[0].replace(" in-process", " in-proc.")
+            )  # "tuned v1 (names prompt)" -> "tuned v1"
             cells = {TABLE_COLUMNS[i]: row[i] for i in keep}
             for column in ("TTFT ms", "ITL ms", "p50 ms", "prompt tokens"):
                 if cells[column] != "n/a":
@@ -147,9 +179,11 @@ def run_demo(settings: Settings, *, records_per_day: int, days: int, seed: int, 
         if change:
             from pipelines.bench.report import change_line
 
-            console.print(f"tuned vs base + few-shot ({'grammar' if bench.get('constrained') else 'free'} decoding, "
-                          f"as served): latency p50 {change_line(change)}, prompt tokens "
-                          f"{change['prompt_tokens_change']:+.0%}, throughput {change['throughput_change']:+.0%}")
+            console.print(
+                f"tuned vs base + few-shot ({'grammar' if bench.get('constrained') else 'free'} decoding, "
+                f"as served): latency p50 {change_line(change)}, prompt tokens "
+                f"{change['prompt_tokens_change']:+.0%}, throughput {change['throughput_change']:+.0%}"
+            )
 
     gateway_url = _ask_the_gateway(settings, end, seed, console) if live is not None else None
 
@@ -159,8 +193,8 @@ def run_demo(settings: Settings, *, records_per_day: int, days: int, seed: int, 
         "manifest (lineage)": f"{settings.zone('curated')}/manifest.json",
         "quarantine table": f"{settings.zone('quarantine')}/records",
         "Data Docs": f"{settings.zone('reports')}/quality/gx/uncommitted/data_docs/local_site/index.html",
-        "Feast registry / online store":
-            f"{redact_uri(settings.feast.registry)} / {redact_uri(settings.feast.online_store)}",
+        "Feast registry / online store": f"{redact_uri(settings.feast.registry)} / "
+        f"{redact_uri(settings.feast.online_store)}",
         "DAG log": str(log),
         "MLflow runs and registry": f"{redact_uri(settings.mlflow.tracking_uri)} (UI: flywheel up)",
     }
@@ -168,18 +202,24 @@ def run_demo(settings: Settings, *, records_per_day: int, days: int, seed: int, 
         outputs["evaluation report"] = evaluation["html_uri"]
     if bench:
         outputs["serving benchmark report"] = bench["html_uri"]
-        outputs["Triton (champion live)"] = f"http://{settings.triton.host}:{settings.triton.http_port} "\
-                                            f"(`flywheel serve status`; stop: `flywheel serve down`)"
+        outputs["Triton (champion live)"] = (
+            f"http://{settings.triton.host}:{settings.triton.http_port} "
+            f"(`flywheel serve status`; stop: `flywheel serve down`)"
+        )
     if gateway_url:
-        outputs["OpenAI-compatible gateway"] = f"{gateway_url} (`flywheel gateway status`; stop: `flywheel gateway down`)"
+        outputs["OpenAI-compatible gateway"] = (
+            f"{gateway_url} (`flywheel gateway status`; stop: `flywheel gateway down`)"
+        )
     table = Table(title=f"demo finished in {time.perf_counter() - started:.0f} s")
     table.add_column("output")
     table.add_column("where")
     for name, where in outputs.items():
         table.add_row(name, where)
     console.print(table)
-    console.print("Next: `flywheel up` for the Airflow (http://127.0.0.1:8080) and MLflow (http://127.0.0.1:5000) "
-                  "UIs; `flywheel registry list`; `flywheel features context <customer_id>` for the online context.")
+    console.print(
+        "Next: `flywheel up` for the Airflow (http://127.0.0.1:8080) and MLflow (http://127.0.0.1:5000) "
+        "UIs; `flywheel registry list`; `flywheel features context <customer_id>` for the online context."
+    )
     return outputs
 
 
@@ -189,29 +229,46 @@ def _ask_the_gateway(settings: Settings, day: Any, seed: int, console: Console) 
     import orjson
     from openai import OpenAI
 
-    from pipelines.logs.generator import GeneratorConfig, TrafficGenerator
     from pipelines.gateway import app as gateway
+    from pipelines.simulate.generator import GeneratorConfig, TrafficGenerator
 
     _heading(console, "the agent's front door: the OpenAI API")
     gateway.up(settings)
     url, key_file = gateway.base_url(settings), gateway.api_key_file(settings)
-    record = orjson.loads(next(TrafficGenerator(GeneratorConfig(seed=seed + 7, records=1, bad_share=0.0,
-                                                                end_date=day)).lines())[1])
-    client = OpenAI(base_url=url, api_key=gateway.api_key(settings), timeout=settings.gateway.request_timeout_s,
-                    max_retries=1)
-    answer = client.chat.completions.create(model="champion", messages=record["request"]["messages"],
-                                            tools=record["request"]["tools"], user=record["customer_id"])
+    record = orjson.loads(
+        next(TrafficGenerator(GeneratorConfig(seed=seed + 7, records=1, bad_share=0.0, end_date=day)).lines())[1]
+    )
+    client = OpenAI(
+        base_url=url, api_key=gateway.api_key(settings), timeout=settings.gateway.request_timeout_s, max_retries=1
+    )
+    answer = client.chat.completions.create(
+        model="champion",
+        messages=record["request"]["messages"],
+        tools=record["request"]["tools"],
+        user=record["customer_id"],
+    )
     message = answer.choices[0].message
-    said = (f"{message.tool_calls[0].function.name}({message.tool_calls[0].function.arguments})"
-            if message.tool_calls else f"no tool: {message.content!r}")
+    said = (
+        f"{message.tool_calls[0].function.name}({message.tool_calls[0].function.arguments})"
+        if message.tool_calls
+        else f"no tool: {message.content!r}"
+    )
     console.print(f"request: {record['request']['messages'][-1]['content']!r}")
-    console.print(f"champion answered: {said} ({answer.usage.prompt_tokens} prompt tokens; captured into the raw "
-                  f"zone as tomorrow's training data)")
-    console.print(f"curl {url}/chat/completions -H \"Authorization: Bearer $(cat {key_file})\" "
-                  f"-H 'Content-Type: application/json' -d '{{\"model\": \"champion\", \"messages\": [{{\"role\": "
-                  f"\"user\", \"content\": \"track order ORD-123456\"}}], \"tools\": [...]}}'", soft_wrap=True)
-    console.print(f"python: OpenAI(base_url=\"{url}\", api_key=open(\"{key_file}\").read().strip())"
-                  f".chat.completions.create(model=\"champion\", messages=..., tools=...)", soft_wrap=True)
+    console.print(
+        f"champion answered: {said} ({answer.usage.prompt_tokens} prompt tokens; captured into the raw "
+        f"zone as tomorrow's training data)"
+    )
+    console.print(
+        f'curl {url}/chat/completions -H "Authorization: Bearer $(cat {key_file})" '
+        f'-H \'Content-Type: application/json\' -d \'{{"model": "champion", "messages": [{{"role": '
+        f'"user", "content": "track order ORD-123456"}}], "tools": [...]}}\'',
+        soft_wrap=True,
+    )
+    console.print(
+        f'python: OpenAI(base_url="{url}", api_key=open("{key_file}").read().strip())'
+        f'.chat.completions.create(model="champion", messages=..., tools=...)',
+        soft_wrap=True,
+    )
     return url
 
 
@@ -221,9 +278,9 @@ def run_drift_demo(settings: Settings, *, records: int, seed: int, console: Cons
     champion's training data -> nothing fires. The monitor and the retrain run as their DAGs
     (`airflow dags test`); the retrain gets exactly the parameters the asset event would give it."""
     from pipelines.drift.monitor import latest_day, reference_window
-    from pipelines.logs.generator import Drift, GeneratorConfig, write_raw_logs
     from pipelines.registry.models import CHAMPION, alias_version
     from pipelines.serve.deploy import live_model
+    from pipelines.simulate.generator import Drift, GeneratorConfig, write_raw_logs
     from pipelines.tasks import run_params
 
     started = time.perf_counter()
@@ -242,18 +299,26 @@ def run_drift_demo(settings: Settings, *, records: int, seed: int, console: Cons
         runs = 0
     kinds = (Drift.HOLIDAY, Drift.LOCALE, Drift.TOOL_MIX, Drift.NEW_CATEGORY)
     kind, previous_kind = kinds[runs % len(kinds)], (kinds[(runs - 1) % len(kinds)] if runs else Drift.NONE)
-    _heading(console, f"drift: {kind} traffic on {day} against champion v{before} "
-                 f"(trained on {reference.start}..{reference.end})")
-    write_raw_logs(GeneratorConfig(seed=seed + runs, records=records, end_date=day, bad_share=0.03, drift=kind,
-                                   drift_magnitude=0.8), raw)
+    _heading(
+        console,
+        f"drift: {kind} traffic on {day} against champion v{before} (trained on {reference.start}..{reference.end})",
+    )
+    write_raw_logs(
+        GeneratorConfig(
+            seed=seed + runs, records=records, end_date=day, bad_share=0.03, drift=kind, drift_magnitude=0.8
+        ),
+        raw,
+    )
     write_json(state_uri, {"runs": runs + 1})
     env = {"FLYWHEEL_DRIFT__COOLDOWN_HOURS": "0"}  # the demo may be re-run; the cooldown is tested on its own
     alert = _monitor(settings, day, env, console)
     if not alert["fire"]:
         raise DemoFailed(f"the monitor did not alert on {kind} traffic: {alert['verdict']}; see {alert['html_uri']}")
     params = run_params({}, [alert["alert"]])
-    console.print(f"alert: {alert['reason']}\nretraining on {day} plus {settings.drift.retrain_reference_share:.0%} "
-                  f"from the champion's window (commerce_flywheel, as the asset event starts it) ...")
+    console.print(
+        f"alert: {alert['reason']}\nretraining on {day} plus {settings.drift.retrain_reference_share:.0%} "
+        f"from the champion's window (commerce_flywheel, as the asset event starts it) ..."
+    )
     with console.status("commerce_flywheel: prep, gates, features, drift sweep, evaluation, gate, deploy, bench ..."):
         result = _dags_test(settings, "commerce_flywheel", params)
     log = Path(str(settings.root)) / "logs" / "demo-drift-retrain.log"
@@ -268,20 +333,33 @@ def run_drift_demo(settings: Settings, *, records: int, seed: int, console: Cons
 
     # traffic like the (new) champion's training data: nothing should fire
     quiet_day = day + timedelta(days=1)
-    write_raw_logs(GeneratorConfig(seed=seed + runs + 50, records=records, end_date=quiet_day, bad_share=0.03,
-                                   drift=kind if after != before else previous_kind, drift_magnitude=0.8), raw)
+    write_raw_logs(
+        GeneratorConfig(
+            seed=seed + runs + 50,
+            records=records,
+            end_date=quiet_day,
+            bad_share=0.03,
+            drift=kind if after != before else previous_kind,
+            drift_magnitude=0.8,
+        ),
+        raw,
+    )
     quiet = _monitor(settings, quiet_day, env, console)
     if quiet["fire"]:
         raise DemoFailed(f"the monitor alerted on traffic like the champion's training data; see {quiet['html_uri']}")
     table = Table(title=f"drift demo finished in {time.perf_counter() - started:.0f} s")
     table.add_column("step")
     table.add_column("result")
-    for step, outcome in ((f"{kind} day", f"{alert['verdict']}: {alert['reason']}"),
-                          ("drift report", alert["html_uri"]), ("retrain log", str(log)),
-                          ("champion", f"v{before} -> v{after}" if after != before else f"v{before} kept"),
-                          ("gate", decision), ("serving", live.name if live else "-"),
-                          ("next day (like the champion's data)", f"{quiet['verdict']}, no alert"),
-                          ("next day report", quiet["html_uri"])):
+    for step, outcome in (
+        (f"{kind} day", f"{alert['verdict']}: {alert['reason']}"),
+        ("drift report", alert["html_uri"]),
+        ("retrain log", str(log)),
+        ("champion", f"v{before} -> v{after}" if after != before else f"v{before} kept"),
+        ("gate", decision),
+        ("serving", live.name if live else "-"),
+        ("next day (like the champion's data)", f"{quiet['verdict']}, no alert"),
+        ("next day report", quiet["html_uri"]),
+    ):
         table.add_row(step, str(outcome))
     console.print(table)
     return {"alert": alert, "champion_before": before, "champion_after": after, "quiet": quiet["verdict"]}
@@ -297,8 +375,10 @@ def _monitor(settings: Settings, day, env: dict[str, str], console: Console) -> 
         log.write_text(result.stdout + result.stderr)
         raise DemoFailed(f"the drift_monitor run failed; see {log}")
     latest = read_json(f"{settings.zone('reports')}/drift/latest.json")
-    console.print(f"drift_monitor {day}: {latest['verdict']}, alert {'emitted' if latest['fire'] else 'not emitted'}"
-                  f" ({latest['html_uri']})")
+    console.print(
+        f"drift_monitor {day}: {latest['verdict']}, alert {'emitted' if latest['fire'] else 'not emitted'}"
+        f" ({latest['html_uri']})"
+    )
     return {**latest, "alert": alert_of(latest, settings)}
 
 

@@ -35,5 +35,6 @@ def embedder() -> SentenceTransformer:
 
 def embed(texts: list[str], batch_size: int = 64) -> np.ndarray:
     """Unit-normalised embeddings, so a dot product is the cosine similarity."""
-    return embedder().encode(texts, batch_size=batch_size, normalize_embeddings=True, convert_to_numpy=True,
-                             show_progress_bar=False)
+    return embedder().encode(
+        texts, batch_size=batch_size, normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False
+    )

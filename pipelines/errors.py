@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import sys
 import traceback
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from pipelines.security import mask_uri_passwords
@@ -46,7 +46,7 @@ def keep_traceback(exc: BaseException, folder: Path) -> str:
         folder.mkdir(parents=True, exist_ok=True)
         path = folder / "cli-errors.log"
         with path.open("a", encoding="utf-8") as fh:
-            fh.write(f"--- {datetime.now(timezone.utc).isoformat()} flywheel {' '.join(sys.argv[1:])}\n")
+            fh.write(f"--- {datetime.now(UTC).isoformat()} flywheel {' '.join(sys.argv[1:])}\n")
             fh.write(mask_uri_passwords("".join(traceback.format_exception(exc))))
         return str(path)
     except OSError:

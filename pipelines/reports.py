@@ -49,6 +49,7 @@ def table_html(rows: list[dict[str, Any]]) -> str:
         return "<p>(none)</p>"
     columns = list(rows[0])
     head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
+
     def td(value: Any) -> str:  # numbers (and "n/a", "+4.5%") right-aligned, text left
         number = isinstance(value, numbers.Number) and not isinstance(value, bool)
         text = _text(value)
@@ -63,7 +64,9 @@ def page(title: str, sections: list[tuple[str, str]], subtitle: str = "") -> str
     """`sections`: (heading, HTML body) pairs."""
     parts = "".join(f"<h2>{html.escape(h)}</h2>{body}" for h, body in sections)
     return f"""<!doctype html><html><head><meta charset="utf-8"><title>{html.escape(title)}</title>
-<style>body{{font-family:system-ui,sans-serif;margin:2em;max-width:1100px}}table{{border-collapse:collapse;margin:1em 0}}
-td,th{{border:1px solid #ccc;padding:4px 8px;text-align:right}}th{{background:#f3f3f3}}td:first-child,td.t{{text-align:left}}
+<style>body{{font-family:system-ui,sans-serif;margin:2em;max-width:1100px}}
+table{{border-collapse:collapse;margin:1em 0}}
+td,th{{border:1px solid #ccc;padding:4px 8px;text-align:right}}th{{background:#f3f3f3}}
+td:first-child,td.t{{text-align:left}}
 img{{max-width:100%}}.wide{{overflow-x:auto}}code{{background:#f6f6f6}}</style></head><body><h1>{html.escape(title)}</h1>
 <p>{html.escape(subtitle)}</p>{parts}</body></html>"""

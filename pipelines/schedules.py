@@ -43,12 +43,16 @@ def wait_parsed(rest: AirflowRest, dags: tuple[str, ...], timeout_s: float) -> N
         if not missing:
             return
         if time.monotonic() > deadline:
-            raise AirflowUnavailable(f"Airflow has not parsed {', '.join(missing)} after {timeout_s:.0f} s: see "
-                                     "its log (`flywheel status` names it) for an import error")
+            raise AirflowUnavailable(
+                f"Airflow has not parsed {', '.join(missing)} after {timeout_s:.0f} s: see "
+                "its log (`flywheel status` names it) for an import error"
+            )
         time.sleep(2)
 
 
-def set_paused(settings: Settings, paused: bool, dag: str | None = None, timeout_s: float = 120) -> list[dict[str, Any]]:
+def set_paused(
+    settings: Settings, paused: bool, dag: str | None = None, timeout_s: float = 120
+) -> list[dict[str, Any]]:
     """Pause or resume the platform's DAGs (or one), waiting until Airflow has parsed them."""
     from tenacity import retry, retry_if_exception, stop_after_delay, wait_fixed
 
@@ -57,8 +61,12 @@ def set_paused(settings: Settings, paused: bool, dag: str | None = None, timeout
     wait_parsed(rest, dags, timeout_s)
     # a busy SQLite metadata store answers a write with a 500 now and then (its audit-log insert is locked out
     # while the scheduler writes): a few tries, each bounded by the client's own timeout
-    patch = retry(retry=retry_if_exception(lambda exc: "HTTP 5" in str(exc)), stop=stop_after_delay(60),
-                  wait=wait_fixed(3), reraise=True)(rest.set_paused)
+    patch = retry(
+        retry=retry_if_exception(lambda exc: "HTTP 5" in str(exc)),
+        stop=stop_after_delay(60),
+        wait=wait_fixed(3),
+        reraise=True,
+    )(rest.set_paused)
     for name in dags:
         if bool((rest.dag(name) or {}).get("is_paused")) != paused:  # only a change is written
             patch(name, paused)
@@ -76,23 +84,31 @@ def describe(settings: Settings, dag: str | None = None, rest: AirflowRest | Non
             continue
         runs = rest.dag_runs(name, limit=1)
         last = runs[0] if runs else None
-        rows.append({
-            "dag": name,
-            "state": "paused" if info.get("is_paused") else "active",
-            "schedule": info.get("timetable_description") or info.get("timetable_summary"),
-            "next_run": None if info.get("is_paused") else (info.get("next_dagrun_run_after")
-                                                           or info.get("next_dagrun_logical_date")),
-            "last_run": None if last is None else {
-                "run_id": last.get("dag_run_id"), "state": last.get("state"),
-                "trigger": TRIGGERS.get(str(last.get("run_type")), str(last.get("run_type"))),
-                "started": last.get("start_date"), "ended": last.get("end_date")},
-        })
+        rows.append(
+            {
+                "dag": name,
+                "state": "paused" if info.get("is_paused") else "active",
+                "schedule": info.get("timetable_description") or info.get("timetable_summary"),
+                "next_run": None
+                if info.get("is_paused")
+                else (info.get("next_dagrun_run_after") or info.get("next_dagrun_logical_date")),
+                "last_run": None
+                if last is None
+                else {
+                    "run_id": last.get("dag_run_id"),
+                    "state": last.get("state"),
+                    "trigger": TRIGGERS.get(str(last.get("run_type")), str(last.get("run_type"))),
+                    "started": last.get("start_date"),
+                    "ended": last.get("end_date"),
+                },
+            }
+        )
     return rows
 
 
 def one_line(row: dict[str, Any]) -> str:
     """`drift_monitor: active, every hour; next 2026-11-26T08:00:00Z; last success (clock) ...`"""
     last = row.get("last_run")
-    tail = (f"last {last['state']} ({last['trigger']}, started {last['started'] or '-'})" if last else "no run yet")
+    tail = f"last {last['state']} ({last['trigger']}, started {last['started'] or '-'})" if last else "no run yet"
     nxt = f"next {row['next_run']}" if row.get("next_run") else "no next run"
     return f"{row['dag']}: {row['state']}, {row.get('schedule') or 'no schedule'}; {nxt}; {tail}"

@@ -127,10 +127,19 @@ def scan_platform(settings, generated_elsewhere: Iterable[str] = ()) -> list[Fin
     from pipelines.clients.mlflow import client
 
     root = Path(str(settings.root))
-    generated = [*sorted((root / "runs").glob("*.password")), *sorted((root / "runs" / "users").glob("*.password")),
-                 root / "runs" / "gateway.key"]  # 0600 files, per root: ours and each project member's
-    secrets = sorted({*configured_secrets(settings), *(p.read_text().strip() for p in generated if p.is_file()),
-                      *generated_elsewhere} - {""})
+    generated = [
+        *sorted((root / "runs").glob("*.password")),
+        *sorted((root / "runs" / "users").glob("*.password")),
+        root / "runs" / "gateway.key",
+    ]  # 0600 files, per root: ours and each project member's
+    secrets = sorted(
+        {
+            *configured_secrets(settings),
+            *(p.read_text().strip() for p in generated if p.is_file()),
+            *generated_elsewhere,
+        }
+        - {""}
+    )
     findings = scan_files([root / "logs", root / "airflow" / "logs", root / "reports"], secrets)
     mlflow_client = client(settings)
     experiments = [e.experiment_id for e in mlflow_client.search_experiments()]

@@ -165,8 +165,10 @@ def start(root: str, spec: ServiceSpec, *, host: str, port: int, timeout_s: floa
         with FileLock(str(run_dir(root) / f"{spec.name}.lock"), timeout=wait_s):
             return _start_locked(root, spec, host=host, port=port, timeout_s=timeout_s)
     except Timeout:
-        raise ServiceError(f"{spec.name}: another `flywheel up` held its start lock for over {wait_s:.0f} s; "
-                           f"see {log_path(root, spec.name)}") from None
+        raise ServiceError(
+            f"{spec.name}: another `flywheel up` held its start lock for over {wait_s:.0f} s; "
+            f"see {log_path(root, spec.name)}"
+        ) from None
 
 
 def _start_locked(root: str, spec: ServiceSpec, *, host: str, port: int, timeout_s: float) -> ServiceStatus:
@@ -182,16 +184,22 @@ def _start_locked(root: str, spec: ServiceSpec, *, host: str, port: int, timeout
             return status(root, spec.name, spec.health_url, spec.url)
         except _LeaderGone:  # it died while we waited for it (a crash caught mid-exit)
             if read_pid(root, spec.name) is None:  # its whole group is gone too: stopped (`flywheel down`) or exited
-                raise ServiceError(f"{spec.name} exited or was stopped while this start waited for it; see "
-                                   f"{log_path(root, spec.name)}") from None
+                raise ServiceError(
+                    f"{spec.name} exited or was stopped while this start waited for it; see {log_path(root, spec.name)}"
+                ) from None
             _stop_leaderless(root, spec, current.pid)  # a lingering group: start afresh
     if not port_free(host, port):
         raise ServiceError(f"{spec.name}: port {host}:{port} is already in use; set another port in the config")
     log = log_path(root, spec.name)
     with open(log, "ab") as out:
         proc = subprocess.Popen(  # noqa: S603 (our own argv, no shell)
-            spec.command, env=spec.env, cwd=spec.cwd, stdout=out, stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL, start_new_session=True,
+            spec.command,
+            env=spec.env,
+            cwd=spec.cwd,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
         )
     _write_pid(root, spec.name, proc.pid)
     wait_healthy(root, spec, timeout_s, proc)
@@ -213,8 +221,9 @@ def _stop_leaderless(root: str, spec: ServiceSpec, pid: int | None) -> None:
     stop(root, spec.name, grace_s=5.0)
 
 
-def wait_healthy(root: str, spec: ServiceSpec, timeout_s: float, proc: subprocess.Popen | None = None,
-                 leader: int | None = None) -> None:
+def wait_healthy(
+    root: str, spec: ServiceSpec, timeout_s: float, proc: subprocess.Popen | None = None, leader: int | None = None
+) -> None:
     """Until the health URL answers (ServiceError past `timeout_s`); `proc` (ours) exiting is an error at once,
     and `leader` (another start's) dying is `_LeaderGone` at once."""
     deadline = time.monotonic() + timeout_s
@@ -251,8 +260,7 @@ def stop(root: str, name: str, grace_s: float = 30.0) -> bool:
                 _reap(pid)
                 time.sleep(0.1)
             if group_alive(pid):  # e.g. a process stuck in uninterruptible I/O: say so, keep the pid file
-                raise ServiceError(f"{name}: process group {pid} survived SIGKILL for 10 s; see "
-                                   f"{log_path(root, name)}")
+                raise ServiceError(f"{name}: process group {pid} survived SIGKILL for 10 s; see {log_path(root, name)}")
     _reap(pid)
     _pid_file(root, name).unlink(missing_ok=True)
     return True

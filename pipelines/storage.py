@@ -54,7 +54,7 @@ def move(src: str, dst: str) -> None:
         fs.copy(src_path, dst_path)
     else:
         for key in keys:
-            fs.copy(key, dst_path + key[len(src_path.rstrip("/")):])
+            fs.copy(key, dst_path + key[len(src_path.rstrip("/")) :])
     fs.rm(src_path, recursive=True)
 
 
@@ -88,8 +88,10 @@ def locked(uri: str, timeout_s: float, what: str) -> Iterator[None]:
     try:
         lock.acquire()
     except Timeout:
-        raise Busy(f"{what} is held by another run (lock {lock.lock_file}) for over {timeout_s:g} s; "
-                   "retry when it has finished") from None
+        raise Busy(
+            f"{what} is held by another run (lock {lock.lock_file}) for over {timeout_s:g} s; "
+            "retry when it has finished"
+        ) from None
     try:
         yield
     finally:

@@ -6,7 +6,7 @@ replaces exactly that window's outputs), so a retry or a re-run of a date is saf
 
 from __future__ import annotations
 
-from datetime import date, datetime, timedelta, timezone
+from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
 from pipelines.config import Settings, get_settings
@@ -23,9 +23,16 @@ def run_params(params: dict[str, Any], drift_events: list[dict[str, Any]]) -> di
     if not drift_events:
         return dict(params)
     latest = max(drift_events, key=lambda e: e.get("checked_at", ""))
-    return {**params, "source": "landed", "end_date": latest["end_date"], "window_days": latest["window_days"],
-            "reason": latest["reason"], "reference_days": latest.get("reference_days") or [], "train": True,
-            "drift_alerts": len(drift_events)}
+    return {
+        **params,
+        "source": "landed",
+        "end_date": latest["end_date"],
+        "window_days": latest["window_days"],
+        "reason": latest["reason"],
+        "reference_days": latest.get("reference_days") or [],
+        "train": True,
+        "drift_alerts": len(drift_events),
+    }
 
 
 def drift_check(params: dict[str, Any], settings: Settings | None = None) -> dict[str, Any]:
@@ -37,10 +44,20 @@ def drift_check(params: dict[str, Any], settings: Settings | None = None) -> dic
     try:
         result = run_monitor(settings, end)
     except NoChampion as exc:  # nothing served yet: an hourly check that passes and says why (any other gap fails)
-        return {"verdict": "no reference", "fire": False, "reason": str(exc), "window": None, "checked_at": None,
-                "html_uri": None, "suppressed_by_cooldown": False, "alert": None}
-    return {k: result.get(k) for k in ("verdict", "fire", "reason", "window", "checked_at", "html_uri",
-                                       "suppressed_by_cooldown")} | {"alert": alert_of(result, settings)}
+        return {
+            "verdict": "no reference",
+            "fire": False,
+            "reason": str(exc),
+            "window": None,
+            "checked_at": None,
+            "html_uri": None,
+            "suppressed_by_cooldown": False,
+            "alert": None,
+        }
+    return {
+        k: result.get(k)
+        for k in ("verdict", "fire", "reason", "window", "checked_at", "html_uri", "suppressed_by_cooldown")
+    } | {"alert": alert_of(result, settings)}
 
 
 def drift_alert_emitted(checked: dict[str, Any], settings: Settings | None = None) -> dict[str, Any]:
@@ -57,7 +74,7 @@ def resolve_window(params: dict[str, Any], run_after: datetime | None = None) ->
     if end_value:
         end = date.fromisoformat(str(end_value))
     else:
-        end = ((run_after or datetime.now(timezone.utc)) - timedelta(days=1)).date()
+        end = ((run_after or datetime.now(UTC)) - timedelta(days=1)).date()
     window = DateWindow.ending(end, int(params.get("window_days") or 1))
     return {"start": window.start.isoformat(), "end": window.end.isoformat()}
 
@@ -68,8 +85,8 @@ def _window(window: dict[str, str]) -> DateWindow:
 
 def ingest(window: dict[str, str], params: dict[str, Any], settings: Settings | None = None) -> dict[str, Any]:
     """Land the window's raw logs: generate synthetic traffic, or check that the agent's logs landed."""
-    from pipelines.logs.generator import Drift, GeneratorConfig, write_raw_logs
     from pipelines.prep.pipeline import PrepError, raw_files_for
+    from pipelines.simulate.generator import Drift, GeneratorConfig, write_raw_logs
 
     settings = settings or get_settings()
     w = _window(window)
@@ -80,9 +97,13 @@ def ingest(window: dict[str, str], params: dict[str, Any], settings: Settings | 
         days = len(w.days())
         cfg = GeneratorConfig(
             seed=int(params.get("seed") or int(w.end.strftime("%Y%m%d"))),
-            records=int(params.get("records_per_day", 1500)) * days, days=days, end_date=w.end,
-            bad_share=float(params.get("bad_share", 0.05)), drift=Drift(params.get("drift") or "none"),
-            drift_magnitude=float(params.get("drift_magnitude", 0.6)))
+            records=int(params.get("records_per_day", 1500)) * days,
+            days=days,
+            end_date=w.end,
+            bad_share=float(params.get("bad_share", 0.05)),
+            drift=Drift(params.get("drift") or "none"),
+            drift_magnitude=float(params.get("drift_magnitude", 0.6)),
+        )
         summary = write_raw_logs(cfg, _local_path(settings.zone("raw")))
         return {"source": source, "records": summary.records, "files": summary.files, "kinds": summary.kinds}
     files = raw_files_for(settings, w)
@@ -109,9 +130,9 @@ def base_context_window(settings: Settings, params: dict[str, Any] | None = None
     """The context window of the base model the run's sweep trains (the quality gate's prompt ceiling): the
     run's `sweep` param, the drift sweep for a drift retrain, else the configured one; SmolLM2's when the
     sweep file cannot be read (the sweep task then says why)."""
+    from pipelines.base_models import context_window
     from pipelines.config import ConfigError
     from pipelines.toolcall.budget import DEFAULT_CONTEXT_WINDOW
-    from pipelines.train.models import context_window
 
     try:
         return context_window(_run_sweep_config(params or {}, settings).base.base_model)
@@ -119,8 +140,9 @@ def base_context_window(settings: Settings, params: dict[str, Any] | None = None
         return DEFAULT_CONTEXT_WINDOW
 
 
-def validate(window: dict[str, str], settings: Settings | None = None,
-             params: dict[str, Any] | None = None) -> dict[str, Any]:
+def validate(
+    window: dict[str, str], settings: Settings | None = None, params: dict[str, Any] | None = None
+) -> dict[str, Any]:
     from pipelines.quality.gates import run_gates
 
     settings = settings or get_settings()
@@ -140,8 +162,10 @@ def _run_sweep_config(params: dict[str, Any], settings: Settings):
     from pipelines.train.sweep import load_sweep
 
     drift_run = bool(params.get("reference_days"))
-    return load_sweep(params.get("sweep") or (settings.train.drift_sweep if drift_run else None)
-                      or settings.train.sweep, settings.train.backend)
+    return load_sweep(
+        params.get("sweep") or (settings.train.drift_sweep if drift_run else None) or settings.train.sweep,
+        settings.train.backend,
+    )
 
 
 def train_pods(params: dict[str, Any], settings: Settings | None = None) -> list[dict[str, Any]]:
@@ -149,7 +173,7 @@ def train_pods(params: dict[str, Any], settings: Settings | None = None) -> list
     so the DAG's mapped `train_variant` task is skipped). Creates the sweep's parent run first, so
     the pods, running side by side, all log under it."""
     from pipelines.clients.mlflow import use_tracking
-    from pipelines.train.kubernetes import variant_pod
+    from pipelines.cluster.training import variant_pod
     from pipelines.train.sweep import find_or_start_run, sweep_id_for, variants
 
     settings = settings or get_settings()
@@ -158,12 +182,22 @@ def train_pods(params: dict[str, Any], settings: Settings | None = None) -> list
     sweep = _run_sweep_config(params, settings)
     window = _training_window(params, settings)
     sweep_id = sweep_id_for(settings, sweep, params.get("reference_days"), window)
-    find_or_start_run(use_tracking(settings), {"flywheel.sweep_id": sweep_id, "flywheel.kind": "sweep"},
-                       f"sweep {sweep.name}")
+    find_or_start_run(
+        use_tracking(settings), {"flywheel.sweep_id": sweep_id, "flywheel.kind": "sweep"}, f"sweep {sweep.name}"
+    )
     spec = sweep.model_dump(mode="json")
-    return [variant_pod(settings, sweep=spec, sweep_id=sweep_id, index=index, gpus=sweep.gpus_per_variant,
-                        reference_days=params.get("reference_days"), window=window)
-            for index, _ in enumerate(variants(sweep))]
+    return [
+        variant_pod(
+            settings,
+            sweep=spec,
+            sweep_id=sweep_id,
+            index=index,
+            gpus=sweep.gpus_per_variant,
+            reference_days=params.get("reference_days"),
+            window=window,
+        )
+        for index, _ in enumerate(variants(sweep))
+    ]
 
 
 def _training_window(params: dict[str, Any], settings: Settings) -> str | None:
@@ -184,11 +218,18 @@ def train(params: dict[str, Any], settings: Settings | None = None) -> dict[str,
     settings = settings or get_settings()
     drift_run = bool(params.get("reference_days"))
     sweep = _run_sweep_config(params, settings)
-    result = run_sweep(settings, sweep, reference_days=params.get("reference_days"),
-                       window=_training_window(params, settings))
+    result = run_sweep(
+        settings, sweep, reference_days=params.get("reference_days"), window=_training_window(params, settings)
+    )
     best = result.best_variant  # raises NotRetryable when every variant diverged
-    return {"sweep_uri": result.uri, "sweep_id": result.sweep_id, "best_run_id": best.run_id,
-            "adapter_dir": best.adapter_dir, "metrics": best.metrics, "drift_run": drift_run}
+    return {
+        "sweep_uri": result.uri,
+        "sweep_id": result.sweep_id,
+        "best_run_id": best.run_id,
+        "adapter_dir": best.adapter_dir,
+        "metrics": best.metrics,
+        "drift_run": drift_run,
+    }
 
 
 def evaluate(trained: dict[str, Any], settings: Settings | None = None) -> dict[str, Any]:
@@ -215,11 +256,16 @@ def evaluate(trained: dict[str, Any], settings: Settings | None = None) -> dict[
         baselines = False  # nothing compares with them: skipped on request (tests of other behaviour)
     ceiling = settings.evaluation.examples
     n = min(settings.evaluation.first_examples, ceiling)
-    cfg = EvalConfig(base_model=sweep["base_model"], examples=n,
-                     shots=settings.evaluation.shots, baselines=baselines, window=sweep.get("window"),
-                     constrained=decoding_modes(settings.evaluation.constrained, settings.triton.constrained),
-                     grounded_ids=settings.triton.grounded_ids,
-                     max_new_tokens=max_new_tokens)
+    cfg = EvalConfig(
+        base_model=sweep["base_model"],
+        examples=n,
+        shots=settings.evaluation.shots,
+        baselines=baselines,
+        window=sweep.get("window"),
+        constrained=decoding_modes(settings.evaluation.constrained, settings.triton.constrained),
+        grounded_ids=settings.triton.grounded_ids,
+        max_new_tokens=max_new_tokens,
+    )
     report = run_eval(settings, cfg, adapters, sweep["sweep_id"])
     _log_evaluation(settings, trained["best_run_id"], report)
     first = report
@@ -229,16 +275,26 @@ def evaluate(trained: dict[str, Any], settings: Settings | None = None) -> dict[
         n = min(2 * n, ceiling)
         only = ["tuned_candidate", "tuned_champion" if champion is not None else "base_few_shot"]
         served = "on" if settings.triton.constrained else "off"
-        report = run_eval(settings, cfg.model_copy(update={"examples": n, "only": only, "constrained": served}),
-                          adapters, f"{sweep['sweep_id']}-n{n}")
+        report = run_eval(
+            settings,
+            cfg.model_copy(update={"examples": n, "only": only, "constrained": served}),
+            adapters,
+            f"{sweep['sweep_id']}-n{n}",
+        )
         _log_evaluation(settings, trained["best_run_id"], report)
         rounds.append(_sampling_round(settings, report, champion))
     from pipelines.evaluate.pipeline import write_report
 
     report.settings["sample_rounds"] = rounds  # how many requests it took and why (`sampling` is how: stratified)
     write_report(settings, report)
-    return {"json_uri": report.json_uri, "html_uri": report.html_uri, "table": report.table(),
-            "champion_version": champion, "first_report": first.html_uri, "sampling": rounds}
+    return {
+        "json_uri": report.json_uri,
+        "html_uri": report.html_uri,
+        "table": report.table(),
+        "champion_version": champion,
+        "first_report": first.html_uri,
+        "sampling": rounds,
+    }
 
 
 def _sampling_round(settings: Settings, report: Any, champion: str | None) -> dict[str, Any]:
@@ -250,21 +306,29 @@ def _sampling_round(settings: Settings, report: Any, champion: str | None) -> di
     rows, _ = served_rows(settings, evaluation_rows({"json_uri": report.json_uri, "table": report.table()}))
     if "tuned_candidate" not in rows:
         return {"examples": report.examples, "decision": "n/a", "reason": "no candidate row"}
-    verdict = gate(rows["tuned_candidate"], rows.get("tuned_champion") if champion is not None else None, settings,
-                   rows.get(BASELINE))
+    verdict = gate(
+        rows["tuned_candidate"],
+        rows.get("tuned_champion") if champion is not None else None,
+        settings,
+        rows.get(BASELINE),
+    )
     return {"examples": report.examples, "decision": verdict.decision, "reason": verdict.reason}
 
 
 def _log_evaluation(settings: Settings, run_id: str, report: Any) -> None:
     import mlflow
-
     from pipelines.clients.mlflow import use_tracking
 
     use_tracking(settings)
     with mlflow.start_run(run_id=run_id):
         for row in report.table():
-            mlflow.log_metrics({f"test_{row['condition']}_{k}": float(v) for k, v in row.items()
-                                if isinstance(v, (int, float)) and v is not None})
+            mlflow.log_metrics(
+                {
+                    f"test_{row['condition']}_{k}": float(v)
+                    for k, v in row.items()
+                    if isinstance(v, (int, float)) and v is not None
+                }
+            )
         mlflow.log_artifact(report.json_uri.removeprefix("file://"), "evaluation")
         mlflow.log_artifact(report.html_uri.removeprefix("file://"), "evaluation")
 
@@ -277,8 +341,12 @@ def register(trained: dict[str, Any], evaluated: dict[str, Any], settings: Setti
     return register_version(settings, read_json(trained["sweep_uri"]), evaluated)
 
 
-def promote(registered: dict[str, Any], evaluated: dict[str, Any], params: dict[str, Any] | None = None,
-            settings: Settings | None = None) -> dict[str, Any]:
+def promote(
+    registered: dict[str, Any],
+    evaluated: dict[str, Any],
+    params: dict[str, Any] | None = None,
+    settings: Settings | None = None,
+) -> dict[str, Any]:
     """The promotion gate on the evaluation's numbers for exactly the version `register` returned:
     against the champion evaluated on the same requests, or with none, the base few-shot row. The
     result's `reason` is one line; not promoted leaves `champion` (and so serving) as it is."""
@@ -342,7 +410,6 @@ def benchmark(smoked: dict[str, Any], settings: Settings | None = None) -> dict[
 
     settings = settings or get_settings()
     if not settings.bench.after_deploy:
-        return {"live": smoked.get("live"), "version": smoked.get("version"),
-                "skipped": "bench.after_deploy is off"}
+        return {"live": smoked.get("live"), "version": smoked.get("version"), "skipped": "bench.after_deploy is off"}
     report = run_bench(settings)
     return {k: report[k] for k in ("live", "version", "comparison", "json_uri", "html_uri", "triton_overhead_ms")}

@@ -55,16 +55,17 @@ def spark(tmp_path_factory: pytest.TempPathFactory):
 @pytest.fixture(scope="session")
 def postgres():
     """PostgreSQL 15 in its own folder (as root it goes to the postgres user); `create_databases` adds
-    databases to it (`helpers.create_databases`). Started once for every test that asks (starting one costs seconds, not minutes)."""
+    databases to it (`helpers.create_databases`). Started once for every test that asks (starting one costs seconds,
+    not minutes)."""
     import shutil
     import tempfile
 
-    from pipelines.clients.postgres import start
     from ports import free_port
+
+    from pipelines.clients.postgres import start
 
     folder = Path(tempfile.mkdtemp(prefix="flywheel-pg-"))
     server = start(folder / "data", free_port())
     yield server
     server.stop()
     shutil.rmtree(folder, ignore_errors=True)
-

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import orjson
 
-from pipelines.logs.generator import GeneratorConfig, TrafficGenerator, write_raw_logs
 from pipelines.logs.schema import teacher_call
+from pipelines.simulate.generator import GeneratorConfig, TrafficGenerator, write_raw_logs
 
 END = date(2026, 11, 20)
 PLANTED_PII = {
@@ -41,11 +41,16 @@ def planted_lines(seed: int = 99) -> tuple[list[bytes], dict[str, str]]:
     pii = copy.deepcopy(invoice)
     pii["request"]["messages"][-1]["content"] = (
         f"invoice {PLANTED_PII['EMAIL']} for 120 USD, call {PLANTED_PII['PHONE']}, my card is "
-        f"{PLANTED_PII['CARD']}, ship to {PLANTED_PII['ADDRESS']}")
+        f"{PLANTED_PII['CARD']}, ship to {PLANTED_PII['ADDRESS']}"
+    )
     call = pii["response"]["choices"][0]["message"]["tool_calls"][0]["function"]
-    call["arguments"] = orjson.dumps({**orjson.loads(call["arguments"]),
-                                      "recipient_email": PLANTED_PII["EMAIL"],
-                                      "description": f"deliver to {PLANTED_PII['ADDRESS']}"}).decode()
+    call["arguments"] = orjson.dumps(
+        {
+            **orjson.loads(call["arguments"]),
+            "recipient_email": PLANTED_PII["EMAIL"],
+            "description": f"deliver to {PLANTED_PII['ADDRESS']}",
+        }
+    ).decode()
     add(pii, "planted_pii", None)
 
     missing = copy.deepcopy(order)
@@ -75,8 +80,9 @@ def planted_lines(seed: int = 99) -> tuple[list[bytes], dict[str, str]]:
 
 
 def write_window(raw: Path, *, records: int = 3000, days: int = 3, bad_share: float = 0.1, seed: int = 17) -> dict:
-    summary = write_raw_logs(GeneratorConfig(seed=seed, records=records, days=days, end_date=END,
-                                             bad_share=bad_share), raw)
+    summary = write_raw_logs(
+        GeneratorConfig(seed=seed, records=records, days=days, end_date=END, bad_share=bad_share), raw
+    )
     lines, expected = planted_lines()
     (raw / f"dt={END.isoformat()}" / "planted.jsonl").write_bytes(b"\n".join(lines) + b"\n")
     return {"summary": summary, "planted": expected, "planted_lines": len(lines)}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from pipelines.gateway.fair import FairShare
+from pipelines.admission.fair import FairShare
 
 
 def _contended(slots: int, timeout_s: float = 5) -> FairShare:

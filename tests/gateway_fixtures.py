@@ -10,20 +10,39 @@ from pathlib import Path
 
 import orjson
 import pytest
-
+from ports import free_port
 from serving_fixtures import registered  # noqa: F401 (the module-scoped fixture: v1 champion, v2 candidate)
 from teacher_stub import Teacher
-from ports import free_port
 
 # bounded arguments (enums, ranges, short strings): every answer the grammar admits fits the token budget
 TOOLS = [
-    {"type": "function", "function": {"name": "track", "description": "Track a parcel", "parameters": {
-        "type": "object", "required": ["carrier", "days"],
-        "properties": {"carrier": {"type": "string", "enum": ["ups", "dhl", "fedex"]},
-                       "days": {"type": "integer", "minimum": 1, "maximum": 30}}}}},
-    {"type": "function", "function": {"name": "refund", "description": "Refund an order", "parameters": {
-        "type": "object", "required": ["order"],
-        "properties": {"order": {"type": "string", "pattern": "^ORD-[0-9]{4}$"}, "full": {"type": "boolean"}}}}},
+    {
+        "type": "function",
+        "function": {
+            "name": "track",
+            "description": "Track a parcel",
+            "parameters": {
+                "type": "object",
+                "required": ["carrier", "days"],
+                "properties": {
+                    "carrier": {"type": "string", "enum": ["ups", "dhl", "fedex"]},
+                    "days": {"type": "integer", "minimum": 1, "maximum": 30},
+                },
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "refund",
+            "description": "Refund an order",
+            "parameters": {
+                "type": "object",
+                "required": ["order"],
+                "properties": {"order": {"type": "string", "pattern": "^ORD-[0-9]{4}$"}, "full": {"type": "boolean"}},
+            },
+        },
+    },
 ]
 PING = [{"type": "function", "function": {"name": "ping", "parameters": {"type": "object", "properties": {}}}}]
 ASK = [{"role": "system", "content": "You route requests."}, {"role": "user", "content": "where is my dhl parcel?"}]
@@ -36,8 +55,8 @@ TEACHER_CALL = {"name": "track", "arguments": {"carrier": "dhl", "days": 3}}  # 
 def gateway(registered):  # noqa: F811
     from pydantic import SecretStr
 
-    from pipelines.serve import deploy, repository
     from pipelines.gateway import app as gw
+    from pipelines.serve import deploy, repository
     from pipelines.serve.client import TritonClient
 
     settings = registered["settings"]
@@ -47,7 +66,10 @@ def gateway(registered):  # noqa: F811
     deploy.deploy(settings, "champion")
     client = TritonClient(settings)
     try:
-        for entry in (repository.build_version(settings, registered["v2"]), repository.build_base(settings, "tiny-llama")):
+        for entry in (
+            repository.build_version(settings, registered["v2"]),
+            repository.build_base(settings, "tiny-llama"),
+        ):
             client.load(entry.name)
     finally:
         client.close()

@@ -8,7 +8,7 @@ from datetime import date
 import orjson
 
 from pipelines.gateway import openai_api as api
-from pipelines.logs.generator import GeneratorConfig, TrafficGenerator
+from pipelines.simulate.generator import GeneratorConfig, TrafficGenerator
 
 DEFAULTS = {"country": "US", "currency": "USD", "channel": "api"}
 
@@ -19,6 +19,11 @@ def generated_records(n: int = 300) -> list[dict]:
 
 
 def chat_request(record: dict, **extra) -> api.ChatCompletionRequest:
-    body = {"model": "champion", "messages": record["request"]["messages"], "tools": record["request"]["tools"],
-            "user": record["customer_id"], **extra}
+    body = {
+        "model": "champion",
+        "messages": record["request"]["messages"],
+        "tools": record["request"]["tools"],
+        "user": record["customer_id"],
+        **extra,
+    }
     return api.parse_request(json.dumps(body).encode())

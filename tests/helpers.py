@@ -17,9 +17,12 @@ def clean_env(env: dict[str, str] | None = None) -> dict[str, str]:
     return full_env
 
 
-def run_flywheel(*args: str, env: dict[str, str] | None = None, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([FLYWHEEL, *args], env=clean_env(env), capture_output=True, text=True, timeout=timeout,
-                          check=False)
+def run_flywheel(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 600
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [FLYWHEEL, *args], env=clean_env(env), capture_output=True, text=True, timeout=timeout, check=False
+    )
 
 
 def processes_with_env(marker: str) -> list[int]:
@@ -62,9 +65,12 @@ def listening_sockets(pids: list[int]) -> set[tuple[str, int]]:
             host, port = cols[1].split(":")
             raw = bytes.fromhex(host)
             if len(raw) == 16:  # /proc prints each 32-bit word in host byte order
-                raw = b"".join(raw[i:i + 4][::-1] for i in range(0, 16, 4))
-                address = socket.inet_ntoa(raw[12:]) if raw[:12] == bytes(10) + b"\xff\xff" else socket.inet_ntop(
-                    socket.AF_INET6, raw)
+                raw = b"".join(raw[i : i + 4][::-1] for i in range(0, 16, 4))
+                address = (
+                    socket.inet_ntoa(raw[12:])
+                    if raw[:12] == bytes(10) + b"\xff\xff"
+                    else socket.inet_ntop(socket.AF_INET6, raw)
+                )
             else:
                 address = socket.inet_ntoa(raw[::-1])
             found.add((address, int(port, 16)))
@@ -107,8 +113,9 @@ def create_databases(postgres, *names: str) -> None:
     """Empty databases on the `postgres` fixture's server, one per name."""
     import psycopg2
 
-    conn = psycopg2.connect(host="127.0.0.1", port=postgres.port, user=postgres.user, password=postgres.password,
-                            dbname="postgres")
+    conn = psycopg2.connect(
+        host="127.0.0.1", port=postgres.port, user=postgres.user, password=postgres.password, dbname="postgres"
+    )
     conn.autocommit = True
     with conn.cursor() as cur:
         for name in names:

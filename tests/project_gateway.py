@@ -12,13 +12,25 @@ import pytest
 
 from pipelines.config import load_settings
 
-TOOLS = [{"type": "function", "function": {"name": "track_shipment", "parameters": {
-    "type": "object", "properties": {"order_id": {"type": "string"}}, "required": ["order_id"]}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "track_shipment",
+            "parameters": {"type": "object", "properties": {"order_id": {"type": "string"}}, "required": ["order_id"]},
+        },
+    }
+]
 
 
 def _body(model: str = "champion", **extra: Any) -> dict[str, Any]:
-    return {"model": model, "messages": [{"role": "user", "content": "where is order ord_123?"}], "tools": TOOLS,
-            "user": "cus_0000001", **extra}
+    return {
+        "model": model,
+        "messages": [{"role": "user", "content": "where is order ord_123?"}],
+        "tools": TOOLS,
+        "user": "cus_0000001",
+        **extra,
+    }
 
 
 class FakeTriton:
@@ -57,11 +69,17 @@ def gateway(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     for name, quotas in (("search", registry.Quotas(rpm=3)), ("disputes", registry.Quotas())):
         registry.create(settings, name, "alice", quotas)
         keys[name] = registry.create_key(settings, name)[1]
-    champions = {"default": "tool_router_v3", "search": "search__tool_router_v1", "disputes": "disputes__tool_router_v2"}
+    champions = {
+        "default": "tool_router_v3",
+        "search": "search__tool_router_v1",
+        "disputes": "disputes__tool_router_v2",
+    }
     for name, model in champions.items():
         scoped = settings_for(settings, name)
-        write_json(f"{scoped.zone('serving')}/state.json", {"live": {"name": model, "version": model[-1],
-                                                                      "prompt_style": "names"}, "previous": None})
+        write_json(
+            f"{scoped.zone('serving')}/state.json",
+            {"live": {"name": model, "version": model[-1], "prompt_style": "names"}, "previous": None},
+        )
     FakeTriton.models, FakeTriton.answered = list(champions.values()), []
     monkeypatch.setattr(routing.Router, "client", lambda self: FakeTriton())
     monkeypatch.setattr(routing.Router, "_style", lambda self, name: "names")
@@ -96,4 +114,6 @@ def _until(check, what: str, timeout_s: float = 30) -> None:
 
 
 def _captured(zone: str) -> list[dict[str, Any]]:
-    return [json.loads(line) for f in sorted(Path(zone).glob("dt=*/gateway-*.jsonl")) for line in f.read_text().splitlines()]
+    return [
+        json.loads(line) for f in sorted(Path(zone).glob("dt=*/gateway-*.jsonl")) for line in f.read_text().splitlines()
+    ]

@@ -15,38 +15,51 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from ports import free_port
 
 from pipelines.services import http_ok, stop_group
-from ports import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 MOTO_SERVER = REPO / ".venv-s3" / "bin" / "moto_server"
 # dummy values moto accepts; they open nothing anywhere else
-TEST_ENV = {"AWS_ACCESS_KEY_ID": "flywheel-test", "AWS_SECRET_ACCESS_KEY": "flywheel-test-secret",
-            "AWS_DEFAULT_REGION": "us-east-1"}
+TEST_ENV = {
+    "AWS_ACCESS_KEY_ID": "flywheel-test",
+    "AWS_SECRET_ACCESS_KEY": "flywheel-test-secret",
+    "AWS_DEFAULT_REGION": "us-east-1",
+}
 
 
 @contextmanager
 def moto_server(start_timeout_s: float = 30.0, log_dir: Path | None = None) -> Iterator[str]:
     """The endpoint URL (`http://127.0.0.1:<port>`) of a moto server that lives for the block."""
     if not MOTO_SERVER.exists():
-        pytest.fail(f"{MOTO_SERVER} is missing: run `make s3-env` (make test creates it) to install the "
-                    "S3-compatible test server", pytrace=False)
+        pytest.fail(
+            f"{MOTO_SERVER} is missing: run `make s3-env` (make test creates it) to install the "
+            "S3-compatible test server",
+            pytrace=False,
+        )
     port = free_port()
     endpoint = f"http://127.0.0.1:{port}"
     log_dir = log_dir or Path(tempfile.mkdtemp(prefix="flywheel-moto-"))
     log_path = log_dir / f"moto-{port}.log"
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen([str(MOTO_SERVER), "-H", "127.0.0.1", "-p", str(port)], stdout=log,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        proc = subprocess.Popen(
+            [str(MOTO_SERVER), "-H", "127.0.0.1", "-p", str(port)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
     try:
         deadline = time.monotonic() + start_timeout_s
         while not http_ok(f"{endpoint}/moto-api/", timeout=2.0):
             if proc.poll() is not None:
                 pytest.fail(f"moto_server exited with {proc.returncode}; see {log_path}", pytrace=False)
             if time.monotonic() > deadline:
-                pytest.fail(f"moto_server did not answer on {endpoint} within {start_timeout_s:g} s; "
-                            f"see {log_path}", pytrace=False)
+                pytest.fail(
+                    f"moto_server did not answer on {endpoint} within {start_timeout_s:g} s; see {log_path}",
+                    pytrace=False,
+                )
             time.sleep(0.2)
         yield endpoint
     finally:

@@ -8,32 +8,45 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
-from train_data import write_training_set
-from pipelines.config import load_settings
 from ports import free_port
+from train_data import write_training_set
+
+from pipelines.config import load_settings
 
 TINY = str(Path(__file__).resolve().parent.parent / "conf" / "sweeps" / "tiny.yaml")
 
 
 def triton_settings(root: Path, **extra):
     ports = {"http_port": free_port(), "grpc_port": free_port(), "metrics_port": free_port()}
-    return load_settings(root=str(root), evaluation={"examples": 4, "shots": 0},
-                         triton={**ports, "smoke_requests": 3, "smoke_min_valid_json": 0.0, "max_new_tokens": 12,
-                                 "max_input_tokens": 2048, **extra})
+    return load_settings(
+        root=str(root),
+        evaluation={"examples": 4, "shots": 0},
+        triton={
+            **ports,
+            "smoke_requests": 3,
+            "smoke_min_valid_json": 0.0,
+            "max_new_tokens": 12,
+            "max_input_tokens": 2048,
+            **extra,
+        },
+    )
 
 
 @pytest.fixture(scope="module")
 def registered(tmp_path_factory: pytest.TempPathFactory):
     """Two registered versions of tiny-model adapters: v1 champion, v2 candidate; a server on free ports."""
     from pipelines import tasks
-    from pipelines.serve import server
+    from pipelines.stack import triton as server
 
     root = tmp_path_factory.mktemp("serve-root")
     write_training_set(root)
     settings = triton_settings(root)
-    rows = {"table": [{"condition": "base_few_shot", "exact_match": 0.2, "arg_f1": 0.2, "latency_ms_p50": 300},
-                      {"condition": "tuned_candidate", "exact_match": 0.5, "arg_f1": 0.5, "latency_ms_p50": 100}]}
+    rows = {
+        "table": [
+            {"condition": "base_few_shot", "exact_match": 0.2, "arg_f1": 0.2, "latency_ms_p50": 300},
+            {"condition": "tuned_candidate", "exact_match": 0.5, "arg_f1": 0.5, "latency_ms_p50": 100},
+        ]
+    }
     first = tasks.register(tasks.train({"sweep": TINY}, settings), rows, settings)
     tasks.promote(first, rows, {}, settings)
     second = tasks.register(tasks.train({"sweep": tiny_variant(root)}, settings), rows, settings)

@@ -37,7 +37,9 @@ class Teacher:
         self._thread.join(timeout=10)
 
     def call_for(self, body: dict[str, Any]) -> dict[str, Any]:
-        asked = next((m.get("content") or "" for m in reversed(body.get("messages") or []) if m.get("role") == "user"), "")
+        asked = next(
+            (m.get("content") or "" for m in reversed(body.get("messages") or []) if m.get("role") == "user"), ""
+        )
         return self.answers.get(asked, self.fallback)
 
     def _handler(self) -> type[BaseHTTPRequestHandler]:
@@ -63,12 +65,27 @@ class Teacher:
                 body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
                 teacher.received.append(body)
                 call = teacher.call_for(body)
-                message = {"role": "assistant", "content": None, "tool_calls": [{
-                    "id": f"call_{secrets.token_hex(6)}", "type": "function",
-                    "function": {"name": call["name"], "arguments": json.dumps(call["arguments"])}}]}
-                self._send(200, {"id": f"chatcmpl-{secrets.token_hex(8)}", "object": "chat.completion",
-                                 "created": int(time.time()), "model": MODEL,
-                                 "choices": [{"index": 0, "message": message, "finish_reason": "tool_calls"}],
-                                 "usage": {"prompt_tokens": 120, "completion_tokens": 12, "total_tokens": 132}})
+                message = {
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [
+                        {
+                            "id": f"call_{secrets.token_hex(6)}",
+                            "type": "function",
+                            "function": {"name": call["name"], "arguments": json.dumps(call["arguments"])},
+                        }
+                    ],
+                }
+                self._send(
+                    200,
+                    {
+                        "id": f"chatcmpl-{secrets.token_hex(8)}",
+                        "object": "chat.completion",
+                        "created": int(time.time()),
+                        "model": MODEL,
+                        "choices": [{"index": 0, "message": message, "finish_reason": "tool_calls"}],
+                        "usage": {"prompt_tokens": 120, "completion_tokens": 12, "total_tokens": 132},
+                    },
+                )
 
         return Handler

@@ -1,4 +1,5 @@
-"""Batched multi-LoRA (`pipelines/serve/batched_lora.py`, issue 26 item 6): adapters in slots of one base, every
+"""Batched multi-LoRA (`pipelines/triton_backend/batched_lora.py`, issue 26 item 6): adapters in slots of one base,
+every
 row of a mixed batch answered by its own adapter with two batched products per projection. Compared with each
 adapter merged into its own copy of the base (what PEFT's merge gives), on the tiny model, in fp32."""
 
@@ -16,8 +17,8 @@ from pipelines.config import load_settings
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory: pytest.TempPathFactory):
     """The tiny base and adapters of it: a1, a2 of rank 4 and a3 of rank 2 (padded into rank-4 slots)."""
+    from pipelines.base_models import prepare_base
     from pipelines.bench.adapters import make_adapters
-    from pipelines.train.models import prepare_base
 
     root = tmp_path_factory.mktemp("batched-lora")
     base = prepare_base("tiny-llama", load_settings(root=str(root)))
@@ -56,12 +57,14 @@ def test_every_row_of_a_mixed_batch_gets_its_own_adapter(tiny):
     import torch
 
     from pipelines.bench.adapters import TARGETS
-    from pipelines.serve.batched_lora import BatchedLoRA
+    from pipelines.triton_backend.batched_lora import BatchedLoRA
 
     enc = _inputs(tiny["base"], 4)
     with torch.inference_mode():
-        want = {name: _model(tiny["base"], tiny["adapters"].get(name))(**enc).logits[:, -1]
-                for name in ("a1", "a2", "a3", None)}
+        want = {
+            name: _model(tiny["base"], tiny["adapters"].get(name))(**enc).logits[:, -1]
+            for name in ("a1", "a2", "a3", None)
+        }
     assert not torch.allclose(want["a1"], want["a2"], atol=1e-3)  # the adapters differ: the test can see it
     assert not torch.allclose(want["a1"], want[None], atol=1e-3)
 
@@ -107,12 +110,13 @@ def test_an_adapter_that_does_not_fit_is_refused_whole_and_the_slot_keeps_servin
     import torch
     from safetensors.torch import load_file, save_file
 
-    from pipelines.serve.batched_lora import AdapterFormatError, BatchedLoRA
+    from pipelines.triton_backend.batched_lora import AdapterFormatError, BatchedLoRA
 
     enc = _inputs(tiny["base"], 2)
     model = _model(tiny["base"])
-    batched = BatchedLoRA(model, ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
-                          slots=1, rank=2)
+    batched = BatchedLoRA(
+        model, ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"), slots=1, rank=2
+    )
     batched.load_folder(0, str(tiny["adapters"]["a3"]))
     batched.select([0, 0])
     with torch.inference_mode():
@@ -149,8 +153,9 @@ def _variant(source: Path, folder: Path, config: dict, keep=lambda key: True) ->
     from safetensors.torch import load_file, save_file
 
     shutil.copytree(source, folder)
-    (folder / "adapter_config.json").write_text(json.dumps(json.loads((source / "adapter_config.json").read_text())
-                                                           | config))
+    (folder / "adapter_config.json").write_text(
+        json.dumps(json.loads((source / "adapter_config.json").read_text()) | config)
+    )
     weights = load_file(str(source / "adapter_model.safetensors"))
     save_file({k: v for k, v in weights.items() if keep(k)}, str(folder / "adapter_model.safetensors"))
     return folder
@@ -164,17 +169,20 @@ def test_rslora_and_an_adapter_of_some_layers_match_peft_and_a_cleared_slot_serv
     import torch
 
     from pipelines.bench.adapters import TARGETS
-    from pipelines.serve.batched_lora import BatchedLoRA
+    from pipelines.triton_backend.batched_lora import BatchedLoRA
 
     a1 = tiny["adapters"]["a1"]
     rs = _variant(a1, tmp_path / "rs", {"use_rslora": True})
     low = _variant(a1, tmp_path / "low", {"layers_to_transform": [0]}, keep=lambda k: ".layers.0." in k)
     enc = _inputs(tiny["base"], 3)
     with torch.inference_mode():
-        want = {name: _model(tiny["base"], folder)(**enc).logits[:, -1]
-                for name, folder in (("rs", rs), ("low", low), ("a1", a1), (None, None))}
-    assert not torch.allclose(want["rs"], want["a1"], atol=1e-3) and not torch.allclose(want["low"], want["a1"],
-                                                                                         atol=1e-3)
+        want = {
+            name: _model(tiny["base"], folder)(**enc).logits[:, -1]
+            for name, folder in (("rs", rs), ("low", low), ("a1", a1), (None, None))
+        }
+    assert not torch.allclose(want["rs"], want["a1"], atol=1e-3) and not torch.allclose(
+        want["low"], want["a1"], atol=1e-3
+    )
     model = _model(tiny["base"])
     batched = BatchedLoRA(model, TARGETS, slots=2)
     batched.load_folder(0, str(rs))
@@ -196,11 +204,19 @@ def test_rslora_and_an_adapter_of_some_layers_match_peft_and_a_cleared_slot_serv
         batched.select([1, None, None])
 
 
-@pytest.mark.parametrize("change, reason", [
-    ({"peft_type": "IA3"}, "not LoRA"), ({"modules_to_save": ["lm_head"]}, "modules_to_save"),
-    ({"alpha_pattern": {"q_proj": 4}}, "per-module alphas"), ({"lora_bias": True}, "LoRA biases"),
-    ({"r": None}, "no usable rank"), ({"r": 3}, "the adapter's config says 3"),
-    ("no-weights", "a1: no readable adapter_model.safetensors"), ("nan", "NaN or infinite")])
+@pytest.mark.parametrize(
+    "change, reason",
+    [
+        ({"peft_type": "IA3"}, "not LoRA"),
+        ({"modules_to_save": ["lm_head"]}, "modules_to_save"),
+        ({"alpha_pattern": {"q_proj": 4}}, "per-module alphas"),
+        ({"lora_bias": True}, "LoRA biases"),
+        ({"r": None}, "no usable rank"),
+        ({"r": 3}, "the adapter's config says 3"),
+        ("no-weights", "a1: no readable adapter_model.safetensors"),
+        ("nan", "NaN or infinite"),
+    ],
+)
 def test_each_unfit_adapter_folder_is_one_clear_error_and_the_slot_keeps_serving(tiny, tmp_path, change, reason):
     """Each refusal names the folder (never the server's path) and leaves the slot's adapter answering as before.
     Mutations tried: the UNSUPPORTED check removed (modules_to_save, alpha patterns, biases load: DID NOT RAISE),
@@ -209,7 +225,7 @@ def test_each_unfit_adapter_folder_is_one_clear_error_and_the_slot_keeps_serving
     from safetensors.torch import load_file, save_file
 
     from pipelines.bench.adapters import TARGETS
-    from pipelines.serve.batched_lora import AdapterFormatError, BatchedLoRA
+    from pipelines.triton_backend.batched_lora import AdapterFormatError, BatchedLoRA
 
     folder = _variant(tiny["adapters"]["a1"], tmp_path / "a1", change if isinstance(change, dict) else {})
     if change == "no-weights":
@@ -241,7 +257,7 @@ def test_a_slot_layer_follows_its_base_moved_replaced_or_hooked_and_its_slots_gr
     reference (the replaced weight not served), the hooks not honoured (the hook never runs): each fails here."""
     import torch
 
-    from pipelines.serve.batched_lora import BatchedLoRA
+    from pipelines.triton_backend.batched_lora import BatchedLoRA
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 6, bias=True))
@@ -249,7 +265,10 @@ def test_a_slot_layer_follows_its_base_moved_replaced_or_hooked_and_its_slots_gr
 
     def adapter(rank: int, seed: int) -> dict[str, torch.Tensor]:
         g = torch.Generator().manual_seed(seed)
-        return {"0.lora_A.weight": torch.randn(rank, 8, generator=g), "0.lora_B.weight": torch.randn(6, rank, generator=g)}
+        return {
+            "0.lora_A.weight": torch.randn(rank, 8, generator=g),
+            "0.lora_B.weight": torch.randn(6, rank, generator=g),
+        }
 
     def merged(x: torch.Tensor, weights: dict[str, torch.Tensor]) -> torch.Tensor:
         a, b = (weights[f"0.lora_{k}.weight"].to(base.weight.dtype) for k in "AB")

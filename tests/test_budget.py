@@ -21,13 +21,16 @@ def test_the_answer_budget_is_the_longest_call_plus_a_margin() -> None:
 
 
 def test_the_longest_call_is_counted_in_the_base_models_tokens(tmp_path: Path) -> None:
-    from pipelines.train.models import answer_budget_of, load_tokenizer
+    from pipelines.base_models import answer_budget_of, load_tokenizer
 
     settings = load_settings(root=str(tmp_path))
     tokenizer = load_tokenizer("smollm2-135m-instruct", settings)
     short = '{"name": "track_shipment", "arguments": {"order_id": "#W1"}}'
-    long = '{"name": "exchange_delivered_order_items", "arguments": {"item_ids": [' + ", ".join(
-        f'"{n:010d}"' for n in range(12)) + ']}}'
+    long = (
+        '{"name": "exchange_delivered_order_items", "arguments": {"item_ids": ['
+        + ", ".join(f'"{n:010d}"' for n in range(12))
+        + "]}}"
+    )
     n = longest_in_tokens(tokenizer, [short, long, short])
     assert n == len(tokenizer(long, add_special_tokens=False)["input_ids"]) > 60
     assert answer_budget_of(settings, "smollm2-135m-instruct", [short, long]) == budget_for(n)
@@ -35,7 +38,7 @@ def test_the_longest_call_is_counted_in_the_base_models_tokens(tmp_path: Path) -
 
 
 def test_the_prompt_ceiling_is_the_context_window_less_the_answer_budget() -> None:
-    from pipelines.train.models import context_window
+    from pipelines.base_models import context_window
 
     assert context_window("smollm2-135m-instruct") == 8192 and context_window("tiny-llama") == 2048
     # a window whose longest target is 400 characters (~100 tokens): 8192 - (125 + 8)
@@ -62,7 +65,7 @@ def test_a_model_folder_takes_its_limits_from_the_version_unless_the_settings_sa
 def test_a_model_folder_names_its_own_context_window(tmp_path: Path) -> None:
     import json
 
-    from pipelines.train.models import context_window
+    from pipelines.base_models import context_window
 
     (tmp_path / "config.json").write_text(json.dumps({"max_position_embeddings": 4096}))
     assert context_window(str(tmp_path)) == 4096
@@ -88,8 +91,12 @@ def test_the_quality_gate_ceiling_follows_the_longest_target_unless_set(tmp_path
 
     examples = spark.createDataFrame([("a" * 400,), ("b" * 40,)], "target_json string")
     auto = ceiling_of(load_settings(root=str(tmp_path)), examples, 8192)
-    assert auto == {"max_approx_tokens": 8059, "source": "context window - answer budget", "context_window": 8192,
-                    "longest_target_chars": 400}
+    assert auto == {
+        "max_approx_tokens": 8059,
+        "source": "context window - answer budget",
+        "context_window": 8192,
+        "longest_target_chars": 400,
+    }
     fixed = ceiling_of(load_settings(root=str(tmp_path), quality={"max_approx_tokens": 4096}), examples, 8192)
     assert fixed == {"max_approx_tokens": 4096, "source": "quality.max_approx_tokens"}
 

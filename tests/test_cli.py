@@ -4,7 +4,6 @@ import json
 from pathlib import Path
 
 import pytest
-
 from helpers import run_flywheel
 
 
@@ -16,8 +15,22 @@ def test_help_explains_every_command() -> None:
 
 
 def test_generate_json_output_and_files(tmp_path: Path) -> None:
-    result = run_flywheel("logs", "generate", "--records", "300", "--seed", "5", "--days", "2",
-                          "--end-date", "2026-11-02", "--out", str(tmp_path), "--gzip", "--json")
+    result = run_flywheel(
+        "logs",
+        "generate",
+        "--records",
+        "300",
+        "--seed",
+        "5",
+        "--days",
+        "2",
+        "--end-date",
+        "2026-11-02",
+        "--out",
+        str(tmp_path),
+        "--gzip",
+        "--json",
+    )
     assert result.returncode == 0, result.stderr
     summary = json.loads(result.stdout)
     assert summary["records"] == 300 and sum(summary["kinds"].values()) == 300
@@ -26,28 +39,31 @@ def test_generate_json_output_and_files(tmp_path: Path) -> None:
     assert check["lines"] == 300
 
 
-@pytest.mark.parametrize(("args", "env", "needle"), [
-    (["logs", "generate", "--records", "-3"], {}, "--records"),
-    (["logs", "generate", "--drift", "winter"], {}, "--drift"),
-    (["logs", "generate", "--end-date", "2026-02-30"], {}, "--end-date"),
-    (["logs", "generate", "--bad-share", "2"], {}, "--bad-share"),
-    (["logs", "check", "/no/such/dir"], {}, "no such file"),
-    (["warp"], {}, "No such command"),
-    (["config", "show"], {"FLYWHEEL_MLFLOW__PORT": "70000"}, "mlflow.port"),
-    (["status"], {"FLYWHEEL_PROFILE": "cloud"}, "profile"),
-    (["up"], {"FLYWHEEL_PROFILE": "cluster"}, "required by the cluster profile"),
-    (["train", "--sweep", "/no/such/sweep.yaml"], {}, "sweep: no such file"),
-    (["train", "--sweep", "conf/sweeps/tiny.yaml"], {}, "run the data path"),
-    (["train", "--backend", "jax"], {}, "--backend"),
-    (["registry", "rollback"], {}, "no previous champion"),
-    (["eval", "--adapter", "/no/adapter"], {}, "--adapter"),
-    (["bench", "--concurrency", "1,x"], {}, "--concurrency"),
-    (["bench", "--protocol", "ftp"], {}, "bench.protocol"),
-    (["bench"], {}, "no live model"),
-    (["rollback"], {}, "nothing to roll back to"),
-    (["deploy"], {}, "no model version has the alias 'champion'"),
-    (["serve", "up"], {"FLYWHEEL_TRITON__EXECUTION_ENV": "/no/env"}, "make serve-env"),
-])
+@pytest.mark.parametrize(
+    ("args", "env", "needle"),
+    [
+        (["logs", "generate", "--records", "-3"], {}, "--records"),
+        (["logs", "generate", "--drift", "winter"], {}, "--drift"),
+        (["logs", "generate", "--end-date", "2026-02-30"], {}, "--end-date"),
+        (["logs", "generate", "--bad-share", "2"], {}, "--bad-share"),
+        (["logs", "check", "/no/such/dir"], {}, "no such file"),
+        (["warp"], {}, "No such command"),
+        (["config", "show"], {"FLYWHEEL_MLFLOW__PORT": "70000"}, "mlflow.port"),
+        (["status"], {"FLYWHEEL_PROFILE": "cloud"}, "profile"),
+        (["up"], {"FLYWHEEL_PROFILE": "cluster"}, "required by the cluster profile"),
+        (["train", "--sweep", "/no/such/sweep.yaml"], {}, "sweep: no such file"),
+        (["train", "--sweep", "conf/sweeps/tiny.yaml"], {}, "run the data path"),
+        (["train", "--backend", "jax"], {}, "--backend"),
+        (["registry", "rollback"], {}, "no previous champion"),
+        (["eval", "--adapter", "/no/adapter"], {}, "--adapter"),
+        (["bench", "--concurrency", "1,x"], {}, "--concurrency"),
+        (["bench", "--protocol", "ftp"], {}, "bench.protocol"),
+        (["bench"], {}, "no live model"),
+        (["rollback"], {}, "nothing to roll back to"),
+        (["deploy"], {}, "no model version has the alias 'champion'"),
+        (["serve", "up"], {"FLYWHEEL_TRITON__EXECUTION_ENV": "/no/env"}, "make serve-env"),
+    ],
+)
 def test_bad_input_is_one_clear_line(tmp_path: Path, args: list[str], env: dict[str, str], needle: str) -> None:
     result = run_flywheel(*args, env={"FLYWHEEL_ROOT": str(tmp_path), **env})
     assert result.returncode == 2
@@ -57,8 +73,9 @@ def test_bad_input_is_one_clear_line(tmp_path: Path, args: list[str], env: dict[
 
 
 def test_config_show_reports_the_effective_profile(tmp_path: Path) -> None:
-    result = run_flywheel("config", "show", "--json", env={"FLYWHEEL_ROOT": str(tmp_path),
-                                                           "FLYWHEEL_MLFLOW__PASSWORD": "s3cr3t-value"})
+    result = run_flywheel(
+        "config", "show", "--json", env={"FLYWHEEL_ROOT": str(tmp_path), "FLYWHEEL_MLFLOW__PASSWORD": "s3cr3t-value"}
+    )
     data = json.loads(result.stdout)
     assert data["profile"] == "local" and data["root"] == str(tmp_path.resolve())
     assert "s3cr3t-value" not in result.stdout
@@ -71,13 +88,17 @@ def test_run_through_the_scheduler_before_up_is_one_clear_line(tmp_path: Path) -
     assert len(lines) == 1 and lines[0].startswith("error: ") and "flywheel up" in lines[0], result.stderr
 
 
-@pytest.mark.parametrize(("exc", "needle"), [
-    ("mlflow", "MLflow: RESOURCE_DOES_NOT_EXIST"),
-    ("json", "a JSON file is not valid JSON"),
-    ("runtime", "RuntimeError: boom http://user:***@db"),
-])
-def test_a_library_error_is_one_line_and_its_traceback_is_kept(tmp_path: Path, monkeypatch, capsys, exc: str,
-                                                               needle: str) -> None:
+@pytest.mark.parametrize(
+    ("exc", "needle"),
+    [
+        ("mlflow", "MLflow: RESOURCE_DOES_NOT_EXIST"),
+        ("json", "a JSON file is not valid JSON"),
+        ("runtime", "RuntimeError: boom http://user:***@db"),
+    ],
+)
+def test_a_library_error_is_one_line_and_its_traceback_is_kept(
+    tmp_path: Path, monkeypatch, capsys, exc: str, needle: str
+) -> None:
     """MLflow, Triton, a corrupt file: no traceback on the terminal, one `error:` line, exit 1, and the
     traceback kept in <root>/logs/cli-errors.log (no password of a URI in either)."""
     from mlflow.exceptions import MlflowException
@@ -86,9 +107,11 @@ def test_a_library_error_is_one_line_and_its_traceback_is_kept(tmp_path: Path, m
     from pipelines.clients import mlflow as mlflow_client
     from pipelines.config import get_settings
 
-    errors = {"mlflow": MlflowException("RESOURCE_DOES_NOT_EXIST: no such model\ndetails"),
-              "json": json.JSONDecodeError("Expecting value", "{", 1),
-              "runtime": RuntimeError("boom http://user:hunter2@db")}
+    errors = {
+        "mlflow": MlflowException("RESOURCE_DOES_NOT_EXIST: no such model\ndetails"),
+        "json": json.JSONDecodeError("Expecting value", "{", 1),
+        "runtime": RuntimeError("boom http://user:hunter2@db"),
+    }
 
     def fails(*_a, **_k):
         raise errors[exc]
@@ -108,12 +131,14 @@ def test_a_library_error_is_one_line_and_its_traceback_is_kept(tmp_path: Path, m
 
 
 def test_running_tasks_are_read_from_the_dags_test_log() -> None:
-    from pipelines.clients.airflow import running_tasks
+    from pipelines.stack.airflow import running_tasks
 
-    log = ("[DAG TEST] starting task_id=prep map_index=-1\n[DAG TEST] end task task_id=prep map_index=-1\n"
-           "[DAG TEST] starting task_id=train_variant map_index=0\n[DAG TEST] end task task_id=train_variant "
-           "map_index=0\n[DAG TEST] starting task_id=train_variant map_index=1\n"
-           "[DAG TEST] starting task_id=train map_index=-1\n")
+    log = (
+        "[DAG TEST] starting task_id=prep map_index=-1\n[DAG TEST] end task task_id=prep map_index=-1\n"
+        "[DAG TEST] starting task_id=train_variant map_index=0\n[DAG TEST] end task task_id=train_variant "
+        "map_index=0\n[DAG TEST] starting task_id=train_variant map_index=1\n"
+        "[DAG TEST] starting task_id=train map_index=-1\n"
+    )
     assert running_tasks(log) == ["train_variant[1]", "train"]
     assert running_tasks("") == []
 
@@ -126,8 +151,14 @@ def test_a_run_past_its_time_limit_is_stopped_with_one_line_naming_the_task(tmp_
 
     # 1,500 records a day: the data path alone takes over a minute here (prep runs ~6-22 s in), so 20 s stop
     # it mid-way
-    result = run_flywheel("run", "--end-date", "2026-11-20", "--no-train",
-                          env={"FLYWHEEL_ROOT": str(tmp_path), "FLYWHEEL_AIRFLOW__RUN_TIMEOUT_S": "20"}, timeout=400)
+    result = run_flywheel(
+        "run",
+        "--end-date",
+        "2026-11-20",
+        "--no-train",
+        env={"FLYWHEEL_ROOT": str(tmp_path), "FLYWHEEL_AIRFLOW__RUN_TIMEOUT_S": "20"},
+        timeout=400,
+    )
     assert result.returncode == 2 and "Traceback" not in result.stderr, (result.stdout[-2000:], result.stderr)
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: commerce_flywheel did not finish within 20 s"), lines
@@ -144,4 +175,3 @@ def test_without_a_terminal_paths_and_names_are_printed_whole(tmp_path: Path) ->
     key = str(root / "runs" / "gateway.key")
     assert any(key in line for line in result.stdout.splitlines()), result.stdout
     assert "…" not in result.stdout
-

@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 import yaml
+from helpers import assert_kubernetes_schema, run_flywheel
+from train_data import write_training_set
 
 from pipelines.config import REPO_ROOT, load_settings
 from pipelines.errors import NotRetryable
-from helpers import assert_kubernetes_schema, run_flywheel
-from train_data import write_training_set
 
 TINY = str(REPO_ROOT / "conf" / "sweeps" / "tiny.yaml")
 
@@ -32,10 +32,16 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _kubernetes_settings(root: Path, **extra):
-    return load_settings(root=str(root), train={"runner": "kubernetes"},
-                         kubernetes={"gpu_node_selector": {"flywheel.io/gpu": "b200"},
-                                     "training_image": "123.dkr.ecr.us-east-1.amazonaws.com/flywheel-training:v7"},
-                         mlflow={"password": "s3cret-value", "username": "u"}, **extra)
+    return load_settings(
+        root=str(root),
+        train={"runner": "kubernetes"},
+        kubernetes={
+            "gpu_node_selector": {"flywheel.io/gpu": "b200"},
+            "training_image": "123.dkr.ecr.us-east-1.amazonaws.com/flywheel-training:v7",
+        },
+        mlflow={"password": "s3cret-value", "username": "u"},
+        **extra,
+    )
 
 
 def test_local_runner_plans_no_pods(root: Path) -> None:
@@ -48,7 +54,7 @@ def test_plan_one_gpu_pod_per_variant_rendered_by_the_dags_operator(root: Path) 
     from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
 
     from pipelines import tasks
-    from pipelines.train.kubernetes import SECRETS, SETTINGS_CONFIG_MAP, settings_config_map
+    from pipelines.cluster.training import SECRETS, SETTINGS_CONFIG_MAP, settings_config_map
 
     settings = _kubernetes_settings(root)
     pods = tasks.train_pods({"sweep": TINY, "reference_days": ["2026-11-18", "2026-11-19"]}, settings)
@@ -61,8 +67,9 @@ def test_plan_one_gpu_pod_per_variant_rendered_by_the_dags_operator(root: Path) 
     assert mapped.upstream_task_ids == {"train_pods"} and "train_variant" in dag.get_task("train").upstream_task_ids
     assert dag.get_task("train").trigger_rule == "none_failed"  # runs after zero pods (the local runner) too
     for index, pod_dict in enumerate(pods):
-        operator = KubernetesPodOperator(task_id="train_variant", pod_template_dict=pod_dict,
-                                         **commerce_flywheel.TRAIN_POD_ARGS)
+        operator = KubernetesPodOperator(
+            task_id="train_variant", pod_template_dict=pod_dict, **commerce_flywheel.TRAIN_POD_ARGS
+        )
         pod = operator.build_pod_request_obj(dry_run=True)
         container = pod.spec.containers[0]
         assert pod.metadata.namespace == "flywheel" and pod.metadata.name.startswith("train-tiny-")
@@ -76,12 +83,21 @@ def test_plan_one_gpu_pod_per_variant_rendered_by_the_dags_operator(root: Path) 
         assert args["--index"] == str(index) and args["--reference-days"] == "2026-11-18,2026-11-19"
         assert json.loads(args["--sweep-json"])["grid"]["learning_rate"] == [5e-3, 1e-2]
         assert [e.config_map_ref.name if e.config_map_ref else e.secret_ref.name for e in container.env_from] == [
-            SETTINGS_CONFIG_MAP, SECRETS]
+            SETTINGS_CONFIG_MAP,
+            SECRETS,
+        ]
         assert_kubernetes_schema(pod_dict)
-    config_map = settings_config_map(_kubernetes_settings(
-        root, feast={"online_store": "postgresql://f:pw-xyz@db/f"},
-        evaluation={"max_new_tokens": 256, "judge_api_key": "judge-k3y",
-                    "judge_url": "https://tok3n@judge.example/v1?api-key=judge-q"}))
+    config_map = settings_config_map(
+        _kubernetes_settings(
+            root,
+            feast={"online_store": "postgresql://f:pw-xyz@db/f"},
+            evaluation={
+                "max_new_tokens": 256,
+                "judge_api_key": "judge-k3y",
+                "judge_url": "https://tok3n@judge.example/v1?api-key=judge-q",
+            },
+        )
+    )
     rendered = yaml.safe_dump(pods) + yaml.safe_dump(config_map)
     assert "s3cret-value" not in rendered and "pw-xyz" not in rendered, "secrets are referenced, never inlined"
     assert "JUDGE" not in rendered and "tok3n" not in rendered and "judge-q" not in rendered  # not the pods' business
@@ -97,13 +113,19 @@ def test_pods_train_their_variants_and_the_train_task_collects_them(root: Path) 
 
     settings = _kubernetes_settings(root)
     pods = tasks.train_pods({"sweep": TINY}, settings)
-    env = {**os.environ, "FLYWHEEL_ROOT": str(root), "FLYWHEEL_TRAIN__RUNNER": "local",
-           "PYTHONPATH": str(REPO_ROOT)}
+    env = {**os.environ, "FLYWHEEL_ROOT": str(root), "FLYWHEEL_TRAIN__RUNNER": "local", "PYTHONPATH": str(REPO_ROOT)}
     reported = {}
     for pod in pods:  # what each pod's container runs, here one process after another
         command = pod["spec"]["containers"][0]["command"]
-        done = subprocess.run([sys.executable, *command[1:]], env=env, capture_output=True, text=True, timeout=600,
-                              check=False, cwd=str(root))
+        done = subprocess.run(
+            [sys.executable, *command[1:]],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=False,
+            cwd=str(root),
+        )
         assert done.returncode == 0, done.stderr[-3000:]
         result = json.loads(done.stdout.strip().splitlines()[-1])
         assert result["status"] == "completed"
@@ -115,7 +137,8 @@ def test_pods_train_their_variants_and_the_train_task_collects_them(root: Path) 
     trained = tasks.train({"sweep": TINY}, settings)
     runs = client(settings).search_runs(
         [client(settings).get_experiment_by_name("commerce-flywheel").experiment_id],
-        f"tags.`flywheel.sweep_id` = '{trained['sweep_id']}'")
+        f"tags.`flywheel.sweep_id` = '{trained['sweep_id']}'",
+    )
     assert len(runs) == 3  # one parent (created by the plan) and the two variants the pods logged
     assert trained["best_run_id"] in {r.info.run_id for r in runs if "flywheel.variant" in r.data.tags}
     assert (Path(trained["adapter_dir"]) / "adapter_config.json").is_file()  # fetched from the artifact store
@@ -126,12 +149,27 @@ def test_pods_train_their_variants_and_the_train_task_collects_them(root: Path) 
 
 
 def test_triton_manifests_serve_the_s3_repository_on_the_gpu_pool(tmp_path: Path) -> None:
-    env = {"FLYWHEEL_ROOT": str(tmp_path / "fw"), "FLYWHEEL_TRITON__MODEL_REPOSITORY": "s3://models-bucket/repo",
-           "FLYWHEEL_KUBERNETES__GPU_NODE_SELECTOR": '{"flywheel.io/gpu": "h100"}',
-           "FLYWHEEL_MLFLOW__PASSWORD": "s3cret-value"}
+    env = {
+        "FLYWHEEL_ROOT": str(tmp_path / "fw"),
+        "FLYWHEEL_TRITON__MODEL_REPOSITORY": "s3://models-bucket/repo",
+        "FLYWHEEL_KUBERNETES__GPU_NODE_SELECTOR": '{"flywheel.io/gpu": "h100"}',
+        "FLYWHEEL_MLFLOW__PASSWORD": "s3cret-value",
+    }
     out = tmp_path / "k8s"
-    made = run_flywheel("serve", "manifests", "--out", str(out), "--replicas", "3", "--gpus", "2",
-                        "--role-arn", "arn:aws:iam::123456789012:role/flywheel-triton", "--json", env=env)
+    made = run_flywheel(
+        "serve",
+        "manifests",
+        "--out",
+        str(out),
+        "--replicas",
+        "3",
+        "--gpus",
+        "2",
+        "--role-arn",
+        "arn:aws:iam::123456789012:role/flywheel-triton",
+        "--json",
+        env=env,
+    )
     assert made.returncode == 0, made.stderr
     docs = list(yaml.safe_load_all((out / "triton.yaml").read_text()))
     assert [d["kind"] for d in docs] == ["ServiceAccount", "Deployment", "Service", "PodDisruptionBudget"]

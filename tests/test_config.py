@@ -10,9 +10,11 @@ CLUSTER = {
     "profile": "cluster",
     "root": "s3://acme-flywheel/prod",
     "airflow": {"sql_alchemy_conn": "postgresql+psycopg2://airflow@db:5432/airflow"},
-    "mlflow": {"tracking_uri": "http://mlflow.flywheel.svc:5000",
-               "backend_store_uri": "postgresql://mlflow@db:5432/mlflow",
-               "artifacts_destination": "s3://acme-flywheel/prod/runs/artifacts"},
+    "mlflow": {
+        "tracking_uri": "http://mlflow.flywheel.svc:5000",
+        "backend_store_uri": "postgresql://mlflow@db:5432/mlflow",
+        "artifacts_destination": "s3://acme-flywheel/prod/runs/artifacts",
+    },
     "spark": {"master": "spark://spark-master:7077"},
     "triton": {"url": "triton.flywheel.svc:8000", "model_repository": "s3://acme-flywheel/prod/serving"},
     "feast": {"registry": "postgresql://feast@db:5432/feast", "online_store": "postgresql://feast@db:5432/feast"},
@@ -40,8 +42,9 @@ def test_env_overrides_nested_fields(flywheel_root: Path, monkeypatch: pytest.Mo
     assert s.spark.effective_conf()["spark.plugins"] == "com.nvidia.spark.SQLPlugin"
 
 
-def test_yaml_file_is_read_and_env_wins_over_it(flywheel_root: Path, tmp_path: Path,
-                                                monkeypatch: pytest.MonkeyPatch) -> None:
+def test_yaml_file_is_read_and_env_wins_over_it(
+    flywheel_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     cfg = tmp_path / "flywheel.yaml"
     cfg.write_text("mlflow:\n  port: 5300\n  experiment: yaml-exp\nairflow:\n  parallelism: 2\n")
     monkeypatch.setenv("FLYWHEEL_CONFIG", str(cfg))
@@ -57,28 +60,36 @@ def test_cluster_profile_takes_terraform_outputs(monkeypatch: pytest.MonkeyPatch
     assert s.spark.master == "spark://spark-master:7077"
 
 
-@pytest.mark.parametrize(("change", "field"), [
-    ({"root": None}, "root"),
-    ({"root": "/data/flywheel"}, "root"),
-    ({"spark": {"master": None}}, "spark.master"),
-    ({"mlflow": {**CLUSTER["mlflow"], "backend_store_uri": "sqlite:///x.db"}}, "mlflow.backend_store_uri"),
-])
-def test_cluster_profile_names_the_missing_or_bad_field(change: dict, field: str,
-                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"root": None}, "root"),
+        ({"root": "/data/flywheel"}, "root"),
+        ({"spark": {"master": None}}, "spark.master"),
+        ({"mlflow": {**CLUSTER["mlflow"], "backend_store_uri": "sqlite:///x.db"}}, "mlflow.backend_store_uri"),
+    ],
+)
+def test_cluster_profile_names_the_missing_or_bad_field(
+    change: dict, field: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.delenv("FLYWHEEL_ROOT", raising=False)
     with pytest.raises(ConfigError, match=rf"{field}:"):
         load_settings(**{**CLUSTER, **change})
 
 
-@pytest.mark.parametrize(("env", "field"), [
-    ({"FLYWHEEL_MLFLOW__PORT": "99999"}, "mlflow.port"),
-    ({"FLYWHEEL_PROFILE": "laptop"}, "profile"),
-    ({"FLYWHEEL_SPARK__MASTER": "mesos://x"}, "spark.master"),
-    ({"FLYWHEEL_AIRFLOW__HOST": "0.0.0.0"}, "airflow.host"),
-    ({"FLYWHEEL_AIRFLOW__PARALLELISM": "four"}, "airflow.parallelism"),
-])
-def test_invalid_values_fail_with_the_field_name(flywheel_root: Path, monkeypatch: pytest.MonkeyPatch,
-                                                 env: dict[str, str], field: str) -> None:
+@pytest.mark.parametrize(
+    ("env", "field"),
+    [
+        ({"FLYWHEEL_MLFLOW__PORT": "99999"}, "mlflow.port"),
+        ({"FLYWHEEL_PROFILE": "laptop"}, "profile"),
+        ({"FLYWHEEL_SPARK__MASTER": "mesos://x"}, "spark.master"),
+        ({"FLYWHEEL_AIRFLOW__HOST": "0.0.0.0"}, "airflow.host"),
+        ({"FLYWHEEL_AIRFLOW__PARALLELISM": "four"}, "airflow.parallelism"),
+    ],
+)
+def test_invalid_values_fail_with_the_field_name(
+    flywheel_root: Path, monkeypatch: pytest.MonkeyPatch, env: dict[str, str], field: str
+) -> None:
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     with pytest.raises(ConfigError) as info:

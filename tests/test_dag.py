@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-
 from helpers import run_flywheel
-from pipelines.clients.airflow import dags_test
-from pipelines.config import load_settings
 from ports import free_port
+
+from pipelines.config import load_settings
+from pipelines.stack.airflow import dags_test
 
 pytestmark = pytest.mark.slow
 DAY = "2026-11-20"
@@ -24,18 +24,33 @@ TINY_SWEEP = str(Path(__file__).resolve().parent.parent / "conf" / "sweeps" / "t
 
 def _small_serving_env() -> dict[str, str]:
     """Triton on free ports, a smoke test the untrained tiny model can pass, a 2-request benchmark."""
-    return {"FLYWHEEL_TRITON__HTTP_PORT": str(free_port()), "FLYWHEEL_TRITON__GRPC_PORT": str(free_port()),
-            "FLYWHEEL_TRITON__METRICS_PORT": str(free_port()), "FLYWHEEL_TRITON__SMOKE_REQUESTS": "2",
-            "FLYWHEEL_TRITON__SMOKE_MIN_VALID_JSON": "0", "FLYWHEEL_TRITON__MAX_NEW_TOKENS": "12",
-            "FLYWHEEL_BENCH__REQUESTS": "2", "FLYWHEEL_BENCH__CONCURRENCY": "[1]", "FLYWHEEL_BENCH__SHOTS": "1"}
+    return {
+        "FLYWHEEL_TRITON__HTTP_PORT": str(free_port()),
+        "FLYWHEEL_TRITON__GRPC_PORT": str(free_port()),
+        "FLYWHEEL_TRITON__METRICS_PORT": str(free_port()),
+        "FLYWHEEL_TRITON__SMOKE_REQUESTS": "2",
+        "FLYWHEEL_TRITON__SMOKE_MIN_VALID_JSON": "0",
+        "FLYWHEEL_TRITON__MAX_NEW_TOKENS": "12",
+        "FLYWHEEL_BENCH__REQUESTS": "2",
+        "FLYWHEEL_BENCH__CONCURRENCY": "[1]",
+        "FLYWHEEL_BENCH__SHOTS": "1",
+    }
 
 
 def _run(root: Path, serving: dict[str, str] | None = None, **conf) -> tuple[bool, str]:
     settings = load_settings(root=str(root))
     conf = {"end_date": DAY, "window_days": 1, "seed": 3, "train": False, **conf}
-    result = dags_test(settings, "commerce_flywheel", conf,
-                       extra_env={"FLYWHEEL_ROOT": str(root), "FLYWHEEL_EVALUATION__EXAMPLES": "4",
-                                  "FLYWHEEL_EVALUATION__SHOTS": "1", **(serving or {})})
+    result = dags_test(
+        settings,
+        "commerce_flywheel",
+        conf,
+        extra_env={
+            "FLYWHEEL_ROOT": str(root),
+            "FLYWHEEL_EVALUATION__EXAMPLES": "4",
+            "FLYWHEEL_EVALUATION__SHOTS": "1",
+            **(serving or {}),
+        },
+    )
     out = result.stdout + result.stderr
     return result.returncode == 0 and "state=success" in out, out
 
@@ -47,24 +62,46 @@ def _gateway_captures(raw: Path, n: int = 60) -> list[str]:
 
     import orjson
 
-    from pipelines.logs.feedback import feedback_zone
-    from pipelines.logs.generator import GeneratorConfig, TrafficGenerator
     from pipelines.gateway import openai_api as api
     from pipelines.gateway.capture import CaptureWriter
+    from pipelines.logs.feedback import feedback_zone
+    from pipelines.simulate.generator import GeneratorConfig, TrafficGenerator
 
     writer, ids = CaptureWriter(str(raw), 1 << 20), []
-    for _, line, _ in TrafficGenerator(GeneratorConfig(seed=21, records=n, bad_share=0.0,
-                                                       end_date=date.fromisoformat(DAY))).lines():
+    for _, line, _ in TrafficGenerator(
+        GeneratorConfig(seed=21, records=n, bad_share=0.0, end_date=date.fromisoformat(DAY))
+    ).lines():
         r = orjson.loads(line)
-        request = api.parse_request(json.dumps({"model": "champion", "messages": r["request"]["messages"],
-                                                "tools": r["request"]["tools"], "user": r["customer_id"]}).encode())
+        request = api.parse_request(
+            json.dumps(
+                {
+                    "model": "champion",
+                    "messages": r["request"]["messages"],
+                    "tools": r["request"]["tools"],
+                    "user": r["customer_id"],
+                }
+            ).encode()
+        )
         served = api.request_row(request, now=datetime.fromisoformat(r["timestamp"]))
         choice = r["response"]["choices"][0]
-        body = api.completion(served, "champion", {"message": choice["message"], "finish_reason": choice["finish_reason"]},
-                              100, 10, "tool_router_v1")
-        writer.write(api.capture_record(request, served, body, latency_ms=90.0,
-                                        defaults={"country": "US", "currency": "USD", "channel": "api"},
-                                        served_by="tool_router_v1"))
+        body = api.completion(
+            served,
+            "champion",
+            {"message": choice["message"], "finish_reason": choice["finish_reason"]},
+            100,
+            10,
+            "tool_router_v1",
+        )
+        writer.write(
+            api.capture_record(
+                request,
+                served,
+                body,
+                latency_ms=90.0,
+                defaults={"country": "US", "currency": "USD", "channel": "api"},
+                served_by="tool_router_v1",
+            )
+        )
         ids.append(served.response_id)
     writer.close()
     ratings = CaptureWriter(feedback_zone(str(raw)), 1 << 20)
@@ -77,7 +114,8 @@ def _gateway_captures(raw: Path, n: int = 60) -> list[str]:
 
 
 def test_dag_trains_evaluates_registers_promotes_deploys_and_benchmarks_and_a_rerun_changes_nothing(
-        tmp_path: Path, spark) -> None:
+    tmp_path: Path, spark
+) -> None:
     """... on a day holding generated traffic plus turns the gateway captured (and rated) in that day; running
     the date's data tasks again (what a retried or cleared run does: the functions the DAG's ingest, prep,
     validate and features tasks call, with the run's params, here in this process with the shared Spark session,
@@ -87,32 +125,63 @@ def test_dag_trains_evaluates_registers_promotes_deploys_and_benchmarks_and_a_re
     from pipelines.prep.pipeline import run_prep
     from pipelines.quality.gates import run_gates
     from pipelines.registry.models import CHAMPION, alias_version
-    from pipelines.serve import deploy, server
+    from pipelines.serve import deploy
+    from pipelines.simulate.importers import retail_to_raw
+    from pipelines.stack import triton as server
     from pipelines.window import DateWindow
-
-    from pipelines.logs.importers import retail_to_raw
 
     serving = _small_serving_env()
     captured = _gateway_captures(tmp_path / "raw")
     # imported turns of a tool whose schema has a keyword the grammar lacks (`uniqueItems`): it trains,
     # evaluates and serves like the others, reported as partly constrained
-    tagged = {"type": "function", "function": {"name": "list_products_by_tags", "parameters": {
-        "type": "object", "required": ["tags"], "properties": {"tags": {
-            "type": "array", "items": {"type": "string", "enum": ["eco", "sale", "new"]}, "uniqueItems": True}}}}}
+    tagged = {
+        "type": "function",
+        "function": {
+            "name": "list_products_by_tags",
+            "parameters": {
+                "type": "object",
+                "required": ["tags"],
+                "properties": {
+                    "tags": {
+                        "type": "array",
+                        "items": {"type": "string", "enum": ["eco", "sale", "new"]},
+                        "uniqueItems": True,
+                    }
+                },
+            },
+        },
+    }
     (tmp_path / "tools.json").write_text(json.dumps([tagged]))
-    (tmp_path / "tasks.jsonl").write_text("\n".join(json.dumps({
-        "instruction": f"Show me products tagged {' and '.join(tags)} ({n}).",
-        "actions": [{"name": "list_products_by_tags", "arguments": {"tags": list(tags)}}]})
-        for n in range(4) for tags in (("eco",), ("sale",), ("new", "eco"), ("sale", "new"), ("eco", "sale", "new"))))
-    imported = retail_to_raw(tmp_path / "tools.json", tmp_path / "tasks.jsonl", tmp_path / "raw",
-                             pd.Timestamp(DAY).date())["records"]
+    (tmp_path / "tasks.jsonl").write_text(
+        "\n".join(
+            json.dumps(
+                {
+                    "instruction": f"Show me products tagged {' and '.join(tags)} ({n}).",
+                    "actions": [{"name": "list_products_by_tags", "arguments": {"tags": list(tags)}}],
+                }
+            )
+            for n in range(4)
+            for tags in (("eco",), ("sale",), ("new", "eco"), ("sale", "new"), ("eco", "sale", "new"))
+        )
+    )
+    imported = retail_to_raw(
+        tmp_path / "tools.json", tmp_path / "tasks.jsonl", tmp_path / "raw", pd.Timestamp(DAY).date()
+    )["records"]
     assert imported == 20
     try:
         # plumbing: the untrained tiny model cannot beat base few-shot, so the first candidate is promoted unchecked
-        ok, out = _run(tmp_path, {**serving, "FLYWHEEL_PROMOTION__BASELINE": "none",
-                                        # plumbing: an untrained model's random writes are no verdict either
-                                        "FLYWHEEL_PROMOTION__MAX_EXTRA_WRONG_WRITES": "1000"}, records_per_day=1200,
-                       train=True, sweep=TINY_SWEEP)
+        ok, out = _run(
+            tmp_path,
+            {
+                **serving,
+                "FLYWHEEL_PROMOTION__BASELINE": "none",
+                # plumbing: an untrained model's random writes are no verdict either
+                "FLYWHEEL_PROMOTION__MAX_EXTRA_WRONG_WRITES": "1000",
+            },
+            records_per_day=1200,
+            train=True,
+            sweep=TINY_SWEEP,
+        )
         assert ok, out[-3000:]
         settings = load_settings(root=str(tmp_path), triton={"http_port": int(serving["FLYWHEEL_TRITON__HTTP_PORT"])})
         assert alias_version(settings, CHAMPION) == "1"
@@ -143,7 +212,10 @@ def test_dag_trains_evaluates_registers_promotes_deploys_and_benchmarks_and_a_re
         evaluated = next((tmp_path / "reports" / "evaluation").glob("tiny-*/report.json"))
         # evaluation.constrained: served (the default): every condition decoded under the grammar, as served
         assert [c["condition"] for c in json.loads(evaluated.read_text())["conditions"]] == [
-            "base_zero_shot_constrained", "base_few_shot_constrained", "tuned_candidate_constrained"]
+            "base_zero_shot_constrained",
+            "base_few_shot_constrained",
+            "tuned_candidate_constrained",
+        ]
         assert (evaluated.parent / "report.html").is_file()
         live = deploy.live_model(settings)
         assert live is not None and live.version == "1" and server.status(settings).healthy
@@ -157,8 +229,12 @@ def test_dag_trains_evaluates_registers_promotes_deploys_and_benchmarks_and_a_re
         raw_files = sorted(p.name for p in (tmp_path / "raw" / f"dt={DAY}").glob("*.jsonl"))
         # the same date again: the run's window and params (those `_run` gave the DAG), the DAG's data tasks
         day = tasks.resolve_window({"end_date": DAY, "window_days": 1})
-        assert tasks.ingest(day, {"end_date": DAY, "window_days": 1, "seed": 3, "records_per_day": 1200},
-                            settings)["records"] == 1200
+        assert (
+            tasks.ingest(day, {"end_date": DAY, "window_days": 1, "seed": 3, "records_per_day": 1200}, settings)[
+                "records"
+            ]
+            == 1200
+        )
         window = DateWindow.parse(day["start"], day["end"])
         run_prep(settings, window, spark=spark)
         assert run_gates(settings, window, spark=spark, context_window=tasks.base_context_window(settings, {})).success
@@ -178,8 +254,9 @@ def test_failing_gate_stops_the_dag_before_features_and_quarantines_the_batch(tm
     written by `flywheel logs generate`): the failed task and its reason in one line (the gate's suite,
     expectation, failing count and Data Docs), exit 2 (a data problem the user can fix)."""
     env = {"FLYWHEEL_ROOT": str(tmp_path)}
-    landed = run_flywheel("logs", "generate", "--records", "1500", "--seed", "3", "--end-date", DAY,
-                          "--bad-share", "0.6", env=env)
+    landed = run_flywheel(
+        "logs", "generate", "--records", "1500", "--seed", "3", "--end-date", DAY, "--bad-share", "0.6", env=env
+    )
     assert landed.returncode == 0, landed.stderr
     result = run_flywheel("run", "--end-date", DAY, "--window-days", "1", "--no-train", "--source", "landed", env=env)
     assert result.returncode == 2, result.stdout + result.stderr
@@ -202,11 +279,19 @@ def test_dag_files_parse_without_heavy_imports() -> None:
     import subprocess
     import sys
 
-    code = ("import sys; sys.path.insert(0, 'dags'); import commerce_flywheel, drift_monitor; "
-            "print(','.join(m for m in ('torch', 'pyspark', 'pandas', 'numpy', 'mlflow', 'transformers', 'feast', "
-            "'great_expectations', 'pipelines.config', 'pipelines.tasks') if m in sys.modules))")
-    out = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parent.parent,
-                         capture_output=True, text=True, timeout=120, check=True)
+    code = (
+        "import sys; sys.path.insert(0, 'dags'); import commerce_flywheel, drift_monitor; "
+        "print(','.join(m for m in ('torch', 'pyspark', 'pandas', 'numpy', 'mlflow', 'transformers', 'feast', "
+        "'great_expectations', 'pipelines.config', 'pipelines.tasks') if m in sys.modules))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=Path(__file__).resolve().parent.parent,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
     assert out.stdout.strip() == "", out.stdout
 
 
@@ -218,15 +303,24 @@ def test_every_task_of_both_dags_has_a_time_limit() -> None:
     import subprocess
     import sys
 
-    code = ("from airflow.dag_processing.dagbag import DagBag; b = DagBag(dag_folder='dags'); "
-            "assert not b.import_errors, b.import_errors; import json; print(json.dumps({d.dag_id: {t.task_id: "
-            "(t.execution_timeout.total_seconds() if t.execution_timeout else None) for t in d.tasks} "
-            "for d in b.dags.values()})); t = b.dags['commerce_flywheel'].get_task('should_train'); "
-            "print(json.dumps({'after': sorted(t.get_flat_relative_ids(upstream=False)), "
-            "'ignores_their_rules': t.ignore_downstream_trigger_rules, 'no_train': t.python_callable({}, {'train': False}), "
-            "'by_default': t.python_callable({}, {})}))")
-    out = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parent.parent,
-                         capture_output=True, text=True, timeout=300, check=False)
+    code = (
+        "from airflow.dag_processing.dagbag import DagBag; b = DagBag(dag_folder='dags'); "
+        "assert not b.import_errors, b.import_errors; import json; print(json.dumps({d.dag_id: {t.task_id: "
+        "(t.execution_timeout.total_seconds() if t.execution_timeout else None) for t in d.tasks} "
+        "for d in b.dags.values()})); t = b.dags['commerce_flywheel'].get_task('should_train'); "
+        "print(json.dumps({'after': sorted(t.get_flat_relative_ids(upstream=False)), "
+        "'ignores_their_rules': t.ignore_downstream_trigger_rules, "
+        "'no_train': t.python_callable({}, {'train': False}), "
+        "'by_default': t.python_callable({}, {})}))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=Path(__file__).resolve().parent.parent,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     gate = json.loads(out.stdout.strip().splitlines()[-1])
     assert gate["no_train"] is False and gate["by_default"] is True and gate["ignores_their_rules"] is True, gate

@@ -4,7 +4,7 @@ holiday drift), with its report, cooldown and the stored reference summary."""
 from __future__ import annotations
 
 import math
-from datetime import date, datetime, timedelta, timezone
+from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 
 import numpy as np
@@ -56,15 +56,20 @@ def million_rows(n: int, seed: int):
     texts = np.array(["where is my order", "red running shoes", "cancel my subscription", "gift ideas", ""])
     amounts = rng.lognormal(4, 1, n)
     amounts[rng.random(n) < 0.9] = np.nan  # amounts appear in a minority of requests
-    return pd.DataFrame({
-        "tool": rng.choice(np.array(["search_products", "get_order", "track_shipment", "create_invoice"]), n),
-        "workload_id": rng.choice(np.array(["search", "orders", "billing"]), n),
-        "country": rng.choice(np.array(["US", "DE", "GB", "IN"]), n),
-        "currency": rng.choice(np.array(["USD", "EUR", "GBP", "INR"]), n),
-        "channel": rng.choice(np.array(["web", "app"]), n),
-        "category": rng.choice(np.array(["toys", "home", "books", None], dtype=object), n),
-        "request_text": rng.choice(texts, n), "latency_ms": rng.lognormal(7, 0.4, n), "amount": amounts,
-        "feedback": rng.choice(np.array(["none", "up", "down"]), n, p=[0.7, 0.2, 0.1])})
+    return pd.DataFrame(
+        {
+            "tool": rng.choice(np.array(["search_products", "get_order", "track_shipment", "create_invoice"]), n),
+            "workload_id": rng.choice(np.array(["search", "orders", "billing"]), n),
+            "country": rng.choice(np.array(["US", "DE", "GB", "IN"]), n),
+            "currency": rng.choice(np.array(["USD", "EUR", "GBP", "INR"]), n),
+            "channel": rng.choice(np.array(["web", "app"]), n),
+            "category": rng.choice(np.array(["toys", "home", "books", None], dtype=object), n),
+            "request_text": rng.choice(texts, n),
+            "latency_ms": rng.lognormal(7, 0.4, n),
+            "amount": amounts,
+            "feedback": rng.choice(np.array(["none", "up", "down"]), n, p=[0.7, 0.2, 0.1]),
+        }
+    )
 
 
 def test_a_million_records_summarize_in_seconds() -> None:
@@ -97,31 +102,41 @@ def traffic_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """Reference week, then a normal day and a holiday-drift day, as raw logs; the champion's
     training window is the reference week."""
     from pipelines.drift import monitor
-    from pipelines.logs.generator import Drift, GeneratorConfig, write_raw_logs
+    from pipelines.simulate.generator import Drift, GeneratorConfig, write_raw_logs
     from pipelines.window import DateWindow
 
     raw = tmp_path / "raw"
     write_raw_logs(GeneratorConfig(seed=1, records=3000, days=3, end_date=date(2026, 11, 10), bad_share=0.03), raw)
     write_raw_logs(GeneratorConfig(seed=2, records=800, end_date=date(2026, 11, 11), bad_share=0.03), raw)
-    write_raw_logs(GeneratorConfig(seed=3, records=800, end_date=date(2026, 11, 12), bad_share=0.03,
-                                   drift=Drift.HOLIDAY, drift_magnitude=0.8), raw)
+    write_raw_logs(
+        GeneratorConfig(
+            seed=3, records=800, end_date=date(2026, 11, 12), bad_share=0.03, drift=Drift.HOLIDAY, drift_magnitude=0.8
+        ),
+        raw,
+    )
     monkeypatch.setattr(monitor, "reference_window", lambda settings: DateWindow.parse("2026-11-08", "2026-11-10"))
     return load_settings(root=str(tmp_path), drift={"min_records": 100, "embedding_sample": 150})
 
 
-def test_monitor_flags_holiday_drift_but_not_a_normal_day(traffic_root, tmp_path: Path,
-                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+def test_monitor_flags_holiday_drift_but_not_a_normal_day(
+    traffic_root, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from pipelines.drift.monitor import mark_emitted, run_monitor
 
     settings = traffic_root
     shell = tmp_path / "where-the-user-stands"
     shell.mkdir()
     monkeypatch.chdir(shell)
-    now = datetime(2026, 11, 12, 12, tzinfo=timezone.utc)
+    now = datetime(2026, 11, 12, 12, tzinfo=UTC)
     normal = run_monitor(settings, date(2026, 11, 11), now=now)
     assert normal["verdict"] in ("stable", "watch") and not normal["fire"], normal["signals"]
-    assert {s["signal"] for s in normal["signals"]} >= {"tool", "country", "request_length", "request_text",
-                                                         "invalid_tool_call_rate"}
+    assert {s["signal"] for s in normal["signals"]} >= {
+        "tool",
+        "country",
+        "request_length",
+        "request_text",
+        "invalid_tool_call_rate",
+    }
     reference = Path(settings.zone("features")) / "drift_reference" / "2026-11-08_2026-11-10"
     assert (reference / "summary.json").is_file() and (reference / "embeddings.npy").is_file()
 
@@ -155,7 +170,7 @@ def test_only_an_emitted_alert_starts_the_cooldown(traffic_root) -> None:
     from pipelines.drift.monitor import run_monitor
 
     settings = traffic_root
-    now = datetime(2026, 11, 12, 12, tzinfo=timezone.utc)
+    now = datetime(2026, 11, 12, 12, tzinfo=UTC)
     first = run_monitor(settings, date(2026, 11, 12), now=now)
     assert first["fire"], first["signals"]
     state_file = Path(settings.zone("reports")) / "drift" / "state.json"
@@ -195,16 +210,33 @@ def write_custom_toolset_window(tmp_path: Path, raw_zone: str, day: date, n: int
     """n turns under a made-up imported toolset, written and registered the way the retail importer does."""
     import json
 
-    from pipelines.logs.importers import retail_to_raw
+    from pipelines.simulate.importers import retail_to_raw
 
-    tools = [{"type": "function", "function": {
-        "name": "wrap_gift", "description": "Gift-wrap an order's items.",
-        "parameters": {"type": "object", "properties": {"order_id": {"type": "string"},
-                                                        "paper": {"type": "string", "enum": ["red", "gold"]}},
-                       "required": ["order_id", "paper"], "additionalProperties": False}}}]
-    tasks = [{"instruction": f"Please gift-wrap order #W{i} in {paper} paper.",
-              "actions": [{"name": "wrap_gift", "arguments": {"order_id": f"#W{i}", "paper": paper}}]}
-             for i, paper in enumerate(["red", "gold"] * (n // 2))]
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "wrap_gift",
+                "description": "Gift-wrap an order's items.",
+                "parameters": {
+                    "type": "object",
+                    "properties": {
+                        "order_id": {"type": "string"},
+                        "paper": {"type": "string", "enum": ["red", "gold"]},
+                    },
+                    "required": ["order_id", "paper"],
+                    "additionalProperties": False,
+                },
+            },
+        }
+    ]
+    tasks = [
+        {
+            "instruction": f"Please gift-wrap order #W{i} in {paper} paper.",
+            "actions": [{"name": "wrap_gift", "arguments": {"order_id": f"#W{i}", "paper": paper}}],
+        }
+        for i, paper in enumerate(["red", "gold"] * (n // 2))
+    ]
     (tmp_path / "tools.json").write_text(json.dumps(tools))
     (tmp_path / "tasks.jsonl").write_text("\n".join(json.dumps(t) for t in tasks) + "\n")
     retail_to_raw(tmp_path / "tools.json", tmp_path / "tasks.jsonl", Path(raw_zone), day)
@@ -228,7 +260,7 @@ def test_parallel_parse_gives_the_same_window(tmp_path: Path) -> None:
     """A window of several chunks is parsed by a process pool (with the registered toolsets): same rows,
     same order, same reasons as in-process."""
     from pipelines.drift.monitor import parse_window
-    from pipelines.logs.generator import GeneratorConfig, write_raw_logs
+    from pipelines.simulate.generator import GeneratorConfig, write_raw_logs
     from pipelines.window import DateWindow
 
     root, day = tmp_path / "root", date(2026, 11, 12)
@@ -248,7 +280,7 @@ def test_empty_windows_give_one_clear_error_not_a_key_error(tmp_path: Path, monk
     from pipelines.drift import monitor
     from pipelines.drift.signals import EmptyWindow, summarize
     from pipelines.errors import NotRetryable
-    from pipelines.logs.generator import GeneratorConfig, write_raw_logs
+    from pipelines.simulate.generator import GeneratorConfig, write_raw_logs
     from pipelines.window import DateWindow
 
     cfg = load_settings().drift
@@ -277,14 +309,20 @@ def test_monitor_reads_and_writes_object_storage(tmp_path: Path, monkeypatch: py
     import fsspec
 
     from pipelines.drift import monitor
-    from pipelines.logs.generator import Drift, GeneratorConfig, write_raw_logs
+    from pipelines.simulate.generator import Drift, GeneratorConfig, write_raw_logs
     from pipelines.window import DateWindow
 
     local = tmp_path / "gen"
-    write_raw_logs(GeneratorConfig(seed=1, records=1500, days=2, end_date=date(2026, 11, 10), bad_share=0.03),
-                   local, compress=True)
-    write_raw_logs(GeneratorConfig(seed=3, records=600, end_date=date(2026, 11, 12), bad_share=0.03,
-                                   drift=Drift.HOLIDAY, drift_magnitude=0.8), local, compress=True)
+    write_raw_logs(
+        GeneratorConfig(seed=1, records=1500, days=2, end_date=date(2026, 11, 10), bad_share=0.03), local, compress=True
+    )
+    write_raw_logs(
+        GeneratorConfig(
+            seed=3, records=600, end_date=date(2026, 11, 12), bad_share=0.03, drift=Drift.HOLIDAY, drift_magnitude=0.8
+        ),
+        local,
+        compress=True,
+    )
     fs = fsspec.filesystem("memory")
     bucket = f"/drift-test-{tmp_path.name}"
     for file in local.rglob("*.jsonl.gz"):
@@ -294,7 +332,7 @@ def test_monitor_reads_and_writes_object_storage(tmp_path: Path, monkeypatch: py
     object.__setattr__(settings, "root", f"memory://{bucket}")  # MLflow stays on the local SQLite store
     monkeypatch.setattr(monitor, "reference_window", lambda settings: DateWindow.parse("2026-11-09", "2026-11-10"))
     try:
-        result = monitor.run_monitor(settings, date(2026, 11, 12), now=datetime(2026, 11, 12, 12, tzinfo=timezone.utc))
+        result = monitor.run_monitor(settings, date(2026, 11, 12), now=datetime(2026, 11, 12, 12, tzinfo=UTC))
         assert result["lines"] == 600 and result["fire"], result.get("reason")
         monitor.mark_emitted(settings, result["checked_at"])
         ref = f"{bucket}/features/drift_reference/2026-11-09_2026-11-10"
@@ -321,9 +359,20 @@ def test_a_numeric_signal_with_few_values_is_not_judged() -> None:
     def frame(n: int, with_amount: int) -> pd.DataFrame:
         amounts = np.full(n, np.nan)
         amounts[:with_amount] = rng.lognormal(4, 1, with_amount)
-        return pd.DataFrame({"tool": "get_order", "workload_id": "orders", "country": "US", "currency": "USD",
-                             "channel": "web", "category": None, "request_text": "where is my order",
-                             "latency_ms": rng.lognormal(7, 0.3, n), "amount": amounts, "feedback": "none"})
+        return pd.DataFrame(
+            {
+                "tool": "get_order",
+                "workload_id": "orders",
+                "country": "US",
+                "currency": "USD",
+                "channel": "web",
+                "category": None,
+                "request_text": "where is my order",
+                "latency_ms": rng.lognormal(7, 0.3, n),
+                "amount": amounts,
+                "feedback": "none",
+            }
+        )
 
     ref = summarize(frame(2000, 800), {}, cfg)
     few = compare(ref, summarize(frame(600, 40), {}, cfg, edges=ref.numeric_edges), cfg)
@@ -337,7 +386,9 @@ def test_drift_sweep_id_includes_the_reference_days(tmp_path: Path, monkeypatch:
     from pipelines.prep import dataset
     from pipelines.train.sweep import load_sweep, sweep_id_for
 
-    monkeypatch.setattr(dataset, "manifest", lambda settings, window=None: {"training_set": {"digest": "0123456789abcdef"}})
+    monkeypatch.setattr(
+        dataset, "manifest", lambda settings, window=None: {"training_set": {"digest": "0123456789abcdef"}}
+    )
     settings = load_settings(root=str(tmp_path))
     sweep = load_sweep(str(Path(__file__).resolve().parent.parent / "conf" / "sweeps" / "drift.yaml"))
     plain = sweep_id_for(settings, sweep)

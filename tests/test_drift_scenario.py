@@ -22,12 +22,11 @@ import json
 import os
 import socket
 import subprocess
+from datetime import UTC
 from pathlib import Path
 
 import pytest
-
-from helpers import (FLYWHEEL, clean_env, create_databases, listening_sockets, processes_with_env, run_flywheel,
-                     wait_for)
+from helpers import FLYWHEEL, clean_env, create_databases, listening_sockets, processes_with_env, run_flywheel, wait_for
 from ports import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.scenario]  # outside `make test`: `make test-scenario`
@@ -35,13 +34,12 @@ SWEEPS = Path(__file__).resolve().parent / "sweeps"
 UNTRAINED, RETRAIN = str(SWEEPS / "smollm2-untrained.yaml"), str(SWEEPS / "smollm2-drift.yaml")
 
 
-
 @pytest.mark.timeout(1800)  # 12 min 39 s alone here (2026-11-27); a busy machine takes longer
 def test_drift_alert_retrains_once_under_the_scheduler_on_postgres(tmp_path: Path, postgres) -> None:
     import base64
     import urllib.error
     import urllib.request
-    from datetime import datetime, timedelta, timezone
+    from datetime import datetime, timedelta
 
     import psycopg2
 
@@ -55,43 +53,60 @@ def test_drift_alert_retrains_once_under_the_scheduler_on_postgres(tmp_path: Pat
     dbs = {name: f"{name}_drift" for name in ("airflow", "mlflow", "mlflow_auth", "feast")}
     create_databases(postgres, *dbs.values())
     root = tmp_path / "fw"
-    env = {"FLYWHEEL_ROOT": str(root), "FLYWHEEL_AIRFLOW__PORT": str(free_port()),
-           "FLYWHEEL_MLFLOW__PORT": str(free_port()), "FLYWHEEL_GATEWAY__PORT": str(free_port()),
-           "FLYWHEEL_AIRFLOW__SQL_ALCHEMY_CONN": postgres.uri(dbs["airflow"]),
-           "FLYWHEEL_MLFLOW__BACKEND_STORE_URI": postgres.uri(dbs["mlflow"]),
-           "FLYWHEEL_MLFLOW__AUTH_DATABASE_URI": postgres.uri(dbs["mlflow_auth"]),
-           "FLYWHEEL_FEAST__REGISTRY": postgres.uri(dbs["feast"]), "FLYWHEEL_FEAST__ONLINE_STORE": postgres.uri(dbs["feast"]),
-           "FLYWHEEL_TRAIN__SWEEP": UNTRAINED,
-           "FLYWHEEL_TRAIN__DRIFT_SWEEP": RETRAIN, "FLYWHEEL_EVALUATION__EXAMPLES": "8",
-           "FLYWHEEL_EVALUATION__SHOTS": "0", "FLYWHEEL_EVALUATION__CONSTRAINED": "on",  # the served decoding only
-           "FLYWHEEL_EVALUATION__BASELINES": "false",  # no gate here compares with the base model
-           "FLYWHEEL_TRITON__HTTP_PORT": str(free_port()), "FLYWHEEL_TRITON__GRPC_PORT": str(free_port()),
-           "FLYWHEEL_TRITON__METRICS_PORT": str(free_port()), "FLYWHEEL_TRITON__SMOKE_REQUESTS": "2",
-           "FLYWHEEL_TRITON__SMOKE_MIN_VALID_JSON": "0", "FLYWHEEL_TRITON__MAX_NEW_TOKENS": "12",
-           # the DAG's benchmark task is tested in test_dag; here it would time two deployments for nothing
-           "FLYWHEEL_BENCH__AFTER_DEPLOY": "false", "FLYWHEEL_DRIFT__MIN_RECORDS": "100",
-           "FLYWHEEL_DRIFT__EMBEDDING_SAMPLE": "80",
-           # the first (untrained) champion is promoted unchecked; the retrain then faces the real gate against
-           # it, except for latency: under the grammar the untrained champion mostly abstains (`{"name":null}`,
-           # a few tokens) while the retrain writes whole calls, so the champion's p50 is no reference here
-           # (measured +311 %); the latency rule itself is tested in test_gate
-           "FLYWHEEL_PROMOTION__BASELINE": "none", "FLYWHEEL_PROMOTION__MAX_LATENCY_INCREASE": "10.0",
-           # 8 requests are far too few for the paired rule's intervals (tested in test_gate_paired): this loop
-           # checks that the retrain reaches the gate and is promoted on a clear gain, with the point rule
-           "FLYWHEEL_PROMOTION__RULE": "point"}
-    settings = load_settings(root=str(root), triton={"http_port": int(env["FLYWHEEL_TRITON__HTTP_PORT"]),
-                                                     "grpc_port": int(env["FLYWHEEL_TRITON__GRPC_PORT"])},
-                             airflow={"port": int(env["FLYWHEEL_AIRFLOW__PORT"]),
-                                      "sql_alchemy_conn": postgres.uri(dbs["airflow"])},
-                             mlflow={"port": int(env["FLYWHEEL_MLFLOW__PORT"])},
-                             feast={"registry": postgres.uri(dbs["feast"]), "online_store": postgres.uri(dbs["feast"])})
-    today = datetime.now(timezone.utc).date()
+    env = {
+        "FLYWHEEL_ROOT": str(root),
+        "FLYWHEEL_AIRFLOW__PORT": str(free_port()),
+        "FLYWHEEL_MLFLOW__PORT": str(free_port()),
+        "FLYWHEEL_GATEWAY__PORT": str(free_port()),
+        "FLYWHEEL_AIRFLOW__SQL_ALCHEMY_CONN": postgres.uri(dbs["airflow"]),
+        "FLYWHEEL_MLFLOW__BACKEND_STORE_URI": postgres.uri(dbs["mlflow"]),
+        "FLYWHEEL_MLFLOW__AUTH_DATABASE_URI": postgres.uri(dbs["mlflow_auth"]),
+        "FLYWHEEL_FEAST__REGISTRY": postgres.uri(dbs["feast"]),
+        "FLYWHEEL_FEAST__ONLINE_STORE": postgres.uri(dbs["feast"]),
+        "FLYWHEEL_TRAIN__SWEEP": UNTRAINED,
+        "FLYWHEEL_TRAIN__DRIFT_SWEEP": RETRAIN,
+        "FLYWHEEL_EVALUATION__EXAMPLES": "8",
+        "FLYWHEEL_EVALUATION__SHOTS": "0",
+        "FLYWHEEL_EVALUATION__CONSTRAINED": "on",  # the served decoding only
+        "FLYWHEEL_EVALUATION__BASELINES": "false",  # no gate here compares with the base model
+        "FLYWHEEL_TRITON__HTTP_PORT": str(free_port()),
+        "FLYWHEEL_TRITON__GRPC_PORT": str(free_port()),
+        "FLYWHEEL_TRITON__METRICS_PORT": str(free_port()),
+        "FLYWHEEL_TRITON__SMOKE_REQUESTS": "2",
+        "FLYWHEEL_TRITON__SMOKE_MIN_VALID_JSON": "0",
+        "FLYWHEEL_TRITON__MAX_NEW_TOKENS": "12",
+        # the DAG's benchmark task is tested in test_dag; here it would time two deployments for nothing
+        "FLYWHEEL_BENCH__AFTER_DEPLOY": "false",
+        "FLYWHEEL_DRIFT__MIN_RECORDS": "100",
+        "FLYWHEEL_DRIFT__EMBEDDING_SAMPLE": "80",
+        # the first (untrained) champion is promoted unchecked; the retrain then faces the real gate against
+        # it, except for latency: under the grammar the untrained champion mostly abstains (`{"name":null}`,
+        # a few tokens) while the retrain writes whole calls, so the champion's p50 is no reference here
+        # (measured +311 %); the latency rule itself is tested in test_gate
+        "FLYWHEEL_PROMOTION__BASELINE": "none",
+        "FLYWHEEL_PROMOTION__MAX_LATENCY_INCREASE": "10.0",
+        # 8 requests are far too few for the paired rule's intervals (tested in test_gate_paired): this loop
+        # checks that the retrain reaches the gate and is promoted on a clear gain, with the point rule
+        "FLYWHEEL_PROMOTION__RULE": "point",
+    }
+    settings = load_settings(
+        root=str(root),
+        triton={
+            "http_port": int(env["FLYWHEEL_TRITON__HTTP_PORT"]),
+            "grpc_port": int(env["FLYWHEEL_TRITON__GRPC_PORT"]),
+        },
+        airflow={"port": int(env["FLYWHEEL_AIRFLOW__PORT"]), "sql_alchemy_conn": postgres.uri(dbs["airflow"])},
+        mlflow={"port": int(env["FLYWHEEL_MLFLOW__PORT"])},
+        feast={"registry": postgres.uri(dbs["feast"]), "online_store": postgres.uri(dbs["feast"])},
+    )
+    today = datetime.now(UTC).date()
     drift_day, quiet_day = str(today), str(today + timedelta(days=1))  # the daily run trains on yesterday
     trained_day = str(today - timedelta(days=1))
 
     def finished(dag_id: str, run_type: str) -> list[dict]:
-        return [r for r in rest.dag_runs(dag_id) if r.get("run_type") == run_type
-                and r["state"] in ("success", "failed")]
+        return [
+            r for r in rest.dag_runs(dag_id) if r.get("run_type") == run_type and r["state"] in ("success", "failed")
+        ]
 
     try:
         up = run_flywheel("up", "--json", env=env)
@@ -123,14 +138,15 @@ def test_drift_alert_retrains_once_under_the_scheduler_on_postgres(tmp_path: Pat
         assert status(None, None) == 401 and status("admin", "wrong-password") == 401
         assert status("admin", password) == 200
         # what a user's own client reads the registry with: the server, as admin
-        tracked = load_settings(root=str(root), mlflow={"tracking_uri": info["mlflow"]["url"], "username": "admin",
-                                                        "password": password})
+        tracked = load_settings(
+            root=str(root), mlflow={"tracking_uri": info["mlflow"]["url"], "username": "admin", "password": password}
+        )
         rest = AirflowRest(settings)
         # `flywheel up` left both DAGs active (Airflow's own record says so) and the monitor due within the hour
         monitor = rest.dag("drift_monitor")
         assert rest.dag("commerce_flywheel")["is_paused"] is False and monitor["is_paused"] is False
         due = datetime.fromisoformat(monitor["next_dagrun_run_after"].replace("Z", "+00:00"))
-        now = datetime.now(timezone.utc)
+        now = datetime.now(UTC)
         assert now - timedelta(hours=1) <= due <= now + timedelta(hours=1), monitor  # not a stale paused date
         # the monitor's first hourly check found no champion yet: a check that passes and says so, not a failure
         first = wait_for(lambda: finished("drift_monitor", "scheduled"), 600, "the first hourly check")[0]
@@ -146,12 +162,23 @@ def test_drift_alert_retrains_once_under_the_scheduler_on_postgres(tmp_path: Pat
         # while a drift check on the champion's own day runs: LocalExecutor runs their tasks side by side
         old_day = str(today - timedelta(days=30))
         current = (root / "curated" / "manifest.json").read_text()
-        started = subprocess.Popen([FLYWHEEL, "run", "--scheduler", "--end-date", old_day, "--records-per-day", "800",
-                                    "--no-train", "--json"], env=clean_env(env), stdout=subprocess.PIPE,
-                                   stderr=subprocess.PIPE, text=True)
+        started = subprocess.Popen(
+            [FLYWHEEL, "run", "--scheduler", "--end-date", old_day, "--records-per-day", "800", "--no-train", "--json"],
+            env=clean_env(env),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         try:  # the check is triggered once the backfill runs, so the two overlap whatever the machine's speed
-            wait_for(lambda: [r for r in rest.dag_runs("commerce_flywheel") if r.get("run_type") == "manual"
-                              and r["state"] == "running"], 300, "the backfill to start")
+            wait_for(
+                lambda: [
+                    r
+                    for r in rest.dag_runs("commerce_flywheel")
+                    if r.get("run_type") == "manual" and r["state"] == "running"
+                ],
+                300,
+                "the backfill to start",
+            )
             check = rest.trigger("drift_monitor", {"end_date": trained_day})
             out, err = started.communicate(timeout=900)
         finally:
@@ -166,29 +193,52 @@ def test_drift_alert_retrains_once_under_the_scheduler_on_postgres(tmp_path: Pat
         assert (root / "curated" / "manifest.json").read_text() == current  # a backfill moves nothing
         wait_for(lambda: rest.dag_run("drift_monitor", check)["state"] in ("success", "failed"), 600, "the check")
         assert rest.dag_run("drift_monitor", check)["state"] == "success"
-        conn = psycopg2.connect(host="127.0.0.1", port=postgres.port, user=postgres.user,
-                                password=postgres.password, dbname=dbs["airflow"])
+        conn = psycopg2.connect(
+            host="127.0.0.1", port=postgres.port, user=postgres.user, password=postgres.password, dbname=dbs["airflow"]
+        )
         with conn.cursor() as cur:
-            cur.execute("SELECT run_id, task_id, start_date, end_date FROM task_instance "
-                        "WHERE run_id IN (%s, %s) AND start_date IS NOT NULL", (backfill["dag_run_id"], check))
+            cur.execute(
+                "SELECT run_id, task_id, start_date, end_date FROM task_instance "
+                "WHERE run_id IN (%s, %s) AND start_date IS NOT NULL",
+                (backfill["dag_run_id"], check),
+            )
             rows = cur.fetchall()
         conn.close()
         data_path = [(s, e) for run_id, _, s, e in rows if run_id == backfill["dag_run_id"]]
         monitor = [(s, e) for run_id, _, s, e in rows if run_id == check]
         assert data_path and monitor and any(s1 < e2 and s2 < e1 for s1, e1 in data_path for s2, e2 in monitor), rows
 
-        generate = run_flywheel("logs", "generate", "--records", "700", "--seed", "9", "--end-date", drift_day,
-                                "--drift", "holiday", "--drift-magnitude", "0.9", "--bad-share", "0.03", env=env)
+        generate = run_flywheel(
+            "logs",
+            "generate",
+            "--records",
+            "700",
+            "--seed",
+            "9",
+            "--end-date",
+            drift_day,
+            "--drift",
+            "holiday",
+            "--drift-magnitude",
+            "0.9",
+            "--bad-share",
+            "0.03",
+            env=env,
+        )
         assert generate.returncode == 0, generate.stderr
         # two checks in a row on the drifted day (on demand; the hourly one may add a third): one alert emitted
         for _ in range(2):
             manual = rest.trigger("drift_monitor", {"end_date": drift_day})
-            wait_for(lambda: rest.dag_run("drift_monitor", manual)["state"] in ("success", "failed"), 600, "the monitor")
+            wait_for(
+                lambda: rest.dag_run("drift_monitor", manual)["state"] in ("success", "failed"), 600, "the monitor"
+            )
             assert rest.dag_run("drift_monitor", manual)["state"] == "success"
         state = json.loads((root / "reports" / "drift" / "state.json").read_text())
         assert len(state["alerts"]) >= 2 and [a["emitted"] for a in state["alerts"]].count(True) == 1, state
 
-        retrain = wait_for(lambda: finished("commerce_flywheel", "asset_triggered"), 1200, "the asset-triggered retrain")[0]
+        retrain = wait_for(
+            lambda: finished("commerce_flywheel", "asset_triggered"), 1200, "the asset-triggered retrain"
+        )[0]
         assert retrain["state"] == "success", retrain
 
         from pipelines.clients.mlflow import client as mlflow_client
@@ -203,8 +253,9 @@ def test_drift_alert_retrains_once_under_the_scheduler_on_postgres(tmp_path: Pat
         live = deploy.live_model(settings)
         assert live.version == "2" and deploy.state(settings)["previous"]["version"] == "1"
         # the server's stores are the PostgreSQL databases (not a SQLite file beside it)
-        conn = psycopg2.connect(host="127.0.0.1", port=postgres.port, user=postgres.user,
-                                password=postgres.password, dbname=dbs["mlflow"])
+        conn = psycopg2.connect(
+            host="127.0.0.1", port=postgres.port, user=postgres.user, password=postgres.password, dbname=dbs["mlflow"]
+        )
         with conn.cursor() as cur:
             cur.execute("SELECT alias, version FROM registered_model_aliases")
             aliases = dict(cur.fetchall())
@@ -212,8 +263,13 @@ def test_drift_alert_retrains_once_under_the_scheduler_on_postgres(tmp_path: Pat
             runs = cur.fetchone()[0]
         conn.close()
         assert aliases.get("champion") == 2 and aliases.get("candidate") == 2 and runs >= 4, (aliases, runs)
-        conn = psycopg2.connect(host="127.0.0.1", port=postgres.port, user=postgres.user,
-                                password=postgres.password, dbname=dbs["mlflow_auth"])
+        conn = psycopg2.connect(
+            host="127.0.0.1",
+            port=postgres.port,
+            user=postgres.user,
+            password=postgres.password,
+            dbname=dbs["mlflow_auth"],
+        )
         with conn.cursor() as cur:
             cur.execute("SELECT username FROM users")
             assert ("admin",) in cur.fetchall()
@@ -229,11 +285,30 @@ def test_drift_alert_retrains_once_under_the_scheduler_on_postgres(tmp_path: Pat
         assert reply.error is None and reply.output_tokens > 0, reply
 
         # the next day looks like the new champion's training window (holiday traffic): no alert
-        quiet = run_flywheel("logs", "generate", "--records", "700", "--seed", "10", "--end-date", quiet_day,
-                             "--bad-share", "0.03", "--drift", "holiday", "--drift-magnitude", "0.9", env=env)
+        quiet = run_flywheel(
+            "logs",
+            "generate",
+            "--records",
+            "700",
+            "--seed",
+            "10",
+            "--end-date",
+            quiet_day,
+            "--bad-share",
+            "0.03",
+            "--drift",
+            "holiday",
+            "--drift-magnitude",
+            "0.9",
+            env=env,
+        )
         assert quiet.returncode == 0
-        as_user = {**env, "FLYWHEEL_MLFLOW__TRACKING_URI": info["mlflow"]["url"],  # through the server, as a
-                   "FLYWHEEL_MLFLOW__USERNAME": "admin", "FLYWHEEL_MLFLOW__PASSWORD": password}  # user's CLI
+        as_user = {
+            **env,
+            "FLYWHEEL_MLFLOW__TRACKING_URI": info["mlflow"]["url"],  # through the server, as a
+            "FLYWHEEL_MLFLOW__USERNAME": "admin",
+            "FLYWHEEL_MLFLOW__PASSWORD": password,
+        }  # user's CLI
         check = run_flywheel("drift", "check", "--end-date", quiet_day, "--json", env=as_user)
         assert check.returncode == 0, check.stderr
         assert json.loads(check.stdout)["verdict"] in ("stable", "watch"), check.stdout
@@ -245,19 +320,25 @@ def test_drift_alert_retrains_once_under_the_scheduler_on_postgres(tmp_path: Pat
         assert [d["state"] for d in json.loads(paused.stdout)["dags"]] == ["paused"], paused.stdout + paused.stderr
         assert rest.dag("drift_monitor")["is_paused"] is True and rest.dag("commerce_flywheel")["is_paused"] is False
         again = run_flywheel("up", "--only", "airflow", "--paused", "--json", env=env)
-        assert json.loads(again.stdout)["airflow"]["schedules"] == {"commerce_flywheel": "paused", "drift_monitor": "paused"}
+        assert json.loads(again.stdout)["airflow"]["schedules"] == {
+            "commerce_flywheel": "paused",
+            "drift_monitor": "paused",
+        }
         assert rest.dag("commerce_flywheel")["is_paused"] is True
         resumed = run_flywheel("schedules", "resume", "--json", env=env)
         assert {d["dag"]: d["state"] for d in json.loads(resumed.stdout)["dags"]} == {
-            "commerce_flywheel": "active", "drift_monitor": "active"}
+            "commerce_flywheel": "active",
+            "drift_monitor": "active",
+        }
         shown = json.loads(run_flywheel("schedules", "--json", env=env).stdout)["dags"]
         daily = next(d for d in shown if d["dag"] == "commerce_flywheel")
         assert daily["next_run"] and daily["last_run"]["trigger"] in ("clock", "drift asset"), daily
         assert not rest.dag("drift_monitor")["is_paused"] and not rest.dag("commerce_flywheel")["is_paused"]
 
         # Feast: the SQL registry and the online store live in the `feast` database, and serve lookups
-        conn = psycopg2.connect(host="127.0.0.1", port=postgres.port, user=postgres.user,
-                                password=postgres.password, dbname=dbs["feast"])
+        conn = psycopg2.connect(
+            host="127.0.0.1", port=postgres.port, user=postgres.user, password=postgres.password, dbname=dbs["feast"]
+        )
         with conn.cursor() as cur:
             cur.execute("SELECT table_name FROM information_schema.tables WHERE table_schema = 'public'")
             tables = {row[0] for row in cur.fetchall()}
@@ -270,8 +351,10 @@ def test_drift_alert_retrains_once_under_the_scheduler_on_postgres(tmp_path: Pat
 
         from pipelines.clients.feast import feature_store, online_customer_features
 
-        assert sorted(v.name for v in feature_store(settings).list_feature_views()) == ["category_stats",
-                                                                                       "customer_profile"]
+        assert sorted(v.name for v in feature_store(settings).list_feature_views()) == [
+            "category_stats",
+            "customer_profile",
+        ]
         customer = str(pq.read_table(root / "features" / "customer").column("customer_id")[0])
         assert online_customer_features(settings, [customer])[0]["requests_30d"] is not None
 
@@ -281,9 +364,9 @@ def test_drift_alert_retrains_once_under_the_scheduler_on_postgres(tmp_path: Pat
         registry = mlflow_client(tracked)
         experiments = [e.experiment_id for e in registry.search_experiments()]
         secrets = [postgres.password, password]
-        findings = (scan_files([root / "airflow" / "logs", root / "reports", root / "logs",
-                                root / "curated" / "manifest.json"], secrets)
-                    + scan_mlflow(registry, experiments, secrets))
+        findings = scan_files(
+            [root / "airflow" / "logs", root / "reports", root / "logs", root / "curated" / "manifest.json"], secrets
+        ) + scan_mlflow(registry, experiments, secrets)
         assert findings == [], [str(f) for f in findings]
 
         # a crash or a reboot: every service SIGKILLed (Triton, the gateway, Airflow, MLflow); `flywheel up`
@@ -301,19 +384,34 @@ def test_drift_alert_retrains_once_under_the_scheduler_on_postgres(tmp_path: Pat
 
         def ask(url: str, key_file: str):
             client = OpenAI(base_url=url, api_key=Path(key_file).read_text().strip(), timeout=120, max_retries=0)
-            return client.chat.completions.create(model="champion", messages=turn["messages"], tools=turn["tools"],
-                                                  user=turn["extra"]["user"])
+            return client.chat.completions.create(
+                model="champion", messages=turn["messages"], tools=turn["tools"], user=turn["extra"]["user"]
+            )
 
         def captured() -> set[str]:
             folders = [root / "raw", root / "serving" / "gateway" / "unusable"]  # labels, and cut answers apart
-            return {json.loads(line)["record_id"] for folder in folders for f in folder.glob("dt=*/gateway-*.jsonl")
-                    for line in f.read_bytes().splitlines()}
+            return {
+                json.loads(line)["record_id"]
+                for folder in folders
+                for f in folder.glob("dt=*/gateway-*.jsonl")
+                for line in f.read_bytes().splitlines()
+            }
 
         first = ask(info["gateway"]["url"], info["gateway"]["api_key_file"])
         before = captured()
         assert first.id in before and first.system_fingerprint == live.name  # the Triton model that answered
-        wait_for(lambda: not [r for dag in ("commerce_flywheel", "drift_monitor") for r in rest.dag_runs(dag)
-                              if r["state"] in ("queued", "running")], 600, "no run in flight")  # a crash between runs
+        wait_for(
+            lambda: (
+                not [
+                    r
+                    for dag in ("commerce_flywheel", "drift_monitor")
+                    for r in rest.dag_runs(dag)
+                    if r["state"] in ("queued", "running")
+                ]
+            ),
+            600,
+            "no run in flight",
+        )  # a crash between runs
         pids = {name: read_pid(str(root), name) for name in ("triton", "gateway", "airflow", "mlflow")}
         assert all(pids.values()), pids
         for pid in pids.values():
@@ -336,8 +434,12 @@ def test_drift_alert_retrains_once_under_the_scheduler_on_postgres(tmp_path: Pat
         run_flywheel("serve", "down", env=env)
         run_flywheel("down", env=env)
     assert processes_with_env(f"FLYWHEEL_ROOT={root}") == []  # `down` leaves no process and no open port behind
-    for port in (env["FLYWHEEL_AIRFLOW__PORT"], env["FLYWHEEL_MLFLOW__PORT"], env["FLYWHEEL_GATEWAY__PORT"],
-                 env["FLYWHEEL_TRITON__HTTP_PORT"]):
+    for port in (
+        env["FLYWHEEL_AIRFLOW__PORT"],
+        env["FLYWHEEL_MLFLOW__PORT"],
+        env["FLYWHEEL_GATEWAY__PORT"],
+        env["FLYWHEEL_TRITON__HTTP_PORT"],
+    ):
         with socket.socket() as probe:
             assert probe.connect_ex(("127.0.0.1", int(port))) != 0, port
     status_after = json.loads(run_flywheel("status", "--json", env=env).stdout)

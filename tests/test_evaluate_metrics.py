@@ -12,17 +12,19 @@ GOLD = {"name": "search_products", "arguments": {"query": "hoodie", "color": "re
 
 def test_parse_call_finds_the_call_in_surrounding_text() -> None:
     assert parse_call('Sure! {"name": "get_order", "arguments": {"order_id": "ORD-1"}} done') == {
-        "name": "get_order", "arguments": {"order_id": "ORD-1"}}
+        "name": "get_order",
+        "arguments": {"order_id": "ORD-1"},
+    }
     assert parse_call('{"name": null}') == {"name": None, "arguments": {}}
     assert parse_call('{"name": "get_order", "arguments": "{\\"order_id\\": \\"X\\"}"}')["arguments"] == {
-        "order_id": "X"}
+        "order_id": "X"
+    }
     for bad in ("no json here", '{"order_id": 1}', '{"name": 3}', '{"name": "x", "arguments": [1]}', "{broken"):
         assert parse_call(bad) is None
 
 
 def test_exact_match_compares_values_as_json() -> None:
-    s = score('{"name": "search_products", "arguments": {"max_price": 40.0, "color": "red", "query": " hoodie"}}',
-              GOLD)
+    s = score('{"name": "search_products", "arguments": {"max_price": 40.0, "color": "red", "query": " hoodie"}}', GOLD)
     assert (s.json_valid, s.name_match, s.exact_match, s.arg_f1) == (True, True, True, 1.0)
 
 
@@ -56,9 +58,9 @@ def test_abstention_cases() -> None:
 def test_summary_per_tool_and_confusion_hand_computed() -> None:
     scores = [
         score('{"name": "search_products", "arguments": {"query": "hoodie", "color": "red", "max_price": 40}}', GOLD),
-        score('{"name": "search_products", "arguments": {"query": "hoodie"}}', GOLD),   # F1 = 0.5
+        score('{"name": "search_products", "arguments": {"query": "hoodie"}}', GOLD),  # F1 = 0.5
         score('{"name": null}', {"name": None}),
-        score('{"name": null}', GOLD),                                                 # false abstention
+        score('{"name": null}', GOLD),  # false abstention
         score("garbage", {"name": "get_order", "arguments": {"order_id": "ORD-1"}}),
     ]
     s = summarize(scores)
@@ -69,8 +71,11 @@ def test_summary_per_tool_and_confusion_hand_computed() -> None:
     assert s["arg_f1"] == pytest.approx((1.0 + 0.5 + 0.0 + 0.0) / 4)
     assert s["abstention_recall"] == 1.0 and s["abstention_precision"] == 0.5
     assert per_tool(scores)["search_products"]["exact_match"] == pytest.approx(1 / 3)
-    assert confusion(scores) == {NO_TOOL: {NO_TOOL: 1}, "get_order": {INVALID: 1},
-                                 "search_products": {NO_TOOL: 1, "search_products": 2}}
+    assert confusion(scores) == {
+        NO_TOOL: {NO_TOOL: 1},
+        "get_order": {INVALID: 1},
+        "search_products": {NO_TOOL: 1, "search_products": 2},
+    }
 
 
 def test_text_f1_normalizes_both_sides_and_counts_shared_tokens() -> None:
@@ -86,8 +91,7 @@ def test_text_f1_normalizes_both_sides_and_counts_shared_tokens() -> None:
 
 def test_text_f1_per_example_averages_string_arguments_only() -> None:
     # string arguments: query (reworded: 1.0) and color (wrong: 0.0); max_price (a number) is left out
-    s = score('{"name": "search_products", "arguments": {"query": "Hoodie!", "color": "blue", "max_price": 99}}',
-              GOLD)
+    s = score('{"name": "search_products", "arguments": {"query": "Hoodie!", "color": "blue", "max_price": 99}}', GOLD)
     assert not s.exact_match and s.text_f1 == pytest.approx(0.5)
     # a missing string argument scores 0: query 1.0, color missing -> 0.5
     assert score('{"name": "search_products", "arguments": {"query": "hoodie"}}', GOLD).text_f1 == pytest.approx(0.5)
@@ -101,13 +105,21 @@ def test_text_f1_per_example_averages_string_arguments_only() -> None:
 def test_ids_are_exact_and_id_lists_are_sets_never_free_text() -> None:
     """tau-bench calls carry order and item ids: a near-miss id is wrong (not a 0.9 text F1), and the same
     item ids in another order are the same call."""
-    gold = {"name": "return_delivered_order_items",
-            "arguments": {"order_id": "#W6067464", "item_ids": ["9624127908", "8917609800"], "reason": "broken lid"}}
-    swapped = score('{"name":"return_delivered_order_items","arguments":{"item_ids":["8917609800","9624127908"],'
-                    '"order_id":"#W6067464","reason":"broken lid"}}', gold)
+    gold = {
+        "name": "return_delivered_order_items",
+        "arguments": {"order_id": "#W6067464", "item_ids": ["9624127908", "8917609800"], "reason": "broken lid"},
+    }
+    swapped = score(
+        '{"name":"return_delivered_order_items","arguments":{"item_ids":["8917609800","9624127908"],'
+        '"order_id":"#W6067464","reason":"broken lid"}}',
+        gold,
+    )
     assert swapped.exact_match and swapped.arg_f1 == 1.0
-    near = score('{"name":"return_delivered_order_items","arguments":{"item_ids":["9624127908"],'
-                 '"order_id":"#W6067465","reason":"the lid is broken"}}', gold)
+    near = score(
+        '{"name":"return_delivered_order_items","arguments":{"item_ids":["9624127908"],'
+        '"order_id":"#W6067465","reason":"the lid is broken"}}',
+        gold,
+    )
     assert not near.exact_match and near.arg_f1 == 0.0
     assert near.text_f1 == pytest.approx(text_f1("the lid is broken", "broken lid")), "only `reason` is free text"
     only_ids = {"name": "get_order_details", "arguments": {"order_id": "#W1"}}
@@ -116,11 +128,12 @@ def test_ids_are_exact_and_id_lists_are_sets_never_free_text() -> None:
 
 def test_summary_and_per_tool_carry_text_f1() -> None:
     scores = [
-        score('{"name": "search_products", "arguments": {"query": "hoodie", "color": "red", "max_price": 40}}',
-              GOLD),                                                                     # 1.0
+        score(
+            '{"name": "search_products", "arguments": {"query": "hoodie", "color": "red", "max_price": 40}}', GOLD
+        ),  # 1.0
         score('{"name": "search_products", "arguments": {"query": "hoodie red", "color": "red"}}', GOLD),  # 0.833
         score('{"name": "get_page", "arguments": {"page": 3}}', {"name": "get_page", "arguments": {"page": 2}}),
-        score('{"name": null}', {"name": None}),                                         # None: left out
+        score('{"name": null}', {"name": None}),  # None: left out
     ]
     second = (2 * 0.5 * 1.0 / 1.5 + 1.0) / 2  # query: P = 1/2, R = 1 -> 2/3; color 1.0
     assert scores[1].text_f1 == pytest.approx(second)
@@ -144,8 +157,10 @@ def test_text_f1_reaches_the_side_by_side_table_the_per_tool_table_and_the_gate_
 
     gold = json.dumps({"name": "search_products", "arguments": {"query": "red running shoes"}})
     examples = [Example(f"r{i}", [], gold, "search_products", "shoes?", "[]") for i in range(2)]
-    outputs = ['{"name": "search_products", "arguments": {"query": "Running shoes, red!"}}',  # text F1 1.0
-               '{"name": "search_products", "arguments": {"query": "red shoes"}}']            # text F1 0.8
+    outputs = [
+        '{"name": "search_products", "arguments": {"query": "Running shoes, red!"}}',  # text F1 1.0
+        '{"name": "search_products", "arguments": {"query": "red shoes"}}',
+    ]  # text F1 0.8
     result = score_condition("tuned", "adapter", "short", 0, examples, outputs, {"latency_ms_p50": 5.0})
     report = EvalReport("t", "d", 2, [result])
     [table] = report.table()
@@ -162,18 +177,24 @@ RETAIL = {"cancel_pending_order": "write", "modify_pending_order_address": "writ
 MODIFY = {"name": "modify_pending_order_address", "arguments": {"order_id": "#W1", "city": "Austin"}}
 
 
-@pytest.mark.parametrize(("output", "expected", "kind"), [
-    ('{"name":"cancel_pending_order","arguments":{"order_id":"#W1"}}', MODIFY, "wrong_tool"),
-    ('{"name":"modify_pending_order_address","arguments":{"order_id":"#W2","city":"Austin"}}', MODIFY, "other_ids"),
-    ('{"name":"cancel_pending_order","arguments":{"order_id":"#W1"}}',
-     {"name": "get_order_details", "arguments": {"order_id": "#W1"}}, "unexpected_write"),
-    ('{"name":"cancel_pending_order","arguments":{"order_id":"#W1"}}', {"name": None}, "unexpected_write"),
-    ('{"name":"refund_everything","arguments":{}}', {"name": None}, "unexpected_write"),  # undeclared: a write
-    ('{"name":"modify_pending_order_address","arguments":{"order_id":"#W1","city":"Dallas"}}', MODIFY, None),
-    ('{"name":"get_order_details","arguments":{"order_id":"#W7"}}', MODIFY, None),  # a wrong read: no write
-    ('{"name":null}', MODIFY, None),
-    ("not a call", MODIFY, None),
-])
+@pytest.mark.parametrize(
+    ("output", "expected", "kind"),
+    [
+        ('{"name":"cancel_pending_order","arguments":{"order_id":"#W1"}}', MODIFY, "wrong_tool"),
+        ('{"name":"modify_pending_order_address","arguments":{"order_id":"#W2","city":"Austin"}}', MODIFY, "other_ids"),
+        (
+            '{"name":"cancel_pending_order","arguments":{"order_id":"#W1"}}',
+            {"name": "get_order_details", "arguments": {"order_id": "#W1"}},
+            "unexpected_write",
+        ),
+        ('{"name":"cancel_pending_order","arguments":{"order_id":"#W1"}}', {"name": None}, "unexpected_write"),
+        ('{"name":"refund_everything","arguments":{}}', {"name": None}, "unexpected_write"),  # undeclared: a write
+        ('{"name":"modify_pending_order_address","arguments":{"order_id":"#W1","city":"Dallas"}}', MODIFY, None),
+        ('{"name":"get_order_details","arguments":{"order_id":"#W7"}}', MODIFY, None),  # a wrong read: no write
+        ('{"name":null}', MODIFY, None),
+        ("not a call", MODIFY, None),
+    ],
+)
 def test_a_wrong_write_is_counted_apart_by_kind(output: str, expected: dict, kind: str | None) -> None:
     assert score(output, expected, RETAIL).wrong_write == kind
 
@@ -181,7 +202,8 @@ def test_a_wrong_write_is_counted_apart_by_kind(output: str, expected: dict, kin
 def test_wrong_writes_are_summed_split_and_named_per_condition() -> None:
     outputs = ['{"name":"cancel_pending_order","arguments":{"order_id":"#W1"}}'] * 2 + [
         '{"name":"modify_pending_order_address","arguments":{"order_id":"#W1","city":"Austin"}}',
-        '{"name":"get_order_details","arguments":{"order_id":"#W1"}}']
+        '{"name":"get_order_details","arguments":{"order_id":"#W1"}}',
+    ]
     expected = [MODIFY, MODIFY, MODIFY, {"name": "get_order_details", "arguments": {"order_id": "#W1"}}]
     summary = summarize([score(o, e, RETAIL) for o, e in zip(outputs, expected)])
     assert summary["wrong_writes"] == 2 and summary["wrong_write_rate"] == 0.5
@@ -206,11 +228,11 @@ def test_wrong_writes_reach_the_report_page_the_gate_rows_and_the_veto(tmp_path)
     cancel = '{"name":"cancel_pending_order","arguments":{"order_id":"#W1"}}'
     right = json.dumps(MODIFY)
     stats = {"latency_ms_p50": 5.0, "prompt_tokens_mean": 80.0}
-    candidate = score_condition("tuned_candidate", "a", "short", 0, examples, [cancel, right], stats,
-                                RETAIL)
-    champion = score_condition("tuned_champion", "b", "short", 0, examples, [right, right], stats,
-                               RETAIL)
-    assert [w["record_id"] for w in candidate.wrong_writes] == ["r0"] and candidate.wrong_writes[0]["kind"] == "wrong_tool"
+    candidate = score_condition("tuned_candidate", "a", "short", 0, examples, [cancel, right], stats, RETAIL)
+    champion = score_condition("tuned_champion", "b", "short", 0, examples, [right, right], stats, RETAIL)
+    assert [w["record_id"] for w in candidate.wrong_writes] == ["r0"] and candidate.wrong_writes[0][
+        "kind"
+    ] == "wrong_tool"
     report = EvalReport("t", "d", 2, [candidate, champion])
     page = render_html(report)
     assert "wrong writes: 1 of 2" in page and "move order 0" in page  # listed request by request
@@ -219,8 +241,9 @@ def test_wrong_writes_reach_the_report_page_the_gate_rows_and_the_veto(tmp_path)
     assert rows["tuned_candidate"]["wrong_writes"] == 1 and rows["tuned_champion"]["wrong_writes"] == 0
     assert rows["tuned_candidate"]["per_tool"]["modify_pending_order_address"]["write"] is True
     verdict = gate(rows["tuned_candidate"], rows["tuned_champion"], load_settings(root=str(tmp_path)))
-    assert verdict.reason == ("refused: wrong writes 1 of 2 vs 0 of 2 "
-                              "(cancel_pending_order for modify_pending_order_address)")
+    assert verdict.reason == (
+        "refused: wrong writes 1 of 2 vs 0 of 2 (cancel_pending_order for modify_pending_order_address)"
+    )
 
 
 def test_an_unreadable_toolset_registry_never_turns_an_imported_write_into_a_read(monkeypatch) -> None:
@@ -267,9 +290,21 @@ def test_a_call_the_gateway_would_refuse_after_decoding_is_scored_as_no_call() -
     from pipelines.evaluate.pipeline import score_condition
     from pipelines.toolcall.examples import Example
 
-    tools = json.dumps([{"name": "tag_order", "parameters": {"type": "object", "required": ["order_id", "tags"],
-                         "properties": {"order_id": {"type": "string"}, "tags": {
-                             "type": "array", "items": {"type": "string"}, "uniqueItems": True}}}}])
+    tools = json.dumps(
+        [
+            {
+                "name": "tag_order",
+                "parameters": {
+                    "type": "object",
+                    "required": ["order_id", "tags"],
+                    "properties": {
+                        "order_id": {"type": "string"},
+                        "tags": {"type": "array", "items": {"type": "string"}, "uniqueItems": True},
+                    },
+                },
+            }
+        ]
+    )
     gold = json.dumps({"name": "tag_order", "arguments": {"order_id": "ORD-1", "tags": ["gift"]}})
     examples = [Example(f"r{i}", [], gold, "tag_order", "tag it", tools) for i in range(2)]
     fits = '{"name":"tag_order","arguments":{"order_id":"ORD-1","tags":["gift"]}}'
@@ -289,10 +324,15 @@ def test_scoring_as_served_admits_redaction_tokens_and_patterns_only_the_grammar
     from pipelines.evaluate.pipeline import as_served
     from pipelines.toolcall.calls import schema_breach
 
-    params = {"type": "object", "required": ["email", "tags"], "properties": {
-        "email": {"type": "string", "format": "email", "pattern": "^[^@]+@[^@]+$"},
-        "name": {"type": "string", "pattern": "^\\p{L}+$"},
-        "tags": {"type": "array", "items": {"type": "string"}, "uniqueItems": True}}}
+    params = {
+        "type": "object",
+        "required": ["email", "tags"],
+        "properties": {
+            "email": {"type": "string", "format": "email", "pattern": "^[^@]+@[^@]+$"},
+            "name": {"type": "string", "pattern": "^\\p{L}+$"},
+            "tags": {"type": "array", "items": {"type": "string"}, "uniqueItems": True},
+        },
+    }
     tools = json.dumps([{"name": "invite", "parameters": params}])
     redacted = '{"name":"invite","arguments":{"email":"<EMAIL>","name":"Ana","tags":["vip"]}}'
     assert as_served(redacted, tools) == redacted

@@ -1,4 +1,4 @@
-"""The gateway's turns at the shared model (pipelines/gateway/fair.py), on an event loop of its own: who goes to
+"""The gateway's turns at the shared model (pipelines/admission/fair.py), on an event loop of its own: who goes to
 the model at once, who waits, who gets a freed slot, each project's share of the gateway's places, and that a
 waiter who leaves (timed out, cancelled, or granted in the instant it gave up) never leaks a slot nor keeps one.
 Through the app with two projects' keys: test_projects_gateway.py; replicas: test_fair_share_replicas.py and
@@ -9,15 +9,16 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-
 from fair_turns import _contended, _many, _settle, _waiter
+
+from pipelines.admission.fair import FairShare
 from pipelines.gateway import openai_api as api
-from pipelines.gateway.fair import FairShare
 
 
 def test_a_freed_slot_goes_to_the_waiting_project_with_fewest_at_the_model_then_the_least_recently_served() -> None:
     """Two slots: a then b hold one each, a queues before b. When b's slot frees, b (none at the model) gets it,
     though a waited longer and was served longer ago. (Mutation tried: turns by recency alone hand it to a.)"""
+
     async def main() -> list[str]:
         fair, got = _contended(2), []
         assert await fair.acquire("a") == 0.0 and await fair.acquire("b") == 0.0
@@ -40,6 +41,7 @@ def test_a_quiet_project_goes_to_the_model_at_once_while_a_busy_one_waits_beyond
     """One slot while two projects send: a busy project's second and later requests wait; the quiet project's
     request goes at once (every sending project may have one at the model), its second waits like any other.
     (Mutations tried: first come, first served; no place for a project with none at the model.)"""
+
     async def main() -> None:
         fair, got = _contended(1), []
         assert await fair.acquire("a") == 0.0
@@ -71,6 +73,7 @@ def test_a_project_alone_is_never_held_back_and_the_turns_start_and_end_with_the
     the turns are on: b goes at once, a's next waits until a is below its slots. When b has been quiet for
     `window_s` with nothing at the model, a's waiting request goes with a's next call. (Mutations tried: the
     cap applied with one project holds a's five; contention never ending leaves a's waiter queued.)"""
+
     async def main() -> None:
         now = [0.0]
         fair = FairShare(1, 5, window_s=10)
@@ -98,6 +101,7 @@ def test_a_project_alone_is_never_held_back_and_the_turns_start_and_end_with_the
 def test_a_project_at_the_model_keeps_the_turns_on_past_the_window() -> None:
     """A project whose request is still being answered counts as sending however long ago it sent. (Mutation
     tried: pruning by time alone lets the other project's waiting request through.)"""
+
     async def main() -> None:
         now = [0.0]
         fair = FairShare(1, 60, window_s=10)
@@ -158,6 +162,7 @@ def test_the_waiting_go_on_their_own_when_the_other_project_goes_quiet() -> None
     """Nobody calls after the other project's last request ends: the gateway's own timer ends the turns when
     that project's window runs out, and the waiting request goes. (Mutation tried: no timer: it waits until
     its queue timeout.)"""
+
     async def main() -> None:
         fair = FairShare(1, 5, window_s=1.0)  # long enough that a stalled worker still sees the turns on
         assert await fair.acquire("a") == 0.0 and await fair.acquire("b") == 0.0
@@ -213,8 +218,8 @@ def test_no_slots_means_no_turns() -> None:
 
 
 def test_unset_slots_follow_the_shared_base_one_per_instance_on_cpu_a_batch_on_gpu_off_without_it(tmp_path) -> None:
+    from pipelines.admission.fair import backend_slots
     from pipelines.config import load_settings
-    from pipelines.gateway.fair import backend_slots
 
     def slots(**triton) -> int:
         return backend_slots(load_settings(root=str(tmp_path), triton=triton))
@@ -222,7 +227,9 @@ def test_unset_slots_follow_the_shared_base_one_per_instance_on_cpu_a_batch_on_g
     assert slots() == 0  # each project's versions are their own Triton models
     assert slots(multi_lora=True, instances=2) == 2
     assert slots(multi_lora=True, instances=2, instance_kind="KIND_GPU", max_batch_size=16) == 32
-    assert backend_slots(load_settings(root=str(tmp_path), triton={"multi_lora": True}, gateway={"backend_slots": 0})) == 0
+    assert (
+        backend_slots(load_settings(root=str(tmp_path), triton={"multi_lora": True}, gateway={"backend_slots": 0})) == 0
+    )
 
 
 def test_a_project_whose_answers_outlast_the_window_still_sends_when_one_ends() -> None:
@@ -231,6 +238,7 @@ def test_a_project_whose_answers_outlast_the_window_still_sends_when_one_ends() 
     waiting requests do not all go to the model in that instant: the turns hold until the quiet project's next
     request. (Mutation tried: no refresh at release: busy 4, the waiting all went; found by
     bench/projects.py, where the model held 4-5 requests under the turns.)"""
+
     async def main() -> None:
         now = [0.0]
         fair = FairShare(1, 60, window_s=10)

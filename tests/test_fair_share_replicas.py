@@ -8,16 +8,17 @@ import asyncio
 from pathlib import Path
 
 import pytest
-
 from fair_turns import _many, _settle, _waiter
-from pipelines.gateway.fair import FairShare
+
+from pipelines.admission.fair import FairShare
 
 
 def _tell(settings, fair: FairShare, replica: str) -> list[dict]:
-    """One exchange of `replica` (what peers.InStep does every gateway.turns_exchange_s): its turns out, the others' in."""
+    """One exchange of `replica` (what peers.InStep does every gateway.turns_exchange_s): its turns out, the
+    others' in."""
     import time
 
-    from pipelines.gateway import peers
+    from pipelines.admission import peers
 
     found = peers.exchange(settings, replica, {**fair.state(), "at": time.time(), "live_s": 15.0, "replica": replica})
     fair.learn(found, time.time())
@@ -33,8 +34,8 @@ def test_replicas_tell_each_other_who_sends_and_split_the_models_slots(tmp_path)
     (Mutations tried: the others' projects not counted as sending lets shop's fifth go at once; the slots not
     split lets it go at busy 1; a stopped replica's file kept counting leaves it waiting; the others' projects
     dividing b's places.)"""
+    from pipelines.admission import peers
     from pipelines.config import load_settings
-    from pipelines.gateway import peers
 
     settings = load_settings(root=str(tmp_path))
 
@@ -83,16 +84,19 @@ def test_a_stale_or_malformed_replica_file_counts_nothing_and_an_old_one_is_remo
     import json
     import time
 
+    from pipelines.admission import peers
     from pipelines.config import load_settings
-    from pipelines.gateway import peers
 
     settings = load_settings(root=str(tmp_path))
     wall = time.time()
     record = {"sending": {"shop": {"seen": wall, "held": True}}, "demand": 3, "live_s": 15.0}
-    files = {"stale": {**record, "at": wall - 20}, "old": {**record, "at": wall - 7200},
-             "ahead": {**record, "at": wall + 3600},  # a replica whose clock is an hour off
-             "bad": {**record, "at": wall, "sending": {"shop": {"seen": wall, "held": "yes"}}},
-             "live": {**record, "at": wall, "sending": {"search": {"seen": wall - 2, "held": False}}}}
+    files = {
+        "stale": {**record, "at": wall - 20},
+        "old": {**record, "at": wall - 7200},
+        "ahead": {**record, "at": wall + 3600},  # a replica whose clock is an hour off
+        "bad": {**record, "at": wall, "sending": {"shop": {"seen": wall, "held": "yes"}}},
+        "live": {**record, "at": wall, "sending": {"search": {"seen": wall - 2, "held": False}}},
+    }
     for name, data in files.items():
         path = Path(peers.turns_uri(settings, name))
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -110,20 +114,20 @@ def test_a_stale_or_malformed_replica_file_counts_nothing_and_an_old_one_is_remo
 
 
 def test_a_replica_that_stops_removes_its_file_after_the_exchange_in_flight_and_a_stuck_one_is_never_doubled(
-        tmp_path, monkeypatch, caplog) -> None:
+    tmp_path, monkeypatch, caplog
+) -> None:
     """The exchange loop (peers.InStep): a failed exchange is logged and the loop goes on; at stop, the exchange
     in flight ends first and the file is removed after it (never written again after the removal); an exchange
     stuck in the store is never run twice at once, and stop returns within its bound, leaving the file to age
     out, and the stuck thread does not hold the loop's close. The setting is 0 (off) or at least 0.1 s.
-    (Mutations tried: the loop's default executor (asyncio.to_thread) holds asyncio.run until the thread ends; stop not waiting for the exchange in flight leaves the file written after its removal;
+    (Mutations tried: the loop's default executor (asyncio.to_thread) holds asyncio.run until the thread ends; stop
+    not waiting for the exchange in flight leaves the file written after its removal;
     a new exchange every cycle while one is stuck runs it again; an exception in the exchange ending the loop.)"""
     import threading
     import time
 
-    from pipelines.config import load_settings
-    from pipelines.gateway import peers
-
-    from pipelines.config import ConfigError
+    from pipelines.admission import peers
+    from pipelines.config import ConfigError, load_settings
 
     with pytest.raises((ConfigError, ValueError), match="0 .off. or at least 0.1 s"):
         load_settings(root=str(tmp_path), gateway={"turns_exchange_s": 0.01})

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-
 from data_path import END
+
 from pipelines.config import load_settings
-from pipelines.logs.generator import EXPECTED_REASON, GeneratorConfig, Kind, write_raw_logs
 from pipelines.prep.pipeline import PrepError, run_prep
+from pipelines.simulate.generator import EXPECTED_REASON, GeneratorConfig, Kind, write_raw_logs
 from pipelines.storage import read_json
 from pipelines.window import DateWindow
 
@@ -23,16 +23,19 @@ GOOD = 300  # the good file's lines
 
 
 def _good_window(root: Path, day, records: int = GOOD, compress: bool = True) -> int:
-    summary = write_raw_logs(GeneratorConfig(seed=11, records=records, days=1, end_date=day, bad_share=0.0),
-                             root / "raw", compress=compress)
+    summary = write_raw_logs(
+        GeneratorConfig(seed=11, records=records, days=1, end_date=day, bad_share=0.0), root / "raw", compress=compress
+    )
     assert summary.records == records
     return records
 
 
 def _other_lines(tmp_path: Path, day, records: int, seed: int = 23, bad_share: float = 0.0):
     """Lines of another generation (seed `seed`) and its summary, to plant as the bad file."""
-    summary = write_raw_logs(GeneratorConfig(seed=seed, records=records, days=1, end_date=day, bad_share=bad_share),
-                             tmp_path / f"other-{seed}")
+    summary = write_raw_logs(
+        GeneratorConfig(seed=seed, records=records, days=1, end_date=day, bad_share=bad_share),
+        tmp_path / f"other-{seed}",
+    )
     data = (tmp_path / f"other-{seed}" / f"dt={day.isoformat()}" / f"generated-seed{seed}.jsonl").read_bytes()
     return data, summary
 
@@ -74,7 +77,10 @@ def test_an_empty_file_is_zero_lines(tmp_path: Path, spark) -> None:
     assert result.input_records == good and result.quarantined == 0
     assert manifest["unreadable_files"] == []
     assert {f.rsplit("/", 1)[1] for f in manifest["input_files"]} == {
-        "generated-seed11.jsonl.gz", "empty.jsonl", "empty.jsonl.gz"}
+        "generated-seed11.jsonl.gz",
+        "empty.jsonl",
+        "empty.jsonl.gz",
+    }
 
 
 def _corrupt_gzips(tmp_path: Path, day) -> dict[str, bytes]:
@@ -135,8 +141,9 @@ def test_the_drift_parse_skips_a_corrupt_gzip_and_counts_it(tmp_path: Path) -> N
     day = END - timedelta(days=44)
     good = _good_window(tmp_path, day)
     _corrupt_gzips(tmp_path, day)
-    clean, reasons, lines = parse_window(load_settings(root=str(tmp_path), drift={"parse_workers": 1}),
-                                         DateWindow(day, day))
+    clean, reasons, lines = parse_window(
+        load_settings(root=str(tmp_path), drift={"parse_workers": 1}), DateWindow(day, day)
+    )
     assert lines == good and len(clean) == good
     assert reasons == {"unreadable_file": 2}
 

@@ -16,7 +16,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from helpers import run_flywheel
 from serving_fixtures import registered  # noqa: F401 (module-scoped: v1 champion, v2 candidate, a server)
 
@@ -63,8 +62,12 @@ def _serving(settings, live: str, previous: str | None = None) -> None:
 
 def _cli_env(settings) -> dict[str, str]:
     t = settings.triton
-    return {"FLYWHEEL_ROOT": str(settings.root), "FLYWHEEL_TRITON__HTTP_PORT": str(t.http_port),
-            "FLYWHEEL_TRITON__GRPC_PORT": str(t.grpc_port), "FLYWHEEL_TRITON__METRICS_PORT": str(t.metrics_port)}
+    return {
+        "FLYWHEEL_ROOT": str(settings.root),
+        "FLYWHEEL_TRITON__HTTP_PORT": str(t.http_port),
+        "FLYWHEEL_TRITON__GRPC_PORT": str(t.grpc_port),
+        "FLYWHEEL_TRITON__METRICS_PORT": str(t.metrics_port),
+    }
 
 
 def _one_error_line(result, *needles: str) -> str:
@@ -146,8 +149,16 @@ def test_an_empty_answer_fails_the_smoke_test_even_without_a_json_bar(registered
     class Mute(TritonClient):
         def infer(self, model, conversations, concurrency=1, tools=None):
             replies = super().infer(model, conversations, concurrency, tools)  # the real server answers ...
-            return [Reply("" if model == _name(v2) else r.text, r.prompt_tokens, 0 if model == _name(v2)
-                          else r.output_tokens, r.latency_ms, r.error) for r in replies]  # ... v2 says nothing
+            return [
+                Reply(
+                    "" if model == _name(v2) else r.text,
+                    r.prompt_tokens,
+                    0 if model == _name(v2) else r.output_tokens,
+                    r.latency_ms,
+                    r.error,
+                )
+                for r in replies
+            ]  # ... v2 says nothing
 
     monkeypatch.setattr(deploy, "TritonClient", Mute)
     with pytest.raises(deploy.DeployFailed, match=r"3 of 3 replies were empty.*`live` stays tool_router_v") as caught:
@@ -170,8 +181,11 @@ def test_a_corrupt_state_file_is_one_clear_error_everywhere_and_left_as_it_is(re
     garbage = b'\x00\xff\xfe{"live": {"name": "tool_rou\x93ter_v1"' + os.urandom(16)
     path.write_bytes(garbage)
     try:
-        for call in (lambda: deploy.deploy(settings, version=v1), lambda: deploy.rollback(settings),
-                     lambda: deploy.live_model(settings)):
+        for call in (
+            lambda: deploy.deploy(settings, version=v1),
+            lambda: deploy.rollback(settings),
+            lambda: deploy.live_model(settings),
+        ):
             with pytest.raises(deploy.StateCorrupt, match=f"{path} is not valid JSON.*delete it") as caught:
                 call()
             assert "\n" not in str(caught.value)
@@ -215,8 +229,9 @@ def test_triton_killed_between_load_and_switch_keeps_the_live_model(registered, 
     """SIGKILL the server right after it loaded v2 (before the smoke test), or right after v2 passed
     its smoke test (before the switch): the deploy fails with one line, state.json still names v1 live
     and is whole, and after `serve up` a deploy of the champion serves v1 again."""
-    from pipelines.serve import deploy, server
+    from pipelines.serve import deploy
     from pipelines.serve.client import TritonClient
+    from pipelines.stack import triton as server
 
     settings, v1, v2 = registered["settings"], registered["v1"], registered["v2"]
     _serving(settings, live=v1)
@@ -242,8 +257,11 @@ def test_triton_killed_between_load_and_switch_keeps_the_live_model(registered, 
 
     monkeypatch.setattr(deploy, "TritonClient", Dying)
     monkeypatch.setattr(deploy, "smoke_test", smoke_then_die)
-    with pytest.raises(deploy.DeployFailed, match=r"tool_router_v\d+ was not switched to \(Triton stopped serving it"
-                                                  r".*server down.*`flywheel serve up`") as caught:
+    with pytest.raises(
+        deploy.DeployFailed,
+        match=r"tool_router_v\d+ was not switched to \(Triton stopped serving it"
+        r".*server down.*`flywheel serve up`",
+    ) as caught:
         deploy.deploy(settings, version=v2)
     monkeypatch.undo()
     assert killed == [_name(v2)] and "\n" not in str(caught.value)

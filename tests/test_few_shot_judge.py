@@ -8,16 +8,24 @@ from pathlib import Path
 
 
 def test_few_shot_retrieval_picks_similar_requests() -> None:
-    from pipelines.toolcall.fewshot import with_shots
     from pipelines.toolcall.examples import Example
+    from pipelines.toolcall.fewshot import with_shots
 
     def ex(i: str, text: str, tool: str) -> Example:
-        return Example(i, [{"role": "system", "content": "S"}, {"role": "user", "content": text}],
-                       json.dumps({"name": tool, "arguments": {}}), tool, text, "[]")
+        return Example(
+            i,
+            [{"role": "system", "content": "S"}, {"role": "user", "content": text}],
+            json.dumps({"name": tool, "arguments": {}}),
+            tool,
+            text,
+            "[]",
+        )
 
-    pool = [ex("a", "where is my parcel 1Z999 with UPS", "track_shipment"),
-            ex("b", "cancel my subscription I-123", "cancel_subscription"),
-            ex("c", "show red running shoes under 80 EUR", "search_products")]
+    pool = [
+        ex("a", "where is my parcel 1Z999 with UPS", "track_shipment"),
+        ex("b", "cancel my subscription I-123", "cancel_subscription"),
+        ex("c", "show red running shoes under 80 EUR", "search_products"),
+    ]
     query = ex("q", "track package 1Z555 (UPS)", "track_shipment")
     conversation = with_shots([query], pool, 1)[0]
     assert [t["role"] for t in conversation] == ["system", "user", "assistant", "user"]
@@ -33,18 +41,39 @@ def test_few_shot_pool_holds_later_turns_with_their_history_and_one_shot_per_too
     system = {"role": "system", "content": "S"}
     ask = {"role": "user", "content": "Cancel order #W1, I no longer need it."}
     lookup_call = '{"name":"get_order_details","arguments":{"order_id":"#W1"}}'
-    looked = [system, ask, {"role": "assistant", "content": lookup_call},
-              {"role": "user", "content": 'Tool result: {"order_id":"#W1","status":"pending"}'}]
-    cancel = Example("w1-1", looked, '{"name":"cancel_pending_order","arguments":{"order_id":"#W1"}}',
-                     "cancel_pending_order", looked[-1]["content"], "[]")
+    looked = [
+        system,
+        ask,
+        {"role": "assistant", "content": lookup_call},
+        {"role": "user", "content": 'Tool result: {"order_id":"#W1","status":"pending"}'},
+    ]
+    cancel = Example(
+        "w1-1",
+        looked,
+        '{"name":"cancel_pending_order","arguments":{"order_id":"#W1"}}',
+        "cancel_pending_order",
+        looked[-1]["content"],
+        "[]",
+    )
     first = Example("w1-0", [system, ask], lookup_call, "get_order_details", ask["content"], "[]")
-    other = Example("w2-0", [system, {"role": "user", "content": "Cancel order #W2, no longer needed."}],
-                    '{"name":"get_order_details","arguments":{"order_id":"#W2"}}', "get_order_details",
-                    "Cancel order #W2, no longer needed.", "[]")
+    other = Example(
+        "w2-0",
+        [system, {"role": "user", "content": "Cancel order #W2, no longer needed."}],
+        '{"name":"get_order_details","arguments":{"order_id":"#W2"}}',
+        "get_order_details",
+        "Cancel order #W2, no longer needed.",
+        "[]",
+    )
     pool = shot_pool([first, cancel, other])
     assert cancel in pool, "a later turn (a write after its lookup) is a candidate"
-    query = Example("q", [system, {"role": "user", "content": "Please cancel #W7, I do not need it any more."}],
-                    "{}", "cancel_pending_order", "Please cancel #W7, I do not need it any more.", "[]")
+    query = Example(
+        "q",
+        [system, {"role": "user", "content": "Please cancel #W7, I do not need it any more."}],
+        "{}",
+        "cancel_pending_order",
+        "Please cancel #W7, I do not need it any more.",
+        "[]",
+    )
     conversation = with_shots([query], pool, 2)[0]
     calls = [t["content"] for t in conversation if t["role"] == "assistant"]
     named = [json.loads(c)["name"] for c in calls]
@@ -81,10 +110,21 @@ def test_llm_judge_scores_through_an_openai_compatible_endpoint(tmp_path: Path) 
     server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        judged = load_settings(root=str(tmp_path), evaluation={
-            "judge_url": f"http://127.0.0.1:{server.server_port}/v1", "judge_model": "m", "judge_api_key": "k"})
-        scores = judge_scores(judged, [("where is ORD-1", '{"name":"get_order"}', '{"name":"get_order"}'),
-                                       ("where is ORD-1", '{"name":"get_order"}', '{"name":"list_invoices"}')])
+        judged = load_settings(
+            root=str(tmp_path),
+            evaluation={
+                "judge_url": f"http://127.0.0.1:{server.server_port}/v1",
+                "judge_model": "m",
+                "judge_api_key": "k",
+            },
+        )
+        scores = judge_scores(
+            judged,
+            [
+                ("where is ORD-1", '{"name":"get_order"}', '{"name":"get_order"}'),
+                ("where is ORD-1", '{"name":"get_order"}', '{"name":"list_invoices"}'),
+            ],
+        )
     finally:
         server.shutdown()
     assert scores == [0.8, None]

@@ -73,11 +73,13 @@ def test_the_decision_records_every_compared_number(settings) -> None:
         "abstain": {"n": [0, 1], "exact_match": [None, 1.0], "arg_f1": [None, 1.0], "checked": False},
         "create_order": {"n": [2, 0], "exact_match": [0.5, None], "arg_f1": [0.5, None], "checked": False},
         "get_order": {"n": [6, 6], "exact_match": [0.5, 0.5], "arg_f1": [0.5, 0.5], "checked": True},
-        "search_products": {"n": [10, 10], "exact_match": [0.9, 0.4], "arg_f1": [0.9, 0.4], "checked": True}}
+        "search_products": {"n": [10, 10], "exact_match": [0.9, 0.4], "arg_f1": [0.9, 0.4], "checked": True},
+    }
     assert numbers["thresholds"]["max_tool_regression"] == settings.promotion.max_tool_regression
     # no text F1 in these rows: every tool, search included, was judged on exact match
-    assert numbers["tool_metrics"] == {t: "exact_match" for t in ("abstain", "create_order", "get_order",
-                                                                   "search_products")}
+    assert numbers["tool_metrics"] == dict.fromkeys(
+        ("abstain", "create_order", "get_order", "search_products"), "exact_match"
+    )
     json.dumps(numbers)  # recorded as JSON
 
 
@@ -116,8 +118,10 @@ def test_an_order_tool_stays_judged_on_exact_ids(settings) -> None:
     # the choice is configuration: judging get_order on text F1 lets the same candidate through
     lenient = load_settings(root=str(settings.root), promotion={"tool_metrics": {"get_order": "text_f1"}})
     verdict = gate(candidate, reference, lenient)
-    assert verdict.promoted and verdict.numbers["tool_metrics"] == {"get_order": "text_f1",
-                                                                   "track_shipment": "exact_match"}
+    assert verdict.promoted and verdict.numbers["tool_metrics"] == {
+        "get_order": "text_f1",
+        "track_shipment": "exact_match",
+    }
     assert verdict.numbers["task_score"] == pytest.approx([0.975, 0.75])
 
 
@@ -135,8 +139,12 @@ def test_free_text_searches_are_scored_on_query_text_f1(settings) -> None:
 def test_the_gate_compares_the_rows_decoded_the_way_models_are_served(settings) -> None:
     from pipelines.registry.models import served_rows
 
-    rows = {"base_few_shot": row(0.40, 0.5), "tuned_candidate": row(0.30, 0.4),
-            "base_few_shot_constrained": row(0.45, 0.5), "tuned_candidate_constrained": row(0.70, 0.8)}
+    rows = {
+        "base_few_shot": row(0.40, 0.5),
+        "tuned_candidate": row(0.30, 0.4),
+        "base_few_shot_constrained": row(0.45, 0.5),
+        "tuned_candidate_constrained": row(0.70, 0.8),
+    }
     chosen, decoding = served_rows(settings, rows)  # triton.constrained: true by default
     assert decoding == "constrained decoding" and chosen["tuned_candidate"]["exact_match"] == 0.70
     assert gate(chosen["tuned_candidate"], None, settings, chosen["base_few_shot"]).promoted
@@ -154,14 +162,21 @@ def test_more_wrong_writes_than_the_reference_is_refused_whatever_the_task_score
     reference = row(0.50, 0.60, 100, get_order_details=(8, 0.50))
     reference.update(wrong_writes=0, examples=12, wrong_write_pairs={})
     candidate = row(0.90, 0.95, 50, get_order_details=(8, 0.90))
-    candidate.update(wrong_writes=3, examples=12, wrong_write_pairs={
-        "cancel_pending_order for modify_pending_order_address": 2,
-        "cancel_pending_order for modify_pending_order_payment": 1})
+    candidate.update(
+        wrong_writes=3,
+        examples=12,
+        wrong_write_pairs={
+            "cancel_pending_order for modify_pending_order_address": 2,
+            "cancel_pending_order for modify_pending_order_payment": 1,
+        },
+    )
     for verdict in (gate(candidate, reference, settings), gate(candidate, None, settings, reference)):
         assert not verdict.promoted
-        assert verdict.reason == ("refused: wrong writes 3 of 12 vs 0 of 12 (cancel_pending_order for "
-                                  "modify_pending_order_address x2, cancel_pending_order for "
-                                  "modify_pending_order_payment)")
+        assert verdict.reason == (
+            "refused: wrong writes 3 of 12 vs 0 of 12 (cancel_pending_order for "
+            "modify_pending_order_address x2, cancel_pending_order for "
+            "modify_pending_order_payment)"
+        )
         assert verdict.numbers["wrong_writes"] == [3, 0]
     # as many wrong writes as the reference: the other rules decide (here: promoted)
     assert gate({**candidate, "wrong_writes": 0}, reference, settings).promoted

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from pipelines.config import load_settings
-from pipelines.evaluate.paired import compare, interval, mcnemar
 from pipelines.registry.gate import gate
+from pipelines.stats import compare, interval, mcnemar
 
 
 @pytest.fixture(scope="module")
@@ -18,16 +18,33 @@ def settings(tmp_path_factory: pytest.TempPathFactory):
 
 
 def requests(right: list[int], tool: str = "get_order", wrong_writes: int = 0) -> list[dict[str, Any]]:
-    return [{"record_id": f"r{i:03d}", "tool": tool, "exact_match": r, "name_match": 1, "arg_f1": float(r),
-             "text_f1": None, "wrong_write": "wrong_tool" if i < wrong_writes else None} for i, r in enumerate(right)]
+    return [
+        {
+            "record_id": f"r{i:03d}",
+            "tool": tool,
+            "exact_match": r,
+            "name_match": 1,
+            "arg_f1": float(r),
+            "text_f1": None,
+            "wrong_write": "wrong_tool" if i < wrong_writes else None,
+        }
+        for i, r in enumerate(right)
+    ]
 
 
 def row(right: list[int], latency: float = 100.0, tokens: float = 800.0, **kw: Any) -> dict[str, Any]:
     per = requests(right, **kw)
     share = sum(right) / len(right)
-    return {"exact_match": share, "arg_f1": share, "latency_ms_p50": latency, "prompt_tokens_mean": tokens,
-            "examples": len(right), "wrong_writes": sum(1 for r in per if r["wrong_write"]),
-            "per_tool": {"get_order": {"n": len(right), "exact_match": share, "arg_f1": share}}, "per_request": per}
+    return {
+        "exact_match": share,
+        "arg_f1": share,
+        "latency_ms_p50": latency,
+        "prompt_tokens_mean": tokens,
+        "examples": len(right),
+        "wrong_writes": sum(1 for r in per if r["wrong_write"]),
+        "per_tool": {"get_order": {"n": len(right), "exact_match": share, "arg_f1": share}},
+        "per_request": per,
+    }
 
 
 def flip(right: list[int], indices: range | list[int], to: int) -> list[int]:
@@ -53,7 +70,7 @@ def test_the_bootstrap_is_paired() -> None:
     assert same["diff"] == 0 and -0.04 < same["low"] < 0 < same["high"] < 0.04, "96 identical answers: held, narrowly"
     few = interval(reference[:4], reference[:4])
     assert few["low"] <= -0.2, "4 identical answers are no evidence of quality held"
-    assert mcnemar(improved, BASE) == {"wins": 10, "losses": 0, "p": pytest.approx(2 / 2 ** 10, abs=1e-5)}
+    assert mcnemar(improved, BASE) == {"wins": 10, "losses": 0, "p": pytest.approx(2 / 2**10, abs=1e-5)}
     # requests are matched by record id, not by position: the same answers in another order do not differ
     shuffled = list(reversed(requests(BASE)))
     assert compare(requests(BASE), shuffled)["metrics"]["exact_match"]["mcnemar"] == {"wins": 0, "losses": 0, "p": 1.0}
@@ -84,9 +101,11 @@ def test_an_identical_candidate_is_not_promoted_on_noise(settings) -> None:
     final = last_look(verdict, 96)
     assert not final.promoted and final.reason.startswith(
         "not promoted: quality not shown to hold at the last look (the sample stops at evaluation.examples = 96; "
-        "a larger one may decide): vs base_few_shot: task score -0.042, 98% CI ["), final.reason
+        "a larger one may decide): vs base_few_shot: task score -0.042, 98% CI ["
+    ), final.reason
     assert last_look(gate(row(BASE, latency=50, wrong_writes=2), row(BASE), settings), 96).reason.startswith(
-        "refused: wrong writes")  # a decided verdict is left as it is
+        "refused: wrong writes"
+    )  # a decided verdict is left as it is
     assert "n=24" in verdict.reason
 
 
@@ -97,8 +116,9 @@ def test_quality_held_and_cheaper_is_promoted_naming_the_rule(settings) -> None:
     assert verdict.promoted, verdict.reason
     assert verdict.reason.startswith("non-inferior (margin 0.05) to base_few_shot: task score +0.000, 98% CI [-0.0")
     assert verdict.reason.endswith("n=96; latency -45%; prompt tokens -83%; wrong writes 0 vs 0")
-    assert not gate(row(BASE[:8], latency=55, tokens=146), None, settings, row(BASE[:8], tokens=870)).promoted, \
+    assert not gate(row(BASE[:8], latency=55, tokens=146), None, settings, row(BASE[:8], tokens=870)).promoted, (
         "8 identical answers: undecided, never promoted on a handful"
+    )
     better = row(flip(BASE, [i for i, x in enumerate(BASE) if not x][:15], 1), latency=105)
     verdict = gate(better, row(BASE), settings)
     assert verdict.promoted and verdict.reason.startswith("superior to champion: task score +0.156")
@@ -133,16 +153,27 @@ def test_the_dag_evaluates_more_requests_while_the_gate_is_undecided(settings, m
         calls.append((cfg.examples, cfg.only))
         n = cfg.examples
         results = []
-        for condition, right, latency in (("base_few_shot", base_right[:n], 100.0),
-                                          ("tuned_candidate", candidate_right[:n], 40.0)):
+        for condition, right, latency in (
+            ("base_few_shot", base_right[:n], 100.0),
+            ("tuned_candidate", candidate_right[:n], 40.0),
+        ):
             if cfg.only is not None and condition not in cfg.only:
                 continue
             per = requests(right)
             summary = {"exact_match": sum(right) / n, "arg_f1": sum(right) / n, "examples": n, "wrong_writes": 0}
-            results.append(ConditionResult(condition, "m", "full", 0, summary,
-                                           {"latency_ms_p50": latency, "prompt_tokens_mean": 500.0}, {},
-                                           {"get_order": {"get_order": sum(right), "<invalid>": n - sum(right)}},
-                                           per_request=per))
+            results.append(
+                ConditionResult(
+                    condition,
+                    "m",
+                    "full",
+                    0,
+                    summary,
+                    {"latency_ms_p50": latency, "prompt_tokens_mean": 500.0},
+                    {},
+                    {"get_order": {"get_order": sum(right), "<invalid>": n - sum(right)}},
+                    per_request=per,
+                )
+            )
         report = EvalReport(name, "d", n, results, settings=cfg.model_dump())  # as the real one records them
         report.json_uri = f"{s.zone('reports')}/{name}.json"
         write_json(report.json_uri, report.to_dict())
@@ -157,12 +188,20 @@ def test_the_dag_evaluates_more_requests_while_the_gate_is_undecided(settings, m
     monkeypatch.setattr(models, "alias_version", lambda *a: None)
     sweep_uri = f"{settings.zone('reports')}/sweep.json"
     write_json(sweep_uri, {"prompt_style": "full", "base_model": "b", "sweep_id": "s"})
-    s = settings.model_copy(update={
-        "evaluation": settings.evaluation.model_copy(update={"first_examples": 24, "examples": 96, "constrained": "off"}),
-        "triton": settings.triton.model_copy(update={"constrained": False})})
+    s = settings.model_copy(
+        update={
+            "evaluation": settings.evaluation.model_copy(
+                update={"first_examples": 24, "examples": 96, "constrained": "off"}
+            ),
+            "triton": settings.triton.model_copy(update={"constrained": False}),
+        }
+    )
     out = tasks.evaluate({"sweep_uri": sweep_uri, "adapter_dir": "/nowhere", "best_run_id": "r"}, s)
     assert [c[0] for c in calls] == [24, 48, 96]
     assert calls[0][1] is None and calls[1][1] == ["tuned_candidate", "base_few_shot"]
     assert [r["decision"] for r in out["sampling"]] == ["undecided", "undecided", "promoted"]
     assert out["sampling"][-1]["examples"] == 96
-    assert "sample size: 24 requests (undecided) -&gt; 48 requests (undecided) -&gt; 96 requests (promoted)" in rendered[-1]
+    assert (
+        "sample size: 24 requests (undecided) -&gt; 48 requests (undecided) -&gt; 96 requests (promoted)"
+        in rendered[-1]
+    )

@@ -10,7 +10,7 @@ import os
 import signal
 import threading
 import time
-from datetime import date
+from datetime import UTC, date
 from pathlib import Path
 
 import httpx
@@ -18,17 +18,26 @@ import jsonschema
 import orjson
 import pandas as pd
 import pytest
-
-from gateway_fixtures import (ASK, PING, TEACHER_CALL, TOOLS, _captured, _client, _unusable, _wait,  # noqa: F401
-                              gateway, registered)
-from teacher_stub import MODEL as TEACHER_MODEL
-from pipelines.logs.generator import GeneratorConfig, TrafficGenerator
-from pipelines.logs.schema import check_line
-from pipelines.gateway import openai_api as api
-from pipelines.services import read_pid
+from gateway_fixtures import (
+    ASK,
+    PING,
+    TEACHER_CALL,
+    TOOLS,
+    _captured,
+    _client,
+    _unusable,
+    _wait,  # noqa: F401
+)
 from ports import free_port
+from teacher_stub import MODEL as TEACHER_MODEL
+
+from pipelines.gateway import openai_api as api
+from pipelines.logs.schema import check_line
+from pipelines.services import read_pid
+from pipelines.simulate.generator import GeneratorConfig, TrafficGenerator
 
 pytestmark = pytest.mark.slow
+
 
 def test_the_openai_client_gets_tool_calls_sync_and_streamed(gateway) -> None:
     client = _client(gateway)
@@ -42,16 +51,24 @@ def test_the_openai_client_gets_tool_calls_sync_and_streamed(gateway) -> None:
     # the settings file with every secret was read once at start: nothing of it stays on disk while it runs
     assert not (services.run_dir(str(gateway["settings"].root)) / "gateway-settings.json").exists()
 
-    answer = client.chat.completions.create(model="champion", messages=ASK, tools=TOOLS, tool_choice="required",
-                                            user="cus_0000001")
+    answer = client.chat.completions.create(
+        model="champion", messages=ASK, tools=TOOLS, tool_choice="required", user="cus_0000001"
+    )
     choice = answer.choices[0]
     assert choice.finish_reason == "tool_calls" and answer.usage.prompt_tokens > 20
     call = choice.message.tool_calls[0]
     schema = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}[call.function.name]
     jsonschema.validate(json.loads(call.function.arguments), schema)
 
-    stream = client.chat.completions.create(model="champion", messages=ASK, tools=TOOLS, tool_choice="required",
-                                            user="cus_0000001", stream=True, stream_options={"include_usage": True})
+    stream = client.chat.completions.create(
+        model="champion",
+        messages=ASK,
+        tools=TOOLS,
+        tool_choice="required",
+        user="cus_0000001",
+        stream=True,
+        stream_options={"include_usage": True},
+    )
     name, arguments, finish, usage, pieces, call_id = None, "", None, None, 0, None
     for chunk in stream:
         usage = chunk.usage or usage
@@ -69,13 +86,17 @@ def test_the_openai_client_gets_tool_calls_sync_and_streamed(gateway) -> None:
     assert (streamed["id"], streamed["function"]["arguments"]) == (call_id, arguments)  # captured as streamed
 
     for model in ("base", "candidate", f"v{gateway['v2']}"):  # every listed alias answers
-        other = client.chat.completions.create(model=model, messages=ASK, tools=TOOLS,
-                                               tool_choice={"type": "function", "function": {"name": "refund"}})
+        other = client.chat.completions.create(
+            model=model, messages=ASK, tools=TOOLS, tool_choice={"type": "function", "function": {"name": "refund"}}
+        )
         assert other.choices[0].message.tool_calls[0].function.name == "refund", model
 
     captured = _captured(gateway["settings"])
     assert answer.id in captured and captured[answer.id]["response"]["choices"][0]["message"]["tool_calls"]
-    assert captured[answer.id]["model"] == f"tool_router_v{gateway['v1']}" and captured[answer.id]["customer_id"] == "cus_0000001"
+    assert (
+        captured[answer.id]["model"] == f"tool_router_v{gateway['v1']}"
+        and captured[answer.id]["customer_id"] == "cus_0000001"
+    )
 
 
 def test_bad_requests_get_openai_errors_and_the_server_stays_up(gateway) -> None:
@@ -90,13 +111,38 @@ def test_bad_requests_get_openai_errors_and_the_server_stays_up(gateway) -> None
         (b"{oops", 400, None),
         (json.dumps({"model": "nope", "messages": ASK, "tools": TOOLS}).encode(), 404, "model_not_found"),
         (json.dumps({"model": "champion", "messages": [{"role": "user", "content": "hi"}]}).encode(), 400, None),
-        (json.dumps({"model": "champion", "messages": [{"role": "user", "content": "parcel " * 3000}],
-                     "tools": TOOLS}).encode(), 400, "context_length_exceeded"),
+        (
+            json.dumps(
+                {"model": "champion", "messages": [{"role": "user", "content": "parcel " * 3000}], "tools": TOOLS}
+            ).encode(),
+            400,
+            "context_length_exceeded",
+        ),
         (b"x" * 1_100_000, 413, "request_too_large"),
-        (json.dumps({"model": "champion", "messages": ASK, "tools": [{"type": "function", "function": {
-            "name": "odd", "parameters": {"type": "object", "properties": {  # a pattern no grammar can compile
-                "a": {"type": "string", "pattern": "(?<=x)y"}}}}}]}).encode(),
-         400, "unsupported_tool_schema"),
+        (
+            json.dumps(
+                {
+                    "model": "champion",
+                    "messages": ASK,
+                    "tools": [
+                        {
+                            "type": "function",
+                            "function": {
+                                "name": "odd",
+                                "parameters": {
+                                    "type": "object",
+                                    "properties": {  # a pattern no grammar can compile
+                                        "a": {"type": "string", "pattern": "(?<=x)y"}
+                                    },
+                                },
+                            },
+                        }
+                    ],
+                }
+            ).encode(),
+            400,
+            "unsupported_tool_schema",
+        ),
     ]
     for body, status, code in cases:
         response = httpx.post(url, content=body, headers=headers, timeout=120)
@@ -106,7 +152,9 @@ def test_bad_requests_get_openai_errors_and_the_server_stays_up(gateway) -> None
     from pipelines.logs.feedback import read_feedback
 
     answered = _client(gateway).chat.completions.create(model="champion", messages=ASK, tools=TOOLS)
-    rated = httpx.post(f"{gateway['url']}/feedback", json={"id": answered.id, "rating": "down"}, headers=headers, timeout=30)
+    rated = httpx.post(
+        f"{gateway['url']}/feedback", json={"id": answered.id, "rating": "down"}, headers=headers, timeout=30
+    )
     assert rated.status_code == 200 and rated.json()["recorded"] is True
     assert read_feedback(gateway["settings"].zone("raw"))[answered.id] == "down"
     for bad in ({"id": answered.id, "rating": "meh"}, {"rating": "up"}):
@@ -114,8 +162,17 @@ def test_bad_requests_get_openai_errors_and_the_server_stays_up(gateway) -> None
     with pytest.raises(openai.NotFoundError):
         _client(gateway).chat.completions.create(model="v999", messages=ASK, tools=TOOLS)
     # streamed: an error found before the first token is an ordinary error response, not a broken stream
-    streamed = httpx.post(url, json={"model": "champion", "messages": [{"role": "user", "content": "parcel " * 3000}],
-                                     "tools": TOOLS, "stream": True}, headers=headers, timeout=120)
+    streamed = httpx.post(
+        url,
+        json={
+            "model": "champion",
+            "messages": [{"role": "user", "content": "parcel " * 3000}],
+            "tools": TOOLS,
+            "stream": True,
+        },
+        headers=headers,
+        timeout=120,
+    )
     assert streamed.status_code == 400 and streamed.json()["error"]["code"] == "context_length_exceeded"
     with pytest.raises(openai.NotFoundError):
         _client(gateway).chat.completions.create(model="v999", messages=ASK, tools=TOOLS, stream=True)
@@ -124,12 +181,17 @@ def test_bad_requests_get_openai_errors_and_the_server_stays_up(gateway) -> None
 
 
 def test_shadow_answers_with_the_teacher_and_the_live_gate_moves_the_route_to_canary(gateway) -> None:
-    from pipelines.gateway import routes
-    from pipelines.gateway.traffic import read_comparisons
+    from pipelines.livegate import routes
+    from pipelines.livegate.comparisons import read_comparisons
 
     settings, client = gateway["settings"], _client(gateway)
-    ask = {"messages": ASK, "tools": TOOLS, "tool_choice": "required", "user": "cus_0000042",
-           "metadata": {"session_id": "s-shadow", "country": "DE"}}
+    ask = {
+        "messages": ASK,
+        "tools": TOOLS,
+        "tool_choice": "required",
+        "user": "cus_0000042",
+        "metadata": {"session_id": "s-shadow", "country": "DE"},
+    }
     seen = len(gateway["teacher"].received)
     started = routes.set_route(settings, "champion", "shadow")["since"]
     time.sleep(1.2)  # the gateway re-reads routes each second
@@ -141,28 +203,42 @@ def test_shadow_answers_with_the_teacher_and_the_live_gate_moves_the_route_to_ca
     assert len(sent) == 6 and all(b["model"] == settings.gateway.teacher_model and b["tools"] for b in sent)
     # only what the teacher needs reaches the third party: never the customer id or the caller's metadata
     assert not any({"user", "metadata"} & set(b) or "cus_0000042" in json.dumps(b) for b in sent)
-    compared = _wait(lambda: [r for r in read_comparisons(settings, started) if r["mode"] == "shadow"
-                              and r["agreement"] is not None] if len(read_comparisons(settings, started)) >= 6 else None,
-                     120, "six shadow comparisons")
+    compared = _wait(
+        lambda: (
+            [r for r in read_comparisons(settings, started) if r["mode"] == "shadow" and r["agreement"] is not None]
+            if len(read_comparisons(settings, started)) >= 6
+            else None
+        ),
+        120,
+        "six shadow comparisons",
+    )
     assert {r["record_id"] for r in compared} == {a.id for a in answers}
-    assert all(set(r["agreement"]) == {"name", "exact", "arg_f1", "wrong_write"} and r["candidate_latency_ms"] > 0
-               for r in compared)
+    assert all(
+        set(r["agreement"]) == {"name", "exact", "arg_f1", "wrong_write"} and r["candidate_latency_ms"] > 0
+        for r in compared
+    )
     captured = _captured(settings)
     # the label is the teacher's, and says so
     assert {(captured[a.id]["model"], captured[a.id]["label_source"]) for a in answers} == {
-        (f"teacher:{TEACHER_MODEL}", "teacher")}
-    route = _wait(lambda: routes.route_of(routes.read_routes(settings), "champion")
-                  if routes.route_of(routes.read_routes(settings), "champion")["mode"] == "canary" else None,
-                  30, "the live gate's move to canary")
+        (f"teacher:{TEACHER_MODEL}", "teacher")
+    }
+    route = _wait(
+        lambda: (
+            routes.route_of(routes.read_routes(settings), "champion")
+            if routes.route_of(routes.read_routes(settings), "champion")["mode"] == "canary"
+            else None
+        ),
+        30,
+        "the live gate's move to canary",
+    )
     assert route["share"] == settings.gateway.canary_share
     reason = routes.read_routes(settings)["history"][-1]["reason"]
     assert "shadow passed: agreement" in reason and "n=6" in reason, reason  # each comparison counted once
 
 
 def test_a_canary_splits_live_traffic_by_its_share(gateway) -> None:
-    from pipelines.gateway import routes
-
-    from pipelines.gateway.live_report import start_canary
+    from pipelines.livegate import routes
+    from pipelines.livegate.report import start_canary
 
     settings, client = gateway["settings"], _client(gateway)
     started = start_canary(settings, "candidate", 0.5, requests=2)  # `flywheel deploy --canary 0.5`
@@ -184,13 +260,15 @@ def test_a_canary_splits_live_traffic_by_its_share(gateway) -> None:
 
 
 def test_a_failing_canary_falls_back_per_request_and_returns_the_route_to_serve_by_itself(gateway) -> None:
-    from pipelines.gateway import routes
+    from pipelines.livegate import routes
 
     settings, client = gateway["settings"], _client(gateway)
     routes.set_route(settings, "champion", "canary", share=0.5, candidate="v999")  # a version that is not loaded
     time.sleep(1.2)
-    answers = [client.chat.completions.create(model="champion", messages=ASK, tools=PING, tool_choice="required")
-               for _ in range(12)]
+    answers = [
+        client.chat.completions.create(model="champion", messages=ASK, tools=PING, tool_choice="required")
+        for _ in range(12)
+    ]
     assert all(a.choices[0].message.tool_calls for a in answers)  # every caller was answered by the champion
     captured = _captured(settings)
     assert {captured[a.id]["model"] for a in answers} == {f"tool_router_v{gateway['v1']}"}
@@ -221,16 +299,17 @@ def test_the_loop_trains_on_the_teacher_and_on_people_never_on_the_champion_alon
     captured). The training set holds the teacher's answers and the champion's answers a person confirmed,
     never its unconfirmed or down-rated ones; a down-rated turn waits in the review queue; after a reviewer
     accepts a correction, the second pass trains on the correction (a `human` label), not on the original."""
-    from datetime import datetime, timezone
+    from datetime import datetime
 
     from helpers import run_flywheel
-    from pipelines.gateway import routes
-    from pipelines.logs.generator import write_raw_logs
+
+    from pipelines.livegate import routes
     from pipelines.logs.toolsets import register_toolset
     from pipelines.prep.reviews import queue
+    from pipelines.simulate.generator import write_raw_logs
 
     settings, client, teacher = gateway["settings"], _client(gateway), gateway["teacher"]
-    day = datetime.now(timezone.utc).date()  # the gateway captures into today's partition
+    day = datetime.now(UTC).date()  # the gateway captures into today's partition
     window = {"start": day.isoformat(), "end": day.isoformat()}
     raw = settings.zone("raw")
     # the agent's own tools (this module's earlier tests called them too: their turns are in the window)
@@ -238,13 +317,18 @@ def test_the_loop_trains_on_the_teacher_and_on_people_never_on_the_champion_alon
     # the rest of the day's traffic (another agent node's logs): the window the gate and features see
     write_raw_logs(GeneratorConfig(seed=23, records=600, bad_share=0.0, end_date=day, days=1), Path(raw))
     asks = [f"where is parcel {i} I sent with dhl {i + 2} days ago?" for i in range(8)]
-    teacher.answers.update({a: {"name": "track", "arguments": {"carrier": "dhl", "days": i + 2}}
-                            for i, a in enumerate(asks)})
+    teacher.answers.update(
+        {a: {"name": "track", "arguments": {"carrier": "dhl", "days": i + 2}} for i, a in enumerate(asks)}
+    )
 
     def ask(text: str):
         # `track` alone: no write on offer, so the live gate's wrong-write veto cannot end the shadow midway
-        answer = client.chat.completions.create(model="champion", tools=TOOLS[:1], tool_choice="required",
-                                                messages=[ASK[0], {"role": "user", "content": text}])
+        answer = client.chat.completions.create(
+            model="champion",
+            tools=TOOLS[:1],
+            tool_choice="required",
+            messages=[ASK[0], {"role": "user", "content": text}],
+        )
         assert answer.choices[0].finish_reason == "tool_calls", answer
         return answer.id
 
@@ -255,8 +339,12 @@ def test_the_loop_trains_on_the_teacher_and_on_people_never_on_the_champion_alon
     routes.set_route(settings, "champion", "serve", reason="loop test")
     time.sleep(1.2)
     for record_id, rating in zip(served, ("up", "down", "down")):  # a person rates three of the champion's answers
-        done = httpx.post(f"{gateway['url']}/feedback", json={"id": record_id, "rating": rating},
-                          headers={"Authorization": f"Bearer {gateway['key']}"}, timeout=30)
+        done = httpx.post(
+            f"{gateway['url']}/feedback",
+            json={"id": record_id, "rating": rating},
+            headers={"Authorization": f"Bearer {gateway['key']}"},
+            timeout=30,
+        )
         assert done.status_code == 200 and done.json()["recorded"], done.text
     captured = _captured(settings)
     assert {captured[i]["label_source"] for i in served} == {"champion"}, "every answer is a label: none was cut"
@@ -315,10 +403,13 @@ def test_captured_turns_pass_the_schema_check_and_survive_a_kill_under_load(gate
             if stop.is_set():
                 return
             try:
-                answer = client.chat.completions.create(model="champion", messages=r["request"]["messages"],
-                                                        tools=r["request"]["tools"], user=r["customer_id"],
-                                                        metadata={"session_id": r["session_id"],
-                                                                  "workload_id": r["workload_id"]})
+                answer = client.chat.completions.create(
+                    model="champion",
+                    messages=r["request"]["messages"],
+                    tools=r["request"]["tools"],
+                    user=r["customer_id"],
+                    metadata={"session_id": r["session_id"], "workload_id": r["workload_id"]},
+                )
                 acknowledged.append(answer.id)
             except Exception as exc:  # noqa: BLE001 (the kill: connection errors are expected)
                 errors.append(type(exc).__name__)
@@ -344,8 +435,10 @@ def test_captured_turns_pass_the_schema_check_and_survive_a_kill_under_load(gate
     assert not any(api.is_label(r["response"]) for r in unusable.values())
     for record in captured.values():
         verdict = check_line(orjson.dumps(record))
-        assert verdict.ok or (verdict.reason.value == "unknown_tool" and record["request"]["tools"][0]["function"][
-            "name"] in {"track", "refund", "odd", "ping"}), (verdict.reason, verdict.detail)
+        assert verdict.ok or (
+            verdict.reason.value == "unknown_tool"
+            and record["request"]["tools"][0]["function"]["name"] in {"track", "refund", "odd", "ping"}
+        ), (verdict.reason, verdict.detail)
     gw.up(settings)  # the next start serves again
     assert _client(gateway).models.list().data
 
@@ -355,8 +448,10 @@ def test_after_triton_and_the_gateway_are_killed_flywheel_up_serves_the_champion
     brings back the live model and the previous one from the serving state, smoke-tested, and the `openai`
     client gets the champion's tool call; every turn captured before the kill is still there."""
     from helpers import run_flywheel
+
     from pipelines.gateway import app as gw
-    from pipelines.serve import deploy, server
+    from pipelines.serve import deploy
+    from pipelines.stack import triton as server
 
     settings = gateway["settings"]
     before = set(_captured(settings, killed=True))  # the test before killed the gateway too
@@ -364,12 +459,17 @@ def test_after_triton_and_the_gateway_are_killed_flywheel_up_serves_the_champion
     for service in (server.SERVICE, gw.SERVICE):
         os.killpg(read_pid(str(settings.root), service), signal.SIGKILL)
     t = settings.triton
-    env = {"FLYWHEEL_ROOT": str(settings.root), "FLYWHEEL_TRITON__HTTP_PORT": str(t.http_port),
-           "FLYWHEEL_TRITON__GRPC_PORT": str(t.grpc_port), "FLYWHEEL_TRITON__METRICS_PORT": str(t.metrics_port),
-           "FLYWHEEL_TRITON__SMOKE_REQUESTS": "2", "FLYWHEEL_TRITON__SMOKE_MIN_VALID_JSON": "0",
-           "FLYWHEEL_TRITON__MAX_NEW_TOKENS": str(t.max_new_tokens),
-           "FLYWHEEL_TRITON__MAX_INPUT_TOKENS": str(t.max_input_tokens),
-           "FLYWHEEL_GATEWAY__PORT": str(settings.gateway.port)}
+    env = {
+        "FLYWHEEL_ROOT": str(settings.root),
+        "FLYWHEEL_TRITON__HTTP_PORT": str(t.http_port),
+        "FLYWHEEL_TRITON__GRPC_PORT": str(t.grpc_port),
+        "FLYWHEEL_TRITON__METRICS_PORT": str(t.metrics_port),
+        "FLYWHEEL_TRITON__SMOKE_REQUESTS": "2",
+        "FLYWHEEL_TRITON__SMOKE_MIN_VALID_JSON": "0",
+        "FLYWHEEL_TRITON__MAX_NEW_TOKENS": str(t.max_new_tokens),
+        "FLYWHEEL_TRITON__MAX_INPUT_TOKENS": str(t.max_input_tokens),
+        "FLYWHEEL_GATEWAY__PORT": str(settings.gateway.port),
+    }
     wait_for_exit = time.monotonic() + 30
     while (server.status(settings).running or gw.status(settings)["running"]) and time.monotonic() < wait_for_exit:
         time.sleep(0.2)
@@ -378,8 +478,9 @@ def test_after_triton_and_the_gateway_are_killed_flywheel_up_serves_the_champion
     restored = json.loads(up.stdout)["triton"]["restored"]
     assert restored["live"]["name"] == live and restored["live"]["failure"] is None
     assert restored["live"]["was_loaded"] is False  # the fresh server had nothing: it was brought back
-    answer = _client(gateway).chat.completions.create(model="champion", messages=ASK, tools=TOOLS,
-                                                      tool_choice="required", user="cus_0000001")
+    answer = _client(gateway).chat.completions.create(
+        model="champion", messages=ASK, tools=TOOLS, tool_choice="required", user="cus_0000001"
+    )
     assert answer.choices[0].finish_reason == "tool_calls" and answer.model == "champion"
     assert before <= set(_captured(settings, killed=True))  # nothing captured before the kill was lost
 
@@ -388,12 +489,17 @@ def test_alive_but_not_ready_while_triton_is_down(tmp_path: Path) -> None:
     """With no Triton behind it the gateway is alive (a restart would not help) but not ready (no traffic):
     `/livez` 200, `/ready` 503, and `flywheel gateway status --json` says `"ready": false`."""
     from helpers import run_flywheel
+
     from pipelines.config import load_settings
     from pipelines.gateway import app as gw
 
-    env = {"FLYWHEEL_ROOT": str(tmp_path / "fw"), "FLYWHEEL_GATEWAY__PORT": str(free_port()),
-           "FLYWHEEL_TRITON__HTTP_PORT": str(free_port()), "FLYWHEEL_TRITON__GRPC_PORT": str(free_port()),
-           "FLYWHEEL_GATEWAY__REQUEST_TIMEOUT_S": "5"}
+    env = {
+        "FLYWHEEL_ROOT": str(tmp_path / "fw"),
+        "FLYWHEEL_GATEWAY__PORT": str(free_port()),
+        "FLYWHEEL_TRITON__HTTP_PORT": str(free_port()),
+        "FLYWHEEL_TRITON__GRPC_PORT": str(free_port()),
+        "FLYWHEEL_GATEWAY__REQUEST_TIMEOUT_S": "5",
+    }
     settings = load_settings(root=env["FLYWHEEL_ROOT"], gateway={"port": int(env["FLYWHEEL_GATEWAY__PORT"])})
     try:
         assert run_flywheel("gateway", "up", env=env).returncode == 0

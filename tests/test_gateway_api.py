@@ -14,16 +14,15 @@ from typing import Any
 
 import orjson
 import pytest
-
 from gateway_records import DEFAULTS, chat_request, generated_records
-from pipelines.logs.schema import check_line
-from pipelines.prep.nodes import prepare_line
-from pipelines.toolcall.calls import call_text
-from pipelines.toolcall.prompt import chat_turns
+
 from pipelines.gateway import openai_api as api
 from pipelines.gateway.app import read_body
 from pipelines.gateway.capture import CaptureWriter
-from pipelines.toolcall.prompt import system_for
+from pipelines.logs.schema import check_line
+from pipelines.prep.nodes import prepare_line
+from pipelines.toolcall.calls import call_text
+from pipelines.toolcall.prompt import chat_turns, system_for
 
 
 def test_a_served_request_renders_exactly_the_prompt_training_saw() -> None:
@@ -34,8 +33,9 @@ def test_a_served_request_renders_exactly_the_prompt_training_saw() -> None:
             continue  # PII: training sees it redacted, the gateway serves the caller's own text
         served = api.request_row(chat_request(record), now=datetime.fromisoformat(row["event_time"]))
         for style in ("names", "short", "full"):
-            assert (chat_turns(system_for(served.row, style), served.row["messages_json"])
-                    == chat_turns(system_for(row, style), row["messages_json"])), (record["record_id"], style)
+            assert chat_turns(system_for(served.row, style), served.row["messages_json"]) == chat_turns(
+                system_for(row, style), row["messages_json"]
+            ), (record["record_id"], style)
         checked += 1
     assert checked > 100
 
@@ -46,26 +46,55 @@ def test_answers_become_tool_calls_or_content() -> None:
     assert call["finish_reason"] == "tool_calls" and call["message"]["content"] is None
     function = call["message"]["tool_calls"][0]["function"]
     assert function["name"] == "get_order" and json.loads(function["arguments"]) == {"order_id": "ord_1"}
-    assert api.answer('{"name":null}', specs) == {"message": {"role": "assistant", "content": ""},
-                                                  "finish_reason": "stop"}
+    assert api.answer('{"name":null}', specs) == {
+        "message": {"role": "assistant", "content": ""},
+        "finish_reason": "stop",
+    }
     unoffered = api.answer('{"name":"refund","arguments":{}}', specs)  # never a call to a tool not offered
-    assert unoffered["finish_reason"] == "stop" and unoffered["message"]["content"] == '{"name":"refund","arguments":{}}'
+    assert (
+        unoffered["finish_reason"] == "stop" and unoffered["message"]["content"] == '{"name":"refund","arguments":{}}'
+    )
     assert api.answer("sure, let me check", specs)["message"]["content"] == "sure, let me check"
 
 
-@pytest.mark.parametrize("body, status, where", [
-    (b"{not json", 400, "parse the JSON"),
-    (b"[1, 2]", 400, "JSON object"),
-    (json.dumps({"model": "champion", "messages": []}).encode(), 400, "'messages'"),
-    (json.dumps({"model": "champion", "messages": [{"role": "assistant", "content": "hi"}],
-                 "tools": [{"type": "function", "function": {"name": "a"}}]}).encode(), 400, "user message"),
-    (json.dumps({"model": "champion", "messages": [{"role": "user", "content": "hi"}]}).encode(), 400, "tools"),
-    (json.dumps({"model": "champion", "messages": [{"role": "user", "content": "hi"}],
-                 "tools": [{"type": "function", "function": {"name": "a"}}],
-                 "tool_choice": {"type": "function", "function": {"name": "b"}}}).encode(), 400, "tool_choice"),
-    (json.dumps({"model": "champion", "messages": [{"role": "user", "content": "x" * 5000}]}).encode(), 413, "at most"),
-    (b"[" * 2000 + b"]" * 2000, 400, "nested too deeply"),  # was a 500 and a traceback
-])
+@pytest.mark.parametrize(
+    "body, status, where",
+    [
+        (b"{not json", 400, "parse the JSON"),
+        (b"[1, 2]", 400, "JSON object"),
+        (json.dumps({"model": "champion", "messages": []}).encode(), 400, "'messages'"),
+        (
+            json.dumps(
+                {
+                    "model": "champion",
+                    "messages": [{"role": "assistant", "content": "hi"}],
+                    "tools": [{"type": "function", "function": {"name": "a"}}],
+                }
+            ).encode(),
+            400,
+            "user message",
+        ),
+        (json.dumps({"model": "champion", "messages": [{"role": "user", "content": "hi"}]}).encode(), 400, "tools"),
+        (
+            json.dumps(
+                {
+                    "model": "champion",
+                    "messages": [{"role": "user", "content": "hi"}],
+                    "tools": [{"type": "function", "function": {"name": "a"}}],
+                    "tool_choice": {"type": "function", "function": {"name": "b"}},
+                }
+            ).encode(),
+            400,
+            "tool_choice",
+        ),
+        (
+            json.dumps({"model": "champion", "messages": [{"role": "user", "content": "x" * 5000}]}).encode(),
+            413,
+            "at most",
+        ),
+        (b"[" * 2000 + b"]" * 2000, 400, "nested too deeply"),  # was a 500 and a traceback
+    ],
+)
 def test_bad_requests_are_openai_style_errors(body: bytes, status: int, where: str) -> None:
     with pytest.raises(api.ApiError) as caught:
         api.parse_request(asyncio.run(read_body(_http_request(body, declared=True)[0], 4096)))
@@ -78,7 +107,7 @@ def _http_request(body: bytes, declared: bool, part: int = 1000) -> Any:
     """A Starlette request whose body arrives in parts, with or without a Content-Length."""
     from starlette.requests import Request
 
-    parts = [body[i:i + part] for i in range(0, len(body), part)] or [b""]
+    parts = [body[i : i + part] for i in range(0, len(body), part)] or [b""]
     sent: list[bytes] = []
 
     async def receive() -> dict[str, Any]:
@@ -110,8 +139,14 @@ def test_a_captured_turn_is_a_log_record_prep_trains_on_with_the_label_served() 
         request = chat_request(record, metadata={"session_id": "s-1", "channel": "web"})
         served = api.request_row(request)
         name = served.specs[-1]["function"]["name"]
-        body = api.completion(served, "champion", api.answer(json.dumps({"name": name, "arguments": {}}), served.specs),
-                              50, 5, "tool_router_v1")
+        body = api.completion(
+            served,
+            "champion",
+            api.answer(json.dumps({"name": name, "arguments": {}}), served.specs),
+            50,
+            5,
+            "tool_router_v1",
+        )
         captured = api.capture_record(request, served, body, latency_ms=12.5, defaults=DEFAULTS)
         verdict = check_line(orjson.dumps(captured))
         assert verdict.ok or verdict.reason.value == "invalid_arguments", verdict  # {} may lack required args
@@ -120,16 +155,22 @@ def test_a_captured_turn_is_a_log_record_prep_trains_on_with_the_label_served() 
         if verdict.ok:
             row = prepare_line(orjson.dumps(captured))
             assert json.loads(call_text(row["target_json"])) == {"name": name, "arguments": {}}
-    abstained = api.capture_record(request, served, api.completion(served, "champion", api.answer('{"name":null}', served.specs),
-                                                                   50, 3, None), latency_ms=1, defaults=DEFAULTS)
+    abstained = api.capture_record(
+        request,
+        served,
+        api.completion(served, "champion", api.answer('{"name":null}', served.specs), 50, 3, None),
+        latency_ms=1,
+        defaults=DEFAULTS,
+    )
     row = prepare_line(orjson.dumps(abstained))
     assert row["status"] == "clean" and json.loads(call_text(row["target_json"])) == {"name": None}
 
 
 def test_concurrent_captures_are_whole_lines_rotated_and_partitioned_by_day(tmp_path: Path) -> None:
     writer = CaptureWriter(str(tmp_path / "raw"), rotate_bytes=4096)
-    records = [{"record_id": f"r{i}", "timestamp": f"2026-11-2{i % 2}T10:00:00+00:00", "pad": "x" * 200}
-               for i in range(200)]
+    records = [
+        {"record_id": f"r{i}", "timestamp": f"2026-11-2{i % 2}T10:00:00+00:00", "pad": "x" * 200} for i in range(200)
+    ]
 
     def write(chunk: list[dict]) -> None:
         for r in chunk:
@@ -155,8 +196,11 @@ def test_the_latest_rating_of_a_record_replaces_its_feedback_in_prep(tmp_path: P
     raw = str(tmp_path / "raw")
     ratings = CaptureWriter(feedback_zone(raw), 1 << 20)
     record = generated_records(3)[0]
-    for at, rating in (("2026-11-21T10:00:00+00:00", "down"), ("2026-11-22T09:00:00+00:00", "up"),
-                       ("2026-11-21T11:00:00+00:00", "down")):  # written out of order: the latest time wins
+    for at, rating in (
+        ("2026-11-21T10:00:00+00:00", "down"),
+        ("2026-11-22T09:00:00+00:00", "up"),
+        ("2026-11-21T11:00:00+00:00", "down"),
+    ):  # written out of order: the latest time wins
         ratings.write({"record_id": record["record_id"], "rating": rating, "timestamp": at})
     ratings.write({"record_id": "other", "rating": "meh", "timestamp": "2026-11-22T09:00:00+00:00"})  # not a rating
     ratings.close()
@@ -171,13 +215,20 @@ def test_malformed_call_arguments_more_than_one_answer_and_short_keys_are_refuse
     from pipelines.config import ConfigError, load_settings
     from pipelines.gateway.app import api_key
 
-    history = [{"role": "user", "content": "track it"},
-               {"role": "assistant", "content": None, "tool_calls": [
-                   {"id": "c1", "type": "function", "function": {"name": "track", "arguments": "{not json"}}]},
-               {"role": "tool", "tool_call_id": "c1", "content": "{}"}]
+    history = [
+        {"role": "user", "content": "track it"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "track", "arguments": "{not json"}}],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": "{}"},
+    ]
     tools = [{"type": "function", "function": {"name": "track"}}]
-    for body in ({"model": "champion", "messages": history, "tools": tools},
-                 {"model": "champion", "messages": history[:1], "tools": tools, "n": 2}):
+    for body in (
+        {"model": "champion", "messages": history, "tools": tools},
+        {"model": "champion", "messages": history[:1], "tools": tools, "n": 2},
+    ):
         with pytest.raises(api.ApiError) as caught:
             api.parse_request(json.dumps(body).encode())
         assert caught.value.status == 400
@@ -188,17 +239,25 @@ def test_malformed_call_arguments_more_than_one_answer_and_short_keys_are_refuse
 
 def test_a_cut_or_free_text_answer_is_never_a_training_label() -> None:
     specs = [{"type": "function", "function": {"name": "get_order", "parameters": {"type": "object"}}}]
-    served = api.request_row(api.parse_request(json.dumps({"model": "m", "messages": [{"role": "user", "content": "x"}],
-                                                           "tools": specs}).encode()))
+    served = api.request_row(
+        api.parse_request(
+            json.dumps({"model": "m", "messages": [{"role": "user", "content": "x"}], "tools": specs}).encode()
+        )
+    )
     cut = api.answer('{"name":"get_order","arguments":{"order_id":"OR', specs, cut=True)
     assert cut["finish_reason"] == "length"
-    for choice, label in ((cut, False), (api.answer("hello", specs), False), (api.answer('{"name":null}', specs), True),
-                          (api.answer('{"name":"get_order","arguments":{}}', specs), True)):
+    for choice, label in (
+        (cut, False),
+        (api.answer("hello", specs), False),
+        (api.answer('{"name":null}', specs), True),
+        (api.answer('{"name":"get_order","arguments":{}}', specs), True),
+    ):
         assert api.is_label(api.completion(served, "m", choice, 1, 1, None)) is label
 
 
 def test_past_its_concurrency_limit_the_gateway_answers_429_at_once_and_its_probes_still_answer(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Twice the limit at once: exactly `max_concurrent_requests` are answered, every other one gets a 429 with
     Retry-After at once (none queued, none lost); a streamed request that fails before its worker starts gives
     its slot back."""
@@ -219,8 +278,11 @@ def test_past_its_concurrency_limit_the_gateway_answers_429_at_once_and_its_prob
 
     monkeypatch.setattr(Traffic, "handle", handle)
     settings = load_settings(root=str(tmp_path), gateway={"max_concurrent_requests": 3})
-    body = {"model": "champion", "messages": [{"role": "user", "content": "hi"}],
-            "tools": [{"type": "function", "function": {"name": "a", "parameters": {"type": "object"}}}]}
+    body = {
+        "model": "champion",
+        "messages": [{"role": "user", "content": "hi"}],
+        "tools": [{"type": "function", "function": {"name": "a", "parameters": {"type": "object"}}}],
+    }
     with TestClient(create_app(settings), raise_server_exceptions=False) as client:
         headers = {"Authorization": f"Bearer {api_key(settings)}"}
         with ThreadPoolExecutor(6) as pool:
@@ -232,16 +294,20 @@ def test_past_its_concurrency_limit_the_gateway_answers_429_at_once_and_its_prob
             answered = [f.result(timeout=30) for f in admitted]
         assert [r.status_code for r in answered] == [200, 200, 200]
         assert [r.status_code for r in refused] == [429, 429, 429]
-        assert all(r.headers["retry-after"] == "1" and r.json()["error"]["code"] == "rate_limit_exceeded"
-                   for r in refused)
+        assert all(
+            r.headers["retry-after"] == "1" and r.json()["error"]["code"] == "rate_limit_exceeded" for r in refused
+        )
         assert client.post("/v1/chat/completions", json=body, headers=headers).status_code == 200  # slots freed
+
         # a streamed request that fails before its generation starts: a 500, and its slot is released
         def broken(*_args, **_kwargs):
             raise ValueError("no row")
 
         monkeypatch.setattr(api, "request_row", broken)
         for _ in range(4):  # more failures than slots: a leak would turn the next request into a 429
-            assert client.post("/v1/chat/completions", json={**body, "stream": True}, headers=headers).status_code == 500
+            assert (
+                client.post("/v1/chat/completions", json={**body, "stream": True}, headers=headers).status_code == 500
+            )
         monkeypatch.undo()
         monkeypatch.setattr(Traffic, "handle", handle)
         assert client.post("/v1/chat/completions", json=body, headers=headers).status_code == 200
@@ -253,8 +319,12 @@ def test_what_the_gateway_keeps_at_rest_is_redacted_and_expires(tmp_path: Path) 
     from pipelines.gateway.capture import expire
     from pipelines.gateway.traffic import _redacted
 
-    kept = _redacted({"messages": [{"role": "user", "content": "bill ana.lima@example.com, card 4111 1111 1111 1111"}],
-                      "arguments": '{"recipient_email":"ana.lima@example.com"}'})
+    kept = _redacted(
+        {
+            "messages": [{"role": "user", "content": "bill ana.lima@example.com, card 4111 1111 1111 1111"}],
+            "arguments": '{"recipient_email":"ana.lima@example.com"}',
+        }
+    )
     assert "ana.lima@example.com" not in json.dumps(kept) and "4111 1111" not in json.dumps(kept)
     assert "<EMAIL>" in kept["messages"][0]["content"] and "<CARD>" in kept["messages"][0]["content"]
     zone = tmp_path / "unusable"

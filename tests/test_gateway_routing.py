@@ -13,14 +13,17 @@ from pipelines.gateway.capture import CaptureWriter
 
 def test_routes_change_atomically_with_history_and_the_gate_decides_by_agreement_and_errors(tmp_path: Path) -> None:
     from pipelines.config import load_settings
-    from pipelines.gateway import routes as rt
+    from pipelines.livegate import routes as rt
 
-    settings = load_settings(root=str(tmp_path), gateway={"gate_requests": 4, "min_agreement": 0.75,
-                                                           "canary_max_error_share": 0.25})
+    settings = load_settings(
+        root=str(tmp_path), gateway={"gate_requests": 4, "min_agreement": 0.75, "canary_max_error_share": 0.25}
+    )
     with pytest.raises(rt.RouteError, match="none is configured: set gateway.teacher_url"):
         rt.set_route(settings, "champion", "shadow")  # the route a candidate was trained to beat is no teacher
-    settings = load_settings(root=str(tmp_path), gateway={"gate_requests": 4, "min_agreement": 0.75,
-                                                           "canary_max_error_share": 0.25, "base_as_teacher": True})
+    settings = load_settings(
+        root=str(tmp_path),
+        gateway={"gate_requests": 4, "min_agreement": 0.75, "canary_max_error_share": 0.25, "base_as_teacher": True},
+    )
     assert rt.route_of(rt.read_routes(settings), "champion") == {"mode": "serve"}
     for bad, message in ((("canary",), "strictly between"), (("fast",), "mode:")):
         with pytest.raises(rt.RouteError, match=message):
@@ -58,11 +61,17 @@ def test_routes_change_atomically_with_history_and_the_gate_decides_by_agreement
         vetoed = rt.decide(settings, route, tally(yes, wrote))
         assert vetoed[0] == "serve" and vetoed[1].startswith("refused: wrong writes 1 of 2"), vetoed
     assert not rt.canary_ready(settings, canary, tally(yes, yes, yes, yes, wrote))[0]
-    lenient = load_settings(root=str(tmp_path), gateway={"gate_requests": 4, "min_agreement": 0.75},
-                            promotion={"max_extra_wrong_writes": 1})
+    lenient = load_settings(
+        root=str(tmp_path), gateway={"gate_requests": 4, "min_agreement": 0.75}, promotion={"max_extra_wrong_writes": 1}
+    )
     assert rt.decide(lenient, shadow, tally(yes, wrote)) is None
-    assert rt.agreement({"name": "send_invoice", "arguments": {"invoice_id": "INV-0000001"}},
-                        {"name": "send_invoice", "arguments": {"invoice_id": "INV-0000002"}})["wrong_write"] == "other_ids"
+    assert (
+        rt.agreement(
+            {"name": "send_invoice", "arguments": {"invoice_id": "INV-0000001"}},
+            {"name": "send_invoice", "arguments": {"invoice_id": "INV-0000002"}},
+        )["wrong_write"]
+        == "other_ids"
+    )
     assert rt.set_route(settings, "champion", "serve", expect="shadow")["mode"] == "canary"  # moved meanwhile: kept
     history = rt.read_routes(settings)["history"]
     assert [(h["from"], h["to"]) for h in history] == [("serve", "shadow"), ("shadow", "canary")]
@@ -72,11 +81,15 @@ def test_routes_change_atomically_with_history_and_the_gate_decides_by_agreement
 
 
 def test_agreement_uses_the_evaluation_scoring() -> None:
-    from pipelines.gateway.routes import agreement, call_of
+    from pipelines.livegate.routes import agreement, call_of
 
     teacher = call_of({"tool_calls": [{"function": {"name": "get_order", "arguments": '{"order_id":"ORD-1"}'}}]})
-    assert agreement(teacher, {"name": "get_order", "arguments": {"order_id": "ORD-1"}}) == \
-        {"name": True, "exact": True, "arg_f1": 1.0, "wrong_write": None}
+    assert agreement(teacher, {"name": "get_order", "arguments": {"order_id": "ORD-1"}}) == {
+        "name": True,
+        "exact": True,
+        "arg_f1": 1.0,
+        "wrong_write": None,
+    }
     assert agreement(teacher, {"name": "get_order", "arguments": {"order_id": "ORD-2"}})["exact"] is False
     assert agreement(teacher, {"name": None})["name"] is False
     assert call_of({"content": "no tool"}) == {"name": None}
@@ -84,19 +97,31 @@ def test_agreement_uses_the_evaluation_scoring() -> None:
 
 def test_the_recorded_tally_skips_skipped_comparisons_and_a_canary_needs_comparisons_to_pass(tmp_path: Path) -> None:
     from pipelines.config import load_settings
-    from pipelines.gateway import routes as rt
-    from pipelines.gateway.traffic import agreement_zone, tally_of
+    from pipelines.livegate import routes as rt
+    from pipelines.livegate.comparisons import agreement_zone, tally_of
 
-    settings = load_settings(root=str(tmp_path), gateway={"gate_requests": 3, "min_agreement": 0.5,
-                                                           "canary_max_error_share": 0.2, "base_as_teacher": True})
+    settings = load_settings(
+        root=str(tmp_path),
+        gateway={"gate_requests": 3, "min_agreement": 0.5, "canary_max_error_share": 0.2, "base_as_teacher": True},
+    )
     route = rt.set_route(settings, "champion", "canary", share=0.5)
     writer = CaptureWriter(agreement_zone(settings), 1 << 20)
     yes = {"name": True, "exact": True, "arg_f1": 1.0}
 
     def record(i: int, **fields) -> None:
-        writer.write({"record_id": f"c{i}", "timestamp": "2999-01-01T00:00:00+00:00", "route": "champion",
-                      "mode": "canary", "arm": "candidate", "agreement": None, "error": None, "skipped": False,
-                      **fields})
+        writer.write(
+            {
+                "record_id": f"c{i}",
+                "timestamp": "2999-01-01T00:00:00+00:00",
+                "route": "champion",
+                "mode": "canary",
+                "arm": "candidate",
+                "agreement": None,
+                "error": None,
+                "skipped": False,
+                **fields,
+            }
+        )
 
     for i in range(3):  # the teacher never answered: skipped, no evidence either way
         record(i, skipped=True, error="skipped: comparison queue full")
@@ -104,17 +129,18 @@ def test_the_recorded_tally_skips_skipped_comparisons_and_a_canary_needs_compari
     writer.close()
     tally = tally_of(settings, "champion", route)
     assert (tally.candidate_requests, tally.candidate_errors, tally.compared) == (0, 0, 0)
-    for i in range(3):
+    for _ in range(3):
         tally.add(None, False)  # answered by the candidate, never compared
     ready, why = rt.canary_ready(settings, route, tally)
     assert not ready and "compared" in why
-    for i in range(20):  # 20 of 20 agreeing: the always-valid interval lies above 0.5
+    for _ in range(20):  # 20 of 20 agreeing: the always-valid interval lies above 0.5
         tally.add(yes, False)
     assert rt.canary_ready(settings, route, tally)[0]
 
 
 def test_the_routing_table_is_rebuilt_when_a_deploy_changes_the_serving_state_not_per_request(
-        tmp_path: Path, monkeypatch) -> None:
+    tmp_path: Path, monkeypatch
+) -> None:
     """Triton's loaded models and the serving state are read once, then again after a deploy rewrote the
     state (and the models' declared inputs are read afresh), after a model error, or on a timer."""
     from pipelines.config import load_settings

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 from gateway_records import chat_request, generated_records
+
 from pipelines.gateway import openai_api as api
 
 
@@ -15,18 +16,29 @@ def test_streamed_chunks_rebuild_the_same_answer() -> None:
     request = chat_request(record)
     served = api.request_row(request)
     name = served.specs[0]["function"]["name"]
-    body = api.completion(served, "champion", api.answer(json.dumps({"name": name, "arguments": {"a": 1}}),
-                                                         served.specs), 100, 9, "tool_router_v1")
+    body = api.completion(
+        served,
+        "champion",
+        api.answer(json.dumps({"name": name, "arguments": {"a": 1}}), served.specs),
+        100,
+        9,
+        "tool_router_v1",
+    )
     chunks = api.chunks(body, include_usage=True)
     assert {c["id"] for c in chunks} == {body["id"]} and chunks[-1]["usage"] == body["usage"]
-    arguments = "".join(d["function"].get("arguments", "") for c in chunks for ch in c["choices"]
-                        for d in ch["delta"].get("tool_calls", []))
+    arguments = "".join(
+        d["function"].get("arguments", "")
+        for c in chunks
+        for ch in c["choices"]
+        for d in ch["delta"].get("tool_calls", [])
+    )
     assert arguments == body["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"]
     assert [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]][-1] == "tool_calls"
 
 
-def _streamed(texts: list[str], body: dict, final_text: str | None, names: set[str],
-              whole: set[str] | None = None) -> tuple[list[dict], dict]:
+def _streamed(
+    texts: list[str], body: dict, final_text: str | None, names: set[str], whole: set[str] | None = None
+) -> tuple[list[dict], dict]:
     from pipelines.gateway.streaming import ToolCallStream
 
     stream = ToolCallStream(body["id"], body["created"], body["model"], names, whole)
@@ -52,18 +64,22 @@ def test_a_streamed_call_goes_out_as_it_grows_and_ends_as_the_answer_the_caller_
     record = generated_records(5)[0]
     served = api.request_row(chat_request(record))
     name = served.specs[0]["function"]["name"]
-    text = json.dumps({"name": name, "arguments": {"order_id": "ORD-12", "note": "caf\u00e9"}}, separators=(",", ":"),
-                      ensure_ascii=True)  # the model's escapes differ from the body's re-serialization
+    text = json.dumps(
+        {"name": name, "arguments": {"order_id": "ORD-12", "note": "caf\u00e9"}},
+        separators=(",", ":"),
+        ensure_ascii=True,
+    )  # the model's escapes differ from the body's re-serialization
     prefixes = [text[:i] for i in range(1, len(text) + 1)]
-    body = api.completion(served, "champion", api.answer(text, served.specs, response_id=served.response_id),
-                          100, 30, "tool_router_v1")
+    body = api.completion(
+        served, "champion", api.answer(text, served.specs, response_id=served.response_id), 100, 30, "tool_router_v1"
+    )
     before = json.loads(json.dumps(body))  # what the gateway captured, before the stream closed
     chunks, body = _streamed(prefixes, body, text, {s["function"]["name"] for s in served.specs})
     assert {c["id"] for c in chunks} == {served.response_id}
     assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"  # at the first token, before the name
     header = next(i for i, c in enumerate(chunks) if c["choices"] and c["choices"][0]["delta"].get("tool_calls"))
     assert header == 1 and chunks[header]["choices"][0]["delta"]["tool_calls"][0]["function"]["name"] == name
-    argument_chunks = [c for c in chunks[header + 1:] if c["choices"] and c["choices"][0]["delta"].get("tool_calls")]
+    argument_chunks = [c for c in chunks[header + 1 :] if c["choices"] and c["choices"][0]["delta"].get("tool_calls")]
     assert len(argument_chunks) > 10  # streamed piece by piece, not in one go at the end
     call_id, arguments, got_name, content, finish = _assembled(chunks)
     assert (got_name, finish, content) == (name, "tool_calls", "")
@@ -103,12 +119,28 @@ def test_a_no_tool_answer_a_cut_call_and_a_teacher_answer_close_the_stream_corre
 def test_a_redaction_token_never_reaches_a_caller_streamed_or_not() -> None:
     """A model trained on redacted logs may answer `<EMAIL>` for a `format: email` field: the gateway fills in
     the one email the conversation states, or asks for it instead of passing a placeholder on."""
-    tools = [{"type": "function", "function": {"name": "send_invoice_to", "parameters": {
-        "type": "object", "required": ["email"], "properties": {"email": {"type": "string", "format": "email"}}}}}]
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "send_invoice_to",
+                "parameters": {
+                    "type": "object",
+                    "required": ["email"],
+                    "properties": {"email": {"type": "string", "format": "email"}},
+                },
+            },
+        }
+    ]
 
     def served_for(text: str) -> api.Served:
-        return api.request_row(api.parse_request(json.dumps({
-            "model": "champion", "tools": tools, "messages": [{"role": "user", "content": text}]}).encode()))
+        return api.request_row(
+            api.parse_request(
+                json.dumps(
+                    {"model": "champion", "tools": tools, "messages": [{"role": "user", "content": text}]}
+                ).encode()
+            )
+        )
 
     placeholder = '{"name":"send_invoice_to","arguments":{"email":"<EMAIL>"}}'
     one = served_for("bill ana.lima@example.com for the catering, 120 EUR")
@@ -124,19 +156,38 @@ def test_a_redaction_token_never_reaches_a_caller_streamed_or_not() -> None:
         assert not api.is_label(body), "never a training label"
         chunks, _ = _streamed([placeholder[:i] for i in range(1, len(placeholder) + 1)], body, placeholder, names)
         assert "<EMAIL>" not in json.dumps(chunks) and "<" not in _assembled(chunks)[1]
-        assert _assembled(chunks)[3] == refused["message"]["content"] and _assembled(chunks)[4] == "stop", \
+        assert _assembled(chunks)[3] == refused["message"]["content"] and _assembled(chunks)[4] == "stop", (
             "a streaming caller gets the reason, not a call"
+        )
     body = api.completion(one, "champion", filled, 10, 10, "m")
     chunks, _ = _streamed([placeholder[:i] for i in range(1, len(placeholder) + 1)], body, placeholder, names)
     assert "<EMAIL>" not in json.dumps(chunks)
-    assert json.loads(_assembled(chunks)[1]) == {"email": "ana.lima@example.com"} and _assembled(chunks)[4] == "tool_calls"
+    assert (
+        json.loads(_assembled(chunks)[1]) == {"email": "ana.lima@example.com"} and _assembled(chunks)[4] == "tool_calls"
+    )
 
 
 def test_a_call_that_breaks_what_the_grammar_left_out_is_not_passed_on() -> None:
-    tools = [{"type": "function", "function": {"name": "tag", "parameters": {"type": "object", "required": ["labels"],
-              "properties": {"labels": {"type": "array", "items": {"type": "string"}, "uniqueItems": True}}}}}]
-    served = api.request_row(api.parse_request(json.dumps({
-        "model": "champion", "tools": tools, "messages": [{"role": "user", "content": "tag it red and blue"}]}).encode()))
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "tag",
+                "parameters": {
+                    "type": "object",
+                    "required": ["labels"],
+                    "properties": {"labels": {"type": "array", "items": {"type": "string"}, "uniqueItems": True}},
+                },
+            },
+        }
+    ]
+    served = api.request_row(
+        api.parse_request(
+            json.dumps(
+                {"model": "champion", "tools": tools, "messages": [{"role": "user", "content": "tag it red and blue"}]}
+            ).encode()
+        )
+    )
     fine = api.answer('{"name":"tag","arguments":{"labels":["red","blue"]}}', served.specs)
     assert fine["finish_reason"] == "tool_calls"
     twice = api.answer('{"name":"tag","arguments":{"labels":["red","red"]}}', served.specs)

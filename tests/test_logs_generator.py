@@ -9,19 +9,28 @@ from pathlib import Path
 import orjson
 import pytest
 
-from pipelines.logs.generator import (
-    BAD_KINDS, EXPECTED_REASON, Drift, GeneratorConfig, Kind, TrafficGenerator, luhn_complete, luhn_valid,
-    write_raw_logs,
-)
 from pipelines.logs.raw import check_files, iter_lines, raw_files
 from pipelines.logs.schema import check_line, teacher_call
 from pipelines.logs.tools import TOOL_WORKLOAD
+from pipelines.simulate.generator import (
+    BAD_KINDS,
+    EXPECTED_REASON,
+    Drift,
+    GeneratorConfig,
+    Kind,
+    TrafficGenerator,
+    luhn_complete,
+    luhn_valid,
+    write_raw_logs,
+)
 
 END = date(2026, 11, 20)
 
 
 def _digest(root: Path) -> dict[str, str]:
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(root.rglob("*.jsonl*"))}
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(root.rglob("*.jsonl*"))
+    }
 
 
 def _records(cfg: GeneratorConfig) -> list[tuple[Kind, bytes]]:
@@ -92,8 +101,9 @@ def _norm(text: str) -> str:
 
 
 def test_traffic_is_realistic() -> None:
-    records = [orjson.loads(line) for kind, line in _records(GeneratorConfig(seed=5, records=6000, end_date=END,
-                                                                                bad_share=0)) ]
+    records = [
+        orjson.loads(line) for kind, line in _records(GeneratorConfig(seed=5, records=6000, end_date=END, bad_share=0))
+    ]
     tools = Counter((teacher_call(r) or {"name": None})["name"] for r in records)
     assert len(tools) == 16 and tools[None] > 0, "all 15 tools and abstentions occur"
     assert max(r["turn_index"] for r in records) >= 2, "multi-turn sessions"
@@ -113,7 +123,9 @@ def test_traffic_is_realistic() -> None:
         if call:
             assert r["workload_id"] in TOOL_WORKLOAD[call["name"]] or call["name"] in str(r["request"]["tools"])
         assert r["currency"] in {"USD", "GBP", "CAD", "AUD", "EUR", "MXN", "INR"}
-    searches = [teacher_call(r)["arguments"] for r in records if (teacher_call(r) or {}).get("name") == "search_products"]
+    searches = [
+        teacher_call(r)["arguments"] for r in records if (teacher_call(r) or {}).get("name") == "search_products"
+    ]
     assert {"brand", "color", "max_price", "min_price", "size", "limit"} <= {k for a in searches for k in a}
 
 
@@ -128,12 +140,14 @@ def _share(records: list[dict], predicate) -> float:
 
 @pytest.fixture(scope="module")
 def baseline() -> list[dict]:
-    return [orjson.loads(l) for _, l in _records(GeneratorConfig(seed=21, records=5000, end_date=END, bad_share=0))]
+    return [
+        orjson.loads(line) for _, line in _records(GeneratorConfig(seed=21, records=5000, end_date=END, bad_share=0))
+    ]
 
 
 def _drifted(kind: Drift, magnitude: float = 0.8) -> list[dict]:
     cfg = GeneratorConfig(seed=21, records=5000, end_date=END, bad_share=0, drift=kind, drift_magnitude=magnitude)
-    return [orjson.loads(l) for _, l in _records(cfg)]
+    return [orjson.loads(line) for _, line in _records(cfg)]
 
 
 def _text(r: dict) -> str:
@@ -151,6 +165,7 @@ def test_new_category_drift_adds_unseen_categories(baseline: list[dict]) -> None
     def new(r: dict) -> bool:
         call = teacher_call(r)
         return bool(call) and call["arguments"].get("category") in ("pet_supplies", "garden")
+
     assert _share(baseline, new) == 0
     assert _share(_drifted(Drift.NEW_CATEGORY), new) > 0.05
 
@@ -167,8 +182,9 @@ def test_tool_mix_drift_shifts_workloads(baseline: list[dict]) -> None:
 
 
 def test_check_files_counts_every_line(tmp_path: Path) -> None:
-    summary = write_raw_logs(GeneratorConfig(seed=8, records=3000, days=2, end_date=END, bad_share=0.2), tmp_path,
-                             compress=True)
+    summary = write_raw_logs(
+        GeneratorConfig(seed=8, records=3000, days=2, end_date=END, bad_share=0.2), tmp_path, compress=True
+    )
     check = check_files(raw_files(tmp_path))
     assert check.lines == summary.records == 3000
     assert check.valid + sum(check.reasons.values()) == check.lines

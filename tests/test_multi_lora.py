@@ -17,8 +17,8 @@ CAPACITY = 2
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory: pytest.TempPathFactory):
     """The tiny base model and three strong random adapters of it (a1..a3) in one adapter root."""
+    from pipelines.base_models import prepare_base
     from pipelines.bench.adapters import make_adapters
-    from pipelines.train.models import prepare_base
 
     root = tmp_path_factory.mktemp("multi-lora")
     settings = load_settings(root=str(root))
@@ -59,14 +59,15 @@ def test_a_mixed_batch_answers_each_row_with_its_own_adapter_and_the_cache_stays
     import torch
     from transformers import AutoModelForCausalLM
 
-    from pipelines.serve.lora_cache import BASE, AdapterCache
+    from pipelines.triton_backend.lora_cache import BASE, AdapterCache
 
     base = AutoModelForCausalLM.from_pretrained(tiny["base"], torch_dtype=torch.float32).eval()
     logs: list[str] = []
     cache = AdapterCache(base, str(tiny["root"] / "adapters"), CAPACITY, log=logs.append)
     enc = _inputs(tiny["base"], 4)
-    expected = {name: _merged_logits(tiny["base"], tiny["adapters"].get(name), enc)
-                for name in ("a1", "a2", "a3", BASE)}
+    expected = {
+        name: _merged_logits(tiny["base"], tiny["adapters"].get(name), enc) for name in ("a1", "a2", "a3", BASE)
+    }
     assert not torch.allclose(expected["a1"], expected["a2"], atol=1e-3)  # the adapters differ: the test can see
 
     def served(names: list[str]):
@@ -75,8 +76,14 @@ def test_a_mixed_batch_answers_each_row_with_its_own_adapter_and_the_cache_stays
         with torch.inference_mode():
             return cache.model(**enc).logits[:, -1]
 
-    for names in (["a1", "a2", BASE, "a1"], ["a3", "a1", "a3", BASE], ["a2", "a2", "a3", "a3"], ["a2"] * 4,
-                  [BASE] * 4, ["a3"] * 4):
+    for names in (
+        ["a1", "a2", BASE, "a1"],
+        ["a3", "a1", "a3", BASE],
+        ["a2", "a2", "a3", "a3"],
+        ["a2"] * 4,
+        [BASE] * 4,
+        ["a3"] * 4,
+    ):
         got = served(names)
         for row, name in enumerate(names):
             assert torch.allclose(got[row], expected[name][row], atol=1e-4), (names, row, name)
@@ -87,7 +94,7 @@ def test_a_mixed_batch_answers_each_row_with_its_own_adapter_and_the_cache_stays
 
 
 def test_a_batch_with_more_adapters_than_the_cache_holds_is_split_into_parts_that_fit():
-    from pipelines.serve.lora_cache import BASE, AdapterCache
+    from pipelines.triton_backend.lora_cache import BASE, AdapterCache
 
     cache = AdapterCache(object(), "/nonexistent", 2)
     parts = cache.plan(["a", "b", "c", BASE, "a", "d", "c"])
@@ -96,12 +103,19 @@ def test_a_batch_with_more_adapters_than_the_cache_holds_is_split_into_parts_tha
     assert cache.plan([]) == []
 
 
-@pytest.mark.parametrize("name, reason", [("../a1", "not an adapter name"), ("a1/../a2", "not an adapter name"),
-                                          ("A1", "not an adapter name"), ("a9", "unknown adapter")])
+@pytest.mark.parametrize(
+    "name, reason",
+    [
+        ("../a1", "not an adapter name"),
+        ("a1/../a2", "not an adapter name"),
+        ("A1", "not an adapter name"),
+        ("a9", "unknown adapter"),
+    ],
+)
 def test_an_adapter_name_is_never_a_path_and_an_unknown_one_is_refused(tiny, name, reason):
     """Mutation tried: `folder` without the NAME check lets `../a1` resolve (the adapters' parent holds a1's
     folder when asked from a sub-folder root) and the traversal cases fail."""
-    from pipelines.serve.lora_cache import AdapterCache, AdapterError
+    from pipelines.triton_backend.lora_cache import AdapterCache, AdapterError
 
     root = tiny["root"] / "adapters" / "nested"
     root.mkdir(exist_ok=True)
@@ -118,7 +132,7 @@ def test_a_replaced_adapter_folder_is_loaded_afresh_not_served_from_the_cache(ti
     import torch
     from transformers import AutoModelForCausalLM
 
-    from pipelines.serve.lora_cache import AdapterCache
+    from pipelines.triton_backend.lora_cache import AdapterCache
 
     root = tmp_path / "adapters"
     shutil.copytree(tiny["adapters"]["a1"], root / "v1")
@@ -167,7 +181,7 @@ def test_a_broken_adapter_is_its_requests_error_and_leaves_the_base_serving(tiny
     import torch
     from transformers import AutoModelForCausalLM
 
-    from pipelines.serve.lora_cache import AdapterCache, AdapterError
+    from pipelines.triton_backend.lora_cache import AdapterCache, AdapterError
 
     root = tmp_path / "adapters"
     shutil.copytree(tiny["adapters"]["a1"], root / "broken")
@@ -179,7 +193,7 @@ def test_a_broken_adapter_is_its_requests_error_and_leaves_the_base_serving(tiny
     (root / "elsewhere" / "flywheel.json").write_text(json.dumps({"shared": "lora__other"}))
     base = AutoModelForCausalLM.from_pretrained(tiny["base"], torch_dtype=torch.float32).eval()
     cache = AdapterCache(base, str(root), CAPACITY, log=lambda _: None, shared="lora__tiny")
-    from pipelines.serve.batched_lora import AdapterFormatError
+    from pipelines.triton_backend.batched_lora import AdapterFormatError
 
     with pytest.raises(AdapterFormatError, match="adapter_model.safetensors"):
         cache.ensure(["broken"])
@@ -204,7 +218,7 @@ def test_one_unfit_adapter_is_its_own_rows_error_and_evicts_nothing(tiny, tmp_pa
     import torch
     from transformers import AutoModelForCausalLM
 
-    from pipelines.serve.lora_cache import AdapterCache
+    from pipelines.triton_backend.lora_cache import AdapterCache
 
     root = tmp_path / "adapters"
     for name in ("a1", "a2"):
@@ -235,7 +249,7 @@ def test_the_triton_model_answers_a_batch_whose_one_adapter_is_unfit(tiny, tmp_p
     import torch
     from transformers import AutoModelForCausalLM
 
-    from pipelines.serve.lora_cache import AdapterCache
+    from pipelines.triton_backend.lora_cache import AdapterCache
 
     stub = types.ModuleType("triton_python_backend_utils")
     stub.TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
@@ -243,8 +257,8 @@ def test_the_triton_model_answers_a_batch_whose_one_adapter_is_unfit(tiny, tmp_p
     stub.InferenceResponse = lambda output_tensors, error=None: {"tensors": output_tensors, "error": error}
     stub.get_input_tensor_by_name = lambda request, name: request.inputs.get(name)
     monkeypatch.setitem(sys.modules, "triton_python_backend_utils", stub)
-    monkeypatch.delitem(sys.modules, "pipelines.serve.triton_model", raising=False)
-    triton_model = importlib.import_module("pipelines.serve.triton_model")
+    monkeypatch.delitem(sys.modules, "pipelines.triton_backend.model", raising=False)
+    triton_model = importlib.import_module("pipelines.triton_backend.model")
 
     class Tensor:
         def __init__(self, value):
@@ -306,16 +320,18 @@ def test_a_rank_cap_refuses_larger_adapters_at_deploy_and_in_the_shared_base(tin
 
     from pipelines.config import ConfigError
     from pipelines.serve import shared_base
-    from pipelines.serve.lora_cache import AdapterCache
+    from pipelines.triton_backend.lora_cache import AdapterCache
 
     capped = load_settings(root=str(tmp_path), triton={"multi_lora": True, "max_adapter_rank": 2})
     with pytest.raises(ConfigError, match="rank 4 is over triton.max_adapter_rank 2"):
         shared_base.write_adapter(capped, "tool_router_v1", str(tiny["adapters"]["a1"]), {"registry_version": "1"})
     root = shared_base.adapter_root(capped)
-    assert not root.exists() or not [p for p in root.iterdir()]  # nothing put in place, no staging left
+    assert not root.exists() or not list(root.iterdir())  # nothing put in place, no staging left
     assert shared_base.shared_params(capped, root)["max_adapter_rank"] == "2"
     roomy = capped.model_copy(update={"triton": capped.triton.model_copy(update={"max_adapter_rank": 4})})
-    assert (shared_base.write_adapter(roomy, "tool_router_v1", str(tiny["adapters"]["a1"]), {}) / "adapter_config.json").is_file()
+    assert (
+        shared_base.write_adapter(roomy, "tool_router_v1", str(tiny["adapters"]["a1"]), {}) / "adapter_config.json"
+    ).is_file()
 
     base = AutoModelForCausalLM.from_pretrained(tiny["base"], torch_dtype=torch.float32).eval()
     cache = AdapterCache(base, str(tiny["root"] / "adapters"), CAPACITY, log=lambda _: None, rank=2)

@@ -17,9 +17,15 @@ def test_a_process_draws_each_port_once_from_a_block_no_other_test_process_holds
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as held:  # something else holds the next one
         held.bind(("127.0.0.1", second + 1))
         assert ports.free_port() == second + 2
-    assert ports.BASE + ports.BLOCKS * ports.BLOCK <= ports._kernel_low(), "every block lies below the kernel's ports"
+    assert ports._kernel_low() >= ports.BASE + ports.BLOCKS * ports.BLOCK, "every block lies below the kernel's ports"
     # a second test process (another worker, another pytest run), here named as this one: another block
-    other = subprocess.run([sys.executable, "-c", "import ports; print(ports._first)"], capture_output=True,
-                           text=True, timeout=60, check=True, cwd=Path(__file__).parent,
-                           env={"PYTEST_XDIST_WORKER": os.environ.get("PYTEST_XDIST_WORKER", "gw0")})
+    other = subprocess.run(
+        [sys.executable, "-c", "import ports; print(ports._first)"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+        cwd=Path(__file__).parent,
+        env={"PYTEST_XDIST_WORKER": os.environ.get("PYTEST_XDIST_WORKER", "gw0")},
+    )
     assert int(other.stdout) != ports._first

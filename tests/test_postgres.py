@@ -17,8 +17,9 @@ def test_postgres_listens_on_loopback_with_passwords_only(postgres) -> None:
     assert "trust" not in "\n".join(line for line in conf.splitlines() if not line.startswith("#"))
     with pytest.raises(psycopg2.OperationalError):
         psycopg2.connect(host="127.0.0.1", port=postgres.port, user="flywheel", password="wrong", dbname="mlflow")
-    conn = psycopg2.connect(host="127.0.0.1", port=postgres.port, user=postgres.user, password=postgres.password,
-                            dbname="postgres")
+    conn = psycopg2.connect(
+        host="127.0.0.1", port=postgres.port, user=postgres.user, password=postgres.password, dbname="postgres"
+    )
     with conn.cursor() as cur:
         cur.execute("SHOW listen_addresses")
         assert cur.fetchone()[0] == "127.0.0.1"

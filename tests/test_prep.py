@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-
 from data_path import END, PLANTED_PII, write_window
+
 from pipelines.config import load_settings
-from pipelines.logs.generator import EXPECTED_REASON, Kind
 from pipelines.prep.pipeline import PrepError, run_prep
+from pipelines.simulate.generator import EXPECTED_REASON, Kind
 from pipelines.storage import read_json
 from pipelines.window import DateWindow
 
@@ -69,8 +69,9 @@ def test_planted_malformed_lines_land_in_quarantine_with_the_right_reason(prepar
         if reason == "clean":
             assert record_id not in by_id
         elif record_id == "planted_bad_json":  # not parseable: found by its (redacted) raw text
-            assert quarantine.loc[quarantine["raw_redacted"].fillna("").str.contains("planted_bad_json"),
-                                  "reason"].tolist() == ["bad_json"]
+            assert quarantine.loc[
+                quarantine["raw_redacted"].fillna("").str.contains("planted_bad_json"), "reason"
+            ].tolist() == ["bad_json"]
         else:
             assert by_id.get(record_id) == reason, record_id
     dup = quarantine[quarantine["record_id"] == "planted_near_duplicate"]
@@ -153,9 +154,11 @@ def test_a_prep_run_that_fails_mid_write_keeps_the_last_good_output(tmp_path: Pa
     curated = tmp_path / "curated"
 
     def snapshot() -> dict[str, bytes]:
-        return {str(p.relative_to(tmp_path)): p.read_bytes()
-                for table in (curated / "examples", curated / "clean_logs", tmp_path / "quarantine" / "records")
-                for p in sorted(table.rglob("*.parquet"))}
+        return {
+            str(p.relative_to(tmp_path)): p.read_bytes()
+            for table in (curated / "examples", curated / "clean_logs", tmp_path / "quarantine" / "records")
+            for p in sorted(table.rglob("*.parquet"))
+        }
 
     before = snapshot()
     assert before and first.clean > 0
@@ -219,17 +222,22 @@ def test_the_flywheel_never_trains_on_its_own_unconfirmed_or_down_rated_answers(
     import json
 
     import orjson
-
     from helpers import run_flywheel
-    from pipelines.logs.generator import GeneratorConfig, TrafficGenerator, partition_dir
+
     from pipelines.prep.reviews import ReviewError, decide, queue
+    from pipelines.simulate.generator import GeneratorConfig, TrafficGenerator, partition_dir
 
     day = END - timedelta(days=40)
     gen = TrafficGenerator(GeneratorConfig(seed=5, records=80, bad_share=0.0, end_date=day, days=1))
     records = [orjson.loads(line) for _, line, _ in gen.lines()]
     firsts = [r for r in records if r["turn_index"] == 0 and r["response"]["choices"][0]["message"].get("tool_calls")]
-    roles = {"teacher": ("teacher", "none"), "unconfirmed": ("champion", "none"), "confirmed": ("champion", "up"),
-             "champion_down": ("champion", "down"), "generated_down": ("generated", "down")}
+    roles = {
+        "teacher": ("teacher", "none"),
+        "unconfirmed": ("champion", "none"),
+        "confirmed": ("champion", "up"),
+        "champion_down": ("champion", "down"),
+        "generated_down": ("generated", "down"),
+    }
     ids = {}
     for r in records:
         r["feedback"], r["label_source"] = "none", "generated"
@@ -247,8 +255,10 @@ def test_the_flywheel_never_trains_on_its_own_unconfirmed_or_down_rated_answers(
     assert not {ids["unconfirmed"], ids["champion_down"], ids["generated_down"]} & trained
     manifest = read_json(first.manifest_uri)
     assert manifest["counts"]["held"] == first.held == 3 and manifest["counts"]["reconciled"]
-    assert manifest["held_reasons"] == {"our own model's answer, not confirmed by a person": 1,
-                                        "rated down: waits for review": 2}
+    assert manifest["held_reasons"] == {
+        "our own model's answer, not confirmed by a person": 1,
+        "rated down: waits for review": 2,
+    }
     assert manifest["label_sources"]["teacher"] == 1 and manifest["label_sources"]["champion"] == 1
     logs = pd.read_parquet(tmp_path / "curated" / "clean_logs")
     assert ids["unconfirmed"] in set(logs["record_id"]), "held, not lost"
@@ -262,8 +272,10 @@ def test_the_flywheel_never_trains_on_its_own_unconfirmed_or_down_rated_answers(
     # the reviewer finds the down-rated answer right after all: the same call, now a human label (the same
     # request and call as the held original: the correction must win the dedupe, not be dropped as its copy)
     original = next(r for r in records if r["record_id"] == ids["champion_down"])["response"]["choices"][0]["message"]
-    same = {"name": original["tool_calls"][0]["function"]["name"],
-            "arguments": json.loads(original["tool_calls"][0]["function"]["arguments"])}
+    same = {
+        "name": original["tool_calls"][0]["function"]["name"],
+        "arguments": json.loads(original["tool_calls"][0]["function"]["arguments"]),
+    }
     decide(settings, ids["champion_down"], True, same, "ana")
     refused = run_flywheel("labels", "reject", ids["generated_down"], env={"FLYWHEEL_ROOT": str(tmp_path)})
     assert refused.returncode == 0, refused.stderr

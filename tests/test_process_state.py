@@ -9,8 +9,8 @@ import time
 from pathlib import Path
 
 import pytest
-
 from ports import free_port
+
 from pipelines import services
 from pipelines.storage import read_json, write_json
 
@@ -76,14 +76,24 @@ def _web(tmp_path: Path) -> tuple[str, int, services.ServiceSpec]:
     import sys
 
     root, port = str(tmp_path), free_port()
-    return root, port, services.ServiceSpec(
-        "web", ["sh", "-c", f"sleep 300 & exec {sys.executable} -m http.server {port} --bind 127.0.0.1"],
-        dict(os.environ), f"http://127.0.0.1:{port}/", f"http://127.0.0.1:{port}/", cwd=root)
+    return (
+        root,
+        port,
+        services.ServiceSpec(
+            "web",
+            ["sh", "-c", f"sleep 300 & exec {sys.executable} -m http.server {port} --bind 127.0.0.1"],
+            dict(os.environ),
+            f"http://127.0.0.1:{port}/",
+            f"http://127.0.0.1:{port}/",
+            cwd=root,
+        ),
+    )
 
 
 @pytest.mark.parametrize("mid_exit", [False, True], ids=["gone", "caught-mid-exit"])
-def test_a_server_whose_leader_was_killed_is_started_afresh_not_waited_for(tmp_path: Path, monkeypatch,
-                                                                          mid_exit: bool) -> None:
+def test_a_server_whose_leader_was_killed_is_started_afresh_not_waited_for(
+    tmp_path: Path, monkeypatch, mid_exit: bool
+) -> None:
     """A crash kills a server's leader while a child of its group lingers (or is still exiting): `start` stops
     what is left and starts a fresh server at once, instead of waiting the whole start timeout for a health
     check that cannot pass and then failing. A group whose processes are all zombies counts as gone. A leader
@@ -104,7 +114,9 @@ def test_a_server_whose_leader_was_killed_is_started_afresh_not_waited_for(tmp_p
         assert services.group_alive(first.pid)  # the lingering child
         if mid_exit:
             real, looks = services._leader_alive, []
-            monkeypatch.setattr(services, "_leader_alive", lambda pid: looks.append(pid) or len(looks) == 1 or real(pid))
+            monkeypatch.setattr(
+                services, "_leader_alive", lambda pid: looks.append(pid) or len(looks) == 1 or real(pid)
+            )
         started = time.monotonic()
         second = services.start(root, spec, host="127.0.0.1", port=port, timeout_s=30)
         assert second.healthy and second.pid != first.pid

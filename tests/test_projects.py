@@ -40,7 +40,11 @@ def test_a_project_has_its_own_zones_and_names_and_shares_the_servers(tmp_path: 
     a = settings_for(platform, "search")
     assert a.zone("raw") == f"{tmp_path}/projects/search/raw" and platform.zone("raw") == f"{tmp_path}/raw"
     assert (a.mlflow.experiment, a.mlflow.registered_model, a.feast.project, a.triton.model_name) == (
-        "commerce-flywheel--search", "commerce-tool-caller--search", "commerce_flywheel__search", "search__tool_router")
+        "commerce-flywheel--search",
+        "commerce-tool-caller--search",
+        "commerce_flywheel__search",
+        "search__tool_router",
+    )
     assert a.feast.online_store == f"{tmp_path}/projects/search/features/online_store.db"
     # shared: one tracking store, one Triton model repository, one Airflow
     for field in ("mlflow.backend_store_uri", "triton.model_repository", "airflow.home", "mlflow.tracking_uri"):
@@ -95,15 +99,19 @@ def test_project_commands_and_every_boundary_are_one_error_line(flywheel_root: P
     from pipelines.storage import write_json
 
     scoped = settings_for(get_settings(), "search")
-    write_json(f"{scoped.zone('serving')}/state.json", {"live": {"name": "search__tool_router_v1", "version": "1",
-                                                                "prompt_style": "names"}, "previous": None})
+    write_json(
+        f"{scoped.zone('serving')}/state.json",
+        {"live": {"name": "search__tool_router_v1", "version": "1", "prompt_style": "names"}, "previous": None},
+    )
     _one_error(*_flywheel(capsys, "project", "delete", "search")[::2], "serves traffic")
     assert (flywheel_root / "projects" / "search" / "serving" / "state.json").is_file()
     write_json(f"{scoped.zone('serving')}/state.json", {"live": None, "previous": None})
     code, out, err = _flywheel(capsys, "project", "delete", "search", "--json")
     assert code == 0, err
     kept = json.loads(out)["data_kept_at"]
-    assert kept and Path(kept, "serving", "state.json").is_file() and not (flywheel_root / "projects" / "search").exists()
+    assert (
+        kept and Path(kept, "serving", "state.json").is_file() and not (flywheel_root / "projects" / "search").exists()
+    )
     _one_error(*_flywheel(capsys, "--project", "search", "config", "show")[::2], "unknown project 'search'")
     _one_error(*_flywheel(capsys, "project", "delete", "default")[::2], "cannot be deleted")
     code, out, _ = _flywheel(capsys, "project", "list", "--json")
@@ -121,24 +129,41 @@ def test_each_project_gets_its_own_dags_with_its_own_run_quota(flywheel_root: Pa
     from pipelines.projects import registry
 
     registry.create(get_settings(), "search", "alice", registry.Quotas(training_runs=2))
-    code = ("from airflow.dag_processing.dagbag import DagBag; import json; b = DagBag(dag_folder='dags'); "
-            "assert not b.import_errors, b.import_errors; print(json.dumps({d.dag_id: {'runs': d.max_active_runs, "
-            "'outlets': sorted(a.name for t in d.tasks for a in t.outlets), "
-            "'on': str(getattr(d.timetable, 'asset_condition', '')), "
-            "'source': d.params.get('source') if 'source' in d.params else None} for d in b.dags.values()}))")
-    env = {**{k: v for k, v in os.environ.items() if not k.startswith("FLYWHEEL_")}, "FLYWHEEL_ROOT": str(flywheel_root)}
-    out = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parent.parent, env=env,
-                         capture_output=True, text=True, timeout=300, check=False)
+    code = (
+        "from airflow.dag_processing.dagbag import DagBag; import json; b = DagBag(dag_folder='dags'); "
+        "assert not b.import_errors, b.import_errors; print(json.dumps({d.dag_id: {'runs': d.max_active_runs, "
+        "'outlets': sorted(a.name for t in d.tasks for a in t.outlets), "
+        "'on': str(getattr(d.timetable, 'asset_condition', '')), "
+        "'source': d.params.get('source') if 'source' in d.params else None} for d in b.dags.values()}))"
+    )
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("FLYWHEEL_")},
+        "FLYWHEEL_ROOT": str(flywheel_root),
+    }
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=Path(__file__).resolve().parent.parent,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     dags = json.loads(out.stdout.strip().splitlines()[-1])
     assert set(dags) == {"commerce_flywheel", "drift_monitor", "commerce_flywheel__search", "drift_monitor__search"}
     assert dags["commerce_flywheel__search"]["runs"] == 2 and dags["commerce_flywheel"]["runs"] == 1
     # a project's daily run trains on its own landed logs; only the default project's demo generates traffic
-    assert dags["commerce_flywheel__search"]["source"] == "landed" and dags["commerce_flywheel"]["source"] == "synthetic"
+    assert (
+        dags["commerce_flywheel__search"]["source"] == "landed" and dags["commerce_flywheel"]["source"] == "synthetic"
+    )
     assert dags["drift_monitor__search"]["outlets"] == ["flywheel_drift__search"]
     assert dags["drift_monitor"]["outlets"] == ["flywheel_drift"]
     assert "flywheel_drift__search" in dags["commerce_flywheel__search"]["on"]
-    assert "flywheel_drift__search" not in dags["commerce_flywheel"]["on"] and "flywheel_drift" in dags["commerce_flywheel"]["on"]
+    assert (
+        "flywheel_drift__search" not in dags["commerce_flywheel"]["on"]
+        and "flywheel_drift" in dags["commerce_flywheel"]["on"]
+    )
     assert project_of("commerce_flywheel__search") == "search" and project_of("drift_monitor") == "default"
     with project_scope("search"):
         assert get_settings().zone("raw") == f"{flywheel_root}/projects/search/raw"
@@ -151,13 +176,15 @@ def test_mlflow_itself_keeps_a_projects_runs_from_other_projects_members(tmp_pat
     writes there only; a removed member loses what they had. (Mutation: default_permission READ in
     mlflow/basic_auth.ini lets the viewer read `disputes` and fails this.)"""
     import httpx
-
     from helpers import run_flywheel
     from ports import free_port
 
     env = {"FLYWHEEL_ROOT": str(tmp_path), "FLYWHEEL_MLFLOW__PORT": str(free_port())}
     url = f"http://127.0.0.1:{env['FLYWHEEL_MLFLOW__PORT']}"
-    for args in (("project", "create", "search", "--owner", "alice"), ("project", "create", "disputes", "--owner", "bob")):
+    for args in (
+        ("project", "create", "search", "--owner", "alice"),
+        ("project", "create", "disputes", "--owner", "bob"),
+    ):
         assert run_flywheel(*args, env=env).returncode == 0
     started = run_flywheel("up", "--only", "mlflow", "--json", env=env, timeout=300)
     try:
@@ -176,7 +203,9 @@ def test_mlflow_itself_keeps_a_projects_runs_from_other_projects_members(tmp_pat
         assert children and not [c for c in children if "huey" in c or "mlflow.server.jobs" in c], children
         for user, project, role in (("carol", "search", "viewer"), ("dave", "disputes", "editor")):
             added = run_flywheel("project", "members", project, "add", user, "--role", role, "--json", env=env)
-            assert added.returncode == 0 and "MLflow permissions set" in json.loads(added.stdout)["access"], added.stderr
+            assert added.returncode == 0 and "MLflow permissions set" in json.loads(added.stdout)["access"], (
+                added.stderr
+            )
 
         def login(user: str) -> tuple[str, str]:
             name = "runs/mlflow-admin.password" if user == "admin" else f"runs/users/{user}.password"
@@ -185,8 +214,10 @@ def test_mlflow_itself_keeps_a_projects_runs_from_other_projects_members(tmp_pat
         def call(user: str, method: str, path: str, **kw) -> httpx.Response:
             return httpx.request(method, f"{url}/api/2.0/mlflow/{path}", auth=login(user), timeout=30, **kw)
 
-        ids = {e["name"]: e["experiment_id"] for e in call("admin", "POST", "experiments/search",
-                                                             json={"max_results": 50}).json()["experiments"]}
+        ids = {
+            e["name"]: e["experiment_id"]
+            for e in call("admin", "POST", "experiments/search", json={"max_results": 50}).json()["experiments"]
+        }
         search, disputes = ids["commerce-flywheel--search"], ids["commerce-flywheel--disputes"]
         for exp in (search, disputes):
             assert call("admin", "POST", "runs/create", json={"experiment_id": exp}).status_code == 200
@@ -198,8 +229,14 @@ def test_mlflow_itself_keeps_a_projects_runs_from_other_projects_members(tmp_pat
         other = call("carol", "POST", "runs/search", json={"experiment_ids": [disputes]})
         assert other.status_code == 403 or other.json().get("runs", []) == []
         assert call("carol", "GET", "experiments/get", params={"experiment_id": disputes}).status_code == 403
-        assert call("carol", "GET", "registered-models/get", params={"name": "commerce-tool-caller--disputes"}).status_code == 403
-        assert call("carol", "GET", "registered-models/get", params={"name": "commerce-tool-caller--search"}).status_code == 200
+        assert (
+            call("carol", "GET", "registered-models/get", params={"name": "commerce-tool-caller--disputes"}).status_code
+            == 403
+        )
+        assert (
+            call("carol", "GET", "registered-models/get", params={"name": "commerce-tool-caller--search"}).status_code
+            == 200
+        )
         assert call("carol", "POST", "runs/create", json={"experiment_id": search}).status_code == 403  # a viewer
         assert call("dave", "POST", "runs/create", json={"experiment_id": disputes}).status_code == 200  # an editor
         assert call("dave", "POST", "runs/create", json={"experiment_id": search}).status_code == 403
@@ -217,14 +254,17 @@ def test_mlflow_itself_keeps_a_projects_runs_from_other_projects_members(tmp_pat
 def test_what_runs_elsewhere_knows_its_project(tmp_path: Path) -> None:
     """The gateway process gets the platform's settings whatever project its command ran in (a project's
     names scoped twice would route its key nowhere); a training pod of a project's run trains that project."""
+    from pipelines.cluster import training as kubernetes
     from pipelines.gateway.app import _settings_file
     from pipelines.projects import settings_for
-    from pipelines.train import kubernetes
 
     scoped = settings_for(load_settings(root=str(tmp_path)), "search")
     written = load_settings(**json.loads(_settings_file(scoped).read_text()))
     assert (written.project, written.triton.model_name, written.mlflow.experiment) == (
-        "default", "tool_router", "commerce-flywheel")
+        "default",
+        "tool_router",
+        "commerce-flywheel",
+    )
     assert settings_for(written, "search").triton.model_name == "search__tool_router"
     pod = kubernetes.variant_pod(scoped, sweep={"name": "demo"}, sweep_id="s1", index=0, gpus=1)
     env = {e["name"]: e.get("value") for c in pod["spec"]["containers"] for e in c.get("env", [])}

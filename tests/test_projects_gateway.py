@@ -9,7 +9,6 @@ import json
 from pathlib import Path
 
 import pytest
-
 from project_gateway import FakeTriton, _as, _body, _captured, _until, gateway  # noqa: F401 (gateway: the fixture)
 
 
@@ -19,8 +18,10 @@ def test_a_project_key_reaches_its_own_models_and_data_only(gateway) -> None:
     from pipelines.projects import settings_for
 
     client, settings, keys, stop = gateway
-    listed = {name: {m["id"]: m["root"] for m in client.get("/v1/models", headers=_as(key)).json()["data"]}
-              for name, key in keys.items()}
+    listed = {
+        name: {m["id"]: m["root"] for m in client.get("/v1/models", headers=_as(key)).json()["data"]}
+        for name, key in keys.items()
+    }
     assert listed["search"] == {"v1": "search__tool_router_v1", "champion": "search__tool_router_v1"}
     assert listed["disputes"] == {"v2": "disputes__tool_router_v2", "champion": "disputes__tool_router_v2"}
     assert listed["default"] == {"v3": "tool_router_v3", "champion": "tool_router_v3"}
@@ -70,7 +71,7 @@ def test_quotas_answer_429_with_retry_after_and_spare_the_other_projects(gateway
     the day's usage is written where `project usage` reads it, and a restarted gateway counts on from it.
     (Mutations tried: a limiter shared by all projects fails the disputes check; one never refusing fails the
     429 checks.)"""
-    from pipelines.gateway.quota import usage_by_day, _today
+    from pipelines.admission.quota import _today, usage_by_day
     from pipelines.projects import registry, settings_for
 
     client, settings, keys, stop = gateway
@@ -80,12 +81,17 @@ def test_quotas_answer_429_with_retry_after_and_spare_the_other_projects(gateway
         assert client.post("/v1/chat/completions", json=_body(), headers=_as(keys["disputes"])).status_code == 200
     assert codes == [200, 200, 200, 429]
     refused = client.post("/v1/chat/completions", json=_body(), headers=_as(keys["search"]))
-    assert refused.json()["error"]["code"] == "rate_limit_exceeded" and refused.json()["error"]["type"] == "rate_limit_error"
+    assert (
+        refused.json()["error"]["code"] == "rate_limit_exceeded"
+        and refused.json()["error"]["type"] == "rate_limit_error"
+    )
     assert 1 <= int(refused.headers["retry-after"]) <= 60
 
     registry.set_quotas(settings, "disputes", tokens_per_day=250)  # each answer here costs 50 tokens
-    spent = [client.post("/v1/chat/completions", json=_body("v2"), headers=_as(keys["disputes"])).status_code
-             for _ in range(2)]
+    spent = [
+        client.post("/v1/chat/completions", json=_body("v2"), headers=_as(keys["disputes"])).status_code
+        for _ in range(2)
+    ]
     assert spent == [200, 429]  # 4 answers (200 tokens) before: one more (250), then the day is spent
     over = client.post("/v1/chat/completions", json=_body("v2"), headers=_as(keys["disputes"]))
     assert over.json()["error"]["code"] == "tokens_per_day_exceeded"
@@ -127,8 +133,10 @@ def test_a_projects_concurrency_quota_leaves_the_gateways_slots_to_the_others(ga
 
     monkeypatch.setattr(FakeTriton, "infer_one", held)
     with ThreadPoolExecutor(2) as pool:
-        busy = [pool.submit(client.post, "/v1/chat/completions", json=_body(), headers=_as(keys["search"]))
-                for _ in range(2)]
+        busy = [
+            pool.submit(client.post, "/v1/chat/completions", json=_body(), headers=_as(keys["search"]))
+            for _ in range(2)
+        ]
         for _ in range(2):
             assert entered.acquire(timeout=30)
         third = client.post("/v1/chat/completions", json=_body(), headers=_as(keys["search"]))
@@ -136,8 +144,9 @@ def test_a_projects_concurrency_quota_leaves_the_gateways_slots_to_the_others(ga
         assert client.post("/v1/chat/completions", json=_body("v2"), headers=_as(keys["disputes"])).status_code == 200
         release.set()
         assert [f.result(timeout=30).status_code for f in busy] == [200, 200]
-    assert [client.post("/v1/chat/completions", json=_body(), headers=_as(keys["search"])).status_code
-            for _ in range(3)] == [200, 200, 200]
+    assert [
+        client.post("/v1/chat/completions", json=_body(), headers=_as(keys["search"])).status_code for _ in range(3)
+    ] == [200, 200, 200]
 
 
 def test_usage_prices_a_projects_training_serving_and_storage_and_only_its_own(gateway) -> None:
@@ -145,10 +154,9 @@ def test_usage_prices_a_projects_training_serving_and_storage_and_only_its_own(g
     MLflow priced at their device's rate, its zones' bytes; another project's traffic and runs are not in it."""
     from datetime import date
 
-    from pipelines.bench import showback
-    from pipelines.bench.hardware import table
     from pipelines.clients import mlflow as mlflow_client
-    from pipelines.projects import settings_for
+    from pipelines.hardware import table
+    from pipelines.projects import settings_for, showback
 
     client, settings, keys, stop = gateway
     for project, n in (("search", 2), ("disputes", 1)):
@@ -170,7 +178,8 @@ def test_usage_prices_a_projects_training_serving_and_storage_and_only_its_own(g
     assert Path(used["html_uri"]).is_file() and json.loads(Path(used["json_uri"]).read_text())["project"] == "search"
     other = showback.summarize(disputes, date(2026, 1, 1))
     assert other["serving"]["requests"] == 1 and other["training"]["usd"] == pytest.approx(
-        60 * table()["cpu-2core"].usd_per_hour / 3600)
+        60 * table()["cpu-2core"].usd_per_hour / 3600
+    )
 
 
 def test_a_quiet_project_goes_to_the_model_at_once_not_behind_a_busy_projects_queue(gateway, monkeypatch) -> None:
@@ -187,8 +196,8 @@ def test_a_quiet_project_goes_to_the_model_at_once_not_behind_a_busy_projects_qu
 
     from fastapi.testclient import TestClient
 
+    from pipelines.admission.quota import usage_by_day
     from pipelines.gateway.app import create_app
-    from pipelines.gateway.quota import usage_by_day
     from pipelines.projects import registry, settings_for
 
     _client, settings, keys, stop = gateway
@@ -204,8 +213,13 @@ def test_a_quiet_project_goes_to_the_model_at_once_not_behind_a_busy_projects_qu
         return real(self, name, *args, **kwargs)
 
     monkeypatch.setattr(FakeTriton, "infer_one", held)
-    one_slot = settings.model_copy(update={"gateway": settings.gateway.model_copy(
-        update={"backend_slots": 1, "queue_timeout_s": 20.0, "fair_window_s": 60.0})})
+    one_slot = settings.model_copy(
+        update={
+            "gateway": settings.gateway.model_copy(
+                update={"backend_slots": 1, "queue_timeout_s": 20.0, "fair_window_s": 60.0}
+            )
+        }
+    )
     admin = _as(keys["default"])
 
     def post(pool, project: str, model: str = "champion"):
@@ -227,13 +241,25 @@ def test_a_quiet_project_goes_to_the_model_at_once_not_behind_a_busy_projects_qu
         assert [f.result(timeout=60).status_code for f in sent] == [200] * 4
         assert order == ["search", "disputes", "search", "search"]
         assert client.get("/v1/gateway/queue", headers=admin).json() == {
-            "slots": 1, "busy": 0, "waiting": 0, "places": 0, "contended": True, "granted": 5, "waited": 2,
-            "timed_out": 0, "refused_places": 0, "peers": 0, "peer_demand": 0, "budget": 1}
+            "slots": 1,
+            "busy": 0,
+            "waiting": 0,
+            "places": 0,
+            "contended": True,
+            "granted": 5,
+            "waited": 2,
+            "timed_out": 0,
+            "refused_places": 0,
+            "peers": 0,
+            "peer_demand": 0,
+            "budget": 1,
+        }
         assert "queue" not in client.get("/ready").json()  # an open path says nothing about requests
     gate.clear()
     order.clear()
-    short = one_slot.model_copy(update={"gateway": one_slot.gateway.model_copy(
-        update={"queue_timeout_s": 5.0, "max_concurrent_requests": 4})})
+    short = one_slot.model_copy(
+        update={"gateway": one_slot.gateway.model_copy(update={"queue_timeout_s": 5.0, "max_concurrent_requests": 4})}
+    )
     with TestClient(create_app(short), raise_server_exceptions=False) as client, ThreadPoolExecutor(2) as pool:
         hold.clear()
         assert client.post("/v1/chat/completions", json=_body("v2"), headers=_as(keys["disputes"])).status_code == 200
@@ -249,8 +275,9 @@ def test_a_quiet_project_goes_to_the_model_at_once_not_behind_a_busy_projects_qu
         assert "queue_timeout_s" in late.json()["error"]["message"]
         gate.set()
         assert holding.result(timeout=60).status_code == 200
-        assert [client.post("/v1/chat/completions", json=_body(), headers=_as(keys["search"])).status_code
-                for _ in range(3)] == [200, 200, 200]  # nothing leaked: the slot and places come back
+        assert [
+            client.post("/v1/chat/completions", json=_body(), headers=_as(keys["search"])).status_code for _ in range(3)
+        ] == [200, 200, 200]  # nothing leaked: the slot and places come back
         turns = client.get("/v1/gateway/queue", headers=admin).json()
         assert turns["busy"] == 0 and turns["places"] == 0 and turns["refused_places"] == 1
     used = usage_by_day(settings_for(settings, "search"))

@@ -7,8 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from project_gateway import FakeTriton, _as, _body, _until, gateway  # noqa: F401 (gateway: the fixture)
+
 from pipelines.config import load_settings
 
 
@@ -21,10 +21,10 @@ def test_gateway_replicas_count_usage_in_their_own_files_and_share_the_days_toke
     check, the 429 check fails; the failed midnight write not kept, the last check fails.)"""
     from datetime import date, timedelta
 
-    from pipelines.bench.showback import serving
+    from pipelines.admission import quota as quotas
+    from pipelines.admission.quota import Quota, _today, usage_by_day
     from pipelines.gateway import openai_api as api
-    from pipelines.gateway import quota as quotas
-    from pipelines.gateway.quota import Quota, _today, usage_by_day
+    from pipelines.projects.showback import serving
     from pipelines.storage import write_json
 
     def replica(name: str):
@@ -95,9 +95,9 @@ def test_gateway_replicas_hold_a_projects_minute_and_flight_together(tmp_path: P
     import time
     from datetime import datetime, timedelta
 
+    from pipelines.admission import quota as quotas
+    from pipelines.admission.quota import Quota, usage_uri
     from pipelines.gateway import openai_api as api
-    from pipelines.gateway import quota as quotas
-    from pipelines.gateway.quota import Quota, usage_uri
     from pipelines.storage import read_json, write_json
 
     def quota(name: str, project: str = "search") -> Quota:
@@ -150,8 +150,15 @@ def test_gateway_replicas_hold_a_projects_minute_and_flight_together(tmp_path: P
     c.flush()
     d.flush()
     assert d.others_inflight == 0  # c's request ended, and c said so
-    write_json(uri, {**read_json(uri), "inflight": 3, "at": time.time() - quotas.LIVE_S - 1,  # c stopped
-                     "minute": [[time.time() - 61, 1]]})
+    write_json(
+        uri,
+        {
+            **read_json(uri),
+            "inflight": 3,
+            "at": time.time() - quotas.LIVE_S - 1,  # c stopped
+            "minute": [[time.time() - 61, 1]],
+        },
+    )
     write_json(usage_uri(c.settings, c.day, "gw-bad"), {"replica": "gw-bad", "at": time.time(), "inflight": -5})
     d.flush()
     assert d.others_inflight == 0 and d.others_minute == []
@@ -200,7 +207,8 @@ def test_gateway_replicas_hold_a_projects_minute_and_flight_together(tmp_path: P
 
 
 def test_a_replica_that_sees_only_the_flood_holds_it_while_the_quiet_project_sends_through_another(
-        gateway, monkeypatch) -> None:
+    gateway, monkeypatch
+) -> None:
     """Two gateway replicas (two apps, `gateway.replica` gw-a and gw-b) on one root, one slot at the model, their
     turns exchanged every 2 s (gateway/peers.py). disputes' request is at the model through gw-a; search sends
     three through gw-b, which has never seen disputes: its first goes (one per project), the other two wait in
@@ -213,7 +221,7 @@ def test_a_replica_that_sees_only_the_flood_holds_it_while_the_quiet_project_sen
 
     from fastapi.testclient import TestClient
 
-    from pipelines.gateway import peers
+    from pipelines.admission import peers
     from pipelines.gateway.app import create_app
     from pipelines.projects import registry
 
@@ -234,9 +242,19 @@ def test_a_replica_that_sees_only_the_flood_holds_it_while_the_quiet_project_sen
     monkeypatch.setattr(FakeTriton, "infer_one", held)
 
     def replica(name: str):
-        return settings.model_copy(update={"gateway": settings.gateway.model_copy(update={
-            "backend_slots": 1, "queue_timeout_s": 30.0, "fair_window_s": 1.0, "replica": name,
-            "turns_exchange_s": 2.0})})  # its news lives 6 s: a late exchange on a loaded machine keeps it
+        return settings.model_copy(
+            update={
+                "gateway": settings.gateway.model_copy(
+                    update={
+                        "backend_slots": 1,
+                        "queue_timeout_s": 30.0,
+                        "fair_window_s": 1.0,
+                        "replica": name,
+                        "turns_exchange_s": 2.0,
+                    }
+                )
+            }
+        )  # its news lives 6 s: a late exchange on a loaded machine keeps it
 
     admin = _as(keys["default"])
 
@@ -255,10 +273,13 @@ def test_a_replica_that_sees_only_the_flood_holds_it_while_the_quiet_project_sen
         closing.callback(lambda: [gate.set() for gate in gates.values()])  # a failed check leaves no thread held
         quiet = pool.submit(a.post, "/v1/chat/completions", json=_body("v2"), headers=_as(keys["disputes"]))
         _until(lambda: order == ["disputes"], "disputes at the model")
-        _until(lambda: b.get("/v1/gateway/queue", headers=admin).json()["peer_demand"] == 1,
-              "gw-b told that disputes has one at the model")
-        flood = [pool.submit(b.post, "/v1/chat/completions", json=_body(), headers=_as(keys["search"]))
-                 for _ in range(3)]
+        _until(
+            lambda: b.get("/v1/gateway/queue", headers=admin).json()["peer_demand"] == 1,
+            "gw-b told that disputes has one at the model",
+        )
+        flood = [
+            pool.submit(b.post, "/v1/chat/completions", json=_body(), headers=_as(keys["search"])) for _ in range(3)
+        ]
         _until(lambda: b.get("/v1/gateway/queue", headers=admin).json()["waiting"] == 2, "search's two queued on gw-b")
         assert order == ["disputes", "search"]
         turns = b.get("/v1/gateway/queue", headers=admin).json()

@@ -3,20 +3,20 @@
 from __future__ import annotations
 
 import json
-from datetime import datetime, time, timedelta, timezone
+from datetime import UTC, datetime, time, timedelta
 from pathlib import Path
 
 import pandas as pd
 import pytest
-
 from data_path import END, write_window
+
 from pipelines.clients import feast as feast_client
 from pipelines.config import load_settings
 from pipelines.features.nodes import CUSTOMER_FEATURES
 from pipelines.features.pipeline import online_context, run_features
 from pipelines.prep.pipeline import run_prep
-from pipelines.toolcall.prompt import format_context
 from pipelines.quality.gates import QualityGateFailed, run_gates
+from pipelines.toolcall.prompt import format_context
 from pipelines.window import DateWindow
 
 pytestmark = pytest.mark.slow
@@ -37,8 +37,13 @@ def window_root(tmp_path_factory: pytest.TempPathFactory, spark):
 def test_gates_pass_on_a_clean_window_and_write_docs_and_json(window_root) -> None:
     report = window_root["report"]
     assert report.success and report.failures == []
-    assert {s.suite for s in report.suites} == {"raw_logs", "raw_outcomes", "curated_examples", "curated_tool_counts",
-                                                "curated_session_splits"}
+    assert {s.suite for s in report.suites} == {
+        "raw_logs",
+        "raw_outcomes",
+        "curated_examples",
+        "curated_tool_counts",
+        "curated_session_splits",
+    }
     index = Path(report.data_docs.removeprefix("file://"))
     assert index.is_file()
     # one Data Docs build for the window: a page per suite's result and per suite, each linked from the index
@@ -62,7 +67,7 @@ def test_leaked_pii_fails_the_gate_quarantines_the_batch_and_never_shows_the_val
     leaked = "leaky.customer@example.net"
     target = next(examples.glob(f"split=train/dt={END}/*.parquet"))
     frame = pd.read_parquet(target)
-    frame.loc[frame.index[0], "messages_json"] = frame.loc[frame.index[0], "messages_json"][:-2] + f" {leaked}\"}}]"
+    frame.loc[frame.index[0], "messages_json"] = frame.loc[frame.index[0], "messages_json"][:-2] + f' {leaked}"}}]'
     frame.to_parquet(target, index=False)
     target.with_name(f".{target.name}.crc").unlink(missing_ok=True)  # Hadoop's checksum of the old bytes
 
@@ -77,8 +82,11 @@ def test_leaked_pii_fails_the_gate_quarantines_the_batch_and_never_shows_the_val
     assert sorted(p.relative_to(moved_to / "examples") for p in (moved_to / "examples").rglob("*.parquet")) == before
     assert not list(examples.glob(f"split=*/dt={END}"))
     assert list((tmp_path / "raw" / f"dt={END}").glob("*.jsonl")), "raw is immutable"
-    for path in [*tmp_path.joinpath("reports").rglob("*.json"), *tmp_path.joinpath("reports").rglob("*.html"),
-                 moved_to / "gate_result.json"]:
+    for path in [
+        *tmp_path.joinpath("reports").rglob("*.json"),
+        *tmp_path.joinpath("reports").rglob("*.html"),
+        moved_to / "gate_result.json",
+    ]:
         assert leaked not in path.read_text(errors="replace"), path
 
 
@@ -123,8 +131,7 @@ def test_point_in_time_features_never_see_the_future(window_root) -> None:
     rows = []
     for customer in customers:
         for day in WINDOW.days():
-            rows.append({"customer_id": customer,
-                         "event_timestamp": datetime.combine(day, time(12), tzinfo=timezone.utc)})
+            rows.append({"customer_id": customer, "event_timestamp": datetime.combine(day, time(12), tzinfo=UTC)})
     joined = feast_client.historical_customer_features(settings, pd.DataFrame(rows))
     for row in joined.to_dict("records"):
         day = row["event_timestamp"].date()
@@ -137,12 +144,14 @@ def test_point_in_time_features_never_see_the_future(window_root) -> None:
 def test_online_and_offline_context_agree(window_root) -> None:
     settings, root = window_root["settings"], window_root["root"]
     customers = pd.read_parquet(root / "curated" / "clean_logs")["customer_id"].drop_duplicates().head(20).tolist()
-    after = datetime.combine(END + timedelta(days=1), time(6), tzinfo=timezone.utc)
+    after = datetime.combine(END + timedelta(days=1), time(6), tzinfo=UTC)
     offline = feast_client.historical_customer_features(
-        settings, pd.DataFrame({"customer_id": customers, "event_timestamp": [after] * len(customers)}))
+        settings, pd.DataFrame({"customer_id": customers, "event_timestamp": [after] * len(customers)})
+    )
     offline_by_customer = {
         r["customer_id"]: format_context({n: (None if pd.isna(r[n]) else r[n]) for n in CUSTOMER_FEATURES})
-        for r in offline.to_dict("records")}
+        for r in offline.to_dict("records")
+    }
     for customer in customers:
         online = online_context(customer, settings)
         assert online and online == offline_by_customer[customer]
@@ -151,29 +160,34 @@ def test_online_and_offline_context_agree(window_root) -> None:
 def test_serving_client_builds_the_training_prompt(window_root) -> None:
     """A live request's prompt (context from the online store) equals the prompt the training set
     builder makes for the same request with the point-in-time features of that moment."""
-    from pipelines.toolcall.prompt import chat_turns
     from pipelines.serve.client import conversation
-    from pipelines.toolcall.prompt import system_for
+    from pipelines.toolcall.prompt import chat_turns, system_for
 
     settings, root = window_root["settings"], window_root["root"]
     rows = pd.read_parquet(root / "curated" / "sft").drop(columns=["context"]).head(30).to_dict("records")
-    after = datetime.combine(END + timedelta(days=1), time(6), tzinfo=timezone.utc)
+    after = datetime.combine(END + timedelta(days=1), time(6), tzinfo=UTC)
     customers = sorted({r["customer_id"] for r in rows})
     offline = feast_client.historical_customer_features(
-        settings, pd.DataFrame({"customer_id": customers, "event_timestamp": [after] * len(customers)}))
-    context = {r["customer_id"]: format_context({n: (None if pd.isna(r[n]) else r[n]) for n in CUSTOMER_FEATURES})
-               for r in offline.to_dict("records")}
+        settings, pd.DataFrame({"customer_id": customers, "event_timestamp": [after] * len(customers)})
+    )
+    context = {
+        r["customer_id"]: format_context({n: (None if pd.isna(r[n]) else r[n]) for n in CUSTOMER_FEATURES})
+        for r in offline.to_dict("records")
+    }
     for row in rows:
         live = {**row, "event_time": after.isoformat()}
         for style in ("names", "short"):
             served = conversation(live, style, settings)  # context looked up online
-            trained = chat_turns(system_for({**live, "context": context[row["customer_id"]]}, style), row["messages_json"])
+            trained = chat_turns(
+                system_for({**live, "context": context[row["customer_id"]]}, style), row["messages_json"]
+            )
             assert served == trained
             assert context[row["customer_id"]] and context[row["customer_id"]] in served[0]["content"]
 
 
-def test_an_evaluation_from_a_log_file_gets_the_served_context_and_a_stratified_sample(window_root,
-                                                                                         tmp_path: Path) -> None:
+def test_an_evaluation_from_a_log_file_gets_the_served_context_and_a_stratified_sample(
+    window_root, tmp_path: Path
+) -> None:
     """`flywheel eval --logs`: each request is prompted as the gateway would serve it, with its customer's
     context line from the online store (a tuned model's prompt carries it), and the sample is drawn by
     (tool, source) like a split's; a root whose online store has nothing serves, and evaluates, without."""
@@ -206,12 +220,24 @@ def test_a_customer_seen_only_before_the_short_horizon_gets_zero_shares(spark) -
     requests in the 7-day horizon (shares 0, not a division by zero) but keeps the 30-day features."""
     from pipelines.features import nodes
 
-    rows = [("cus_old", datetime(2026, 11, 1, 10, tzinfo=timezone.utc), "search_discovery", "search_products",
-             "toys", None, "US", "USD"),
-            ("cus_new", datetime(2026, 11, 10, 9, tzinfo=timezone.utc), "orders", "create_order",
-             None, 20.0, "DE", "EUR")]
-    clean = spark.createDataFrame(rows, "customer_id string, event_timestamp timestamp, workload_id string, "
-                                        "tool string, category string, amount double, country string, currency string")
+    rows = [
+        (
+            "cus_old",
+            datetime(2026, 11, 1, 10, tzinfo=UTC),
+            "search_discovery",
+            "search_products",
+            "toys",
+            None,
+            "US",
+            "USD",
+        ),
+        ("cus_new", datetime(2026, 11, 10, 9, tzinfo=UTC), "orders", "create_order", None, 20.0, "DE", "EUR"),
+    ]
+    clean = spark.createDataFrame(
+        rows,
+        "customer_id string, event_timestamp timestamp, workload_id string, "
+        "tool string, category string, amount double, country string, currency string",
+    )
     window = DateWindow.parse("2026-11-10", "2026-11-10")
     got = {r["customer_id"]: r.asDict() for r in nodes.customer_features(clean, window).collect()}
     assert set(got) == {"cus_old", "cus_new"}
@@ -225,14 +251,15 @@ def test_a_backfill_builds_its_own_window_and_never_moves_the_current_training_s
     """Prep + features of an older day after a newer one: that day's manifest and training set are
     built, `curated/manifest.json` (what training reads by default) stays on the newer window, and
     training pinned to the old window reads only its rows."""
-    from pipelines.logs.generator import GeneratorConfig, write_raw_logs
     from pipelines.prep.dataset import load_split, manifest
+    from pipelines.simulate.generator import GeneratorConfig, write_raw_logs
 
     settings = load_settings(root=str(tmp_path))
     old_day = END - timedelta(days=5)
     for day in (END, old_day):
-        write_raw_logs(GeneratorConfig(seed=day.day, records=800, days=1, end_date=day, bad_share=0.0),
-                       tmp_path / "raw")
+        write_raw_logs(
+            GeneratorConfig(seed=day.day, records=800, days=1, end_date=day, bad_share=0.0), tmp_path / "raw"
+        )
     for day in (END, old_day):  # the newer day first, then the backfill
         window = DateWindow(day, day)
         run_prep(settings, window, spark=spark)
@@ -242,8 +269,10 @@ def test_a_backfill_builds_its_own_window_and_never_moves_the_current_training_s
     assert current["window"] == {"start": END.isoformat(), "end": END.isoformat()}
     old_label = DateWindow(old_day, old_day).label
     old = manifest(settings, old_label)
-    assert old["window"]["end"] == old_day.isoformat() and old["training_set"]["digest"] != current["training_set"][
-        "digest"]
+    assert (
+        old["window"]["end"] == old_day.isoformat()
+        and old["training_set"]["digest"] != current["training_set"]["digest"]
+    )
     rows = load_split(settings, "train", window=old_label)
     assert len(rows) > 0 and set(pd.to_datetime(rows["event_timestamp"]).dt.date) == {old_day}
 
@@ -281,15 +310,19 @@ def test_importing_feast_through_its_client_skips_typeguards_rewriting(tmp_path:
     import subprocess
     import sys
 
-    code = ("import pipelines.clients.feast, feast.data_source as d; "
-            "print('TypeCheckMemo' in d.DataSource.__init__.__code__.co_names)")
+    code = (
+        "import pipelines.clients.feast, feast.data_source as d; "
+        "print('TypeCheckMemo' in d.DataSource.__init__.__code__.co_names)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert out.stdout.strip().splitlines()[-1] == "False", out.stdout + out.stderr
     # our feature repository's definitions still pass Feast's type checks, built with typeguard's on (feast
     # imported first: the client then leaves it as it is)
-    code = ("import feast, feast.data_source as d; assert 'TypeCheckMemo' in d.DataSource.__init__.__code__.co_names; "
-            "from pipelines.clients.feast import definitions; from pipelines.config import load_settings; "
-            f"print(sorted(definitions(load_settings(root={str(tmp_path)!r}))))")
+    code = (
+        "import feast, feast.data_source as d; assert 'TypeCheckMemo' in d.DataSource.__init__.__code__.co_names; "
+        "from pipelines.clients.feast import definitions; from pipelines.config import load_settings; "
+        f"print(sorted(definitions(load_settings(root={str(tmp_path)!r}))))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180, check=False)
     assert out.returncode == 0 and "customer_profile" in out.stdout, out.stdout + out.stderr[-2000:]
 
@@ -300,12 +333,15 @@ def test_a_landed_window_of_imported_turns_only_builds_its_training_set(tmp_path
     validate and features tasks call, in this process with the shared Spark session) builds its training set
     with empty context. The DAG itself runs a landed window in test_dag.py (the failing gate)."""
     from pipelines import tasks
-    from pipelines.logs.importers import webshop_to_raw
     from pipelines.prep.pipeline import PrepError
+    from pipelines.simulate.importers import webshop_to_raw
 
-    pairs = {f"find me {a} {b} for my {c}": [f"{a} {b}", f"{b} for {c}"]
-             for a in ("waterproof", "wireless", "organic", "leather") for b in ("boots", "earbuds", "tea", "wallet")
-             for c in ("father", "sister", "trip")}
+    pairs = {
+        f"find me {a} {b} for my {c}": [f"{a} {b}", f"{b} for {c}"]
+        for a in ("waterproof", "wireless", "organic", "leather")
+        for b in ("boots", "earbuds", "tea", "wallet")
+        for c in ("father", "sister", "trip")
+    }
     pairs_file = tmp_path / "pairs.json"
     pairs_file.write_text(json.dumps(pairs))
     root, day = tmp_path / "fw", END.isoformat()

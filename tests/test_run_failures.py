@@ -29,21 +29,26 @@ def test_a_run_sees_its_own_final_failure_only(reports: str, monkeypatch: pytest
     assert "secret" not in mine["reason"]  # a URI password never reaches the user's terminal
     assert failure_of(reports, "commerce_flywheel", token="run-b") is None  # another run's failure is not ours
     # a failure that will be retried is not recorded: the retry may pass
-    monkeypatch.setattr("pipelines.airflow_tasks._run_of", lambda: {"dag_id": "commerce_flywheel", "run_id": "r1",
-                                                                      "try_number": 1, "max_tries": 2})
+    monkeypatch.setattr(
+        "pipelines.airflow_tasks._run_of",
+        lambda: {"dag_id": "commerce_flywheel", "run_id": "r1", "try_number": 1, "max_tries": 2},
+    )
     monkeypatch.setenv(RUN_TOKEN, "run-c")
     record_failure("train", RuntimeError("flaky"), final=None)
     assert failure_of(reports, "commerce_flywheel", token="run-c") is None
     # its last try is final: recorded, by the DAG run's id too, and not a data problem (exit 1, not 2)
-    monkeypatch.setattr("pipelines.airflow_tasks._run_of", lambda: {"dag_id": "commerce_flywheel", "run_id": "r1",
-                                                                      "try_number": 3, "max_tries": 2})
+    monkeypatch.setattr(
+        "pipelines.airflow_tasks._run_of",
+        lambda: {"dag_id": "commerce_flywheel", "run_id": "r1", "try_number": 3, "max_tries": 2},
+    )
     record_failure("train", RuntimeError("flaky"), final=None)
     last = failure_of(reports, "commerce_flywheel", run_id="r1")
     assert last is not None and last["task"] == "train" and last["data_problem"] is False
 
 
 def test_the_hourly_check_passes_before_the_first_champion_and_fails_on_any_other_gap(
-        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     from pipelines import tasks
     from pipelines.config import load_settings
     from pipelines.drift import monitor
@@ -66,8 +71,9 @@ def test_the_hourly_check_passes_before_the_first_champion_and_fails_on_any_othe
 
 
 @pytest.mark.parametrize("error", ["config", "runtime"])
-def test_a_setting_that_cannot_work_fails_the_task_at_once(error: str, reports: str,
-                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_setting_that_cannot_work_fails_the_task_at_once(
+    error: str, reports: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A ConfigError (say a Triton budget that leaves no room for a prompt) fails the task without retries,
     recorded as final; any other error stays retryable."""
     from airflow.sdk.exceptions import AirflowFailException
@@ -80,8 +86,10 @@ def test_a_setting_that_cannot_work_fails_the_task_at_once(error: str, reports: 
         raise ConfigError("triton.max_new_tokens 2040 leaves 8") if error == "config" else RuntimeError("flaky")
 
     monkeypatch.setattr(tasks, "deploy", broken)
-    monkeypatch.setattr("pipelines.airflow_tasks._run_of", lambda: {"dag_id": "commerce_flywheel", "run_id": "r2",
-                                                                      "try_number": 1, "max_tries": 2})  # retries left
+    monkeypatch.setattr(
+        "pipelines.airflow_tasks._run_of",
+        lambda: {"dag_id": "commerce_flywheel", "run_id": "r2", "try_number": 1, "max_tries": 2},
+    )  # retries left
     monkeypatch.setenv(RUN_TOKEN, "run-d")
     expected = AirflowFailException if error == "config" else RuntimeError
     with pytest.raises(expected):

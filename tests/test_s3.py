@@ -12,7 +12,7 @@ import json
 import threading
 import time
 import uuid
-from datetime import date, datetime, timezone
+from datetime import UTC, date, datetime
 from pathlib import Path
 
 import pytest
@@ -47,8 +47,12 @@ def _raw_get(endpoint: str, uri: str) -> bytes:
     from s3_server import TEST_ENV
 
     client = botocore.session.Session().create_client(
-        "s3", endpoint_url=endpoint, region_name=TEST_ENV["AWS_DEFAULT_REGION"],
-        aws_access_key_id=TEST_ENV["AWS_ACCESS_KEY_ID"], aws_secret_access_key=TEST_ENV["AWS_SECRET_ACCESS_KEY"])
+        "s3",
+        endpoint_url=endpoint,
+        region_name=TEST_ENV["AWS_DEFAULT_REGION"],
+        aws_access_key_id=TEST_ENV["AWS_ACCESS_KEY_ID"],
+        aws_secret_access_key=TEST_ENV["AWS_SECRET_ACCESS_KEY"],
+    )
     bucket, key = uri.removeprefix("s3://").split("/", 1)
     return client.get_object(Bucket=bucket, Key=key)["Body"].read()
 
@@ -67,8 +71,10 @@ def test_storage_roundtrip_glob_exists_remove_on_s3(endpoint: str, bucket: str) 
     assert storage.read_json(f"{bucket}/curated/manifests/a.json") == {**doc, "when": "2026-11-20"}
     assert json.loads(_raw_get(endpoint, f"{bucket}/curated/manifests/a.json"))["run"] == "r1"  # on the server
     storage.write_text(f"{bucket}/curated/manifests/b.json", "{}\n")
-    assert storage.glob(f"{bucket}/curated/manifests/*.json") == [f"{bucket}/curated/manifests/a.json",
-                                                                  f"{bucket}/curated/manifests/b.json"]
+    assert storage.glob(f"{bucket}/curated/manifests/*.json") == [
+        f"{bucket}/curated/manifests/a.json",
+        f"{bucket}/curated/manifests/b.json",
+    ]
     assert storage.exists(f"{bucket}/curated/manifests/a.json") and storage.exists(f"{bucket}/curated/manifests")
     assert not storage.exists(f"{bucket}/curated/manifests/c.json")
     with pytest.raises(FileNotFoundError):
@@ -127,12 +133,14 @@ def test_write_bytes_replaces_an_object_whole_under_concurrent_writers(bucket: s
 
 def test_window_partitions_move_of_a_file_and_lock_file_on_s3(bucket: str, tmp_path: Path) -> None:
     table = f"{bucket}/curated/examples"
-    for part in ("split=train/dt=2026-11-19", "split=train/dt=2026-11-20", "split=val/dt=2026-11-20",
-                 "dt=2026-11-20"):
+    for part in ("split=train/dt=2026-11-19", "split=train/dt=2026-11-20", "split=val/dt=2026-11-20", "dt=2026-11-20"):
         storage.write_bytes(f"{table}/{part}/part-0.parquet", part.encode())
         storage.write_bytes(f"{table}/{part}/part-1.parquet", part.encode())
     assert storage.window_partitions(table, ["2026-11-20"]) == [
-        f"{table}/dt=2026-11-20", f"{table}/split=train/dt=2026-11-20", f"{table}/split=val/dt=2026-11-20"]
+        f"{table}/dt=2026-11-20",
+        f"{table}/split=train/dt=2026-11-20",
+        f"{table}/split=val/dt=2026-11-20",
+    ]
     assert storage.window_partitions(table, ["2026-11-18"]) == []
     storage.move(f"{table}/dt=2026-11-20/part-0.parquet", f"{bucket}/curated/_staging/r0/part-0.parquet")  # a file
     assert _keys(f"{bucket}/curated/_staging/r0") == ["part-0.parquet"]
@@ -150,13 +158,19 @@ def test_move_of_a_folder_on_s3(bucket: str) -> None:
     for part in ("split=train/dt=2026-11-19", "split=train/dt=2026-11-20"):
         for i in range(2):
             storage.write_bytes(f"{table}/{part}/part-{i}.parquet", part.encode())
-    storage.move(f"{table}/split=train/dt=2026-11-20", f"{bucket}/curated/_staging/r1/replaced/split=train/dt=2026-11-20")
-    assert _keys(f"{bucket}/curated/_staging/r1/replaced") == ["split=train/dt=2026-11-20/part-0.parquet",
-                                                              "split=train/dt=2026-11-20/part-1.parquet"]
+    storage.move(
+        f"{table}/split=train/dt=2026-11-20", f"{bucket}/curated/_staging/r1/replaced/split=train/dt=2026-11-20"
+    )
+    assert _keys(f"{bucket}/curated/_staging/r1/replaced") == [
+        "split=train/dt=2026-11-20/part-0.parquet",
+        "split=train/dt=2026-11-20/part-1.parquet",
+    ]
     assert not storage.exists(f"{table}/split=train/dt=2026-11-20")
     assert storage.window_partitions(table, ["2026-11-20"]) == []
-    assert storage.read_bytes(f"{bucket}/curated/_staging/r1/replaced/split=train/dt=2026-11-20/part-1.parquet") \
+    assert (
+        storage.read_bytes(f"{bucket}/curated/_staging/r1/replaced/split=train/dt=2026-11-20/part-1.parquet")
         == b"split=train/dt=2026-11-20"
+    )
     assert _keys(table) == ["split=train/dt=2026-11-19/part-0.parquet", "split=train/dt=2026-11-19/part-1.parquet"]
 
 
@@ -167,14 +181,20 @@ def test_drift_monitor_on_an_s3_root(bucket: str, tmp_path: Path, monkeypatch: p
     import fsspec
 
     from pipelines.drift import monitor
-    from pipelines.logs.generator import Drift, GeneratorConfig, write_raw_logs
+    from pipelines.simulate.generator import Drift, GeneratorConfig, write_raw_logs
     from pipelines.window import DateWindow
 
     local = tmp_path / "gen"
-    write_raw_logs(GeneratorConfig(seed=1, records=1500, days=2, end_date=date(2026, 11, 10), bad_share=0.03),
-                   local, compress=True)
-    write_raw_logs(GeneratorConfig(seed=3, records=600, end_date=date(2026, 11, 12), bad_share=0.03,
-                                   drift=Drift.HOLIDAY, drift_magnitude=0.8), local, compress=True)
+    write_raw_logs(
+        GeneratorConfig(seed=1, records=1500, days=2, end_date=date(2026, 11, 10), bad_share=0.03), local, compress=True
+    )
+    write_raw_logs(
+        GeneratorConfig(
+            seed=3, records=600, end_date=date(2026, 11, 12), bad_share=0.03, drift=Drift.HOLIDAY, drift_magnitude=0.8
+        ),
+        local,
+        compress=True,
+    )
     fs = fsspec.filesystem("s3")
     uploaded = 0
     for file in local.rglob("*.jsonl.gz"):
@@ -185,7 +205,7 @@ def test_drift_monitor_on_an_s3_root(bucket: str, tmp_path: Path, monkeypatch: p
     object.__setattr__(settings, "root", f"{bucket}/fw")  # MLflow stays on the local SQLite store
     monkeypatch.setattr(monitor, "reference_window", lambda settings: DateWindow.parse("2026-11-09", "2026-11-10"))
 
-    result = monitor.run_monitor(settings, date(2026, 11, 12), now=datetime(2026, 11, 12, 12, tzinfo=timezone.utc))
+    result = monitor.run_monitor(settings, date(2026, 11, 12), now=datetime(2026, 11, 12, 12, tzinfo=UTC))
     assert result["lines"] == 600 and result["fire"], result.get("reason")
     monitor.mark_emitted(settings, result["checked_at"])
     assert result["json_uri"].startswith(f"{bucket}/fw/reports/drift/")
@@ -218,14 +238,21 @@ def _stamps(uri: str) -> dict[str, tuple[str, str]]:
     fs = fsspec.filesystem("s3")
     prefix = uri.removeprefix("s3://")
     fs.invalidate_cache()
-    return {p.removeprefix(prefix + "/"): (fs.info(p)["ETag"], str(fs.info(p)["LastModified"])) for p in fs.find(prefix)}
+    return {
+        p.removeprefix(prefix + "/"): (fs.info(p)["ETag"], str(fs.info(p)["LastModified"])) for p in fs.find(prefix)
+    }
 
 
 def test_model_folders_are_published_to_an_s3_repository(endpoint: str, bucket: str, tmp_path: Path) -> None:
     from pipelines.serve.repository import ModelInUse, publish
 
-    meta = {"registry_version": "3", "base_model": "smollm2-135m-instruct", "prompt_style": "short",
-            "model": "tool_router", "fingerprint": "f1"}
+    meta = {
+        "registry_version": "3",
+        "base_model": "smollm2-135m-instruct",
+        "prompt_style": "short",
+        "model": "tool_router",
+        "fingerprint": "f1",
+    }
     settings = load_settings(root=str(tmp_path / "fw"), triton={"model_repository": f"{bucket}/models"})
     uri = f"{bucket}/models/tool_router_v3"
     folder = _folder(tmp_path / "build", "tool_router_v3", meta)
@@ -265,7 +292,12 @@ def test_serving_state_and_model_metadata_on_s3(bucket: str, tmp_path: Path) -> 
     object.__setattr__(settings, "root", f"{bucket}/fw")
     assert deploy.state(settings) == {"live": None, "previous": None, "history": []}
     assert deploy.live_model(settings) is None
-    live = {"name": "tool_router_v3", "version": "3", "prompt_style": "short", "deployed_at": "2026-11-20T00:00:00+00:00"}
+    live = {
+        "name": "tool_router_v3",
+        "version": "3",
+        "prompt_style": "short",
+        "deployed_at": "2026-11-20T00:00:00+00:00",
+    }
     with deploy.state_lock(settings):
         current = deploy.state(settings)
         current["live"] = live
@@ -274,10 +306,20 @@ def test_serving_state_and_model_metadata_on_s3(bucket: str, tmp_path: Path) -> 
     assert deploy.lock_path(settings).is_relative_to(tmp_path / "home" / ".flywheel" / "locks")
     assert deploy.live_model(settings) == deploy.Deployment(**live)
 
-    folder = _folder(tmp_path / "build", "tool_router_v3", {
-        "registry_version": "3", "base_model": "qwen2.5-0.5b-instruct", "prompt_style": "short",
-        "model": "tool_router", "fingerprint": "f1"})
-    (folder / "config.pbtxt").write_text('parameters [\n  { key: "max_input_tokens" value: { string_value: "2048" } }\n]')
+    folder = _folder(
+        tmp_path / "build",
+        "tool_router_v3",
+        {
+            "registry_version": "3",
+            "base_model": "qwen2.5-0.5b-instruct",
+            "prompt_style": "short",
+            "model": "tool_router",
+            "fingerprint": "f1",
+        },
+    )
+    (folder / "config.pbtxt").write_text(
+        'parameters [\n  { key: "max_input_tokens" value: { string_value: "2048" } }\n]'
+    )
     publish(settings, folder)
     assert _base_model_of(settings, deploy.live_model(settings)) == "qwen2.5-0.5b-instruct"
     assert configured_limit(settings, "tool_router_v3") == 2048
@@ -288,7 +330,8 @@ def test_serving_state_and_model_metadata_on_s3(bucket: str, tmp_path: Path) -> 
 
 
 def test_gateway_captures_reach_an_s3_raw_zone_whole_and_a_dead_gateways_spool_is_uploaded(
-        endpoint: str, bucket: str, tmp_path: Path) -> None:
+    endpoint: str, bucket: str, tmp_path: Path
+) -> None:
     import orjson
 
     from pipelines.gateway.capture import CaptureWriter

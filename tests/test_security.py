@@ -7,37 +7,57 @@ import json
 from pathlib import Path
 
 from helpers import run_flywheel
+
 from pipelines.config import load_settings
 from pipelines.security import configured_secrets, redact_uri, scan_text
 
 
 def test_uris_are_shown_with_their_password_masked() -> None:
-    assert redact_uri("postgresql+psycopg2://flywheel:p%40ss@db.internal:5432/mlflow") == \
-        "postgresql+psycopg2://flywheel:***@db.internal:5432/mlflow"
+    assert (
+        redact_uri("postgresql+psycopg2://flywheel:p%40ss@db.internal:5432/mlflow")
+        == "postgresql+psycopg2://flywheel:***@db.internal:5432/mlflow"
+    )
     assert redact_uri("s3://bucket/flywheel") == "s3://bucket/flywheel"
     assert redact_uri("/plain/path") == "/plain/path" and redact_uri(None) is None
 
 
 def test_the_scanner_finds_values_and_credential_shapes_without_repeating_them() -> None:
-    text = "\n".join(["all good", "conn=postgresql://u:hunter2-long@h/db", "key AKIAABCDEFGHIJKLMNOP",
-                      "masked postgresql://u:***@h/db", "token Bearer abcdefghijklmnopqrstuvwxyz012345",
-                      "the admin password is correct-horse-battery"])
+    text = "\n".join(
+        [
+            "all good",
+            "conn=postgresql://u:hunter2-long@h/db",
+            "key AKIAABCDEFGHIJKLMNOP",
+            "masked postgresql://u:***@h/db",
+            "token Bearer abcdefghijklmnopqrstuvwxyz012345",
+            "the admin password is correct-horse-battery",
+        ]
+    )
     findings = scan_text(text, "app.log", ["correct-horse-battery"])
-    assert {(f.line, f.kind) for f in findings} == {(2, "uri_with_password"), (3, "aws_access_key_id"),
-                                                   (5, "bearer_token"), (6, "secret value")}
+    assert {(f.line, f.kind) for f in findings} == {
+        (2, "uri_with_password"),
+        (3, "aws_access_key_id"),
+        (5, "bearer_token"),
+        (6, "secret value"),
+    }
     assert all("hunter2" not in str(f) and "correct-horse" not in str(f) for f in findings)
 
 
 def test_configured_secrets_include_passwords_inside_uris(tmp_path: Path) -> None:
-    settings = load_settings(root=str(tmp_path), mlflow={"password": "mlflow-pass-1"},
-                             feast={"online_store": "postgresql://f:feast-pass-2@127.0.0.1:5432/feast"},
-                             evaluation={"judge_api_key": "judge-key-3"})
+    settings = load_settings(
+        root=str(tmp_path),
+        mlflow={"password": "mlflow-pass-1"},
+        feast={"online_store": "postgresql://f:feast-pass-2@127.0.0.1:5432/feast"},
+        evaluation={"judge_api_key": "judge-key-3"},
+    )
     assert {"mlflow-pass-1", "feast-pass-2", "judge-key-3"} <= set(configured_secrets(settings))
 
 
 def test_config_show_and_scan_secrets_cli(tmp_path: Path) -> None:
-    env = {"FLYWHEEL_ROOT": str(tmp_path / "fw"), "FLYWHEEL_MLFLOW__PASSWORD": "planted-secret-value",
-           "FLYWHEEL_AIRFLOW__SQL_ALCHEMY_CONN": "postgresql://a:db-secret-value@127.0.0.1:5432/airflow"}
+    env = {
+        "FLYWHEEL_ROOT": str(tmp_path / "fw"),
+        "FLYWHEEL_MLFLOW__PASSWORD": "planted-secret-value",
+        "FLYWHEEL_AIRFLOW__SQL_ALCHEMY_CONN": "postgresql://a:db-secret-value@127.0.0.1:5432/airflow",
+    }
     shown = run_flywheel("config", "show", "--json", env=env)
     assert shown.returncode == 0 and "db-secret-value" not in shown.stdout and "planted-secret" not in shown.stdout
     assert json.loads(shown.stdout)["airflow"]["sql_alchemy_conn"] == "postgresql://a:***@127.0.0.1:5432/airflow"
@@ -74,12 +94,16 @@ def test_scan_secrets_knows_airflows_and_the_members_generated_passwords(tmp_pat
     """Airflow's login passwords (its password file), a project member's password file, and the multi-team
     token-signing secret are each found where a log repeats them. (Mutation tried: Airflow's secrets left out of
     the scan, its login password is not found.)"""
-    from pipelines.clients.airflow import multi_team_env_file, password_file
+    from pipelines.clients.airflow import password_file
     from pipelines.config import load_settings
+    from pipelines.stack.airflow import multi_team_env_file
 
     settings = load_settings(root=str(tmp_path / "fw"))
-    planted = {"airflow": "af-Login-Pw-8d1e2f3a4b5c6d7e", "member": "mlflow-Member-Pw-1a2b3c4d5e6f",
-               "jwt": "jwt-Signing-Secret-9f8e7d6c5b4a"}
+    planted = {
+        "airflow": "af-Login-Pw-8d1e2f3a4b5c6d7e",
+        "member": "mlflow-Member-Pw-1a2b3c4d5e6f",
+        "jwt": "jwt-Signing-Secret-9f8e7d6c5b4a",
+    }
     password_file(settings).parent.mkdir(parents=True, exist_ok=True)
     password_file(settings).write_text(json.dumps({"carol@shop": planted["airflow"]}))
     multi_team_env_file(settings).write_text(json.dumps({"AIRFLOW__API_AUTH__JWT_SECRET": planted["jwt"]}))

@@ -8,25 +8,28 @@ import time
 from pathlib import Path
 
 import pytest
-
 from helpers import listening_sockets
 from serving_fixtures import registered  # noqa: F401 (the module-scoped fixture: v1 champion, v2 candidate)
 from serving_fixtures import triton_settings as _triton_settings
+
 from pipelines.services import port_free
 
 pytestmark = pytest.mark.slow
 
 
 def test_server_starts_on_free_loopback_ports_and_stops(tmp_path: Path) -> None:
-    from pipelines.serve import server
+    from pipelines.stack import triton as server
 
     settings = _triton_settings(tmp_path)
     status = server.up(settings)
     try:
         assert status.healthy and server.up(settings).pid == status.pid  # idempotent
         listening = listening_sockets([status.pid])
-        assert {p for _, p in listening} >= {settings.triton.http_port, settings.triton.grpc_port,
-                                              settings.triton.metrics_port}
+        assert {p for _, p in listening} >= {
+            settings.triton.http_port,
+            settings.triton.grpc_port,
+            settings.triton.metrics_port,
+        }
         assert {a for a, _ in listening} == {"127.0.0.1"}
     finally:
         assert server.down(settings)
@@ -61,8 +64,11 @@ def test_deploy_infers_rejects_bad_requests_and_rolls_back(registered) -> None:
         client.close()
 
     client = TritonClient(settings)
-    for bad, expected in (("not json", "not JSON"), (json.dumps({"role": "user"}), "JSON list"),
-                          (json.dumps([{"role": "user", "content": "hi " * 3000}]), "at most 2048")):
+    for bad, expected in (
+        ("not json", "not JSON"),
+        (json.dumps({"role": "user"}), "JSON list"),
+        (json.dumps([{"role": "user", "content": "hi " * 3000}]), "at most 2048"),
+    ):
         reply = client.infer_one(live.name, bad)
         assert reply.error is not None and expected in reply.error
     assert client.infer_one(live.name, turns).error is None  # the server stayed up and still answers
@@ -86,10 +92,16 @@ def test_deploy_infers_rejects_bad_requests_and_rolls_back(registered) -> None:
         assert reply.error is None and parsed(reply.text) in answers, reply.text
         constrained.close()
     # a keyword the grammar lacks is left out (grammar.enforceable); a pattern it cannot compile is refused
-    unenforceable = json.dumps([{"name": "tag", "parameters": {"type": "object", "properties": {
-        "x": {"type": "string", "pattern": "(?<=a)b"}}}}])
+    unenforceable = json.dumps(
+        [
+            {
+                "name": "tag",
+                "parameters": {"type": "object", "properties": {"x": {"type": "string", "pattern": "(?<=a)b"}}},
+            }
+        ]
+    )
     reply = client.infer_one(live.name, turns, tools=unenforceable)
-    assert reply.error is not None and 'tool tag' in reply.error and 'look-around' in reply.error
+    assert reply.error is not None and "tool tag" in reply.error and "look-around" in reply.error
     assert client.infer_one(live.name, turns, tools=ping).error is None
 
     # a broken repository fails to load while the old model keeps answering
@@ -158,7 +170,7 @@ def test_vllm_repository_fits_its_adapters(tmp_path: Path) -> None:
     spec = json.loads((folder / "1" / "model.json").read_text())
     named = json.loads((folder / "1" / "multi_lora.json").read_text())
     assert spec["enable_lora"] is True and spec["max_loras"] >= len(named) == 2
-    for name, path in named.items():
+    for path in named.values():
         rank = json.loads((Path(path) / "adapter_config.json").read_text())["r"]
         assert spec["max_lora_rank"] >= rank
     assert spec["max_lora_rank"] == 64  # 40 rounded up to a rank vLLM accepts
@@ -178,8 +190,8 @@ def test_percentiles_are_nearest_rank() -> None:
 
 def test_benchmark_compares_base_few_shot_with_the_tuned_model(registered) -> None:
     from pipelines.bench.serving import run_bench
-    from pipelines.config import BenchSettings
     from pipelines.clients.mlflow import client as mlflow_client
+    from pipelines.config import BenchSettings
     from pipelines.serve import deploy
 
     settings = registered["settings"]
@@ -190,17 +202,28 @@ def test_benchmark_compares_base_few_shot_with_the_tuned_model(registered) -> No
     report = run_bench(settings, BenchSettings(requests=4, concurrency=[2, 1], shots=1, constrained="both"))
     # each model unconstrained and constrained (bench.constrained: both), at each concurrency level
     assert [(r["model"].split()[0], r["constrained"], r["concurrency"]) for r in report["runs"]] == [
-        ("base", False, 1), ("base", False, 2), ("base", True, 1), ("base", True, 2),
-        ("tuned", False, 1), ("tuned", False, 2), ("tuned", True, 1), ("tuned", True, 2)]
+        ("base", False, 1),
+        ("base", False, 2),
+        ("base", True, 1),
+        ("base", True, 2),
+        ("tuned", False, 1),
+        ("tuned", False, 2),
+        ("tuned", True, 1),
+        ("tuned", True, 2),
+    ]
     assert all(r["model"].endswith(", constrained") == r["constrained"] for r in report["runs"])
     assert all(r["errors"] == 0 and r["requests"] == 4 and r["p50_ms"] > 0 for r in report["runs"])
     # streamed: the grammar makes every constrained answer text (an untrained model's free answer may be empty)
     # (measured, not timed: under load the tokens may arrive in one chunk, an inter-token time of 0.0 ms)
-    assert all(r["ttft_ms"] is not None and r["ttft_ms"] > 0 and r["itl_ms"] is not None and r["itl_ms"] >= 0
-               for r in report["runs"] if r["constrained"]), [(r["ttft_ms"], r["itl_ms"]) for r in report["runs"]]
+    assert all(
+        r["ttft_ms"] is not None and r["ttft_ms"] > 0 and r["itl_ms"] is not None and r["itl_ms"] >= 0
+        for r in report["runs"]
+        if r["constrained"]
+    ), [(r["ttft_ms"], r["itl_ms"]) for r in report["runs"]]
     # one request at a time, a constrained answer's tokens arrive apart: an inter-token time never measured (0) fails
-    assert any(r["itl_ms"] > 0 for r in report["runs"] if r["constrained"] and r["concurrency"] == 1), \
-        [(r["concurrency"], r["itl_ms"]) for r in report["runs"]]
+    assert any(r["itl_ms"] > 0 for r in report["runs"] if r["constrained"] and r["concurrency"] == 1), [
+        (r["concurrency"], r["itl_ms"]) for r in report["runs"]
+    ]
     assert all(r["p95_ms"] is None and r["p99_ms"] is None for r in report["runs"])  # 4 samples support no p95
     longest = report["longest_prompt_tokens"]
     assert settings.triton.max_input_tokens >= max(longest.values()) and len(longest) == 2
@@ -214,9 +237,14 @@ def test_benchmark_compares_base_few_shot_with_the_tuned_model(registered) -> No
     assert report["comparison"]["latency_p50_change_ci95"] is None and report["comparison"]["paired_requests"] == 4
     assert "fewer than the 8" in report["comparison"]["interval"]
     html = Path(report["html_uri"]).read_text()
-    assert "<img" in html and "fewer than the 8" in html and "Every request" in html and Path(report["json_uri"]).is_file()
-    tag = json.loads(mlflow_client(settings).get_model_version(settings.mlflow.registered_model, live.version)
-                     .tags["flywheel.benchmark"])
+    assert (
+        "<img" in html and "fewer than the 8" in html and "Every request" in html and Path(report["json_uri"]).is_file()
+    )
+    tag = json.loads(
+        mlflow_client(settings)
+        .get_model_version(settings.mlflow.registered_model, live.version)
+        .tags["flywheel.benchmark"]
+    )
     assert tag["p50_ms_c1"] == tuned["p50_ms"]
 
 
@@ -235,21 +263,40 @@ def test_the_latency_change_interval_pairs_the_requests() -> None:
     assert paired_p50_change_ci(base[:7], base[:7]) is None  # fewer than 8 pairs
     assert paired_p50_change_ci(base, base[:4]) is None and paired_p50_change_ci([0.0] * 8, base) is None
     assert nearest_rank(8, 50) == 4 and percentile(base, 50) == sorted(base)[3] and nearest_rank(20, 95) == 19
+
     # the headline compares the rows it is given, request by request, one request at a time only
     def run(latencies: list[float], level: int = 1) -> dict:
-        return {"p50_ms": percentile(latencies, 50), "p95_ms": None, "latencies_ms": latencies, "concurrency": level,
-                "prompt_tokens_mean": 10.0, "requests_per_s": 1.0, "exact_match": 0.5, "model": "tuned v1"}
+        return {
+            "p50_ms": percentile(latencies, 50),
+            "p95_ms": None,
+            "latencies_ms": latencies,
+            "concurrency": level,
+            "prompt_tokens_mean": 10.0,
+            "requests_per_s": 1.0,
+            "exact_match": 0.5,
+            "model": "tuned v1",
+        }
 
     tuned = [x * (0.5 if i % 2 else 1.0) for i, x in enumerate(base)]
     compared = _compare(run(base), run(tuned))
     assert compared["latency_p50_change_ci95"] == [lo, hi] and compared["paired_requests"] == 8
-    assert change_line(compared) == (f"{compared['latency_p50_change']:+.1%} (paired 95 % CI {lo:+.1%} to {hi:+.1%}, "
-                                      "n = 8)")
+    assert change_line(compared) == (
+        f"{compared['latency_p50_change']:+.1%} (paired 95 % CI {lo:+.1%} to {hi:+.1%}, n = 8)"
+    )
     at_four = _compare(run(base, 4), run(tuned, 4))
     assert at_four["latency_p50_change_ci95"] is None and "not resampled as independent" in at_four["interval"]
-    page = render_html({"runs": [run(base)], "comparison": compared, "live": "l", "baseline": "b", "requests": 8,
-                        "protocol": "http", "generated_at": "now", "hardware": {"name": "cpu", "peak_bf16_flops": 2e11,
-                                                                                "memory_bandwidth": 2e10, "usd_per_hour": 0.1}})
+    page = render_html(
+        {
+            "runs": [run(base)],
+            "comparison": compared,
+            "live": "l",
+            "baseline": "b",
+            "requests": 8,
+            "protocol": "http",
+            "generated_at": "now",
+            "hardware": {"name": "cpu", "peak_bf16_flops": 2e11, "memory_bandwidth": 2e10, "usd_per_hour": 0.1},
+        }
+    )
     assert "paired 95 % CI" in page and "200.0 GFLOP/s" in page
 
 
@@ -257,8 +304,9 @@ def test_a_restart_while_a_model_is_live_keeps_it_live(registered) -> None:
     """After a Triton restart nothing is loaded; deploying the live version reloads it (and smoke-tests
     it), so the post-deployment smoke test passes and the previous version is not restored."""
     from pipelines import tasks
-    from pipelines.serve import deploy, server
+    from pipelines.serve import deploy
     from pipelines.serve.client import TritonClient
+    from pipelines.stack import triton as server
 
     settings, v1, v2 = registered["settings"], registered["v1"], registered["v2"]
     if deploy.live_model(settings) is None or deploy.live_model(settings).version != v2:
@@ -296,15 +344,27 @@ def test_multi_lora_serves_every_version_as_an_adapter_on_one_loaded_base(regist
     from pipelines import services
     from pipelines.config import load_settings
     from pipelines.gateway.router import Router
-    from pipelines.serve import deploy, server, shared_base
+    from pipelines.serve import deploy, shared_base
     from pipelines.serve.client import TritonClient, conversation
+    from pipelines.stack import triton as server
 
     plain, v1, v2 = registered["settings"], registered["v1"], registered["v2"]
     t = plain.triton
-    settings = load_settings(root=str(plain.root), evaluation={"examples": 4, "shots": 0},
-                             triton={"http_port": t.http_port, "grpc_port": t.grpc_port, "metrics_port": t.metrics_port,
-                                     "smoke_requests": 3, "smoke_min_valid_json": 0.0, "max_new_tokens": 12,
-                                     "max_input_tokens": 2048, "multi_lora": True, "max_adapters": 1})
+    settings = load_settings(
+        root=str(plain.root),
+        evaluation={"examples": 4, "shots": 0},
+        triton={
+            "http_port": t.http_port,
+            "grpc_port": t.grpc_port,
+            "metrics_port": t.metrics_port,
+            "smoke_requests": 3,
+            "smoke_min_valid_json": 0.0,
+            "max_new_tokens": 12,
+            "max_input_tokens": 2048,
+            "multi_lora": True,
+            "max_adapters": 1,
+        },
+    )
     shared = shared_base.shared_name("tiny-llama")
     first = deploy.deploy(settings, version=v1)
     second = deploy.deploy(settings, version=v2)
@@ -316,6 +376,7 @@ def test_multi_lora_serves_every_version_as_an_adapter_on_one_loaded_base(regist
         assert shared in loaded and not [n for n in loaded if n.startswith("tool_router_v")], loaded  # no copies
         row = deploy.smoke_rows(settings, 1)[0]
         names = [f"{shared}@tool_router_v{v}" for v in (v1, v2, v1, v2)]
+
         def settled(at_least: int = 0) -> dict:
             """The counters once Triton has counted everything answered (it counts an execution when it returns,
             after its answers went out): at least `at_least` inferences and unchanged over 0.3 s, 10 s at most."""
@@ -337,7 +398,9 @@ def test_multi_lora_serves_every_version_as_an_adapter_on_one_loaded_base(regist
         assert after["inference_count"] - counted["inference_count"] == 4, (counted, after)
         assert after["execution_count"] - counted["execution_count"] == 4, (counted, after)
         assert after["executions_by_batch_size"].get(1, 0) - counted["executions_by_batch_size"].get(1, 0) == 4
-        assert after["compute_infer_ns"] > counted["compute_infer_ns"] and after["execution_ns"] > counted["execution_ns"]
+        assert (
+            after["compute_infer_ns"] > counted["compute_infer_ns"] and after["execution_ns"] > counted["execution_ns"]
+        )
         assert replies[0].text == replies[2].text and replies[1].text == replies[3].text  # reloaded, same answer
         log = services.log_path(str(settings.root), server.SERVICE).read_text(errors="replace")
         loads = re.findall(rf"adapter tool_router_v(?:{v1}|{v2}) loaded", log)

@@ -8,7 +8,6 @@ import socket
 from pathlib import Path
 
 import pytest
-
 from helpers import run_flywheel
 
 pytestmark = pytest.mark.slow
@@ -19,7 +18,8 @@ def test_busy_port_is_a_clear_error(tmp_path: Path) -> None:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        result = run_flywheel("up", "--only", "mlflow", env={"FLYWHEEL_ROOT": str(tmp_path),
-                                                             "FLYWHEEL_MLFLOW__PORT": str(port)})
+        result = run_flywheel(
+            "up", "--only", "mlflow", env={"FLYWHEEL_ROOT": str(tmp_path), "FLYWHEEL_MLFLOW__PORT": str(port)}
+        )
     assert result.returncode == 2
     assert f"port 127.0.0.1:{port} is already in use" in result.stderr

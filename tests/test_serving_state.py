@@ -27,8 +27,12 @@ def test_an_errored_request_counts_as_wrong_and_as_a_latency_sample() -> None:
     from pipelines.bench.serving import summarize_run
 
     rows = [{"target_json": CALL}] * 4
-    replies = [Reply(RIGHT, 100, 10, 10.0), Reply(RIGHT, 100, 10, 20.0), Reply(RIGHT, 100, 10, 30.0),
-               Reply(None, 0, 0, 5000.0, "prompt is 1100 tokens; this model accepts at most 1024")]
+    replies = [
+        Reply(RIGHT, 100, 10, 10.0),
+        Reply(RIGHT, 100, 10, 20.0),
+        Reply(RIGHT, 100, 10, 30.0),
+        Reply(None, 0, 0, 5000.0, "prompt is 1100 tokens; this model accepts at most 1024"),
+    ]
     run = summarize_run("base", 1, rows, replies, seconds=2.0)
     assert run["requests"] == 4 and run["errors"] == 1
     assert run["exact_match"] == 0.75  # 3 of 4, not 3 of 3
@@ -50,7 +54,9 @@ def test_percentiles_the_sample_cannot_support_are_none() -> None:
     assert percentile([1.0] * 19, 95) is None and percentile([1.0] * 20, 95) == 1.0
     assert percentile([1.0] * 99, 99) is None and percentile([1.0] * 100, 99) == 1.0
     assert percentile([7.0], 50) == 7.0
-    run = summarize_run("tuned", 1, [{"target_json": CALL}] * 8, [Reply(RIGHT, 50, 10, 10.0 * i) for i in range(8)], 1.0)
+    run = summarize_run(
+        "tuned", 1, [{"target_json": CALL}] * 8, [Reply(RIGHT, 50, 10, 10.0 * i) for i in range(8)], 1.0
+    )
     assert run["p95_ms"] is None and run["p99_ms"] is None and run["p50_ms"] == 30.0
     cells = table_rows({"runs": [{**run, "usd_per_million_requests": None}], "direct": None})[0]
     assert cells[4] == "0" and cells[8:10] == ["n/a", "n/a"]  # errors column; unsupported percentiles
@@ -84,12 +90,27 @@ def test_the_dag_s_benchmark_task_is_skipped_and_says_so_when_switched_off(tmp_p
     from pipelines.bench import serving
 
     ran = []
-    monkeypatch.setattr(serving, "run_bench", lambda settings: ran.append(settings) or {
-        "live": "m", "version": "1", "comparison": {}, "json_uri": "j", "html_uri": "h", "triton_overhead_ms": 1.0})
+    monkeypatch.setattr(
+        serving,
+        "run_bench",
+        lambda settings: (
+            ran.append(settings)
+            or {
+                "live": "m",
+                "version": "1",
+                "comparison": {},
+                "json_uri": "j",
+                "html_uri": "h",
+                "triton_overhead_ms": 1.0,
+            }
+        ),
+    )
     smoked = {"live": "champion-v2", "version": "2"}
     off = load_settings(root=str(tmp_path), bench={"after_deploy": False})
-    assert tasks.benchmark(smoked, off) == {"live": "champion-v2", "version": "2",
-                                            "skipped": "bench.after_deploy is off"} and ran == []
+    assert (
+        tasks.benchmark(smoked, off) == {"live": "champion-v2", "version": "2", "skipped": "bench.after_deploy is off"}
+        and ran == []
+    )
     assert tasks.benchmark(smoked, load_settings(root=str(tmp_path)))["json_uri"] == "j" and len(ran) == 1
 
 
@@ -114,14 +135,16 @@ def test_every_grpc_call_carries_the_client_timeout(tmp_path: Path) -> None:
 
     class Result:
         def as_numpy(self, name):
-            return {"TOOL_CALL": np.array([[RIGHT.encode()]], dtype=np.object_),
-                    "FINAL": np.array([[True]])}.get(name, np.array([[3]]))
+            return {"TOOL_CALL": np.array([[RIGHT.encode()]], dtype=np.object_), "FINAL": np.array([[True]])}.get(
+                name, np.array([[3]])
+            )
 
     class Recorder:
         def __getattr__(self, method):
             def call(*args, **kwargs):
                 calls.append((method, kwargs))
                 return {"get_model_repository_index": [], "is_model_ready": False}.get(method)
+
             return call
 
     class Stream(Recorder):  # the per-thread streaming connection: answers each request with one final response
@@ -139,8 +162,15 @@ def test_every_grpc_call_carries_the_client_timeout(tmp_path: Path) -> None:
     client._local.grpc = Stream()
     client.load("m"), client.unload("m"), client.ready("m"), client.loaded()
     assert client.infer_one("m", [{"role": "user", "content": "hi"}]).text == RIGHT
-    assert [m for m, _ in calls] == ["load_model", "unload_model", "is_model_ready", "get_model_repository_index",
-                                     "start_stream", "async_stream_infer", "stop_stream"]
+    assert [m for m, _ in calls] == [
+        "load_model",
+        "unload_model",
+        "is_model_ready",
+        "get_model_repository_index",
+        "start_stream",
+        "async_stream_infer",
+        "stop_stream",
+    ]
     assert all(kwargs.get("client_timeout") == 0.5 for _, kwargs in calls[:4])
     assert calls[4][1]["stream_timeout"] == 0.5
     silent = client.infer_one("quiet", [{"role": "user", "content": "hi"}])  # a model that never answers
@@ -158,8 +188,11 @@ def test_a_model_folder_built_before_streaming_is_called_as_built(tmp_path: Path
 
     class Old:  # one response per request, no FINAL tensor
         def as_numpy(self, name):
-            return {"TOOL_CALL": np.array([[RIGHT.encode()]], dtype=np.object_),
-                    "PROMPT_TOKENS": np.array([[3]]), "OUTPUT_TOKENS": np.array([[5]])}.get(name)
+            return {
+                "TOOL_CALL": np.array([[RIGHT.encode()]], dtype=np.object_),
+                "PROMPT_TOKENS": np.array([[3]]),
+                "OUTPUT_TOKENS": np.array([[5]]),
+            }.get(name)
 
     class Control:
         def get_model_config(self, name, **kwargs):
@@ -230,8 +263,13 @@ def fake_serving(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setattr(deploy, "TritonClient", FakeClient)
     monkeypatch.setattr(deploy.server, "up", lambda settings: None)
     monkeypatch.setattr(deploy, "smoke_test", smoke)
-    monkeypatch.setattr(repository, "build_version", lambda settings, version, in_use=False: repository.ModelEntry(
-        repository.triton_name(settings, version), "", version, "short", "tiny"))
+    monkeypatch.setattr(
+        repository,
+        "build_version",
+        lambda settings, version, in_use=False: repository.ModelEntry(
+            repository.triton_name(settings, version), "", version, "short", "tiny"
+        ),
+    )
     return {"settings": settings, "smoke_calls": smoke_calls, "slow": slow, "smoking": smoking}
 
 
@@ -324,8 +362,15 @@ def _folder(settings, repo: Path, in_use: bool, style: str = "short", **triton: 
 
     if triton:
         settings = settings.model_copy(update={"triton": settings.triton.model_copy(update=triton)})
-    return write_model(settings, repo, "tool_router_v1", "/models/base", None,
-                       {"registry_version": "1", "base_model": "tiny", "prompt_style": style}, in_use=in_use)
+    return write_model(
+        settings,
+        repo,
+        "tool_router_v1",
+        "/models/base",
+        None,
+        {"registry_version": "1", "base_model": "tiny", "prompt_style": style},
+        in_use=in_use,
+    )
 
 
 def test_a_folder_in_use_is_never_rewritten(tmp_path: Path) -> None:

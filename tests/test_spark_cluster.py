@@ -13,12 +13,12 @@ from datetime import date
 from pathlib import Path
 
 import pytest
-
 from ports import free_port
+
 from pipelines import services
 from pipelines.clients.spark import spark_submit_command, standalone_specs
 from pipelines.config import load_settings
-from pipelines.logs.generator import GeneratorConfig, write_raw_logs
+from pipelines.simulate.generator import GeneratorConfig, write_raw_logs
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parent.parent
@@ -45,10 +45,16 @@ def test_prep_runs_through_spark_submit_on_a_standalone_master(tmp_path: Path) -
         write_raw_logs(GeneratorConfig(seed=5, records=2000, days=1, end_date=date.fromisoformat(DAY)), root / "raw")
         master = specs[0].url
         settings = load_settings(root=str(root), spark={"master": master})
-        command = spark_submit_command(settings, str(REPO / "pipelines" / "prep" / "__main__.py"),
-                                       ["--start", DAY, "--end", DAY])
-        env = {**os.environ, "FLYWHEEL_ROOT": str(root), "FLYWHEEL_SPARK__MASTER": master,
-               "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable}
+        command = spark_submit_command(
+            settings, str(REPO / "pipelines" / "prep" / "__main__.py"), ["--start", DAY, "--end", DAY]
+        )
+        env = {
+            **os.environ,
+            "FLYWHEEL_ROOT": str(root),
+            "FLYWHEEL_SPARK__MASTER": master,
+            "SPARK_LOCAL_IP": "127.0.0.1",
+            "PYSPARK_PYTHON": sys.executable,
+        }
         result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
         assert result.returncode == 0, result.stderr[-3000:]
         prepared = json.loads(result.stdout.strip().splitlines()[-1])

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-
 from train_data import write_training_set
+
 from pipelines.config import ConfigError, load_settings
 from pipelines.toolcall.calls import call_text
 from pipelines.toolcall.prompt import short_system_prompt, tool_signatures, tools_json_for
@@ -48,10 +48,19 @@ def test_grid_and_random_search_and_clear_errors() -> None:
     grid = SweepConfig(name="g", grid={"learning_rate": [1e-4, 2e-4], "optimizer": ["adam", "adamw"], "lora_rank": [8]})
     configs = variants(grid)
     assert len(configs) == 4
-    assert {(c.learning_rate, c.optimizer) for c in configs} == {(1e-4, "adam"), (1e-4, "adamw"), (2e-4, "adam"),
-                                                                 (2e-4, "adamw")}
-    random_search = SweepConfig(name="r", method="random", samples=3, seed=1,
-                                grid={"learning_rate": [1e-4, 2e-4, 5e-4], "lora_rank": [4, 8, 16]})
+    assert {(c.learning_rate, c.optimizer) for c in configs} == {
+        (1e-4, "adam"),
+        (1e-4, "adamw"),
+        (2e-4, "adam"),
+        (2e-4, "adamw"),
+    }
+    random_search = SweepConfig(
+        name="r",
+        method="random",
+        samples=3,
+        seed=1,
+        grid={"learning_rate": [1e-4, 2e-4, 5e-4], "lora_rank": [4, 8, 16]},
+    )
     picked = variants(random_search)
     assert len(picked) == 3 and len({(c.learning_rate, c.lora_rank) for c in picked}) == 3
     assert [c.model_dump() for c in picked] == [c.model_dump() for c in variants(random_search)]  # seeded
@@ -63,8 +72,8 @@ def test_grid_and_random_search_and_clear_errors() -> None:
 
 def test_the_prompt_style_is_a_sweep_dimension(settings, first_sweep) -> None:
     import yaml
-    from mlflow import MlflowClient
 
+    from mlflow import MlflowClient
     from pipelines.train.sweep import run_sweep, variant_points
 
     with pytest.raises(ValueError, match="prompt_style"):
@@ -100,7 +109,6 @@ def test_short_prompt_keeps_signatures_and_allowed_values_only() -> None:
 
 def test_sweep_logs_parent_and_child_runs_and_a_retry_reuses_them(settings, first_sweep) -> None:
     from mlflow import MlflowClient
-
     from pipelines.clients.mlflow import use_tracking
     from pipelines.storage import read_json
 
@@ -135,8 +143,11 @@ def test_evaluation_report_compares_conditions_on_the_same_requests(settings, fi
     rows = {r["condition"]: r for r in evaluated["table"]}
     conditions = ("base_zero_shot", "base_few_shot", "tuned_candidate")
     assert set(rows) == {*conditions, *(f"{c}_constrained" for c in conditions)}  # evaluation.constrained: both
-    assert rows["tuned_candidate"]["prompt_tokens_mean"] < rows["base_zero_shot"]["prompt_tokens_mean"] \
+    assert (
+        rows["tuned_candidate"]["prompt_tokens_mean"]
+        < rows["base_zero_shot"]["prompt_tokens_mean"]
         < rows["base_few_shot"]["prompt_tokens_mean"]
+    )
     for c in conditions:  # the same prompts, only the decoding differs
         assert rows[f"{c}_constrained"]["prompt_tokens_mean"] == rows[c]["prompt_tokens_mean"]
     report = json.loads(Path(evaluated["json_uri"]).read_text())
@@ -147,17 +158,17 @@ def test_evaluation_report_compares_conditions_on_the_same_requests(settings, fi
     assert report["settings"]["max_new_tokens"] == sweep["answer_budget"]
     # measured on the training targets (not the prompts): within the budget of the split's longest target
     from mlflow import MlflowClient
-
+    from pipelines.base_models import load_tokenizer
     from pipelines.prep.dataset import load_split
     from pipelines.toolcall.budget import budget_for, longest_in_tokens
     from pipelines.toolcall.examples import to_examples
-    from pipelines.train.models import load_tokenizer
 
     targets = [e.target for e in to_examples(load_split(settings, "train", 100_000), "names")]
     longest = longest_in_tokens(load_tokenizer("tiny-llama", settings), targets)
     assert budget_for(10) < sweep["answer_budget"] <= budget_for(longest)
     assert MlflowClient().get_run(sweep["parent_run_id"]).data.params["flywheel.answer_budget"] == str(
-        sweep["answer_budget"])
+        sweep["answer_budget"]
+    )
     assert [c["constrained"] for c in report["conditions"]] == [False, True] * 3
     html = Path(evaluated["html_uri"]).read_text()
     assert "confusion matrix tuned_candidate" in html and html.count("data:image/png;base64") >= 5
@@ -180,13 +191,17 @@ def test_gate_needs_the_margins_and_no_slowdown(settings) -> None:
 
 def test_register_promote_gate_both_ways_rollback_and_load_by_alias(settings, first_sweep) -> None:
     import mlflow
-
     from pipelines import tasks
     from pipelines.clients.mlflow import client as mlflow_client
     from pipelines.registry.models import CANDIDATE, CHAMPION, RegistryError, alias_version, history, rollback
 
-    evaluated = {"table": [{"condition": "base_few_shot", **_row(0.3, 0.4, 300)},
-                           {"condition": "tuned_candidate", **_row(0.5, 0.5, 100)}], "json_uri": "e.json"}
+    evaluated = {
+        "table": [
+            {"condition": "base_few_shot", **_row(0.3, 0.4, 300)},
+            {"condition": "tuned_candidate", **_row(0.5, 0.5, 100)},
+        ],
+        "json_uri": "e.json",
+    }
     first = tasks.register(first_sweep, evaluated, settings)
     assert tasks.register(first_sweep, evaluated, settings)["version"] == first["version"]  # idempotent
     from pipelines.registry.models import answer_budget
@@ -203,24 +218,38 @@ def test_register_promote_gate_both_ways_rollback_and_load_by_alias(settings, fi
 
     second_sweep = tasks.train({"sweep": _variant_of_tiny(settings)}, settings)
     measured = tasks.evaluate(second_sweep, settings)  # the champion is measured on the same requests
-    assert [r["condition"] for r in measured["table"]][-4:] == ["tuned_candidate", "tuned_candidate_constrained",
-                                                               "tuned_champion", "tuned_champion_constrained"]
+    assert [r["condition"] for r in measured["table"]][-4:] == [
+        "tuned_candidate",
+        "tuned_candidate_constrained",
+        "tuned_champion",
+        "tuned_champion_constrained",
+    ]
     assert measured["champion_version"] == first["version"]
     second = tasks.register(second_sweep, evaluated, settings)
     assert second["version"] != first["version"] and alias_version(settings, CANDIDATE) == second["version"]
     with pytest.raises(RegistryError, match="`candidate` now points at"):  # gates only what this run registered
         tasks.promote(first, evaluated, {}, settings)
-    worse = {"table": [{"condition": "tuned_candidate", **_row(0.5, 0.5, 100)},
-                       {"condition": "tuned_champion", **_row(0.5, 0.5, 100)}]}
+    worse = {
+        "table": [
+            {"condition": "tuned_candidate", **_row(0.5, 0.5, 100)},
+            {"condition": "tuned_champion", **_row(0.5, 0.5, 100)},
+        ]
+    }
     decision = tasks.promote(second, worse, {}, settings)
     assert not decision["promoted"] and alias_version(settings, CHAMPION) == first["version"]
     client = mlflow_client(settings)
-    recorded = json.loads(client.get_model_version(settings.mlflow.registered_model, second["version"]).tags["flywheel.gate"])
+    recorded = json.loads(
+        client.get_model_version(settings.mlflow.registered_model, second["version"]).tags["flywheel.gate"]
+    )
     assert recorded["promoted"] is False and recorded["numbers"]["champion_exact_match"] == 0.5
     card = client.get_model_version(settings.mlflow.registered_model, first["version"]).description
     assert "- labels (the training window's examples by who wrote the answer): generated " in card, card
-    better = {"table": [{"condition": "tuned_candidate", **_row(0.8, 0.9, 100)},
-                        {"condition": "tuned_champion", **_row(0.5, 0.5, 100)}]}
+    better = {
+        "table": [
+            {"condition": "tuned_candidate", **_row(0.8, 0.9, 100)},
+            {"condition": "tuned_champion", **_row(0.5, 0.5, 100)},
+        ]
+    }
     decision = tasks.promote(second, better, {"reason": "drift: holiday"}, settings)
     assert decision["promoted"] and alias_version(settings, CHAMPION) == second["version"]
     assert history(settings)[-1]["reason"].startswith("[drift: holiday]")
@@ -242,8 +271,17 @@ def test_register_promote_gate_both_ways_rollback_and_load_by_alias(settings, fi
     from pipelines.prep.dataset import load_split
 
     rows = load_split(settings, "test", 2, 0)
-    out = model.predict(pd.DataFrame({"messages": rows["messages_json"], "tools_json": rows["tools_json"],
-                                      "event_time": rows["event_time"], "context": ""}), params={"max_new_tokens": 8})
+    out = model.predict(
+        pd.DataFrame(
+            {
+                "messages": rows["messages_json"],
+                "tools_json": rows["tools_json"],
+                "event_time": rows["event_time"],
+                "context": "",
+            }
+        ),
+        params={"max_new_tokens": 8},
+    )
     assert len(out) == 2 and all(isinstance(t, str) for t in out)
     with pytest.raises(ValueError, match="missing input column"):
         model.predict(pd.DataFrame({"messages": ["[]"]}))
@@ -256,8 +294,9 @@ def light(settings, request: pytest.FixtureRequest):
     from pipelines.clients.mlflow import use_tracking
 
     name = f"light-{request.node.name[5:30]}"
-    light = load_settings(root=str(settings.root), evaluation={"examples": 6, "shots": 2},
-                          mlflow={"registered_model": name})
+    light = load_settings(
+        root=str(settings.root), evaluation={"examples": 6, "shots": 2}, mlflow={"registered_model": name}
+    )
     client = mlflow_client(light)
     client.create_registered_model(name)
     run = client.create_run(use_tracking(light)).info.run_id
@@ -267,17 +306,25 @@ def light(settings, request: pytest.FixtureRequest):
     return light
 
 
-BETTER = {"tuned_candidate": _row(0.9, 0.9, 90), "tuned_champion": _row(0.5, 0.5, 100),
-          "base_few_shot": _row(0.5, 0.5, 100)}
+BETTER = {
+    "tuned_candidate": _row(0.9, 0.9, 90),
+    "tuned_champion": _row(0.5, 0.5, 100),
+    "base_few_shot": _row(0.5, 0.5, 100),
+}
 
 
 def test_registry_list_shows_aliases(light) -> None:
     from helpers import run_flywheel
+
     from pipelines.registry.models import CHAMPION, alias_version, promote
 
     assert promote(light, BETTER, "1").promoted and alias_version(light, CHAMPION) == "1"
-    result = run_flywheel("registry", "list", "--json", env={
-        "FLYWHEEL_ROOT": str(light.root), "FLYWHEEL_MLFLOW__REGISTERED_MODEL": light.mlflow.registered_model})
+    result = run_flywheel(
+        "registry",
+        "list",
+        "--json",
+        env={"FLYWHEEL_ROOT": str(light.root), "FLYWHEEL_MLFLOW__REGISTERED_MODEL": light.mlflow.registered_model},
+    )
     assert result.returncode == 0, result.stderr
     listed = {str(v["version"]): v for v in json.loads(result.stdout)["versions"]}
     assert sorted(listed["1"]["aliases"]) == ["candidate", "champion"] and listed["2"]["aliases"] == []
@@ -320,7 +367,6 @@ def test_history_stays_within_one_tag_and_rollback_survives_60_promotions_and_a_
 
 def test_a_large_decision_goes_to_an_artifact_and_the_tag_keeps_a_summary(light) -> None:
     import mlflow
-
     from pipelines.clients.mlflow import client as mlflow_client
     from pipelines.registry.models import GATE_TAG, promote
 
@@ -334,8 +380,12 @@ def test_a_large_decision_goes_to_an_artifact_and_the_tag_keeps_a_summary(light)
     assert len(tag) <= 5000 and summary["promoted"] and summary["numbers"]["base_few_shot_exact_match"] == 0.5
     full = json.loads(mlflow.artifacts.load_text(summary["full_decision"]))
     candidate, baseline = BETTER["tuned_candidate"]["exact_match"], BETTER["base_few_shot"]["exact_match"]
-    assert full["numbers"]["per_tool"]["tool_079"] == {"n": [9, 9], "exact_match": [candidate, baseline],
-                                                       "arg_f1": [candidate, baseline], "checked": True}
+    assert full["numbers"]["per_tool"]["tool_079"] == {
+        "n": [9, 9],
+        "exact_match": [candidate, baseline],
+        "arg_f1": [candidate, baseline],
+        "checked": True,
+    }
 
 
 def first_sweep_digest(settings) -> str:

@@ -25,8 +25,9 @@ def tf(tmp_path_factory: pytest.TempPathFactory):
     env = {**os.environ, "TF_CLI_CONFIG_FILE": str(rc), "TF_IN_AUTOMATION": "1", "CHECKPOINT_DISABLE": "1"}
 
     def run(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([binary, f"-chdir={TERRAFORM}", *args], env=env, capture_output=True, text=True,
-                              timeout=600)
+        return subprocess.run(
+            [binary, f"-chdir={TERRAFORM}", *args], env=env, capture_output=True, text=True, timeout=600
+        )
 
     init = run("init", "-backend=false", "-input=false", "-no-color")
     assert init.returncode == 0, init.stdout + init.stderr
@@ -53,12 +54,18 @@ def test_checkov_leaves_no_finding_unfixed_or_unexplained() -> None:
 
     checkov = TERRAFORM.parent / ".venv-checkov" / "bin" / "checkov"
     assert checkov.is_file(), "make test creates .venv-checkov (make checkov-env)"
-    result = subprocess.run([str(checkov), "-d", str(TERRAFORM), "--framework", "terraform", "--compact",
-                             "--skip-download", "-o", "json"], capture_output=True, text=True, timeout=600)
+    result = subprocess.run(
+        [str(checkov), "-d", str(TERRAFORM), "--framework", "terraform", "--compact", "--skip-download", "-o", "json"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     report = json.loads(result.stdout)
     failed = report["results"]["failed_checks"]
     assert failed == [], [(f["check_id"], f["resource"], f["check_name"]) for f in failed]
     assert report["summary"]["passed"] > 150 and report["summary"]["parsing_errors"] == 0
     skipped = report["results"].get("skipped_checks", [])
-    unexplained = [(s["check_id"], s["resource"]) for s in skipped if len(s["check_result"].get("suppress_comment", "")) < 20]
+    unexplained = [
+        (s["check_id"], s["resource"]) for s in skipped if len(s["check_result"].get("suppress_comment", "")) < 20
+    ]
     assert unexplained == [], unexplained

@@ -8,27 +8,42 @@ import json
 import jsonschema
 import pytest
 
+from pipelines.base_models import load_base
 from pipelines.config import load_settings
-from pipelines.toolcall.decode import generate
 from pipelines.logs.tools import TOOLS_BY_NAME
-from pipelines.toolcall.prompt import tools_json
+from pipelines.toolcall.decode import generate
 from pipelines.toolcall.grammar import GrammarError, accepts, grammar_for
-from pipelines.train.models import load_base
+from pipelines.toolcall.prompt import tools_json
 
 ORDERS = tools_json([TOOLS_BY_NAME["get_order"], TOOLS_BY_NAME["search_products"]])
 
 # bounded arguments only (enums, ranges, short strings): any answer the grammar admits fits in the token budget
-BOUNDED = json.dumps([
-    {"name": "track", "description": "", "parameters": {
-        "type": "object", "required": ["carrier", "days"],
-        "properties": {"carrier": {"type": "string", "enum": ["ups", "dhl", "fedex"]},
-                       "days": {"type": "integer", "minimum": 1, "maximum": 30},
-                       "note": {"type": "string", "maxLength": 6}}}},
-    {"name": "refund", "description": "", "parameters": {
-        "type": "object", "required": ["order"],
-        "properties": {"order": {"type": "string", "pattern": "^ORD-[0-9]{4}$"},
-                       "full": {"type": "boolean"}}}},
-])
+BOUNDED = json.dumps(
+    [
+        {
+            "name": "track",
+            "description": "",
+            "parameters": {
+                "type": "object",
+                "required": ["carrier", "days"],
+                "properties": {
+                    "carrier": {"type": "string", "enum": ["ups", "dhl", "fedex"]},
+                    "days": {"type": "integer", "minimum": 1, "maximum": 30},
+                    "note": {"type": "string", "maxLength": 6},
+                },
+            },
+        },
+        {
+            "name": "refund",
+            "description": "",
+            "parameters": {
+                "type": "object",
+                "required": ["order"],
+                "properties": {"order": {"type": "string", "pattern": "^ORD-[0-9]{4}$"}, "full": {"type": "boolean"}},
+            },
+        },
+    ]
+)
 
 
 @pytest.fixture(scope="module")
@@ -72,16 +87,33 @@ def test_a_keyword_the_grammar_lacks_is_left_out_of_that_tool_only_and_reported(
     from pipelines.toolcall.grammar import partly_constrained
 
     _, tok = tiny
-    tools = json.dumps([{"name": "tag", "parameters": {"type": "object", "required": ["labels"], "properties": {
-        "labels": {"type": "array", "items": {"type": "string", "enum": ["a", "b"]}, "uniqueItems": True}}}},
-        {"name": "get_order", "parameters": TOOLS_BY_NAME["get_order"]["function"]["parameters"]}])
+    tools = json.dumps(
+        [
+            {
+                "name": "tag",
+                "parameters": {
+                    "type": "object",
+                    "required": ["labels"],
+                    "properties": {
+                        "labels": {
+                            "type": "array",
+                            "items": {"type": "string", "enum": ["a", "b"]},
+                            "uniqueItems": True,
+                        }
+                    },
+                },
+            },
+            {"name": "get_order", "parameters": TOOLS_BY_NAME["get_order"]["function"]["parameters"]},
+        ]
+    )
     assert partly_constrained(tools) == {"tag": ["uniqueItems"]}
     assert accepts(tok, tools, '{"name":"tag","arguments":{"labels":["a","b"]}}')
     assert accepts(tok, tools, '{"name":"tag","arguments":{"labels":["a","a"]}}'), "left to the check after decoding"
     assert not accepts(tok, tools, '{"name":"tag","arguments":{"labels":["c"]}}'), "the rest is still enforced"
     assert not accepts(tok, tools, '{"name":"get_order","arguments":{"order_number":"ORD-123456"}}')
-    bad = json.dumps([{"name": "x", "parameters": {"type": "object", "properties": {
-        "a": {"type": "string", "pattern": "(?<=a)b"}}}}])
+    bad = json.dumps(
+        [{"name": "x", "parameters": {"type": "object", "properties": {"a": {"type": "string", "pattern": "(?<=a)b"}}}}]
+    )
     with pytest.raises(GrammarError, match="tool x: .*look-behind"):
         grammar_for(bad)
     with pytest.raises(GrammarError, match="not JSON"):
@@ -90,13 +122,24 @@ def test_a_keyword_the_grammar_lacks_is_left_out_of_that_tool_only_and_reported(
 
 def test_constrained_decoding_of_a_tiny_model_always_parses_and_validates(tiny) -> None:
     model, tok = tiny
-    requests = [[{"role": "system", "content": "Tools: track, refund"}, {"role": "user", "content": text}]
-                for text in ("where is my parcel", "refund ORD-1234 please", "hello", "track it with dhl",
-                             "give me my money back", "what is the weather", "days 4", "note this")]
+    requests = [
+        [{"role": "system", "content": "Tools: track, refund"}, {"role": "user", "content": text}]
+        for text in (
+            "where is my parcel",
+            "refund ORD-1234 please",
+            "hello",
+            "track it with dhl",
+            "give me my money back",
+            "what is the weather",
+            "days 4",
+            "note this",
+        )
+    ]
     free = generate(model, tok, requests, max_new_tokens=48, batch_size=4, latency_samples=0)
     assert not all(_valid(t) for t in free.texts)  # an untrained model does not write tool calls by itself
-    out = generate(model, tok, requests, max_new_tokens=48, batch_size=4, latency_samples=1,
-                   tools=[BOUNDED] * len(requests))
+    out = generate(
+        model, tok, requests, max_new_tokens=48, batch_size=4, latency_samples=1, tools=[BOUNDED] * len(requests)
+    )
     for text in out.texts:
         assert _valid(text), text
     # the budget is accounted: the untrained free answers run to it, every grammar answer ended before it
@@ -109,8 +152,9 @@ def test_answer_lengths_and_cuts_do_not_depend_on_the_pad_token(tiny) -> None:
     """An answer is cut when it has no end token, whatever the pad token is: with a pad distinct from the
     end token, an answer whose end token lands on the budget's last slot ended (it is not cut)."""
     model, tok = tiny
-    requests = [[{"role": "user", "content": text}] for text in ("where is my parcel", "refund ORD-1234",
-                                                                  "hello", "note this")]
+    requests = [
+        [{"role": "user", "content": text}] for text in ("where is my parcel", "refund ORD-1234", "hello", "note this")
+    ]
     tools = [BOUNDED] * len(requests)
     whole = generate(model, tok, requests, max_new_tokens=48, batch_size=4, latency_samples=0, tools=tools)
     assert whole.cut == 0, whole.output_tokens
@@ -121,8 +165,7 @@ def test_answer_lengths_and_cuts_do_not_depend_on_the_pad_token(tiny) -> None:
         # budgets: the shortest answer's end token just past the budget (cut), then on its last slot (ended)
         for pad, budget in itertools.product((tok.eos_token, other), (shortest, shortest + 1)):
             tok.pad_token = pad
-            short = generate(model, tok, requests, max_new_tokens=budget, batch_size=4, latency_samples=0,
-                             tools=tools)
+            short = generate(model, tok, requests, max_new_tokens=budget, batch_size=4, latency_samples=0, tools=tools)
             assert short.output_tokens == [min(n, budget) for n in whole.output_tokens], (pad, short.output_tokens)
             expected_cut = sum(1 for n in whole.output_tokens if n >= budget)
             assert short.cut == expected_cut, (pad, budget, short.cut, expected_cut)
@@ -158,10 +201,19 @@ def test_evaluation_refuses_tools_it_cannot_enforce_in_one_line(tiny) -> None:
     from pipelines.errors import NotRetryable
 
     model, tok = tiny
-    bad = json.dumps([{"name": "tag", "parameters": {"type": "object", "properties": {
-        "x": {"type": "string", "pattern": "(?<=a)b"}}}}])
-    with pytest.raises(NotRetryable, match=r'^constrained decoding: tool tag: .*look-behind.*'
-                                          r'evaluation.constrained: off'):
+    bad = json.dumps(
+        [
+            {
+                "name": "tag",
+                "parameters": {"type": "object", "properties": {"x": {"type": "string", "pattern": "(?<=a)b"}}},
+            }
+        ]
+    )
+    with pytest.raises(
+        NotRetryable,
+        match=r"^constrained decoding: tool tag: .*look-behind.*"
+        r"evaluation.constrained: off",
+    ):
         generate(model, tok, [[{"role": "user", "content": "hi"}]], tools=[bad], latency_samples=0)
 
 
@@ -170,18 +222,20 @@ def test_every_training_target_of_generated_traffic_is_admitted(tiny) -> None:
     e.g. an invoice to `<EMAIL>`) is an answer its own offered tools' grammar admits."""
     from datetime import date
 
-    from pipelines.logs.generator import GeneratorConfig, TrafficGenerator
     from pipelines.prep.nodes import prepare_line
+    from pipelines.redact import PII_TYPES
+    from pipelines.simulate.generator import GeneratorConfig, TrafficGenerator
     from pipelines.toolcall.calls import call_text
-    from pipelines.prep.redact import PII_TYPES
     from pipelines.toolcall.grammar import REDACTION_TOKENS
 
-    assert REDACTION_TOKENS == tuple(f"<{t}>" for t in PII_TYPES)
+    assert tuple(f"<{t}>" for t in PII_TYPES) == REDACTION_TOKENS
     _, tok = tiny
     gen = TrafficGenerator(GeneratorConfig(seed=2, records=600, bad_share=0.0, end_date=date(2026, 11, 20)))
     rows = [r for r in (prepare_line(line) for _, line, _ in gen.lines()) if r["status"] == "clean"]
     assert any("<EMAIL>" in r["target_json"] for r in rows)  # redacted arguments are part of the sample
-    rejected = [call_text(r["target_json"]) for r in rows if not accepts(tok, r["tools_json"], call_text(r["target_json"]))]
+    rejected = [
+        call_text(r["target_json"]) for r in rows if not accepts(tok, r["tools_json"], call_text(r["target_json"]))
+    ]
     assert rejected == []
     # ids grounded in the conversation as served: every write's id in our traffic is one the customer stated
     from pipelines.logs.tools import WRITE_TOOLS
@@ -189,8 +243,11 @@ def test_every_training_target_of_generated_traffic_is_admitted(tiny) -> None:
 
     writes = [r for r in rows if json.loads(r["target_json"])["name"] in WRITE_TOOLS]
     assert writes and any('_id"' in r["target_json"] for r in writes)
-    grounded = [call_text(r["target_json"]) for r in writes
-                if not accepts(tok, ground(r["tools_json"], json.loads(r["messages_json"]), {}), call_text(r["target_json"]))]
+    grounded = [
+        call_text(r["target_json"])
+        for r in writes
+        if not accepts(tok, ground(r["tools_json"], json.loads(r["messages_json"]), {}), call_text(r["target_json"]))
+    ]
     assert grounded == []
 
 
@@ -200,18 +257,47 @@ def test_a_write_cannot_target_an_id_the_conversation_never_stated(tiny) -> None
     from pipelines.toolcall.grounding import ground
 
     _, tok = tiny
-    tools = json.dumps([
-        {"name": "cancel_pending_order", "parameters": {"type": "object", "required": ["order_id", "reason"], "properties": {
-            "order_id": {"type": "string"}, "reason": {"type": "string", "enum": ["no longer needed", "ordered by mistake"]}}}},
-        {"name": "return_items", "parameters": {"type": "object", "required": ["item_ids", "order_id"], "properties": {
-            "order_id": {"type": "string"}, "item_ids": {"type": "array", "items": {"type": "string"}}}}},
-        {"name": "get_order_details", "parameters": {"type": "object", "required": ["order_id"],
-                                                     "properties": {"order_id": {"type": "string"}}}}])
+    tools = json.dumps(
+        [
+            {
+                "name": "cancel_pending_order",
+                "parameters": {
+                    "type": "object",
+                    "required": ["order_id", "reason"],
+                    "properties": {
+                        "order_id": {"type": "string"},
+                        "reason": {"type": "string", "enum": ["no longer needed", "ordered by mistake"]},
+                    },
+                },
+            },
+            {
+                "name": "return_items",
+                "parameters": {
+                    "type": "object",
+                    "required": ["item_ids", "order_id"],
+                    "properties": {
+                        "order_id": {"type": "string"},
+                        "item_ids": {"type": "array", "items": {"type": "string"}},
+                    },
+                },
+            },
+            {
+                "name": "get_order_details",
+                "parameters": {
+                    "type": "object",
+                    "required": ["order_id"],
+                    "properties": {"order_id": {"type": "string"}},
+                },
+            },
+        ]
+    )
     effects = {"cancel_pending_order": "write", "return_items": "write", "get_order_details": "read"}
-    turns = [{"role": "system", "content": "Orders #W9999 and #W8888 exist."},  # the system prompt states nothing
-             {"role": "user", "content": "Please cancel #W1234, I no longer need it."},
-             {"role": "assistant", "content": '{"name":"get_order_details","arguments":{"order_id":"#W5555"}}'},
-             {"role": "user", "content": 'Tool result: {"order_id":"#W1234","items":[{"item_id":"111"},{"item_id":"222"}]}'}]
+    turns = [
+        {"role": "system", "content": "Orders #W9999 and #W8888 exist."},  # the system prompt states nothing
+        {"role": "user", "content": "Please cancel #W1234, I no longer need it."},
+        {"role": "assistant", "content": '{"name":"get_order_details","arguments":{"order_id":"#W5555"}}'},
+        {"role": "user", "content": 'Tool result: {"order_id":"#W1234","items":[{"item_id":"111"},{"item_id":"222"}]}'},
+    ]
     grounded = ground(tools, turns, effects)
     cancel = '{{"name":"cancel_pending_order","arguments":{{"order_id":"{}","reason":"no longer needed"}}}}'
     assert accepts(tok, grounded, cancel.format("#W1234"))
@@ -239,10 +325,13 @@ def test_each_row_of_a_batch_is_decoded_under_its_own_tools(tiny) -> None:
 
     model, tok = tiny
     ping = json.dumps([{"name": "ping", "parameters": {"type": "object", "properties": {}}}])
-    turns = [[{"role": "user", "content": text}] for text in ("refund ORD-1234", "a much longer request here", "x",
-                                                               "ping me please now")]
-    out = generate(model, tok, turns, max_new_tokens=48, batch_size=4, latency_samples=0,
-                   tools=[BOUNDED, ping, "[]", ping])
+    turns = [
+        [{"role": "user", "content": text}]
+        for text in ("refund ORD-1234", "a much longer request here", "x", "ping me please now")
+    ]
+    out = generate(
+        model, tok, turns, max_new_tokens=48, batch_size=4, latency_samples=0, tools=[BOUNDED, ping, "[]", ping]
+    )
     pinged, abstained = {"name": "ping", "arguments": {}}, {"name": None}
     assert _valid(out.texts[0])
     assert json.loads(out.texts[1]) in (pinged, abstained) and json.loads(out.texts[3]) in (pinged, abstained)
@@ -251,13 +340,18 @@ def test_each_row_of_a_batch_is_decoded_under_its_own_tools(tiny) -> None:
     tok.padding_side = "left"
     enc = tok(render_prompts(tok, turns[:2]), return_tensors="pt", padding=True, add_special_tokens=False)
     with torch.inference_mode():
-        ids = model.generate(**enc, max_new_tokens=12, do_sample=False, pad_token_id=tok.pad_token_id,
-                             logits_processor=LogitsProcessorList([ToolCallConstraint(tok, [None, "[]"])]))
-    texts = tok.batch_decode(ids[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
+        ids = model.generate(
+            **enc,
+            max_new_tokens=12,
+            do_sample=False,
+            pad_token_id=tok.pad_token_id,
+            logits_processor=LogitsProcessorList([ToolCallConstraint(tok, [None, "[]"])]),
+        )
+    texts = tok.batch_decode(ids[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
     with torch.inference_mode():
         free = model.generate(**enc, max_new_tokens=12, do_sample=False, pad_token_id=tok.pad_token_id)
     assert json.loads(texts[1]) == abstained
-    assert texts[0] == tok.batch_decode(free[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)[0]
+    assert texts[0] == tok.batch_decode(free[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)[0]
 
 
 def test_nested_schemas_under_defs_are_closed_and_ordered_like_top_level_ones(tiny) -> None:
@@ -266,20 +360,53 @@ def test_nested_schemas_under_defs_are_closed_and_ordered_like_top_level_ones(ti
     from pipelines.toolcall.grammar import constraint
 
     _, tok = tiny
-    address = {"type": "object", "required": ["city", "zip"],
-               "properties": {"zip": {"type": "string", "maxLength": 5}, "city": {"type": "string", "maxLength": 8}}}
-    tools = json.dumps([
-        {"name": "ship", "parameters": {"type": "object", "required": ["to"], "properties": {
-            "to": {"$ref": "#/$defs/Address"}, "items": {"type": "array", "items": {"$ref": "#/$defs/Line"}}},
-            "$defs": {"Address": address, "Line": {"type": "object", "required": ["sku"], "properties": {
-                "sku": {"type": "string", "enum": ["A1", "B2"]}, "qty": {"type": "integer"}}}}}},
-        {"name": "bill", "parameters": {"type": "object", "required": ["to"], "properties": {
-            "to": {"$ref": "#/definitions/Address"}},
-            "definitions": {"Address": {"type": "object", "required": ["iban"],
-                                        "properties": {"iban": {"type": "string", "maxLength": 8}}}}}}])
+    address = {
+        "type": "object",
+        "required": ["city", "zip"],
+        "properties": {"zip": {"type": "string", "maxLength": 5}, "city": {"type": "string", "maxLength": 8}},
+    }
+    tools = json.dumps(
+        [
+            {
+                "name": "ship",
+                "parameters": {
+                    "type": "object",
+                    "required": ["to"],
+                    "properties": {
+                        "to": {"$ref": "#/$defs/Address"},
+                        "items": {"type": "array", "items": {"$ref": "#/$defs/Line"}},
+                    },
+                    "$defs": {
+                        "Address": address,
+                        "Line": {
+                            "type": "object",
+                            "required": ["sku"],
+                            "properties": {"sku": {"type": "string", "enum": ["A1", "B2"]}, "qty": {"type": "integer"}},
+                        },
+                    },
+                },
+            },
+            {
+                "name": "bill",
+                "parameters": {
+                    "type": "object",
+                    "required": ["to"],
+                    "properties": {"to": {"$ref": "#/definitions/Address"}},
+                    "definitions": {
+                        "Address": {
+                            "type": "object",
+                            "required": ["iban"],
+                            "properties": {"iban": {"type": "string", "maxLength": 8}},
+                        }
+                    },
+                },
+            },
+        ]
+    )
     assert accepts(tok, tools, '{"name":"ship","arguments":{"to":{"city":"Oslo","zip":"0150"}}}')
-    assert accepts(tok, tools, '{"name":"ship","arguments":{"items":[{"qty":2,"sku":"A1"}],"to":{"city":"Oslo",'
-                               '"zip":"0150"}}}')
+    assert accepts(
+        tok, tools, '{"name":"ship","arguments":{"items":[{"qty":2,"sku":"A1"}],"to":{"city":"Oslo","zip":"0150"}}}'
+    )
     assert not accepts(tok, tools, '{"name":"ship","arguments":{"to":{"zip":"0150","city":"Oslo"}}}'), "unsorted"
     assert not accepts(tok, tools, '{"name":"ship","arguments":{"to":{"city":"Oslo","x":1,"zip":"0150"}}}')
     assert not accepts(tok, tools, '{"name":"ship","arguments":{"items":[{"sku":"C3"}],"to":{"city":"O","zip":"1"}}}')
@@ -290,14 +417,37 @@ def test_nested_schemas_under_defs_are_closed_and_ordered_like_top_level_ones(ti
     assert not accepts(tok, tools, '{"name":"ship","arguments":{"to":{"iban":"NO93"}}}')
     # pointers resolve inside their own tool whatever it is named: one name in both `$defs` and `definitions`,
     # tool names with a dot or a slash, a pointer to the tool's own root (a recursive schema)
-    odd = json.dumps([
-        {"name": "a.b", "parameters": {"type": "object", "required": ["x"], "properties": {
-            "x": {"$ref": "#/$defs/A"}, "y": {"$ref": "#/definitions/A"}},
-            "$defs": {"A": {"type": "integer"}}, "definitions": {"A": {"type": "string", "maxLength": 3}}}},
-        {"name": "a/b", "parameters": {"type": "object", "required": ["x"], "properties": {
-            "x": {"$ref": "#/definitions/A"}}, "definitions": {"A": {"type": "boolean"}}}},
-        {"name": "tree", "parameters": {"type": "object", "required": ["v"], "properties": {
-            "kid": {"$ref": "#"}, "v": {"type": "integer"}}}}])
+    odd = json.dumps(
+        [
+            {
+                "name": "a.b",
+                "parameters": {
+                    "type": "object",
+                    "required": ["x"],
+                    "properties": {"x": {"$ref": "#/$defs/A"}, "y": {"$ref": "#/definitions/A"}},
+                    "$defs": {"A": {"type": "integer"}},
+                    "definitions": {"A": {"type": "string", "maxLength": 3}},
+                },
+            },
+            {
+                "name": "a/b",
+                "parameters": {
+                    "type": "object",
+                    "required": ["x"],
+                    "properties": {"x": {"$ref": "#/definitions/A"}},
+                    "definitions": {"A": {"type": "boolean"}},
+                },
+            },
+            {
+                "name": "tree",
+                "parameters": {
+                    "type": "object",
+                    "required": ["v"],
+                    "properties": {"kid": {"$ref": "#"}, "v": {"type": "integer"}},
+                },
+            },
+        ]
+    )
     assert accepts(tok, odd, '{"name":"a.b","arguments":{"x":7,"y":"abc"}}')
     assert not accepts(tok, odd, '{"name":"a.b","arguments":{"x":"abc"}}')
     assert accepts(tok, odd, '{"name":"a/b","arguments":{"x":true}}')
@@ -311,18 +461,45 @@ def test_decoding_under_nested_and_partly_enforceable_tools_completes_and_valida
     answered (no 400, no aborted evaluation), and each answer fits the schema but for the keyword left to
     the check after decoding."""
     model, tok = tiny
-    ship = {"type": "object", "required": ["to"], "properties": {"to": {"$ref": "#/$defs/Address"}},
-            "$defs": {"Address": {"type": "object", "required": ["city"], "properties": {
-                "city": {"type": "string", "enum": ["Oslo", "Lima"]}, "zip": {"type": "string", "maxLength": 5}}}}}
-    tag = {"type": "object", "required": ["labels"], "properties": {"labels": {
-        "type": "array", "items": {"type": "string", "enum": ["a", "b", "c"]}, "maxItems": 3, "uniqueItems": True}}}
+    ship = {
+        "type": "object",
+        "required": ["to"],
+        "properties": {"to": {"$ref": "#/$defs/Address"}},
+        "$defs": {
+            "Address": {
+                "type": "object",
+                "required": ["city"],
+                "properties": {
+                    "city": {"type": "string", "enum": ["Oslo", "Lima"]},
+                    "zip": {"type": "string", "maxLength": 5},
+                },
+            }
+        },
+    }
+    tag = {
+        "type": "object",
+        "required": ["labels"],
+        "properties": {
+            "labels": {
+                "type": "array",
+                "items": {"type": "string", "enum": ["a", "b", "c"]},
+                "maxItems": 3,
+                "uniqueItems": True,
+            }
+        },
+    }
     offered = [{"name": "ship", "parameters": ship}, {"name": "tag", "parameters": tag}]
     tools = json.dumps({"tools": offered, "abstain": False})  # a call is required: every answer is checked below
     requests = [[{"role": "user", "content": text}] for text in ("ship to Oslo", "tag it a and b", "hi", "ship 0150")]
     out = generate(model, tok, requests, max_new_tokens=64, batch_size=2, latency_samples=0, tools=[tools] * 4)
     assert out.cut == 0 and all(json.loads(text)["name"] in ("ship", "tag") for text in out.texts)
-    enforced = {"ship": ship, "tag": {**tag, "properties": {"labels": {
-        k: v for k, v in tag["properties"]["labels"].items() if k != "uniqueItems"}}}}
+    enforced = {
+        "ship": ship,
+        "tag": {
+            **tag,
+            "properties": {"labels": {k: v for k, v in tag["properties"]["labels"].items() if k != "uniqueItems"}},
+        },
+    }
     for text in out.texts:
         call = json.loads(text)
         if call["name"] is not None:
@@ -336,14 +513,19 @@ def test_a_tool_with_its_own_id_or_anchors_compiles_as_it_did_before_it_moved_un
     from pipelines.toolcall.grammar import constraint
 
     _, tok = tiny
-    own_id = {"$id": "https://example.com/ship.json", "type": "object", "required": ["to", "n"],
-              "properties": {"to": {"$ref": "#/$defs/City"}, "n": {"$ref": "#count"}},
-              "$defs": {"City": {"type": "string", "enum": ["Oslo", "Lima"]},
-                        "Count": {"$anchor": "count", "type": "integer"}}}
+    own_id = {
+        "$id": "https://example.com/ship.json",
+        "type": "object",
+        "required": ["to", "n"],
+        "properties": {"to": {"$ref": "#/$defs/City"}, "n": {"$ref": "#count"}},
+        "$defs": {
+            "City": {"type": "string", "enum": ["Oslo", "Lima"]},
+            "Count": {"$anchor": "count", "type": "integer"},
+        },
+    }
     tools = json.dumps([{"name": "ship", "parameters": own_id}])
     assert accepts(tok, tools, '{"name":"ship","arguments":{"n":2,"to":"Oslo"}}')
     assert not accepts(tok, tools, '{"name":"ship","arguments":{"n":"2","to":"Oslo"}}')
     assert not accepts(tok, tools, '{"name":"ship","arguments":{"n":2,"to":"Rome"}}')
     assert constraint("ship", own_id) == "fully"
     assert constraint("odd", "not a schema").startswith("no: ") and constraint("odd", [1]).startswith("no: ")
-

@@ -13,10 +13,19 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from train_data import examples, tiny_config, tiny_loader
-from pipelines.train.hf_backend import (_target_loss, cosine_lr, encode, pack_rows, packed_batch, padded_batch,
-                                        CHECKPOINT_FILES, last_checkpoint, train_lora)
+
+from pipelines.train.hf_backend import (
+    CHECKPOINT_FILES,
+    _target_loss,
+    cosine_lr,
+    encode,
+    last_checkpoint,
+    pack_rows,
+    packed_batch,
+    padded_batch,
+    train_lora,
+)
 
 STEPS = 8
 
@@ -52,7 +61,9 @@ def test_training_learns_and_writes_a_peft_adapter(trained) -> None:
     out, result = trained
     assert result.status == "completed" and result.steps == STEPS and result.resumed_from == 0
     assert sum(result.losses[-2:]) / 2 < result.losses[0]
-    assert result.learning_rates[1] > result.learning_rates[0] and result.learning_rates[-1] < max(result.learning_rates)
+    assert result.learning_rates[1] > result.learning_rates[0] and result.learning_rates[-1] < max(
+        result.learning_rates
+    )
     files = {p.name for p in Path(result.adapter_dir).iterdir()}
     assert {"adapter_config.json", "adapter_model.safetensors"} <= files
     assert not (out / "checkpoint").exists()
@@ -158,8 +169,9 @@ def test_a_resume_finds_the_checkpoint_a_kill_left_aside(tmp_path: Path) -> None
     assert last_checkpoint(tmp_path) == tmp_path / "checkpoint", "the newer one first"
 
 
-def test_a_save_keeps_the_checkpoint_a_resume_started_from_until_the_next_is_in(tmp_path: Path, model_root: str,
-                                                                                 monkeypatch) -> None:
+def test_a_save_keeps_the_checkpoint_a_resume_started_from_until_the_next_is_in(
+    tmp_path: Path, model_root: str, monkeypatch
+) -> None:
     from peft import LoraConfig, get_peft_model
 
     from pipelines.train import hf_backend
@@ -207,8 +219,9 @@ def test_a_packed_step_has_the_loss_of_the_same_examples_padded(model_root: str)
     from peft import LoraConfig, get_peft_model
 
     model, tokenizer = tiny_loader(model_root)("tiny-llama")
-    model = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"],
-                                             task_type="CAUSAL_LM")).eval()
+    model = get_peft_model(
+        model, LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
+    ).eval()
     rows = [encode(tokenizer, turns, target, 512) for turns, target in examples()[:6]]
     padded = padded_batch(rows, tokenizer.pad_token_id or 0)
     packed = packed_batch(rows, 1024, tokenizer.pad_token_id or 0)
@@ -219,8 +232,10 @@ def test_a_packed_step_has_the_loss_of_the_same_examples_padded(model_root: str)
         # the same rows laid end to end with running positions: the later examples see the earlier ones
         leaky = {**packed, "position_ids": torch.arange(packed["input_ids"].shape[1]).expand_as(packed["input_ids"])}
         lengths = [len(ids) for ids, _ in rows]
-        states = {name: _example_states(model, batch, lengths, packed=name != "padded") for name, batch in
-                  (("padded", padded), ("packed", packed), ("leaky", leaky))}
+        states = {
+            name: _example_states(model, batch, lengths, packed=name != "padded")
+            for name, batch in (("padded", padded), ("packed", packed), ("leaky", leaky))
+        }
     assert float(got) == pytest.approx(float(want), abs=1e-4)
     assert torch.allclose(states["packed"], states["padded"], atol=1e-4)
     assert (states["leaky"] - states["padded"]).abs().max() > 1e-2, "the check can tell a leaking pack from a clean one"
@@ -229,14 +244,16 @@ def test_a_packed_step_has_the_loss_of_the_same_examples_padded(model_root: str)
 def _example_states(model, batch, lengths: list[int], packed: bool) -> torch.Tensor:
     """The decoder's output at every real token, example after example in input order, whatever the layout."""
     inputs = {"position_ids": batch["position_ids"]} if packed else {"attention_mask": batch["attention_mask"]}
-    hidden = model.get_base_model().get_decoder()(input_ids=batch["input_ids"], use_cache=False, **inputs).last_hidden_state
+    hidden = (
+        model.get_base_model().get_decoder()(input_ids=batch["input_ids"], use_cache=False, **inputs).last_hidden_state
+    )
     where = {i: (i, 0) for i in range(len(lengths))}
     if packed:
         for r, group in enumerate(pack_rows(lengths, 1024)):
             at = 0
             for i in group:
                 where[i], at = (r, at), at + lengths[i]
-    return torch.cat([hidden[where[i][0], where[i][1]:where[i][1] + n] for i, n in enumerate(lengths)])
+    return torch.cat([hidden[where[i][0], where[i][1] : where[i][1] + n] for i, n in enumerate(lengths)])
 
 
 def test_packed_training_runs_the_same_schedule(model_root: str, tmp_path: Path) -> None:

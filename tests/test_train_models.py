@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from pipelines.base_models import CATALOGUE, ModelUnavailable, load_base, prepare_base
 from pipelines.config import load_settings
-from pipelines.train.models import CATALOGUE, ModelUnavailable, load_base, prepare_base
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +48,8 @@ def test_smollm2_is_dequantized_once_and_cached_as_safetensors(settings) -> None
     model, tokenizer = load_base("smollm2-135m-instruct", settings)
     assert 130e6 < sum(p.numel() for p in model.parameters()) < 140e6
     assert next(model.parameters()).dtype == torch.float32
-    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "Say hi"}], tokenize=False,
-                                           add_generation_prompt=True)
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Say hi"}], tokenize=False, add_generation_prompt=True
+    )
     out = model.generate(**tokenizer(prompt, return_tensors="pt"), max_new_tokens=4, do_sample=False)
     assert out.shape[1] > len(tokenizer(prompt).input_ids)

@@ -7,17 +7,34 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from train_data import examples, tiny_config, tiny_loader
+
 from pipelines.config import load_settings
 from pipelines.train.nemo_backend import recipe, target_patterns, train_nemo
 
 
 def test_recipe_carries_the_sweep_hyperparameters() -> None:
-    cfg = tiny_config(learning_rate=3e-4, optimizer="adam", warmup_steps=7, min_lr_ratio=0.1, lora_rank=32,
-                      lora_alpha=64, lora_layers=2, max_steps=50, checkpoint_every=10)
-    spec = recipe(cfg, base_model_path="/m", num_layers=30, train_file="/d.jsonl", checkpoint_dir="/c", examples=100,
-                  gpus=8, tensor_parallel_size=2)
+    cfg = tiny_config(
+        learning_rate=3e-4,
+        optimizer="adam",
+        warmup_steps=7,
+        min_lr_ratio=0.1,
+        lora_rank=32,
+        lora_alpha=64,
+        lora_layers=2,
+        max_steps=50,
+        checkpoint_every=10,
+    )
+    spec = recipe(
+        cfg,
+        base_model_path="/m",
+        num_layers=30,
+        train_file="/d.jsonl",
+        checkpoint_dir="/c",
+        examples=100,
+        gpus=8,
+        tensor_parallel_size=2,
+    )
     assert spec["optimizer"]["_target_"] == "torch.optim.Adam" and spec["optimizer"]["lr"] == 3e-4
     assert spec["lr_scheduler"] == {"lr_decay_style": "cosine", "lr_warmup_steps": 7, "min_lr": pytest.approx(3e-5)}
     assert spec["peft"]["dim"] == 32 and spec["peft"]["alpha"] == 64
@@ -39,8 +56,13 @@ def plain_run(tmp_path_factory: pytest.TempPathFactory):
     settings = load_settings(root=str(folder / "root"))
     assert Path(settings.train.nemo_python).is_file(), "run `make nemo-env` (make test does)"
     steps: list[tuple[int, float]] = []
-    result = train_nemo(settings, tiny_config(max_steps=3, lora_layers=1), examples(4), folder / "plain",
-                        lambda step, loss, lr: steps.append((step, lr)))
+    result = train_nemo(
+        settings,
+        tiny_config(max_steps=3, lora_layers=1),
+        examples(4),
+        folder / "plain",
+        lambda step, loss, lr: steps.append((step, lr)),
+    )
     return folder, result, steps
 
 
@@ -66,7 +88,7 @@ def test_nemo_recipe_trains_a_lora_adapter_stock_peft_loads(plain_run) -> None:
     from safetensors import safe_open
 
     with safe_open(str(Path(result.adapter_dir) / "adapter_model.safetensors"), "pt") as f:
-        dtypes = {f.get_slice(k).get_dtype() for k in f.keys()}
+        dtypes = {f.get_slice(k).get_dtype() for k in f}
     assert dtypes == {"F32"}, dtypes
 
 
@@ -79,8 +101,9 @@ def test_nemo_packs_the_examples_with_automodel_s_own_packing(tmp_path: Path, pl
 
     settings = load_settings(root=str(tmp_path / "root"))
     data = examples(4)
-    packed = train_nemo(settings, tiny_config(max_steps=3, lora_layers=1, packed_seq_len=4096), data,
-                        tmp_path / "packed")
+    packed = train_nemo(
+        settings, tiny_config(max_steps=3, lora_layers=1, packed_seq_len=4096), data, tmp_path / "packed"
+    )
     spec = yaml.safe_load((tmp_path / "packed" / "nemo-recipe.yaml").read_text())
     assert spec["packed_sequence"]["packed_sequence_size"] == 4096
     assert spec["step_scheduler"]["global_batch_size"] == 1 and spec["step_scheduler"]["max_steps"] == 3
@@ -95,7 +118,8 @@ def test_nemo_packs_the_examples_with_automodel_s_own_packing(tmp_path: Path, pl
 
 
 def test_a_recipe_whose_epochs_run_out_before_max_steps_is_an_error_not_a_short_completed_run(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """AutoModel ends at num_epochs even before max_steps; a run that trained fewer steps than its schedule
     says so (one error naming the step), never reports itself completed."""
     from pipelines.train import nemo_backend

@@ -9,8 +9,9 @@ from pathlib import Path
 TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")  # hf_backend's default
 
 
-def make_adapters(base_path: str, out: Path, names: list[str], *, rank: int = 16, alpha: int = 32,
-                  seed: int = 0, scale: float = 1.0) -> dict[str, Path]:
+def make_adapters(
+    base_path: str, out: Path, names: list[str], *, rank: int = 16, alpha: int = 32, seed: int = 0, scale: float = 1.0
+) -> dict[str, Path]:
     """One HF-PEFT adapter folder per name under `out` (name -> folder), each seeded differently; `scale`
     multiplies the LoRA B weights (a larger value makes each adapter's answers further from the base's)."""
     import torch
@@ -19,8 +20,9 @@ def make_adapters(base_path: str, out: Path, names: list[str], *, rank: int = 16
 
     folders: dict[str, Path] = {}
     base = AutoModelForCausalLM.from_pretrained(base_path, torch_dtype=torch.float32)
-    config = LoraConfig(r=rank, lora_alpha=alpha, target_modules=list(TARGETS), init_lora_weights=False,
-                        task_type="CAUSAL_LM")
+    config = LoraConfig(
+        r=rank, lora_alpha=alpha, target_modules=list(TARGETS), init_lora_weights=False, task_type="CAUSAL_LM"
+    )
     for i, name in enumerate(names):
         torch.manual_seed(seed * 1000 + i)
         model = get_peft_model(base, config)

@@ -7,8 +7,22 @@ from typing import Any
 
 from pipelines.reports import figure_html, new_figure, page, table_html
 
-COLUMNS = ("model", "concurrency", "requests", "errors", "ttft_ms", "itl_ms", "p50_ms", "p95_ms", "p99_ms",
-           "requests_per_s", "output_tokens_per_s", "prompt_tokens_mean", "exact_match", "usd_per_million_requests")
+COLUMNS = (
+    "model",
+    "concurrency",
+    "requests",
+    "errors",
+    "ttft_ms",
+    "itl_ms",
+    "p50_ms",
+    "p95_ms",
+    "p99_ms",
+    "requests_per_s",
+    "output_tokens_per_s",
+    "prompt_tokens_mean",
+    "exact_match",
+    "usd_per_million_requests",
+)
 
 
 def _pct(comparison: dict[str, Any], key: str) -> str:
@@ -38,8 +52,9 @@ def _si(value: float | None, unit: str) -> str:
     return f"{value:,.0f} {unit}"
 
 
-def concurrency_figure(runs: list[dict[str, Any]], solid: tuple[str, str], dashed: tuple[str, str],
-                       latency_title: str) -> Any:
+def concurrency_figure(
+    runs: list[dict[str, Any]], solid: tuple[str, str], dashed: tuple[str, str], latency_title: str
+) -> Any:
     """Latency (two series per model: `solid` and `dashed`, each (key, label)) and throughput against
     concurrency, one line per model: the serving benchmark's and AIPerf's figure."""
     fig, (left, right) = new_figure(11, 3.6, ncols=2)
@@ -68,33 +83,65 @@ def render_html(report: dict[str, Any]) -> str:
     comparison = report.get("comparison") or {}
     pct = lambda key: _pct(comparison, key)  # noqa: E731
     level = comparison.get("concurrency") or next((r["concurrency"] for r in runs if r["model"].startswith("tuned")), 1)
-    summary = table_html([{"metric": f"median latency (p50), concurrency {level}", "change": change_line(comparison)},
-                          {"metric": "prompt tokens (mean)", "change": pct("prompt_tokens_change")},
-                          {"metric": f"throughput (answered requests/s), concurrency {level}",
-                           "change": pct("throughput_change")},
-                          {"metric": "cost per million requests", "change": pct("cost_change")}]
-                         + [{"metric": f"exact match, {k}", "change": f"{v:.3f}"}
-                            for k, v in (comparison.get("exact_match") or {}).items()]
-                         + [{"metric": "Triton overhead at concurrency 1 (p50, ms)",
-                             "change": report.get("triton_overhead_ms")}])
+    summary = table_html(
+        [
+            {"metric": f"median latency (p50), concurrency {level}", "change": change_line(comparison)},
+            {"metric": "prompt tokens (mean)", "change": pct("prompt_tokens_change")},
+            {"metric": f"throughput (answered requests/s), concurrency {level}", "change": pct("throughput_change")},
+            {"metric": "cost per million requests", "change": pct("cost_change")},
+        ]
+        + [
+            {"metric": f"exact match, {k}", "change": f"{v:.3f}"}
+            for k, v in (comparison.get("exact_match") or {}).items()
+        ]
+        + [{"metric": "Triton overhead at concurrency 1 (p50, ms)", "change": report.get("triton_overhead_ms")}]
+    )
     if comparison.get("interval"):
-        summary += (f"<p>Interval: {html.escape(comparison['interval'])}. Throughput and cost come from one timed "
-                    "pass per model (no interval).</p>")
-    every = table_html([{"model": r["model"], "concurrency": r["concurrency"],
-                         "latency of each request, ms (in order; * errored, counted at the client's timeout)":
-                             _latencies(r)} for r in runs if r.get("latencies_ms") is not None])
-    notes = ("<p>Every request is streamed from the decoupled model: TTFT is the median time to its first "
-             "text, ITL the median of each request's mean time per output token after the first. The in-process "
-             "row is not streamed.</p>")
-    return page(f"Serving benchmark: {report['live']} vs {report['baseline']}", [
-        ("Base + few-shot vs tuned", summary),
-        ("Runs", table_html(rows) + notes),
-        ("Latency and throughput", figure_html(fig, "latency and throughput against concurrency")),
-        ("Every request", every),
-        ("Hardware", table_html([{"device": hw["name"], "peak bf16": _si(hw["peak_bf16_flops"], "FLOP/s"),
-                                  "memory bandwidth": _si(hw["memory_bandwidth"], "B/s"), "$ / hour": hw["usd_per_hour"],
-                                  "price source": hw.get("price_source", "not stated"),
-                                  "price as of": hw.get("price_date", "")}])
-         + "<p>Cost per million requests = $/hour / requests per hour on this one device: between two models "
-           "on it, the cost change is the throughput change restated.</p>"),
-    ], subtitle=f"{report['requests']} test-split requests over {report['protocol']}; generated {report['generated_at']}")
+        summary += (
+            f"<p>Interval: {html.escape(comparison['interval'])}. Throughput and cost come from one timed "
+            "pass per model (no interval).</p>"
+        )
+    every = table_html(
+        [
+            {
+                "model": r["model"],
+                "concurrency": r["concurrency"],
+                "latency of each request, ms (in order; * errored, counted at the client's timeout)": _latencies(r),
+            }
+            for r in runs
+            if r.get("latencies_ms") is not None
+        ]
+    )
+    notes = (
+        "<p>Every request is streamed from the decoupled model: TTFT is the median time to its first "
+        "text, ITL the median of each request's mean time per output token after the first. The in-process "
+        "row is not streamed.</p>"
+    )
+    return page(
+        f"Serving benchmark: {report['live']} vs {report['baseline']}",
+        [
+            ("Base + few-shot vs tuned", summary),
+            ("Runs", table_html(rows) + notes),
+            ("Latency and throughput", figure_html(fig, "latency and throughput against concurrency")),
+            ("Every request", every),
+            (
+                "Hardware",
+                table_html(
+                    [
+                        {
+                            "device": hw["name"],
+                            "peak bf16": _si(hw["peak_bf16_flops"], "FLOP/s"),
+                            "memory bandwidth": _si(hw["memory_bandwidth"], "B/s"),
+                            "$ / hour": hw["usd_per_hour"],
+                            "price source": hw.get("price_source", "not stated"),
+                            "price as of": hw.get("price_date", ""),
+                        }
+                    ]
+                )
+                + "<p>Cost per million requests = $/hour / requests per hour on this one device: between two models "
+                "on it, the cost change is the throughput change restated.</p>",
+            ),
+        ],
+        subtitle=f"{report['requests']} test-split requests over {report['protocol']}; "
+        f"generated {report['generated_at']}",
+    )

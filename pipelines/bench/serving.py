@@ -4,7 +4,7 @@
 demonstrations) against (b) the tuned model with its short prompt, both through Triton at increasing
 concurrency on the same test-split requests; and (c) Triton's overhead against direct in-process
 inference of the tuned model (batch 1). Quality is scored on the very answers that were timed.
-The hardware table (`pipelines.bench.hardware`) turns throughput into $ per million requests.
+The hardware table (`pipelines.hardware`) turns throughput into $ per million requests.
 Every request is streamed (the model is decoupled): time to first token (TTFT) is when its first text
 arrived, inter-token latency (ITL) the mean time per output token after the first, both as medians.
 """
@@ -14,22 +14,22 @@ from __future__ import annotations
 import logging
 import math
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from pipelines.bench.hardware import detect, usd_per_million
 from pipelines.config import BenchSettings, Settings
 from pipelines.config_sections import DECODINGS, decoding_modes
 from pipelines.errors import NotRetryable
-from pipelines.serve import repository, server
+from pipelines.hardware import detect, usd_per_million
+from pipelines.serve import repository
 from pipelines.serve.client import Reply, TritonClient, conversation
 from pipelines.serve.deploy import DeployFailed, live_model, score_replies, smoke_rows
+from pipelines.stack import triton as server
 from pipelines.storage import write_json, write_text
-
 
 CONSTRAINED_LABEL = ", constrained"  # a row decoded under the offered tools' grammar
 
@@ -54,8 +54,14 @@ def nearest_rank(n: int, q: float) -> int:
     return int(max(1, -(-n * q // 100)))
 
 
-def summarize_run(label: str, concurrency: int, rows: list[dict[str, Any]], replies: list[Reply],
-                  seconds: float, timeout_ms: float | None = None) -> dict[str, Any]:
+def summarize_run(
+    label: str,
+    concurrency: int,
+    rows: list[dict[str, Any]],
+    replies: list[Reply],
+    seconds: float,
+    timeout_ms: float | None = None,
+) -> dict[str, Any]:
     """One model at one concurrency. Every request counts: an errored one is a wrong answer in exact
     match and a latency sample at the client's timeout (`timeout_ms`; at least the time it took), so a
     server that fails fast does not look fast; requests/s counts answered requests only (goodput);
@@ -64,28 +70,63 @@ def summarize_run(label: str, concurrency: int, rows: list[dict[str, Any]], repl
     latencies = [r.latency_ms if r.error is None else max(r.latency_ms, timeout_ms or 0.0) for r in replies]
     quality = score_replies(rows, replies)
     out_tokens = sum(r.output_tokens for r in ok)
-    return {"model": label, "concurrency": concurrency, "requests": len(replies), "errors": len(replies) - len(ok),
-            "p50_ms": percentile(latencies, 50), "p95_ms": percentile(latencies, 95),
-            "p99_ms": percentile(latencies, 99), "requests_per_s": round(len(ok) / seconds, 3) if seconds else 0.0,
-            "output_tokens_per_s": round(out_tokens / seconds, 1) if seconds else 0.0,
-            "prompt_tokens_mean": quality["prompt_tokens_mean"], "exact_match": quality["exact_match"],
-            "name_accuracy": quality["name_accuracy"],
-            "ttft_ms": percentile([r.first_token_ms for r in ok if r.first_token_ms is not None], 50),
-            "itl_ms": percentile([r.inter_token_ms for r in ok if r.inter_token_ms is not None], 50),
-            "first_error": next((r.error for r in replies if r.error), None),
-            "latencies_ms": [round(x, 1) for x in latencies],  # every request, in the rows' order (errors too)
-            "errored": [i for i, r in enumerate(replies) if r.error is not None]}
+    return {
+        "model": label,
+        "concurrency": concurrency,
+        "requests": len(replies),
+        "errors": len(replies) - len(ok),
+        "p50_ms": percentile(latencies, 50),
+        "p95_ms": percentile(latencies, 95),
+        "p99_ms": percentile(latencies, 99),
+        "requests_per_s": round(len(ok) / seconds, 3) if seconds else 0.0,
+        "output_tokens_per_s": round(out_tokens / seconds, 1) if seconds else 0.0,
+        "prompt_tokens_mean": quality["prompt_tokens_mean"],
+        "exact_match": quality["exact_match"],
+        "name_accuracy": quality["name_accuracy"],
+        "ttft_ms": percentile([r.first_token_ms for r in ok if r.first_token_ms is not None], 50),
+        "itl_ms": percentile([r.inter_token_ms for r in ok if r.inter_token_ms is not None], 50),
+        "first_error": next((r.error for r in replies if r.error), None),
+        "latencies_ms": [round(x, 1) for x in latencies],  # every request, in the rows' order (errors too)
+        "errored": [i for i, r in enumerate(replies) if r.error is not None],
+    }
 
 
-TABLE_COLUMNS = ("model", "decoding", "in flight", "requests", "errors", "TTFT ms", "ITL ms", "p50 ms", "p95 ms",
-                 "p99 ms", "req/s", "prompt tokens", "exact", "$/M req")
-_TABLE_KEYS = ("concurrency", "requests", "errors", "ttft_ms", "itl_ms", "p50_ms", "p95_ms", "p99_ms",
-               "requests_per_s", "prompt_tokens_mean", "exact_match", "usd_per_million_requests")
+TABLE_COLUMNS = (
+    "model",
+    "decoding",
+    "in flight",
+    "requests",
+    "errors",
+    "TTFT ms",
+    "ITL ms",
+    "p50 ms",
+    "p95 ms",
+    "p99 ms",
+    "req/s",
+    "prompt tokens",
+    "exact",
+    "$/M req",
+)
+_TABLE_KEYS = (
+    "concurrency",
+    "requests",
+    "errors",
+    "ttft_ms",
+    "itl_ms",
+    "p50_ms",
+    "p95_ms",
+    "p99_ms",
+    "requests_per_s",
+    "prompt_tokens_mean",
+    "exact_match",
+    "usd_per_million_requests",
+)
 
 
 def table_rows(report: dict[str, Any]) -> list[list[str]]:
     """The report's runs (and the in-process run) as text cells under TABLE_COLUMNS: what the CLI and
     the demo print; a figure the sample does not support reads "n/a"."""
+
     def cell(value: Any) -> str:
         if value is None:
             return "n/a"
@@ -101,7 +142,7 @@ def table_rows(report: dict[str, Any]) -> list[list[str]]:
 
 
 def prompt_tokens(tokenizer: Any, turns: list[dict[str, str]]) -> int:
-    """Tokens of a conversation's prompt, counted as the served model counts them (triton_model.py)."""
+    """Tokens of a conversation's prompt, counted as the served model counts them (triton_backend/model.py)."""
     prompt = tokenizer.apply_chat_template(turns, tokenize=False, add_generation_prompt=True)
     return len(tokenizer(prompt, add_special_tokens=False).input_ids)
 
@@ -114,9 +155,11 @@ def check_prompt_lengths(tokenizer: Any, planned: dict[str, tuple[list[list[dict
     for label, (conversations, limit) in planned.items():
         longest[label] = max((prompt_tokens(tokenizer, c) for c in conversations), default=0)
         if longest[label] > limit:
-            raise PromptTooLong(f"the longest {label} prompt is {longest[label]} tokens but the model accepts at most "
-                                f"{limit} (triton.max_input_tokens): raise it (FLYWHEEL_TRITON__MAX_INPUT_TOKENS; a "
-                                f"model live with a lower limit needs a new deployment) or lower bench.shots")
+            raise PromptTooLong(
+                f"the longest {label} prompt is {longest[label]} tokens but the model accepts at most "
+                f"{limit} (triton.max_input_tokens): raise it (FLYWHEEL_TRITON__MAX_INPUT_TOKENS; a "
+                f"model live with a lower limit needs a new deployment) or lower bench.shots"
+            )
     return longest
 
 
@@ -128,9 +171,9 @@ def run_bench(settings: Settings, cfg: BenchSettings | None = None, console: Con
     """Benchmark the live model and the base+few-shot baseline through the running Triton server. With
     `triton.multi_lora` the baseline's own base model is unloaded afterwards: the shared model stays the one
     copy of the base in memory."""
-    from pipelines.toolcall.fewshot import shot_pool, with_shots
     from pipelines.prep.dataset import load_split
     from pipelines.toolcall.examples import to_examples
+    from pipelines.toolcall.fewshot import shot_pool, with_shots
 
     cfg = cfg or settings.bench
     live = live_model(settings)
@@ -152,18 +195,30 @@ def run_bench(settings: Settings, cfg: BenchSettings | None = None, console: Con
     base = None
     try:
         base = _base_entry(settings, client, base_model, live)
-        conversations = {base.name: with_shots(full, pool, cfg.shots),
-                         live.name: [conversation(r, live.prompt_style) for r in rows]}
-        labels = {base.name: f"base + {cfg.shots}-shot (full prompt)",
-                  live.name: f"tuned v{live.version} ({live.prompt_style} prompt)"}
-        longest = check_prompt_lengths(_tokenizer(settings, base_model), {
-            labels[m]: (conversations[m], repository.configured_limit(settings, m)) for m in (base.name, live.name)})
+        conversations = {
+            base.name: with_shots(full, pool, cfg.shots),
+            live.name: [conversation(r, live.prompt_style) for r in rows],
+        }
+        labels = {
+            base.name: f"base + {cfg.shots}-shot (full prompt)",
+            live.name: f"tuned v{live.version} ({live.prompt_style} prompt)",
+        }
+        longest = check_prompt_lengths(
+            _tokenizer(settings, base_model),
+            {labels[m]: (conversations[m], repository.configured_limit(settings, m)) for m in (base.name, live.name)},
+        )
         if not client.ready(live.name):
             raise DeployFailed(f"{live.name} is live but not loaded on the server (restarted?): run `flywheel deploy`")
         if not client.ready(base.name):
             client.load(base.name)
-        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                      console=console, transient=False) as progress:
+        with Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=console,
+            transient=False,
+        ) as progress:
             for name in (base.name, live.name):
                 for constrained in (m for m in modes if not m or client.accepts_tools(name)):
                     label = labels[name] + (CONSTRAINED_LABEL if constrained else "")
@@ -172,14 +227,21 @@ def run_bench(settings: Settings, cfg: BenchSettings | None = None, console: Con
                     for level in cfg.concurrency:
                         task = progress.add_task(f"{label} x{level}", total=len(rows))
                         t0 = time.perf_counter()
-                        replies = client.infer(name, conversations[name], concurrency=level, tools=tools,
-                                               stream=True)
+                        replies = client.infer(name, conversations[name], concurrency=level, tools=tools, stream=True)
                         progress.update(task, completed=len(rows))
-                        results.append({**summarize_run(label, level, rows, replies, time.perf_counter() - t0,
-                                                        client.timeout_s * 1000), "constrained": constrained})
+                        results.append(
+                            {
+                                **summarize_run(
+                                    label, level, rows, replies, time.perf_counter() - t0, client.timeout_s * 1000
+                                ),
+                                "constrained": constrained,
+                            }
+                        )
     finally:
         try:
-            if base is not None and settings.triton.multi_lora and client.ready(base.name):  # one base in memory: the shared one
+            if (
+                base is not None and settings.triton.multi_lora and client.ready(base.name)
+            ):  # one base in memory: the shared one
                 client.unload(base.name, wait_s=120)
         except Exception as exc:  # noqa: BLE001 (a clean-up: it never hides the benchmark's own outcome)
             logging.getLogger(__name__).warning("could not unload the benchmark's base %s: %s", base.name, exc)
@@ -187,10 +249,17 @@ def run_bench(settings: Settings, cfg: BenchSettings | None = None, console: Con
             client.close()
     direct = _direct(settings, live, conversations[live.name], rows, served) if cfg.direct else None
     hardware = detect()
+
     # the headline compares the rows decoded the way models are served (`triton.constrained`)
     def rows_of(name: str, constrained: bool) -> list[dict[str, Any]]:
-        return [r for r in results if r["model"] == labels[name] and not constrained
-                or r["model"] == labels[name] + CONSTRAINED_LABEL and constrained]
+        return [
+            r
+            for r in results
+            if r["model"] == labels[name]
+            and not constrained
+            or r["model"] == labels[name] + CONSTRAINED_LABEL
+            and constrained
+        ]
 
     if served and not (rows_of(live.name, True) and rows_of(base.name, True)):
         served = False  # a model without the TOOLS input (kept from before) was timed unconstrained only
@@ -198,12 +267,22 @@ def run_bench(settings: Settings, cfg: BenchSettings | None = None, console: Con
     for r in results:
         r["usd_per_million_requests"] = _round(usd_per_million(r["requests_per_s"], hardware))
     comparison = _compare(baseline[0], tuned[0]) if baseline and tuned else {}
-    report = {"generated_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "live": live.name,
-              "version": live.version, "baseline": base.name, "requests": len(rows), "protocol": cfg.protocol,
-              "hardware": hardware.__dict__, "longest_prompt_tokens": longest, "runs": results, "direct": direct,
-              "comparison": comparison, "constrained": served,
-              "triton_overhead_ms": round(tuned[0]["p50_ms"] - direct["p50_ms"], 1) if direct and tuned else None,
-              "seconds": round(time.perf_counter() - started, 1)}
+    report = {
+        "generated_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "live": live.name,
+        "version": live.version,
+        "baseline": base.name,
+        "requests": len(rows),
+        "protocol": cfg.protocol,
+        "hardware": hardware.__dict__,
+        "longest_prompt_tokens": longest,
+        "runs": results,
+        "direct": direct,
+        "comparison": comparison,
+        "constrained": served,
+        "triton_overhead_ms": round(tuned[0]["p50_ms"] - direct["p50_ms"], 1) if direct and tuned else None,
+        "seconds": round(time.perf_counter() - started, 1),
+    }
     return write_report(settings, report)
 
 
@@ -230,33 +309,56 @@ def _base_entry(settings: Settings, client: TritonClient, base_model: str, live:
 def _tokenizer(settings: Settings, base_model: str) -> Any:
     from transformers import AutoTokenizer
 
-    from pipelines.train.models import prepare_base
+    from pipelines.base_models import prepare_base
 
     return AutoTokenizer.from_pretrained(prepare_base(base_model, settings))
 
 
-def _direct(settings: Settings, live: Any, conversations: list[list[dict[str, str]]],
-            rows: list[dict[str, Any]], constrained: bool) -> dict[str, Any]:
+def _direct(
+    settings: Settings,
+    live: Any,
+    conversations: list[list[dict[str, str]]],
+    rows: list[dict[str, Any]],
+    constrained: bool,
+) -> dict[str, Any]:
     """The same requests through the same merged model in this process, batch 1, decoded as served
     (constrained or not): Triton's overhead."""
-    from pipelines.toolcall.decode import generate
-    from pipelines.train.models import load_model
+    from pipelines.base_models import load_model
     from pipelines.registry.models import adapter_path
+    from pipelines.toolcall.decode import generate
 
     model, tokenizer = load_model(_base_model_of(settings, live), settings, adapter_path(settings, live.version))
     tools = [r["tools_json"] for r in rows] if constrained else [None] * len(rows)
     budget = repository.configured_limit(settings, live.name, "max_new_tokens")  # as Triton serves it
-    generate(model, tokenizer, conversations[:1], max_new_tokens=budget,
-             latency_samples=0, tools=tools[:1] if constrained else None)  # warm-up, as for the served models
+    generate(
+        model,
+        tokenizer,
+        conversations[:1],
+        max_new_tokens=budget,
+        latency_samples=0,
+        tools=tools[:1] if constrained else None,
+    )  # warm-up, as for the served models
     replies = []
     for turns, offered in zip(conversations, tools):
         t0 = time.perf_counter()
-        out = generate(model, tokenizer, [turns], max_new_tokens=budget, latency_samples=0,
-                       tools=[offered] if offered is not None else None)
-        replies.append(Reply(out.texts[0], out.prompt_tokens[0], out.output_tokens[0], (time.perf_counter() - t0) * 1000))
-    return summarize_run(f"tuned v{live.version} in-process (no Triton){CONSTRAINED_LABEL if constrained else ''}", 1,
-                         rows, replies,
-                         sum(r.latency_ms for r in replies) / 1000)
+        out = generate(
+            model,
+            tokenizer,
+            [turns],
+            max_new_tokens=budget,
+            latency_samples=0,
+            tools=[offered] if offered is not None else None,
+        )
+        replies.append(
+            Reply(out.texts[0], out.prompt_tokens[0], out.output_tokens[0], (time.perf_counter() - t0) * 1000)
+        )
+    return summarize_run(
+        f"tuned v{live.version} in-process (no Triton){CONSTRAINED_LABEL if constrained else ''}",
+        1,
+        rows,
+        replies,
+        sum(r.latency_ms for r in replies) / 1000,
+    )
 
 
 BOOTSTRAP_RESAMPLES = 2000
@@ -264,8 +366,13 @@ BOOTSTRAP_SEED = 0
 MIN_PAIRS = 8  # below it the bootstrapped median takes too few values for a 95 % interval to hold its coverage
 
 
-def paired_p50_change_ci(base: list[float], tuned: list[float], resamples: int = BOOTSTRAP_RESAMPLES,
-                         seed: int = BOOTSTRAP_SEED, min_pairs: int = MIN_PAIRS) -> list[float] | None:
+def paired_p50_change_ci(
+    base: list[float],
+    tuned: list[float],
+    resamples: int = BOOTSTRAP_RESAMPLES,
+    seed: int = BOOTSTRAP_SEED,
+    min_pairs: int = MIN_PAIRS,
+) -> list[float] | None:
     """95 % interval of the median latency's relative change, tuned against base: a percentile bootstrap over
     the requests, paired (both models answered the same requests: request i's two latencies are resampled
     together). It covers which requests were drawn, given each model's one timed pass (not what moved between
@@ -293,21 +400,31 @@ def _compare(base: dict[str, Any], tuned: dict[str, Any]) -> dict[str, Any]:
     pairs, level = min(len(a), len(b)), tuned["concurrency"]
     ci = paired_p50_change_ci(a, b) if level == 1 else None
     if ci is not None:
-        interval = (f"percentile bootstrap over the {pairs} requests, paired ({BOOTSTRAP_RESAMPLES} resamples, seed "
-                    f"{BOOTSTRAP_SEED}), one request at a time; it covers which requests were drawn, given each "
-                    "model's one timed pass")
+        interval = (
+            f"percentile bootstrap over the {pairs} requests, paired ({BOOTSTRAP_RESAMPLES} resamples, seed "
+            f"{BOOTSTRAP_SEED}), one request at a time; it covers which requests were drawn, given each "
+            "model's one timed pass"
+        )
     else:
-        interval = ("none: " + (f"at concurrency {level} requests in flight together slow each other, so they are "
-                                "not resampled as independent" if level != 1 else
-                                f"{pairs} requests, fewer than the {MIN_PAIRS} an interval of the median needs"
-                                if pairs < MIN_PAIRS else
-                                "the two models' request lists differ, or a resample's base median is 0"))
-    return {"latency_p50_change": change(base["p50_ms"], tuned["p50_ms"]), "latency_p50_change_ci95": ci,
-            "paired_requests": pairs, "concurrency": level, "interval": interval,
-            "prompt_tokens_change": change(base["prompt_tokens_mean"], tuned["prompt_tokens_mean"]),
-            "throughput_change": change(base["requests_per_s"], tuned["requests_per_s"]),
-            "cost_change": change(base.get("usd_per_million_requests"), tuned.get("usd_per_million_requests")),
-            "exact_match": {"base_few_shot": base["exact_match"], "tuned": tuned["exact_match"]}}
+        interval = "none: " + (
+            f"at concurrency {level} requests in flight together slow each other, so they are "
+            "not resampled as independent"
+            if level != 1
+            else f"{pairs} requests, fewer than the {MIN_PAIRS} an interval of the median needs"
+            if pairs < MIN_PAIRS
+            else "the two models' request lists differ, or a resample's base median is 0"
+        )
+    return {
+        "latency_p50_change": change(base["p50_ms"], tuned["p50_ms"]),
+        "latency_p50_change_ci95": ci,
+        "paired_requests": pairs,
+        "concurrency": level,
+        "interval": interval,
+        "prompt_tokens_change": change(base["prompt_tokens_mean"], tuned["prompt_tokens_mean"]),
+        "throughput_change": change(base["requests_per_s"], tuned["requests_per_s"]),
+        "cost_change": change(base.get("usd_per_million_requests"), tuned.get("usd_per_million_requests")),
+        "exact_match": {"base_few_shot": base["exact_match"], "tuned": tuned["exact_match"]},
+    }
 
 
 def _round(value: float | None) -> float | None:
@@ -343,9 +460,15 @@ def _log_to_mlflow(settings: Settings, report: dict[str, Any], folder: str) -> N
         for file in ("report.json", "report.html"):
             (Path(tmp) / file).write_bytes(read_bytes(f"{folder}/{file}"))
         client.log_artifacts(run_id, tmp, "benchmark")
-    tuned = [r for r in report["runs"] if r["model"].startswith("tuned")
-             and r.get("constrained", False) == report.get("constrained", False)]
-    headline = {"hardware": report["hardware"]["name"], "p50_ms_c1": tuned[0]["p50_ms"] if tuned else None,
-                "best_requests_per_s": max((r["requests_per_s"] for r in tuned), default=None),
-                **{k: v for k, v in report["comparison"].items() if not isinstance(v, dict)}}
+    tuned = [
+        r
+        for r in report["runs"]
+        if r["model"].startswith("tuned") and r.get("constrained", False) == report.get("constrained", False)
+    ]
+    headline = {
+        "hardware": report["hardware"]["name"],
+        "p50_ms_c1": tuned[0]["p50_ms"] if tuned else None,
+        "best_requests_per_s": max((r["requests_per_s"] for r in tuned), default=None),
+        **{k: v for k, v in report["comparison"].items() if not isinstance(v, dict)},
+    }
     client.set_model_version_tag(name, version, "flywheel.benchmark", json.dumps(headline))

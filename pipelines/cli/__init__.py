@@ -44,8 +44,12 @@ app.add_typer(project_app, name="project")
 
 
 @app.callback()
-def _root(project: Annotated[str | None, typer.Option(
-        "--project", help="The AI project to work in (default: FLYWHEEL_PROJECT, else `default`).")] = None) -> None:
+def _root(
+    project: Annotated[
+        str | None,
+        typer.Option("--project", help="The AI project to work in (default: FLYWHEEL_PROJECT, else `default`)."),
+    ] = None,
+) -> None:
     """Commerce Flywheel: keep a commerce agent's tool-calling model fast, cheap and good."""
     select(project)
 

@@ -6,8 +6,7 @@ import json
 
 import typer
 
-from pipelines.cli.common import stdout_console
-from pipelines.cli.common import JsonOpt, UserError
+from pipelines.cli.common import JsonOpt, UserError, stdout_console
 from pipelines.cli.common import emit as _emit
 from pipelines.config import get_settings
 
@@ -32,8 +31,8 @@ def scan_secrets(as_json: JsonOpt = False) -> None:
     """Look for secrets in what the platform wrote: service and task logs, reports, MLflow params and
     tags. Finds the configured passwords and keys and credential shapes (URIs with passwords, AWS
     keys, private keys, bearer tokens); prints where, never the value. Exit 1 when anything is found."""
-    from pipelines.clients.airflow import generated_secrets
     from pipelines.security import scan_platform
+    from pipelines.stack.airflow import generated_secrets
 
     settings = get_settings()
     if not settings.is_local:

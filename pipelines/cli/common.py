@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from datetime import date, datetime, timezone
+from datetime import UTC, date, datetime
 from typing import Annotated, Any
 
 import typer
@@ -32,6 +32,8 @@ console = Console(stderr=True, width=_width(sys.stderr))
 def stdout_console() -> Console:
     """Where tables and results go (stdout), at its own width."""
     return Console(width=_width(sys.stdout))
+
+
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print a machine-readable JSON result on stdout.")]
 
 
@@ -57,20 +59,29 @@ def local_settings(command: str) -> Settings:
 
 
 def progress() -> Progress:
-    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                    TimeRemainingColumn(), console=console, transient=True)
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        console=console,
+        transient=True,
+    )
 
 
 def parse_date(value: str | None, option: str) -> date:
     if value is None:
-        return datetime.now(timezone.utc).date()
+        return datetime.now(UTC).date()
     try:
         return date.fromisoformat(value)
     except ValueError:
         raise UserError(f"{option}: expected a date like 2026-11-22, got {value!r}") from None
 
 
-EndOpt = Annotated[str | None, typer.Option("--end-date", help="Last day of the window, YYYY-MM-DD (default: yesterday).")]
+EndOpt = Annotated[
+    str | None, typer.Option("--end-date", help="Last day of the window, YYYY-MM-DD (default: yesterday).")
+]
 DaysOpt = Annotated[int, typer.Option("--window-days", min=1, help="Days in the window, ending at --end-date.")]
 
 

@@ -19,8 +19,11 @@ from pipelines.security import redact_uri
 app = typer.Typer()  # this module's top-level commands (merged into `flywheel`)
 
 
-features_app = typer.Typer(help="Feast: compute, register and materialize features; look up context.",
-                           no_args_is_help=True)
+features_app = typer.Typer(
+    help="Feast: compute, register and materialize features; look up context.", no_args_is_help=True
+)
+
+
 @app.command("prep")
 def prep_cmd(end_date: EndOpt = None, window_days: DaysOpt = 1, as_json: JsonOpt = False) -> None:
     """Spark prep of a window: quarantine with reasons, redact PII, dedupe, SFT examples, splits, manifest."""
@@ -41,10 +44,23 @@ def validate_cmd(end_date: EndOpt = None, window_days: DaysOpt = 1, as_json: Jso
     w = _window_arg(end_date, window_days)
     settings = get_settings()
     with console.status("Great Expectations ..."):
-        report = run_gates(settings, DateWindow.parse(w["start"], w["end"]), raise_on_failure=False,
-                           context_window=base_context_window(settings))
-    _emit({"success": report.success, "failures": report.failures, "data_docs": report.data_docs,
-           "result": report.result_uri, "quarantined_to": report.quarantined_to}, as_json, "quality gates")
+        report = run_gates(
+            settings,
+            DateWindow.parse(w["start"], w["end"]),
+            raise_on_failure=False,
+            context_window=base_context_window(settings),
+        )
+    _emit(
+        {
+            "success": report.success,
+            "failures": report.failures,
+            "data_docs": report.data_docs,
+            "result": report.result_uri,
+            "quarantined_to": report.quarantined_to,
+        },
+        as_json,
+        "quality gates",
+    )
     if not report.success:
         raise typer.Exit(1)
 
@@ -71,9 +87,15 @@ def features_materialize(end_date: EndOpt = None, window_days: DaysOpt = 1, as_j
         customers, categories = compute_features(settings, window)
         feast.apply(settings)
         materialize_window(settings, window)
-    _emit({"customer_rows": customers, "category_rows": categories,
-           "online_store": redact_uri(settings.feast.online_store)},
-          as_json, "feast materialize")
+    _emit(
+        {
+            "customer_rows": customers,
+            "category_rows": categories,
+            "online_store": redact_uri(settings.feast.online_store),
+        },
+        as_json,
+        "feast materialize",
+    )
 
 
 @features_app.command("build")
@@ -99,13 +121,19 @@ def run_cmd(
     end_date: EndOpt = None,
     window_days: DaysOpt = 1,
     records_per_day: Annotated[int, typer.Option(min=1, help="Synthetic records per day.")] = 1500,
-    source: Annotated[str | None, typer.Option(help="synthetic (generate traffic) or landed (the agent's logs); "
-                                               "default: synthetic for the default project, landed in a project")] = None,
+    source: Annotated[
+        str | None,
+        typer.Option(
+            help="synthetic (generate traffic) or landed (the agent's logs); "
+            "default: synthetic for the default project, landed in a project"
+        ),
+    ] = None,
     bad_share: Annotated[float, typer.Option(min=0.0, max=1.0)] = 0.05,
     drift: Annotated[str, typer.Option(help="none, holiday, new-category, locale, tool-mix")] = "none",
     seed: Annotated[int, typer.Option(help="0: derived from the date")] = 0,
-    scheduler: Annotated[bool, typer.Option(help="Trigger through the running scheduler (REST) instead of "
-                                            "`airflow dags test`.")] = False,
+    scheduler: Annotated[
+        bool, typer.Option(help="Trigger through the running scheduler (REST) instead of `airflow dags test`.")
+    ] = False,
     train: Annotated[bool, typer.Option(help="Train, evaluate, register and promote after the data path.")] = True,
     sweep: Annotated[str | None, typer.Option(help="Sweep file (default: train.sweep in the config).")] = None,
     deploy: Annotated[bool, typer.Option(help="Deploy the champion to Triton, smoke-test and benchmark it.")] = True,
@@ -114,13 +142,22 @@ def run_cmd(
     """Run the commerce_flywheel DAG for a window (in-process `dags test`, or via `flywheel up`'s scheduler)."""
     from pipelines.airflow_tasks import RUN_TOKEN, dag_id_for, failure_of
     from pipelines.clients import airflow
-
     from pipelines.config import DEFAULT_PROJECT
+    from pipelines.stack import airflow as airflow_server
 
     source = source or ("synthetic" if get_settings().project == DEFAULT_PROJECT else "landed")
-    conf = {"end_date": end_date, "window_days": window_days, "records_per_day": records_per_day,
-            "source": source, "bad_share": bad_share, "drift": drift, "seed": seed, "train": train,
-            "sweep": str(Path(sweep).resolve()) if sweep else None, "deploy": deploy}
+    conf = {
+        "end_date": end_date,
+        "window_days": window_days,
+        "records_per_day": records_per_day,
+        "source": source,
+        "bad_share": bad_share,
+        "drift": drift,
+        "seed": seed,
+        "train": train,
+        "sweep": str(Path(sweep).resolve()) if sweep else None,
+        "deploy": deploy,
+    }
     if end_date:
         _parse_date(end_date, "--end-date")
     settings = get_settings()
@@ -131,25 +168,39 @@ def run_cmd(
         with console.status("waiting for the DAG run ..."):
             state = airflow.trigger_and_wait(rest, dag_id, conf, timeout_s=limit)
         if state["state"] == "timeout":
-            raise UserError(f"{dag_id} run {state['dag_run_id']} did not finish within {limit:g} s "
-                            f"(airflow.run_timeout_s); it goes on in the scheduler: see {airflow.base_url(settings)}")
+            raise UserError(
+                f"{dag_id} run {state['dag_run_id']} did not finish within {limit:g} s "
+                f"(airflow.run_timeout_s); it goes on in the scheduler: see {airflow.base_url(settings)}"
+            )
         _emit(state, as_json, f"{dag_id}: {state['state']}")
         if state["state"] != "success":
-            _fail(failure_of(settings.zone("reports"), dag_id, run_id=state["dag_run_id"]),
-                  f"{airflow.base_url(settings)}/dags/{dag_id}")
+            _fail(
+                failure_of(settings.zone("reports"), dag_id, run_id=state["dag_run_id"]),
+                f"{airflow.base_url(settings)}/dags/{dag_id}",
+            )
         return
-    log = Path(str(settings.root)) / "logs" / ("dags-test.log" if dag_id == "commerce_flywheel" else f"dags-test-{dag_id}.log")
+    log = (
+        Path(str(settings.root))
+        / "logs"
+        / ("dags-test.log" if dag_id == "commerce_flywheel" else f"dags-test-{dag_id}.log")
+    )
     token = uuid.uuid4().hex  # the tasks of this run record it with their failure: no other run's is shown
     with console.status(f"airflow dags test {dag_id} (progress: {log}) ..."):
         from pipelines.projects import airflow_access
 
         bundle = airflow_access.bundle_name(settings.project) if airflow_access.prepare(settings) else None
-        result = airflow.dags_test(settings, dag_id, conf, log=log, extra_env={RUN_TOKEN: token}, bundle=bundle)
+        result = airflow_server.dags_test(settings, dag_id, conf, log=log, extra_env={RUN_TOKEN: token}, bundle=bundle)
     ok = result.returncode == 0 and "state=success" in result.stdout + result.stderr
     failure = None if ok else failure_of(settings.zone("reports"), dag_id, token=token)
-    _emit({"state": "success" if ok else "failed", "log": str(log),
-           **({"failed_task": failure["task"], "reason": failure["reason"]} if failure else {})},
-          as_json, dag_id)
+    _emit(
+        {
+            "state": "success" if ok else "failed",
+            "log": str(log),
+            **({"failed_task": failure["task"], "reason": failure["reason"]} if failure else {}),
+        },
+        as_json,
+        dag_id,
+    )
     if not ok:
         _fail(failure, str(log))
 
@@ -177,16 +228,24 @@ def labels_review(as_json: JsonOpt = False) -> None:
     if not waiting:
         print("the review queue is empty")
     for r in waiting:
-        print(f"{r['record_id']}  {r['at'][:19]}  {r['label_source']:<9} {r['request'][:70]!r} -> "
-              f"{r['tool']} {r['arguments'] or ''}")
+        print(
+            f"{r['record_id']}  {r['at'][:19]}  {r['label_source']:<9} {r['request'][:70]!r} -> "
+            f"{r['tool']} {r['arguments'] or ''}"
+        )
 
 
 @labels_app.command("accept")
-def labels_accept(record_id: Annotated[str, typer.Argument(help="A queued record id")],
-                  call: Annotated[str, typer.Option(help='The corrected call: \'{"name": ..., "arguments": {...}}\' '
-                                                    '(or \'{"name": null}\': no tool fits)')],
-                  reviewer: Annotated[str, typer.Option(help="Who decided (recorded with the decision)")] = "reviewer",
-                  as_json: JsonOpt = False) -> None:
+def labels_accept(
+    record_id: Annotated[str, typer.Argument(help="A queued record id")],
+    call: Annotated[
+        str,
+        typer.Option(
+            help='The corrected call: \'{"name": ..., "arguments": {...}}\' (or \'{"name": null}\': no tool fits)'
+        ),
+    ],
+    reviewer: Annotated[str, typer.Option(help="Who decided (recorded with the decision)")] = "reviewer",
+    as_json: JsonOpt = False,
+) -> None:
     """Accept a queued turn with the corrected call: written to the raw zone as a `human` label."""
     import json
 
@@ -200,9 +259,11 @@ def labels_accept(record_id: Annotated[str, typer.Argument(help="A queued record
 
 
 @labels_app.command("reject")
-def labels_reject(record_id: Annotated[str, typer.Argument(help="A queued record id")],
-                  reviewer: Annotated[str, typer.Option(help="Who decided")] = "reviewer",
-                  as_json: JsonOpt = False) -> None:
+def labels_reject(
+    record_id: Annotated[str, typer.Argument(help="A queued record id")],
+    reviewer: Annotated[str, typer.Option(help="Who decided")] = "reviewer",
+    as_json: JsonOpt = False,
+) -> None:
     """Reject a queued turn: it stays out of training and leaves the queue."""
     from pipelines.prep.reviews import decide
 

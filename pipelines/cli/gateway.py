@@ -8,8 +8,9 @@ import typer
 
 from pipelines.cli.common import JsonOpt, console, emit, local_settings
 
-gateway_app = typer.Typer(help="The OpenAI-compatible gateway in front of the served models (127.0.0.1, API key).",
-                          no_args_is_help=True)
+gateway_app = typer.Typer(
+    help="The OpenAI-compatible gateway in front of the served models (127.0.0.1, API key).", no_args_is_help=True
+)
 
 
 @gateway_app.command("up")
@@ -45,21 +46,33 @@ def gateway_route(
     model: Annotated[str, typer.Argument(help="The route: the model name agents call (e.g. champion).")],
     mode: Annotated[str | None, typer.Argument(help="serve, shadow or canary; omitted: show the routes.")] = None,
     share: Annotated[float | None, typer.Option(help="canary: the share of requests the candidate answers.")] = None,
-    candidate: Annotated[str, typer.Option(help="The alias compared with (shadow) or given traffic (canary).")] = "candidate",
+    candidate: Annotated[
+        str, typer.Option(help="The alias compared with (shadow) or given traffic (canary).")
+    ] = "candidate",
     as_json: JsonOpt = False,
 ) -> None:
     """Put a route in a traffic mode (recorded); the gateway follows within a second."""
     from pipelines.config import get_settings
-    from pipelines.gateway import routes
+    from pipelines.livegate import routes
 
     settings = get_settings()
     if mode is None:
         data = routes.read_routes(settings)
-        emit({"route": model, **routes.route_of(data, model), "history": [h for h in data["history"] if h["route"] == model][-10:]},
-             as_json, f"route {model}")
+        emit(
+            {
+                "route": model,
+                **routes.route_of(data, model),
+                "history": [h for h in data["history"] if h["route"] == model][-10:],
+            },
+            as_json,
+            f"route {model}",
+        )
         return
-    emit({"route": model, **routes.set_route(settings, model, mode, share=share, candidate=candidate)}, as_json,
-         f"route {model}")
+    emit(
+        {"route": model, **routes.set_route(settings, model, mode, share=share, candidate=candidate)},
+        as_json,
+        f"route {model}",
+    )
 
 
 @gateway_app.command("report")
@@ -69,7 +82,7 @@ def gateway_report(
 ) -> None:
     """Live agreement of candidates with the teacher (shadow and canary traffic): HTML + JSON, MLflow."""
     from pipelines.config import get_settings
-    from pipelines.gateway.live_report import build_report
+    from pipelines.livegate.report import build_report
 
     report = build_report(get_settings(), since)
     if as_json:
@@ -88,6 +101,6 @@ def gateway_gate(
     """Apply the live gate now: shadow -> canary, a failing canary -> serve, a passing canary -> serve with
     its candidate deployed as the live model."""
     from pipelines.config import get_settings
-    from pipelines.gateway.live_report import gate
+    from pipelines.livegate.report import gate
 
     emit(gate(get_settings(), model), as_json, f"live gate, route {model}")

@@ -33,25 +33,33 @@ def logs_generate(
     as_json: JsonOpt = False,
 ) -> None:
     """Write realistic synthetic commerce-agent traffic into date partitions of the raw zone."""
-    from pipelines.logs.generator import Drift, GeneratorConfig, write_raw_logs
+    from pipelines.simulate.generator import Drift, GeneratorConfig, write_raw_logs
 
     try:
         drift_kind = Drift(drift)
     except ValueError:
         raise UserError(f"--drift: expected one of {', '.join(d.value for d in Drift)}, got {drift!r}") from None
-    config = GeneratorConfig(seed=seed, records=records, days=days, end_date=_parse_date(end_date, "--end-date"),
-                             bad_share=bad_share, drift=drift_kind, drift_magnitude=drift_magnitude)
+    config = GeneratorConfig(
+        seed=seed,
+        records=records,
+        days=days,
+        end_date=_parse_date(end_date, "--end-date"),
+        bad_share=bad_share,
+        drift=drift_kind,
+        drift_magnitude=drift_magnitude,
+    )
     raw_root = out or Path(get_settings().zone("raw"))
     with _progress() as progress:
         task = progress.add_task("generating logs", total=records)
-        summary = write_raw_logs(config, raw_root, compress=gzip_output,
-                                 progress=lambda n: progress.advance(task, n))
+        summary = write_raw_logs(config, raw_root, compress=gzip_output, progress=lambda n: progress.advance(task, n))
     _emit(summary.to_dict(), as_json, f"wrote {summary.records} records to {raw_root}")
 
 
 @logs_app.command("check")
 def logs_check(
-    path: Annotated[Path | None, typer.Argument(help="Raw zone folder or one JSONL file; default: the raw zone.")] = None,
+    path: Annotated[
+        Path | None, typer.Argument(help="Raw zone folder or one JSONL file; default: the raw zone.")
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Schema-check raw logs and count the reasons lines would be quarantined."""
@@ -74,7 +82,7 @@ def logs_import_webshop(
     as_json: JsonOpt = False,
 ) -> None:
     """Turn WebShop's human search queries into search_products turns in a raw partition."""
-    from pipelines.logs.importers import webshop_to_raw
+    from pipelines.simulate.importers import webshop_to_raw
 
     if not pairs_file.is_file():
         raise UserError(f"no such file: {pairs_file}")
@@ -88,20 +96,26 @@ def logs_import_retail(
     tasks_file: Annotated[Path, typer.Argument(help="tau-bench retail tasks_*.jsonl")],
     day: Annotated[str, typer.Option("--date", help="Partition to write, YYYY-MM-DD.")],
     out: Annotated[Path | None, typer.Option(help="Raw zone folder; default: the configured raw zone.")] = None,
-    db: Annotated[Path | None, typer.Option(help="tau-bench's db.json: each touched order is looked up first "
-                                            "(get_order_details with its real result); default: db.json beside "
-                                            "the tools file when there is one")] = None,
+    db: Annotated[
+        Path | None,
+        typer.Option(
+            help="tau-bench's db.json: each touched order is looked up first "
+            "(get_order_details with its real result); default: db.json beside "
+            "the tools file when there is one"
+        ),
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Turn tau-bench retail tasks into turns under their own tool schemas (registered as a toolset)."""
-    from pipelines.logs.importers import retail_to_raw
+    from pipelines.simulate.importers import retail_to_raw
 
     db = db or (tools_file.parent / "db.json" if (tools_file.parent / "db.json").is_file() else None)
     for f in (tools_file, tasks_file, *([db] if db else [])):
         if not f.is_file():
             raise UserError(f"no such file: {f}")
-    result = retail_to_raw(tools_file, tasks_file, out or Path(get_settings().zone("raw")),
-                           _parse_date(day, "--date"), db_file=db)
+    result = retail_to_raw(
+        tools_file, tasks_file, out or Path(get_settings().zone("raw")), _parse_date(day, "--date"), db_file=db
+    )
     _emit(result, as_json, "retail import")
 
 
@@ -116,8 +130,9 @@ def logs_schema(write: Annotated[bool, typer.Option(help="Rewrite the committed 
         sys.stdout.write(json.dumps(json_schema(), indent=2, sort_keys=True) + "\n")
 
 
-tools_app = typer.Typer(help="The tools agents call: our catalogue and imported toolsets, with their effects.",
-                        no_args_is_help=True)
+tools_app = typer.Typer(
+    help="The tools agents call: our catalogue and imported toolsets, with their effects.", no_args_is_help=True
+)
 
 
 @tools_app.command("list")

@@ -31,31 +31,61 @@ def train_cmd(
     settings = get_settings()
     if backend not in (None, "hf", "nemo"):
         raise UserError(f"--backend: expected hf or nemo, got {backend!r}")
-    result = run_sweep(settings, load_sweep(sweep or settings.train.sweep, backend or settings.train.backend),
-                       console)
-    rows = {f"variant {v.index}": f"{v.status}; " + ", ".join(f"{k}={x:.3g}" for k, x in v.metrics.items()
-                                                              if k.startswith("val_") or k in ("final_loss", "tokens_per_s"))
-            for v in result.variants}
-    _emit({"sweep": result.sweep_id, "parent run": result.parent_run_id, **rows, "best": result.best,
-           "result": result.uri} if not as_json else result.to_dict(), as_json, "sweep")
+    result = run_sweep(settings, load_sweep(sweep or settings.train.sweep, backend or settings.train.backend), console)
+    rows = {
+        f"variant {v.index}": f"{v.status}; "
+        + ", ".join(
+            f"{k}={x:.3g}" for k, x in v.metrics.items() if k.startswith("val_") or k in ("final_loss", "tokens_per_s")
+        )
+        for v in result.variants
+    }
+    _emit(
+        {
+            "sweep": result.sweep_id,
+            "parent run": result.parent_run_id,
+            **rows,
+            "best": result.best,
+            "result": result.uri,
+        }
+        if not as_json
+        else result.to_dict(),
+        as_json,
+        "sweep",
+    )
 
 
 @app.command("eval")
 def eval_cmd(
-    adapter: Annotated[list[str] | None, typer.Option(help="Adapter folder(s) to evaluate (label=path or path).")] = None,
-    version: Annotated[list[str] | None, typer.Option(help="Registered version(s) or alias(es), e.g. champion.")] = None,
-    logs: Annotated[str | None, typer.Option(help="Evaluate on this log file (our log format) instead of a split.")] = None,
+    adapter: Annotated[
+        list[str] | None, typer.Option(help="Adapter folder(s) to evaluate (label=path or path).")
+    ] = None,
+    version: Annotated[
+        list[str] | None, typer.Option(help="Registered version(s) or alias(es), e.g. champion.")
+    ] = None,
+    logs: Annotated[
+        str | None, typer.Option(help="Evaluate on this log file (our log format) instead of a split.")
+    ] = None,
     split: Annotated[str, typer.Option(help="train, val or test")] = "test",
-    examples: Annotated[int | None, typer.Option(min=1, help="Requests (a seeded sample stratified by tool; default: "
-                                                  "evaluation.first_examples).")] = None,
-    base_model: Annotated[str, typer.Option(help="Base model of the adapters (catalogue name or path).")] = "smollm2-135m-instruct",
+    examples: Annotated[
+        int | None,
+        typer.Option(min=1, help="Requests (a seeded sample stratified by tool; default: evaluation.first_examples)."),
+    ] = None,
+    base_model: Annotated[
+        str, typer.Option(help="Base model of the adapters (catalogue name or path).")
+    ] = "smollm2-135m-instruct",
     shots: Annotated[int | None, typer.Option(min=0, help="In-context examples for the few-shot baseline.")] = None,
     baselines: Annotated[bool, typer.Option(help="Include base zero-shot and few-shot.")] = True,
-    constrained: Annotated[str | None, typer.Option(help="served, off, on or both: decode under the offered "
-                                                    "tools' grammar (default: evaluation.constrained)")] = None,
+    constrained: Annotated[
+        str | None,
+        typer.Option(
+            help="served, off, on or both: decode under the offered tools' grammar (default: evaluation.constrained)"
+        ),
+    ] = None,
     name: Annotated[str, typer.Option(help="Report folder name under reports/evaluation/.")] = "manual",
-    grounded_ids: Annotated[bool | None, typer.Option(help="Under the grammar, write ids only from the "
-                                                      "conversation (default: triton.grounded_ids)")] = None,
+    grounded_ids: Annotated[
+        bool | None,
+        typer.Option(help="Under the grammar, write ids only from the conversation (default: triton.grounded_ids)"),
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Evaluate base zero-shot, base few-shot and tuned adapters side by side (JSON + HTML report)."""
@@ -80,14 +110,18 @@ def eval_cmd(
             raise UserError(f"--version: no version or alias {ref!r} in {settings.mlflow.registered_model}")
         adapters.append(Adapter(f"tuned_v{number}", adapter_path(settings, number), prompt_style(settings, number)))
         budgets.append(answer_budget(settings, number) or FALLBACK)
-    cfg = EvalConfig(base_model=base_model, split=split, logs=logs, baselines=baselines,
-                     examples=examples or settings.evaluation.first_examples,
-                     shots=settings.evaluation.shots if shots is None else shots,
-                     constrained=decoding_modes(constrained or settings.evaluation.constrained,
-                                                 settings.triton.constrained),
-                     grounded_ids=settings.triton.grounded_ids if grounded_ids is None else grounded_ids,
-                     # the versions' recorded answer budgets (the largest); an adapter folder has none
-                     max_new_tokens=settings.evaluation.max_new_tokens or max(budgets or [FALLBACK]))
+    cfg = EvalConfig(
+        base_model=base_model,
+        split=split,
+        logs=logs,
+        baselines=baselines,
+        examples=examples or settings.evaluation.first_examples,
+        shots=settings.evaluation.shots if shots is None else shots,
+        constrained=decoding_modes(constrained or settings.evaluation.constrained, settings.triton.constrained),
+        grounded_ids=settings.triton.grounded_ids if grounded_ids is None else grounded_ids,
+        # the versions' recorded answer budgets (the largest); an adapter folder has none
+        max_new_tokens=settings.evaluation.max_new_tokens or max(budgets or [FALLBACK]),
+    )
     report = evaluate(settings, cfg, adapters, name, console)
     if as_json:
         _emit(report.to_dict(), True, "")
@@ -96,9 +130,12 @@ def eval_cmd(
     for column in ("condition", "exact_match", "name_accuracy", "arg_f1", "prompt_tokens_mean", "latency_ms_p50"):
         table.add_column(column)
     for row in report.table():
-        table.add_row(*(f"{row[c]:.3f}" if isinstance(row[c], float) and c != "latency_ms_p50" else str(row[c])
-                        for c in ("condition", "exact_match", "name_accuracy", "arg_f1", "prompt_tokens_mean",
-                                  "latency_ms_p50")))
+        table.add_row(
+            *(
+                f"{row[c]:.3f}" if isinstance(row[c], float) and c != "latency_ms_p50" else str(row[c])
+                for c in ("condition", "exact_match", "name_accuracy", "arg_f1", "prompt_tokens_mean", "latency_ms_p50")
+            )
+        )
     out = stdout_console()
     out.print(table)
     from pipelines.evaluate.report import comparison_lines
@@ -122,12 +159,21 @@ def registry_list(as_json: JsonOpt = False) -> None:
     if versions:
         for alias, number in sorted(registry.get_registered_model(name).aliases.items()):
             aliases.setdefault(str(number), []).append(alias)
-    rows = [{"version": v.version, "aliases": aliases.get(str(v.version), []),
-             "sweep": v.tags.get("flywheel.sweep_id"),
-             "base_model": v.tags.get("flywheel.base_model"), "gate": v.tags.get("flywheel.gate", "")}
-            for v in sorted(versions, key=lambda v: int(v.version))]
-    _emit({"versions": rows} if as_json else {f"v{r['version']}": r for r in rows}, as_json,
-          settings.mlflow.registered_model)
+    rows = [
+        {
+            "version": v.version,
+            "aliases": aliases.get(str(v.version), []),
+            "sweep": v.tags.get("flywheel.sweep_id"),
+            "base_model": v.tags.get("flywheel.base_model"),
+            "gate": v.tags.get("flywheel.gate", ""),
+        }
+        for v in sorted(versions, key=lambda v: int(v.version))
+    ]
+    _emit(
+        {"versions": rows} if as_json else {f"v{r['version']}": r for r in rows},
+        as_json,
+        settings.mlflow.registered_model,
+    )
 
 
 @registry_app.command("history")
@@ -136,8 +182,11 @@ def registry_history(as_json: JsonOpt = False) -> None:
     from pipelines.registry.models import history
 
     entries = history(get_settings())
-    _emit({"history": entries} if as_json else {f"{i}. {e.get('at', '')}": e for i, e in enumerate(entries, 1)},
-          as_json, "champion history")
+    _emit(
+        {"history": entries} if as_json else {f"{i}. {e.get('at', '')}": e for i, e in enumerate(entries, 1)},
+        as_json,
+        "champion history",
+    )
 
 
 @registry_app.command("rollback")

@@ -13,8 +13,10 @@ import typer
 from pipelines.cli.common import JsonOpt, UserError, console, emit, print_table
 from pipelines.config import DEFAULT_PROJECT, get_settings
 
-project_app = typer.Typer(help="AI projects: one team's logs, models, endpoints, keys and quotas, apart from the others'.",
-                          no_args_is_help=True)
+project_app = typer.Typer(
+    help="AI projects: one team's logs, models, endpoints, keys and quotas, apart from the others'.",
+    no_args_is_help=True,
+)
 key_app = typer.Typer(help="The project's gateway API keys (stored hashed, shown once).", no_args_is_help=True)
 project_app.add_typer(key_app, name="key")
 
@@ -73,22 +75,29 @@ def _airflow_note(name: str, user: str | None, added: bool) -> dict[str, str]:
     after `flywheel down && flywheel up`)."""
     from pipelines.clients import airflow
     from pipelines.projects.airflow_access import enabled, login, login_password_file, mode
+    from pipelines.stack import airflow as airflow_server
 
     platform = _platform()
-    on, prepared = enabled(platform), airflow.multi_team_env_file(platform).is_file()
+    on, prepared = enabled(platform), airflow_server.multi_team_env_file(platform).is_file()
     if not (on or prepared):  # single-team before and after: nothing to say, no server to ask
         return {}
     if airflow.running(platform):
-        later = ": Airflow applies it when restarted (`flywheel down && flywheel up`); until then it serves the " \
-                "logins, roles and tokens it started with"
-        switch = (": until Airflow restarts (`flywheel down && flywheel up`), `flywheel up` and `flywheel run` "
-                  "refuse while it runs")
+        later = (
+            ": Airflow applies it when restarted (`flywheel down && flywheel up`); until then it serves the "
+            "logins, roles and tokens it started with"
+        )
+        switch = (
+            ": until Airflow restarts (`flywheel down && flywheel up`), `flywheel up` and `flywheel run` "
+            "refuse while it runs"
+        )
     else:
         later = switch = ": from Airflow's next start (`flywheel up`)"
     note: dict[str, str] = {}
     if on and not prepared:
-        note["airflow"] = (f"Airflow turns multi-team (airflow.multi_team: {mode(platform)}): each project an Airflow "
-                           f"team whose DAGs only its members see{switch}")
+        note["airflow"] = (
+            f"Airflow turns multi-team (airflow.multi_team: {mode(platform)}): each project an Airflow "
+            f"team whose DAGs only its members see{switch}"
+        )
     elif not on and prepared:
         why = "no project besides `default` is left" if mode(platform) == "auto" else "airflow.multi_team: false"
         note["airflow"] = f"Airflow turns single-team again ({why}){switch}"
@@ -96,26 +105,37 @@ def _airflow_note(name: str, user: str | None, added: bool) -> dict[str, str]:
         note["airflow"] = f"{name}'s team, DAGs and logins removed{later}"
     if user is not None and user != "admin" and on:
         who = login(user, name)
-        note["airflow_login"] = (f"{who}, password in {login_password_file(platform, who)}" if added
-                                 else f"{who} removed") + later
+        note["airflow_login"] = (
+            f"{who}, password in {login_password_file(platform, who)}" if added else f"{who} removed"
+        ) + later
     return note
 
 
 @project_app.command("create")
-def create_cmd(name: NameArg, owner: Annotated[str | None, typer.Option(help="its first owner (default: you)")] = None,
-               rpm: RpmOpt = None, tokens_per_day: TokensOpt = None, training_runs: RunsOpt = None,
-               concurrent: ConcurrentOpt = None, as_json: JsonOpt = False) -> None:
+def create_cmd(
+    name: NameArg,
+    owner: Annotated[str | None, typer.Option(help="its first owner (default: you)")] = None,
+    rpm: RpmOpt = None,
+    tokens_per_day: TokensOpt = None,
+    training_runs: RunsOpt = None,
+    concurrent: ConcurrentOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
     """Create a project: its zones, experiment, registered model and DAGs appear as it is used."""
     from pipelines.projects import registry
 
-    quotas = registry.Quotas(rpm=rpm, tokens_per_day=tokens_per_day, training_runs=training_runs or 1,
-                             concurrent=concurrent)
+    quotas = registry.Quotas(
+        rpm=rpm, tokens_per_day=tokens_per_day, training_runs=training_runs or 1, concurrent=concurrent
+    )
     try:
         project = registry.create(_platform(), name, owner or _user(), quotas)
     except _errors() as exc:
         raise UserError(str(exc)) from None
-    emit({**project.summary(), "access": _sync_access(name), **_airflow_note(name, project.owner, True)}, as_json,
-         f"project {name} created")
+    emit(
+        {**project.summary(), "access": _sync_access(name), **_airflow_note(name, project.owner, True)},
+        as_json,
+        f"project {name} created",
+    )
 
 
 @project_app.command("list")
@@ -125,11 +145,26 @@ def list_cmd(as_json: JsonOpt = False) -> None:
 
     projects = registry.load(_platform())
     if as_json:
-        sys.stdout.write(__import__("json").dumps({"projects": [p.summary() for p in projects.values()]}, indent=2) + "\n")
+        sys.stdout.write(
+            __import__("json").dumps({"projects": [p.summary() for p in projects.values()]}, indent=2) + "\n"
+        )
         return
-    print_table("projects", ("project", "owner", "members", "active keys", "rpm", "tokens/day", "training runs"),
-                [[p.name, p.owner, str(len(p.members)), str(len(p.active_keys())), str(p.quotas.rpm or "-"),
-                  str(p.quotas.tokens_per_day or "-"), str(p.quotas.training_runs)] for p in projects.values()])
+    print_table(
+        "projects",
+        ("project", "owner", "members", "active keys", "rpm", "tokens/day", "training runs"),
+        [
+            [
+                p.name,
+                p.owner,
+                str(len(p.members)),
+                str(len(p.active_keys())),
+                str(p.quotas.rpm or "-"),
+                str(p.quotas.tokens_per_day or "-"),
+                str(p.quotas.training_runs),
+            ]
+            for p in projects.values()
+        ],
+    )
 
 
 @project_app.command("show")
@@ -146,18 +181,30 @@ def show_cmd(name: NameArg, as_json: JsonOpt = False) -> None:
         raise UserError(str(exc)) from None
     scoped = settings_for(platform, name)
     live = deploy.state(scoped).get("live")
-    emit({**project.summary(), "root": scoped.project_root(), "experiment": scoped.mlflow.experiment,
-          "registered_model": scoped.mlflow.registered_model, "feast_project": scoped.feast.project,
-          "triton_models": f"{scoped.triton.model_name}_v<N>", "dags": [dag_id_for("commerce_flywheel", name),
-                                                                      dag_id_for("drift_monitor", name)],
-          "champion": live["name"] if live else None}, as_json, f"project {name}")
+    emit(
+        {
+            **project.summary(),
+            "root": scoped.project_root(),
+            "experiment": scoped.mlflow.experiment,
+            "registered_model": scoped.mlflow.registered_model,
+            "feast_project": scoped.feast.project,
+            "triton_models": f"{scoped.triton.model_name}_v<N>",
+            "dags": [dag_id_for("commerce_flywheel", name), dag_id_for("drift_monitor", name)],
+            "champion": live["name"] if live else None,
+        },
+        as_json,
+        f"project {name}",
+    )
 
 
 @project_app.command("members")
-def members_cmd(name: NameArg, action: Annotated[str, typer.Argument(help="add or remove")],
-                user: Annotated[str, typer.Argument(help="the user (their MLflow user name)")],
-                role: Annotated[str, typer.Option(help="viewer, editor or owner")] = "viewer",
-                as_json: JsonOpt = False) -> None:
+def members_cmd(
+    name: NameArg,
+    action: Annotated[str, typer.Argument(help="add or remove")],
+    user: Annotated[str, typer.Argument(help="the user (their MLflow user name)")],
+    role: Annotated[str, typer.Option(help="viewer, editor or owner")] = "viewer",
+    as_json: JsonOpt = False,
+) -> None:
     """Add a member with a role (or change their role), or remove one; MLflow's permissions follow."""
     from pipelines.projects import registry
 
@@ -176,19 +223,26 @@ def members_cmd(name: NameArg, action: Annotated[str, typer.Argument(help="add o
 
 
 @project_app.command("quota")
-def quota_cmd(name: NameArg,
-              rpm: Annotated[int | None, typer.Option("--rpm", min=0, help="requests per minute (0: no limit)")] = None,
-              tokens_per_day: Annotated[int | None, typer.Option("--tokens-per-day", min=0, help="tokens per UTC day "
-                                                                 "(0: no limit)")] = None,
-              training_runs: RunsOpt = None,
-              concurrent: Annotated[int | None, typer.Option("--concurrent", min=0, help="requests in flight at once "
-                                                             "(0: no limit)")] = None,
-              as_json: JsonOpt = False) -> None:
+def quota_cmd(
+    name: NameArg,
+    rpm: Annotated[int | None, typer.Option("--rpm", min=0, help="requests per minute (0: no limit)")] = None,
+    tokens_per_day: Annotated[
+        int | None, typer.Option("--tokens-per-day", min=0, help="tokens per UTC day (0: no limit)")
+    ] = None,
+    training_runs: RunsOpt = None,
+    concurrent: Annotated[
+        int | None, typer.Option("--concurrent", min=0, help="requests in flight at once (0: no limit)")
+    ] = None,
+    as_json: JsonOpt = False,
+) -> None:
     """Set a project's quotas (only the options given change; 0 lifts a gateway limit)."""
     from pipelines.projects import registry
 
-    values = {k: (v or None) for k, v in (("rpm", rpm), ("tokens_per_day", tokens_per_day),
-                                         ("concurrent", concurrent)) if v is not None}  # 0: no limit
+    values = {
+        k: (v or None)
+        for k, v in (("rpm", rpm), ("tokens_per_day", tokens_per_day), ("concurrent", concurrent))
+        if v is not None
+    }  # 0: no limit
     if training_runs is not None:
         values["training_runs"] = training_runs
     if not values:
@@ -201,15 +255,16 @@ def quota_cmd(name: NameArg,
 
 
 @project_app.command("usage")
-def usage_cmd(name: NameArg, since: Annotated[str | None, typer.Option(help="first day, YYYY-MM-DD (default: 30 "
-                                                                          "days ago)")] = None,
-              as_json: JsonOpt = False) -> None:
+def usage_cmd(
+    name: NameArg,
+    since: Annotated[str | None, typer.Option(help="first day, YYYY-MM-DD (default: 30 days ago)")] = None,
+    as_json: JsonOpt = False,
+) -> None:
     """Showback: training compute, serving tokens and compute, storage, priced; an HTML and a JSON report."""
     from datetime import date, timedelta
 
-    from pipelines.bench import showback
     from pipelines.cli.common import parse_date
-    from pipelines.projects import registry, settings_for
+    from pipelines.projects import registry, settings_for, showback
 
     first = parse_date(since, "--since") if since else date.today() - timedelta(days=30)
     try:
@@ -221,22 +276,32 @@ def usage_cmd(name: NameArg, since: Annotated[str | None, typer.Option(help="fir
     if as_json:
         sys.stdout.write(__import__("json").dumps(data, indent=2) + "\n")
         return
-    print_table(f"project {name} since {data['since']}", ("what", "amount", "USD"), [
-        ["training", f"{data['training']['runs']} runs, {data['training']['device_seconds']:,} device-s",
-         f"{data['training']['usd']:.4f}"],
-        ["serving", f"{data['serving']['requests']} requests, {data['serving']['tokens']:,} tokens, "
-                    f"{data['serving']['compute_seconds']:,} s", f"{data['serving']['usd']:.4f}"],
-        ["storage", f"{data['storage']['bytes']:,} bytes", "-"],
-        ["total", "", f"{data['total_usd']:.4f}"]])
+    print_table(
+        f"project {name} since {data['since']}",
+        ("what", "amount", "USD"),
+        [
+            [
+                "training",
+                f"{data['training']['runs']} runs, {data['training']['device_seconds']:,} device-s",
+                f"{data['training']['usd']:.4f}",
+            ],
+            [
+                "serving",
+                f"{data['serving']['requests']} requests, {data['serving']['tokens']:,} tokens, "
+                f"{data['serving']['compute_seconds']:,} s",
+                f"{data['serving']['usd']:.4f}",
+            ],
+            ["storage", f"{data['storage']['bytes']:,} bytes", "-"],
+            ["total", "", f"{data['total_usd']:.4f}"],
+        ],
+    )
     console.print(f"report: {data['html_uri']}")
 
 
 @project_app.command("delete")
 def delete_cmd(name: NameArg, as_json: JsonOpt = False) -> None:
     """Delete a project that serves no traffic (its keys stop at once; its data is kept under projects/_deleted)."""
-    from pipelines.projects import registry
-
-    from pipelines.projects import access
+    from pipelines.projects import access, registry
 
     try:
         result = registry.delete(_platform(), name)
@@ -263,9 +328,12 @@ def key_create_cmd(name: NameArg, as_json: JsonOpt = False) -> None:
 
 
 @key_app.command("revoke")
-def key_revoke_cmd(name: NameArg, key_id: Annotated[str | None, typer.Argument(help="the key's id")] = None,
-                   all_keys: Annotated[bool, typer.Option("--all", help="revoke every active key")] = False,
-                   as_json: JsonOpt = False) -> None:
+def key_revoke_cmd(
+    name: NameArg,
+    key_id: Annotated[str | None, typer.Argument(help="the key's id")] = None,
+    all_keys: Annotated[bool, typer.Option("--all", help="revoke every active key")] = False,
+    as_json: JsonOpt = False,
+) -> None:
     """Revoke a key (by the id `project show` lists) or --all: the gateway refuses it at once."""
     from pipelines.projects import registry
 

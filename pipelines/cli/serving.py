@@ -23,7 +23,8 @@ serve_app = typer.Typer(help="The local Triton server (the real tritonserver bin
 def serve_up(as_json: JsonOpt = False) -> None:
     """Start Triton with explicit model control, and bring back what the serving state names (the live model
     and the previous one, each smoke-tested): after a restart nothing needs deploying again."""
-    from pipelines.serve import deploy, server
+    from pipelines.serve import deploy
+    from pipelines.stack import triton as server
 
     settings = _local_settings("serve up")
     with console.status("starting Triton and restoring the live deployment ..."):
@@ -35,7 +36,7 @@ def serve_up(as_json: JsonOpt = False) -> None:
 @serve_app.command("down")
 def serve_down(as_json: JsonOpt = False) -> None:
     """Stop Triton and every model process it started."""
-    from pipelines.serve import server
+    from pipelines.stack import triton as server
 
     _emit({"stopped": server.down(_local_settings("serve down"))}, as_json, "triton")
 
@@ -43,8 +44,9 @@ def serve_down(as_json: JsonOpt = False) -> None:
 @serve_app.command("status")
 def serve_status(as_json: JsonOpt = False) -> None:
     """Whether Triton runs, which models are loaded and which one takes traffic."""
-    from pipelines.serve import deploy as serving, server
+    from pipelines.serve import deploy as serving
     from pipelines.serve.client import TritonClient
+    from pipelines.stack import triton as server
 
     settings = get_settings()
     row: dict[str, Any] = server.status(settings).to_dict()
@@ -62,8 +64,10 @@ def serve_manifests(
     out: Annotated[Path, typer.Option(help="Folder for the YAML files (kubectl apply -f FOLDER).")],
     replicas: Annotated[int, typer.Option(min=1, help="Triton pods.")] = 2,
     gpus: Annotated[int, typer.Option(min=1, help="GPUs per Triton pod.")] = 1,
-    role_arn: Annotated[str | None, typer.Option(help="IAM role of the `triton` service account "
-                                                 "(terraform output service_account_roles.triton).")] = None,
+    role_arn: Annotated[
+        str | None,
+        typer.Option(help="IAM role of the `triton` service account (terraform output service_account_roles.triton)."),
+    ] = None,
     region: Annotated[str, typer.Option(help="AWS region of the model repository bucket.")] = "us-east-1",
     as_json: JsonOpt = False,
 ) -> None:
@@ -71,9 +75,9 @@ def serve_manifests(
     pool), the gateway (probes: /livez, /ready), and the training pods' settings ConfigMap."""
     import yaml
 
-    from pipelines.gateway.kubernetes import gateway_manifests
-    from pipelines.serve.kubernetes import triton_manifests
-    from pipelines.train.kubernetes import settings_config_map
+    from pipelines.cluster.gateway import gateway_manifests
+    from pipelines.cluster.training import settings_config_map
+    from pipelines.cluster.triton import triton_manifests
 
     settings = get_settings()
     try:
@@ -81,28 +85,42 @@ def serve_manifests(
     except ValueError as exc:
         raise UserError(str(exc)) from None
     out.mkdir(parents=True, exist_ok=True)
-    files = {"triton.yaml": docs, "gateway.yaml": gateway_manifests(settings),
-             "flywheel-settings.yaml": [settings_config_map(settings)]}
+    files = {
+        "triton.yaml": docs,
+        "gateway.yaml": gateway_manifests(settings),
+        "flywheel-settings.yaml": [settings_config_map(settings)],
+    }
     for name, manifests in files.items():
         (out / name).write_text(yaml.safe_dump_all(manifests, sort_keys=False))
-    _emit({"files": [str(out / name) for name in files], "objects": sum(len(m) for m in files.values())},
-          as_json, "kubernetes manifests")
+    _emit(
+        {"files": [str(out / name) for name in files], "objects": sum(len(m) for m in files.values())},
+        as_json,
+        "kubernetes manifests",
+    )
 
 
 @app.command("deploy")
 def deploy_cmd(
     alias: Annotated[str, typer.Option(help="Registry alias to deploy.")] = "champion",
     version: Annotated[str | None, typer.Option(help="A version number instead of an alias.")] = None,
-    canary: Annotated[float | None, typer.Option(min=0.0, max=1.0, help="Serve the alias next to the live "
-                                                 "model: it answers replayed test rows, then this share of the "
-                                                 "gateway's live `champion` traffic (the live gate watches it).")] = None,
+    canary: Annotated[
+        float | None,
+        typer.Option(
+            min=0.0,
+            max=1.0,
+            help="Serve the alias next to the live "
+            "model: it answers replayed test rows, then this share of the "
+            "gateway's live `champion` traffic (the live gate watches it).",
+        ),
+    ] = None,
     requests: Annotated[int, typer.Option(min=1, help="Replayed requests before a canary takes live traffic.")] = 8,
-    replay_only: Annotated[bool, typer.Option(help="--canary: compare on replayed rows only; live traffic "
-                                              "untouched.")] = False,
+    replay_only: Annotated[
+        bool, typer.Option(help="--canary: compare on replayed rows only; live traffic untouched.")
+    ] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Load a registered adapter into Triton, smoke-test it with real requests, then switch traffic to it."""
-    from pipelines.gateway.live_report import start_canary
+    from pipelines.livegate.report import start_canary
     from pipelines.serve import canary as canary_of
     from pipelines.serve import deploy as serving
 
@@ -138,8 +156,14 @@ def bench_cmd(
     requests: Annotated[int | None, typer.Option(min=1, help="Test requests per model and level.")] = None,
     concurrency: Annotated[str | None, typer.Option(help="Comma-separated levels, e.g. 1,2,4.")] = None,
     protocol: Annotated[str | None, typer.Option(help="http or grpc.")] = None,
-    aiperf: Annotated[bool, typer.Option("--aiperf", help="Measure through the gateway with NVIDIA AIPerf "
-                                         "(streamed; `make aiperf-env` first) instead of the Triton client.")] = False,
+    aiperf: Annotated[
+        bool,
+        typer.Option(
+            "--aiperf",
+            help="Measure through the gateway with NVIDIA AIPerf "
+            "(streamed; `make aiperf-env` first) instead of the Triton client.",
+        ),
+    ] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Benchmark the live model against base + few-shot through Triton (latency, throughput, tokens, cost)."""
@@ -161,7 +185,7 @@ def bench_cmd(
         first = exc.errors()[0]
         raise UserError(f"bench.{first['loc'][0]}: {first['msg'].removeprefix('Value error, ')}") from None
     if aiperf:
-        from pipelines.bench.aiperf import AiperfFailed, COLUMNS, run_aiperf
+        from pipelines.bench.aiperf import COLUMNS, AiperfFailed, run_aiperf
 
         try:
             result = run_aiperf(settings, cfg.requests, cfg.concurrency, say=console.print)
@@ -170,8 +194,11 @@ def bench_cmd(
         if as_json:
             _emit(result, True, "bench")
             return
-        _print_table(f"AIPerf {result['aiperf']} through the gateway: {result['html_uri']}", COLUMNS,
-                     [["n/a" if run.get(c) is None else str(run.get(c)) for c in COLUMNS] for run in result["runs"]])
+        _print_table(
+            f"AIPerf {result['aiperf']} through the gateway: {result['html_uri']}",
+            COLUMNS,
+            [["n/a" if run.get(c) is None else str(run.get(c)) for c in COLUMNS] for run in result["runs"]],
+        )
         return
     report = run_bench(settings, cfg, console=console)
     if as_json:
@@ -179,10 +206,14 @@ def bench_cmd(
         return
     from pipelines.bench.serving import TABLE_COLUMNS, table_rows
 
-    _print_table(f"serving benchmark ({report['hardware']['name']}): {report['html_uri']}", TABLE_COLUMNS,
-                 table_rows(report))
+    _print_table(
+        f"serving benchmark ({report['hardware']['name']}): {report['html_uri']}", TABLE_COLUMNS, table_rows(report)
+    )
     if report.get("comparison"):
         from pipelines.bench.report import change_line
 
-        console.print(f"tuned vs base + few-shot: latency p50 {change_line(report['comparison'])}", soft_wrap=True,
-                      highlight=False)
+        console.print(
+            f"tuned vs base + few-shot: latency p50 {change_line(report['comparison'])}",
+            soft_wrap=True,
+            highlight=False,
+        )

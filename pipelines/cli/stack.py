@@ -8,8 +8,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from pipelines.cli.common import stdout_console
-from pipelines.cli.common import EndOpt, JsonOpt, UserError, console
+from pipelines.cli.common import EndOpt, JsonOpt, UserError, console, stdout_console
 from pipelines.cli.common import emit as _emit
 from pipelines.cli.common import local_settings as _local_settings
 from pipelines.cli.common import parse_date as _parse_date
@@ -21,26 +20,33 @@ app = typer.Typer()  # this module's top-level commands (merged into `flywheel`)
 @app.command("up")
 def up(
     only: Annotated[str | None, typer.Option(help="Start just one server: airflow, mlflow or gateway.")] = None,
-    paused: Annotated[bool, typer.Option("--paused", help="Leave the DAGs paused (default: airflow.schedules, "
-                                         "active: the drift monitor runs hourly, the flywheel daily)")] = False,
+    paused: Annotated[
+        bool,
+        typer.Option(
+            "--paused",
+            help="Leave the DAGs paused (default: airflow.schedules, "
+            "active: the drift monitor runs hourly, the flywheel daily)",
+        ),
+    ] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Start the local MLflow server, Airflow (standalone) and the OpenAI-compatible gateway, bound to
     127.0.0.1; wait until healthy. The DAGs then run on their schedules (unless paused)."""
     from pipelines.clients import airflow, mlflow
-    from pipelines.services import start
-
     from pipelines.config import DEFAULT_PROJECT
     from pipelines.errors import one_line
     from pipelines.projects import registry, settings_for
+    from pipelines.services import start
+    from pipelines.stack import airflow as airflow_server
 
     settings = settings_for(_local_settings("up"), DEFAULT_PROJECT)  # the servers are the platform's, not a project's
     results = {}
     names = _service_names(only)
     if "mlflow" in names:
         console.print("starting MLflow ...")
-        results["mlflow"] = start(str(settings.root), mlflow.server_spec(settings),
-                                  host=settings.mlflow.host, port=settings.mlflow.port).to_dict()
+        results["mlflow"] = start(
+            str(settings.root), mlflow.server_spec(settings), host=settings.mlflow.host, port=settings.mlflow.port
+        ).to_dict()
         if settings.mlflow.auth:
             results["mlflow"]["username"] = mlflow.ADMIN
             results["mlflow"]["password_file"] = str(Path(str(settings.root)) / "runs" / "mlflow-admin.password")
@@ -49,8 +55,11 @@ def up(
             results["mlflow"]["projects"] = access.sync_all(settings)  # each project's members' grants
     if "airflow" in names:
         console.print("starting Airflow standalone (about 30 s) ...")
-        tracking = ({"FLYWHEEL_MLFLOW__TRACKING_URI": mlflow.server_url(settings), **mlflow.server_credentials(settings)}
-                    if "mlflow" in names else {})
+        tracking = (
+            {"FLYWHEEL_MLFLOW__TRACKING_URI": mlflow.server_url(settings), **mlflow.server_credentials(settings)}
+            if "mlflow" in names
+            else {}
+        )
         from pipelines.projects import airflow_access
 
         airflow_access.prepare(settings)  # airflow.multi_team: each project's team, DAG bundle and logins
@@ -60,9 +69,13 @@ def up(
             # scheduler starts (else it starts their latest daily interval before the pause lands); a root with
             # no Airflow DB yet has none to pause (the command's error is that, and ignored)
             if Path(str(settings.airflow.home)).is_dir():
-                airflow.run_cli(settings, "dags", "pause", ".*", "--treat-dag-id-as-regex", "-y", timeout=300)
-        results["airflow"] = start(str(settings.root), airflow.standalone_spec(settings, tracking),
-                                   host=settings.airflow.host, port=settings.airflow.port).to_dict()
+                airflow_server.run_cli(settings, "dags", "pause", ".*", "--treat-dag-id-as-regex", "-y", timeout=300)
+        results["airflow"] = start(
+            str(settings.root),
+            airflow_server.standalone_spec(settings, tracking),
+            host=settings.airflow.host,
+            port=settings.airflow.port,
+        ).to_dict()
         results["airflow"]["password_file"] = str(airflow.password_file(settings))
         results["airflow"]["username"] = "admin"
         from pipelines import schedules
@@ -74,8 +87,9 @@ def up(
                 try:
                     rows += schedules.set_paused(settings_for(settings, name), hold)
                 except airflow.AirflowUnavailable as exc:
-                    console.print(f"[red]project {name}: its DAGs were not {'paused' if hold else 'resumed'}: "
-                                  f"{exc}[/red]")
+                    console.print(
+                        f"[red]project {name}: its DAGs were not {'paused' if hold else 'resumed'}: {exc}[/red]"
+                    )
         results["airflow"]["schedules"] = {r["dag"]: r["state"] for r in rows}
         for row in rows:
             console.print(schedules.one_line(row), soft_wrap=True, highlight=False)
@@ -190,8 +204,12 @@ def schedules_resume(dag: DagArg = None, as_json: JsonOpt = False) -> None:
 
 @app.command("demo")
 def demo(
-    part: Annotated[str, typer.Argument(help="flywheel (the whole flywheel) or drift (after it: drifted traffic, "
-                                        "alert, retrain, gate, deployment)")] = "flywheel",
+    part: Annotated[
+        str,
+        typer.Argument(
+            help="flywheel (the whole flywheel) or drift (after it: drifted traffic, alert, retrain, gate, deployment)"
+        ),
+    ] = "flywheel",
     records_per_day: Annotated[int, typer.Option(min=10, help="Generated records per day.")] = 1500,
     days: Annotated[int, typer.Option(min=1, help="Days of traffic to generate.")] = 7,
     seed: Annotated[int, typer.Option(help="Seed of the demo traffic.")] = 7,
@@ -208,8 +226,9 @@ def demo(
         raise UserError(f"demo: expected flywheel or drift, got {part!r}")
 
 
-drift_app = typer.Typer(help="Drift monitoring: compare the latest logs with the champion's training data.",
-                        no_args_is_help=True)
+drift_app = typer.Typer(
+    help="Drift monitoring: compare the latest logs with the champion's training data.", no_args_is_help=True
+)
 
 
 @drift_app.command("check")
@@ -223,8 +242,10 @@ def drift_check_cmd(end_date: EndOpt = None, as_json: JsonOpt = False) -> None:
     if as_json:
         _emit(result, True, "drift")
         return
-    table = Table(title=f"drift {result['window']['start']}..{result['window']['end']}: {result['verdict']}"
-                        f"{' (alert)' if result['fire'] else ''}")
+    table = Table(
+        title=f"drift {result['window']['start']}..{result['window']['end']}: {result['verdict']}"
+        f"{' (alert)' if result['fire'] else ''}"
+    )
     for column in ("signal", "metric", "value", "band"):
         table.add_column(column)
     for s in result["signals"]:

@@ -60,8 +60,12 @@ def _registry_config(registry: str) -> Any:
         from feast.infra.registry.sql import SqlRegistryConfig
 
         rest = registry.split("://", 1)[1]
-        return SqlRegistryConfig(registry_type="sql", path=f"postgresql+psycopg://{rest}", cache_ttl_seconds=0,
-                                 sqlalchemy_config_kwargs={"echo": False, "pool_pre_ping": True})
+        return SqlRegistryConfig(
+            registry_type="sql",
+            path=f"postgresql+psycopg://{rest}",
+            cache_ttl_seconds=0,
+            sqlalchemy_config_kwargs={"echo": False, "pool_pre_ping": True},
+        )
     Path(registry).parent.mkdir(parents=True, exist_ok=True)
     return RegistryConfig(path=registry, cache_ttl_seconds=0)
 
@@ -76,9 +80,14 @@ def _online_store_config(online_store: str, sslmode: str | None) -> Any:
     from feast.infra.online_stores.postgres_online_store.postgres import PostgreSQLOnlineStoreConfig
 
     uri = urlsplit(online_store.replace("postgresql+psycopg2://", "postgresql://"))
-    return PostgreSQLOnlineStoreConfig(host=uri.hostname or "127.0.0.1", port=uri.port or 5432,
-                                       database=uri.path.lstrip("/"), user=unquote(uri.username or ""),
-                                       password=unquote(uri.password or ""), sslmode=sslmode)
+    return PostgreSQLOnlineStoreConfig(
+        host=uri.hostname or "127.0.0.1",
+        port=uri.port or 5432,
+        database=uri.path.lstrip("/"),
+        user=unquote(uri.username or ""),
+        password=unquote(uri.password or ""),
+        sslmode=sslmode,
+    )
 
 
 def feature_store(settings: Settings) -> FeatureStore:
@@ -132,18 +141,25 @@ def _view_features(repo_path: str, features_zone: str, view: str) -> tuple[str, 
     return tuple(f"{view}:{field.name}" for field in found.features)
 
 
-def online_customer_features(settings: Settings, customer_ids: list[str], store: FeatureStore | None = None
-                             ) -> list[dict[str, Any]]:
+def online_customer_features(
+    settings: Settings, customer_ids: list[str], store: FeatureStore | None = None
+) -> list[dict[str, Any]]:
     """`store`: a FeatureStore kept by a long-lived caller (the gateway keeps one per thread: building one
     loads the registry, tens of milliseconds a request)."""
     refs = customer_feature_refs(settings)
-    data = (store or feature_store(settings)).get_online_features(
-        features=refs, entity_rows=[{"customer_id": c} for c in customer_ids]).to_dict()
+    data = (
+        (store or feature_store(settings))
+        .get_online_features(features=refs, entity_rows=[{"customer_id": c} for c in customer_ids])
+        .to_dict()
+    )
     names = [r.split(":", 1)[1] for r in refs]
     return [{n: data[n][i] for n in names} for i in range(len(customer_ids))]
 
 
 def historical_customer_features(settings: Settings, entity_df: pd.DataFrame) -> pd.DataFrame:
     """entity_df: customer_id, event_timestamp (+ any columns to carry); point-in-time join."""
-    return feature_store(settings).get_historical_features(
-        entity_df=entity_df, features=customer_feature_refs(settings)).to_df()
+    return (
+        feature_store(settings)
+        .get_historical_features(entity_df=entity_df, features=customer_feature_refs(settings))
+        .to_df()
+    )

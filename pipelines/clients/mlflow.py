@@ -39,18 +39,31 @@ def server_spec(settings: Settings) -> ServiceSpec:
     env.setdefault("MLFLOW_SERVER_ENABLE_JOB_EXECUTION", "false")
     auth: list[str] = []
     if m.auth:
-        env.update({"MLFLOW_AUTH_CONFIG_PATH": str(auth_config(settings)),
-                    "MLFLOW_AUTH_ADMIN_USERNAME": ADMIN, "MLFLOW_AUTH_ADMIN_PASSWORD": admin_password(settings),
-                    # signs the UI's CSRF tokens; the same for every server replica
-                    "MLFLOW_FLASK_SERVER_SECRET_KEY": _secret(settings, "server_secret_key", "mlflow-server.key")})
+        env.update(
+            {
+                "MLFLOW_AUTH_CONFIG_PATH": str(auth_config(settings)),
+                "MLFLOW_AUTH_ADMIN_USERNAME": ADMIN,
+                "MLFLOW_AUTH_ADMIN_PASSWORD": admin_password(settings),
+                # signs the UI's CSRF tokens; the same for every server replica
+                "MLFLOW_FLASK_SERVER_SECRET_KEY": _secret(settings, "server_secret_key", "mlflow-server.key"),
+            }
+        )
         auth = ["--app-name", "basic-auth"]
     return ServiceSpec(
         name="mlflow",
         command=[
-            str(Path(sys.executable).parent / "mlflow"), "server", *auth,
-            "--artifacts-destination", str(m.artifacts_destination),
+            str(Path(sys.executable).parent / "mlflow"),
+            "server",
+            *auth,
+            "--artifacts-destination",
+            str(m.artifacts_destination),
             "--serve-artifacts",
-            "--host", m.host, "--port", str(m.port), "--workers", str(m.workers),
+            "--host",
+            m.host,
+            "--port",
+            str(m.port),
+            "--workers",
+            str(m.workers),
         ],
         env=env,
         health_url=f"{url}/health",
@@ -65,8 +78,10 @@ def _secret(settings: Settings, field: str, file_name: str) -> str:
     if value is not None:
         return value.get_secret_value()
     if not settings.is_local:
-        raise ConfigError(f"mlflow.{field}: required by the cluster profile when mlflow.auth is on "
-                          f"(FLYWHEEL_MLFLOW__{field.upper()} from a secret)")
+        raise ConfigError(
+            f"mlflow.{field}: required by the cluster profile when mlflow.auth is on "
+            f"(FLYWHEEL_MLFLOW__{field.upper()} from a secret)"
+        )
     file = Path(str(settings.root)) / "runs" / file_name
     if not file.is_file():
         file.parent.mkdir(parents=True, exist_ok=True)

@@ -57,8 +57,12 @@ class LocalPostgres:
         return f"{driver}://{self.user}:{self.password}@127.0.0.1:{self.port}/{database}"
 
     def stop(self) -> None:
-        subprocess.run(_as_server_user([pg_bin("pg_ctl"), "-D", str(self.data_dir), "-m", "fast", "-w", "stop"]),
-                       capture_output=True, text=True, check=False)
+        subprocess.run(  # noqa: S603 (our own executable and arguments)
+            _as_server_user([pg_bin("pg_ctl"), "-D", str(self.data_dir), "-m", "fast", "-w", "stop"]),
+            capture_output=True,
+            text=True,
+            check=False,
+        )
 
 
 def start(data_dir: Path, port: int, databases: tuple[str, ...] = DATABASES) -> LocalPostgres:
@@ -73,16 +77,48 @@ def start(data_dir: Path, port: int, databases: tuple[str, ...] = DATABASES) -> 
         secret.write_text(secrets.token_urlsafe(24))
         os.chmod(secret, 0o600)
         _hand_over(data_dir.parent)
-        init = subprocess.run(_as_server_user([pg_bin("initdb"), "-D", str(data_dir), "-U", "flywheel",
-                                               "--auth=scram-sha-256", f"--pwfile={secret}", "-E", "UTF8"]),
-                              capture_output=True, text=True, check=False)
+        init = subprocess.run(  # noqa: S603 (our own executable and arguments)
+            _as_server_user(
+                [
+                    pg_bin("initdb"),
+                    "-D",
+                    str(data_dir),
+                    "-U",
+                    "flywheel",
+                    "--auth=scram-sha-256",
+                    f"--pwfile={secret}",
+                    "-E",
+                    "UTF8",
+                ]
+            ),
+            capture_output=True,
+            text=True,
+            check=False,
+        )
         if init.returncode != 0:
             raise PostgresUnavailable(f"initdb failed: {init.stderr.strip()[-500:]}")
     password = secret.read_text().strip()
     options = f"-c listen_addresses=127.0.0.1 -c port={port} -c unix_socket_directories={data_dir}"
-    started = subprocess.run(_as_server_user([pg_bin("pg_ctl"), "-D", str(data_dir), "-o", options,
-                                              "-l", str(data_dir / "server.log"), "-w", "-t", "60", "start"]),
-                             capture_output=True, text=True, check=False)
+    started = subprocess.run(  # noqa: S603 (our own executable and arguments)
+        _as_server_user(
+            [
+                pg_bin("pg_ctl"),
+                "-D",
+                str(data_dir),
+                "-o",
+                options,
+                "-l",
+                str(data_dir / "server.log"),
+                "-w",
+                "-t",
+                "60",
+                "start",
+            ]
+        ),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     if started.returncode != 0:
         raise PostgresUnavailable(f"pg_ctl start failed: {(data_dir / 'server.log').read_text()[-500:]}")
     server = LocalPostgres(data_dir, port, "flywheel", password)

@@ -27,7 +27,8 @@ def get_spark(settings: Settings) -> SparkSession:
     if not os.environ.get("SPARK_SUBMITTED"):  # spark-submit already set the master
         builder = builder.master(str(settings.spark.master))
     conf = {
-        "spark.driver.bindAddress": "127.0.0.1" if settings.is_local else "0.0.0.0",
+        # a cluster pod binds its own interface (locally 127.0.0.1 only)
+        "spark.driver.bindAddress": "127.0.0.1" if settings.is_local else "0.0.0.0",  # noqa: S104
         "spark.driver.host": "127.0.0.1" if settings.is_local else os.environ.get("SPARK_DRIVER_HOST", ""),
         "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
         "spark.sql.sources.partitionOverwriteMode": "dynamic",
@@ -56,21 +57,48 @@ def _spark_bin(name: str) -> str:
     return os.path.join(os.path.dirname(pyspark.__file__), "bin", name)
 
 
-def standalone_specs(master_port: int, master_ui_port: int, worker_ui_port: int, cores: int = 1,
-                     memory: str = "2g") -> list[ServiceSpec]:
+def standalone_specs(
+    master_port: int, master_ui_port: int, worker_ui_port: int, cores: int = 1, memory: str = "2g"
+) -> list[ServiceSpec]:
     """A Spark standalone master and one worker on 127.0.0.1 (a tiny cluster to spark-submit to)."""
     from pipelines.services import ServiceSpec
 
-    env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable,
-           "SPARK_NO_DAEMONIZE": "1"}
+    env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable, "SPARK_NO_DAEMONIZE": "1"}
     master = f"spark://127.0.0.1:{master_port}"
     return [
-        ServiceSpec("spark-master", [_spark_bin("spark-class"), "org.apache.spark.deploy.master.Master",
-                                     "--host", "127.0.0.1", "--port", str(master_port),
-                                     "--webui-port", str(master_ui_port)],
-                    env, f"http://127.0.0.1:{master_ui_port}/json/", master),
-        ServiceSpec("spark-worker", [_spark_bin("spark-class"), "org.apache.spark.deploy.worker.Worker", master,
-                                     "--host", "127.0.0.1", "--cores", str(cores), "--memory", memory,
-                                     "--webui-port", str(worker_ui_port)],
-                    env, f"http://127.0.0.1:{worker_ui_port}/json/", master),
+        ServiceSpec(
+            "spark-master",
+            [
+                _spark_bin("spark-class"),
+                "org.apache.spark.deploy.master.Master",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(master_port),
+                "--webui-port",
+                str(master_ui_port),
+            ],
+            env,
+            f"http://127.0.0.1:{master_ui_port}/json/",
+            master,
+        ),
+        ServiceSpec(
+            "spark-worker",
+            [
+                _spark_bin("spark-class"),
+                "org.apache.spark.deploy.worker.Worker",
+                master,
+                "--host",
+                "127.0.0.1",
+                "--cores",
+                str(cores),
+                "--memory",
+                memory,
+                "--webui-port",
+                str(worker_ui_port),
+            ],
+            env,
+            f"http://127.0.0.1:{worker_ui_port}/json/",
+            master,
+        ),
     ]

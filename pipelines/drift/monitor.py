@@ -19,7 +19,7 @@ from collections import Counter, deque
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict
-from datetime import date, datetime, timedelta, timezone
+from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -46,8 +46,9 @@ class StateLockTimeout(TimeoutError):
     """Another check or alert held the monitor's state lock too long (retryable)."""
 
 
-def _parse_lines(lines: list[str], source: str, tools: dict[str, dict[str, Any]]
-                 ) -> tuple[list[dict[str, Any]], Counter, int]:
+def _parse_lines(
+    lines: list[str], source: str, tools: dict[str, dict[str, Any]]
+) -> tuple[list[dict[str, Any]], Counter, int]:
     """Clean rows, quarantine reasons and the non-blank line count of a chunk of raw lines."""
     from pipelines.prep.nodes import CLEAN_LOG_COLUMNS, prepare_line
 
@@ -185,8 +186,10 @@ def reference(settings: Settings, window: DateWindow) -> tuple[Summary, np.ndarr
         pass
     clean, reasons, lines = parse_window(settings, window)
     if clean.empty:
-        raise NoReference(f"the champion's training window {window} has no clean records under "
-                          f"{settings.zone('raw')} ({lines} lines): nothing to compare with")
+        raise NoReference(
+            f"the champion's training window {window} has no clean records under "
+            f"{settings.zone('raw')} ({lines} lines): nothing to compare with"
+        )
     summary = summarize(clean, reasons, settings.drift)
     vectors = embed(summary.texts)
     buffer = io.BytesIO()
@@ -215,8 +218,10 @@ def _locked_state(settings: Settings) -> Iterator[dict[str, Any]]:
     try:
         lock.acquire()
     except Timeout:
-        raise StateLockTimeout(f"the drift monitor's state lock {lock.lock_file} was held for more than "
-                               f"{timeout:g} s (another check or alert); retry") from None
+        raise StateLockTimeout(
+            f"the drift monitor's state lock {lock.lock_file} was held for more than "
+            f"{timeout:g} s (another check or alert); retry"
+        ) from None
     try:
         state = _read_state(settings)
         yield state
@@ -237,7 +242,7 @@ def run_monitor(settings: Settings, end: date | None = None, now: datetime | Non
     from pipelines.embeddings import embed
 
     cfg = settings.drift
-    now = now or datetime.now(timezone.utc)
+    now = now or datetime.now(UTC)
     ref_window = reference_window(settings)
     end = end or latest_day(settings)
     if end is None:
@@ -245,12 +250,20 @@ def run_monitor(settings: Settings, end: date | None = None, now: datetime | Non
     window = DateWindow.ending(end, cfg.window_days)
     ref_summary, ref_vectors = reference(settings, ref_window)
     clean, reasons, lines = parse_window(settings, window)
-    base = {"window": {"start": str(window.start), "end": str(window.end)}, "lines": lines,
-            "reference_window": {"start": str(ref_window.start), "end": str(ref_window.end)},
-            "checked_at": now.isoformat(timespec="seconds")}
+    base = {
+        "window": {"start": str(window.start), "end": str(window.end)},
+        "lines": lines,
+        "reference_window": {"start": str(ref_window.start), "end": str(ref_window.end)},
+        "checked_at": now.isoformat(timespec="seconds"),
+    }
     if len(clean) < cfg.min_records:
-        return {**base, "verdict": "insufficient", "fire": False,
-                "reason": f"{len(clean)} clean records (< drift.min_records {cfg.min_records})", "signals": []}
+        return {
+            **base,
+            "verdict": "insufficient",
+            "fire": False,
+            "reason": f"{len(clean)} clean records (< drift.min_records {cfg.min_records})",
+            "signals": [],
+        }
     current = summarize(clean, reasons, cfg, edges=ref_summary.numeric_edges)
     results = compare(ref_summary, current, cfg, (ref_vectors, embed(current.texts)))
     acting = [r for r in results if r.band == "act"]
@@ -261,19 +274,32 @@ def run_monitor(settings: Settings, end: date | None = None, now: datetime | Non
         with _locked_state(settings) as state:
             cooling = _cooling(state, now, cfg.cooldown_hours)
             fire = not cooling
-            state.setdefault("alerts", []).append({"at": base["checked_at"], "reason": reason, "fire": fire,
-                                                   "emitted": False, "suppressed_by_cooldown": cooling})
+            state.setdefault("alerts", []).append(
+                {
+                    "at": base["checked_at"],
+                    "reason": reason,
+                    "fire": fire,
+                    "emitted": False,
+                    "suppressed_by_cooldown": cooling,
+                }
+            )
             state["alerts"] = state["alerts"][-50:]
-    result = {**base, "verdict": verdict, "fire": fire, "suppressed_by_cooldown": cooling,
-              "reason": f"drift: {reason}" if reason else "", "records": len(clean),
-              "signals": [asdict(r) for r in results]}
+    result = {
+        **base,
+        "verdict": verdict,
+        "fire": fire,
+        "suppressed_by_cooldown": cooling,
+        "reason": f"drift: {reason}" if reason else "",
+        "records": len(clean),
+        "signals": [asdict(r) for r in results],
+    }
     return write_report(settings, result, ref_summary, current)
 
 
 def mark_emitted(settings: Settings, checked_at: str, emitted_at: datetime | None = None) -> dict[str, Any]:
     """The alert of the check at `checked_at` went out (its asset event was emitted): mark it, and start
     the cooldown from that check. Idempotent (a retried task marks the same alert again)."""
-    emitted_at = emitted_at or datetime.now(timezone.utc)
+    emitted_at = emitted_at or datetime.now(UTC)
     with _locked_state(settings) as state:
         alerts = state.setdefault("alerts", [])
         alert = next((a for a in reversed(alerts) if a.get("at") == checked_at), None)
@@ -319,10 +345,16 @@ def _log_to_mlflow(settings: Settings, result: dict[str, Any], folder: str) -> N
 
     client = mlflow_client(settings)
     experiment = client.get_experiment_by_name("drift-monitor")
-    experiment_id = experiment.experiment_id if experiment else client.create_experiment(
-        "drift-monitor", artifact_location=artifact_location(settings, "drift-monitor"))
-    run = client.create_run(experiment_id, run_name=f"drift {result['window']['end']}",
-                            tags={"flywheel.verdict": result["verdict"], "flywheel.fired": str(result["fire"])})
+    experiment_id = (
+        experiment.experiment_id
+        if experiment
+        else client.create_experiment("drift-monitor", artifact_location=artifact_location(settings, "drift-monitor"))
+    )
+    run = client.create_run(
+        experiment_id,
+        run_name=f"drift {result['window']['end']}",
+        tags={"flywheel.verdict": result["verdict"], "flywheel.fired": str(result["fire"])},
+    )
     run_id = run.info.run_id
     for s in result["signals"]:
         client.log_metric(run_id, f"{s['signal']}.{s['metric']}", s["value"])
@@ -338,5 +370,10 @@ def _log_to_mlflow(settings: Settings, result: dict[str, Any], folder: str) -> N
 def alert_of(result: dict[str, Any], settings: Settings) -> dict[str, Any]:
     """What an alert carries to the retrain run (the asset event's extra): reason, window, reference days."""
     ref = DateWindow.parse(result["reference_window"]["start"], result["reference_window"]["end"])
-    return {"reason": result["reason"], "end_date": result["window"]["end"], "window_days": settings.drift.window_days,
-            "checked_at": result["checked_at"], "reference_days": [d.isoformat() for d in ref.days()]}
+    return {
+        "reason": result["reason"],
+        "end_date": result["window"]["end"],
+        "window_days": settings.drift.window_days,
+        "checked_at": result["checked_at"],
+        "reference_days": [d.isoformat() for d in ref.days()],
+    }

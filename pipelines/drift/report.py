@@ -37,16 +37,30 @@ def _numeric_figure(name: str, ref: list[float], cur: list[float]) -> str:
 
 
 def render_html(result: dict[str, Any], ref: Summary, cur: Summary) -> str:
-    rows = [{"signal": s["signal"], "kind": s["kind"], "metric": s["metric"], "value": s["value"], "band": s["band"],
-             **{k: v for k, v in s["detail"].items()}} for s in result["signals"]]
+    rows = [
+        {
+            "signal": s["signal"],
+            "kind": s["kind"],
+            "metric": s["metric"],
+            "value": s["value"],
+            "band": s["band"],
+            **dict(s["detail"].items()),
+        }
+        for s in result["signals"]
+    ]
     columns = sorted({k for r in rows for k in r}, key=lambda k: list(rows[0]).index(k) if k in rows[0] else 99)
     table = table_html([{c: r.get(c) for c in columns} for r in rows])
     plots = "".join(_categorical_figure(c, ref.categorical[c], cur.categorical[c]) for c in CATEGORICAL)
     plots += "".join(_numeric_figure(c, ref.numeric_sample[c], cur.numeric_sample[c]) for c in NUMERIC)
-    verdict = (f"<p><b>verdict: {result['verdict']}</b>; alert emitted: {result['fire']}"
-               f"{' (suppressed by the cooldown)' if result.get('suppressed_by_cooldown') else ''}. "
-               f"{result.get('reason', '')}</p>")
-    return page("Drift check", [("Verdict", verdict), ("Signals", table), ("Before / after", plots)],
-                subtitle=f"window {result['window']['start']}..{result['window']['end']} "
-                         f"({result.get('records', 0)} clean records) vs the champion's training window "
-                         f"{result['reference_window']['start']}..{result['reference_window']['end']}")
+    verdict = (
+        f"<p><b>verdict: {result['verdict']}</b>; alert emitted: {result['fire']}"
+        f"{' (suppressed by the cooldown)' if result.get('suppressed_by_cooldown') else ''}. "
+        f"{result.get('reason', '')}</p>"
+    )
+    return page(
+        "Drift check",
+        [("Verdict", verdict), ("Signals", table), ("Before / after", plots)],
+        subtitle=f"window {result['window']['start']}..{result['window']['end']} "
+        f"({result.get('records', 0)} clean records) vs the champion's training window "
+        f"{result['reference_window']['start']}..{result['reference_window']['end']}",
+    )

@@ -37,7 +37,7 @@ class Summary:
     texts: list[str] = field(default_factory=list)  # the embedding sample's request texts
 
     def to_dict(self) -> dict[str, Any]:
-        return {k: v for k, v in self.__dict__.items()}
+        return dict(self.__dict__.items())
 
 
 def signal_frame(rows: pd.DataFrame) -> pd.DataFrame:
@@ -49,8 +49,13 @@ def signal_frame(rows: pd.DataFrame) -> pd.DataFrame:
     return frame
 
 
-def summarize(clean: pd.DataFrame, quarantine_reasons: dict[str, int], cfg: DriftSettings,
-              edges: dict[str, list[float]] | None = None, seed: int = 0) -> Summary:
+def summarize(
+    clean: pd.DataFrame,
+    quarantine_reasons: dict[str, int],
+    cfg: DriftSettings,
+    edges: dict[str, list[float]] | None = None,
+    seed: int = 0,
+) -> Summary:
     """Summary of one window. `edges`: the reference's bin edges (None: this is the reference)."""
     if len(clean) == 0:  # also a frame without columns (no rows were parsed): never a KeyError
         side = "reference" if edges is None else "current"
@@ -64,9 +69,11 @@ def summarize(clean: pd.DataFrame, quarantine_reasons: dict[str, int], cfg: Drif
     numeric_sample = {c: [float(v) for v in sample[c].dropna()] for c in NUMERIC}
     texts = frame["request_text"].fillna("").sample(n=min(n, cfg.embedding_sample), random_state=seed).tolist()
     invalid = sum(quarantine_reasons.get(r, 0) for r in INVALID_CALL_REASONS)
-    health = {"invalid_tool_call_rate": invalid / (n + invalid),
-              "thumbs_down_rate": float((frame["feedback"] == "down").mean()),
-              "latency_slo_violation_rate": float((frame["latency_ms"] > cfg.latency_slo_ms).mean())}
+    health = {
+        "invalid_tool_call_rate": invalid / (n + invalid),
+        "thumbs_down_rate": float((frame["feedback"] == "down").mean()),
+        "latency_slo_violation_rate": float((frame["latency_ms"] > cfg.latency_slo_ms).mean()),
+    }
     return Summary(n, categorical, edges, counts, numeric_sample, health, texts)
 
 
@@ -80,15 +87,24 @@ class SignalResult:
     detail: dict[str, float] = field(default_factory=dict)
 
 
-def compare(reference: Summary, current: Summary, cfg: DriftSettings,
-            embeddings: tuple[np.ndarray, np.ndarray] | None = None) -> list[SignalResult]:
+def compare(
+    reference: Summary, current: Summary, cfg: DriftSettings, embeddings: tuple[np.ndarray, np.ndarray] | None = None
+) -> list[SignalResult]:
     """Every signal's drift value and band (stable / watch / act) under the configured thresholds."""
     out = []
     for c in CATEGORICAL:
         r, k = metrics.aligned(reference.categorical[c], current.categorical[c])
         value = metrics.psi(r, k)
-        out.append(SignalResult(c, "categorical", "psi", round(value, 4), metrics.band(value, cfg.psi_watch, cfg.psi_act),
-                                {"js_distance": round(metrics.js_distance(r, k), 4)}))
+        out.append(
+            SignalResult(
+                c,
+                "categorical",
+                "psi",
+                round(value, 4),
+                metrics.band(value, cfg.psi_watch, cfg.psi_act),
+                {"js_distance": round(metrics.js_distance(r, k), 4)},
+            )
+        )
     for c in NUMERIC:
         r, k = np.array(reference.numeric_counts[c]), np.array(current.numeric_counts[c])
         if min(r.sum(), k.sum()) < cfg.min_signal_count:
@@ -96,19 +112,39 @@ def compare(reference: Summary, current: Summary, cfg: DriftSettings,
         value = metrics.psi(r, k)
         detail = {}
         if reference.numeric_sample[c] and current.numeric_sample[c]:
-            detail["wasserstein"] = round(metrics.wasserstein(reference.numeric_sample[c], current.numeric_sample[c]), 3)
-        out.append(SignalResult(c, "numeric", "psi", round(value, 4), metrics.band(value, cfg.psi_watch, cfg.psi_act),
-                                detail))
+            detail["wasserstein"] = round(
+                metrics.wasserstein(reference.numeric_sample[c], current.numeric_sample[c]), 3
+            )
+        out.append(
+            SignalResult(c, "numeric", "psi", round(value, 4), metrics.band(value, cfg.psi_watch, cfg.psi_act), detail)
+        )
     if embeddings is not None:
         ref, cur = embeddings
         auc = metrics.classifier_auc(ref, cur)
-        out.append(SignalResult("request_text", "embedding", "domain_classifier_auc", round(auc, 4),
-                                metrics.band(auc, cfg.auc_watch, cfg.auc_act),
-                                {"mmd_rbf": round(metrics.mmd_rbf(ref, cur), 5)}))
-    for name, limit in (("invalid_tool_call_rate", cfg.invalid_call_rate_act),
-                        ("thumbs_down_rate", cfg.thumbs_down_rate_act),
-                        ("latency_slo_violation_rate", cfg.latency_slo_violation_act)):
+        out.append(
+            SignalResult(
+                "request_text",
+                "embedding",
+                "domain_classifier_auc",
+                round(auc, 4),
+                metrics.band(auc, cfg.auc_watch, cfg.auc_act),
+                {"mmd_rbf": round(metrics.mmd_rbf(ref, cur), 5)},
+            )
+        )
+    for name, limit in (
+        ("invalid_tool_call_rate", cfg.invalid_call_rate_act),
+        ("thumbs_down_rate", cfg.thumbs_down_rate_act),
+        ("latency_slo_violation_rate", cfg.latency_slo_violation_act),
+    ):
         value = current.health[name]
-        out.append(SignalResult(name, "health", "rate", round(value, 4), metrics.band(value, limit / 2, limit),
-                                {"reference": round(reference.health[name], 4)}))
+        out.append(
+            SignalResult(
+                name,
+                "health",
+                "rate",
+                round(value, 4),
+                metrics.band(value, limit / 2, limit),
+                {"reference": round(reference.health[name], 4)},
+            )
+        )
     return out

@@ -10,9 +10,11 @@ from typing import Any
 
 from pipelines.config import Settings
 
-PROMPT = ("You grade a commerce assistant's tool call. Request: {request}\nExpected call: {expected}\n"
-          "Predicted call: {predicted}\nDoes the predicted call do what the user asked, as well as the expected "
-          "call? Answer with one number from 0 to 10 and nothing else.")
+PROMPT = (
+    "You grade a commerce assistant's tool call. Request: {request}\nExpected call: {expected}\n"
+    "Predicted call: {predicted}\nDoes the predicted call do what the user asked, as well as the expected "
+    "call? Answer with one number from 0 to 10 and nothing else."
+)
 
 
 def judge_scores(settings: Settings, items: list[tuple[str, str, str]], timeout: float = 60) -> list[float | None]:
@@ -26,9 +28,14 @@ def judge_scores(settings: Settings, items: list[tuple[str, str, str]], timeout:
         headers["Authorization"] = f"Bearer {e.judge_api_key.get_secret_value()}"
     scores: list[float | None] = []
     for request, expected, predicted in items:
-        body = {"model": e.judge_model or "judge", "temperature": 0, "max_tokens": 4,
-                "messages": [{"role": "user", "content": PROMPT.format(request=request, expected=expected,
-                                                                      predicted=predicted)}]}
+        body = {
+            "model": e.judge_model or "judge",
+            "temperature": 0,
+            "max_tokens": 4,
+            "messages": [
+                {"role": "user", "content": PROMPT.format(request=request, expected=expected, predicted=predicted)}
+            ],
+        }
         req = urllib.request.Request(url, data=json.dumps(body).encode(), headers=headers, method="POST")  # noqa: S310
         with urllib.request.urlopen(req, timeout=timeout) as resp:  # noqa: S310
             answer: Any = json.loads(resp.read())["choices"][0]["message"]["content"]

@@ -9,26 +9,25 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+from pipelines.base_models import load_model
 from pipelines.config import Settings
 from pipelines.config_sections import DECODINGS
 from pipelines.evaluate.results import TABLE_METRICS, ConditionResult, EvalReport  # noqa: F401 (re-exported)
-from pipelines.toolcall import score as metrics
-from pipelines.toolcall.fewshot import shot_pool, with_shots
-from pipelines.toolcall.decode import generate
-from pipelines.train.models import load_model
-from pipelines.storage import makedirs, read_json, write_json, write_text
 from pipelines.logs.toolsets import registered_catalogue, tool_effects
-from pipelines.toolcall.examples import Example, grounded_tools, to_examples
 from pipelines.prep.dataset import frame_from_logs, load_split
-
+from pipelines.storage import makedirs, read_json, write_json, write_text
+from pipelines.toolcall import score as metrics
+from pipelines.toolcall.decode import generate
+from pipelines.toolcall.examples import Example, grounded_tools, to_examples
+from pipelines.toolcall.fewshot import shot_pool, with_shots
 
 LOG = logging.getLogger("flywheel.evaluate")
 
@@ -48,16 +47,26 @@ class EvalConfig(BaseModel):
     latency_samples: int = Field(4, ge=0, description="requests also timed alone (batch 1) per condition")
     baselines: bool = Field(True, description="include base zero-shot and few-shot")
     constrained: Literal["off", "on", "both"] = Field(
-        "both", description="decode under the offered tools' grammar: off, on (rows named `<condition>_constrained`) "
-        "or both rows for every condition")
+        "both",
+        description="decode under the offered tools' grammar: off, on (rows named `<condition>_constrained`) "
+        "or both rows for every condition",
+    )
     window: str | None = Field(None, description="the training set's window label; None: the current manifest")
     sampling: Literal["random", "stratified"] = Field(
-        "stratified", description="how the requests are drawn: stratified by (tool, source), every tool the split "
-        "has at least once while n allows, or a plain seeded random sample")
-    only: list[str] | None = Field(None, description="run only these conditions (e.g. the two the gate compares, "
-                                   "when it asks for more requests); None: all")
-    grounded_ids: bool = Field(True, description="under the grammar, write ids only from the conversation "
-                               "(triton.grounded_ids: evaluated as served)")
+        "stratified",
+        description="how the requests are drawn: stratified by (tool, source), every tool the split "
+        "has at least once while n allows, or a plain seeded random sample",
+    )
+    only: list[str] | None = Field(
+        None,
+        description="run only these conditions (e.g. the two the gate compares, "
+        "when it asks for more requests); None: all",
+    )
+    grounded_ids: bool = Field(
+        True,
+        description="under the grammar, write ids only from the conversation "
+        "(triton.grounded_ids: evaluated as served)",
+    )
 
 
 @dataclass
@@ -99,29 +108,61 @@ def as_served(text: str, tools_json: str) -> str:
     return text
 
 
-def score_condition(name: str, model_label: str, style: str, shots: int, examples: list[Example],
-                    texts: list[str], stats: dict[str, float], effects: Mapping[str, str] | None = None
-                    ) -> ConditionResult:
+def score_condition(
+    name: str,
+    model_label: str,
+    style: str,
+    shots: int,
+    examples: list[Example],
+    texts: list[str],
+    stats: dict[str, float],
+    effects: Mapping[str, str] | None = None,
+) -> ConditionResult:
     """`effects`: tool -> read/write (`logs.toolsets.tool_effects`); every wrong write is listed. Each answer
     is scored as served (`as_served`: a call the gateway would refuse after decoding counts as no call)."""
     scores = [metrics.score(as_served(t, e.tools), e.expected, effects) for t, e in zip(texts, examples)]
-    samples = [{"record_id": e.record_id, "request": e.query, "expected": e.target, "output": t,
-                "exact_match": s.exact_match} for e, t, s in zip(examples[:20], texts[:20], scores[:20])]
-    wrong = [{"record_id": e.record_id, "request": e.query, "expected": e.target, "output": t, "kind": s.wrong_write}
-             for e, t, s in zip(examples, texts, scores) if s.wrong_write]
-    per_request = [{"record_id": e.record_id, "tool": s.tool, "exact_match": int(s.exact_match),
-                    "name_match": int(s.name_match), "arg_f1": s.arg_f1, "text_f1": s.text_f1,
-                    "wrong_write": s.wrong_write} for e, s in zip(examples, scores)]
-    return ConditionResult(name, model_label, style, shots, metrics.summarize(scores), stats,
-                           metrics.per_tool(scores), metrics.confusion(scores), samples, wrong_writes=wrong,
-                           per_request=per_request)
+    samples = [
+        {"record_id": e.record_id, "request": e.query, "expected": e.target, "output": t, "exact_match": s.exact_match}
+        for e, t, s in zip(examples[:20], texts[:20], scores[:20])
+    ]
+    wrong = [
+        {"record_id": e.record_id, "request": e.query, "expected": e.target, "output": t, "kind": s.wrong_write}
+        for e, t, s in zip(examples, texts, scores)
+        if s.wrong_write
+    ]
+    per_request = [
+        {
+            "record_id": e.record_id,
+            "tool": s.tool,
+            "exact_match": int(s.exact_match),
+            "name_match": int(s.name_match),
+            "arg_f1": s.arg_f1,
+            "text_f1": s.text_f1,
+            "wrong_write": s.wrong_write,
+        }
+        for e, s in zip(examples, scores)
+    ]
+    return ConditionResult(
+        name,
+        model_label,
+        style,
+        shots,
+        metrics.summarize(scores),
+        stats,
+        metrics.per_tool(scores),
+        metrics.confusion(scores),
+        samples,
+        wrong_writes=wrong,
+        per_request=per_request,
+    )
 
 
-def comparisons(results: list[ConditionResult], judged_on: Mapping[str, str], min_tool_examples: int = 5
-                ) -> list[dict[str, Any]]:
+def comparisons(
+    results: list[ConditionResult], judged_on: Mapping[str, str], min_tool_examples: int = 5
+) -> list[dict[str, Any]]:
     """Each tuned condition against base few-shot (the strongest prompt) and the candidate against the
     champion, decoded the same way: every paired difference with its 95 % interval (evaluate.paired)."""
-    from pipelines.evaluate.paired import compare
+    from pipelines.stats import compare
 
     by = {r.condition: r for r in results}
     out = []
@@ -134,14 +175,19 @@ def comparisons(results: list[ConditionResult], judged_on: Mapping[str, str], mi
             refs.append(f"tuned_champion{suffix}")
         for ref in refs:
             if ref in by and by[ref].per_request and r.per_request:
-                out.append({"condition": r.condition, "reference": ref,
-                            **compare(r.per_request, by[ref].per_request, judged_on,
-                                      min_tool_examples=min_tool_examples)})
+                out.append(
+                    {
+                        "condition": r.condition,
+                        "reference": ref,
+                        **compare(r.per_request, by[ref].per_request, judged_on, min_tool_examples=min_tool_examples),
+                    }
+                )
     return out
 
 
-def evaluate(settings: Settings, cfg: EvalConfig, adapters: list[Adapter], name: str,
-             console: Console | None = None) -> EvalReport:
+def evaluate(
+    settings: Settings, cfg: EvalConfig, adapters: list[Adapter], name: str, console: Console | None = None
+) -> EvalReport:
     started = time.perf_counter()
     report_name = name
     context = "the training set's point-in-time customer context (the features stage)"
@@ -153,36 +199,70 @@ def evaluate(settings: Settings, cfg: EvalConfig, adapters: list[Adapter], name:
     effects = tool_effects(settings.zone("raw"))
     full = to_examples(frame, "full")
     results: list[ConditionResult] = []
-    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                  TimeElapsedColumn(), console=console, transient=False) as progress:
-        gen = {"max_new_tokens": cfg.max_new_tokens, "batch_size": cfg.batch_size,
-               "latency_samples": cfg.latency_samples, "progress": progress}
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TimeElapsedColumn(),
+        console=console,
+        transient=False,
+    ) as progress:
+        gen = {
+            "max_new_tokens": cfg.max_new_tokens,
+            "batch_size": cfg.batch_size,
+            "latency_samples": cfg.latency_samples,
+            "progress": progress,
+        }
 
         modes = DECODINGS[cfg.constrained]
 
-        def run(condition: str, label: str, style: str, shots: int, model: Any, tokenizer: Any,
-                chosen: list[Example], conversations: list[list[dict[str, str]]]) -> None:
+        def run(
+            condition: str,
+            label: str,
+            style: str,
+            shots: int,
+            model: Any,
+            tokenizer: Any,
+            chosen: list[Example],
+            conversations: list[list[dict[str, str]]],
+        ) -> None:
             if cfg.only is not None and condition not in cfg.only:
                 return
             for constrained in modes:
                 name = constrained_name(condition) if constrained else condition
                 began = time.perf_counter()  # a line per condition: the task log shows progress (no bar there)
                 LOG.info("evaluation %s: %s on %d requests ...", report_name, name, len(chosen))
-                out = generate(model, tokenizer, conversations, label=name, **gen,
-                               tools=grounded_tools(chosen, effects, cfg.grounded_ids) if constrained else None)
+                out = generate(
+                    model,
+                    tokenizer,
+                    conversations,
+                    label=name,
+                    **gen,
+                    tools=grounded_tools(chosen, effects, cfg.grounded_ids) if constrained else None,
+                )
                 result = score_condition(name, label, style, shots, chosen, out.texts, out.stats(), effects)
                 result.constrained = constrained
-                LOG.info("evaluation %s: %s done in %.0f s (exact match %.3f)", report_name, name,
-                         time.perf_counter() - began, result.summary.get("exact_match") or 0.0)
+                LOG.info(
+                    "evaluation %s: %s done in %.0f s (exact match %.3f)",
+                    report_name,
+                    name,
+                    time.perf_counter() - began,
+                    result.summary.get("exact_match") or 0.0,
+                )
                 if out.cut and console is not None:
-                    console.print(f"warning: {name}: {out.cut} of {len(chosen)} answers stopped at max_new_tokens "
-                                  f"({cfg.max_new_tokens}) and may be cut short: raise evaluation.max_new_tokens "
-                                  f"(FLYWHEEL_EVALUATION__MAX_NEW_TOKENS)")
+                    console.print(
+                        f"warning: {name}: {out.cut} of {len(chosen)} answers stopped at max_new_tokens "
+                        f"({cfg.max_new_tokens}) and may be cut short: raise evaluation.max_new_tokens "
+                        f"(FLYWHEEL_EVALUATION__MAX_NEW_TOKENS)"
+                    )
                 if settings.evaluation.judge_url:
                     from pipelines.evaluate.judge import judge_scores
 
-                    graded = [v for v in judge_scores(settings, [(e.query, e.target, t)
-                                                                 for e, t in zip(chosen, out.texts)]) if v is not None]
+                    graded = [
+                        v
+                        for v in judge_scores(settings, [(e.query, e.target, t) for e, t in zip(chosen, out.texts)])
+                        if v is not None
+                    ]
                     result.summary["judge_score"] = sum(graded) / len(graded) if graded else None
                 results.append(result)
 
@@ -191,23 +271,45 @@ def evaluate(settings: Settings, cfg: EvalConfig, adapters: list[Adapter], name:
             model, tokenizer = load_model(cfg.base_model, settings) if wanted else (None, None)
             run("base_zero_shot", cfg.base_model, "full", 0, model, tokenizer, full, [e.turns for e in full])
             if cfg.shots and (cfg.only is None or "base_few_shot" in cfg.only):
-                pool = shot_pool(to_examples(load_split(settings, "train", cfg.shot_pool, cfg.seed, cfg.window),
-                                               "full"))
-                run("base_few_shot", cfg.base_model, "full", cfg.shots, model, tokenizer, full,
-                    with_shots(full, pool, cfg.shots))
+                pool = shot_pool(
+                    to_examples(load_split(settings, "train", cfg.shot_pool, cfg.seed, cfg.window), "full")
+                )
+                run(
+                    "base_few_shot",
+                    cfg.base_model,
+                    "full",
+                    cfg.shots,
+                    model,
+                    tokenizer,
+                    full,
+                    with_shots(full, pool, cfg.shots),
+                )
             del model
         for adapter in adapters:
             if cfg.only is not None and adapter.label not in cfg.only:
                 continue
             model, tokenizer = load_model(cfg.base_model, settings, adapter.path)
             chosen = full if adapter.prompt_style == "full" else to_examples(frame, adapter.prompt_style)
-            run(adapter.label, adapter.path, adapter.prompt_style, 0, model, tokenizer, chosen,
-                [e.turns for e in chosen])
+            run(
+                adapter.label,
+                adapter.path,
+                adapter.prompt_style,
+                0,
+                model,
+                tokenizer,
+                chosen,
+                [e.turns for e in chosen],
+            )
             del model
-    report = EvalReport(name, dataset, len(frame), results, seconds=round(time.perf_counter() - started, 1),
-                        settings={**cfg.model_dump(), "customer_context": context},
-                        comparisons=comparisons(results, settings.promotion.tool_metrics,
-                                                settings.promotion.min_tool_examples))
+    report = EvalReport(
+        name,
+        dataset,
+        len(frame),
+        results,
+        seconds=round(time.perf_counter() - started, 1),
+        settings={**cfg.model_dump(), "customer_context": context},
+        comparisons=comparisons(results, settings.promotion.tool_metrics, settings.promotion.min_tool_examples),
+    )
     return write_report(settings, report)
 
 
@@ -221,13 +323,20 @@ def logs_frame(settings: Settings, cfg: EvalConfig) -> tuple[Any, str]:
     from pipelines.features.pipeline import online_contexts
     from pipelines.prep.dataset import sample_rows
 
-    frame = sample_rows(frame_from_logs(cfg.logs, registered_catalogue(settings.zone("raw"))),  # type: ignore[arg-type]
-                        cfg.examples, cfg.seed, cfg.sampling)
+    frame = sample_rows(
+        frame_from_logs(cfg.logs, registered_catalogue(settings.zone("raw"))),  # type: ignore[arg-type]
+        cfg.examples,
+        cfg.seed,
+        cfg.sampling,
+    )
     try:
         contexts = online_contexts(frame["customer_id"].tolist(), settings)
     except Exception as exc:  # noqa: BLE001 (no features stage has run, or the store cannot answer: as the gateway)
-        LOG.warning("evaluation without customer context: the online store did not answer (%s: %s)",
-                    type(exc).__name__, str(exc)[:200])
+        LOG.warning(
+            "evaluation without customer context: the online store did not answer (%s: %s)",
+            type(exc).__name__,
+            str(exc)[:200],
+        )
         return frame, f"none: the online store did not answer ({type(exc).__name__}), as the gateway then serves"
     frame = frame.assign(context=frame["customer_id"].map(contexts).fillna(""))
     known = int((frame["context"] != "").sum())

@@ -53,17 +53,27 @@ def _confusion_plot(c: ConditionResult) -> str:
 
 
 def _per_tool_rows(c: ConditionResult) -> list[dict[str, Any]]:
-    return [{"tool": tool, "examples": s["examples"], "name_accuracy": s["name_accuracy"],
-             "exact_match": s["exact_match"], "text_f1": s.get("text_f1"), "arg_f1": s["arg_f1"],
-             "wrong_writes": s.get("wrong_writes")}
-            for tool, s in c.per_tool.items()]
+    return [
+        {
+            "tool": tool,
+            "examples": s["examples"],
+            "name_accuracy": s["name_accuracy"],
+            "exact_match": s["exact_match"],
+            "text_f1": s.get("text_f1"),
+            "arg_f1": s["arg_f1"],
+            "wrong_writes": s.get("wrong_writes"),
+        }
+        for tool, s in c.per_tool.items()
+    ]
 
 
 def _wrong_writes(c: ConditionResult) -> str:
     """Every wrong write of a condition, request by request (the worst error a tool caller makes)."""
     summary = c.summary
-    head = (f"<p><b>wrong writes: {summary.get('wrong_writes', 0)} of {summary.get('examples', 0)}</b> "
-            f"({', '.join(f'{k} {v}' for k, v in (summary.get('wrong_write_kinds') or {}).items())})</p>")
+    head = (
+        f"<p><b>wrong writes: {summary.get('wrong_writes', 0)} of {summary.get('examples', 0)}</b> "
+        f"({', '.join(f'{k} {v}' for k, v in (summary.get('wrong_write_kinds') or {}).items())})</p>"
+    )
     return head + (table_html(c.wrong_writes) if c.wrong_writes else "")
 
 
@@ -80,40 +90,63 @@ def comparison_rows(comparisons: list[dict[str, Any]]) -> list[dict[str, Any]]:
             if not e.get("n"):
                 continue
             m = e.get("mcnemar") or {}
-            rows.append({"condition": c["condition"], "vs": c["reference"], "metric": metric, "n": e["n"],
-                         "difference": e["diff"], "ci_low": e["low"], "ci_high": e["high"],
-                         "mcnemar": f"{m['wins']} won / {m['losses']} lost, p={m['p']:.3f}" if m else "",
-                         "wrong_writes": f"{c['wrong_writes'][0]} vs {c['wrong_writes'][1]}"})
+            rows.append(
+                {
+                    "condition": c["condition"],
+                    "vs": c["reference"],
+                    "metric": metric,
+                    "n": e["n"],
+                    "difference": e["diff"],
+                    "ci_low": e["low"],
+                    "ci_high": e["high"],
+                    "mcnemar": f"{m['wins']} won / {m['losses']} lost, p={m['p']:.3f}" if m else "",
+                    "wrong_writes": f"{c['wrong_writes'][0]} vs {c['wrong_writes'][1]}",
+                }
+            )
     return rows
 
 
 def comparison_lines(comparisons: list[dict[str, Any]]) -> list[str]:
     """`tuned_candidate_constrained vs base_few_shot_constrained: task score +0.083, 95% CI [...], n=24; ...`"""
-    from pipelines.evaluate.paired import describe
+    from pipelines.stats import describe
 
     lines = []
     for c in comparisons:
-        parts = [describe(c["metrics"][m], m.replace("_", " ")) for m in ("task", "exact_match", "arg_f1")
-                 if (c["metrics"].get(m) or {}).get("n")]
-        lines.append(f"{c['condition']} vs {c['reference']}: " + "; ".join(parts)
-                     + f"; wrong writes {c['wrong_writes'][0]} vs {c['wrong_writes'][1]}")
+        parts = [
+            describe(c["metrics"][m], m.replace("_", " "))
+            for m in ("task", "exact_match", "arg_f1")
+            if (c["metrics"].get(m) or {}).get("n")
+        ]
+        lines.append(
+            f"{c['condition']} vs {c['reference']}: "
+            + "; ".join(parts)
+            + f"; wrong writes {c['wrong_writes'][0]} vs {c['wrong_writes'][1]}"
+        )
     return lines
 
 
 def render_html(report: EvalReport) -> str:
     sections = [("Conditions", table_html(report.table()) + _quality_plot(report) + _cost_plot(report))]
     if report.comparisons:
-        sections.append(("Paired comparisons (same requests, 95 % bootstrap intervals)",
-                         "<p>Each difference is candidate minus reference over the requests both answered; the "
-                         "interval resamples whole requests (paired). McNemar counts the requests where exactly "
-                         "one side is right.</p>" + table_html(comparison_rows(report.comparisons))))
+        sections.append(
+            (
+                "Paired comparisons (same requests, 95 % bootstrap intervals)",
+                "<p>Each difference is candidate minus reference over the requests both answered; the "
+                "interval resamples whole requests (paired). McNemar counts the requests where exactly "
+                "one side is right.</p>" + table_html(comparison_rows(report.comparisons)),
+            )
+        )
     for c in report.conditions:
         body = _wrong_writes(c) + table_html(_per_tool_rows(c)) + _confusion_plot(c)
         body += "<details><summary>sample outputs</summary>" + table_html(c.samples) + "</details>"
         sections.append((f"{c.condition} ({c.model}, {c.prompt_style} prompt, {c.shots} shots)", body))
-    return page(f"Tool-calling evaluation: {report.name}", sections,
-                f"{report.examples} requests from {report.dataset}; greedy decoding; {report.seconds:.0f} s"
-                + _grounding(report) + _sampling(report))
+    return page(
+        f"Tool-calling evaluation: {report.name}",
+        sections,
+        f"{report.examples} requests from {report.dataset}; greedy decoding; {report.seconds:.0f} s"
+        + _grounding(report)
+        + _sampling(report),
+    )
 
 
 def _sampling(report: EvalReport) -> str:
@@ -126,5 +159,8 @@ def _sampling(report: EvalReport) -> str:
 def _grounding(report: EvalReport) -> str:
     if "grounded_ids" not in report.settings:
         return ""
-    return ("; under the grammar a write's ids come only from the conversation" if report.settings["grounded_ids"]
-            else "; under the grammar a write's ids are not grounded (triton.grounded_ids off)")
+    return (
+        "; under the grammar a write's ids come only from the conversation"
+        if report.settings["grounded_ids"]
+        else "; under the grammar a write's ids are not grounded (triton.grounded_ids off)"
+    )

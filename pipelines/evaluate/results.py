@@ -27,8 +27,16 @@ class ConditionResult:
 
 # the side-by-side table's quality columns (text_f1: token F1 of free-text arguments, next to exact match;
 # wrong writes: a write the request did not ask for, counted apart from every other error)
-TABLE_METRICS = ("exact_match", "text_f1", "name_accuracy", "arg_f1", "json_valid", "abstention_recall",
-                 "wrong_writes", "wrong_write_rate")
+TABLE_METRICS = (
+    "exact_match",
+    "text_f1",
+    "name_accuracy",
+    "arg_f1",
+    "json_valid",
+    "abstention_recall",
+    "wrong_writes",
+    "wrong_write_rate",
+)
 
 
 @dataclass
@@ -47,5 +55,7 @@ class EvalReport:
         return asdict(self)
 
     def table(self) -> list[dict[str, Any]]:
-        return [{"condition": c.condition, **{k: c.summary.get(k) for k in TABLE_METRICS}, **c.stats}
-                for c in self.conditions]
+        return [
+            {"condition": c.condition, **{k: c.summary.get(k) for k in TABLE_METRICS}, **c.stats}
+            for c in self.conditions
+        ]

@@ -11,18 +11,18 @@ import hashlib
 import math
 import time
 from dataclasses import asdict, dataclass
-from datetime import datetime, time as dtime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
+from datetime import time as dtime
 from typing import Any
 
 from pipelines.clients import feast as feast_client
 from pipelines.config import Settings
-from pipelines.security import redact_uri
 from pipelines.features import nodes
 from pipelines.logs.schema import ANONYMOUS
 from pipelines.prep.pipeline import PrepError, window_lock, zone_paths
+from pipelines.security import redact_uri
+from pipelines.storage import glob, locked, makedirs, read_bytes, read_json, remove, window_partitions, write_json
 from pipelines.toolcall.prompt import format_context, system_prompt
-from pipelines.storage import (glob, locked, makedirs, read_bytes, read_json, remove, window_partitions,
-                               write_json)
 from pipelines.window import DateWindow
 
 
@@ -70,8 +70,10 @@ def compute_features(settings: Settings, window: DateWindow, spark: Any = None) 
     clean = spark.read.parquet(clean_logs).filter(F.col("dt").cast("string").isin(days))
     paths = feature_paths(settings)
     counts = []
-    for name, frame in (("customer", nodes.customer_features(clean, window)),
-                        ("category", nodes.category_features(clean, window))):
+    for name, frame in (
+        ("customer", nodes.customer_features(clean, window)),
+        ("category", nodes.category_features(clean, window)),
+    ):
         for day in window.days():
             remove(f"{paths[name]}/dt={day.isoformat()}")
         frame = frame.persist()
@@ -87,8 +89,8 @@ VIEW_TABLES = {"customer_profile": "customer", "category_stats": "category"}
 def materialize_window(settings: Settings, window: DateWindow) -> list[str]:
     """Fill the online store for the window; a view whose table has no data yet (a window of imported
     turns without product categories, say) is skipped, not an error. Returns the views materialized."""
-    start = datetime.combine(window.start, dtime.min, tzinfo=timezone.utc)
-    end = datetime.combine(window.end + timedelta(days=1), dtime.min, tzinfo=timezone.utc) + timedelta(seconds=1)
+    start = datetime.combine(window.start, dtime.min, tzinfo=UTC)
+    end = datetime.combine(window.end + timedelta(days=1), dtime.min, tzinfo=UTC) + timedelta(seconds=1)
     paths = feature_paths(settings)
     views = [view for view, table in VIEW_TABLES.items() if has_offline_data(paths[table])]
     if views:
@@ -118,9 +120,11 @@ def build_training_set(settings: Settings, window: DateWindow) -> tuple[dict[str
     examples["context"] = examples["record_id"].map(contexts).fillna("")
     examples["system_prompt"] = [
         system_prompt(tools, ts.date().isoformat(), ctx or None)
-        for tools, ts, ctx in zip(examples["tools_json"], examples["event_timestamp"], examples["context"])]
-    examples["approx_tokens"] = (examples["system_prompt"].str.len() + examples["messages_json"].str.len()
-                                 + examples["target_json"].str.len()) // 4
+        for tools, ts, ctx in zip(examples["tools_json"], examples["event_timestamp"], examples["context"])
+    ]
+    examples["approx_tokens"] = (
+        examples["system_prompt"].str.len() + examples["messages_json"].str.len() + examples["target_json"].str.len()
+    ) // 4
     out = dataset_uri(settings)
     for part in window_partitions(out, window.isoformat_days()):
         remove(part)
@@ -147,11 +151,18 @@ def run_features(settings: Settings, window: DateWindow, spark: Any = None) -> F
         by_split, with_context = build_training_set(settings, window)
         _record_in_manifest(settings, window, by_split, with_context)
     return FeaturesResult(
-        window=str(window), customer_rows=customer_rows, category_rows=category_rows, feature_views=views,
-        materialized_views=materialized, training_examples=by_split, with_context=with_context, dataset_uri=dataset_uri(settings),
+        window=str(window),
+        customer_rows=customer_rows,
+        category_rows=category_rows,
+        feature_views=views,
+        materialized_views=materialized,
+        training_examples=by_split,
+        with_context=with_context,
+        dataset_uri=dataset_uri(settings),
         registry=str(redact_uri(settings.feast.registry)),
         online_store=str(redact_uri(settings.feast.online_store)),
-        seconds=round(time.perf_counter() - started, 2))
+        seconds=round(time.perf_counter() - started, 2),
+    )
 
 
 def _record_in_manifest(settings: Settings, window: DateWindow, by_split: dict[str, int], with_context: int) -> None:
@@ -164,9 +175,14 @@ def _record_in_manifest(settings: Settings, window: DateWindow, by_split: dict[s
     h = hashlib.sha256()
     for f in files:
         h.update(read_bytes(f))
-    manifest["training_set"] = {"uri": dataset_uri(settings), "examples_by_split": by_split,
-                                "with_customer_context": with_context, "files": files,
-                                "digest": h.hexdigest(), "feature_refs": feast_client.customer_feature_refs(settings)}
+    manifest["training_set"] = {
+        "uri": dataset_uri(settings),
+        "examples_by_split": by_split,
+        "with_customer_context": with_context,
+        "files": files,
+        "digest": h.hexdigest(),
+        "feature_refs": feast_client.customer_feature_refs(settings),
+    }
     write_json(uri, manifest)
     _advance_current(settings, manifest)
 

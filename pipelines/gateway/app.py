@@ -17,14 +17,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from concurrent.futures import ThreadPoolExecutor
 import json
 import logging
 import os
 import secrets
 import sys
 from collections.abc import AsyncIterator
-from datetime import datetime, timezone
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -67,8 +67,10 @@ def api_key(settings: Settings) -> str:
             write_text(str(file), f"fw-{secrets.token_urlsafe(32)}")  # atomic, 0600 (mkstemp), never half a key
         key = file.read_text().strip()
     if len(key) < MIN_KEY_CHARS:
-        raise ConfigError(f"gateway.api_key: at least {MIN_KEY_CHARS} characters (an empty or short key would let "
-                          f"anyone call the gateway)")
+        raise ConfigError(
+            f"gateway.api_key: at least {MIN_KEY_CHARS} characters (an empty or short key would let "
+            f"anyone call the gateway)"
+        )
     return key
 
 
@@ -80,32 +82,44 @@ def _settings_file(settings: Settings) -> Path:
     """The settings the gateway process runs with, secrets included, in a 0600 file under run/."""
     from pydantic import SecretStr
 
-    from pipelines.storage import write_text
-
     from pipelines.config import DEFAULT_PROJECT
     from pipelines.projects import settings_for
+    from pipelines.storage import write_text
 
     path = services.run_dir(str(settings.root)) / "gateway-settings.json"
     platform = settings_for(settings, DEFAULT_PROJECT)  # the gateway serves every project: never one's names
-    data = json.dumps(platform.model_dump(mode="python"), default=lambda v: v.get_secret_value()
-                      if isinstance(v, SecretStr) else str(v))
+    data = json.dumps(
+        platform.model_dump(mode="python"),
+        default=lambda v: v.get_secret_value() if isinstance(v, SecretStr) else str(v),
+    )
     write_text(str(path), data)  # atomic and 0600 (mkstemp); removed again by `down`
     return path
 
 
 def server_spec(settings: Settings) -> services.ServiceSpec:
     api_key(settings)  # generated before the process starts, so `status` can name it at once
-    env = {**os.environ, SETTINGS_ENV: str(_settings_file(settings)), "NO_PROXY": "127.0.0.1,localhost",
-           # a registry lookup on the request path fails fast instead of MLflow's 120 s x 7 retries
-           "MLFLOW_HTTP_REQUEST_TIMEOUT": "5", "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0"}
+    env = {
+        **os.environ,
+        SETTINGS_ENV: str(_settings_file(settings)),
+        "NO_PROXY": "127.0.0.1,localhost",
+        # a registry lookup on the request path fails fast instead of MLflow's 120 s x 7 retries
+        "MLFLOW_HTTP_REQUEST_TIMEOUT": "5",
+        "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0",
+    }
     url = f"http://{settings.gateway.host}:{settings.gateway.port}"
-    return services.ServiceSpec(SERVICE, [sys.executable, "-m", "pipelines.gateway"], env,
-                                f"{url}/health", base_url(settings))
+    return services.ServiceSpec(
+        SERVICE, [sys.executable, "-m", "pipelines.gateway"], env, f"{url}/health", base_url(settings)
+    )
 
 
 def up(settings: Settings, timeout_s: float = 120) -> services.ServiceStatus:
-    return services.start(str(settings.root), server_spec(settings), host=settings.gateway.host,
-                          port=settings.gateway.port, timeout_s=timeout_s)
+    return services.start(
+        str(settings.root),
+        server_spec(settings),
+        host=settings.gateway.host,
+        port=settings.gateway.port,
+        timeout_s=timeout_s,
+    )
 
 
 def down(settings: Settings) -> bool:
@@ -126,18 +140,25 @@ def status(settings: Settings) -> dict[str, Any]:
             readiness = httpx.get(f"{url}/ready", timeout=READY_BUDGET_S + 2).json()
         except (httpx.HTTPError, ValueError) as exc:
             readiness = {"ready": False, "backend": f"/ready did not answer ({type(exc).__name__})", "routes": {}}
-    return {**row, "ready": bool(readiness.get("ready")), "backend": readiness.get("backend"),
-            "routes": readiness.get("routes", {}), "url": base_url(settings), "api_key_file": str(api_key_file(settings))
-            if settings.gateway.api_key is None else "gateway.api_key (configured)"}
+    return {
+        **row,
+        "ready": bool(readiness.get("ready")),
+        "backend": readiness.get("backend"),
+        "routes": readiness.get("routes", {}),
+        "url": base_url(settings),
+        "api_key_file": str(api_key_file(settings))
+        if settings.gateway.api_key is None
+        else "gateway.api_key (configured)",
+    }
 
 
 # ---- the app -----------------------------------------------------------------------------------
 def create_app(settings: Settings) -> Any:
+    from pipelines.admission import peers
+    from pipelines.admission.fair import FairShare, backend_slots
+    from pipelines.admission.quota import replica_name
     from pipelines.config import DEFAULT_PROJECT
     from pipelines.gateway import openai_api as api
-    from pipelines.gateway import peers
-    from pipelines.gateway.fair import FairShare, backend_slots
-    from pipelines.gateway.quota import replica_name
     from pipelines.gateway.streaming import stream_response
     from pipelines.gateway.tenants import Tenants
     from pipelines.logs.feedback import RATINGS
@@ -148,8 +169,11 @@ def create_app(settings: Settings) -> Any:
     platform = tenants.tenant(DEFAULT_PROJECT)  # built now: its zones expire at start, /ready asks its router
     tenants.serving()  # and every project that serves traffic: /ready counts it from the start
     probes = ThreadPoolExecutor(max_workers=4, thread_name_prefix="probe")  # /ready's own threads
-    fair = FairShare(backend_slots(settings), settings.gateway.queue_timeout_s,  # turns at the model
-                     settings.gateway.fair_window_s)
+    fair = FairShare(
+        backend_slots(settings),
+        settings.gateway.queue_timeout_s,  # turns at the model
+        settings.gateway.fair_window_s,
+    )
 
     replica = replica_name(settings)
 
@@ -164,8 +188,7 @@ def create_app(settings: Settings) -> Any:
         probes.shutdown(wait=False, cancel_futures=True)
         tenants.close()  # per project: captures first, then ratings, comparisons and the day's usage
 
-    app = FastAPI(title="commerce-flywheel gateway", docs_url=None, redoc_url=None, openapi_url=None,
-                  lifespan=lifespan)
+    app = FastAPI(title="commerce-flywheel gateway", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
 
     def error(exc: api.ApiError) -> JSONResponse:
         return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
@@ -177,12 +200,19 @@ def create_app(settings: Settings) -> Any:
     @app.exception_handler(Exception)
     async def _unexpected(_request: Request, exc: Exception) -> JSONResponse:
         LOG.error("request failed", exc_info=exc)  # the traceback in the gateway's log, one line to the caller
-        return error(api.ApiError(500, f"the gateway failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}",
-                                  kind="server_error"))
+        return error(
+            api.ApiError(
+                500,
+                f"the gateway failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}",
+                kind="server_error",
+            )
+        )
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return error(api.ApiError(exc.status_code, str(exc.detail), code="not_found" if exc.status_code == 404 else None))
+        return error(
+            api.ApiError(exc.status_code, str(exc.detail), code="not_found" if exc.status_code == 404 else None)
+        )
 
     @app.middleware("http")
     async def _authenticate(request: Request, call_next: Any) -> Any:
@@ -191,10 +221,15 @@ def create_app(settings: Settings) -> Any:
             token = given[7:].strip() if given[:7].lower() == "bearer " else ""
             project = await run_in_threadpool(tenants.authenticate, token)
             if project is None:
-                return error(api.ApiError(401, "Incorrect API key provided (send `Authorization: Bearer <key>`; "
-                                               "the key is in the file `flywheel gateway status` names, or a "
-                                               "project's from `flywheel project key create`)",
-                                          code="invalid_api_key"))
+                return error(
+                    api.ApiError(
+                        401,
+                        "Incorrect API key provided (send `Authorization: Bearer <key>`; "
+                        "the key is in the file `flywheel gateway status` names, or a "
+                        "project's from `flywheel project key create`)",
+                        code="invalid_api_key",
+                    )
+                )
             request.state.project = project
         return await call_next(request)
 
@@ -208,11 +243,14 @@ def create_app(settings: Settings) -> Any:
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise api.ApiError(400, f"We could not parse the JSON body of your request ({exc})") from None
         if not isinstance(data, dict) or not str(data.get("id", "")).startswith("chatcmpl-"):
-            raise api.ApiError(400, "send {\"id\": \"chatcmpl-...\", \"rating\": \"up\"|\"down\"}", param="id")
+            raise api.ApiError(400, 'send {"id": "chatcmpl-...", "rating": "up"|"down"}', param="id")
         if data.get("rating") not in RATINGS:
             raise api.ApiError(400, f"rating: expected one of {', '.join(RATINGS)}", param="rating")
-        event = {"record_id": data["id"], "rating": data["rating"],
-                 "timestamp": datetime.now(timezone.utc).isoformat(timespec="microseconds")}
+        event = {
+            "record_id": data["id"],
+            "rating": data["rating"],
+            "timestamp": datetime.now(UTC).isoformat(timespec="microseconds"),
+        }
         tenant = await run_in_threadpool(tenants.tenant, request.state.project)
         await run_in_threadpool(tenant.ratings.write, event)
         return {"id": data["id"], "rating": data["rating"], "recorded": True}
@@ -233,8 +271,10 @@ def create_app(settings: Settings) -> Any:
         tried = [platform, *(t for t in tenants.all() if t is not platform)]
         probes_ = [asyncio.wait_for(loop.run_in_executor(probes, t.router.readiness), READY_BUDGET_S) for t in tried]
         answers = await asyncio.gather(*probes_, return_exceptions=True)
-        found = [a if isinstance(a, dict) else {"ready": False, "backend": "no answer in time", "routes": {}}
-                 for a in answers]
+        found = [
+            a if isinstance(a, dict) else {"ready": False, "backend": "no answer in time", "routes": {}}
+            for a in answers
+        ]
         ok = any(f["ready"] for f in found)
         return JSONResponse({**found[0], "ready": ok}, status_code=200 if ok else 503)
 
@@ -251,12 +291,26 @@ def create_app(settings: Settings) -> Any:
         try:
             targets = tenants.tenant(request.state.project).router.targets()
         except Exception as exc:  # noqa: BLE001 (Triton down: the caller gets a 503, the gateway stays up)
-            raise api.ApiError(503, f"the model server is not reachable ({type(exc).__name__})",
-                               kind="server_error") from None
-        return {"object": "list", "data": [
-            {"id": t.alias, "object": "model", "created": 0, "owned_by": OWNER if request.state.project == DEFAULT_PROJECT
-             else f"{OWNER}/{request.state.project}", "root": t.name,
-             "version": t.version, "prompt_style": t.prompt_style} for t in targets.values()]}
+            raise api.ApiError(
+                503, f"the model server is not reachable ({type(exc).__name__})", kind="server_error"
+            ) from None
+        return {
+            "object": "list",
+            "data": [
+                {
+                    "id": t.alias,
+                    "object": "model",
+                    "created": 0,
+                    "owned_by": OWNER
+                    if request.state.project == DEFAULT_PROJECT
+                    else f"{OWNER}/{request.state.project}",
+                    "root": t.name,
+                    "version": t.version,
+                    "prompt_style": t.prompt_style,
+                }
+                for t in targets.values()
+            ],
+        }
 
     inflight = {"n": 0}  # completions being answered: counted on the event loop (no lock needed)
     limit = settings.gateway.max_concurrent_requests
@@ -341,8 +395,13 @@ def main() -> None:
     settings = load_settings(**json.loads(Path(source).read_text())) if source else load_settings()
     if source:  # read once: the file with every secret is gone while the gateway runs, and after any exit
         Path(source).unlink(missing_ok=True)
-    uvicorn.run(create_app(settings), host=settings.gateway.host, port=settings.gateway.port, log_level="info",
-                timeout_graceful_shutdown=20)
+    uvicorn.run(
+        create_app(settings),
+        host=settings.gateway.host,
+        port=settings.gateway.port,
+        log_level="info",
+        timeout_graceful_shutdown=20,
+    )
 
 
 if __name__ == "__main__":

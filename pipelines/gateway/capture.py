@@ -43,8 +43,11 @@ class CaptureWriter:
         self._stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
         self.spool = Path(spool) if spool else None
         # on object storage: a spool folder of this process's own (another gateway's files are never touched)
-        self.folder = (self.spool / f"{self._stamp}-{os.getpid()}" if self.remote and self.spool
-                       else Path(raw_zone.removeprefix("file://")))
+        self.folder = (
+            self.spool / f"{self._stamp}-{os.getpid()}"
+            if self.remote and self.spool
+            else Path(raw_zone.removeprefix("file://"))
+        )
         self.rotate_bytes = rotate_bytes
         self._lock = threading.Lock()
         self._open: dict[str, _Open] = {}  # day -> its current file (two days at most: around midnight)
@@ -101,7 +104,8 @@ class CaptureWriter:
         import psutil
 
         done = 0
-        assert self.spool is not None
+        if self.spool is None:
+            raise RuntimeError("the capture writer has no spool")
         for folder in sorted(self.spool.glob("*-*")):
             pid = folder.name.rsplit("-", 1)[-1]
             if folder == self.folder or not pid.isdigit() or psutil.pid_exists(int(pid)):
@@ -139,4 +143,3 @@ def expire(zone: str, days: int, today: str | None = None) -> list[str]:
             remove(part)
             gone.append(part)
     return gone
-

@@ -12,28 +12,16 @@ import re
 import time
 import uuid
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from pipelines.api_errors import ApiError, rate_limited, too_busy, too_large  # noqa: F401 (re-exported)
 from pipelines.logs.schema import ANONYMOUS
 from pipelines.logs.tools import TOOL_WORKLOAD, WORKLOAD_TOOLS, WORKLOADS
 from pipelines.prep.nodes import conversation_of
 from pipelines.toolcall.prompt import system_prompt, tools_json
-
-
-class ApiError(Exception):
-    """An OpenAI-style error: HTTP status, message, type, param and code."""
-
-    def __init__(self, status: int, message: str, kind: str = "invalid_request_error", param: str | None = None,
-                 code: str | None = None, headers: dict[str, str] | None = None):
-        super().__init__(message)
-        self.status, self.message, self.kind, self.param, self.code = status, message, kind, param, code
-        self.headers = headers or {}
-
-    def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
 
 
 class _Open(BaseModel):
@@ -73,7 +61,9 @@ class Message(_Open):
     def _text(cls, value: Any) -> str | None:
         """Content parts (`[{"type": "text", "text": ...}]`) joined: only text reaches a tool router."""
         if isinstance(value, list):
-            if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in value):
+            if not all(
+                isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in value
+            ):
                 raise ValueError("only text content parts are supported")
             return "".join(p["text"] for p in value)
         return value
@@ -112,20 +102,6 @@ def model_error(model: str, message: str) -> ApiError:
     return ApiError(503, f"{model}: {message}", kind="server_error", code="model_unavailable")
 
 
-def rate_limited(message: str, retry_after: int = 1, code: str = "rate_limit_exceeded") -> ApiError:
-    """An OpenAI-style 429 with `Retry-After` (seconds): every limit the gateway enforces answers with one."""
-    return ApiError(429, message, kind="rate_limit_error", code=code, headers={"Retry-After": str(retry_after)})
-
-
-def too_busy(limit: int) -> ApiError:
-    return rate_limited(f"the gateway is answering {limit} requests, its limit (gateway.max_concurrent_requests); "
-                        "retry after a second")
-
-
-def too_large(size: int, limit: int) -> ApiError:
-    return ApiError(413, f"request body is {size} bytes; this gateway accepts at most {limit}", code="request_too_large")
-
-
 def parse_request(body: bytes) -> ChatCompletionRequest:
     """The validated request (its size already checked where it was read: `app.read_body`), or an ApiError
     naming what is wrong (as the OpenAI API words it)."""
@@ -142,8 +118,7 @@ def parse_request(body: bytes) -> ChatCompletionRequest:
     except ValidationError as exc:
         first = exc.errors()[0]
         param = ".".join(str(p) for p in first["loc"])
-        raise ApiError(400, f"Invalid value for '{param}': {first['msg']}", param=param,
-                       code="invalid_value") from None
+        raise ApiError(400, f"Invalid value for '{param}': {first['msg']}", param=param, code="invalid_value") from None
     if not any(m.role == "user" for m in request.messages):
         raise ApiError(400, "messages must contain at least one user message", param="messages")
     if request.messages[-1].role not in ("user", "tool"):
@@ -181,16 +156,20 @@ def request_row(request: ChatCompletionRequest, now: datetime | None = None) -> 
     """The row the training set would hold for this request (tools_json, messages_json, event_time,
     customer_id, system_prompt), built with prep's own functions; `conversation()` then renders it
     exactly as training did. The text is not redacted: the answer must carry the caller's values."""
-    now = now or datetime.now(timezone.utc)
+    now = now or datetime.now(UTC)
     specs = offered(request)
     messages = [m.model_dump(exclude_none=True) for m in request.messages]
     for m in messages:  # developer messages are the newer name for system messages
         m["role"] = "system" if m["role"] == "developer" else m["role"]
     offered_json = tools_json(specs) if specs else "[]"
-    row = {"record_id": f"gateway-{uuid.uuid4().hex}", "customer_id": request.user or "",
-           "event_time": now.isoformat(timespec="microseconds"), "tools_json": offered_json,
-           "messages_json": json.dumps(conversation_of(messages), separators=(",", ":"), ensure_ascii=False),
-           "system_prompt": system_prompt(offered_json, now.date().isoformat())}
+    row = {
+        "record_id": f"gateway-{uuid.uuid4().hex}",
+        "customer_id": request.user or "",
+        "event_time": now.isoformat(timespec="microseconds"),
+        "tools_json": offered_json,
+        "messages_json": json.dumps(conversation_of(messages), separators=(",", ":"), ensure_ascii=False),
+        "system_prompt": system_prompt(offered_json, now.date().isoformat()),
+    }
     return Served(row, specs, messages, f"chatcmpl-{uuid.uuid4().hex}", int(now.timestamp()))
 
 
@@ -209,15 +188,20 @@ def arguments_text(text: str | None) -> str | None:
     stripped = (text or "").rstrip()
     if found is None or not stripped.endswith("}"):
         return None
-    candidate = stripped[found.end():-1].rstrip()
+    candidate = stripped[found.end() : -1].rstrip()
     try:
         return candidate if isinstance(json.loads(candidate), dict) else None
     except json.JSONDecodeError:
         return None
 
 
-def answer(text: str, specs: list[dict[str, Any]], cut: bool = False, response_id: str | None = None,
-           stated: list[str] | None = None) -> dict[str, Any]:
+def answer(
+    text: str,
+    specs: list[dict[str, Any]],
+    cut: bool = False,
+    response_id: str | None = None,
+    stated: list[str] | None = None,
+) -> dict[str, Any]:
     """A model's tool-call text as the assistant message the caller gets, with its finish reason:
     `{"name": <offered tool>, "arguments": {...}}` -> one tool call (the arguments as the model wrote
     them, the id from `response_id`); `{"name": null}` (no tool fits) -> empty content; anything else
@@ -231,8 +215,9 @@ def answer(text: str, specs: list[dict[str, Any]], cut: bool = False, response_i
     except json.JSONDecodeError:
         call = None
     if isinstance(call, dict) and call.get("name") in names and isinstance(call.get("arguments", {}), dict):
-        arguments = arguments_text(text) or json.dumps(call.get("arguments", {}), separators=(",", ":"),
-                                                       ensure_ascii=False)
+        arguments = arguments_text(text) or json.dumps(
+            call.get("arguments", {}), separators=(",", ":"), ensure_ascii=False
+        )
         from pipelines.gateway.pii import ask_for, restore
 
         restored, missing = restore(arguments, stated or [])
@@ -246,11 +231,25 @@ def answer(text: str, specs: list[dict[str, Any]], cut: bool = False, response_i
         spec = next(s for s in specs if s["function"]["name"] == call["name"])
         where = schema_breach(call["name"], json.loads(arguments), spec["function"].get("parameters"))
         if where:  # the argument's path only: the message would echo its value
-            return {"message": {"role": "assistant", "content": f"error: the answer's {call['name']} call breaks its "
-                                f"schema at {where}; no call was made"}, "finish_reason": "stop"}
-        message = {"role": "assistant", "content": None, "tool_calls": [
-            {"id": call_id(response_id) if response_id else f"call_{uuid.uuid4().hex[:24]}", "type": "function",
-             "function": {"name": call["name"], "arguments": arguments}}]}
+            return {
+                "message": {
+                    "role": "assistant",
+                    "content": f"error: the answer's {call['name']} call breaks its "
+                    f"schema at {where}; no call was made",
+                },
+                "finish_reason": "stop",
+            }
+        message = {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": call_id(response_id) if response_id else f"call_{uuid.uuid4().hex[:24]}",
+                    "type": "function",
+                    "function": {"name": call["name"], "arguments": arguments},
+                }
+            ],
+        }
         return {"message": message, "finish_reason": "tool_calls"}
     if isinstance(call, dict) and call.get("name") is None and set(call) <= {"name", "arguments"}:
         return {"message": {"role": "assistant", "content": ""}, "finish_reason": "stop"}
@@ -267,24 +266,45 @@ def is_label(body: dict[str, Any]) -> bool:
     """Whether a served answer may become a training label: a tool call, or an explicit "no tool fits"
     (empty content). A cut or free-text answer is a failure of the model, not a label."""
     choice = body["choices"][0]
-    return bool(choice["message"].get("tool_calls")) or (choice["finish_reason"] == "stop"
-                                                          and not choice["message"].get("content"))
+    return bool(choice["message"].get("tool_calls")) or (
+        choice["finish_reason"] == "stop" and not choice["message"].get("content")
+    )
 
 
-def completion(served: Served, model: str, choice: dict[str, Any], prompt_tokens: int,
-               completion_tokens: int, fingerprint: str | None) -> dict[str, Any]:
-    return {"id": served.response_id, "object": "chat.completion", "created": served.created, "model": model,
-            "system_fingerprint": fingerprint,
-            "choices": [{"index": 0, "message": choice["message"], "logprobs": None,
-                         "finish_reason": choice["finish_reason"]}],
-            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                      "total_tokens": prompt_tokens + completion_tokens}}
+def completion(
+    served: Served,
+    model: str,
+    choice: dict[str, Any],
+    prompt_tokens: int,
+    completion_tokens: int,
+    fingerprint: str | None,
+) -> dict[str, Any]:
+    return {
+        "id": served.response_id,
+        "object": "chat.completion",
+        "created": served.created,
+        "model": model,
+        "system_fingerprint": fingerprint,
+        "choices": [
+            {"index": 0, "message": choice["message"], "logprobs": None, "finish_reason": choice["finish_reason"]}
+        ],
+        "usage": {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+        },
+    }
 
 
 def chunk_base(response_id: str, created: int, model: str, fingerprint: str | None) -> dict[str, Any]:
     """What every `chat.completion.chunk` of one response repeats."""
-    return {"id": response_id, "object": "chat.completion.chunk", "created": created, "model": model,
-            "system_fingerprint": fingerprint}
+    return {
+        "id": response_id,
+        "object": "chat.completion.chunk",
+        "created": created,
+        "model": model,
+        "system_fingerprint": fingerprint,
+    }
 
 
 def chunk_of(base: dict[str, Any], delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
@@ -304,8 +324,20 @@ def chunks(body: dict[str, Any], include_usage: bool) -> list[dict[str, Any]]:
 
     out = [chunk({"role": "assistant", "content": "" if not message.get("tool_calls") else None})]
     for i, call in enumerate(message.get("tool_calls") or []):
-        out.append(chunk({"tool_calls": [{"index": i, "id": call["id"], "type": "function",
-                                          "function": {"name": call["function"]["name"], "arguments": ""}}]}))
+        out.append(
+            chunk(
+                {
+                    "tool_calls": [
+                        {
+                            "index": i,
+                            "id": call["id"],
+                            "type": "function",
+                            "function": {"name": call["function"]["name"], "arguments": ""},
+                        }
+                    ]
+                }
+            )
+        )
         out.append(chunk({"tool_calls": [{"index": i, "function": {"arguments": call["function"]["arguments"]}}]}))
     if message.get("content"):
         out.append(chunk({"content": message["content"]}))
@@ -325,31 +357,50 @@ def workload_of(specs: list[dict[str, Any]], called: str | None, hint: str | Non
     return max(WORKLOADS, key=lambda w: (len(names & set(WORKLOAD_TOOLS[w])), w == preferred))
 
 
-def capture_record(request: ChatCompletionRequest, served: Served, body: dict[str, Any], *, latency_ms: float,
-                   defaults: dict[str, str], served_by: str | None = None) -> dict[str, Any]:
+def capture_record(
+    request: ChatCompletionRequest,
+    served: Served,
+    body: dict[str, Any],
+    *,
+    latency_ms: float,
+    defaults: dict[str, str],
+    served_by: str | None = None,
+) -> dict[str, Any]:
     """The served turn as one record of our log schema (`pipelines.logs.schema.AgentTurn`): the request as
     the caller sent it (prep redacts it on its way to training), the answer it got, the model, tokens,
     latency and the customer fields; `model` is the model that answered (`served_by`: a Triton model, or
-    `teacher:<name>` in shadow), else the name asked for (`metadata` may carry session_id, workload_id, country, currency,
+    `teacher:<name>` in shadow), else the name asked for (`metadata` may carry session_id, workload_id, country,
+    currency,
     channel; the rest come from the gateway's settings)."""
     meta = request.metadata or {}
     message = body["choices"][0]["message"]
     called = (message.get("tool_calls") or [{}])[0].get("function", {}).get("name")
     user_turns = sum(1 for m in request.messages if m.role == "user")
-    request_json = {"messages": served.messages,
-                    "tools": served.specs or [t.model_dump(exclude_none=True) for t in request.tools or []]}
+    request_json = {
+        "messages": served.messages,
+        "tools": served.specs or [t.model_dump(exclude_none=True) for t in request.tools or []],
+    }
     return {
-        "record_id": served.response_id, "timestamp": served.row["event_time"],
-        "session_id": meta.get("session_id") or served.response_id, "turn_index": max(0, user_turns - 1),
+        "record_id": served.response_id,
+        "timestamp": served.row["event_time"],
+        "session_id": meta.get("session_id") or served.response_id,
+        "turn_index": max(0, user_turns - 1),
         "customer_id": request.user or ANONYMOUS,
         "workload_id": workload_of(served.specs, called, meta.get("workload_id")),
-        "model": served_by or body["model"], "request": request_json,
-        "response": {"id": served.response_id, "choices": [{"index": 0, "message": message,
-                                                            "finish_reason": body["choices"][0]["finish_reason"]}]},
-        "latency_ms": round(latency_ms, 3), "retrieval_latency_ms": 0.0,
-        "prompt_tokens": body["usage"]["prompt_tokens"], "completion_tokens": body["usage"]["completion_tokens"],
-        "country": meta.get("country") or defaults["country"], "currency": meta.get("currency") or defaults["currency"],
-        "channel": meta.get("channel") or defaults["channel"], "feedback": "none",
+        "model": served_by or body["model"],
+        "request": request_json,
+        "response": {
+            "id": served.response_id,
+            "choices": [{"index": 0, "message": message, "finish_reason": body["choices"][0]["finish_reason"]}],
+        },
+        "latency_ms": round(latency_ms, 3),
+        "retrieval_latency_ms": 0.0,
+        "prompt_tokens": body["usage"]["prompt_tokens"],
+        "completion_tokens": body["usage"]["completion_tokens"],
+        "country": meta.get("country") or defaults["country"],
+        "currency": meta.get("currency") or defaults["currency"],
+        "channel": meta.get("channel") or defaults["channel"],
+        "feedback": "none",
         # the teacher's answer (shadow) is a label; our own model's is not, until a person confirms it
         "label_source": "teacher" if str(served_by or "").startswith("teacher:") else "champion",
     }
@@ -357,7 +408,7 @@ def capture_record(request: ChatCompletionRequest, served: Served, body: dict[st
 
 def sse(data: dict[str, Any] | str) -> bytes:
     text = data if isinstance(data, str) else json.dumps(data, separators=(",", ":"), ensure_ascii=False)
-    return f"data: {text}\n\n".encode("utf-8")
+    return f"data: {text}\n\n".encode()
 
 
 def now_ms() -> float:

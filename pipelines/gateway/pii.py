@@ -16,7 +16,7 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
-from pipelines.prep.redact import ADDRESS_RE, CARD_RE, EMAIL_RE, PHONE_RE, is_card
+from pipelines.redact import ADDRESS_RE, CARD_RE, EMAIL_RE, PHONE_RE, is_card
 
 TOKEN_RE = re.compile(r"<(EMAIL|CARD|PHONE|ADDRESS)>")
 WORDS = {"EMAIL": "email address", "CARD": "card number", "PHONE": "phone number", "ADDRESS": "address"}
@@ -33,9 +33,12 @@ def stated_values(texts: Iterable[str]) -> dict[str, list[str]]:
     for text in texts:
         if not isinstance(text, str) or not text:
             continue
-        for kind, values in (("EMAIL", EMAIL_RE.findall(text)), ("CARD", _cards(text)),
-                             ("PHONE", [m.group(0) for m in PHONE_RE.finditer(text)]),
-                             ("ADDRESS", [m.group(0).rstrip(".") for m in ADDRESS_RE.finditer(text)])):
+        for kind, values in (
+            ("EMAIL", EMAIL_RE.findall(text)),
+            ("CARD", _cards(text)),
+            ("PHONE", [m.group(0) for m in PHONE_RE.finditer(text)]),
+            ("ADDRESS", [m.group(0).rstrip(".") for m in ADDRESS_RE.finditer(text)]),
+        ):
             for v in values:
                 if v not in found[kind]:
                     found[kind].append(v)

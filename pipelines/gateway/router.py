@@ -26,7 +26,7 @@ TARGETS_STALE_S = 60.0
 @dataclass(frozen=True)
 class Target:
     alias: str
-    name: str            # the Triton model
+    name: str  # the Triton model
     version: str | None  # the registry version (None: the base model)
     prompt_style: str
 
@@ -90,8 +90,12 @@ class Router:
         self._forget_inputs = True
 
     def _fresh(self, cached: tuple[float, Any, dict[str, Target]] | None, stamp: Any) -> bool:
-        return bool(cached and cached[1] == stamp and cached[0] > self._invalidated_at
-                    and time.monotonic() - cached[0] < TARGETS_TTL_S)
+        return bool(
+            cached
+            and cached[1] == stamp
+            and cached[0] > self._invalidated_at
+            and time.monotonic() - cached[0] < TARGETS_TTL_S
+        )
 
     def _usable(self, cached: tuple[float, Any, dict[str, Target]] | None, stamp: Any) -> bool:
         """A table to serve while a rebuild fails: the serving state unchanged since it was built, and young."""
@@ -131,8 +135,10 @@ class Router:
             except Exception as exc:
                 self._targets_failed = (time.monotonic(), f"{type(exc).__name__}: {str(exc)[:200]}")
                 if self._usable(cached, stamp):
-                    LOG.warning("the routing table could not be rebuilt (%s); the last one serves meanwhile",
-                                self._targets_failed[1])
+                    LOG.warning(
+                        "the routing table could not be rebuilt (%s); the last one serves meanwhile",
+                        self._targets_failed[1],
+                    )
                     return cached[2]
                 raise
             self._targets, self._targets_failed = (started, stamp, built), (0.0, None)
@@ -157,7 +163,9 @@ class Router:
                 out[key] = Target(key, entry["name"], entry.get("version"), entry["prompt_style"])
         candidate = self._candidate_version()
         if candidate and f"v{candidate}" in out:
-            out["candidate"] = Target("candidate", out[f"v{candidate}"].name, candidate, out[f"v{candidate}"].prompt_style)
+            out["candidate"] = Target(
+                "candidate", out[f"v{candidate}"].name, candidate, out[f"v{candidate}"].prompt_style
+            )
         base = repository.triton_name(self.settings, None)
         if base in loaded:
             out["base"] = Target("base", base, None, "full")
@@ -166,7 +174,7 @@ class Router:
     def readiness(self) -> dict[str, Any]:
         """Whether the gateway can answer now: Triton reachable, the champion loaded, and every route's
         candidate (shadow, canary) loaded; each route's state by name."""
-        from pipelines.gateway.routes import read_routes
+        from pipelines.livegate.routes import read_routes
 
         try:
             targets = self._build_targets()  # a probe looks now, never at the cached table
@@ -182,9 +190,11 @@ class Router:
                 candidate = route.get("candidate", "candidate")
                 ok = alias in targets and candidate in targets
                 routes[alias] = f"{route['mode']}: {'ready' if ok else f'{candidate} not loaded'}"
-        return {"ready": all(v == "ready" or v.endswith(": ready") or k == "routes_file" for k, v in routes.items()),
-                "backend": "ready",
-                "routes": routes}
+        return {
+            "ready": all(v == "ready" or v.endswith(": ready") or k == "routes_file" for k, v in routes.items()),
+            "backend": "ready",
+            "routes": routes,
+        }
 
     def resolve(self, model: str) -> Target:
         from pipelines.gateway.openai_api import ApiError
@@ -192,11 +202,19 @@ class Router:
         try:
             found = self.targets().get(model)
         except Exception as exc:  # noqa: BLE001 (Triton or the serving state unreadable: retry later)
-            raise ApiError(503, f"the models cannot be listed now ({type(exc).__name__}: {str(exc)[:200]})",
-                           kind="server_error", code="model_unavailable") from None
+            raise ApiError(
+                503,
+                f"the models cannot be listed now ({type(exc).__name__}: {str(exc)[:200]})",
+                kind="server_error",
+                code="model_unavailable",
+            ) from None
         if found is None:
-            raise ApiError(404, f"The model '{model}' does not exist or is not loaded (GET /v1/models lists "
-                                f"the ones that are)", param="model", code="model_not_found")
+            raise ApiError(
+                404,
+                f"The model '{model}' does not exist or is not loaded (GET /v1/models lists the ones that are)",
+                param="model",
+                code="model_not_found",
+            )
         return found
 
     def turns(self, target: Target, row: dict[str, Any]) -> list[dict[str, str]]:
@@ -206,8 +224,8 @@ class Router:
         turns = conversation({**row, "context": self.context(row["customer_id"])}, target.prompt_style)
         if target.version is not None or self.settings.gateway.few_shot == 0:
             return turns
-        from pipelines.toolcall.fewshot import with_shots
         from pipelines.toolcall.examples import Example
+        from pipelines.toolcall.fewshot import with_shots
 
         query = Example(row["record_id"], turns, '{"name":null}', "", turns[-1]["content"], row["tools_json"])
         pool, vectors = self._shot_pool()
@@ -229,17 +247,20 @@ class Router:
             now = time.monotonic()
             if now - self._warned > 60:
                 self._warned = now
-                LOG.warning("no customer context from the online store (%s: %s); serving without it",
-                            type(exc).__name__, str(exc)[:200])
+                LOG.warning(
+                    "no customer context from the online store (%s: %s); serving without it",
+                    type(exc).__name__,
+                    str(exc)[:200],
+                )
             return ""
 
     def _shot_pool(self) -> tuple[list[Any], Any]:
         """Training examples (every turn) to retrieve from (none before a training set exists) and their
         embeddings, computed once (embedding the pool per request cost ~20 s on this CPU)."""
         from pipelines.embeddings import embed
-        from pipelines.toolcall.fewshot import retrieval_key, shot_pool
         from pipelines.prep.dataset import DatasetMissing, load_split
         from pipelines.toolcall.examples import to_examples
+        from pipelines.toolcall.fewshot import retrieval_key, shot_pool
 
         with self._lock:
             if self._pool is None:

@@ -68,16 +68,28 @@ class ToolCallStream:
                 return out
             if name not in self.names or name in self.whole:
                 return out
-            self.call = {"id": call_id(self.base["id"]), "name": name, "at": found.end(),
-                         "prefix": text[:found.end()]}
-            out.append(self._chunk({"tool_calls": [{"index": 0, "id": self.call["id"], "type": "function",
-                                                    "function": {"name": name, "arguments": ""}}]}))
+            self.call = {"id": call_id(self.base["id"]), "name": name, "at": found.end(), "prefix": text[: found.end()]}
+            out.append(
+                self._chunk(
+                    {
+                        "tool_calls": [
+                            {
+                                "index": 0,
+                                "id": self.call["id"],
+                                "type": "function",
+                                "function": {"name": name, "arguments": ""},
+                            }
+                        ]
+                    }
+                )
+            )
         if not text.startswith(self.call["prefix"]):
             return out
-        arguments = _held(text[self.call["at"]:-1])  # the last character may close the call
+        arguments = _held(text[self.call["at"] : -1])  # the last character may close the call
         if arguments.startswith(self.args_sent) and len(arguments) > len(self.args_sent):
-            out.append(self._chunk({"tool_calls": [{"index": 0, "function": {
-                "arguments": arguments[len(self.args_sent):]}}]}))
+            out.append(
+                self._chunk({"tool_calls": [{"index": 0, "function": {"arguments": arguments[len(self.args_sent) :]}}]})
+            )
             self.args_sent = arguments
         return out
 
@@ -90,8 +102,9 @@ class ToolCallStream:
         choice = body["choices"][0]
         calls = choice["message"].get("tool_calls") or []
         if self.call is None:  # nothing of a call went out: the whole answer now, after the role
-            rest = chunks({**body, **{k: self.base[k] for k in ("id", "created", "model", "system_fingerprint")}},
-                          include_usage)
+            rest = chunks(
+                {**body, **{k: self.base[k] for k in ("id", "created", "model", "system_fingerprint")}}, include_usage
+            )
             return self._role() + (rest[1:] if self.role_sent else rest)
         out: list[dict[str, Any]] = []
         whole = calls[0]["function"]["arguments"] if calls and calls[0]["id"] == self.call["id"] else None
@@ -100,13 +113,17 @@ class ToolCallStream:
         else:  # the model stopped inside the call (its token limit), its call was not passed on (a redaction token
             # nothing in the conversation fills), or another model answered otherwise: the caller keeps the
             # call it got, marked cut, and never a redaction token
-            whole = _held(text[self.call["at"]:]) if text and text.startswith(self.call["prefix"]) else ""
+            whole = _held(text[self.call["at"] :]) if text and text.startswith(self.call["prefix"]) else ""
             finish = "length"
         if whole and whole.startswith(self.args_sent) and len(whole) > len(self.args_sent):
-            out.append(self._chunk({"tool_calls": [{"index": 0, "function": {"arguments": whole[len(self.args_sent):]}}]}))
+            out.append(
+                self._chunk({"tool_calls": [{"index": 0, "function": {"arguments": whole[len(self.args_sent) :]}}]})
+            )
             self.args_sent = whole
         refusal = choice["message"].get("content") if not calls and choice["finish_reason"] == "stop" else None
-        if refusal:  # the call was not passed on (a redaction token nothing fills): the caller gets the reason, not a call
+        if (
+            refusal
+        ):  # the call was not passed on (a redaction token nothing fills): the caller gets the reason, not a call
             out.append(self._chunk({"content": refusal}))
             finish = "stop"
         out.append(self._chunk({}, finish))
@@ -157,9 +174,10 @@ async def stream_response(traffic: Any, parsed: api.ChatCompletionRequest, on_do
     async def next_event() -> tuple[str, Any]:
         try:
             return await asyncio.wait_for(events.get(), timeout=budget)
-        except asyncio.TimeoutError:
-            return "error", api.ApiError(504, f"the model did not answer within {budget:.0f} s", kind="server_error",
-                                         code="timeout")
+        except TimeoutError:
+            return "error", api.ApiError(
+                504, f"the model did not answer within {budget:.0f} s", kind="server_error", code="timeout"
+            )
 
     kind, value = await next_event()
     if kind == "error":
@@ -172,8 +190,9 @@ async def stream_response(traffic: Any, parsed: api.ChatCompletionRequest, on_do
         partial = set(partly_constrained(specs))
     except GrammarError:
         partial = set()
-    assembler = ToolCallStream(served.response_id, served.created, parsed.model,
-                               {s["function"]["name"] for s in specs}, partial)
+    assembler = ToolCallStream(
+        served.response_id, served.created, parsed.model, {s["function"]["name"] for s in specs}, partial
+    )
 
     async def frames(kind: str, value: Any) -> AsyncIterator[bytes]:
         try:
@@ -187,8 +206,11 @@ async def stream_response(traffic: Any, parsed: api.ChatCompletionRequest, on_do
                     yield api.sse("[DONE]")
                     return
                 else:
-                    failure = value if isinstance(value, api.ApiError) else api.ApiError(
-                        500, f"the gateway failed: {type(value).__name__}", kind="server_error")
+                    failure = (
+                        value
+                        if isinstance(value, api.ApiError)
+                        else api.ApiError(500, f"the gateway failed: {type(value).__name__}", kind="server_error")
+                    )
                     if not isinstance(value, api.ApiError):
                         LOG.error("streamed request failed", exc_info=value)
                     yield api.sse(failure.body())
@@ -197,7 +219,7 @@ async def stream_response(traffic: Any, parsed: api.ChatCompletionRequest, on_do
         finally:
             try:  # the answer is captured even when the caller left early; the worker's own budget bounds it
                 await asyncio.wait_for(asyncio.shield(worker), timeout=budget)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 LOG.error("a streamed request's worker outlived its %.0f s budget", budget)
 
     return StreamingResponse(frames(kind, value), media_type="text/event-stream")

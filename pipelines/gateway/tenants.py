@@ -18,8 +18,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from pipelines.admission.quota import FLUSH_EVERY_S, Quota
 from pipelines.config import DEFAULT_PROJECT, Settings
-from pipelines.gateway.quota import FLUSH_EVERY_S, Quota
 
 LOG = logging.getLogger("flywheel.gateway")
 REGISTRY_TTL_S = 1.0  # how stale the key index may be (a local registry is re-read only when it changed)
@@ -47,15 +47,22 @@ class Tenant:
     def __init__(self, settings: Settings) -> None:
         from pipelines.gateway.capture import CaptureWriter, expire
         from pipelines.gateway.router import Router
-        from pipelines.gateway.traffic import Traffic, agreement_zone
+        from pipelines.gateway.traffic import Traffic
+        from pipelines.livegate.comparisons import agreement_zone
         from pipelines.logs.feedback import feedback_zone
 
         self.settings = settings
         self.router = Router(settings)
         raw_zone = settings.zone("raw")  # a local spool (object storage only) per raw zone: never another's
-        spool = Path.home() / ".flywheel" / "gateway-spool" / hashlib.sha1(raw_zone.encode()).hexdigest()[:12]
-        self.capture = (CaptureWriter(raw_zone, settings.gateway.capture_rotate_bytes, spool)
-                        if settings.gateway.capture else None)
+        spool = (
+            Path.home()
+            / ".flywheel"
+            / "gateway-spool"
+            / hashlib.sha1(raw_zone.encode(), usedforsecurity=False).hexdigest()[:12]
+        )
+        self.capture = (
+            CaptureWriter(raw_zone, settings.gateway.capture_rotate_bytes, spool) if settings.gateway.capture else None
+        )
         self.traffic = Traffic(settings, self.router, self.capture, spool)
         for zone in (f"{settings.zone('serving')}/gateway/unusable", agreement_zone(settings)):
             try:  # what the gateway keeps at rest outside the raw zone expires (gateway.retention_days)
@@ -169,8 +176,11 @@ class Tenants:
         """The project's tenant and its limits (rpm, tokens_per_day, concurrent): `tenant.quota.admit(*limits)`
         checks them (429 past one) and takes a slot the caller gives back with `tenant.quota.release()`."""
         quotas = self.quotas(project)
-        return self.tenant(project), (getattr(quotas, "rpm", None), getattr(quotas, "tokens_per_day", None),
-                                      getattr(quotas, "concurrent", None))
+        return self.tenant(project), (
+            getattr(quotas, "rpm", None),
+            getattr(quotas, "tokens_per_day", None),
+            getattr(quotas, "concurrent", None),
+        )
 
     def serving(self) -> list[str]:
         """Build the tenant of every project with a live deployment (at start); the projects' names."""

@@ -18,51 +18,18 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import orjson
-
 from pipelines.config import Settings
 from pipelines.gateway import openai_api as api
-from pipelines.gateway import routes as rt
 from pipelines.gateway.capture import CaptureWriter
+from pipelines.livegate import routes as rt
+from pipelines.livegate.comparisons import agreement_zone, tally_of
 
 LOG = logging.getLogger("flywheel.gateway")
 ROUTES_TTL_S = 1.0
-
-
-def agreement_zone(settings: Settings) -> str:
-    return f"{settings.zone('serving')}/gateway/agreement"
-
-
-def read_comparisons(settings: Settings, since: str | None = None) -> list[dict[str, Any]]:
-    """Every recorded comparison (from `since`, an ISO time, on), oldest first."""
-    from pipelines.storage import glob, read_bytes
-
-    day = since[:10] if since else ""
-    out = []
-    for uri in sorted(glob(f"{agreement_zone(settings)}/dt=*/gateway-*.jsonl")):
-        if uri.rsplit("/", 2)[-2][3:] < day:
-            continue
-        for line in read_bytes(uri).splitlines():
-            try:
-                record = orjson.loads(line)
-            except orjson.JSONDecodeError:
-                continue  # a torn last line of a killed gateway
-            if since is None or record["timestamp"] >= since:
-                out.append(record)
-    return sorted(out, key=lambda r: r["timestamp"])
-
-
-def tally_of(settings: Settings, model: str, route: dict[str, Any]) -> rt.Tally:
-    """A route's comparisons since it entered its current mode (from the recorded files)."""
-    tally = rt.Tally(route.get("since", ""))
-    for r in read_comparisons(settings, route.get("since")):
-        if r["route"] == model and r["mode"] == route["mode"] and r["arm"] == "candidate" and not r["skipped"]:
-            tally.add(r["agreement"], r["error"] is not None)
-    return tally
 
 
 class Traffic:
@@ -70,10 +37,12 @@ class Traffic:
         self.settings = settings
         self.router = router
         self.capture = capture
-        self.comparisons = CaptureWriter(agreement_zone(settings), settings.gateway.capture_rotate_bytes,
-                                         spool / "agreement")
-        self.unusable = CaptureWriter(f"{settings.zone('serving')}/gateway/unusable", settings.gateway.capture_rotate_bytes,
-                                      spool / "unusable")
+        self.comparisons = CaptureWriter(
+            agreement_zone(settings), settings.gateway.capture_rotate_bytes, spool / "agreement"
+        )
+        self.unusable = CaptureWriter(
+            f"{settings.zone('serving')}/gateway/unusable", settings.gateway.capture_rotate_bytes, spool / "unusable"
+        )
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="shadow")
         self._pending = threading.BoundedSemaphore(settings.gateway.shadow_queue)
         self._lock = threading.Lock()
@@ -81,8 +50,11 @@ class Traffic:
         self._tallies: dict[tuple[str, str], rt.Tally] = {}
         self._credit: dict[tuple[str, str], float] = {}
         self._warned_teacher = 0.0
-        self.defaults = {"country": settings.gateway.country, "currency": settings.gateway.currency,
-                         "channel": settings.gateway.channel}
+        self.defaults = {
+            "country": settings.gateway.country,
+            "currency": settings.gateway.currency,
+            "channel": settings.gateway.channel,
+        }
 
     # routes -----------------------------------------------------------------------------------
     def route(self, model: str) -> dict[str, Any]:
@@ -100,8 +72,11 @@ class Traffic:
             # a shadow or canary set before a teacher was required: the route serves (nothing to compare with)
             if time.monotonic() - self._warned_teacher > 60:
                 self._warned_teacher = time.monotonic()
-                LOG.warning("route %s is in %s but no teacher is configured (gateway.teacher_url): it serves",
-                            model, route["mode"])
+                LOG.warning(
+                    "route %s is in %s but no teacher is configured (gateway.teacher_url): it serves",
+                    model,
+                    route["mode"],
+                )
             return {"mode": "serve"}
         return route
 
@@ -127,8 +102,12 @@ class Traffic:
             return chosen
 
     # answering --------------------------------------------------------------------------------
-    def handle(self, parsed: api.ChatCompletionRequest, on_text: Callable[[str], None] | None = None,
-               served: api.Served | None = None) -> dict[str, Any]:
+    def handle(
+        self,
+        parsed: api.ChatCompletionRequest,
+        on_text: Callable[[str], None] | None = None,
+        served: api.Served | None = None,
+    ) -> dict[str, Any]:
         """The caller's answer (OpenAI body); `on_text` gets the answering model's text as it grows, its
         whole text last (not called when the teacher answers: its answer comes whole); `served`: the
         request's row and ids when the caller made them already (a stream announces the id first)."""
@@ -136,8 +115,14 @@ class Traffic:
         served = served or api.request_row(parsed)
         route = self.route(parsed.model)
         if parsed.tool_choice == "none":  # the caller allows no call: no model answers, nothing to capture
-            return api.completion(served, parsed.model, {"message": {"role": "assistant", "content": ""},
-                                                         "finish_reason": "stop"}, 0, 0, None)
+            return api.completion(
+                served,
+                parsed.model,
+                {"message": {"role": "assistant", "content": ""}, "finish_reason": "stop"},
+                0,
+                0,
+                None,
+            )
         if route["mode"] == "shadow":
             body, by = self.teacher(parsed, served)
             self._off_path(parsed, served, route, body, candidate_answers=True)
@@ -161,18 +146,25 @@ class Traffic:
             if route["mode"] == "canary":
                 self._record(parsed, served, route, "champion", None, None, None, 0.0, 0.0)
         if self.capture is not None:
-            record = api.capture_record(parsed, served, body, latency_ms=api.now_ms() - started,
-                                        defaults=self.defaults, served_by=by)
+            record = api.capture_record(
+                parsed, served, body, latency_ms=api.now_ms() - started, defaults=self.defaults, served_by=by
+            )
             # a call or an explicit "no tool" is a label; a cut or free-text answer is kept apart, never trained on
             if api.is_label(body):
                 self.capture.write(record)  # the raw zone: prep redacts it on its way to training
             else:  # kept for inspection only: redacted at rest, and expired after gateway.retention_days
-                self.unusable.write({**record, "request": _redacted(record["request"]),
-                                     "response": _redacted(record["response"])})
+                self.unusable.write(
+                    {**record, "request": _redacted(record["request"]), "response": _redacted(record["response"])}
+                )
         return body
 
-    def local(self, alias: str, parsed: api.ChatCompletionRequest, served: api.Served,
-              on_text: Callable[[str], None] | None = None) -> tuple[dict[str, Any], str]:
+    def local(
+        self,
+        alias: str,
+        parsed: api.ChatCompletionRequest,
+        served: api.Served,
+        on_text: Callable[[str], None] | None = None,
+    ) -> tuple[dict[str, Any], str]:
         """One of our aliases answers: (the OpenAI body, the Triton model that answered)."""
         from pipelines.serve.client import offered_tools
         from pipelines.toolcall.grammar import GrammarError, grammar_for
@@ -183,34 +175,48 @@ class Traffic:
         try:
             tools = offered_tools(self.settings, [served.row], client, target.name)
         except GrammarError as exc:  # e.g. a call is required, but every offered write needs an id nobody stated
-            raise api.ApiError(400, f"constrained decoding: {exc}", param="tools", code="unsupported_tool_schema") from None
+            raise api.ApiError(
+                400, f"constrained decoding: {exc}", param="tools", code="unsupported_tool_schema"
+            ) from None
         must_call = parsed.tool_choice == "required" or isinstance(parsed.tool_choice, dict)
         if must_call and not tools:
-            raise api.ApiError(400, f"tool_choice {json.dumps(parsed.tool_choice)} needs constrained decoding, which "
-                                    f"{target.name} does not do here (triton.constrained off, or a model folder built "
-                                    f"before the TOOLS input)", param="tool_choice")
+            raise api.ApiError(
+                400,
+                f"tool_choice {json.dumps(parsed.tool_choice)} needs constrained decoding, which "
+                f"{target.name} does not do here (triton.constrained off, or a model folder built "
+                f"before the TOOLS input)",
+                param="tool_choice",
+            )
         if tools and must_call:
             tools = [json.dumps({"tools": json.loads(tools[0]), "abstain": False})]  # a call is required
         if tools:
             try:
                 grammar_for(tools[0])  # what the model would refuse, refused here with the reason
             except GrammarError as exc:
-                raise api.ApiError(400, f"constrained decoding: {exc}", param="tools",
-                                   code="unsupported_tool_schema") from None
+                raise api.ApiError(
+                    400, f"constrained decoding: {exc}", param="tools", code="unsupported_tool_schema"
+                ) from None
         reply = client.infer_one(target.name, turns, tools[0] if tools else None, on_text=on_text)
         if reply.error is not None:
             error = api.model_error(target.name, reply.error)
-            if error.status == 503 and not any(w in reply.error.lower() for w in
-                                                  ("deadline", "timed out", "timeout", "queue", "busy")):
+            if error.status == 503 and not any(
+                w in reply.error.lower() for w in ("deadline", "timed out", "timeout", "queue", "busy")
+            ):
                 self.router.invalidate()  # Triton restarted or the model unloaded (not a full queue): look again
             raise error
         if on_text is not None:
             on_text(reply.text or "")
         cut = reply.cut
-        body = api.completion(served, parsed.model, api.answer(reply.text or "", served.specs, cut=cut,
-                                                                    response_id=served.response_id,
-                                                                    stated=api.stated_texts(served)),
-                              reply.prompt_tokens, reply.output_tokens, target.name)
+        body = api.completion(
+            served,
+            parsed.model,
+            api.answer(
+                reply.text or "", served.specs, cut=cut, response_id=served.response_id, stated=api.stated_texts(served)
+            ),
+            reply.prompt_tokens,
+            reply.output_tokens,
+            target.name,
+        )
         return body, target.name
 
     def teacher(self, parsed: api.ChatCompletionRequest, served: api.Served) -> tuple[dict[str, Any], str]:
@@ -219,56 +225,94 @@ class Traffic:
         g = self.settings.gateway
         if not g.teacher_url:
             if not g.base_as_teacher:
-                raise api.ApiError(503, "no teacher is configured (gateway.teacher_url)", kind="server_error",
-                                   code="teacher_unavailable")
+                raise api.ApiError(
+                    503,
+                    "no teacher is configured (gateway.teacher_url)",
+                    kind="server_error",
+                    code="teacher_unavailable",
+                )
             return self.local("base", parsed, served)
         import httpx
 
         from pipelines.security import redact_uri
 
         # only what the teacher needs: never the customer id or metadata to a third party
-        payload = {"model": g.teacher_model, "messages": served.messages, "tools": served.specs, "stream": False,
-                   **({"tool_choice": parsed.tool_choice} if parsed.tool_choice is not None else {})}
+        payload = {
+            "model": g.teacher_model,
+            "messages": served.messages,
+            "tools": served.specs,
+            "stream": False,
+            **({"tool_choice": parsed.tool_choice} if parsed.tool_choice is not None else {}),
+        }
         headers = {"Authorization": f"Bearer {g.teacher_api_key.get_secret_value()}"} if g.teacher_api_key else {}
         where = redact_uri(g.teacher_url)
         try:
-            response = httpx.post(f"{g.teacher_url.rstrip('/')}/chat/completions", json=payload, headers=headers,
-                                  timeout=g.request_timeout_s)
+            response = httpx.post(
+                f"{g.teacher_url.rstrip('/')}/chat/completions",
+                json=payload,
+                headers=headers,
+                timeout=g.request_timeout_s,
+            )
         except httpx.HTTPError as exc:
-            raise api.ApiError(503, f"the teacher at {where} did not answer ({type(exc).__name__})",
-                               kind="server_error", code="teacher_unavailable") from None
+            raise api.ApiError(
+                503,
+                f"the teacher at {where} did not answer ({type(exc).__name__})",
+                kind="server_error",
+                code="teacher_unavailable",
+            ) from None
         if response.status_code != 200:
-            raise api.ApiError(502, f"the teacher at {where} answered HTTP {response.status_code}", kind="server_error",
-                               code="teacher_error")
+            raise api.ApiError(
+                502,
+                f"the teacher at {where} answered HTTP {response.status_code}",
+                kind="server_error",
+                code="teacher_error",
+            )
         try:
             upstream = response.json()
             usage = upstream.get("usage") or {}
             choice = upstream["choices"][0]
             choice["message"]["role"]
         except (ValueError, KeyError, IndexError, TypeError, AttributeError):
-            raise api.ApiError(502, f"the teacher at {where} sent no chat completion", kind="server_error",
-                               code="teacher_error") from None
-        body = api.completion(served, parsed.model, {"message": choice["message"], "finish_reason": choice["finish_reason"]},
-                              int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0),
-                              upstream.get("model"))
+            raise api.ApiError(
+                502, f"the teacher at {where} sent no chat completion", kind="server_error", code="teacher_error"
+            ) from None
+        body = api.completion(
+            served,
+            parsed.model,
+            {"message": choice["message"], "finish_reason": choice["finish_reason"]},
+            int(usage.get("prompt_tokens") or 0),
+            int(usage.get("completion_tokens") or 0),
+            upstream.get("model"),
+        )
         return body, f"teacher:{upstream.get('model') or g.teacher_model}"
 
     # comparing --------------------------------------------------------------------------------
-    def _off_path(self, parsed: api.ChatCompletionRequest, served: api.Served, route: dict[str, Any],
-                  body: dict[str, Any], *, candidate_answers: bool) -> None:
+    def _off_path(
+        self,
+        parsed: api.ChatCompletionRequest,
+        served: api.Served,
+        route: dict[str, Any],
+        body: dict[str, Any],
+        *,
+        candidate_answers: bool,
+    ) -> None:
         """Shadow: the candidate answers a copy (the caller had the teacher's). Canary: the teacher answers
         a copy of a request the candidate served. Skipped (recorded) when the queue is full."""
         if not self._pending.acquire(blocking=False):
-            self._record(parsed, served, route, "candidate", None, None, "skipped: comparison queue full", 0, 0,
-                         skipped=True)
+            self._record(
+                parsed, served, route, "candidate", None, None, "skipped: comparison queue full", 0, 0, skipped=True
+            )
             return
 
         def compare() -> None:
             try:
                 t0 = api.now_ms()
                 try:
-                    other, _ = (self.local(route["candidate"], parsed, served) if candidate_answers
-                                else self.teacher(parsed, served))
+                    other, _ = (
+                        self.local(route["candidate"], parsed, served)
+                        if candidate_answers
+                        else self.teacher(parsed, served)
+                    )
                     error = None
                 except api.ApiError as exc:
                     other, error = None, exc.message
@@ -278,8 +322,19 @@ class Traffic:
                 reference, answer = (first, second) if candidate_answers else (second, first)
                 candidate_ms, reference_ms = (took, None) if candidate_answers else (None, took)
                 if not candidate_answers and error is not None:  # the teacher failed: not the candidate's error
-                    self._record(parsed, served, route, "candidate", None, answer, None, candidate_ms, reference_ms,
-                                 skipped=True, note=f"teacher: {error}")
+                    self._record(
+                        parsed,
+                        served,
+                        route,
+                        "candidate",
+                        None,
+                        answer,
+                        None,
+                        candidate_ms,
+                        reference_ms,
+                        skipped=True,
+                        note=f"teacher: {error}",
+                    )
                     return
                 self._record(parsed, served, route, "candidate", reference, answer, error, candidate_ms, reference_ms)
             except Exception:  # noqa: BLE001 (off the request path: logged, never raised at the caller)
@@ -296,36 +351,65 @@ class Traffic:
 
         return registered_effects(self.settings.zone("raw"))
 
-    def _record(self, parsed: api.ChatCompletionRequest, served: api.Served, route: dict[str, Any], arm: str,
-                reference: dict[str, Any] | None, answer: dict[str, Any] | None, error: str | None,
-                candidate_ms: float | None, reference_ms: float | None, *, skipped: bool = False,
-                note: str | None = None) -> None:
+    def _record(
+        self,
+        parsed: api.ChatCompletionRequest,
+        served: api.Served,
+        route: dict[str, Any],
+        arm: str,
+        reference: dict[str, Any] | None,
+        answer: dict[str, Any] | None,
+        error: str | None,
+        candidate_ms: float | None,
+        reference_ms: float | None,
+        *,
+        skipped: bool = False,
+        note: str | None = None,
+    ) -> None:
         # live traffic vetoes on declared writes (catalogue, toolsets; `judged_effects` says how an unregistered
         # tool counts)
         from pipelines.toolcall.grounding import judged_effects
 
         effects = judged_effects([s["function"]["name"] for s in api.offered(parsed)], self._effects())
-        agreed = (rt.agreement(reference, answer, effects)
-                  if reference is not None and answer is not None else None)
+        agreed = rt.agreement(reference, answer, effects) if reference is not None and answer is not None else None
         if arm == "candidate" and error is None and agreed is None and not skipped:
             agreed = {"name": False, "exact": False, "arg_f1": 0.0}
         counted = arm == "candidate" and not skipped
         tally = self._tally(parsed.model, route) if counted else None  # before the write: the files hold it after
-        self.comparisons.write({
-            "record_id": served.response_id, "timestamp": datetime.now(timezone.utc).isoformat(timespec="microseconds"),
-            "route": parsed.model, "mode": route["mode"], "arm": arm, "candidate": route.get("candidate"),
-            # the calls' values redacted at rest (agreement is computed above, on the real values)
-            "reference": _redacted(reference), "answer": _redacted(answer), "agreement": agreed, "error": error,
-            "skipped": skipped,
-            "note": note, "candidate_latency_ms": candidate_ms, "reference_latency_ms": reference_ms})
+        self.comparisons.write(
+            {
+                "record_id": served.response_id,
+                "timestamp": datetime.now(UTC).isoformat(timespec="microseconds"),
+                "route": parsed.model,
+                "mode": route["mode"],
+                "arm": arm,
+                "candidate": route.get("candidate"),
+                # the calls' values redacted at rest (agreement is computed above, on the real values)
+                "reference": _redacted(reference),
+                "answer": _redacted(answer),
+                "agreement": agreed,
+                "error": error,
+                "skipped": skipped,
+                "note": note,
+                "candidate_latency_ms": candidate_ms,
+                "reference_latency_ms": reference_ms,
+            }
+        )
         if tally is None:
             return
         with self._lock:
             tally.add(agreed, error is not None)
             move = rt.decide(self.settings, route, tally)
         if move is not None:
-            changed = rt.set_route(self.settings, parsed.model, move[0], candidate=route["candidate"],
-                                   share=route.get("share"), reason=move[1], expect=route["mode"])
+            changed = rt.set_route(
+                self.settings,
+                parsed.model,
+                move[0],
+                candidate=route["candidate"],
+                share=route.get("share"),
+                reason=move[1],
+                expect=route["mode"],
+            )
             LOG.warning("route %s: %s -> %s (%s)", parsed.model, route["mode"], changed["mode"], move[1])
             self._routes = (0.0, {"routes": {}})  # re-read at the next request
 
@@ -343,6 +427,6 @@ def _redacted(value: Any) -> Any:
         return None
     from collections import Counter
 
-    from pipelines.prep.redact import redact_value
+    from pipelines.redact import redact_value
 
     return redact_value(value, Counter())

@@ -25,7 +25,9 @@ def read_feedback(raw_zone: str) -> dict[str, str]:
                 event = orjson.loads(line)
             except orjson.JSONDecodeError:
                 continue
-            if not (isinstance(event, dict) and event.get("rating") in RATINGS and isinstance(event.get("record_id"), str)):
+            if not (
+                isinstance(event, dict) and event.get("rating") in RATINGS and isinstance(event.get("record_id"), str)
+            ):
                 continue
             at = str(event.get("timestamp", ""))
             if event["record_id"] not in latest or at >= latest[event["record_id"]][0]:

@@ -12,16 +12,15 @@ generator's tests, Spark prep and the quality gates all call it.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from enum import StrEnum
 from pathlib import Path
 from typing import Any, Literal
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
-
-from collections.abc import Mapping
 
 from pipelines.logs.tools import TOOLS_BY_NAME, WORKLOADS, argument_errors
 
@@ -117,8 +116,11 @@ class AgentTurn(_Open):
     currency: str = Field(pattern=r"^[A-Z]{3}$", description="ISO 4217")
     channel: Channel
     feedback: Feedback = Field(description="Thumbs up/down from the user, or none")
-    label_source: LabelSource | None = Field(None, description="Who wrote the answer (the label): teacher, "
-                                             "champion, human, import or generated; absent: inferred by prep")
+    label_source: LabelSource | None = Field(
+        None,
+        description="Who wrote the answer (the label): teacher, "
+        "champion, human, import or generated; absent: inferred by prep",
+    )
 
 
 _ADAPTER = TypeAdapter(AgentTurn)
@@ -205,9 +207,10 @@ def _check_semantics(turn: AgentTurn, raw: dict[str, Any], tools: Mapping[str, d
     if not 0 < turn.latency_ms <= MAX_LATENCY_MS:
         return Verdict(Reason.IMPOSSIBLE_VALUE, f"latency_ms={turn.latency_ms} outside (0, {MAX_LATENCY_MS:.0f}]")
     if not 0 <= turn.retrieval_latency_ms <= turn.latency_ms:
-        return Verdict(Reason.IMPOSSIBLE_VALUE,
-                       f"retrieval_latency_ms={turn.retrieval_latency_ms} outside [0, latency_ms]")
+        return Verdict(
+            Reason.IMPOSSIBLE_VALUE, f"retrieval_latency_ms={turn.retrieval_latency_ms} outside [0, latency_ms]"
+        )
     if turn.prompt_tokens > MAX_TOKENS or turn.completion_tokens > MAX_TOKENS:
         return Verdict(Reason.IMPOSSIBLE_VALUE, "token counts above the context limit")
-    ts = turn.timestamp if turn.timestamp.tzinfo else turn.timestamp.replace(tzinfo=timezone.utc)
-    return Verdict(None, record=raw, timestamp=ts.astimezone(timezone.utc))
+    ts = turn.timestamp if turn.timestamp.tzinfo else turn.timestamp.replace(tzinfo=UTC)
+    return Verdict(None, record=raw, timestamp=ts.astimezone(UTC))

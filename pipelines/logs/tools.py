@@ -21,8 +21,19 @@ NO_TOOL = "<abstain>"  # the expected "tool" of a turn where no offered tool fit
 
 CURRENCIES = ["USD", "EUR", "GBP", "CAD", "AUD", "JPY", "MXN", "BRL", "INR"]
 CATEGORIES = [
-    "apparel", "footwear", "electronics", "home", "kitchen", "beauty",
-    "sports", "toys", "jewelry", "books", "grocery", "pet_supplies", "garden",
+    "apparel",
+    "footwear",
+    "electronics",
+    "home",
+    "kitchen",
+    "beauty",
+    "sports",
+    "toys",
+    "jewelry",
+    "books",
+    "grocery",
+    "pet_supplies",
+    "garden",
 ]
 SIZES = ["XS", "S", "M", "L", "XL", "XXL", "6", "7", "8", "9", "10", "11", "12"]
 COLORS = ["black", "white", "red", "blue", "green", "grey", "beige", "pink", "navy", "brown", "gold", "silver"]
@@ -55,99 +66,177 @@ def _fn(name: str, description: str, properties: dict[str, Any], required: list[
 
 
 TOOLS: list[dict[str, Any]] = [
-    _fn("search_products", "Search the product catalogue with optional filters.", {
-        "query": {"type": "string", "minLength": 1, "maxLength": 200, "description": "Free-text search terms"},
-        "category": {"type": "string", "enum": CATEGORIES},
-        "brand": {"type": "string", "minLength": 1, "maxLength": 60},
-        "min_price": {"type": "number", "minimum": 0},
-        "max_price": {"type": "number", "exclusiveMinimum": 0},
-        "size": {"type": "string", "enum": SIZES},
-        "color": {"type": "string", "enum": COLORS},
-        "currency": _CURRENCY,
-        "limit": {"type": "integer", "minimum": 1, "maximum": 50},
-    }, ["query"]),
-    _fn("get_product", "Get one product's details, variants and stock.", {
-        "product_id": _ID,
-    }, ["product_id"]),
-    _fn("create_order", "Create an order for one or more products.", {
-        "items": {
-            "type": "array", "minItems": 1, "maxItems": 10,
-            "items": {
-                "type": "object",
-                "properties": {"product_id": _ID, "quantity": {"type": "integer", "minimum": 1, "maximum": 100}},
-                "required": ["product_id", "quantity"],
-                "additionalProperties": False,
-            },
+    _fn(
+        "search_products",
+        "Search the product catalogue with optional filters.",
+        {
+            "query": {"type": "string", "minLength": 1, "maxLength": 200, "description": "Free-text search terms"},
+            "category": {"type": "string", "enum": CATEGORIES},
+            "brand": {"type": "string", "minLength": 1, "maxLength": 60},
+            "min_price": {"type": "number", "minimum": 0},
+            "max_price": {"type": "number", "exclusiveMinimum": 0},
+            "size": {"type": "string", "enum": SIZES},
+            "color": {"type": "string", "enum": COLORS},
+            "currency": _CURRENCY,
+            "limit": {"type": "integer", "minimum": 1, "maximum": 50},
         },
-        "currency": _CURRENCY,
-        "shipping_address": {"type": "string", "minLength": 5, "maxLength": 300},
-    }, ["items", "currency"]),
-    _fn("get_order", "Get an order's status and details.", {
-        "order_id": _ID,
-    }, ["order_id"]),
-    _fn("capture_order", "Capture payment for an approved order.", {
-        "order_id": _ID,
-        "amount": _MONEY,
-        "currency": _CURRENCY,
-    }, ["order_id"]),
-    _fn("create_invoice", "Create a draft invoice for a recipient.", {
-        "recipient_email": _EMAIL,
-        "amount": _MONEY,
-        "currency": _CURRENCY,
-        "description": {"type": "string", "maxLength": 500},
-        "due_date": _DATE,
-    }, ["recipient_email", "amount", "currency"]),
-    _fn("send_invoice", "Send an existing invoice to its recipient.", {
-        "invoice_id": _ID,
-        "note": {"type": "string", "maxLength": 500},
-    }, ["invoice_id"]),
-    _fn("list_invoices", "List invoices, optionally by status and date range.", {
-        "status": {"type": "string", "enum": INVOICE_STATUSES},
-        "start_date": _DATE,
-        "end_date": _DATE,
-        "page_size": {"type": "integer", "minimum": 1, "maximum": 100},
-    }, []),
-    _fn("track_shipment", "Track a shipment by tracking number or by order.", {
-        "tracking_number": {"type": "string", "minLength": 8, "maxLength": 40},
-        "carrier": {"type": "string", "enum": CARRIERS},
-        "order_id": _ID,
-    }, []),
-    _fn("search_transactions", "Search payment transactions in a date range.", {
-        "start_date": _DATE,
-        "end_date": _DATE,
-        "min_amount": {"type": "number", "minimum": 0},
-        "max_amount": {"type": "number", "exclusiveMinimum": 0},
-        "currency": _CURRENCY,
-        "status": {"type": "string", "enum": ["SUCCESS", "PENDING", "DENIED", "REFUNDED"]},
-    }, ["start_date", "end_date"]),
-    _fn("create_subscription", "Subscribe a customer to a billing plan.", {
-        "plan_id": _ID,
-        "start_date": _DATE,
-        "quantity": {"type": "integer", "minimum": 1, "maximum": 1000},
-    }, ["plan_id"]),
-    _fn("cancel_subscription", "Cancel a subscription, with a reason.", {
-        "subscription_id": _ID,
-        "reason": {"type": "string", "minLength": 1, "maxLength": 300},
-    }, ["subscription_id", "reason"]),
-    _fn("get_subscription", "Get a subscription's status and next billing date.", {
-        "subscription_id": _ID,
-    }, ["subscription_id"]),
-    _fn("list_disputes", "List payment disputes, optionally by status.", {
-        "status": {"type": "string", "enum": DISPUTE_STATUSES},
-        "start_date": _DATE,
-        "page_size": {"type": "integer", "minimum": 1, "maximum": 50},
-    }, []),
-    _fn("get_dispute", "Get one dispute's details and evidence deadlines.", {
-        "dispute_id": _ID,
-    }, ["dispute_id"]),
+        ["query"],
+    ),
+    _fn(
+        "get_product",
+        "Get one product's details, variants and stock.",
+        {
+            "product_id": _ID,
+        },
+        ["product_id"],
+    ),
+    _fn(
+        "create_order",
+        "Create an order for one or more products.",
+        {
+            "items": {
+                "type": "array",
+                "minItems": 1,
+                "maxItems": 10,
+                "items": {
+                    "type": "object",
+                    "properties": {"product_id": _ID, "quantity": {"type": "integer", "minimum": 1, "maximum": 100}},
+                    "required": ["product_id", "quantity"],
+                    "additionalProperties": False,
+                },
+            },
+            "currency": _CURRENCY,
+            "shipping_address": {"type": "string", "minLength": 5, "maxLength": 300},
+        },
+        ["items", "currency"],
+    ),
+    _fn(
+        "get_order",
+        "Get an order's status and details.",
+        {
+            "order_id": _ID,
+        },
+        ["order_id"],
+    ),
+    _fn(
+        "capture_order",
+        "Capture payment for an approved order.",
+        {
+            "order_id": _ID,
+            "amount": _MONEY,
+            "currency": _CURRENCY,
+        },
+        ["order_id"],
+    ),
+    _fn(
+        "create_invoice",
+        "Create a draft invoice for a recipient.",
+        {
+            "recipient_email": _EMAIL,
+            "amount": _MONEY,
+            "currency": _CURRENCY,
+            "description": {"type": "string", "maxLength": 500},
+            "due_date": _DATE,
+        },
+        ["recipient_email", "amount", "currency"],
+    ),
+    _fn(
+        "send_invoice",
+        "Send an existing invoice to its recipient.",
+        {
+            "invoice_id": _ID,
+            "note": {"type": "string", "maxLength": 500},
+        },
+        ["invoice_id"],
+    ),
+    _fn(
+        "list_invoices",
+        "List invoices, optionally by status and date range.",
+        {
+            "status": {"type": "string", "enum": INVOICE_STATUSES},
+            "start_date": _DATE,
+            "end_date": _DATE,
+            "page_size": {"type": "integer", "minimum": 1, "maximum": 100},
+        },
+        [],
+    ),
+    _fn(
+        "track_shipment",
+        "Track a shipment by tracking number or by order.",
+        {
+            "tracking_number": {"type": "string", "minLength": 8, "maxLength": 40},
+            "carrier": {"type": "string", "enum": CARRIERS},
+            "order_id": _ID,
+        },
+        [],
+    ),
+    _fn(
+        "search_transactions",
+        "Search payment transactions in a date range.",
+        {
+            "start_date": _DATE,
+            "end_date": _DATE,
+            "min_amount": {"type": "number", "minimum": 0},
+            "max_amount": {"type": "number", "exclusiveMinimum": 0},
+            "currency": _CURRENCY,
+            "status": {"type": "string", "enum": ["SUCCESS", "PENDING", "DENIED", "REFUNDED"]},
+        },
+        ["start_date", "end_date"],
+    ),
+    _fn(
+        "create_subscription",
+        "Subscribe a customer to a billing plan.",
+        {
+            "plan_id": _ID,
+            "start_date": _DATE,
+            "quantity": {"type": "integer", "minimum": 1, "maximum": 1000},
+        },
+        ["plan_id"],
+    ),
+    _fn(
+        "cancel_subscription",
+        "Cancel a subscription, with a reason.",
+        {
+            "subscription_id": _ID,
+            "reason": {"type": "string", "minLength": 1, "maxLength": 300},
+        },
+        ["subscription_id", "reason"],
+    ),
+    _fn(
+        "get_subscription",
+        "Get a subscription's status and next billing date.",
+        {
+            "subscription_id": _ID,
+        },
+        ["subscription_id"],
+    ),
+    _fn(
+        "list_disputes",
+        "List payment disputes, optionally by status.",
+        {
+            "status": {"type": "string", "enum": DISPUTE_STATUSES},
+            "start_date": _DATE,
+            "page_size": {"type": "integer", "minimum": 1, "maximum": 50},
+        },
+        [],
+    ),
+    _fn(
+        "get_dispute",
+        "Get one dispute's details and evidence deadlines.",
+        {
+            "dispute_id": _ID,
+        },
+        ["dispute_id"],
+    ),
 ]
 
 # What each tool does to the world: a `write` changes it (an order, a payment, an invoice sent, a
 # subscription), a `read` only looks. A wrong write is the worst error a tool caller makes: evaluation
 # counts wrong writes apart and the promotion gate vetoes a candidate that makes more than its reference.
 EFFECTS = ("read", "write")
-WRITE_TOOLS = frozenset({"create_order", "capture_order", "create_invoice", "send_invoice", "create_subscription",
-                         "cancel_subscription"})
+WRITE_TOOLS = frozenset(
+    {"create_order", "capture_order", "create_invoice", "send_invoice", "create_subscription", "cancel_subscription"}
+)
 TOOL_NAMES: tuple[str, ...] = tuple(t["function"]["name"] for t in TOOLS)
 TOOLS_BY_NAME: dict[str, dict[str, Any]] = {t["function"]["name"]: t for t in TOOLS}
 
@@ -166,12 +255,21 @@ WORKLOADS: tuple[str, ...] = tuple(WORKLOAD_TOOLS)
 
 # The tool each workload mostly exists to call (for mix statistics).
 TOOL_WORKLOAD: dict[str, str] = {
-    "search_products": "search_discovery", "get_product": "search_discovery",
-    "create_order": "orders", "get_order": "orders", "capture_order": "orders",
-    "create_invoice": "invoicing", "send_invoice": "invoicing", "list_invoices": "invoicing",
-    "track_shipment": "shipping", "search_transactions": "transactions",
-    "create_subscription": "subscriptions", "cancel_subscription": "subscriptions",
-    "get_subscription": "subscriptions", "list_disputes": "disputes", "get_dispute": "disputes",
+    "search_products": "search_discovery",
+    "get_product": "search_discovery",
+    "create_order": "orders",
+    "get_order": "orders",
+    "capture_order": "orders",
+    "create_invoice": "invoicing",
+    "send_invoice": "invoicing",
+    "list_invoices": "invoicing",
+    "track_shipment": "shipping",
+    "search_transactions": "transactions",
+    "create_subscription": "subscriptions",
+    "cancel_subscription": "subscriptions",
+    "get_subscription": "subscriptions",
+    "list_disputes": "disputes",
+    "get_dispute": "disputes",
 }
 
 

@@ -20,8 +20,9 @@ def toolset_uri(raw_zone: str, name: str) -> str:
     return f"{raw_zone.rstrip('/')}/_toolsets/{name}.json"
 
 
-def register_toolset(raw_zone: str, name: str, tools: list[dict[str, Any]],
-                     effects: Mapping[str, str] | None = None) -> tuple[str, list[str]]:
+def register_toolset(
+    raw_zone: str, name: str, tools: list[dict[str, Any]], effects: Mapping[str, str] | None = None
+) -> tuple[str, list[str]]:
     """Write the toolset with each tool's `effect` (read or write; from `effects`, else what the spec itself
     declares). A tool declared by neither is recorded as a write (fail safe): its name is returned so the
     import can say so."""
@@ -47,24 +48,41 @@ def register_toolset(raw_zone: str, name: str, tools: list[dict[str, Any]],
 
 def toolsets(raw_zone: str) -> dict[str, list[dict[str, Any]]]:
     """Every registered toolset by name, as written (specs with their effect)."""
-    return {uri.rsplit("/", 1)[-1].removesuffix(".json"): read_json(uri)
-            for uri in sorted(glob(f"{raw_zone.rstrip('/')}/_toolsets/*.json"))}
+    return {
+        uri.rsplit("/", 1)[-1].removesuffix(".json"): read_json(uri)
+        for uri in sorted(glob(f"{raw_zone.rstrip('/')}/_toolsets/*.json"))
+    }
 
 
 def tool_effects(raw_zone: str) -> dict[str, str]:
     """Tool -> read/write for our catalogue and every registered toolset (undeclared: write)."""
-    found = {t["function"]["name"]: t.get("effect", "write") for entries in toolsets(raw_zone).values()
-             for t in entries}
+    found = {
+        t["function"]["name"]: t.get("effect", "write") for entries in toolsets(raw_zone).values() for t in entries
+    }
     return {**found, **catalogue_effects()}
 
 
 def tools_table(raw_zone: str) -> list[dict[str, Any]]:
     """Every registered tool: its toolset (`catalogue` for ours), effect and identifier arguments."""
-    rows = [{"tool": t["function"]["name"], "toolset": "catalogue", "effect": effect_of(t["function"]["name"]),
-             "id_arguments": id_arguments(t)} for t in TOOLS]
+    rows = [
+        {
+            "tool": t["function"]["name"],
+            "toolset": "catalogue",
+            "effect": effect_of(t["function"]["name"]),
+            "id_arguments": id_arguments(t),
+        }
+        for t in TOOLS
+    ]
     for toolset, entries in toolsets(raw_zone).items():
-        rows += [{"tool": t["function"]["name"], "toolset": toolset, "effect": t.get("effect", "write"),
-                  "id_arguments": t.get("id_arguments") or id_arguments(t)} for t in entries]
+        rows += [
+            {
+                "tool": t["function"]["name"],
+                "toolset": toolset,
+                "effect": t.get("effect", "write"),
+                "id_arguments": t.get("id_arguments") or id_arguments(t),
+            }
+            for t in entries
+        ]
     return rows
 
 
@@ -73,8 +91,11 @@ DECLARED = ("effect", "id_arguments")  # what a toolset file adds to each OpenAI
 
 def load_extra_tools(raw_zone: str) -> list[dict[str, Any]]:
     """The registered toolsets' OpenAI tool specs, as imported (without what the toolset file adds)."""
-    return [{k: v for k, v in tool.items() if k not in DECLARED}
-            for entries in toolsets(raw_zone).values() for tool in entries]
+    return [
+        {k: v for k, v in tool.items() if k not in DECLARED}
+        for entries in toolsets(raw_zone).values()
+        for tool in entries
+    ]
 
 
 def registered_catalogue(raw_zone: str) -> dict[str, dict[str, Any]]:

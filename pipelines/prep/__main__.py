@@ -1,6 +1,6 @@
 """Entry point for spark-submit on a cluster (the same prep as `flywheel prep`):
 
-    spark-submit --master spark://host:7077 -m ... pipelines/prep/__main__.py --start 2026-11-20 --end 2026-11-20
+spark-submit --master spark://host:7077 -m ... pipelines/prep/__main__.py --start 2026-11-20 --end 2026-11-20
 """
 
 from __future__ import annotations

@@ -56,7 +56,7 @@ def balanced_sample(frame: pd.DataFrame, n: int, seed: int = 0, power: float = 0
     the last rows go by largest remainder (ties in stratum order)."""
     if len(frame) <= n:
         return frame
-    groups = {k: g for k, g in frame.groupby(_strata(frame), sort=True)}
+    groups = dict(frame.groupby(_strata(frame), sort=True))
     quota = share_quotas({k: len(g) for k, g in groups.items()}, n, power)
     parts = [groups[k].sample(n=q, random_state=seed) for k, q in quota.items() if q]
     return pd_concat(parts).sort_values("record_id").reset_index(drop=True)
@@ -67,7 +67,7 @@ def share_quotas(sizes: dict[str, int], n: int, power: float) -> dict[str, int]:
     quota: dict[str, int] = {}
     open_, left = dict(sorted(sizes.items())), n
     while open_:
-        weights = {k: size ** power for k, size in open_.items()}
+        weights = {k: size**power for k, size in open_.items()}
         total = sum(weights.values())
         full = [k for k, size in open_.items() if size <= left * weights[k] / total]
         if not full:
@@ -113,9 +113,14 @@ def pd_concat(parts: list[pd.DataFrame]) -> pd.DataFrame:
     return pd.concat(parts, ignore_index=True)
 
 
-def load_split(settings: Settings, split: str, limit: int | None = None, seed: int = 0,
-               window: str | None = None, sampling: Literal["random", "balanced", "sqrt", "stratified"] = "random"
-               ) -> pd.DataFrame:
+def load_split(
+    settings: Settings,
+    split: str,
+    limit: int | None = None,
+    seed: int = 0,
+    window: str | None = None,
+    sampling: Literal["random", "balanced", "sqrt", "stratified"] = "random",
+) -> pd.DataFrame:
     """One split of a window's training set (default: the current manifest's), in record order;
     `limit` takes a seeded sample: random, `balanced` over (tool, source) or `stratified` by them."""
     import pandas as pd
@@ -131,8 +136,12 @@ def load_split(settings: Settings, split: str, limit: int | None = None, seed: i
     return sample_rows(frame.reset_index(drop=True), limit, seed, sampling)
 
 
-def sample_rows(frame: pd.DataFrame, limit: int | None, seed: int = 0,
-                sampling: Literal["random", "balanced", "sqrt", "stratified"] = "random") -> pd.DataFrame:
+def sample_rows(
+    frame: pd.DataFrame,
+    limit: int | None,
+    seed: int = 0,
+    sampling: Literal["random", "balanced", "sqrt", "stratified"] = "random",
+) -> pd.DataFrame:
     """`limit` rows of `frame` (all when it has no more), seeded, in record order: random, `balanced`/`sqrt`
     over (tool, source) strata or `stratified` by them."""
     if limit is None or len(frame) <= limit:
@@ -144,15 +153,18 @@ def sample_rows(frame: pd.DataFrame, limit: int | None, seed: int = 0,
     return frame.sample(n=limit, random_state=seed).sort_values("record_id").reset_index(drop=True)
 
 
-def with_reference_sample(settings: Settings, frame: pd.DataFrame, reference_days: list[str], share: float,
-                          seed: int = 0) -> pd.DataFrame:
+def with_reference_sample(
+    settings: Settings, frame: pd.DataFrame, reference_days: list[str], share: float, seed: int = 0
+) -> pd.DataFrame:
     """A drift retrain's training rows: the recent window plus a seeded sample of the reference window's
     train split, sized so it makes `share` of the result (the model keeps what it knew)."""
     import pandas as pd
 
     if share <= 0 or not reference_days:
         return frame
-    files = [f for day in reference_days for f in glob(f"{settings.zone('curated')}/sft/split=train/dt={day}/*.parquet")]
+    files = [
+        f for day in reference_days for f in glob(f"{settings.zone('curated')}/sft/split=train/dt={day}/*.parquet")
+    ]
     if not files:
         return frame
     old = pd.concat([pd.read_parquet(f) for f in files], ignore_index=True)

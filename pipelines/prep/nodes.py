@@ -19,10 +19,11 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from pipelines.logs.schema import check_line
-from pipelines.toolcall.calls import NO_TOOL as ABSTAIN, target_json
-from pipelines.toolcall.prompt import system_prompt, tools_json
 from pipelines.prep.labels import TRAINED_BY_DEFAULT, held_reason, label_source
-from pipelines.prep.redact import PII_TYPES, redact_text, redact_value
+from pipelines.redact import PII_TYPES, redact_text, redact_value
+from pipelines.toolcall.calls import NO_TOOL as ABSTAIN
+from pipelines.toolcall.calls import target_json
+from pipelines.toolcall.prompt import system_prompt, tools_json
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -31,18 +32,46 @@ if TYPE_CHECKING:
 MAX_QUARANTINED_LINE = 20_000
 
 # Output of `prepare_line`, one row per input line (Spark DDL; order matters for mapInPandas).
-PREPARED_SCHEMA = ", ".join([
-    "status string", "reason string", "detail string", "source_file string", "raw_redacted string",
-    "record_id string", "session_id string", "customer_id string", "workload_id string",
-    "event_time string", "turn_index int", "model string", "country string", "currency string",
-    "channel string", "feedback string", "latency_ms double", "retrieval_latency_ms double",
-    "prompt_tokens int", "completion_tokens int",
-    "tool string", "arguments_json string", "category string", "amount double", "price_asked double",
-    "request_text string", "dedupe_key string", "messages_json string", "tools_offered array<string>",
-    "tools_json string",
-    "system_prompt string", "target_json string", "approx_tokens int", "label_source string", "held string",
-    *(f"redacted_{t.lower()} int" for t in PII_TYPES),
-])
+PREPARED_SCHEMA = ", ".join(
+    [
+        "status string",
+        "reason string",
+        "detail string",
+        "source_file string",
+        "raw_redacted string",
+        "record_id string",
+        "session_id string",
+        "customer_id string",
+        "workload_id string",
+        "event_time string",
+        "turn_index int",
+        "model string",
+        "country string",
+        "currency string",
+        "channel string",
+        "feedback string",
+        "latency_ms double",
+        "retrieval_latency_ms double",
+        "prompt_tokens int",
+        "completion_tokens int",
+        "tool string",
+        "arguments_json string",
+        "category string",
+        "amount double",
+        "price_asked double",
+        "request_text string",
+        "dedupe_key string",
+        "messages_json string",
+        "tools_offered array<string>",
+        "tools_json string",
+        "system_prompt string",
+        "target_json string",
+        "approx_tokens int",
+        "label_source string",
+        "held string",
+        *(f"redacted_{t.lower()} int" for t in PII_TYPES),
+    ]
+)
 PREPARED_COLUMNS = [c.split(" ")[0] for c in PREPARED_SCHEMA.split(", ")]
 
 _SPACES = re.compile(r"\s+")
@@ -53,9 +82,13 @@ def normalize_text(text: str) -> str:
     return _SPACES.sub(" ", text.lower()).strip().rstrip("!?.,; ")
 
 
-def prepare_line(line: str | bytes, source_file: str = "", tools: Mapping[str, dict[str, Any]] | None = None,
-                 feedback: Mapping[str, str] | None = None, trained: Collection[str] = TRAINED_BY_DEFAULT
-                 ) -> dict[str, Any]:
+def prepare_line(
+    line: str | bytes,
+    source_file: str = "",
+    tools: Mapping[str, dict[str, Any]] | None = None,
+    feedback: Mapping[str, str] | None = None,
+    trained: Collection[str] = TRAINED_BY_DEFAULT,
+) -> dict[str, Any]:
     """One raw line -> one row: clean (with its SFT fields) or quarantined (with a reason).
 
     `tools`: the catalogue including imported toolsets (default: ours). `feedback`: ratings given after
@@ -66,13 +99,21 @@ def prepare_line(line: str | bytes, source_file: str = "", tools: Mapping[str, d
     verdict = check_line(line, tools)
     if not verdict.ok:
         text = line.decode("utf-8", "replace") if isinstance(line, bytes) else line
-        row.update(status="quarantined", reason=verdict.reason.value, detail=redact_text(verdict.detail),
-                   raw_redacted=redact_text(text[:MAX_QUARANTINED_LINE]))
+        row.update(
+            status="quarantined",
+            reason=verdict.reason.value,
+            detail=redact_text(verdict.detail),
+            raw_redacted=redact_text(text[:MAX_QUARANTINED_LINE]),
+        )
         try:  # keep the ids when the line is JSON, so people can find the record
             raw = orjson.loads(line)
             if isinstance(raw, dict):
-                row.update(record_id=_str(raw.get("record_id")), session_id=_str(raw.get("session_id")),
-                           customer_id=_str(raw.get("customer_id")), event_time=_str(raw.get("timestamp")))
+                row.update(
+                    record_id=_str(raw.get("record_id")),
+                    session_id=_str(raw.get("session_id")),
+                    customer_id=_str(raw.get("customer_id")),
+                    event_time=_str(raw.get("timestamp")),
+                )
         except orjson.JSONDecodeError:
             pass
         for t in PII_TYPES:
@@ -103,16 +144,33 @@ def prepare_line(line: str | bytes, source_file: str = "", tools: Mapping[str, d
     source = label_source(r)
     row.update(label_source=source, held=held_reason(source, rating, trained))
     row.update(
-        status="clean", record_id=r["record_id"], session_id=r["session_id"], customer_id=r["customer_id"],
-        workload_id=r["workload_id"], event_time=event_time, turn_index=r["turn_index"], model=r["model"],
-        country=r["country"], currency=r["currency"], channel=r["channel"], feedback=rating,
-        latency_ms=float(r["latency_ms"]), retrieval_latency_ms=float(r["retrieval_latency_ms"]),
-        prompt_tokens=r["prompt_tokens"], completion_tokens=r["completion_tokens"],
-        tool=tool, arguments_json=arguments_json, category=_str(args.get("category")),
-        amount=_num(args.get("amount")), price_asked=_num(args.get("max_price")),
+        status="clean",
+        record_id=r["record_id"],
+        session_id=r["session_id"],
+        customer_id=r["customer_id"],
+        workload_id=r["workload_id"],
+        event_time=event_time,
+        turn_index=r["turn_index"],
+        model=r["model"],
+        country=r["country"],
+        currency=r["currency"],
+        channel=r["channel"],
+        feedback=rating,
+        latency_ms=float(r["latency_ms"]),
+        retrieval_latency_ms=float(r["retrieval_latency_ms"]),
+        prompt_tokens=r["prompt_tokens"],
+        completion_tokens=r["completion_tokens"],
+        tool=tool,
+        arguments_json=arguments_json,
+        category=_str(args.get("category")),
+        amount=_num(args.get("amount")),
+        price_asked=_num(args.get("max_price")),
         request_text=user_turns[-1] if user_turns else "",
-        dedupe_key=hashlib.sha1(key_source.encode()).hexdigest(),
-        messages_json=messages_json, tools_offered=tools_offered, tools_json=offered_json, system_prompt=system,
+        dedupe_key=hashlib.sha1(key_source.encode(), usedforsecurity=False).hexdigest(),
+        messages_json=messages_json,
+        tools_offered=tools_offered,
+        tools_json=offered_json,
+        system_prompt=system,
         target_json=target,
         approx_tokens=(len(system) + len(messages_json) + len(target)) // 4,
     )
@@ -134,8 +192,10 @@ def conversation_of(messages: list[dict[str, Any]], counts: Counter[str] | None 
             continue
         msg: dict[str, Any] = {"role": m["role"], "content": text(m.get("content") or "") or None}
         if m.get("tool_calls"):
-            msg["tool_calls"] = [{"name": c["function"]["name"], "arguments": value(orjson.loads(c["function"]["arguments"]))}
-                                 for c in m["tool_calls"]]
+            msg["tool_calls"] = [
+                {"name": c["function"]["name"], "arguments": value(orjson.loads(c["function"]["arguments"]))}
+                for c in m["tool_calls"]
+            ]
         if m.get("tool_call_id"):
             msg["tool_call_id"] = m["tool_call_id"]
         conversation.append(msg)
@@ -150,24 +210,36 @@ def _num(value: Any) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
-def prepare_batches(batches: Iterator[pd.DataFrame], tools: Mapping[str, dict[str, Any]] | None = None,
-                    feedback: Mapping[str, str] | None = None, trained: Collection[str] = TRAINED_BY_DEFAULT
-                    ) -> Iterator[pd.DataFrame]:
+def prepare_batches(
+    batches: Iterator[pd.DataFrame],
+    tools: Mapping[str, dict[str, Any]] | None = None,
+    feedback: Mapping[str, str] | None = None,
+    trained: Collection[str] = TRAINED_BY_DEFAULT,
+) -> Iterator[pd.DataFrame]:
     """mapInPandas body: (value, source_file) lines -> PREPARED_SCHEMA rows."""
     import pandas as pd
 
     for batch in batches:
         rows = [prepare_line(v, f, tools, feedback, trained) for v, f in zip(batch["value"], batch["source_file"])]
         frame = pd.DataFrame(rows, columns=PREPARED_COLUMNS)
-        for col in ("turn_index", "prompt_tokens", "completion_tokens", "approx_tokens",
-                    *(f"redacted_{t.lower()}" for t in PII_TYPES)):
+        for col in (
+            "turn_index",
+            "prompt_tokens",
+            "completion_tokens",
+            "approx_tokens",
+            *(f"redacted_{t.lower()}" for t in PII_TYPES),
+        ):
             frame[col] = frame[col].astype("Int32")
         yield frame
 
 
 # ---- DataFrame nodes ------------------------------------------------------------------------
-def prepare(lines: DataFrame, tools: Mapping[str, dict[str, Any]] | None = None,
-            feedback: Mapping[str, str] | None = None, trained: Collection[str] = TRAINED_BY_DEFAULT) -> DataFrame:
+def prepare(
+    lines: DataFrame,
+    tools: Mapping[str, dict[str, Any]] | None = None,
+    feedback: Mapping[str, str] | None = None,
+    trained: Collection[str] = TRAINED_BY_DEFAULT,
+) -> DataFrame:
     """Raw text lines (value, source_file) -> prepared rows with a typed `event_timestamp`.
 
     `dt` is the raw partition a row came from (not its timestamp), so each output partition is
@@ -175,10 +247,12 @@ def prepare(lines: DataFrame, tools: Mapping[str, dict[str, Any]] | None = None,
     """
     from pyspark.sql import functions as F
 
-    prepared = lines.mapInPandas(partial(prepare_batches, tools=tools, feedback=feedback, trained=tuple(trained)),
-                                 PREPARED_SCHEMA)
+    prepared = lines.mapInPandas(
+        partial(prepare_batches, tools=tools, feedback=feedback, trained=tuple(trained)), PREPARED_SCHEMA
+    )
     return prepared.withColumn("event_timestamp", F.try_to_timestamp("event_time")).withColumn(
-        "dt", F.regexp_extract("source_file", r"dt=([0-9]{4}-[0-9]{2}-[0-9]{2})", 1))
+        "dt", F.regexp_extract("source_file", r"dt=([0-9]{4}-[0-9]{2}-[0-9]{2})", 1)
+    )
 
 
 def mark_duplicates(clean: DataFrame) -> DataFrame:
@@ -188,11 +262,14 @@ def mark_duplicates(clean: DataFrame) -> DataFrame:
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    w = Window.partitionBy("dedupe_key").orderBy(F.col("held").isNotNull(), "event_timestamp", "record_id",
-                                                 "source_file")
-    return (clean.withColumn("_rank", F.row_number().over(w))
-            .withColumn("duplicate_of", F.when(F.col("_rank") > 1, F.first("record_id").over(w)))
-            .drop("_rank"))
+    w = Window.partitionBy("dedupe_key").orderBy(
+        F.col("held").isNotNull(), "event_timestamp", "record_id", "source_file"
+    )
+    return (
+        clean.withColumn("_rank", F.row_number().over(w))
+        .withColumn("duplicate_of", F.when(F.col("_rank") > 1, F.first("record_id").over(w)))
+        .drop("_rank")
+    )
 
 
 def assign_splits(kept: DataFrame, val_share: float, test_share: float, salt: str) -> DataFrame:
@@ -201,24 +278,78 @@ def assign_splits(kept: DataFrame, val_share: float, test_share: float, salt: st
     from pyspark.sql import functions as F
 
     first = Window.partitionBy("session_id").orderBy("turn_index", "event_timestamp")
-    sessions = (kept.withColumn("_n", F.row_number().over(first)).filter("_n = 1")
-                .select("session_id", F.col("tool").alias("stratum")))
+    sessions = (
+        kept.withColumn("_n", F.row_number().over(first))
+        .filter("_n = 1")
+        .select("session_id", F.col("tool").alias("stratum"))
+    )
     by_stratum = Window.partitionBy("stratum").orderBy(F.xxhash64("session_id", F.lit(salt)), "session_id")
     sessions = sessions.withColumn("_p", F.percent_rank().over(by_stratum)).withColumn(
-        "split", F.when(F.col("_p") >= 1 - test_share, "test")
-        .when(F.col("_p") >= 1 - test_share - val_share, "val").otherwise("train"))
+        "split",
+        F.when(F.col("_p") >= 1 - test_share, "test")
+        .when(F.col("_p") >= 1 - test_share - val_share, "val")
+        .otherwise("train"),
+    )
     return kept.join(sessions.select("session_id", "split"), "session_id")
 
 
-EXAMPLE_COLUMNS = ["record_id", "session_id", "customer_id", "event_timestamp", "workload_id", "tool",
-                   "tools_offered", "tools_json", "system_prompt", "messages_json", "target_json", "approx_tokens",
-                   "country", "currency", "channel", "label_source", "split", "dt"]
-CLEAN_LOG_COLUMNS = ["record_id", "session_id", "customer_id", "event_timestamp", "turn_index", "workload_id",
-                     "tool", "arguments_json", "category", "amount", "price_asked", "request_text", "model",
-                     "country", "currency", "channel", "feedback", "latency_ms", "retrieval_latency_ms",
-                     "prompt_tokens", "completion_tokens", "label_source", "held", "dt"]
-QUARANTINE_COLUMNS = ["reason", "detail", "record_id", "session_id", "customer_id", "event_time", "source_file",
-                      "raw_redacted", "dt"]
+EXAMPLE_COLUMNS = [
+    "record_id",
+    "session_id",
+    "customer_id",
+    "event_timestamp",
+    "workload_id",
+    "tool",
+    "tools_offered",
+    "tools_json",
+    "system_prompt",
+    "messages_json",
+    "target_json",
+    "approx_tokens",
+    "country",
+    "currency",
+    "channel",
+    "label_source",
+    "split",
+    "dt",
+]
+CLEAN_LOG_COLUMNS = [
+    "record_id",
+    "session_id",
+    "customer_id",
+    "event_timestamp",
+    "turn_index",
+    "workload_id",
+    "tool",
+    "arguments_json",
+    "category",
+    "amount",
+    "price_asked",
+    "request_text",
+    "model",
+    "country",
+    "currency",
+    "channel",
+    "feedback",
+    "latency_ms",
+    "retrieval_latency_ms",
+    "prompt_tokens",
+    "completion_tokens",
+    "label_source",
+    "held",
+    "dt",
+]
+QUARANTINE_COLUMNS = [
+    "reason",
+    "detail",
+    "record_id",
+    "session_id",
+    "customer_id",
+    "event_time",
+    "source_file",
+    "raw_redacted",
+    "dt",
+]
 
 
 def quarantine_rows(prepared: DataFrame, duplicates: DataFrame, run_id: str) -> DataFrame:
@@ -226,11 +357,17 @@ def quarantine_rows(prepared: DataFrame, duplicates: DataFrame, run_id: str) -> 
 
     bad = prepared.filter("status = 'quarantined'").select(*QUARANTINE_COLUMNS)
     dups = duplicates.select(
-        F.lit("duplicate").alias("reason"), F.concat(F.lit("duplicate of "), "duplicate_of").alias("detail"),
-        "record_id", "session_id", "customer_id", "event_time", "source_file",
-        F.lit(None).cast("string").alias("raw_redacted"), "dt")
-    return bad.unionByName(dups).withColumn("run_id", F.lit(run_id)).withColumn(
-        "quarantined_at", F.current_timestamp())
+        F.lit("duplicate").alias("reason"),
+        F.concat(F.lit("duplicate of "), "duplicate_of").alias("detail"),
+        "record_id",
+        "session_id",
+        "customer_id",
+        "event_time",
+        "source_file",
+        F.lit(None).cast("string").alias("raw_redacted"),
+        "dt",
+    )
+    return bad.unionByName(dups).withColumn("run_id", F.lit(run_id)).withColumn("quarantined_at", F.current_timestamp())
 
 
 def digest(frame: DataFrame, columns: list[str]) -> str:

@@ -14,7 +14,7 @@ import subprocess
 import time
 import uuid
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from pipelines import __version__
@@ -25,7 +25,7 @@ from pipelines.logs.raw import unreadable_reason
 from pipelines.logs.tools import TOOLSET_VERSION
 from pipelines.logs.toolsets import extra_tool_names, registered_catalogue
 from pipelines.prep import nodes
-from pipelines.prep.redact import PII_TYPES
+from pipelines.redact import PII_TYPES
 from pipelines.storage import exists, glob, locked, move, remove, window_partitions, write_json
 from pipelines.toolcall.grammar import constraint
 from pipelines.window import DateWindow
@@ -88,8 +88,14 @@ def raw_files_for(settings: Settings, window: DateWindow) -> list[str]:
 
 def code_version() -> str:
     try:
-        sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True,
-                             text=True, timeout=5, check=True).stdout.strip()
+        sha = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],  # noqa: S607 (git on PATH, read-only)
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=True,
+        ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         sha = "unknown"
     return f"{__version__}+{sha}"
@@ -115,8 +121,11 @@ def run_prep(settings: Settings, window: DateWindow, spark: Any = None, run_id: 
     unreadable = {f: reason for f in files if (reason := unreadable_reason(f))}
     files = [f for f in files if f not in unreadable]
     if not files:
-        raise PrepError(f"every raw file of {window} is unreadable: "
-                        + "; ".join(f"{f}: {r}" for f, r in unreadable.items()) + "; re-ingest them")
+        raise PrepError(
+            f"every raw file of {window} is unreadable: "
+            + "; ".join(f"{f}: {r}" for f, r in unreadable.items())
+            + "; re-ingest them"
+        )
     spark = spark or get_spark(settings)
     paths = zone_paths(settings)
     staging = f"{paths['staging']}/{run_id}"
@@ -125,7 +134,9 @@ def run_prep(settings: Settings, window: DateWindow, spark: Any = None, run_id: 
     non_blank = lines.filter(F.trim("value") != "")
     tools = registered_catalogue(settings.zone("raw"))
     feedback = read_feedback(settings.zone("raw"))  # ratings sent after the turns (gateway /v1/feedback)
-    nodes.prepare(non_blank, tools, feedback, settings.quality.train_label_sources).write.mode("overwrite").parquet(staging)
+    nodes.prepare(non_blank, tools, feedback, settings.quality.train_label_sources).write.mode("overwrite").parquet(
+        staging
+    )
     prepared = spark.read.parquet(staging)
     input_records = non_blank.count()
 
@@ -145,10 +156,12 @@ def run_prep(settings: Settings, window: DateWindow, spark: Any = None, run_id: 
     out = {name: f"{staging}/out/{name}" for name in OUTPUT_TABLES}
     try:
         examples.select(*nodes.EXAMPLE_COLUMNS).write.mode("overwrite").partitionBy("split", "dt").parquet(
-            out["examples"])
+            out["examples"]
+        )
         kept.select(*nodes.CLEAN_LOG_COLUMNS).write.mode("overwrite").partitionBy("dt").parquet(out["clean_logs"])
         nodes.quarantine_rows(prepared, duplicates, run_id).write.mode("overwrite").partitionBy("dt").parquet(
-            out["quarantine"])
+            out["quarantine"]
+        )
     except BaseException:
         marked.unpersist()
         examples.unpersist()
@@ -159,17 +172,23 @@ def run_prep(settings: Settings, window: DateWindow, spark: Any = None, run_id: 
         n_kept = examples.count()
         n_dup = duplicates.count()
         n_bad = status_counts.get("quarantined", 0)
-        held_reasons = {r["held"]: r["n"] for r in kept.filter("held IS NOT NULL").groupBy("held")
-                        .agg(F.count("*").alias("n")).collect()}
+        held_reasons = {
+            r["held"]: r["n"]
+            for r in kept.filter("held IS NOT NULL").groupBy("held").agg(F.count("*").alias("n")).collect()
+        }
         n_held = sum(held_reasons.values())
         if n_kept + n_held + n_bad + n_dup != input_records:
-            raise CountMismatch(f"input {input_records} != clean {n_kept} + held {n_held} + quarantined {n_bad} "
-                                f"+ duplicates {n_dup}")
-        label_sources = {r["label_source"]: r["n"] for r in examples.groupBy("label_source")
-                         .agg(F.count("*").alias("n")).collect()}
+            raise CountMismatch(
+                f"input {input_records} != clean {n_kept} + held {n_held} + quarantined {n_bad} + duplicates {n_dup}"
+            )
+        label_sources = {
+            r["label_source"]: r["n"] for r in examples.groupBy("label_source").agg(F.count("*").alias("n")).collect()
+        }
 
-        reasons = {r["reason"]: r["n"] for r in prepared.filter("status = 'quarantined'")
-                   .groupBy("reason").agg(F.count("*").alias("n")).collect()}
+        reasons = {
+            r["reason"]: r["n"]
+            for r in prepared.filter("status = 'quarantined'").groupBy("reason").agg(F.count("*").alias("n")).collect()
+        }
         redaction_row = clean.select(*[F.sum(f"redacted_{t.lower()}").alias(t) for t in PII_TYPES]).first()
         redactions = {t: int(redaction_row[t] or 0) for t in PII_TYPES}
         per_split_tool = examples.groupBy("split", "tool").agg(F.count("*").alias("n")).collect()
@@ -189,27 +208,40 @@ def run_prep(settings: Settings, window: DateWindow, spark: Any = None, run_id: 
     if input_records == 0:
         message = f"{window}: the raw partitions are empty; nothing to prepare"
     elif n_kept == 0:
-        message = (f"{window}: all {input_records} records were quarantined, held (labels that do not train: "
-                   f"{held_reasons}) or duplicates ({reasons}); no examples")
+        message = (
+            f"{window}: all {input_records} records were quarantined, held (labels that do not train: "
+            f"{held_reasons}) or duplicates ({reasons}); no examples"
+        )
     else:
-        message = (f"{window}: {input_records} records -> {n_kept} examples, {n_held} held (labels that do not "
-                   f"train), {n_bad} quarantined, {n_dup} duplicates")
+        message = (
+            f"{window}: {input_records} records -> {n_kept} examples, {n_held} held (labels that do not "
+            f"train), {n_bad} quarantined, {n_dup} duplicates"
+        )
     limits = grammar_limits(settings.zone("raw"), [t for d in tool_dist.values() for t in d])
     if limits:
         message += "; not fully constrained by the tool-call grammar: " + "; ".join(
-            f"{name} {how}" for name, how in limits.items())
+            f"{name} {how}" for name, how in limits.items()
+        )
     if unreadable:
-        message += (f"; {len(unreadable)} unreadable raw file(s) skipped, left in place and listed in the "
-                    f"manifest (re-ingest, then prepare the window again): {', '.join(sorted(unreadable))}")
+        message += (
+            f"; {len(unreadable)} unreadable raw file(s) skipped, left in place and listed in the "
+            f"manifest (re-ingest, then prepare the window again): {', '.join(sorted(unreadable))}"
+        )
     manifest = {
         "run_id": run_id,
         "window": {"start": window.start.isoformat(), "end": window.end.isoformat()},
-        "created_at": datetime.now(timezone.utc).isoformat(),
+        "created_at": datetime.now(UTC).isoformat(),
         "input_partitions": sorted({f.rsplit("/", 2)[-2] for f in [*files, *unreadable]}),
         "input_files": files,
         "unreadable_files": [{"file": f, "reason": r} for f, r in sorted(unreadable.items())],
-        "counts": {"input": input_records, "clean": n_kept, "held": n_held, "quarantined": n_bad, "duplicates": n_dup,
-                   "reconciled": n_kept + n_held + n_bad + n_dup == input_records},
+        "counts": {
+            "input": input_records,
+            "clean": n_kept,
+            "held": n_held,
+            "quarantined": n_bad,
+            "duplicates": n_dup,
+            "reconciled": n_kept + n_held + n_bad + n_dup == input_records,
+        },
         "label_sources": dict(sorted(label_sources.items())),
         "held_reasons": dict(sorted(held_reasons.items())),
         "quarantine_reasons": dict(sorted(reasons.items())),
@@ -234,11 +266,22 @@ def run_prep(settings: Settings, window: DateWindow, spark: Any = None, run_id: 
         manifest_uri = write_json(f"{paths['manifests']}/{window.label}.json", manifest)
     remove(staging)
     return PrepResult(
-        window=str(window), run_id=run_id, input_records=input_records, clean=n_kept, quarantined=n_bad,
-        duplicates=n_dup, examples_by_split=manifest["examples_by_split"], reasons=manifest["quarantine_reasons"],
-        redactions=redactions, manifest_uri=manifest_uri, message=message,
-        seconds=round(time.perf_counter() - started, 2), outputs=manifest["outputs"], unreadable_files=unreadable,
-        held=n_held, label_sources=manifest["label_sources"],
+        window=str(window),
+        run_id=run_id,
+        input_records=input_records,
+        clean=n_kept,
+        quarantined=n_bad,
+        duplicates=n_dup,
+        examples_by_split=manifest["examples_by_split"],
+        reasons=manifest["quarantine_reasons"],
+        redactions=redactions,
+        manifest_uri=manifest_uri,
+        message=message,
+        seconds=round(time.perf_counter() - started, 2),
+        outputs=manifest["outputs"],
+        unreadable_files=unreadable,
+        held=n_held,
+        label_sources=manifest["label_sources"],
     )
 
 
@@ -275,6 +318,9 @@ def grammar_limits(raw_zone: str, names: list[str]) -> dict[str, str]:
     """Of the tools `names` (those a window uses), the ones the tool-call grammar does not fully constrain,
     with how far it does (`toolcall.grammar.constraint`): prep's manifest and the quality report list them."""
     specs = registered_catalogue(raw_zone)
-    found = {name: constraint(name, specs[name]["function"].get("parameters")) for name in sorted(set(names))
-             if name in specs}
+    found = {
+        name: constraint(name, specs[name]["function"].get("parameters"))
+        for name in sorted(set(names))
+        if name in specs
+    }
     return {name: how for name, how in found.items() if how != "fully"}

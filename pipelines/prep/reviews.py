@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from datetime import UTC
 from typing import Any
 
 import orjson
@@ -59,9 +60,17 @@ def queue(settings: Settings) -> list[dict[str, Any]]:
     for row in down.to_dict("records"):
         if exists(_decision_uri(settings, row["record_id"])):
             continue
-        out.append({"record_id": row["record_id"], "dt": row["dt"], "request": row["request_text"],
-                    "tool": row["tool"], "arguments": row["arguments_json"], "label_source": row["label_source"],
-                    "at": str(row["event_timestamp"])})
+        out.append(
+            {
+                "record_id": row["record_id"],
+                "dt": row["dt"],
+                "request": row["request_text"],
+                "tool": row["tool"],
+                "arguments": row["arguments_json"],
+                "label_source": row["label_source"],
+                "at": str(row["event_timestamp"]),
+            }
+        )
     return out
 
 
@@ -87,8 +96,9 @@ def _raw_record(settings: Settings, record_id: str, dt: str) -> dict[str, Any]:
     raise ReviewError(f"record {record_id} is not in the raw zone's dt={dt} files")
 
 
-def decide(settings: Settings, record_id: str, accept: bool, call: dict[str, Any] | None = None,
-           reviewer: str = "reviewer") -> dict[str, Any]:
+def decide(
+    settings: Settings, record_id: str, accept: bool, call: dict[str, Any] | None = None, reviewer: str = "reviewer"
+) -> dict[str, Any]:
     """Accept (with the corrected `call`) or reject one queued turn; returns what was written. One reviewer at
     a time per record (a lock): an accept and a reject of the same record never both land."""
     from pipelines.storage import locked
@@ -97,9 +107,10 @@ def decide(settings: Settings, record_id: str, accept: bool, call: dict[str, Any
         return _decide(settings, record_id, accept, call, reviewer)
 
 
-def _decide(settings: Settings, record_id: str, accept: bool, call: dict[str, Any] | None,
-            reviewer: str) -> dict[str, Any]:
-    from datetime import datetime, timezone
+def _decide(
+    settings: Settings, record_id: str, accept: bool, call: dict[str, Any] | None, reviewer: str
+) -> dict[str, Any]:
+    from datetime import datetime
 
     from pipelines.logs.tools import argument_errors
     from pipelines.logs.toolsets import registered_catalogue
@@ -109,8 +120,12 @@ def _decide(settings: Settings, record_id: str, accept: bool, call: dict[str, An
         decided = exists(_decision_uri(settings, record_id))
         raise ReviewError(f"record {record_id} is {'already decided' if decided else 'not in the review queue'}")
     entry = waiting[record_id]
-    decision: dict[str, Any] = {"record_id": record_id, "accepted": accept, "reviewer": reviewer,
-                                "at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+    decision: dict[str, Any] = {
+        "record_id": record_id,
+        "accepted": accept,
+        "reviewer": reviewer,
+        "at": datetime.now(UTC).isoformat(timespec="seconds"),
+    }
     if accept:
         if not isinstance(call, dict) or "name" not in call:
             raise ReviewError('accepting needs the corrected call: --call \'{"name": ..., "arguments": {...}}\'')
@@ -124,13 +139,31 @@ def _decide(settings: Settings, record_id: str, accept: bool, call: dict[str, An
             if errors:
                 raise ReviewError(f"the corrected {name} call breaks its schema: {errors[0]}")
         fixed_id = f"{record_id}-review"
-        message = ({"role": "assistant", "content": None, "tool_calls": [
-            {"id": f"call_{fixed_id}", "type": "function",
-             "function": {"name": name, "arguments": json.dumps(arguments, separators=(",", ":"))}}]}
-                   if name is not None else {"role": "assistant", "content": ""})
-        corrected = {**record, "record_id": fixed_id, "label_source": "human", "feedback": "none",
-                     "response": {**record["response"], "choices": [
-                         {"index": 0, "message": message, "finish_reason": "tool_calls" if name else "stop"}]}}
+        message = (
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": f"call_{fixed_id}",
+                        "type": "function",
+                        "function": {"name": name, "arguments": json.dumps(arguments, separators=(",", ":"))},
+                    }
+                ],
+            }
+            if name is not None
+            else {"role": "assistant", "content": ""}
+        )
+        corrected = {
+            **record,
+            "record_id": fixed_id,
+            "label_source": "human",
+            "feedback": "none",
+            "response": {
+                **record["response"],
+                "choices": [{"index": 0, "message": message, "finish_reason": "tool_calls" if name else "stop"}],
+            },
+        }
         target = f"{settings.zone('raw').rstrip('/')}/dt={entry['dt']}/reviews-{_digest(record_id)}.jsonl"
         write_bytes(target, orjson.dumps(corrected) + b"\n")
         decision.update(corrected_record=fixed_id, file=target)

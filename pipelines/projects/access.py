@@ -44,8 +44,9 @@ class MlflowAuth:
         from pipelines.clients import mlflow as mlflow_client
 
         self.url = mlflow_client.server_url(settings)
-        self.http = httpx.Client(base_url=self.url, timeout=TIMEOUT_S,
-                                 auth=(mlflow_client.ADMIN, mlflow_client.admin_password(settings)))
+        self.http = httpx.Client(
+            base_url=self.url, timeout=TIMEOUT_S, auth=(mlflow_client.ADMIN, mlflow_client.admin_password(settings))
+        )
 
     def close(self) -> None:
         self.http.close()
@@ -76,13 +77,19 @@ class MlflowAuth:
     def grant(self, user: str, kind: str, resource: str, permission: str) -> None:
         """Set `user`'s permission on one resource (a revoke first: MLflow refuses a second grant)."""
         self.revoke(user, kind, resource)
-        self._call("POST", "/api/3.0/mlflow/users/permissions/grant",
-                   json={"username": user, "resource_type": kind, "resource_id": resource, "permission": permission})
+        self._call(
+            "POST",
+            "/api/3.0/mlflow/users/permissions/grant",
+            json={"username": user, "resource_type": kind, "resource_id": resource, "permission": permission},
+        )
 
     def revoke(self, user: str, kind: str, resource: str) -> None:
         try:
-            self._call("POST", "/api/3.0/mlflow/users/permissions/revoke",
-                       json={"username": user, "resource_type": kind, "resource_id": resource})
+            self._call(
+                "POST",
+                "/api/3.0/mlflow/users/permissions/revoke",
+                json={"username": user, "resource_type": kind, "resource_id": resource},
+            )
         except AccessError as exc:
             if "HTTP 404" not in str(exc) and "RESOURCE_DOES_NOT_EXIST" not in str(exc):
                 raise
@@ -128,9 +135,12 @@ def sync(settings: Settings, name: str, removed: tuple[str, ...] = ()) -> dict[s
                 auth.revoke(user, "registered_model", model)
     finally:
         auth.close()
-    return {"experiment_id": experiment_id, "registered_model": model,
-            "grants": {u: PERMISSION[r] for u, r in project.members.items() if u != mlflow_client.ADMIN},
-            "new_users": created}
+    return {
+        "experiment_id": experiment_id,
+        "registered_model": model,
+        "grants": {u: PERMISSION[r] for u, r in project.members.items() if u != mlflow_client.ADMIN},
+        "new_users": created,
+    }
 
 
 def sync_quietly(settings: Settings, name: str, removed: tuple[str, ...] = ()) -> str:
@@ -141,8 +151,11 @@ def sync_quietly(settings: Settings, name: str, removed: tuple[str, ...] = ()) -
     if not settings.mlflow.auth:
         return "MLflow runs without authentication (mlflow.auth off): no permissions to set"
     url = mlflow_client.server_url(settings)
-    row = (services.status(str(settings.root), "mlflow", f"{url}/health", url).to_dict() if settings.is_local
-           else {"healthy": True})
+    row = (
+        services.status(str(settings.root), "mlflow", f"{url}/health", url).to_dict()
+        if settings.is_local
+        else {"healthy": True}
+    )
     if not row.get("healthy"):
         return "MLflow permissions: applied when the tracking server starts (`flywheel up`)"
     try:

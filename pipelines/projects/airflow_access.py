@@ -33,15 +33,16 @@ import os
 import re
 import secrets
 import shutil
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from pipelines.config import DEFAULT_PROJECT, Settings
 
 BUNDLE_LINE = re.compile(r"^BUNDLE_PROJECT: str \| None = None\b.*$", re.MULTILINE)
 AIRFLOW_ROLE = {"viewer": "viewer", "editor": "user", "owner": "user"}
 PREPARE_TIMEOUT_S = 900.0
-SECRET_KEY = "AIRFLOW__API_AUTH__JWT_SECRET"
+SECRET_KEY = "AIRFLOW__API_AUTH__JWT_SECRET"  # noqa: S105 (a name, not a secret)
 
 
 def enabled(settings: Settings, projects: Iterable[str] | None = None) -> bool:
@@ -90,10 +91,15 @@ def write_bundles(settings: Settings, projects: list[str]) -> None:
         folder = bundle_dir(settings, project)
         folder.mkdir(parents=True, exist_ok=True)
         for f in files:
-            text, n = BUNDLE_LINE.subn(f"BUNDLE_PROJECT: str | None = {project!r}  # this bundle's project (written "
-                                       "by flywheel: pipelines/projects/airflow_access.py)", f.read_text())
+            text, n = BUNDLE_LINE.subn(
+                f"BUNDLE_PROJECT: str | None = {project!r}  # this bundle's project (written "
+                "by flywheel: pipelines/projects/airflow_access.py)",
+                f.read_text(),
+            )
             if n != 1:
-                raise ValueError(f"{f} has no `BUNDLE_PROJECT: str | None = None` line: it cannot be bundled per project")
+                raise ValueError(
+                    f"{f} has no `BUNDLE_PROJECT: str | None = None` line: it cannot be bundled per project"
+                )
             target = folder / f.name
             if not target.is_file() or target.read_text() != text:
                 write_text(str(target), text)
@@ -104,16 +110,26 @@ def write_bundles(settings: Settings, projects: list[str]) -> None:
 
 def bundle_config(settings: Settings, projects: list[str]) -> list[dict[str, Any]]:
     """Airflow's `dag_bundle_config_list` for these projects' bundles."""
-    return [{"name": bundle_name(p), "classpath": "airflow.dag_processing.bundles.local.LocalDagBundle",
-             "kwargs": {"path": str(bundle_dir(settings, p))}, "team_name": team_name(p)} for p in projects]
+    return [
+        {
+            "name": bundle_name(p),
+            "classpath": "airflow.dag_processing.bundles.local.LocalDagBundle",
+            "kwargs": {"path": str(bundle_dir(settings, p))},
+            "team_name": team_name(p),
+        }
+        for p in projects
+    ]
 
 
 def logins(projects: Mapping[str, Any]) -> dict[str, str]:
     """login -> `role:team` for every member of every project (the registry as read already; the platform's
     `admin` has its own login)."""
-    return {login(user, name): f"{AIRFLOW_ROLE[role]}:{team_name(name)}"
-            for name, project in sorted(projects.items())
-            for user, role in sorted(project.members.items()) if user != "admin"}
+    return {
+        login(user, name): f"{AIRFLOW_ROLE[role]}:{team_name(name)}"
+        for name, project in sorted(projects.items())
+        for user, role in sorted(project.members.items())
+        if user != "admin"
+    }
 
 
 def _passwords(settings: Settings, wanted: list[str]) -> None:
@@ -151,17 +167,18 @@ def _passwords(settings: Settings, wanted: list[str]) -> None:
 
 def prepare(settings: Settings) -> dict[str, str]:
     """In multi-team mode (nothing when it is off): each project's bundle, team and logins, under a lock.
-    What every Airflow process of the platform then reads (`airflow_env`, from `airflow.multi_team_env_file`,
+    What every Airflow process of the platform then reads (`airflow_env`, from `airflow_server.multi_team_env_file`,
     0600) is written only after the metadata DB is migrated and the teams exist, and only while no Airflow
     server runs with an older set (refused with the command that applies it). Unchanged: nothing to do."""
     from filelock import FileLock
 
     from pipelines.clients import airflow
     from pipelines.projects import registry
+    from pipelines.stack import airflow as airflow_server
     from pipelines.storage import write_json
 
     home = Path(str(settings.airflow.home))
-    env_file = airflow.multi_team_env_file(settings)
+    env_file = airflow_server.multi_team_env_file(settings)
     if not env_file.is_file() and not enabled(settings):  # the registry read only without teams in place
         return {}  # single-team, as it was
     home.mkdir(parents=True, exist_ok=True)
@@ -173,30 +190,44 @@ def prepare(settings: Settings) -> dict[str, str]:
             return {}
         old = json.loads(env_file.read_text()) if env_file.is_file() else {}
         users, projects = logins(registered), sorted(registered)
-        out = {"AIRFLOW__CORE__MULTI_TEAM": "True",
-               "AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST": json.dumps(bundle_config(settings, projects)),
-               "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": ",".join(["admin:admin", *(f"{n}:{r}" for n, r in users.items())])}
+        out = {
+            "AIRFLOW__CORE__MULTI_TEAM": "True",
+            "AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST": json.dumps(bundle_config(settings, projects)),
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": ",".join(
+                ["admin:admin", *(f"{n}:{r}" for n, r in users.items())]
+            ),
+        }
         if {k: v for k, v in old.items() if k != SECRET_KEY} == out:
             write_bundles(settings, projects)  # the same set: the DAG files' copies follow the repository's
             return old
         if airflow.running(settings):
             auto = settings.airflow.multi_team == "auto"
             raise airflow.AirflowUnavailable(
-                ("the running Airflow serves an older set of project teams, DAG bundles or logins (a project or member "
-                 "changed since it started)" if old else
-                 f"Airflow is to keep each project's DAGs to its members (airflow.multi_team: {mode(settings)}"
-                 f"{', and the platform has projects besides `default`' if auto else ''}), and the running Airflow "
-                 "started without teams") + ": apply it with `flywheel down && flywheel up`" +
-                (" (or keep Airflow single-team: FLYWHEEL_AIRFLOW__MULTI_TEAM=false)" if auto and not old else ""))
-        with airflow.layout(settings, switch=not old):  # from one DAG-folder bundle to teams: no run under it
+                (
+                    "the running Airflow serves an older set of project teams, DAG bundles or logins (a project or "
+                    "member "
+                    "changed since it started)"
+                    if old
+                    else f"Airflow is to keep each project's DAGs to its members (airflow.multi_team: {mode(settings)}"
+                    f"{', and the platform has projects besides `default`' if auto else ''}), and the running Airflow "
+                    "started without teams"
+                )
+                + ": apply it with `flywheel down && flywheel up`"
+                + (" (or keep Airflow single-team: FLYWHEEL_AIRFLOW__MULTI_TEAM=false)" if auto and not old else "")
+            )
+        with airflow_server.layout(settings, switch=not old):  # from one DAG-folder bundle to teams: no run under it
             write_bundles(settings, projects)
             out[SECRET_KEY] = secrets.token_urlsafe(32)  # tokens issued before (old roles and teams) stop working
             _passwords(settings, list(users))
             for args in (("db", "migrate"), ("teams", "sync")):
-                done = airflow.run_cli(settings, *args, timeout=settings.airflow.migrate_timeout_s, extra_env=out)
+                done = airflow_server.run_cli(
+                    settings, *args, timeout=settings.airflow.migrate_timeout_s, extra_env=out
+                )
                 if done.returncode != 0:
                     tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["(no output)"]
-                    raise airflow.AirflowUnavailable(f"`airflow {' '.join(args)}` failed for the project teams: {tail[0]}")
+                    raise airflow.AirflowUnavailable(
+                        f"`airflow {' '.join(args)}` failed for the project teams: {tail[0]}"
+                    )
             write_json(str(env_file), out)
             env_file.chmod(0o600)
         return out
@@ -206,14 +237,16 @@ def _leave(settings: Settings, env_file: Path) -> None:
     """Back to single-team (under prepare's lock): refused while an Airflow started with the teams runs (its
     processes would keep them); else the bundles, the member logins with their passwords and the teams' file go."""
     from pipelines.clients import airflow
+    from pipelines.stack import airflow as airflow_server
 
     if airflow.running(settings):
         raise airflow.AirflowUnavailable(
             "the running Airflow keeps each project's DAGs to its members (multi-team), which is now off "
             f"(airflow.multi_team: {mode(settings)}"
             f"{', and no project besides `default` is left' if settings.airflow.multi_team == 'auto' else ''}"
-            "): apply it with `flywheel down && flywheel up`")
-    with airflow.layout(settings, switch=True):  # no run under it
+            "): apply it with `flywheel down && flywheel up`"
+        )
+    with airflow_server.layout(settings, switch=True):  # no run under it
         if airflow.password_file(settings).is_file():
             _passwords(settings, [])  # the member logins; admin's stays
         for own in login_password_file(settings, "*@*").parent.glob("*@*.airflow.password"):

@@ -12,7 +12,7 @@ import hashlib
 import re
 import secrets
 from collections.abc import Callable
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
@@ -34,8 +34,12 @@ class Quotas(BaseModel):
     rpm: int | None = Field(None, ge=1, description="gateway requests per minute (None: no limit)")
     tokens_per_day: int | None = Field(None, ge=1, description="gateway tokens (prompt + completion) per UTC day")
     training_runs: int = Field(1, ge=1, le=64, description="concurrent training runs (its DAG's active runs)")
-    concurrent: int | None = Field(None, ge=1, description="gateway completions in flight at once for the project "
-                                   "(None: up to the gateway's own limit, gateway.max_concurrent_requests)")
+    concurrent: int | None = Field(
+        None,
+        ge=1,
+        description="gateway completions in flight at once for the project "
+        "(None: up to the gateway's own limit, gateway.max_concurrent_requests)",
+    )
 
 
 class ApiKey(BaseModel):
@@ -61,13 +65,18 @@ class Project(BaseModel):
 
     def summary(self) -> dict[str, Any]:
         """What `project show` prints: never a key's hash."""
-        return {"name": self.name, "created_at": self.created_at, "owner": self.owner, "members": self.members,
-                "keys": [{"id": k.id, "created_at": k.created_at, "revoked_at": k.revoked_at} for k in self.keys],
-                "quotas": self.quotas.model_dump()}
+        return {
+            "name": self.name,
+            "created_at": self.created_at,
+            "owner": self.owner,
+            "members": self.members,
+            "keys": [{"id": k.id, "created_at": k.created_at, "revoked_at": k.revoked_at} for k in self.keys],
+            "quotas": self.quotas.model_dump(),
+        }
 
 
 def _now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+    return datetime.now(UTC).isoformat(timespec="seconds")
 
 
 def registry_uri(settings: Settings) -> str:
@@ -76,8 +85,10 @@ def registry_uri(settings: Settings) -> str:
 
 def check_name(name: str) -> str:
     if not re.fullmatch(PROJECT_PATTERN, name or ""):
-        raise ProjectError(f"project name {name!r}: 2-31 characters, lower-case letters, digits and _, starting "
-                           "with a letter (it names a folder, an S3 prefix, a Feast project and Triton models)")
+        raise ProjectError(
+            f"project name {name!r}: 2-31 characters, lower-case letters, digits and _, starting "
+            "with a letter (it names a folder, an S3 prefix, a Feast project and Triton models)"
+        )
     return name
 
 
@@ -104,8 +115,9 @@ def load(settings: Settings) -> dict[str, Project]:
     """Every project by name (`default` included, created implicitly)."""
     found = _read(settings).get("projects") or {}
     projects = {name: Project.model_validate(data) for name, data in found.items()}
-    projects.setdefault(DEFAULT_PROJECT, Project(name=DEFAULT_PROJECT, created_at="", owner="admin",
-                                                  members={"admin": "owner"}))
+    projects.setdefault(
+        DEFAULT_PROJECT, Project(name=DEFAULT_PROJECT, created_at="", owner="admin", members={"admin": "owner"})
+    )
     return projects
 
 
@@ -113,13 +125,17 @@ def get(settings: Settings, name: str) -> Project:
     projects = load(settings)
     if name not in projects:
         check_name(name)
-        raise ProjectError(f"unknown project {name!r} (`flywheel project list` names them; "
-                           f"`flywheel project create {name}` makes it)")
+        raise ProjectError(
+            f"unknown project {name!r} (`flywheel project list` names them; `flywheel project create {name}` makes it)"
+        )
     return projects[name]
 
 
-def _change(settings: Settings, change: Callable[[dict[str, Project]], Any],
-            tombstones: Callable[[dict[str, Any]], None] | None = None) -> Any:
+def _change(
+    settings: Settings,
+    change: Callable[[dict[str, Project]], Any],
+    tombstones: Callable[[dict[str, Any]], None] | None = None,
+) -> Any:
     """Read, change and write the registry under its lock (atomic write: readers see all of it or none).
     On object storage the lock is this host's: one operator host changes the registry."""
     from pipelines.storage import locked, write_json
@@ -143,8 +159,9 @@ def create(settings: Settings, name: str, owner: str, quotas: Quotas | None = No
             raise ProjectError(f"project {name!r} exists already")
         if name in deleted(settings):
             raise ProjectError(f"project {name!r} was deleted; its name stays with its MLflow history (choose another)")
-        projects[name] = Project(name=name, created_at=_now(), owner=owner, members={owner: "owner"},
-                                 quotas=quotas or Quotas())
+        projects[name] = Project(
+            name=name, created_at=_now(), owner=owner, members={owner: "owner"}, quotas=quotas or Quotas()
+        )
         return projects[name]
 
     return _change(settings, add)
@@ -211,8 +228,10 @@ def create_key(settings: Settings, name: str) -> tuple[str, str]:
     def add(projects: dict[str, Project]) -> str:
         project = _existing(projects, name)
         if name == DEFAULT_PROJECT:
-            raise ProjectError("the default project's key is the gateway's own (`flywheel gateway status` names "
-                               "its file); create a project for keys of your own")
+            raise ProjectError(
+                "the default project's key is the gateway's own (`flywheel gateway status` names "
+                "its file); create a project for keys of your own"
+            )
         key_id = digest[:12]
         project.keys.append(ApiKey(id=key_id, sha256=digest, created_at=_now()))
         return key_id
@@ -222,6 +241,7 @@ def create_key(settings: Settings, name: str) -> tuple[str, str]:
 
 def revoke_key(settings: Settings, name: str, key_id: str | None) -> list[str]:
     """Revoke one key by id (or every active key with None); the ids revoked."""
+
     def revoke(projects: dict[str, Project]) -> list[str]:
         project = _existing(projects, name)
         chosen = [k for k in project.active_keys() if key_id is None or k.id == key_id]
@@ -254,12 +274,14 @@ def delete(settings: Settings, name: str) -> dict[str, Any]:
     project = get(settings, name)
     scoped = settings_for(settings, name)
     folder = scoped.project_root()
-    kept = f"{str(settings.root).rstrip('/')}/projects/_deleted/{name}-{datetime.now(timezone.utc):%Y%m%dT%H%M%S%f}"
+    kept = f"{str(settings.root).rstrip('/')}/projects/_deleted/{name}-{datetime.now(UTC):%Y%m%dT%H%M%S%f}"
     with deploy.state_lock(scoped):  # no deploy of it starts meanwhile
         live = deploy.state(scoped).get("live")
         if live:
-            raise ProjectError(f"{name} serves traffic ({live['name']} is its champion): take it out of service "
-                               f"first (`flywheel --project {name} serve undeploy`)")
+            raise ProjectError(
+                f"{name} serves traffic ({live['name']} is its champion): take it out of service "
+                f"first (`flywheel --project {name} serve undeploy`)"
+            )
 
         def drop(projects: dict[str, Project]) -> None:
             _existing(projects, name)
@@ -280,5 +302,6 @@ def settings_for(settings: Settings, name: str) -> Settings:
     """The same settings scoped to project `name` (its zones and names; the servers stay the platform's)."""
     if name == settings.project:
         return settings
-    return load_settings(**{**settings.unscoped_dump(), "project": check_name(name) if name != DEFAULT_PROJECT
-                            else name})
+    return load_settings(
+        **{**settings.unscoped_dump(), "project": check_name(name) if name != DEFAULT_PROJECT else name}
+    )

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, time as dtime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
+from datetime import time as dtime
 from typing import TYPE_CHECKING, Any
 
 from pipelines.config import Settings
@@ -23,7 +24,7 @@ from pipelines.logs.tools import TOOL_NAMES, WORKLOADS
 from pipelines.logs.toolsets import extra_tool_names
 from pipelines.prep.labels import TRUSTED_LABEL_SOURCES
 from pipelines.prep.pipeline import grammar_limits, raw_files_for, zone_paths
-from pipelines.prep.redact import GATE_PATTERNS
+from pipelines.redact import GATE_PATTERNS
 from pipelines.storage import move, window_partitions, write_json
 from pipelines.toolcall.budget import DEFAULT_CONTEXT_WINDOW, prompt_ceiling
 from pipelines.window import DateWindow
@@ -72,9 +73,12 @@ class QualityReport:
 
     @property
     def failures(self) -> list[str]:
-        return [f"{s.suite}: {f['expectation']}({f.get('column') or ''})"
-                + (f" failing {f['unexpected_count']}" if f.get("unexpected_count") is not None else "")
-                for s in self.suites for f in s.failed]
+        return [
+            f"{s.suite}: {f['expectation']}({f.get('column') or ''})"
+            + (f" failing {f['unexpected_count']}" if f.get("unexpected_count") is not None else "")
+            for s in self.suites
+            for f in s.failed
+        ]
 
 
 def raw_frame(spark: SparkSession, settings: Settings, window: DateWindow) -> DataFrame:
@@ -84,7 +88,11 @@ def raw_frame(spark: SparkSession, settings: Settings, window: DateWindow) -> Da
     lines = spark.read.text(raw_files_for(settings, window)).filter(F.trim("value") != "")
     parsed = lines.select(F.from_json("value", RAW_SCHEMA, {"mode": "PERMISSIVE"}).alias("r")).select("r.*")
     return parsed.select(
-        "record_id", "session_id", "customer_id", "workload_id", "latency_ms",
+        "record_id",
+        "session_id",
+        "customer_id",
+        "workload_id",
+        "latency_ms",
         F.to_timestamp("timestamp").alias("event_timestamp"),
         F.col("response.choices")[0]["message"]["tool_calls"][0]["function"]["name"].alias("tool_name"),
     )
@@ -96,18 +104,27 @@ def outcome_frame(spark: SparkSession, settings: Settings, window: DateWindow) -
 
     days = window.isoformat_days()
     paths = zone_paths(settings)
-    clean = spark.read.parquet(paths["examples"]).filter(F.col("dt").cast("string").isin(days)).select(
-        F.lit("clean").alias("outcome"))
+    clean = (
+        spark.read.parquet(paths["examples"])
+        .filter(F.col("dt").cast("string").isin(days))
+        .select(F.lit("clean").alias("outcome"))
+    )
     if window_partitions(paths["quarantine"], days):
-        quarantined = spark.read.parquet(paths["quarantine"]).filter(F.col("dt").cast("string").isin(days)).select(
-            F.col("reason").alias("outcome"))
+        quarantined = (
+            spark.read.parquet(paths["quarantine"])
+            .filter(F.col("dt").cast("string").isin(days))
+            .select(F.col("reason").alias("outcome"))
+        )
     else:  # nothing of this window was quarantined (a clean import): no partition, no schema to read
         quarantined = spark.createDataFrame([], "outcome string")
     # held records (a label that does not train: prep.labels) are a good outcome, not a data problem
     if window_partitions(paths["clean_logs"], days):
         logs = spark.read.parquet(paths["clean_logs"]).filter(F.col("dt").cast("string").isin(days))
-        held = (logs.filter(F.col("held").isNotNull()).select(F.lit("held").alias("outcome"))
-                if "held" in logs.columns else spark.createDataFrame([], "outcome string"))
+        held = (
+            logs.filter(F.col("held").isNotNull()).select(F.lit("held").alias("outcome"))
+            if "held" in logs.columns
+            else spark.createDataFrame([], "outcome string")
+        )
     else:
         held = spark.createDataFrame([], "outcome string")
     return clean.unionByName(quarantined).unionByName(held)
@@ -132,32 +149,49 @@ def _suites(settings: Settings, window: DateWindow, max_approx_tokens: int) -> d
     end = datetime.combine(window.end + timedelta(days=1), dtime.min)
     raw = [
         E.ExpectTableRowCountToBeBetween(min_value=1),
-        *[E.ExpectColumnValuesToNotBeNull(column=c, mostly=q.raw_mostly)
-          for c in ("record_id", "session_id", "customer_id", "event_timestamp")],
+        *[
+            E.ExpectColumnValuesToNotBeNull(column=c, mostly=q.raw_mostly)
+            for c in ("record_id", "session_id", "customer_id", "event_timestamp")
+        ],
         E.ExpectColumnValuesToBeBetween(column="event_timestamp", min_value=start, max_value=end, mostly=q.raw_mostly),
-        E.ExpectColumnValuesToBeBetween(column="latency_ms", min_value=0, max_value=120_000, strict_min=True,
-                                        mostly=q.raw_mostly),
-        E.ExpectColumnValuesToBeInSet(column="tool_name", mostly=q.raw_mostly,
-                                      value_set=[*TOOL_NAMES, *extra_tool_names(settings.zone("raw"))]),
+        E.ExpectColumnValuesToBeBetween(
+            column="latency_ms", min_value=0, max_value=120_000, strict_min=True, mostly=q.raw_mostly
+        ),
+        E.ExpectColumnValuesToBeInSet(
+            column="tool_name", mostly=q.raw_mostly, value_set=[*TOOL_NAMES, *extra_tool_names(settings.zone("raw"))]
+        ),
         E.ExpectColumnValuesToBeInSet(column="workload_id", value_set=list(WORKLOADS), mostly=q.raw_mostly),
     ]
-    outcomes = [E.ExpectColumnValuesToBeInSet(column="outcome", value_set=["clean", "held", "duplicate"],
-                                              mostly=1 - q.max_quarantined_share)]
+    outcomes = [
+        E.ExpectColumnValuesToBeInSet(
+            column="outcome", value_set=["clean", "held", "duplicate"], mostly=1 - q.max_quarantined_share
+        )
+    ]
     examples = [
         E.ExpectTableRowCountToBeBetween(min_value=1),
         *[E.ExpectColumnValuesToNotBeNull(column=c) for c in ("record_id", "session_id", "target_json", "split")],
         E.ExpectColumnValuesToBeInSet(column="split", value_set=["train", "val", "test"]),
-        E.ExpectColumnValuesToBeBetween(column="approx_tokens", min_value=q.min_approx_tokens,
-                                        max_value=max_approx_tokens),
-        E.ExpectColumnValuesToBeInSet(column="label_source", value_set=TRUSTED_LABEL_SOURCES,
-                                      mostly=q.min_trusted_label_share),
-        *[E.ExpectColumnValuesToNotMatchRegex(column=col, regex=pattern, meta={"pii": name})
-          for name, pattern in GATE_PATTERNS.items() for col in ("messages_json", "target_json")],
+        E.ExpectColumnValuesToBeBetween(
+            column="approx_tokens", min_value=q.min_approx_tokens, max_value=max_approx_tokens
+        ),
+        E.ExpectColumnValuesToBeInSet(
+            column="label_source", value_set=TRUSTED_LABEL_SOURCES, mostly=q.min_trusted_label_share
+        ),
+        *[
+            E.ExpectColumnValuesToNotMatchRegex(column=col, regex=pattern, meta={"pii": name})
+            for name, pattern in GATE_PATTERNS.items()
+            for col in ("messages_json", "target_json")
+        ],
     ]
     tool_counts = [E.ExpectColumnValuesToBeBetween(column="examples", min_value=q.min_examples_per_tool)]
     session_splits = [E.ExpectColumnValuesToBeBetween(column="splits", min_value=1, max_value=1)]
-    return {"raw_logs": raw, "raw_outcomes": outcomes, "curated_examples": examples, "curated_tool_counts": tool_counts,
-            "curated_session_splits": session_splits}
+    return {
+        "raw_logs": raw,
+        "raw_outcomes": outcomes,
+        "curated_examples": examples,
+        "curated_tool_counts": tool_counts,
+        "curated_session_splits": session_splits,
+    }
 
 
 def ceiling_of(settings: Settings, examples: Any, context_window: int) -> dict[str, Any]:
@@ -168,12 +202,21 @@ def ceiling_of(settings: Settings, examples: Any, context_window: int) -> dict[s
     if settings.quality.max_approx_tokens is not None:
         return {"max_approx_tokens": settings.quality.max_approx_tokens, "source": "quality.max_approx_tokens"}
     longest = examples.agg(F.max(F.length("target_json"))).collect()[0][0] or 0
-    return {"max_approx_tokens": prompt_ceiling(context_window, longest), "source": "context window - answer budget",
-            "context_window": context_window, "longest_target_chars": longest}
+    return {
+        "max_approx_tokens": prompt_ceiling(context_window, longest),
+        "source": "context window - answer budget",
+        "context_window": context_window,
+        "longest_target_chars": longest,
+    }
 
 
-def run_gates(settings: Settings, window: DateWindow, spark: SparkSession | None = None,
-              raise_on_failure: bool = True, context_window: int = DEFAULT_CONTEXT_WINDOW) -> QualityReport:
+def run_gates(
+    settings: Settings,
+    window: DateWindow,
+    spark: SparkSession | None = None,
+    raise_on_failure: bool = True,
+    context_window: int = DEFAULT_CONTEXT_WINDOW,
+) -> QualityReport:
     """The gates on a window; `context_window`: the base model's (the caller knows which is trained), for the
     prompt ceiling when `quality.max_approx_tokens` is unset."""
     import great_expectations as gx
@@ -186,8 +229,11 @@ def run_gates(settings: Settings, window: DateWindow, spark: SparkSession | None
     reports = f"{settings.zone('reports')}/quality"
     context = gx.get_context(mode="file", project_root_dir=reports)
     source = context.data_sources.add_or_update_spark(name="flywheel")
-    frames = {"raw_logs": raw_frame(spark, settings, window), "raw_outcomes": outcome_frame(spark, settings, window), **{
-        f"curated_{k}": v for k, v in curated_frames(spark, settings, window).items()}}
+    frames = {
+        "raw_logs": raw_frame(spark, settings, window),
+        "raw_outcomes": outcome_frame(spark, settings, window),
+        **{f"curated_{k}": v for k, v in curated_frames(spark, settings, window).items()},
+    }
     ceiling = ceiling_of(settings, frames["curated_examples"], context_window)
     outcomes, documented = [], []
     try:
@@ -196,12 +242,20 @@ def run_gates(settings: Settings, window: DateWindow, spark: SparkSession | None
             asset = _asset(source, suite_name)
             batch = _batch_definition(asset)
             validation = context.validation_definitions.add_or_update(
-                gx.ValidationDefinition(name=suite_name, data=batch, suite=suite))
-            checkpoint = context.checkpoints.add_or_update(gx.Checkpoint(
-                name=f"{suite_name}_gate", validation_definitions=[validation], result_format=RESULT_FORMAT,
-                actions=[]))
-            result = checkpoint.run(batch_parameters={"dataframe": frames[suite_name]},
-                                    run_id=gx.RunIdentifier(run_name=f"{suite_name}-{window.label}"))
+                gx.ValidationDefinition(name=suite_name, data=batch, suite=suite)
+            )
+            checkpoint = context.checkpoints.add_or_update(
+                gx.Checkpoint(
+                    name=f"{suite_name}_gate",
+                    validation_definitions=[validation],
+                    result_format=RESULT_FORMAT,
+                    actions=[],
+                )
+            )
+            result = checkpoint.run(
+                batch_parameters={"dataframe": frames[suite_name]},
+                run_id=gx.RunIdentifier(run_name=f"{suite_name}-{window.label}"),
+            )
             outcomes.append(_outcome(suite_name, result))
             documented += [*result.run_results, ExpectationSuiteIdentifier(name=suite_name)]
     finally:
@@ -211,20 +265,31 @@ def run_gates(settings: Settings, window: DateWindow, spark: SparkSession | None
             context.build_data_docs(resource_identifiers=documented)
     docs = context.get_docs_sites_urls()[0]["site_url"]
     success = all(o.success for o in outcomes)
-    sources = {str(r["label_source"]): int(r["count"])
-               for r in frames["curated_examples"].groupBy("label_source").count().collect()}
-    report = QualityReport(window=str(window), success=success, suites=outcomes, data_docs=docs,
-                           result_uri=f"{reports}/results/{window.label}.json", label_sources=dict(sorted(sources.items())),
-                           grammar_limits=grammar_limits(settings.zone("raw"), [
-                               r["tool"] for r in frames["curated_tool_counts"].select("tool").collect()]),
-                           prompt_ceiling=ceiling)
+    sources = {
+        str(r["label_source"]): int(r["count"])
+        for r in frames["curated_examples"].groupBy("label_source").count().collect()
+    }
+    report = QualityReport(
+        window=str(window),
+        success=success,
+        suites=outcomes,
+        data_docs=docs,
+        result_uri=f"{reports}/results/{window.label}.json",
+        label_sources=dict(sorted(sources.items())),
+        grammar_limits=grammar_limits(
+            settings.zone("raw"), [r["tool"] for r in frames["curated_tool_counts"].select("tool").collect()]
+        ),
+        prompt_ceiling=ceiling,
+    )
     if not success:
         report.quarantined_to = quarantine_batch(settings, window, report)
     report.seconds = round(time.perf_counter() - started, 2)
     write_json(report.result_uri, report.to_dict())
     if not success and raise_on_failure:
-        raise QualityGateFailed(f"quality gate failed for {window}: {'; '.join(report.failures)}; "
-                                f"batch moved to {report.quarantined_to}; Data Docs: {docs}")
+        raise QualityGateFailed(
+            f"quality gate failed for {window}: {'; '.join(report.failures)}; "
+            f"batch moved to {report.quarantined_to}; Data Docs: {docs}"
+        )
     return report
 
 
@@ -248,13 +313,17 @@ def _outcome(suite: str, result: Any) -> SuiteOutcome:
     for r in validation.results:
         if not r.success:
             kwargs = r.expectation_config.kwargs
-            failed.append({"expectation": r.expectation_config.type, "column": kwargs.get("column"),
-                           "unexpected_count": (r.result or {}).get("unexpected_count"),
-                           "unexpected_percent": (r.result or {}).get("unexpected_percent"),
-                           "observed_value": _safe_observed((r.result or {}).get("observed_value")),
-                           "pii": (r.expectation_config.meta or {}).get("pii")})
-    return SuiteOutcome(suite=suite, success=bool(validation.success), evaluated=len(validation.results),
-                        failed=failed)
+            failed.append(
+                {
+                    "expectation": r.expectation_config.type,
+                    "column": kwargs.get("column"),
+                    "unexpected_count": (r.result or {}).get("unexpected_count"),
+                    "unexpected_percent": (r.result or {}).get("unexpected_percent"),
+                    "observed_value": _safe_observed((r.result or {}).get("observed_value")),
+                    "pii": (r.expectation_config.meta or {}).get("pii"),
+                }
+            )
+    return SuiteOutcome(suite=suite, success=bool(validation.success), evaluated=len(validation.results), failed=failed)
 
 
 def _safe_observed(value: Any) -> Any:
@@ -263,7 +332,7 @@ def _safe_observed(value: Any) -> Any:
 
 def quarantine_batch(settings: Settings, window: DateWindow, report: QualityReport) -> str:
     """Move the window's curated partitions to quarantine/failed_batches/<window>/ (raw stays as it is)."""
-    target = f"{settings.zone('quarantine')}/failed_batches/{window.label}-{datetime.now(timezone.utc):%Y%m%dT%H%M%S}"
+    target = f"{settings.zone('quarantine')}/failed_batches/{window.label}-{datetime.now(UTC):%Y%m%dT%H%M%S}"
     paths = zone_paths(settings)
     for name in ("examples", "clean_logs"):
         for part in window_partitions(paths[name], window.isoformat_days()):

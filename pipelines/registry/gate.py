@@ -60,9 +60,14 @@ def last_look(verdict: Verdict, ceiling: int) -> Verdict:
     if verdict.decision != "undecided":
         return verdict
     rest = verdict.reason.removeprefix("undecided ").replace(": evaluate more:", ":", 1)
-    return Verdict(False, f"not promoted: quality not shown to hold at the last look (the sample stops at "
-                          f"evaluation.examples = {ceiling}; a larger one may decide): {rest}", verdict.compared_with,
-                   verdict.numbers, decision="undecided")
+    return Verdict(
+        False,
+        f"not promoted: quality not shown to hold at the last look (the sample stops at "
+        f"evaluation.examples = {ceiling}; a larger one may decide): {rest}",
+        verdict.compared_with,
+        verdict.numbers,
+        decision="undecided",
+    )
 
 
 def _tool_count(stats: dict[str, Any]) -> int:
@@ -78,8 +83,9 @@ def tool_metric(tool: str, candidate: dict[str, Any], reference: dict[str, Any],
     return chosen
 
 
-def per_tool_numbers(candidate: dict[str, Any], reference: dict[str, Any],
-                     settings: Settings) -> tuple[dict[str, Any], dict[str, str], list[str]]:
+def per_tool_numbers(
+    candidate: dict[str, Any], reference: dict[str, Any], settings: Settings
+) -> tuple[dict[str, Any], dict[str, str], list[str]]:
     """Per tool: [candidate, reference] counts, exact match, arg F1 and, when judged on another metric,
     that metric, and whether it was checked; the metric each tool was judged on; and one failure line
     per tool whose metric regressed beyond the tolerance."""
@@ -96,11 +102,18 @@ def per_tool_numbers(candidate: dict[str, Any], reference: dict[str, Any],
         # the floor keeps noise out (one example of a tool is a 1.00 -> 0.00 swing); writes are guarded at any n by
         # the wrong-write veto, which counts every single wrong write
         checked = min(n) >= p.min_tool_examples and None not in values
-        numbers[tool] = {"n": n, "exact_match": [c.get("exact_match"), r.get("exact_match")],
-                         "arg_f1": [c.get("arg_f1"), r.get("arg_f1")], metric: values, "checked": checked}
+        numbers[tool] = {
+            "n": n,
+            "exact_match": [c.get("exact_match"), r.get("exact_match")],
+            "arg_f1": [c.get("arg_f1"), r.get("arg_f1")],
+            metric: values,
+            "checked": checked,
+        }
         if checked and values[1] - values[0] > p.max_tool_regression + 1e-9:
-            failures.append(f"{tool} {METRIC_LABELS.get(metric, metric)} {values[1]:.2f} -> {values[0]:.2f} "
-                            f"(drop > {p.max_tool_regression:.2f}, n={n[0]})")
+            failures.append(
+                f"{tool} {METRIC_LABELS.get(metric, metric)} {values[1]:.2f} -> {values[0]:.2f} "
+                f"(drop > {p.max_tool_regression:.2f}, n={n[0]})"
+            )
     return numbers, judged_on, failures
 
 
@@ -111,8 +124,10 @@ def task_score(row: dict[str, Any], judged_on: dict[str, str]) -> float:
     if not tools:
         return float(row.get("exact_match") or 0.0)
     total = sum(_tool_count(s) for s in tools.values())
-    return sum(_tool_count(s) * float(s.get(judged_on.get(t, DEFAULT_TOOL_METRIC)) or 0.0)
-               for t, s in tools.items()) / total
+    return (
+        sum(_tool_count(s) * float(s.get(judged_on.get(t, DEFAULT_TOOL_METRIC)) or 0.0) for t, s in tools.items())
+        / total
+    )
 
 
 def wrong_write_veto(candidate: dict[str, Any], reference: dict[str, Any], margin: int) -> str | None:
@@ -121,15 +136,21 @@ def wrong_write_veto(candidate: dict[str, Any], reference: dict[str, Any], margi
     ours, theirs = candidate.get("wrong_writes"), reference.get("wrong_writes")
     if ours is None or theirs is None or ours <= theirs + margin:
         return None
-    pairs = ", ".join(f"{pair} x{count}" if count > 1 else pair
-                      for pair, count in (candidate.get("wrong_write_pairs") or {}).items())
+    pairs = ", ".join(
+        f"{pair} x{count}" if count > 1 else pair for pair, count in (candidate.get("wrong_write_pairs") or {}).items()
+    )
     n = [candidate.get("examples"), reference.get("examples")]
-    return (f"refused: wrong writes {ours} of {n[0] or '?'} vs {theirs} of {n[1] or '?'}"
-            + (f" ({pairs})" if pairs else ""))
+    return f"refused: wrong writes {ours} of {n[0] or '?'} vs {theirs} of {n[1] or '?'}" + (
+        f" ({pairs})" if pairs else ""
+    )
 
 
-def gate(candidate: dict[str, Any], champion: dict[str, Any] | None, settings: Settings,
-         baseline: dict[str, Any] | None = None) -> Verdict:
+def gate(
+    candidate: dict[str, Any],
+    champion: dict[str, Any] | None,
+    settings: Settings,
+    baseline: dict[str, Any] | None = None,
+) -> Verdict:
     """Decide on `candidate` against `champion`, or with none, against `baseline` (the base_few_shot row).
 
     Rows: exact_match, arg_f1, latency_ms_p50 and optionally per_tool {tool: {n, exact_match, arg_f1, text_f1}}."""
@@ -141,13 +162,19 @@ def gate(candidate: dict[str, Any], champion: dict[str, Any] | None, settings: S
         veto = wrong_write_veto(candidate, baseline, p.max_extra_wrong_writes) if baseline is not None else None
         if veto is not None:  # unchecked is never "more wrong writes than the base model"
             return Verdict(False, veto, BASELINE, numbers)
-        return Verdict(True, "no champion yet; promotion.baseline=none promotes the first candidate unchecked",
-                       None, numbers)
+        return Verdict(
+            True, "no champion yet; promotion.baseline=none promotes the first candidate unchecked", None, numbers
+        )
     elif baseline is not None:
         label, reference = BASELINE, baseline
     else:
-        return Verdict(False, f"not promoted: no champion and no {BASELINE} row to compare with "
-                              "(the evaluation ran without baselines); serving unchanged", None, numbers)
+        return Verdict(
+            False,
+            f"not promoted: no champion and no {BASELINE} row to compare with "
+            "(the evaluation ran without baselines); serving unchanged",
+            None,
+            numbers,
+        )
     numbers.update({f"{label}_{k}": reference.get(k) for k in OVERALL})
     veto = wrong_write_veto(candidate, reference, p.max_extra_wrong_writes)
     if veto is not None:
@@ -174,17 +201,32 @@ def gate(candidate: dict[str, Any], champion: dict[str, Any] | None, settings: S
         if slower > p.max_latency_increase:
             failures.append(f"latency {slower:+.0%} > {p.max_latency_increase:+.0%}")
     failures += tool_failures
-    numbers.update(task_score=[round(v, 6) for v in score], score_gain=round(score_gain, 6),
-                   exact_match_gain=round(gain, 6), arg_f1_gain=round(f1_gain, 6), latency_change=round(slower, 6),
-                   per_tool=tools, tool_metrics=judged_on, thresholds=p.model_dump())
+    numbers.update(
+        task_score=[round(v, 6) for v in score],
+        score_gain=round(score_gain, 6),
+        exact_match_gain=round(gain, 6),
+        arg_f1_gain=round(f1_gain, 6),
+        latency_change=round(slower, 6),
+        per_tool=tools,
+        tool_metrics=judged_on,
+        thresholds=p.model_dump(),
+    )
     checked = sum(1 for t in tools.values() if t["checked"])
     if failures:
         return Verdict(False, f"not promoted vs {label}: " + "; ".join(failures), label, numbers)
-    per_tool = (f"{checked} tools checked (>= {p.min_tool_examples} examples), none down > {p.max_tool_regression:.2f}"
-                if tools else "per-tool numbers not measured")
-    return Verdict(True, f"beats {label}: task score {score_gain:+.3f} (exact match {gain:+.3f}), arg F1 "
-                         f"{f1_gain:+.3f}, latency {slower:+.0%}; "
-                         f"{per_tool} (point comparison)", label, numbers)
+    per_tool = (
+        f"{checked} tools checked (>= {p.min_tool_examples} examples), none down > {p.max_tool_regression:.2f}"
+        if tools
+        else "per-tool numbers not measured"
+    )
+    return Verdict(
+        True,
+        f"beats {label}: task score {score_gain:+.3f} (exact match {gain:+.3f}), arg F1 "
+        f"{f1_gain:+.3f}, latency {slower:+.0%}; "
+        f"{per_tool} (point comparison)",
+        label,
+        numbers,
+    )
 
 
 def _change(candidate: dict[str, Any], reference: dict[str, Any], key: str) -> float | None:
@@ -203,8 +245,9 @@ def planned_looks(settings: Settings) -> int:
     return looks
 
 
-def paired_gate(candidate: dict[str, Any], reference: dict[str, Any], label: str, settings: Settings,
-                numbers: dict[str, Any]) -> Verdict:
+def paired_gate(
+    candidate: dict[str, Any], reference: dict[str, Any], label: str, settings: Settings, numbers: dict[str, Any]
+) -> Verdict:
     """The paired rule on the same requests (per-request scores of both rows), on the task score's paired
     interval [low, high] at `promotion.confidence`:
 
@@ -219,46 +262,87 @@ def paired_gate(candidate: dict[str, Any], reference: dict[str, Any], label: str
 
     A promoted candidate must also keep every tool with enough examples within `max_tool_regression` (point
     check, its interval recorded beside it). The reason names the rule, the interval and n."""
-    from pipelines.evaluate.paired import compare, describe
+    from pipelines.stats import compare, describe
 
     p = settings.promotion
     tools, judged_on, tool_failures = per_tool_numbers(candidate, reference, settings)
     looks = planned_looks(settings)
     level = 1 - (1 - p.confidence) / looks  # the error spent over the DAG's planned looks (Bonferroni)
-    paired = compare(candidate["per_request"], reference["per_request"], judged_on, resamples=p.bootstrap_resamples,
-                     level=level, min_tool_examples=p.min_tool_examples)
+    paired = compare(
+        candidate["per_request"],
+        reference["per_request"],
+        judged_on,
+        resamples=p.bootstrap_resamples,
+        level=level,
+        min_tool_examples=p.min_tool_examples,
+    )
     task = paired["metrics"]["task"]
-    latency, tokens = _change(candidate, reference, "latency_ms_p50"), _change(candidate, reference, "prompt_tokens_mean")
-    numbers.update(paired=paired, per_tool=tools, tool_metrics=judged_on, latency_change=latency,
-                   prompt_tokens_change=tokens, thresholds=p.model_dump(), looks=looks, level=level)
+    latency, tokens = (
+        _change(candidate, reference, "latency_ms_p50"),
+        _change(candidate, reference, "prompt_tokens_mean"),
+    )
+    numbers.update(
+        paired=paired,
+        per_tool=tools,
+        tool_metrics=judged_on,
+        latency_change=latency,
+        prompt_tokens_change=tokens,
+        thresholds=p.model_dump(),
+        looks=looks,
+        level=level,
+    )
     stated = describe(task, "task score")
     margin = f"margin {p.non_inferiority_margin:.2f}"
-    cost = "; ".join(f"{what} {v:+.0%}" for what, v in (("latency", latency), ("prompt tokens", tokens))
-                     if v is not None) or "latency and prompt tokens not measured"
+    cost = (
+        "; ".join(f"{what} {v:+.0%}" for what, v in (("latency", latency), ("prompt tokens", tokens)) if v is not None)
+        or "latency and prompt tokens not measured"
+    )
     if not task["n"]:
         return Verdict(False, f"not promoted vs {label}: no request answered by both", label, numbers)
     if task["high"] < -p.non_inferiority_margin:
         return Verdict(False, f"refused: inferior to {label}: {stated} (below -{margin}); {cost}", label, numbers)
     if task["low"] <= -p.non_inferiority_margin:
-        return Verdict(False, f"undecided vs {label}: evaluate more: {stated} spans -{p.non_inferiority_margin:.2f}; "
-                              f"{cost}", label, numbers, decision="undecided")
+        return Verdict(
+            False,
+            f"undecided vs {label}: evaluate more: {stated} spans -{p.non_inferiority_margin:.2f}; {cost}",
+            label,
+            numbers,
+            decision="undecided",
+        )
     superior = task["low"] > 0
     if latency is None:  # every promotion needs its latency measured on both sides
         return Verdict(False, f"refused vs {label}: latency not measured on both sides ({stated})", label, numbers)
     if latency > p.max_latency_increase:
-        return Verdict(False, f"refused vs {label}: slower: latency {latency:+.0%} > {p.max_latency_increase:+.0%} "
-                              f"({stated})", label, numbers)
+        return Verdict(
+            False,
+            f"refused vs {label}: slower: latency {latency:+.0%} > {p.max_latency_increase:+.0%} ({stated})",
+            label,
+            numbers,
+        )
     cheaper = any(v is not None and v <= -p.min_cost_gain for v in (latency, tokens))
     if not superior and not cheaper:
         if task["high"] > p.non_inferiority_margin:  # a real gain is still possible: more requests may show it
-            return Verdict(False, f"undecided vs {label}: evaluate more: {stated}, no cheaper ({cost}), and a gain "
-                                  f"over {p.non_inferiority_margin:.2f} not ruled out", label, numbers,
-                           decision="undecided")
-        return Verdict(False, f"refused: non-inferior to {label} ({stated}, {margin}) but neither latency nor "
-                              f"prompt tokens fall by {p.min_cost_gain:.0%} ({cost}): no reason to change", label,
-                       numbers)
+            return Verdict(
+                False,
+                f"undecided vs {label}: evaluate more: {stated}, no cheaper ({cost}), and a gain "
+                f"over {p.non_inferiority_margin:.2f} not ruled out",
+                label,
+                numbers,
+                decision="undecided",
+            )
+        return Verdict(
+            False,
+            f"refused: non-inferior to {label} ({stated}, {margin}) but neither latency nor "
+            f"prompt tokens fall by {p.min_cost_gain:.0%} ({cost}): no reason to change",
+            label,
+            numbers,
+        )
     if tool_failures:
         return Verdict(False, f"refused vs {label}: " + "; ".join(tool_failures) + f" ({stated})", label, numbers)
     rule = "superior" if superior else f"non-inferior ({margin})"
-    return Verdict(True, f"{rule} to {label}: {stated}; {cost}; wrong writes {paired['wrong_writes'][0]} vs "
-                         f"{paired['wrong_writes'][1]}", label, numbers)
+    return Verdict(
+        True,
+        f"{rule} to {label}: {stated}; {cost}; wrong writes {paired['wrong_writes'][0]} vs {paired['wrong_writes'][1]}",
+        label,
+        numbers,
+    )

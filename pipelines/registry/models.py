@@ -21,8 +21,8 @@ from typing import Any
 from pipelines.config import REPO_ROOT, Settings
 from pipelines.errors import NotRetryable
 from pipelines.registry.gate import BASELINE, gate, last_look
-from pipelines.toolcall.budget import TAG as BUDGET_TAG
 from pipelines.toolcall.budget import FALLBACK, recorded
+from pipelines.toolcall.budget import TAG as BUDGET_TAG
 
 CANDIDATE, CHAMPION = "candidate", "champion"
 HISTORY_TAG, GATE_TAG = "flywheel.champion_history", "flywheel.gate"
@@ -49,35 +49,59 @@ class Decision:
 
 def code_version() -> str:
     try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True,
-                              check=True).stdout.strip()
+        return subprocess.run(
+            ["git", "rev-parse", "HEAD"],  # noqa: S607 (git on PATH, read-only)
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
 
 
-def _model_card(name: str, sweep: dict[str, Any], variant: dict[str, Any], evaluation: dict[str, Any] | None,
-                label_sources: dict[str, int] | None = None) -> str:
-    lines = [f"# {name}", "",
-             f"LoRA adapter for the commerce agent's tool-calling step, on base model `{sweep['base_model']}` "
-             f"(not included: the base is loaded by name).", "",
-             f"- sweep: `{sweep['sweep_id']}` ({sweep['backend']} backend), variant {variant['index']}",
-             f"- prompt style: {sweep['prompt_style']}; training set digest: `{sweep['dataset_digest']}`",
-             (f"- answer budget: {sweep.get('answer_budget') or 'not recorded'} tokens (the longest training call "
-              "plus a margin: what evaluation and serving let it write)"),
-             f"- hyperparameters: {json.dumps(variant['params'], sort_keys=True)}",
-             f"- validation: {json.dumps({k: round(v, 4) for k, v in variant['metrics'].items()}, sort_keys=True)}"]
+def _model_card(
+    name: str,
+    sweep: dict[str, Any],
+    variant: dict[str, Any],
+    evaluation: dict[str, Any] | None,
+    label_sources: dict[str, int] | None = None,
+) -> str:
+    lines = [
+        f"# {name}",
+        "",
+        f"LoRA adapter for the commerce agent's tool-calling step, on base model `{sweep['base_model']}` "
+        f"(not included: the base is loaded by name).",
+        "",
+        f"- sweep: `{sweep['sweep_id']}` ({sweep['backend']} backend), variant {variant['index']}",
+        f"- prompt style: {sweep['prompt_style']}; training set digest: `{sweep['dataset_digest']}`",
+        (
+            f"- answer budget: {sweep.get('answer_budget') or 'not recorded'} tokens (the longest training call "
+            "plus a margin: what evaluation and serving let it write)"
+        ),
+        f"- hyperparameters: {json.dumps(variant['params'], sort_keys=True)}",
+        f"- validation: {json.dumps({k: round(v, 4) for k, v in variant['metrics'].items()}, sort_keys=True)}",
+    ]
     if label_sources:  # who wrote the answers it learned from (prep.labels)
         total = sum(label_sources.values())
-        lines.append("- labels (the training window's examples by who wrote the answer): " + ", ".join(
-            f"{source} {n} ({n / total:.0%})" for source, n in sorted(label_sources.items())))
+        lines.append(
+            "- labels (the training window's examples by who wrote the answer): "
+            + ", ".join(f"{source} {n} ({n / total:.0%})" for source, n in sorted(label_sources.items()))
+        )
     if evaluation:
-        lines += ["", "## Evaluation (test split)", "", "| condition | exact match | name acc. | arg F1 | prompt tokens |"
-                  " latency p50 ms |", "|---|---|---|---|---|---|"]
+        lines += [
+            "",
+            "## Evaluation (test split)",
+            "",
+            "| condition | exact match | name acc. | arg F1 | prompt tokens | latency p50 ms |",
+            "|---|---|---|---|---|---|",
+        ]
         for row in evaluation["table"]:
-            cells = [row.get(k) for k in ("exact_match", "name_accuracy", "arg_f1", "prompt_tokens_mean",
-                                          "latency_ms_p50")]
+            cells = [
+                row.get(k) for k in ("exact_match", "name_accuracy", "arg_f1", "prompt_tokens_mean", "latency_ms_p50")
+            ]
             lines.append(f"| {row['condition']} | " + " | ".join("" if c is None else f"{c:.3f}" for c in cells) + " |")
-    lines += ["", "Load: `mlflow.pyfunc.load_model(\"models:/" + name + "@champion\")`."]
+    lines += ["", 'Load: `mlflow.pyfunc.load_model("models:/' + name + '@champion")`.']
     return "\n".join(lines)
 
 
@@ -85,15 +109,15 @@ def register(settings: Settings, sweep: dict[str, Any], evaluation: dict[str, An
     """Register the sweep's best variant as an adapter-only pyfunc model version with alias `candidate`.
 
     Idempotent: a version already registered from this sweep's best run is returned as is."""
-    import mlflow
-    from mlflow.data.meta_dataset import MetaDataset
     from mlflow.data.http_dataset_source import HTTPDatasetSource
+    from mlflow.data.meta_dataset import MetaDataset
 
+    import mlflow
     from pipelines.clients.mlflow import client as mlflow_client
-    from pipelines.toolcall.prompt import tools_json
     from pipelines.logs.tools import TOOLS
-    from pipelines.registry.pyfunc import ToolCallerModel
     from pipelines.prep.dataset import manifest
+    from pipelines.registry.pyfunc import ToolCallerModel
+    from pipelines.toolcall.prompt import tools_json
 
     if sweep.get("best") is None:
         raise RegistryError(f"sweep {sweep['sweep_id']}: no variant completed; nothing to register")
@@ -113,42 +137,58 @@ def register(settings: Settings, sweep: dict[str, Any], evaluation: dict[str, An
     window = lineage.get("window") or {}
     window = f"{window['start']}_{window['end']}" if isinstance(window, dict) else str(window)
     tool_schema_version = hashlib.sha256(tools_json(TOOLS).encode()).hexdigest()[:12]
-    meta = {"base_model": sweep["base_model"], "prompt_style": sweep["prompt_style"], "backend": sweep["backend"],
-            "tool_schema_version": tool_schema_version, "dataset_digest": sweep["dataset_digest"],
-            "sweep_id": sweep["sweep_id"], "code_version": code_version(),
-            "answer_budget": sweep.get("answer_budget") or FALLBACK,  # pyfunc's default max_new_tokens
-            "prompt_template": "pipelines.toolcall.prompt.system_prompt" if sweep["prompt_style"] == "full"
-            else f"pipelines.toolcall.prompt.short_system_prompt (style {sweep['prompt_style']})"}
+    meta = {
+        "base_model": sweep["base_model"],
+        "prompt_style": sweep["prompt_style"],
+        "backend": sweep["backend"],
+        "tool_schema_version": tool_schema_version,
+        "dataset_digest": sweep["dataset_digest"],
+        "sweep_id": sweep["sweep_id"],
+        "code_version": code_version(),
+        "answer_budget": sweep.get("answer_budget") or FALLBACK,  # pyfunc's default max_new_tokens
+        "prompt_template": "pipelines.toolcall.prompt.system_prompt"
+        if sweep["prompt_style"] == "full"
+        else f"pipelines.toolcall.prompt.short_system_prompt (style {sweep['prompt_style']})",
+    }
     card = _model_card(name, sweep, variant, evaluation, lineage.get("label_sources"))
     with tempfile.TemporaryDirectory() as tmp:
         meta_file = Path(tmp) / "flywheel.json"
         meta_file.write_text(json.dumps(meta, indent=2))
         model_dir = Path(tmp) / "model"
         mlflow.pyfunc.save_model(
-            str(model_dir), python_model=ToolCallerModel(),
+            str(model_dir),
+            python_model=ToolCallerModel(),
             artifacts={"adapter": variant["adapter_dir"], "flywheel": str(meta_file)},
             pip_requirements=["mlflow", "torch", "transformers", "peft", "commerce-flywheel"],
-            metadata={k: str(v) for k, v in meta.items()})
+            metadata={k: str(v) for k, v in meta.items()},
+        )
         (model_dir / "README.md").write_text(card)
         with mlflow.start_run(run_id=variant["run_id"]):
             mlflow.log_artifacts(str(model_dir), "registered_model")
-            dataset = MetaDataset(source=HTTPDatasetSource(lineage["training_set"]["uri"]),
-                                  name=f"sft-{window or 'window'}", digest=sweep["dataset_digest"][:36])
+            dataset = MetaDataset(
+                source=HTTPDatasetSource(lineage["training_set"]["uri"]),
+                name=f"sft-{window or 'window'}",
+                digest=sweep["dataset_digest"][:36],
+            )
             mlflow.log_input(dataset, context="training")
             run = mlflow.active_run()
             source = f"{run.info.artifact_uri}/registered_model"
-    tags = {"flywheel.sweep_id": sweep["sweep_id"], "flywheel.sweep_run_id": sweep["parent_run_id"],
-            "flywheel.dataset_digest": sweep["dataset_digest"], "flywheel.code_version": meta["code_version"],
-            "flywheel.base_model": sweep["base_model"], "flywheel.prompt_style": sweep["prompt_style"],
-            "flywheel.tool_schema_version": tool_schema_version}
+    tags = {
+        "flywheel.sweep_id": sweep["sweep_id"],
+        "flywheel.sweep_run_id": sweep["parent_run_id"],
+        "flywheel.dataset_digest": sweep["dataset_digest"],
+        "flywheel.code_version": meta["code_version"],
+        "flywheel.base_model": sweep["base_model"],
+        "flywheel.prompt_style": sweep["prompt_style"],
+        "flywheel.tool_schema_version": tool_schema_version,
+    }
     if window:  # the drift monitor's reference: the champion's training window
         tags["flywheel.training_window"] = window
     if sweep.get("answer_budget"):  # what Triton, evaluation and the gateway let this version write
         tags[BUDGET_TAG] = str(sweep["answer_budget"])
     if evaluation:
         tags["flywheel.evaluation"] = evaluation.get("json_uri", "")
-    version = client.create_model_version(name, source=source, run_id=variant["run_id"], tags=tags,
-                                          description=card)
+    version = client.create_model_version(name, source=source, run_id=variant["run_id"], tags=tags, description=card)
     _wait_ready(client, name, version.version)
     client.set_registered_model_alias(name, CANDIDATE, version.version)
     return {"name": name, "version": str(version.version), "run_id": variant["run_id"], "existing": False}
@@ -162,7 +202,6 @@ def _wait_ready(client: Any, name: str, version: str, timeout: float = 60) -> No
 
 def alias_version(settings: Settings, alias: str) -> str | None:
     import mlflow
-
     from pipelines.clients.mlflow import client as mlflow_client
 
     try:
@@ -189,7 +228,6 @@ def answer_budget(settings: Settings, version: str) -> int | None:
 def adapter_path(settings: Settings, version: str) -> str:
     """The version's adapter folder, downloaded from the artifact store (cached by MLflow per call)."""
     import mlflow
-
     from pipelines.clients.mlflow import use_tracking
 
     use_tracking(settings)
@@ -212,10 +250,17 @@ def evaluation_rows(evaluated: dict[str, Any]) -> dict[str, dict[str, Any]]:
     for condition in report.get("conditions") or []:
         row = rows.get(condition.get("condition"))
         if row is not None and "per_tool" not in row:
-            row["per_tool"] = {tool: {"n": s.get("examples"), "exact_match": s.get("exact_match"),
-                                      "arg_f1": s.get("arg_f1"), "text_f1": s.get("text_f1"),
-                                      "wrong_writes": s.get("wrong_writes"), "write": bool(s.get("expected_writes"))}
-                               for tool, s in (condition.get("per_tool") or {}).items()}
+            row["per_tool"] = {
+                tool: {
+                    "n": s.get("examples"),
+                    "exact_match": s.get("exact_match"),
+                    "arg_f1": s.get("arg_f1"),
+                    "text_f1": s.get("text_f1"),
+                    "wrong_writes": s.get("wrong_writes"),
+                    "write": bool(s.get("expected_writes")),
+                }
+                for tool, s in (condition.get("per_tool") or {}).items()
+            }
             summary = condition.get("summary") or {}
             row.setdefault("examples", summary.get("examples"))
             row.setdefault("per_request", condition.get("per_request") or [])
@@ -256,13 +301,15 @@ def _record_decision(client: Any, name: str, decision: Decision) -> None:
         artifact = f"gate/decision-{_now().replace(':', '')}.json"
         client.log_text(run_id, json.dumps(decision.to_dict(), default=str, indent=1), artifact)
         summary["full_decision"] = f"runs:/{run_id}/{artifact}"
-    summary["reason"] = summary["reason"][:TAG_LIMIT // 2]
-    client.set_model_version_tag(name, decision.candidate_version, GATE_TAG,
-                                 json.dumps(summary, default=str)[:TAG_LIMIT])
+    summary["reason"] = summary["reason"][: TAG_LIMIT // 2]
+    client.set_model_version_tag(
+        name, decision.candidate_version, GATE_TAG, json.dumps(summary, default=str)[:TAG_LIMIT]
+    )
 
 
-def promote(settings: Settings, rows: dict[str, dict[str, Any]], version: str | None = None,
-            reason_prefix: str = "") -> Decision:
+def promote(
+    settings: Settings, rows: dict[str, dict[str, Any]], version: str | None = None, reason_prefix: str = ""
+) -> Decision:
     """Gate `version` (the one this run registered; default: whatever `candidate` points at) on the
     evaluation `rows` by condition, record the decision on it either way, and move `champion` if it passed.
 
@@ -278,8 +325,10 @@ def promote(settings: Settings, rows: dict[str, dict[str, Any]], version: str | 
         raise RegistryError(f"{name} has no `candidate` version to promote")
     candidate = str(version) if version is not None else current
     if candidate != current:
-        raise RegistryError(f"{name}: `candidate` now points at v{current}, not v{candidate} that this run "
-                            f"registered and evaluated; not promoting (re-run the evaluation for v{current})")
+        raise RegistryError(
+            f"{name}: `candidate` now points at v{current}, not v{candidate} that this run "
+            f"registered and evaluated; not promoting (re-run the evaluation for v{current})"
+        )
     champion = alias_version(settings, CHAMPION)
     if champion == candidate:
         return Decision(False, candidate, champion, "the candidate is already the champion", {})
@@ -290,19 +339,29 @@ def promote(settings: Settings, rows: dict[str, dict[str, Any]], version: str | 
         champion_row = None  # nothing to defend: the baseline decides
     if champion is not None and (champion_row is None or evaluated_champion not in (None, champion)):
         measured = f"v{evaluated_champion}" if evaluated_champion else "no champion"
-        why = (f"not promoted: the champion is v{champion} but the evaluation measured {measured}; "
-               f"re-run the evaluation; serving unchanged")
+        why = (
+            f"not promoted: the champion is v{champion} but the evaluation measured {measured}; "
+            f"re-run the evaluation; serving unchanged"
+        )
         decision = Decision(False, candidate, champion, f"{reason_prefix}{why}", {})
     else:
-        verdict = last_look(gate(candidate_row, champion_row, settings, rows.get(BASELINE)),
-                            settings.evaluation.examples)
-        decision = Decision(verdict.promoted, candidate, champion, f"{reason_prefix}{verdict.reason} ({decoding})",
-                            {**verdict.numbers, "decoding": decoding}, verdict.compared_with)
+        verdict = last_look(
+            gate(candidate_row, champion_row, settings, rows.get(BASELINE)), settings.evaluation.examples
+        )
+        decision = Decision(
+            verdict.promoted,
+            candidate,
+            champion,
+            f"{reason_prefix}{verdict.reason} ({decoding})",
+            {**verdict.numbers, "decoding": decoding},
+            verdict.compared_with,
+        )
     client = mlflow_client(settings)
     _record_decision(client, name, decision)
     if decision.promoted:
-        _append_history(client, name, {"champion": candidate, "previous": champion, "reason": decision.reason,
-                                       "at": _now()})
+        _append_history(
+            client, name, {"champion": candidate, "previous": champion, "reason": decision.reason, "at": _now()}
+        )
         client.set_registered_model_alias(name, CHAMPION, candidate)
     return decision
 
@@ -355,8 +414,9 @@ def rollback(settings: Settings) -> dict[str, Any]:
     if current is None or not previous:
         raise RegistryError(f"{name}: no previous champion to roll back to (champion: {current})")
     previous = str(previous)
-    _append_history(client, name, {"champion": previous, "previous": None, "reason": f"rollback from {current}",
-                                   "at": _now()})
+    _append_history(
+        client, name, {"champion": previous, "previous": None, "reason": f"rollback from {current}", "at": _now()}
+    )
     client.set_registered_model_alias(name, CHAMPION, previous)
     client.set_model_version_tag(name, current, "flywheel.rolled_back", _now())
     return {"name": name, "champion": previous, "was": current}

@@ -18,23 +18,25 @@ class ToolCallerModel(mlflow.pyfunc.PythonModel):
     """Base model + LoRA adapter (merged at load), prompt built exactly as in training."""
 
     def load_context(self, context: Any) -> None:
+        from pipelines.base_models import load_model
         from pipelines.config import get_settings
-        from pipelines.train.models import load_model
 
-        self.meta = json.loads(open(context.artifacts["flywheel"], encoding="utf-8").read())
+        with open(context.artifacts["flywheel"], encoding="utf-8") as fh:
+            self.meta = json.load(fh)
         self.model, self.tokenizer = load_model(self.meta["base_model"], get_settings(), context.artifacts["adapter"])
 
     def predict(self, context, model_input, params=None):  # untyped: MLflow validates typed signatures
         from pipelines.toolcall.decode import generate
-        from pipelines.toolcall.prompt import chat_turns
-        from pipelines.toolcall.prompt import system_for
+        from pipelines.toolcall.prompt import chat_turns, system_for
 
         conversations = []
         for row in model_input.to_dict("records"):
             missing = {"messages", "tools_json", "event_time"} - set(row)
             if missing:
-                raise ValueError(f"missing input column(s) {sorted(missing)}: messages (the conversation as in "
-                                 "our logs), tools_json (offered tools), event_time (ISO date), context (optional)")
+                raise ValueError(
+                    f"missing input column(s) {sorted(missing)}: messages (the conversation as in "
+                    "our logs), tools_json (offered tools), event_time (ISO date), context (optional)"
+                )
             row.setdefault("context", "")
             if self.meta["prompt_style"] == "full" and not row.get("system_prompt"):
                 raise ValueError("this model was trained with the full prompt: pass `system_prompt`")
@@ -42,5 +44,11 @@ class ToolCallerModel(mlflow.pyfunc.PythonModel):
         # the version's answer budget (its longest training call plus a margin; recorded in the model's metadata
         # since d2d507d); 96 for a version saved before it
         max_new = int((params or {}).get("max_new_tokens") or self.meta.get("answer_budget") or 96)
-        return generate(self.model, self.tokenizer, conversations, max_new_tokens=max_new, latency_samples=0,
-                        tools=[str(t) for t in model_input["tools_json"]]).texts
+        return generate(
+            self.model,
+            self.tokenizer,
+            conversations,
+            max_new_tokens=max_new,
+            latency_samples=0,
+            tools=[str(t) for t in model_input["tools_json"]],
+        ).texts

@@ -1,5 +1,5 @@
 """Client of the served tool router: tritonclient (model control over HTTP or gRPC; inference over gRPC
-streaming, since the model is decoupled: see `triton_model.py`).
+streaming, since the model is decoupled: see `pipelines/triton_backend/model.py`).
 
 It builds each request's chat turns exactly as the training set did (`pipelines.toolcall.prompt.
 system_for` + `chat_turns`), taking the customer context from Feast's online store, so the prompt a
@@ -23,8 +23,7 @@ from pipelines.config import Settings
 from pipelines.serve import shared_base
 from pipelines.serve.repository import SHARED_PREFIX, split_name
 from pipelines.toolcall.budget import FALLBACK
-from pipelines.toolcall.prompt import chat_turns
-from pipelines.toolcall.prompt import system_for
+from pipelines.toolcall.prompt import chat_turns, system_for
 
 Protocol = Literal["http", "grpc"]
 OUTPUTS = ("TOOL_CALL", "PROMPT_TOKENS", "OUTPUT_TOKENS", "FINAL", "CUT")  # a response (CUT: newer folders only)
@@ -58,8 +57,9 @@ def conversation(row: dict[str, Any], style: str, settings: Settings | None = No
     return chat_turns(system_for(row, style), row["messages_json"])  # type: ignore[arg-type]
 
 
-def offered_tools(settings: Settings, rows: list[dict[str, Any]], client: TritonClient | None = None,
-                  model: str | None = None) -> list[str] | None:
+def offered_tools(
+    settings: Settings, rows: list[dict[str, Any]], client: TritonClient | None = None, model: str | None = None
+) -> list[str] | None:
     """The rows' offered tools for constrained decoding when serving is constrained (`triton.constrained`)
     and the model takes them (a folder built before the TOOLS input existed and kept while in use does
     not: it is decoded as it was built, and deploy rebuilds it once it is no longer in use)."""
@@ -127,8 +127,9 @@ class TritonClient:
         if client is None:
             address, ssl = target(self.settings, self.protocol)
             if self.protocol == "http":
-                client = self._module.InferenceServerClient(address, ssl=ssl, connection_timeout=self.timeout_s,
-                                                            network_timeout=self.timeout_s)
+                client = self._module.InferenceServerClient(
+                    address, ssl=ssl, connection_timeout=self.timeout_s, network_timeout=self.timeout_s
+                )
             else:
                 client = self._module.InferenceServerClient(address, ssl=ssl)
             self._local.control = client
@@ -142,8 +143,9 @@ class TritonClient:
         model, adapter = split_name(name)
         if adapter:
             if not self._adapter_deployed(adapter):
-                raise RuntimeError(f"adapter {adapter} is not deployed (no folder under "
-                                   f"{shared_base.adapter_root(self.settings)})")
+                raise RuntimeError(
+                    f"adapter {adapter} is not deployed (no folder under {shared_base.adapter_root(self.settings)})"
+                )
             if self.ready(model):
                 return
         with self._control_lock:
@@ -204,8 +206,11 @@ class TritonClient:
         rows = index if isinstance(index, list) else [{"name": m.name, "state": m.state} for m in index.models]
         names = {r["name"] for r in rows if r.get("state") == "READY"}
         if any(n.startswith(SHARED_PREFIX) for n in names):  # and each adapter a loaded shared base serves
-            names |= {f"{meta['shared']}@{adapter}" for adapter, meta in shared_base.deployed_adapters(self.settings).items()
-                      if meta.get("shared") in names}
+            names |= {
+                f"{meta['shared']}@{adapter}"
+                for adapter, meta in shared_base.deployed_adapters(self.settings).items()
+                if meta.get("shared") in names
+            }
         return sorted(names)
 
     def statistics(self, name: str) -> dict[str, Any]:
@@ -217,13 +222,21 @@ class TritonClient:
             found = self._control().get_inference_statistics(model_name=name.split("@", 1)[0], **extra)
         stats = (found.get("model_stats") or [{}])[0]
         phases = stats.get("inference_stats") or {}
-        return {"inference_count": int(stats.get("inference_count") or 0),
-                "execution_count": int(stats.get("execution_count") or 0),
-                **{f"{phase}_ns": int((phases.get(phase) or {}).get("ns") or 0)
-                   for phase in ("queue", "compute_input", "compute_infer", "compute_output")},
-                "executions_by_batch_size": {int(b["batch_size"]): int((b.get("compute_infer") or {}).get("count") or 0)
-                                             for b in stats.get("batch_stats") or []},
-                "execution_ns": sum(int((b.get("compute_infer") or {}).get("ns") or 0) for b in stats.get("batch_stats") or [])}
+        return {
+            "inference_count": int(stats.get("inference_count") or 0),
+            "execution_count": int(stats.get("execution_count") or 0),
+            **{
+                f"{phase}_ns": int((phases.get(phase) or {}).get("ns") or 0)
+                for phase in ("queue", "compute_input", "compute_infer", "compute_output")
+            },
+            "executions_by_batch_size": {
+                int(b["batch_size"]): int((b.get("compute_infer") or {}).get("count") or 0)
+                for b in stats.get("batch_stats") or []
+            },
+            "execution_ns": sum(
+                int((b.get("compute_infer") or {}).get("ns") or 0) for b in stats.get("batch_stats") or []
+            ),
+        }
 
     # inference ----------------------------------------------------------------------------------
     def _stream_client(self) -> Any:
@@ -238,8 +251,15 @@ class TritonClient:
                 self._streams.append((threading.current_thread(), client))
         return client
 
-    def infer_one(self, model: str, turns: list[dict[str, str]] | str, tools: str | None = None, *,
-                  stream: bool = False, on_text: Callable[[str], None] | None = None) -> Reply:
+    def infer_one(
+        self,
+        model: str,
+        turns: list[dict[str, str]] | str,
+        tools: str | None = None,
+        *,
+        stream: bool = False,
+        on_text: Callable[[str], None] | None = None,
+    ) -> Reply:
         """One request; with `tools` (the offered tools' JSON) the server decodes under their grammar. With
         `stream` (or `on_text`) the server sends the text as it grows: `on_text` gets the text so far each
         time, and the reply records when the first text came (`first_token_ms`). gRPC: a bidirectional
@@ -251,16 +271,23 @@ class TritonClient:
 
         def step(event: dict[str, Any]) -> Reply | None:
             """One response of the model: the finished reply when it is the final one."""
-            reply = Reply(str(event["TOOL_CALL"]), int(event["PROMPT_TOKENS"]), int(event["OUTPUT_TOKENS"]),
-                          (time.perf_counter() - started) * 1000)
+            reply = Reply(
+                str(event["TOOL_CALL"]),
+                int(event["PROMPT_TOKENS"]),
+                int(event["OUTPUT_TOKENS"]),
+                (time.perf_counter() - started) * 1000,
+            )
             if state["first"] is None and reply.text:
                 state["first"] = reply.latency_ms
             if event.get("FINAL", True):  # a model built before streaming answers once
                 reply.first_token_ms = state["first"] if stream else None
                 # the model says whether its answer had no end token; a folder built before CUT is judged by its
                 # budget (without an end token an answer runs exactly max_new_tokens)
-                reply.cut = (bool(event["CUT"]) if "CUT" in event
-                             else reply.output_tokens >= (self.settings.triton.max_new_tokens or FALLBACK))
+                reply.cut = (
+                    bool(event["CUT"])
+                    if "CUT" in event
+                    else reply.output_tokens >= (self.settings.triton.max_new_tokens or FALLBACK)
+                )
                 return reply
             if on_text is not None:
                 on_text(reply.text or "")
@@ -273,8 +300,9 @@ class TritonClient:
         except Exception as exc:  # noqa: BLE001 (the server's message is the useful part)
             return Reply(None, 0, 0, (time.perf_counter() - started) * 1000, _message(exc))
 
-    def _stream(self, model: str, raw: str, tools: str | None, stream: bool,
-                step: Callable[[dict[str, Any]], Reply | None]) -> Reply:
+    def _stream(
+        self, model: str, raw: str, tools: str | None, stream: bool, step: Callable[[dict[str, Any]], Reply | None]
+    ) -> Reply:
         import tritonclient.grpc as grpc
 
         model, adapter = split_name(model)
@@ -291,8 +319,9 @@ class TritonClient:
         answers: queue.Queue[tuple[Any, Any]] = queue.Queue()
         client = self._stream_client()
         try:
-            client.start_stream(callback=lambda result, error: answers.put((result, error)),
-                                stream_timeout=self.timeout_s)
+            client.start_stream(
+                callback=lambda result, error: answers.put((result, error)), stream_timeout=self.timeout_s
+            )
         except Exception:  # a stream left open by a failed call: this thread connects afresh next time
             self._drop_stream_client()
             raise
@@ -318,15 +347,20 @@ class TritonClient:
             except Exception:  # noqa: BLE001 (a broken stream: this thread connects afresh next time)
                 self._drop_stream_client()
 
-    def _generate(self, model: str, raw: str, tools: str | None, stream: bool,
-                  step: Callable[[dict[str, Any]], Reply | None]) -> Reply:
+    def _generate(
+        self, model: str, raw: str, tools: str | None, stream: bool, step: Callable[[dict[str, Any]], Reply | None]
+    ) -> Reply:
         import httpx
 
         address, ssl = target(self.settings, "http")
         model, adapter = split_name(model)
         url = f"{'https' if ssl else 'http'}://{address}/v2/models/{model}/generate{'_stream' if stream else ''}"
-        payload: dict[str, Any] = {"CONVERSATION": raw, **({"TOOLS": tools} if tools is not None else {}),
-                                   **({"STREAM": True} if stream else {}), **({"ADAPTER": adapter} if adapter else {})}
+        payload: dict[str, Any] = {
+            "CONVERSATION": raw,
+            **({"TOOLS": tools} if tools is not None else {}),
+            **({"STREAM": True} if stream else {}),
+            **({"ADAPTER": adapter} if adapter else {}),
+        }
         client = getattr(self._local, "http", None)
         if client is None:
             client = self._local.http = httpx.Client(timeout=self.timeout_s)
@@ -370,11 +404,17 @@ class TritonClient:
                 self._streams = [(t, c) for t, c in self._streams if c is not client]
             try:
                 client.close()
-            except Exception:  # noqa: BLE001
+            except Exception:  # noqa: BLE001, S110 (closing a broken connection)
                 pass
 
-    def infer(self, model: str, conversations: list[list[dict[str, str]]], concurrency: int = 1,
-              tools: list[str] | None = None, stream: bool = False) -> list[Reply]:
+    def infer(
+        self,
+        model: str,
+        conversations: list[list[dict[str, str]]],
+        concurrency: int = 1,
+        tools: list[str] | None = None,
+        stream: bool = False,
+    ) -> list[Reply]:
         """Every conversation through the server with `concurrency` requests in flight; `tools`: one
         offered-tools JSON per conversation for constrained decoding."""
         offered: list[str | None] = list(tools) if tools is not None else [None] * len(conversations)
@@ -386,8 +426,9 @@ class TritonClient:
 
         try:
             with ThreadPoolExecutor(max_workers=concurrency) as pool:
-                return list(pool.map(lambda job: self.infer_one(model, *job, stream=stream),
-                                     zip(conversations, offered)))
+                return list(
+                    pool.map(lambda job: self.infer_one(model, *job, stream=stream), zip(conversations, offered))
+                )
         finally:
             self._close_streams(lambda thread: not thread.is_alive())  # the pool's threads are gone
 
@@ -398,7 +439,7 @@ class TritonClient:
         for client in closing:
             try:
                 client.close()
-            except Exception:  # noqa: BLE001 (closing a broken connection)
+            except Exception:  # noqa: BLE001, S110 (closing a broken connection)
                 pass
 
     def close(self) -> None:

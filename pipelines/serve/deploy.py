@@ -18,14 +18,15 @@ import statistics
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from pipelines.config import Settings
 from pipelines.errors import NotRetryable
-from pipelines.serve import repository, server, shared_base
+from pipelines.serve import repository, shared_base
 from pipelines.serve.client import Reply, TritonClient, conversation, offered_tools
+from pipelines.stack import triton as server
 from pipelines.storage import Busy, is_local, lock_file, locked, read_json, write_json
 
 
@@ -46,7 +47,7 @@ class Deployment:
     name: str
     version: str | None
     prompt_style: str
-    deployed_at: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
+    deployed_at: str = field(default_factory=lambda: datetime.now(UTC).isoformat(timespec="seconds"))
 
 
 def _state_uri(settings: Settings) -> str:
@@ -73,15 +74,22 @@ def state(settings: Settings) -> dict[str, Any]:
     except FileNotFoundError:
         return {"live": None, "previous": None, "history": []}
     except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError
-        raise StateCorrupt(f"serving state {uri} is not valid JSON ({exc}): restore it (its last good content "
-                           f"names `live` and `previous`) or delete it and run `flywheel deploy`") from None
-    if not (isinstance(current, dict) and all(isinstance(current.get(k), (dict, type(None)))
-                                              for k in ("live", "previous"))
-            and all(isinstance(current.get(k), dict) and "name" in current[k]
-                    for k in ("live", "previous") if current.get(k))):
-        raise StateCorrupt(f"serving state {uri} is not a serving state (an object whose `live` and `previous` "
-                           f"are null or {{name, version, prompt_style}}): restore it or delete it and run "
-                           f"`flywheel deploy`")
+        raise StateCorrupt(
+            f"serving state {uri} is not valid JSON ({exc}): restore it (its last good content "
+            f"names `live` and `previous`) or delete it and run `flywheel deploy`"
+        ) from None
+    if not (
+        isinstance(current, dict)
+        and all(isinstance(current.get(k), (dict, type(None))) for k in ("live", "previous"))
+        and all(
+            isinstance(current.get(k), dict) and "name" in current[k] for k in ("live", "previous") if current.get(k)
+        )
+    ):
+        raise StateCorrupt(
+            f"serving state {uri} is not a serving state (an object whose `live` and `previous` "
+            f"are null or {{name, version, prompt_style}}): restore it or delete it and run "
+            f"`flywheel deploy`"
+        )
     return current
 
 
@@ -99,14 +107,18 @@ def state_lock(settings: Settings) -> Iterator[None]:
         with locked(_state_uri(settings), wait, "the serving state"):
             yield
     except Busy:
-        raise StateBusy(f"the serving state {_state_uri(settings)} stayed locked by another deploy, rollback or "
-                        f"canary for {wait:.0f} s (lock {lock_path(settings)}): wait for it to finish, or raise "
-                        f"triton.state_lock_timeout_s") from None
+        raise StateBusy(
+            f"the serving state {_state_uri(settings)} stayed locked by another deploy, rollback or "
+            f"canary for {wait:.0f} s (lock {lock_path(settings)}): wait for it to finish, or raise "
+            f"triton.state_lock_timeout_s"
+        ) from None
 
 
 def _save(settings: Settings, current: dict[str, Any], event: dict[str, Any]) -> None:
-    current["history"] = [*current.get("history", []), {**event, "at": datetime.now(timezone.utc).isoformat(
-        timespec="seconds")}][-50:]
+    current["history"] = [
+        *current.get("history", []),
+        {**event, "at": datetime.now(UTC).isoformat(timespec="seconds")},
+    ][-50:]
     write_json(_state_uri(settings), current)
 
 
@@ -128,18 +140,24 @@ def score_replies(rows: list[dict[str, Any]], replies: list[Reply]) -> dict[str,
     from pipelines.toolcall import score as metrics
     from pipelines.toolcall.calls import call_text
 
-    scores = [metrics.score(rep.text if rep.error is None else "", json.loads(call_text(r["target_json"])))
-              for r, rep in zip(rows, replies)]
+    scores = [
+        metrics.score(rep.text if rep.error is None else "", json.loads(call_text(r["target_json"])))
+        for r, rep in zip(rows, replies)
+    ]
     answered = [rep for rep in replies if rep.error is None]
     latencies = [rep.latency_ms for rep in replies]
     summary = metrics.summarize(scores) if scores else {}
-    return {"requests": len(rows), "errors": len(replies) - len(answered),
-            "empty": sum(1 for rep in answered if not (rep.text or "").strip() or rep.output_tokens <= 0),
-            "first_error": next((" ".join(rep.error.split()) for rep in replies if rep.error), None),
-            "valid_json": summary.get("json_valid", 0.0), "exact_match": summary.get("exact_match", 0.0),
-            "name_accuracy": summary.get("name_accuracy", 0.0),
-            "latency_ms_p50": round(statistics.median(latencies), 1) if latencies else None,
-            "prompt_tokens_mean": round(statistics.fmean(rep.prompt_tokens for rep in answered), 1) if answered else None}
+    return {
+        "requests": len(rows),
+        "errors": len(replies) - len(answered),
+        "empty": sum(1 for rep in answered if not (rep.text or "").strip() or rep.output_tokens <= 0),
+        "first_error": next((" ".join(rep.error.split()) for rep in replies if rep.error), None),
+        "valid_json": summary.get("json_valid", 0.0),
+        "exact_match": summary.get("exact_match", 0.0),
+        "name_accuracy": summary.get("name_accuracy", 0.0),
+        "latency_ms_p50": round(statistics.median(latencies), 1) if latencies else None,
+        "prompt_tokens_mean": round(statistics.fmean(rep.prompt_tokens for rep in answered), 1) if answered else None,
+    }
 
 
 def smoke_test(settings: Settings, client: TritonClient, entry: Deployment) -> dict[str, Any]:
@@ -158,8 +176,10 @@ def smoke_failure(settings: Settings, smoke: dict[str, Any]) -> str | None:
     if smoke.get("empty"):
         return f"{smoke['empty']} of {smoke.get('requests')} replies were empty"
     if smoke["valid_json"] < settings.triton.smoke_min_valid_json:
-        return (f"valid JSON {smoke['valid_json']:.0%} < triton.smoke_min_valid_json "
-                f"{settings.triton.smoke_min_valid_json:.0%}")
+        return (
+            f"valid JSON {smoke['valid_json']:.0%} < triton.smoke_min_valid_json "
+            f"{settings.triton.smoke_min_valid_json:.0%}"
+        )
     return None
 
 
@@ -168,8 +188,10 @@ def _server_lost(settings: Settings, client: TritonClient, name: str) -> str | N
     if client.ready(name):
         return None
     state_of = "up" if server.status(settings).healthy else "down"
-    return (f"Triton stopped serving it during the deployment (server {state_of}): `flywheel serve up`, "
-            f"then `flywheel deploy` loads the live model again")
+    return (
+        f"Triton stopped serving it during the deployment (server {state_of}): `flywheel serve up`, "
+        f"then `flywheel deploy` loads the live model again"
+    )
 
 
 def deploy(settings: Settings, alias: str = "champion", *, version: str | None = None) -> dict[str, Any]:
@@ -188,8 +210,9 @@ def deploy(settings: Settings, alias: str = "champion", *, version: str | None =
         with state_lock(settings):
             current = state(settings)
             name = repository.triton_name(settings, version)
-            model = shared_base.build_serving(settings, version, in_use=_in_use(current, client, name),
-                                              is_loaded=client.ready)
+            model = shared_base.build_serving(
+                settings, version, in_use=_in_use(current, client, name), is_loaded=client.ready
+            )
             entry = Deployment(model.name, version, model.prompt_style)
             if current.get("live") and current["live"]["name"] == entry.name:
                 return _ensure_loaded(settings, client, current, Deployment(**current["live"]), started)
@@ -198,19 +221,34 @@ def deploy(settings: Settings, alias: str = "champion", *, version: str | None =
                 client.load(entry.name)
             except Exception as exc:  # noqa: BLE001 (the server's reason goes into the error)
                 _retire(settings, client, current, entry.name)
-                _save(settings, current, {"event": "deploy_failed", "name": entry.name, "version": version,
-                                          "reason": f"load: {exc}"})
-                raise DeployFailed(f"{entry.name} did not load ({_one_line(exc)}); {_serving(current)} keeps serving") from None
+                _save(
+                    settings,
+                    current,
+                    {"event": "deploy_failed", "name": entry.name, "version": version, "reason": f"load: {exc}"},
+                )
+                raise DeployFailed(
+                    f"{entry.name} did not load ({_one_line(exc)}); {_serving(current)} keeps serving"
+                ) from None
             smoke = smoke_test(settings, client, entry)
             # the switch needs the new model still loaded: a server lost after the smoke test moves nothing
             lost = _server_lost(settings, client, entry.name)
             failure = lost or smoke_failure(settings, smoke)
             if failure:
                 _retire(settings, client, current, entry.name)
-                _save(settings, current, {"event": "deploy_failed", "name": entry.name, "version": version,
-                                          "reason": f"{failure}; smoke test: {smoke}"})
-                raise DeployFailed(f"{entry.name} was not switched to ({'' if lost else 'smoke test: '}{failure}); "
-                                   f"`live` stays {_serving(current)}")
+                _save(
+                    settings,
+                    current,
+                    {
+                        "event": "deploy_failed",
+                        "name": entry.name,
+                        "version": version,
+                        "reason": f"{failure}; smoke test: {smoke}",
+                    },
+                )
+                raise DeployFailed(
+                    f"{entry.name} was not switched to ({'' if lost else 'smoke test: '}{failure}); "
+                    f"`live` stays {_serving(current)}"
+                )
             current.update(live=asdict(entry), previous=previous)
             _save(settings, current, {"event": "deployed", "name": entry.name, "version": version, "smoke": smoke})
             keep = {entry.name, previous["name"] if previous else None, repository.triton_name(settings, None)}
@@ -218,11 +256,19 @@ def deploy(settings: Settings, alias: str = "champion", *, version: str | None =
                 for loaded in client.loaded():  # only this project's own models: never another's, nor a shared base
                     if loaded not in keep and shared_base.is_own(settings, loaded):
                         _unload_quietly(client, loaded)
-                shared_base.remove_adapters(settings, keep={a for n in keep if n and (a := repository.split_name(n)[1])})
+                shared_base.remove_adapters(
+                    settings, keep={a for n in keep if n and (a := repository.split_name(n)[1])}
+                )
     finally:
         client.close()
-    return {"deployed": entry.name, "version": version, "previous": previous, "smoke": smoke,
-            "stale_folder": model.stale, "seconds": round(time.perf_counter() - started, 1)}
+    return {
+        "deployed": entry.name,
+        "version": version,
+        "previous": previous,
+        "smoke": smoke,
+        "stale_folder": model.stale,
+        "seconds": round(time.perf_counter() - started, 1),
+    }
 
 
 def restore(settings: Settings) -> dict[str, Any]:
@@ -238,8 +284,7 @@ def restore(settings: Settings) -> dict[str, Any]:
     restored: dict[str, Any] = {}
     try:
         for role, entry in wanted.items():
-            row: dict[str, Any] = {"name": entry.name, "version": entry.version,
-                                   "was_loaded": client.ready(entry.name)}
+            row: dict[str, Any] = {"name": entry.name, "version": entry.version, "was_loaded": client.ready(entry.name)}
             try:
                 if not row["was_loaded"]:
                     client.load(entry.name)
@@ -251,12 +296,17 @@ def restore(settings: Settings) -> dict[str, Any]:
     finally:
         client.close()
     with state_lock(settings):
-        _save(settings, state(settings), {"event": "restored", **{k: {"name": v["name"], "failure": v["failure"]}
-                                                                   for k, v in restored.items()}})
+        _save(
+            settings,
+            state(settings),
+            {"event": "restored", **{k: {"name": v["name"], "failure": v["failure"]} for k, v in restored.items()}},
+        )
     live = restored.get("live")
     if live is not None and live["failure"]:
-        raise DeployFailed(f"after the restart the live model {live['name']} could not be brought back: "
-                           f"{live['failure']}; `flywheel rollback` serves the previous one")
+        raise DeployFailed(
+            f"after the restart the live model {live['name']} could not be brought back: "
+            f"{live['failure']}; `flywheel rollback` serves the previous one"
+        )
     return {"restored": restored, "healthy": all(not v["failure"] for v in restored.values())}
 
 
@@ -265,8 +315,9 @@ def _in_use(current: dict[str, Any], client: TritonClient, name: str) -> bool:
     return name in _serving_names(current) or client.ready(name)
 
 
-def _ensure_loaded(settings: Settings, client: TritonClient, current: dict[str, Any], live: Deployment,
-                   started: float) -> dict[str, Any]:
+def _ensure_loaded(
+    settings: Settings, client: TritonClient, current: dict[str, Any], live: Deployment, started: float
+) -> dict[str, Any]:
     """The requested version is live: answer unchanged once the server has it loaded (reload and
     smoke-test it when a restart dropped it; `live` never moves here)."""
     result = {"deployed": live.name, "version": live.version, "unchanged": True, "reloaded": False}
@@ -275,20 +326,32 @@ def _ensure_loaded(settings: Settings, client: TritonClient, current: dict[str, 
     try:
         client.load(live.name)
     except Exception as exc:  # noqa: BLE001
-        _save(settings, current, {"event": "reload_failed", "name": live.name, "version": live.version,
-                                  "reason": f"load: {exc}"})
-        raise DeployFailed(f"{live.name} is live but the server has not loaded it, and it did not load ({_one_line(exc)}): "
-                           f"check `flywheel serve status` and the Triton log") from None
+        _save(
+            settings,
+            current,
+            {"event": "reload_failed", "name": live.name, "version": live.version, "reason": f"load: {exc}"},
+        )
+        raise DeployFailed(
+            f"{live.name} is live but the server has not loaded it, and it did not load ({_one_line(exc)}): "
+            f"check `flywheel serve status` and the Triton log"
+        ) from None
     smoke = smoke_test(settings, client, live)
     event = {"name": live.name, "version": live.version, "smoke": smoke}
     failure = smoke_failure(settings, smoke)
     if failure:
         _save(settings, current, {"event": "reload_failed", **event})
-        raise DeployFailed(f"{live.name} is live and was reloaded, but failed its smoke test ({failure}): "
-                           f"`flywheel rollback` serves the previous one")
+        raise DeployFailed(
+            f"{live.name} is live and was reloaded, but failed its smoke test ({failure}): "
+            f"`flywheel rollback` serves the previous one"
+        )
     _save(settings, current, {"event": "reloaded", **event})
-    return {**result, "reloaded": True, "smoke": smoke, "state": current,
-            "seconds": round(time.perf_counter() - started, 1)}
+    return {
+        **result,
+        "reloaded": True,
+        "smoke": smoke,
+        "state": current,
+        "seconds": round(time.perf_counter() - started, 1),
+    }
 
 
 def rollback(settings: Settings, *, only_if_live: str | None = None) -> dict[str, Any]:
@@ -307,8 +370,10 @@ def rollback(settings: Settings, *, only_if_live: str | None = None) -> dict[str
             if not client.ready(previous["name"]):
                 client.load(previous["name"])
         except Exception as exc:  # noqa: BLE001 (tritonclient's errors: a dead server, a broken folder)
-            raise DeployFailed(f"not rolled back: {previous['name']} could not be loaded ({_one_line(exc)}); "
-                               f"{_serving(current)} stays live (is the server up? `flywheel serve up`)") from None
+            raise DeployFailed(
+                f"not rolled back: {previous['name']} could not be loaded ({_one_line(exc)}); "
+                f"{_serving(current)} stays live (is the server up? `flywheel serve up`)"
+            ) from None
         finally:
             client.close()
         current.update(live=previous, previous=live)
@@ -328,8 +393,10 @@ def undeploy(settings: Settings) -> dict[str, Any]:
             try:
                 loaded = set(client.loaded())
             except Exception as exc:  # noqa: BLE001 (tritonclient's errors: a dead server)
-                raise DeployFailed(f"not undeployed: the model server did not answer ({_one_line(exc)}); "
-                                   f"{_serving(current)} stays live (is it up? `flywheel serve up`)") from None
+                raise DeployFailed(
+                    f"not undeployed: the model server did not answer ({_one_line(exc)}); "
+                    f"{_serving(current)} stays live (is it up? `flywheel serve up`)"
+                ) from None
             names = sorted({n for n in loaded if shared_base.is_own(settings, n)} | (_serving_names(current) & loaded))
             for name in names:
                 try:
@@ -370,5 +437,5 @@ def _serving_names(current: dict[str, Any]) -> set[str]:
 def _unload_quietly(client: TritonClient, name: str) -> None:
     try:
         client.unload(name)
-    except Exception:  # noqa: BLE001 (already gone)
+    except Exception:  # noqa: BLE001, S110 (already gone)
         pass

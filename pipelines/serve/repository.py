@@ -4,13 +4,14 @@ One Triton model per registry version (`<model_name>_v<N>`), so a candidate can 
 the champion (canary) and the previous version stays loaded for a rollback in seconds:
 
     <repository>/tool_router_v3/config.pbtxt      Python backend, dynamic batching, parameters
-    <repository>/tool_router_v3/1/model.py        pipelines/serve/triton_model.py, verbatim
+    <repository>/tool_router_v3/1/model.py        pipelines/triton_backend/model.py, verbatim
     <repository>/tool_router_v3/1/tool_grammar.py pipelines/toolcall/grammar.py, verbatim
     <repository>/tool_router_v3/1/adapter/        the LoRA adapter (HF-PEFT), from MLflow
     <repository>/tool_router_v3/1/flywheel.json   registry version, base model, prompt style
 
 With `triton.multi_lora` every project's versions share one loaded base instead (`lora__<base model>`, the
-Python model in its shared-base mode with `lora_cache.py` and `batched_lora.py` beside it) and each version is an adapter folder
+Python model in its shared-base mode with `lora_cache.py` and `batched_lora.py` beside it) and each version is an
+adapter folder
 under `<repository>/../lora_adapters/<model name>_v<N>/`; its serving name is `lora__<base>@<model name>_v<N>`
 (the client sends the part after `@` as the request's ADAPTER).
 
@@ -33,11 +34,12 @@ from pipelines.toolcall.budget import FALLBACK, recorded
 
 MIN_PROMPT_TOKENS = 16  # below this no chat template fits: a folder built so would refuse every request
 
-MODEL_FILE = Path(__file__).with_name("triton_model.py")
+BACKEND = Path(__file__).parents[1] / "triton_backend"  # what runs inside Triton, copied verbatim
+MODEL_FILE = BACKEND / "model.py"
 GRAMMAR_FILE = Path(__file__).parents[1] / "toolcall" / "grammar.py"  # model.py's constrained decoder, copied beside it
 GRAMMAR_MODULE = "tool_grammar.py"  # its name there (model.py imports `tool_grammar`)
-LORA_FILE = Path(__file__).with_name("lora_cache.py")  # the shared base's adapter cache, copied beside model.py
-BATCHED_FILE = Path(__file__).with_name("batched_lora.py")  # its adapter slots (lora_cache imports it), beside too
+LORA_FILE = BACKEND / "lora_cache.py"  # the shared base's adapter cache, copied beside model.py
+BATCHED_FILE = BACKEND / "batched_lora.py"  # its adapter slots (lora_cache imports it), beside too
 SHARED_PREFIX = "lora__"  # a shared base model's Triton name: lora__<base model> (`shared_base`)
 BASE_NAME = "base"  # the un-tuned base model (the few-shot baseline in benchmarks)
 
@@ -66,7 +68,7 @@ def triton_name(settings: Settings, version: str | None) -> str:
 def token_limits(settings: Settings, base_model: str, budget: int | None) -> tuple[int, int]:
     """(max_input_tokens, max_new_tokens) of a model folder: the settings when given, else sized from the
     model (`toolcall.budget`): the version's answer budget, and the base model's context window minus it."""
-    from pipelines.train.models import context_window
+    from pipelines.base_models import context_window
 
     t = settings.triton
     new = t.max_new_tokens or budget or FALLBACK
@@ -75,19 +77,32 @@ def token_limits(settings: Settings, base_model: str, budget: int | None) -> tup
     window = context_window(base_model)
     if window - new < MIN_PROMPT_TOKENS:  # a folder that would refuse every request: say so when it is built
         source = "triton.max_new_tokens" if t.max_new_tokens else "the version's answer budget"
-        raise ConfigError(f"{source} {new} leaves {window - new} of {base_model}'s {window}-token context window "
-                          f"for the prompt (at least {MIN_PROMPT_TOKENS}): set triton.max_new_tokens lower or "
-                          "triton.max_input_tokens")
+        raise ConfigError(
+            f"{source} {new} leaves {window - new} of {base_model}'s {window}-token context window "
+            f"for the prompt (at least {MIN_PROMPT_TOKENS}): set triton.max_new_tokens lower or "
+            "triton.max_input_tokens"
+        )
     return window - new, new
 
 
-def config_pbtxt(settings: Settings, name: str, base_model_path: str, adapter: str | None,
-                 limits: tuple[int, int], shared: dict[str, str] | None = None) -> str:
+def config_pbtxt(
+    settings: Settings,
+    name: str,
+    base_model_path: str,
+    adapter: str | None,
+    limits: tuple[int, int],
+    shared: dict[str, str] | None = None,
+) -> str:
     """`shared`: the shared-base parameters (adapter_root, max_adapters); the model then takes ADAPTER."""
     t = settings.triton
-    params = {"base_model_path": base_model_path, "adapter": adapter or "",
-              "max_input_tokens": str(limits[0]), "max_new_tokens": str(limits[1]), "threads": str(t.threads),
-              **(shared or {})}
+    params = {
+        "base_model_path": base_model_path,
+        "adapter": adapter or "",
+        "max_input_tokens": str(limits[0]),
+        "max_new_tokens": str(limits[1]),
+        "threads": str(t.threads),
+        **(shared or {}),
+    }
     if t.execution_env:
         params["EXECUTION_ENV_PATH"] = t.execution_env
     adapter_input = ',\n  { name: "ADAPTER" data_type: TYPE_STRING dims: [ 1 ] optional: true }' if shared else ""
@@ -118,14 +133,19 @@ parameters [
 
 def _fingerprint(config: str, adapter_dir: str | None) -> str:
     """Everything a model folder is built from: its config, model.py and the adapter's files."""
-    digest = hashlib.sha256(config.encode() + MODEL_FILE.read_bytes() + GRAMMAR_FILE.read_bytes()
-                            + LORA_FILE.read_bytes() + BATCHED_FILE.read_bytes())
+    digest = hashlib.sha256(
+        config.encode()
+        + MODEL_FILE.read_bytes()
+        + GRAMMAR_FILE.read_bytes()
+        + LORA_FILE.read_bytes()
+        + BATCHED_FILE.read_bytes()
+    )
     if adapter_dir:
         hash_files(digest, Path(adapter_dir))
     return digest.hexdigest()
 
 
-def hash_files(digest: "hashlib._Hash", folder: Path, skip: tuple[str, ...] = ()) -> "hashlib._Hash":
+def hash_files(digest: hashlib._Hash, folder: Path, skip: tuple[str, ...] = ()) -> hashlib._Hash:
     """Every file under `folder` (its relative path and bytes, in a stable order) into `digest`, but `skip`."""
     for file in sorted(p for p in folder.rglob("*") if p.is_file() and p.name not in skip):
         digest.update(str(file.relative_to(folder)).encode() + file.read_bytes())
@@ -141,14 +161,25 @@ def _same(existing: dict[str, object] | None, meta: dict[str, object]) -> tuple[
 
 
 def _conflict(name: str, where: str, existing: dict[str, object] | None, meta: dict[str, object]) -> ModelInUse:
-    return ModelInUse(f"{where} serves {({k: (existing or {}).get(k) for k in IDENTITY})}, not "
-                      f"{({k: meta.get(k) for k in IDENTITY})}, and {name} is loaded or live: its folder is never "
-                      f"rewritten while in use; unload it (deploy or roll back to another version) and retry")
+    return ModelInUse(
+        f"{where} serves { ({k: (existing or {}).get(k) for k in IDENTITY}) }, not "
+        f"{ ({k: meta.get(k) for k in IDENTITY}) }, and {name} is loaded or live: its folder is never "
+        f"rewritten while in use; unload it (deploy or roll back to another version) and retry"
+    )
 
 
-def write_model(settings: Settings, repository: Path, name: str, base_model_path: str, adapter_dir: str | None,
-                meta: dict[str, object], *, in_use: bool = False, limits: tuple[int, int] | None = None,
-                shared: dict[str, str] | None = None) -> tuple[Path, bool]:
+def write_model(
+    settings: Settings,
+    repository: Path,
+    name: str,
+    base_model_path: str,
+    adapter_dir: str | None,
+    meta: dict[str, object],
+    *,
+    in_use: bool = False,
+    limits: tuple[int, int] | None = None,
+    shared: dict[str, str] | None = None,
+) -> tuple[Path, bool]:
     """The model folder, written once: (folder, stale). An existing folder built identically is reused
     untouched; one serving the same model but built from other settings is kept while the model is
     `in_use` (loaded or live: stale=True) and replaced otherwise; one serving another model raises
@@ -265,30 +296,48 @@ def build_version(settings: Settings, version: str, *, in_use: bool = False) -> 
     """The model folder of a registered version (adapter from MLflow, base model from the catalogue);
     `in_use`: the model is loaded or live, so an existing folder of it is never rewritten. (With
     `triton.multi_lora` deployments go through `shared_base.build_serving` instead.)"""
+    from pipelines.base_models import prepare_base
     from pipelines.registry.models import adapter_path
-    from pipelines.train.models import prepare_base
 
     tags, base_model, style = version_identity(settings, version)
     name = triton_name(settings, version)
-    path, stale = write_model(settings, staging_repository(settings), name, prepare_base(base_model, settings),
-                              adapter_path(settings, version),
-                              {"registry_version": version, "base_model": base_model, "prompt_style": style,
-                               "model": settings.mlflow.registered_model}, in_use=in_use,
-                              limits=token_limits(settings, base_model, recorded(tags)))
+    path, stale = write_model(
+        settings,
+        staging_repository(settings),
+        name,
+        prepare_base(base_model, settings),
+        adapter_path(settings, version),
+        {
+            "registry_version": version,
+            "base_model": base_model,
+            "prompt_style": style,
+            "model": settings.mlflow.registered_model,
+        },
+        in_use=in_use,
+        limits=token_limits(settings, base_model, recorded(tags)),
+    )
     uri, remote_stale = publish(settings, path, in_use=in_use)
     return ModelEntry(name, uri, version, style, base_model, stale or remote_stale)
 
 
-def build_base(settings: Settings, base_model: str = "smollm2-135m-instruct", *, in_use: bool = False,
-               budget: int | None = None) -> ModelEntry:
+def build_base(
+    settings: Settings, base_model: str = "smollm2-135m-instruct", *, in_use: bool = False, budget: int | None = None
+) -> ModelEntry:
     """The un-tuned base model (full prompt, in-context examples): the baseline the benchmark compares, with
     the answer budget of the model it is compared with."""
-    from pipelines.train.models import prepare_base
+    from pipelines.base_models import prepare_base
 
     name = triton_name(settings, None)
-    path, stale = write_model(settings, staging_repository(settings), name, prepare_base(base_model, settings),
-                              None, {"registry_version": None, "base_model": base_model, "prompt_style": "full"},
-                              in_use=in_use, limits=token_limits(settings, base_model, budget))
+    path, stale = write_model(
+        settings,
+        staging_repository(settings),
+        name,
+        prepare_base(base_model, settings),
+        None,
+        {"registry_version": None, "base_model": base_model, "prompt_style": "full"},
+        in_use=in_use,
+        limits=token_limits(settings, base_model, budget),
+    )
     uri, remote_stale = publish(settings, path, in_use=in_use)
     return ModelEntry(name, uri, None, "full", base_model, stale or remote_stale)
 

@@ -14,15 +14,25 @@ from pathlib import Path
 
 from pipelines.config import ConfigError, Settings
 from pipelines.serve import repository
-from pipelines.serve.repository import (SHARED_PREFIX, ModelEntry, _read_meta,
-                                        model_uri, split_name, staging_repository, token_limits, triton_name,
-                                        version_identity, write_model)
+from pipelines.serve.repository import (
+    SHARED_PREFIX,
+    ModelEntry,
+    _read_meta,
+    model_uri,
+    split_name,
+    staging_repository,
+    token_limits,
+    triton_name,
+    version_identity,
+    write_model,
+)
 
 SHARED_BUDGET = 256  # a shared base's answer limit (it serves versions with different budgets; answers end at EOS)
 
 
-def build_serving(settings: Settings, version: str, *, in_use: bool = False,
-                  is_loaded: Callable[[str], bool] | None = None) -> ModelEntry:
+def build_serving(
+    settings: Settings, version: str, *, in_use: bool = False, is_loaded: Callable[[str], bool] | None = None
+) -> ModelEntry:
     """What serves a registered version: its own model folder (`repository.build_version`), or with
     `triton.multi_lora` its adapter folder beside the shared base's (`is_loaded`: whether the server has a model
     loaded; the shared base's folder is never rewritten while it is)."""
@@ -33,9 +43,18 @@ def build_serving(settings: Settings, version: str, *, in_use: bool = False,
     _, base_model, style = version_identity(settings, version)
     name = triton_name(settings, version)
     shared = build_shared(settings, base_model, is_loaded=is_loaded)
-    write_adapter(settings, name, adapter_path(settings, version),
-                  {"registry_version": version, "base_model": base_model, "prompt_style": style,
-                   "model": settings.mlflow.registered_model, "shared": shared.name})
+    write_adapter(
+        settings,
+        name,
+        adapter_path(settings, version),
+        {
+            "registry_version": version,
+            "base_model": base_model,
+            "prompt_style": style,
+            "model": settings.mlflow.registered_model,
+            "shared": shared.name,
+        },
+    )
     return ModelEntry(f"{shared.name}@{name}", shared.path, version, style, base_model, shared.stale)
 
 
@@ -49,27 +68,34 @@ def adapter_root(settings: Settings) -> Path:
     return staging_repository(settings).parent / "lora_adapters"
 
 
-def build_shared(settings: Settings, base_model: str, *,
-                 is_loaded: Callable[[str], bool] | None = None) -> ModelEntry:
+def build_shared(settings: Settings, base_model: str, *, is_loaded: Callable[[str], bool] | None = None) -> ModelEntry:
     """The shared base's model folder (one per base model, for every project; written once, kept while loaded)."""
+    from pipelines.base_models import prepare_base
     from pipelines.storage import locked
-    from pipelines.train.models import prepare_base
 
     if "://" in str(settings.triton.model_repository):
-        raise ConfigError("triton.multi_lora serves adapters from a local folder beside the model repository; "
-                          "on object storage serve them with the vLLM backend's multi-LoRA "
-                          "(pipelines.serve.vllm.vllm_model) or set triton.multi_lora false")
+        raise ConfigError(
+            "triton.multi_lora serves adapters from a local folder beside the model repository; "
+            "on object storage serve them with the vLLM backend's multi-LoRA "
+            "(pipelines.serve.vllm.vllm_model) or set triton.multi_lora false"
+        )
     name = shared_name(base_model)
     in_use = is_loaded(name) if is_loaded is not None else True
     root = adapter_root(settings)
     root.mkdir(parents=True, exist_ok=True)
     folder = staging_repository(settings) / name
     with locked(str(folder), settings.triton.state_lock_timeout_s, f"the shared base {name}"):  # every project's
-        path, stale = write_model(settings, staging_repository(settings), name, prepare_base(base_model, settings),
-                                  None, {"registry_version": None, "base_model": base_model, "prompt_style": "short",
-                                         "model": "shared"}, in_use=in_use,
-                                  limits=token_limits(settings, base_model, SHARED_BUDGET),
-                                  shared=shared_params(settings, root))
+        path, stale = write_model(
+            settings,
+            staging_repository(settings),
+            name,
+            prepare_base(base_model, settings),
+            None,
+            {"registry_version": None, "base_model": base_model, "prompt_style": "short", "model": "shared"},
+            in_use=in_use,
+            limits=token_limits(settings, base_model, SHARED_BUDGET),
+            shared=shared_params(settings, root),
+        )
     return ModelEntry(name, str(path), None, "short", base_model, stale)
 
 
@@ -94,8 +120,10 @@ def check_rank(settings: Settings, adapter_dir: str, name: str) -> None:
     except VllmConfigError as exc:
         raise ConfigError(f"{name}: {exc}") from None
     if rank > cap:
-        raise ConfigError(f"{name}: LoRA rank {rank} is over triton.max_adapter_rank {cap}; the shared base "
-                          "would refuse it (raise the cap, or train the version at a lower rank)")
+        raise ConfigError(
+            f"{name}: LoRA rank {rank} is over triton.max_adapter_rank {cap}; the shared base "
+            "would refuse it (raise the cap, or train the version at a lower rank)"
+        )
 
 
 def write_adapter(settings: Settings, name: str, adapter_dir: str, meta: dict[str, object]) -> Path:
@@ -166,8 +194,9 @@ def is_own(settings: Settings, name: str) -> bool:
     return own_version(settings, name) is not None or name == triton_name(settings, None)
 
 
-def remove_adapters(settings: Settings, keep: set[str] | frozenset[str] = frozenset(),
-                    only: set[str] | None = None) -> list[str]:
+def remove_adapters(
+    settings: Settings, keep: set[str] | frozenset[str] = frozenset(), only: set[str] | None = None
+) -> list[str]:
     """Take this project's adapter folders out of service (those in `only` when given), but those named in
     `keep`: each is renamed away in one step, so the shared base refuses its requests from then on."""
     removed = []

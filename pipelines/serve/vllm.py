@@ -1,6 +1,6 @@
 """The GPU path of multi-LoRA serving: a model folder for the official Triton vLLM backend, whose engine serves
 many LoRA adapters on one loaded base (requests pick one with the `lora_name` parameter). The CPU path of the
-same idea is the Python model's shared-base mode (`triton_model.py` with `lora_cache.py`)."""
+same idea is the Python model's shared-base mode (`triton_backend/model.py` with `lora_cache.py`)."""
 
 from __future__ import annotations
 
@@ -28,8 +28,13 @@ def adapter_rank(adapter_dir: str) -> int:
         raise VllmConfigError(f"{adapter_dir}/adapter_config.json: no LoRA rank `r` ({exc})") from None
 
 
-def vllm_model(out: Path, base_model: str, adapters: dict[str, str], max_lora_rank: int | None = None,
-               gpu_memory_utilization: float = 0.85) -> Path:
+def vllm_model(
+    out: Path,
+    base_model: str,
+    adapters: dict[str, str],
+    max_lora_rank: int | None = None,
+    gpu_memory_utilization: float = 0.85,
+) -> Path:
     """A model folder for the official Triton vLLM container: base model with LoRA adapters by name
     (requests pick one with the `lora_name` parameter). Each adapter folder must exist and its rank
     fit `max_lora_rank` (default: the largest adapter rank, rounded up to a size vLLM accepts)."""
@@ -39,14 +44,26 @@ def vllm_model(out: Path, base_model: str, adapters: dict[str, str], max_lora_ra
         max_lora_rank = next((r for r in VLLM_LORA_RANKS if r >= needed), needed)
     too_big = {name: r for name, r in ranks.items() if r > max_lora_rank}
     if too_big:
-        raise VllmConfigError(f"adapters {too_big} have a LoRA rank above max_lora_rank {max_lora_rank}: "
-                              f"vLLM would refuse them; raise max_lora_rank to at least {needed}")
+        raise VllmConfigError(
+            f"adapters {too_big} have a LoRA rank above max_lora_rank {max_lora_rank}: "
+            f"vLLM would refuse them; raise max_lora_rank to at least {needed}"
+        )
     if max_lora_rank not in VLLM_LORA_RANKS:
         raise VllmConfigError(f"max_lora_rank {max_lora_rank}: vLLM accepts one of {VLLM_LORA_RANKS}")
     (out / "1").mkdir(parents=True, exist_ok=True)
-    (out / "1" / "model.json").write_text(json.dumps({
-        "model": base_model, "enable_lora": True, "max_lora_rank": max_lora_rank, "max_loras": max(1, len(adapters)),
-        "gpu_memory_utilization": gpu_memory_utilization, "disable_log_requests": True}, indent=2))
+    (out / "1" / "model.json").write_text(
+        json.dumps(
+            {
+                "model": base_model,
+                "enable_lora": True,
+                "max_lora_rank": max_lora_rank,
+                "max_loras": max(1, len(adapters)),
+                "gpu_memory_utilization": gpu_memory_utilization,
+                "disable_log_requests": True,
+            },
+            indent=2,
+        )
+    )
     (out / "1" / "multi_lora.json").write_text(json.dumps(adapters, indent=2, sort_keys=True))
     (out / "config.pbtxt").write_text('backend: "vllm"\ninstance_group [ { count: 1 kind: KIND_MODEL } ]\n')
     return out

@@ -29,8 +29,9 @@ def call_text(target: str) -> str:
     call = json.loads(target)
     if call.get("name") is None:
         return json.dumps({"name": None}, separators=(",", ":"))  # compact, like every call
-    return json.dumps({"name": call["name"], "arguments": call.get("arguments") or {}}, separators=(",", ":"),
-                      ensure_ascii=False)
+    return json.dumps(
+        {"name": call["name"], "arguments": call.get("arguments") or {}}, separators=(",", ":"), ensure_ascii=False
+    )
 
 
 def parse_call(text: str) -> dict[str, Any] | None:
@@ -57,8 +58,9 @@ def parse_call(text: str) -> dict[str, Any] | None:
     return None
 
 
-def schema_breach(name: str, arguments: Any, parameters: dict[str, Any] | None,
-                  admit_tokens: bool = False) -> str | None:
+def schema_breach(
+    name: str, arguments: Any, parameters: dict[str, Any] | None, admit_tokens: bool = False
+) -> str | None:
     """Where a call of tool `name` breaks the tool's whole parameters schema when the grammar enforces it only
     in part (`grammar.partly_constrained`: a keyword it lacks, e.g. `uniqueItems`, is checked after decoding):
     the first failing argument's path (never its value); None when the tool is fully enforced or the call
@@ -105,6 +107,7 @@ def _readable(pattern: Any) -> bool:
 def _without_patterns(node: Any) -> Any:
     """A schema with the `pattern`s Python's `re` cannot read left out (the grammar enforced them)."""
     from pipelines.toolcall.grammar import _LITERALS
+
     if isinstance(node, list):
         return [_without_patterns(x) for x in node]
     if not isinstance(node, dict):

@@ -23,8 +23,8 @@ class Generations:
     texts: list[str]
     prompt_tokens: list[int]
     output_tokens: list[int]
-    seconds: float            # wall time of the batched pass over all requests
-    latency_ms: list[float]   # single-request (batch 1) latencies of a seeded random sample of the requests
+    seconds: float  # wall time of the batched pass over all requests
+    latency_ms: list[float]  # single-request (batch 1) latencies of a seeded random sample of the requests
     ended: list[bool] = field(default_factory=list)  # per answer: whether it ended with the end token
 
     @property
@@ -44,9 +44,12 @@ class Generations:
         }
 
 
-def require_grammars(tool_sets: set[str], what: str = "constrained decoding",
-                     instead: str = "decode without the grammar instead (evaluation.constrained: off, "
-                                    "`flywheel eval --constrained off`)") -> None:
+def require_grammars(
+    tool_sets: set[str],
+    what: str = "constrained decoding",
+    instead: str = "decode without the grammar instead (evaluation.constrained: off, "
+    "`flywheel eval --constrained off`)",
+) -> None:
     """Every tool set compiles to a grammar, or one ToolsNotEnforceable line naming the tool, before any work."""
     from pipelines.toolcall.grammar import GrammarError, grammar_for
 
@@ -61,9 +64,18 @@ def render_prompts(tokenizer: Any, conversations: list[list[dict[str, str]]]) ->
     return [tokenizer.apply_chat_template(c, tokenize=False, add_generation_prompt=True) for c in conversations]
 
 
-def generate(model: Any, tokenizer: Any, conversations: list[list[dict[str, str]]], *, max_new_tokens: int = 96,
-             batch_size: int = 8, latency_samples: int = 4, progress: Progress | None = None,
-             label: str = "generating", tools: list[str] | None = None) -> Generations:
+def generate(
+    model: Any,
+    tokenizer: Any,
+    conversations: list[list[dict[str, str]]],
+    *,
+    max_new_tokens: int = 96,
+    batch_size: int = 8,
+    latency_samples: int = 4,
+    progress: Progress | None = None,
+    label: str = "generating",
+    tools: list[str] | None = None,
+) -> Generations:
     """Greedy decoding (deterministic) of every conversation's next assistant turn. With `tools` (one
     offered-tools JSON per conversation) each answer is decoded under its turn's tool-call grammar
     (`toolcall.grammar`); a tool set the grammar cannot express raises ToolsNotEnforceable (one line
@@ -90,22 +102,36 @@ def generate(model: Any, tokenizer: Any, conversations: list[list[dict[str, str]
 
     def run(batch_prompts: list[str], batch_tools: list[str] | None) -> tuple[list[str], list[int], list[bool]]:
         enc = tokenizer(batch_prompts, return_tensors="pt", padding=True, add_special_tokens=False)
-        extra = ({"logits_processor": LogitsProcessorList([ToolCallConstraint(tokenizer, batch_tools)])}
-                 if batch_tools is not None else {})
+        extra = (
+            {"logits_processor": LogitsProcessorList([ToolCallConstraint(tokenizer, batch_tools)])}
+            if batch_tools is not None
+            else {}
+        )
         with torch.inference_mode():
-            out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False,
-                                 pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, **extra)
-        new = out[:, enc["input_ids"].shape[1]:]
+            out = model.generate(
+                **enc,
+                max_new_tokens=max_new_tokens,
+                do_sample=False,
+                pad_token_id=tokenizer.pad_token_id,
+                eos_token_id=tokenizer.eos_token_id,
+                **extra,
+            )
+        new = out[:, enc["input_ids"].shape[1] :]
         lengths = [answer_length(row, tokenizer.eos_token_id) for row in new.tolist()]
-        return (tokenizer.batch_decode(new, skip_special_tokens=True), [n for n, _ in lengths],
-                [ended for _, ended in lengths])
+        return (
+            tokenizer.batch_decode(new, skip_special_tokens=True),
+            [n for n, _ in lengths],
+            [ended for _, ended in lengths],
+        )
 
     started = time.perf_counter()
     for i in range(0, len(prompts), batch_size):
-        decoded, counts, done = run(prompts[i:i + batch_size], tools[i:i + batch_size] if tools is not None else None)
-        texts[i:i + len(decoded)] = decoded
-        output_tokens[i:i + len(counts)] = counts
-        ended[i:i + len(done)] = done
+        decoded, counts, done = run(
+            prompts[i : i + batch_size], tools[i : i + batch_size] if tools is not None else None
+        )
+        texts[i : i + len(decoded)] = decoded
+        output_tokens[i : i + len(counts)] = counts
+        ended[i : i + len(done)] = done
         if progress is not None and task is not None:
             progress.advance(task, len(decoded))
     seconds = time.perf_counter() - started

@@ -9,8 +9,8 @@ names, date and context: what tuned models are trained and served with.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pipelines.toolcall.calls import NO_TOOL, call_text
@@ -26,10 +26,10 @@ __all__ = ["Example", "PromptStyle", "to_examples", "training_pairs"]
 class Example:
     record_id: str
     turns: list[dict[str, str]]  # system + conversation, ending with the user turn to answer
-    target: str                  # the call text the model should write (name first)
-    tool: str                    # expected tool, or NO_TOOL for an abstention
-    query: str                   # the last user message (few-shot retrieval key)
-    tools: str                   # the offered tools (prompt.tools_json): the constrained decoder's grammar
+    target: str  # the call text the model should write (name first)
+    tool: str  # expected tool, or NO_TOOL for an abstention
+    query: str  # the last user message (few-shot retrieval key)
+    tools: str  # the offered tools (prompt.tools_json): the constrained decoder's grammar
 
     @property
     def expected(self) -> dict[str, Any]:
@@ -42,8 +42,16 @@ def to_examples(frame: pd.DataFrame, style: PromptStyle) -> list[Example]:
         turns = chat_turns(system_for(row, style), row["messages_json"])
         target = call_text(row["target_json"])
         name = json.loads(target)["name"]
-        out.append(Example(row["record_id"], turns, target, name if name is not None else NO_TOOL,
-                           turns[-1]["content"], row["tools_json"]))
+        out.append(
+            Example(
+                row["record_id"],
+                turns,
+                target,
+                name if name is not None else NO_TOOL,
+                turns[-1]["content"],
+                row["tools_json"],
+            )
+        )
     return out
 
 

@@ -35,8 +35,15 @@ def shot_turns(example: Example) -> list[dict[str, str]]:
     """One demonstration: the opening request, the latest exchange before the call, then the call."""
     conversation = example.turns[1:]
     opening, rest = conversation[:1], conversation[1:]
-    history = [{**t, "content": t["content"] if len(t["content"]) <= SHOT_TURN_CHARS
-                else t["content"][:SHOT_TURN_CHARS] + " ..."} for t in rest[-SHOT_HISTORY:]]
+    history = [
+        {
+            **t,
+            "content": t["content"]
+            if len(t["content"]) <= SHOT_TURN_CHARS
+            else t["content"][:SHOT_TURN_CHARS] + " ...",
+        }
+        for t in rest[-SHOT_HISTORY:]
+    ]
     return [*opening, *history, {"role": "assistant", "content": example.target}]
 
 
@@ -55,7 +62,9 @@ def pick(similarity: Any, pool: list[Example], query: Example, k: int) -> list[E
     return chosen
 
 
-def with_shots(queries: list[Example], pool: list[Example], k: int, pool_vectors: Any = None) -> list[list[dict[str, str]]]:
+def with_shots(
+    queries: list[Example], pool: list[Example], k: int, pool_vectors: Any = None
+) -> list[list[dict[str, str]]]:
     """Each query's conversation with its k shots inserted after the system prompt as earlier exchanges
     (the usual chat few-shot layout), the most similar next to the request. `pool_vectors`: the pool's
     embeddings when the caller keeps them (a server embeds its pool once, not per request)."""

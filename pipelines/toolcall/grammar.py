@@ -6,7 +6,7 @@ types, enums, required fields; no other argument), or `{"name":null}` when no to
 compact and their keys come in the order the models were trained to write them (`name` first, the
 arguments sorted), so the constraint never fights what the adapter learned.
 
-This module imports nothing from `pipelines`: the Triton model (`triton_model.py`) loads it from its own
+This module imports nothing from `pipelines`: the Triton model (`triton_backend/model.py`) loads it from its own
 folder, next to `model.py`, in the serving environment. Evaluation and the smoke test use the same code.
 A schema llguidance cannot express raises `GrammarError` naming the tool: never a silent unconstrained
 decode.
@@ -25,7 +25,7 @@ from typing import Any
 _OPTIONS = {"whitespace_flexible": False, "item_separator": ",", "key_separator": ":"}
 
 
-# prep's PII redaction tokens (pipelines/prep/redact.py; a test keeps the two lists equal): a redacted
+# prep's PII redaction tokens (pipelines/redact.py; a test keeps the two lists equal): a redacted
 # argument in the logs is `<EMAIL>`, which a pattern such as an email's would otherwise reject, so a
 # pattern- or format-constrained string also admits them (the model learned them from redacted logs)
 REDACTION_TOKENS = ("<EMAIL>", "<CARD>", "<PHONE>", "<ADDRESS>")
@@ -156,13 +156,24 @@ def call_schema(tools: Any) -> dict[str, Any]:
     """The JSON Schema of one answer to a turn offering `tools` (see `_offer`)."""
     entries, abstain = _offer(tools)
     defs: dict[str, Any] = {}
-    branches = [{"type": "object", "properties": {
-                    "name": {"const": t["name"]}, "arguments": _arguments(i, t["parameters"], defs)},
-                 "required": ["name", "arguments"], "additionalProperties": False}
-                for i, t in enumerate(entries)]
+    branches = [
+        {
+            "type": "object",
+            "properties": {"name": {"const": t["name"]}, "arguments": _arguments(i, t["parameters"], defs)},
+            "required": ["name", "arguments"],
+            "additionalProperties": False,
+        }
+        for i, t in enumerate(entries)
+    ]
     if abstain:
-        branches.append({"type": "object", "properties": {"name": {"type": "null"}}, "required": ["name"],
-                         "additionalProperties": False})
+        branches.append(
+            {
+                "type": "object",
+                "properties": {"name": {"type": "null"}},
+                "required": ["name"],
+                "additionalProperties": False,
+            }
+        )
     return {"anyOf": branches, **({"$defs": defs} if defs else {})}
 
 
@@ -252,13 +263,19 @@ def ground_ids(tools: Any, writes: Mapping[str, Sequence[str]], values: Sequence
         if params is not None:  # descriptions mean nothing to the grammar: left out of a per-turn tools JSON
             kept.append({"name": t["name"], "parameters": _without(params, {"description"})})
     if not kept and not abstain:
-        raise GrammarError("a call is required, but every offered write tool needs an id the conversation "
-                           "does not state")
-    out = json.dumps({"tools": kept, "abstain": abstain} if not abstain or isinstance(tools, dict) else kept,
-                     separators=(",", ":"), sort_keys=True)
+        raise GrammarError(
+            "a call is required, but every offered write tool needs an id the conversation does not state"
+        )
+    out = json.dumps(
+        {"tools": kept, "abstain": abstain} if not abstain or isinstance(tools, dict) else kept,
+        separators=(",", ":"),
+        sort_keys=True,
+    )
     if len(out.encode("utf-8")) > MAX_TOOLS_BYTES:
-        raise GroundingTooLarge(f"the offered tools with their grounded ids are {len(out.encode('utf-8'))} bytes; at most "
-                           f"{MAX_TOOLS_BYTES} (triton.grounded_ids: false decodes such conversations ungrounded)")
+        raise GroundingTooLarge(
+            f"the offered tools with their grounded ids are {len(out.encode('utf-8'))} bytes; at most "
+            f"{MAX_TOOLS_BYTES} (triton.grounded_ids: false decodes such conversations ungrounded)"
+        )
     return out
 
 

@@ -52,8 +52,12 @@ def registered_effects(raw_zone: str) -> dict[str, str]:
     except Exception as exc:  # noqa: BLE001 (storage unreachable: the last good answer, else the catalogue's)
         from pipelines.logs.tools import catalogue_effects
 
-        LOG.warning("toolset effects unreadable (%s: %s); using %s", type(exc).__name__, str(exc)[:200],
-                    "the last good read" if hit else "the catalogue's (other tools count as writes)")
+        LOG.warning(
+            "toolset effects unreadable (%s: %s); using %s",
+            type(exc).__name__,
+            str(exc)[:200],
+            "the last good read" if hit else "the catalogue's (other tools count as writes)",
+        )
         kept = hit[1] if hit else UnknownEffects(catalogue_effects())
         with _effects_lock:
             _effects_cache[raw_zone] = (now - _EFFECTS_TTL_S + _RETRY_S, kept)
@@ -69,7 +73,7 @@ def judged_effects(offered: Iterable[str], registered: Mapping[str, str]) -> dic
     except while the registry is unreadable (`UnknownEffects`): then it may be an imported write, and counts
     as one."""
     unknown = "write" if isinstance(registered, UnknownEffects) else "read"
-    return {**{name: unknown for name in offered}, **registered}
+    return {**dict.fromkeys(offered, unknown), **registered}
 
 
 def stated_texts(turns: Iterable[dict[str, Any]]) -> list[str]:

@@ -17,11 +17,21 @@ from pipelines.toolcall.calls import call_text, target_json
 
 PromptStyle = Literal["full", "short", "names"]
 
+
 def tools_json(specs: list[dict[str, Any]]) -> str:
     """The offered tools (OpenAI tool specs) as the compact JSON list the prompt shows."""
-    return json.dumps([{"name": s["function"]["name"], "description": s["function"].get("description", ""),
-                        "parameters": s["function"]["parameters"]} for s in specs],
-                      separators=(",", ":"), sort_keys=True)
+    return json.dumps(
+        [
+            {
+                "name": s["function"]["name"],
+                "description": s["function"].get("description", ""),
+                "parameters": s["function"]["parameters"],
+            }
+            for s in specs
+        ],
+        separators=(",", ":"),
+        sort_keys=True,
+    )
 
 
 def tools_json_for(names: list[str]) -> str:
@@ -55,8 +65,11 @@ def format_context(features: dict[str, Any]) -> str:
     """Customer features as one short line; identical for offline (training) and online (serving)."""
     if not features or features.get("last_country") is None:
         return ""
-    mix = {k.removeprefix("share_").removesuffix("_30d"): v for k, v in features.items()
-           if k.startswith("share_") and k.endswith("_30d") and v}
+    mix = {
+        k.removeprefix("share_").removesuffix("_30d"): v
+        for k, v in features.items()
+        if k.startswith("share_") and k.endswith("_30d") and v
+    }
     top = ", ".join(f"{k} {v:.0%}" for k, v in sorted(mix.items(), key=lambda kv: (-kv[1], kv[0]))[:3])
     parts = [f"country {features['last_country']}", f"currency {features['last_currency']}"]
     if features.get("preferred_category"):
@@ -108,8 +121,11 @@ def short_system_prompt(tools: str, day: str, context: str | None = None, signat
     names: the adapter has learned their arguments and allowed values from the logs (a new tool or value
     then needs a retrain, which is what the flywheel does), and each example is ~5x shorter."""
     listed = tool_signatures(tools) if signatures else ", ".join(sorted(t["name"] for t in json.loads(tools)))
-    lines = [f"Commerce tool router. Today is {day}. Tools:", listed,
-             'Reply with one JSON tool call, or {"name":null}.']
+    lines = [
+        f"Commerce tool router. Today is {day}. Tools:",
+        listed,
+        'Reply with one JSON tool call, or {"name":null}.',
+    ]
     if context:
         lines.append(f"Customer context: {context}")
     return "\n".join(lines)

@@ -69,8 +69,8 @@ def _string_arguments_f1(predicted: dict[str, Any] | None, gold: dict[str, Any])
 
 @dataclass(frozen=True)
 class ExampleScore:
-    tool: str            # expected tool (NO_TOOL for an expected abstention)
-    predicted: str       # predicted tool, NO_TOOL, or INVALID when the output was not a call
+    tool: str  # expected tool (NO_TOOL for an expected abstention)
+    predicted: str  # predicted tool, NO_TOOL, or INVALID when the output was not a call
     json_valid: bool
     name_match: bool
     exact_match: bool
@@ -79,7 +79,7 @@ class ExampleScore:
     arg_f1: float | None
     text_f1: float | None = None  # mean token F1 of string arguments; None: abstention or no string argument
     wrong_write: str | None = None  # WRONG_WRITES kind when the answer is a write it should not make
-    expected_write: bool = False    # the expected call is a write
+    expected_write: bool = False  # the expected call is a write
 
 
 # A wrong write: the answer calls a write tool and it is not the expected call's tool (`wrong_tool`), or it
@@ -105,8 +105,9 @@ def _ids(arguments: dict[str, Any]) -> dict[str, Any]:
     return {k: _argument(k, v) for k, v in arguments.items() if _is_id(k)}
 
 
-def wrong_write(call: dict[str, Any] | None, expected: dict[str, Any], effects: Mapping[str, str] | None = None
-                ) -> str | None:
+def wrong_write(
+    call: dict[str, Any] | None, expected: dict[str, Any], effects: Mapping[str, str] | None = None
+) -> str | None:
     """The kind of wrong write `call` is against `expected` (None: no write, or the right one). A tool nobody
     declared counts as a write (`logs.tools.effect_of`: fail safe)."""
     if call is None or call.get("name") is None or effect_of(call["name"], effects) != "write":
@@ -132,14 +133,14 @@ def score(prediction_text: str, expected: dict[str, Any], effects: Mapping[str, 
     if call is None:
         empty = None if gold_name is None else 0.0
         text = None if gold_name is None else _string_arguments_f1(None, gold_args)
-        return ExampleScore(gold_tool, INVALID, False, False, False, empty, empty, empty, text,
-                            expected_write=gold_write)
+        return ExampleScore(
+            gold_tool, INVALID, False, False, False, empty, empty, empty, text, expected_write=gold_write
+        )
     predicted = call["name"] if call["name"] is not None else NO_TOOL
     name_match = predicted == gold_tool
     wrong = wrong_write(call, expected, effects)
     if gold_name is None:
-        return ExampleScore(gold_tool, predicted, True, name_match, name_match, None, None, None,
-                            wrong_write=wrong)
+        return ExampleScore(gold_tool, predicted, True, name_match, name_match, None, None, None, wrong_write=wrong)
     gold_pairs = {(k, _argument(k, v)) for k, v in gold_args.items()}
     pred_pairs = {(k, _argument(k, v)) for k, v in call["arguments"].items()} if name_match else set()
     hit = len(gold_pairs & pred_pairs)
@@ -150,8 +151,19 @@ def score(prediction_text: str, expected: dict[str, Any], effects: Mapping[str, 
         r = hit / len(gold_pairs) if gold_pairs else 0.0
         f1 = 2 * p * r / (p + r) if p + r else 0.0
     text = _string_arguments_f1(call["arguments"] if name_match else None, gold_args)
-    return ExampleScore(gold_tool, predicted, True, name_match, name_match and gold_pairs == pred_pairs, p, r, f1,
-                        text, wrong, gold_write)
+    return ExampleScore(
+        gold_tool,
+        predicted,
+        True,
+        name_match,
+        name_match and gold_pairs == pred_pairs,
+        p,
+        r,
+        f1,
+        text,
+        wrong,
+        gold_write,
+    )
 
 
 def _mean(values: list[float]) -> float | None:
@@ -184,10 +196,13 @@ def wrong_write_summary(scores: list[ExampleScore]) -> dict[str, Any]:
     """`wrong_writes` (count), `wrong_write_rate`, the split by kind, and which write for which expected call."""
     wrong = [s for s in scores if s.wrong_write]
     pairs = Counter(f"{s.predicted} for {s.tool}" for s in wrong)
-    return {"wrong_writes": len(wrong), "wrong_write_rate": len(wrong) / len(scores) if scores else None,
-            "wrong_write_kinds": {k: sum(1 for s in wrong if s.wrong_write == k) for k in WRONG_WRITES},
-            "wrong_write_pairs": dict(pairs.most_common()),
-            "expected_writes": sum(1 for s in scores if s.expected_write)}
+    return {
+        "wrong_writes": len(wrong),
+        "wrong_write_rate": len(wrong) / len(scores) if scores else None,
+        "wrong_write_kinds": {k: sum(1 for s in wrong if s.wrong_write == k) for k in WRONG_WRITES},
+        "wrong_write_pairs": dict(pairs.most_common()),
+        "expected_writes": sum(1 for s in scores if s.expected_write),
+    }
 
 
 def per_tool(scores: list[ExampleScore]) -> dict[str, dict[str, Any]]:

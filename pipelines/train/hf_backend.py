@@ -38,21 +38,38 @@ class TrainConfig(BaseModel):
     lora_rank: int = Field(16, ge=1, le=512)
     lora_alpha: int = Field(32, ge=1)
     lora_dropout: float = Field(0.0, ge=0, lt=1)
-    target_modules: list[str] = Field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj",
-                                                               "gate_proj", "up_proj", "down_proj"])
-    lora_layers: int | None = Field(None, ge=1, description="adapt only the top N transformer layers (backward "
-                                    "then stops there: ~2x faster on CPU); None = every layer")
-    epochs: float | None = Field(None, gt=0, description="train for this many passes over the training rows "
-                                 "(the step count follows the training set's size, bounded by max_steps_cap)")
-    max_steps: int | None = Field(None, ge=1, description="a fixed step count, whatever the training set's size "
-                                  "(used when epochs is not set; neither: one epoch)")
+    target_modules: list[str] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    )
+    lora_layers: int | None = Field(
+        None,
+        ge=1,
+        description="adapt only the top N transformer layers (backward "
+        "then stops there: ~2x faster on CPU); None = every layer",
+    )
+    epochs: float | None = Field(
+        None,
+        gt=0,
+        description="train for this many passes over the training rows "
+        "(the step count follows the training set's size, bounded by max_steps_cap)",
+    )
+    max_steps: int | None = Field(
+        None,
+        ge=1,
+        description="a fixed step count, whatever the training set's size "
+        "(used when epochs is not set; neither: one epoch)",
+    )
     max_steps_cap: int | None = Field(None, ge=1, description="upper bound on the resolved step count")
     batch_size: int = Field(8, ge=1)
     max_seq_len: int = Field(768, ge=16)
-    packed_seq_len: int | None = Field(None, ge=16, description="pack each step's examples into rows of up to this "
-                                       "many tokens (first-fit decreasing; each example attends only to itself, its "
-                                       "positions restart at 0): no padding, the same examples per step and the same "
-                                       "loss as unpacked; None = one padded row per example")
+    packed_seq_len: int | None = Field(
+        None,
+        ge=16,
+        description="pack each step's examples into rows of up to this "
+        "many tokens (first-fit decreasing; each example attends only to itself, its "
+        "positions restart at 0): no padding, the same examples per step and the same "
+        "loss as unpacked; None = one padded row per example",
+    )
     checkpoint_every: int = Field(20, ge=1)
     seed: int = 0
     divergence_factor: float = Field(4.0, gt=1)
@@ -62,13 +79,14 @@ class TrainConfig(BaseModel):
         if self.epochs is not None and self.max_steps is not None:
             raise ValueError("set epochs (bounded by max_steps_cap) or max_steps, not both")
         if self.packed_seq_len is not None and self.packed_seq_len < self.max_seq_len:
-            raise ValueError(f"packed_seq_len ({self.packed_seq_len}) must hold one whole example of max_seq_len "
-                             f"({self.max_seq_len}) tokens")
+            raise ValueError(
+                f"packed_seq_len ({self.packed_seq_len}) must hold one whole example of max_seq_len "
+                f"({self.max_seq_len}) tokens"
+            )
         return self
 
 
-def schedule_steps(examples: int, batch_size: int, epochs: float | None, max_steps: int | None,
-                   cap: int | None) -> int:
+def schedule_steps(examples: int, batch_size: int, epochs: float | None, max_steps: int | None, cap: int | None) -> int:
     """Optimizer steps of a run. With `epochs`: enough batches of `batch_size` to pass `epochs` times over
     `examples` rows, ceil(examples * epochs / batch_size); without: `max_steps`, or one epoch when that is
     not set either. `cap`, when set, bounds the result; at least one step."""
@@ -130,15 +148,19 @@ def encode(tokenizer: Any, turns: list[dict[str, str]], target: str, max_len: in
     prompt = tokenizer.apply_chat_template(turns, tokenize=False, add_generation_prompt=True)
     prompt_ids = tokenizer(prompt, add_special_tokens=False).input_ids
     target_ids = tokenizer(target + tokenizer.eos_token, add_special_tokens=False).input_ids
-    prompt_ids = prompt_ids[-max(1, max_len - len(target_ids)):]  # keep the end of long prompts
+    prompt_ids = prompt_ids[-max(1, max_len - len(target_ids)) :]  # keep the end of long prompts
     ids = (prompt_ids + target_ids)[:max_len]
     labels = ([-100] * len(prompt_ids) + target_ids)[:max_len]
     return ids, labels
 
 
-def train_lora(examples: list[tuple[list[dict[str, str]], str]], cfg: TrainConfig, out_dir: Path,
-               load_base: Callable[[str], tuple[Any, Any]],
-               on_step: Callable[[int, float, float], None] | None = None) -> TrainResult:
+def train_lora(
+    examples: list[tuple[list[dict[str, str]], str]],
+    cfg: TrainConfig,
+    out_dir: Path,
+    load_base: Callable[[str], tuple[Any, Any]],
+    on_step: Callable[[int, float, float], None] | None = None,
+) -> TrainResult:
     """Train one LoRA variant on (chat turns, target JSON) pairs; resume from `out_dir/checkpoint`."""
     import torch
     from peft import LoraConfig, get_peft_model, set_peft_model_state_dict
@@ -151,9 +173,17 @@ def train_lora(examples: list[tuple[list[dict[str, str]], str]], cfg: TrainConfi
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     layers = top_layers(model.config.num_hidden_layers, cfg.lora_layers)
-    model = get_peft_model(model, LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha,
-                                             lora_dropout=cfg.lora_dropout, target_modules=cfg.target_modules,
-                                             layers_to_transform=layers, task_type="CAUSAL_LM"))
+    model = get_peft_model(
+        model,
+        LoraConfig(
+            r=cfg.lora_rank,
+            lora_alpha=cfg.lora_alpha,
+            lora_dropout=cfg.lora_dropout,
+            target_modules=cfg.target_modules,
+            layers_to_transform=layers,
+            task_type="CAUSAL_LM",
+        ),
+    )
     encoded = [encode(tokenizer, turns, target, cfg.max_seq_len) for turns, target in examples]
     device = next(model.parameters()).device  # CPU here; a GPU when the loader put the model there
     steps_per_epoch = math.ceil(len(encoded) / cfg.batch_size)
@@ -178,7 +208,9 @@ def train_lora(examples: list[tuple[list[dict[str, str]], str]], cfg: TrainConfi
     started = time.perf_counter()
     status: Literal["completed", "diverged"] = "completed"
     for step in range(start, total):
-        batch = {k: v.to(device) for k, v in _batch(encoded, step, steps_per_epoch, cfg, tokenizer.pad_token_id).items()}
+        batch = {
+            k: v.to(device) for k, v in _batch(encoded, step, steps_per_epoch, cfg, tokenizer.pad_token_id).items()
+        }
         loss = _target_loss(model, batch)
         value = float(loss.detach())
         if not math.isfinite(value) or (losses and value > cfg.divergence_factor * max(losses[0], 1e-3)):
@@ -203,10 +235,18 @@ def train_lora(examples: list[tuple[list[dict[str, str]], str]], cfg: TrainConfi
     tokenizer.save_pretrained(final)
     for name in CHECKPOINT_DIRS:
         shutil.rmtree(out_dir / name, ignore_errors=True)
-    return TrainResult(adapter_dir=str(final), status=status, steps=len(lrs), resumed_from=resumed_from,
-                       tokens=tokens, seconds=round(seconds, 2),
-                       tokens_per_s=round(tokens / seconds, 1) if seconds > 0 else 0.0,
-                       final_loss=losses[-1], losses=losses, learning_rates=lrs)
+    return TrainResult(
+        adapter_dir=str(final),
+        status=status,
+        steps=len(lrs),
+        resumed_from=resumed_from,
+        tokens=tokens,
+        seconds=round(seconds, 2),
+        tokens_per_s=round(tokens / seconds, 1) if seconds > 0 else 0.0,
+        final_loss=losses[-1],
+        losses=losses,
+        learning_rates=lrs,
+    )
 
 
 def pack_rows(lengths: list[int], size: int) -> list[list[int]]:
@@ -227,13 +267,15 @@ def pack_rows(lengths: list[int], size: int) -> list[list[int]]:
     return rows
 
 
-def _batch(encoded: list[tuple[list[int], list[int]]], step: int, steps_per_epoch: int, cfg: TrainConfig,
-           pad_id: int) -> dict[str, Any]:
+def _batch(
+    encoded: list[tuple[list[int], list[int]]], step: int, steps_per_epoch: int, cfg: TrainConfig, pad_id: int
+) -> dict[str, Any]:
     """The step's batch: one row per example padded to the longest, or (packed_seq_len) the same examples
     packed into as few rows as fit, with position ids that restart per example."""
     epoch, index = divmod(step, steps_per_epoch)
-    batches = _epoch_batches(len(encoded), [len(ids) for ids, _ in encoded], cfg.batch_size,
-                             cfg.seed * 1_000_003 + epoch)
+    batches = _epoch_batches(
+        len(encoded), [len(ids) for ids, _ in encoded], cfg.batch_size, cfg.seed * 1_000_003 + epoch
+    )
     rows = [encoded[i] for i in batches[index]] if index < len(batches) else [encoded[0]]
     if cfg.packed_seq_len is not None:
         return packed_batch(rows, cfg.packed_seq_len, pad_id)
@@ -248,10 +290,10 @@ def padded_batch(rows: list[tuple[list[int], list[int]]], pad_id: int) -> dict[s
     ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
     labels = torch.full((len(rows), width), -100, dtype=torch.long)
     mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for r, (i, l) in enumerate(rows):
-        ids[r, :len(i)] = torch.tensor(i)
-        labels[r, :len(l)] = torch.tensor(l)
-        mask[r, :len(i)] = 1
+    for r, (i, target) in enumerate(rows):
+        ids[r, : len(i)] = torch.tensor(i)
+        labels[r, : len(target)] = torch.tensor(target)
+        mask[r, : len(i)] = 1
     return {"input_ids": ids, "labels": labels, "attention_mask": mask}
 
 
@@ -272,11 +314,11 @@ def packed_batch(rows: list[tuple[list[int], list[int]]], size: int, pad_id: int
         at = 0
         for i in group:
             seq, lab = rows[i]
-            ids[r, at:at + len(seq)] = torch.tensor(seq)
-            labels[r, at:at + len(lab)] = torch.tensor(lab)
+            ids[r, at : at + len(seq)] = torch.tensor(seq)
+            labels[r, at : at + len(lab)] = torch.tensor(lab)
             labels[r, at] = -100  # the first token of an example is never predicted from the one before it
-            mask[r, at:at + len(seq)] = 1
-            positions[r, at:at + len(seq)] = torch.arange(len(seq))
+            mask[r, at : at + len(seq)] = 1
+            positions[r, at : at + len(seq)] = torch.arange(len(seq))
             at += len(seq)
         positions[r, at:] = torch.arange(width - at)
     return {"input_ids": ids, "labels": labels, "attention_mask": mask, "position_ids": positions}
@@ -307,8 +349,8 @@ def _epoch_batches_cached(n: int, lengths: tuple[int, ...], batch_size: int, see
     window = batch_size * 8  # sort by length within windows of 8 batches: little padding, still shuffled
     batches = []
     for w in range(0, n, window):
-        chunk = sorted(order[w:w + window], key=lambda i: lengths[i])
-        batches += [chunk[b:b + batch_size] for b in range(0, len(chunk), batch_size)]
+        chunk = sorted(order[w : w + window], key=lambda i: lengths[i])
+        batches += [chunk[b : b + batch_size] for b in range(0, len(chunk), batch_size)]
     rng.shuffle(batches)
     return batches
 
@@ -332,8 +374,16 @@ def last_checkpoint(out_dir: Path) -> Path | None:
     return None
 
 
-def _save_checkpoint(model: Any, optimizer: Any, scheduler: Any, ckpt: Path, step: int, losses: list[float],
-                     lrs: list[float], tokens: int) -> None:
+def _save_checkpoint(
+    model: Any,
+    optimizer: Any,
+    scheduler: Any,
+    ckpt: Path,
+    step: int,
+    losses: list[float],
+    lrs: list[float],
+    tokens: int,
+) -> None:
     """Write the checkpoint to a temporary folder, then swap it in (a kill never leaves half a checkpoint)."""
     import torch
     from peft import get_peft_model_state_dict
@@ -342,13 +392,15 @@ def _save_checkpoint(model: Any, optimizer: Any, scheduler: Any, ckpt: Path, ste
     tmp = ckpt.with_name("checkpoint.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    save_file({k: v.contiguous() for k, v in get_peft_model_state_dict(model).items()},
-              str(tmp / "adapter_model.safetensors"))
+    save_file(
+        {k: v.contiguous() for k, v in get_peft_model_state_dict(model).items()}, str(tmp / "adapter_model.safetensors")
+    )
     torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
     torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
     torch.save(torch.get_rng_state(), tmp / "rng.pt")
-    (tmp / "state.json").write_text(json.dumps({"step": step, "losses": losses, "learning_rates": lrs,
-                                                "tokens": tokens}))
+    (tmp / "state.json").write_text(
+        json.dumps({"step": step, "losses": losses, "learning_rates": lrs, "tokens": tokens})
+    )
     old = ckpt.with_name("checkpoint.old")
     if ckpt.exists():  # else `old` is the one a resume started from: kept until the new one is in
         shutil.rmtree(old, ignore_errors=True)

@@ -32,7 +32,9 @@ from pipelines.services import free_port, stop_group
 from pipelines.train.hf_backend import TrainConfig, TrainResult, encode, pack_rows, steps_for, top_layers
 
 RECIPE_MODULE = "nemo_automodel.recipes.llm.train_ft"
-STEP_LINE = re.compile(r"\bstep (\d+) \| epoch \d+ \| loss ([-+0-9.eEnaif]+) \|.*?\blr ([0-9.eE+-]+) \|.*?\btps ([0-9.]+)")
+STEP_LINE = re.compile(
+    r"\bstep (\d+) \| epoch \d+ \| loss ([-+0-9.eEnaif]+) \|.*?\blr ([0-9.eE+-]+) \|.*?\btps ([0-9.]+)"
+)
 
 
 class NemoUnavailable(NotRetryable):
@@ -71,9 +73,18 @@ def packs_per_step(cfg: TrainConfig, lengths: list[int]) -> tuple[int, int]:
     return packs, max(1, round(cfg.batch_size * packs / max(1, len(lengths))))
 
 
-def recipe(cfg: TrainConfig, *, base_model_path: str, num_layers: int, train_file: str, checkpoint_dir: str,
-           examples: int, gpus: int = 0, tensor_parallel_size: int = 1,
-           lengths: list[int] | None = None) -> dict[str, Any]:
+def recipe(
+    cfg: TrainConfig,
+    *,
+    base_model_path: str,
+    num_layers: int,
+    train_file: str,
+    checkpoint_dir: str,
+    examples: int,
+    gpus: int = 0,
+    tensor_parallel_size: int = 1,
+    lengths: list[int] | None = None,
+) -> dict[str, Any]:
     """The AutoModel fine-tuning recipe (`_target_` YAML) for one sweep variant. With `packed_seq_len`,
     `lengths` (each example's tokens) size the packed batch so that a step sees ~batch_size examples and
     the step count stays the unpacked one."""
@@ -90,44 +101,93 @@ def recipe(cfg: TrainConfig, *, base_model_path: str, num_layers: int, train_fil
         "recipe": "TrainFinetuneRecipeForNextTokenPrediction",
         "seed": cfg.seed,
         "dist_env": {"backend": "nccl" if on_gpu else "gloo", "timeout_minutes": 30},
-        "model": {"_target_": "nemo_automodel.NeMoAutoModelForCausalLM.from_pretrained",
-                  "pretrained_model_name_or_path": base_model_path,
-                  "torch_dtype": "bfloat16" if on_gpu else "float32", "attn_implementation": "sdpa"},
-        "distributed": {"_target_": "nemo_automodel.components.distributed.fsdp2.FSDP2Manager",
-                        "dp_size": max(1, gpus // tensor_parallel_size) if on_gpu else 1,
-                        "tp_size": tensor_parallel_size if on_gpu else 1, "pp_size": 1, "cp_size": 1,
-                        # FSDP2Config's default policy computes in bf16 and casts the frozen base to bf16, even
-                        # on one rank: on CPU that is torch's slow fallback bf16 GEMM (4x slower steps here) and
-                        # a bf16 adapter. On CPU the model computes in its own fp32; the GPU keeps bf16.
-                        **({} if on_gpu else {"mp_policy": {
-                            "_target_": "torch.distributed.fsdp.MixedPrecisionPolicy", "param_dtype": None,
-                            "reduce_dtype": None, "output_dtype": None, "cast_forward_inputs": False}})},
-        "step_scheduler": {"global_batch_size": batch, "local_batch_size": max(1, batch // dp),
-                           # packed: one epoch more than our first-fit count needs, in case NEAT's greedy knapsack
-                           # makes fewer packs (max_steps ends the run first; a short run is an error, see train_nemo)
-                           "max_steps": steps, "num_epochs": epochs_to_cover(steps, batch, rows)
-                           + (1 if cfg.packed_seq_len is not None else 0),
-                           "ckpt_every_steps": cfg.checkpoint_every, "val_every_steps": steps + 1},
-        "optimizer": {"_target_": "torch.optim.AdamW" if cfg.optimizer == "adamw" else "torch.optim.Adam",
-                      "lr": cfg.learning_rate, "weight_decay": cfg.weight_decay, "betas": [0.9, 0.999], "eps": 1e-8},
-        "lr_scheduler": {"lr_decay_style": "cosine", "lr_warmup_steps": cfg.warmup_steps,
-                         "min_lr": cfg.learning_rate * cfg.min_lr_ratio},
+        "model": {
+            "_target_": "nemo_automodel.NeMoAutoModelForCausalLM.from_pretrained",
+            "pretrained_model_name_or_path": base_model_path,
+            "torch_dtype": "bfloat16" if on_gpu else "float32",
+            "attn_implementation": "sdpa",
+        },
+        "distributed": {
+            "_target_": "nemo_automodel.components.distributed.fsdp2.FSDP2Manager",
+            "dp_size": max(1, gpus // tensor_parallel_size) if on_gpu else 1,
+            "tp_size": tensor_parallel_size if on_gpu else 1,
+            "pp_size": 1,
+            "cp_size": 1,
+            # FSDP2Config's default policy computes in bf16 and casts the frozen base to bf16, even
+            # on one rank: on CPU that is torch's slow fallback bf16 GEMM (4x slower steps here) and
+            # a bf16 adapter. On CPU the model computes in its own fp32; the GPU keeps bf16.
+            **(
+                {}
+                if on_gpu
+                else {
+                    "mp_policy": {
+                        "_target_": "torch.distributed.fsdp.MixedPrecisionPolicy",
+                        "param_dtype": None,
+                        "reduce_dtype": None,
+                        "output_dtype": None,
+                        "cast_forward_inputs": False,
+                    }
+                }
+            ),
+        },
+        "step_scheduler": {
+            "global_batch_size": batch,
+            "local_batch_size": max(1, batch // dp),
+            # packed: one epoch more than our first-fit count needs, in case NEAT's greedy knapsack
+            # makes fewer packs (max_steps ends the run first; a short run is an error, see train_nemo)
+            "max_steps": steps,
+            "num_epochs": epochs_to_cover(steps, batch, rows) + (1 if cfg.packed_seq_len is not None else 0),
+            "ckpt_every_steps": cfg.checkpoint_every,
+            "val_every_steps": steps + 1,
+        },
+        "optimizer": {
+            "_target_": "torch.optim.AdamW" if cfg.optimizer == "adamw" else "torch.optim.Adam",
+            "lr": cfg.learning_rate,
+            "weight_decay": cfg.weight_decay,
+            "betas": [0.9, 0.999],
+            "eps": 1e-8,
+        },
+        "lr_scheduler": {
+            "lr_decay_style": "cosine",
+            "lr_warmup_steps": cfg.warmup_steps,
+            "min_lr": cfg.learning_rate * cfg.min_lr_ratio,
+        },
         "clip_grad_norm": {"max_norm": 1.0},
-        "checkpoint": {"enabled": True, "checkpoint_dir": checkpoint_dir, "model_save_format": "safetensors",
-                       "save_consolidated": False},
-        "dataset": {"_target_": "nemo_automodel.components.datasets.llm.chat_dataset.ChatDataset",
-                    "path_or_dataset_id": train_file, "split": "train", "seq_length": cfg.max_seq_len,
-                    "truncation": "longest_first", "mask_history": True},
-        "dataloader": {"_target_": "torchdata.stateful_dataloader.StatefulDataLoader",
-                       "collate_fn": "nemo_automodel.components.datasets.utils.default_collater", "shuffle": True},
-        "peft": {"_target_": "nemo_automodel.components._peft.lora.PeftConfig", "dim": cfg.lora_rank,
-                 "alpha": cfg.lora_alpha, "dropout": cfg.lora_dropout,
-                 "target_modules": target_patterns(cfg, num_layers), "use_triton": on_gpu},
+        "checkpoint": {
+            "enabled": True,
+            "checkpoint_dir": checkpoint_dir,
+            "model_save_format": "safetensors",
+            "save_consolidated": False,
+        },
+        "dataset": {
+            "_target_": "nemo_automodel.components.datasets.llm.chat_dataset.ChatDataset",
+            "path_or_dataset_id": train_file,
+            "split": "train",
+            "seq_length": cfg.max_seq_len,
+            "truncation": "longest_first",
+            "mask_history": True,
+        },
+        "dataloader": {
+            "_target_": "torchdata.stateful_dataloader.StatefulDataLoader",
+            "collate_fn": "nemo_automodel.components.datasets.utils.default_collater",
+            "shuffle": True,
+        },
+        "peft": {
+            "_target_": "nemo_automodel.components._peft.lora.PeftConfig",
+            "dim": cfg.lora_rank,
+            "alpha": cfg.lora_alpha,
+            "dropout": cfg.lora_dropout,
+            "target_modules": target_patterns(cfg, num_layers),
+            "use_triton": on_gpu,
+        },
         "loss_fn": {"_target_": "nemo_automodel.components.loss.masked_ce.MaskedCrossEntropy"},
     }
     if cfg.packed_seq_len is not None:  # AutoModel's bin-packing; "neat" works with any attention implementation
-        spec["packed_sequence"] = {"packed_sequence_size": cfg.packed_seq_len, "packing_strategy": "neat",
-                                   "drop_long_samples": False}
+        spec["packed_sequence"] = {
+            "packed_sequence_size": cfg.packed_seq_len,
+            "packing_strategy": "neat",
+            "drop_long_samples": False,
+        }
     return spec
 
 
@@ -136,31 +196,49 @@ def write_chat_dataset(pairs: list[tuple[list[dict[str, str]], str]], path: Path
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w", encoding="utf-8") as handle:
         for turns, target in pairs:
-            handle.write(json.dumps({"messages": [*turns, {"role": "assistant", "content": target}]},
-                                    ensure_ascii=False) + "\n")
+            handle.write(
+                json.dumps({"messages": [*turns, {"role": "assistant", "content": target}]}, ensure_ascii=False) + "\n"
+            )
     return len(pairs)
 
 
 def launch_command(settings: Settings, config_path: Path, gpus: int) -> list[str]:
     python = settings.train.nemo_python
     if gpus > 0:
-        return [str(Path(python).parent / "torchrun"), f"--nproc-per-node={gpus}", "-m", RECIPE_MODULE,
-                "--config", str(config_path)]
+        return [
+            str(Path(python).parent / "torchrun"),
+            f"--nproc-per-node={gpus}",
+            "-m",
+            RECIPE_MODULE,
+            "--config",
+            str(config_path),
+        ]
     return [python, "-m", "pipelines.train.nemo_cpu", "--config", str(config_path)]
 
 
 def _latest_checkpoint(checkpoint_dir: Path) -> Path | None:
-    found = [(int(m.group(1)), p) for p in checkpoint_dir.glob("epoch_*_step_*")
-             if (m := re.search(r"step_(\d+)$", p.name)) and (p / "model" / "adapter_model.safetensors").is_file()]
+    found = [
+        (int(m.group(1)), p)
+        for p in checkpoint_dir.glob("epoch_*_step_*")
+        if (m := re.search(r"step_(\d+)$", p.name)) and (p / "model" / "adapter_model.safetensors").is_file()
+    ]
     return max(found)[1] if found else None
 
 
-def train_nemo(settings: Settings, cfg: TrainConfig, pairs: list[tuple[list[dict[str, str]], str]], out: Path,
-               on_step: Callable[[int, float, float], None] | None = None, *, tensor_parallel_size: int = 1,
-               gpus: int = 1, console: Console | None = None) -> TrainResult:
+def train_nemo(
+    settings: Settings,
+    cfg: TrainConfig,
+    pairs: list[tuple[list[dict[str, str]], str]],
+    out: Path,
+    on_step: Callable[[int, float, float], None] | None = None,
+    *,
+    tensor_parallel_size: int = 1,
+    gpus: int = 1,
+    console: Console | None = None,
+) -> TrainResult:
     from transformers import AutoConfig
 
-    from pipelines.train.models import prepare_base
+    from pipelines.base_models import prepare_base
 
     if not Path(settings.train.nemo_python).is_file():
         raise NemoUnavailable(f"no NeMo AutoModel environment at {settings.train.nemo_python}: run `make nemo-env`")
@@ -180,30 +258,57 @@ def train_nemo(settings: Settings, cfg: TrainConfig, pairs: list[tuple[list[dict
 
         tokenizer = AutoTokenizer.from_pretrained(base)
         lengths = [len(encode(tokenizer, turns, target, cfg.max_seq_len)[0]) for turns, target in pairs]
-    spec = recipe(cfg, base_model_path=base, num_layers=num_layers, train_file=str(train_file),
-                  checkpoint_dir=str(checkpoints), examples=len(pairs), gpus=gpus,
-                  tensor_parallel_size=tensor_parallel_size, lengths=lengths)
+    spec = recipe(
+        cfg,
+        base_model_path=base,
+        num_layers=num_layers,
+        train_file=str(train_file),
+        checkpoint_dir=str(checkpoints),
+        examples=len(pairs),
+        gpus=gpus,
+        tensor_parallel_size=tensor_parallel_size,
+        lengths=lengths,
+    )
     config_path = out / "nemo-recipe.yaml"
     config_path.write_text(yaml.safe_dump(spec, sort_keys=False))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])),
-           "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])),
+        "HF_HUB_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+    }
     if gpus == 0:
-        env.update({"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
-                    "MASTER_PORT": str(free_port())})
+        env.update(
+            {
+                "RANK": "0",
+                "WORLD_SIZE": "1",
+                "LOCAL_RANK": "0",
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(free_port()),
+            }
+        )
     losses, lrs, tps = [], [], []
     last_step = -1
     log = out / "nemo-train.log"
     started = time.perf_counter()
     limit = settings.train.variant_timeout_s
     with log.open("w") as sink:
-        proc = subprocess.Popen(launch_command(settings, config_path, gpus), cwd=out, env=env, text=True,
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(  # noqa: S603 (our own executable and arguments)
+            launch_command(settings, config_path, gpus),
+            cwd=out,
+            env=env,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         # the read loop below blocks on the recipe's output: a timer stops the whole launch (torchrun and
         # its workers) past the limit, which ends the loop
         watchdog = threading.Timer(limit, stop_group, args=(proc,))
         watchdog.daemon = True
         watchdog.start()
-        assert proc.stdout is not None
+        if proc.stdout is None:
+            raise NemoUnavailable("the recipe's output pipe did not open")
         try:
             for line in proc.stdout:
                 sink.write(line)
@@ -222,20 +327,26 @@ def train_nemo(settings: Settings, cfg: TrainConfig, pairs: list[tuple[list[dict
                 stop_group(proc)
     seconds = time.perf_counter() - started
     if seconds >= limit and code != 0:
-        raise VariantTimedOut(f"the NeMo AutoModel recipe ran past train.variant_timeout_s ({limit:g} s) and was "
-                              f"stopped; a retry resumes from its last checkpoint; see {log}")
+        raise VariantTimedOut(
+            f"the NeMo AutoModel recipe ran past train.variant_timeout_s ({limit:g} s) and was "
+            f"stopped; a retry resumes from its last checkpoint; see {log}"
+        )
     if code != 0:
         raise NemoUnavailable(f"the NeMo AutoModel recipe exited with {code}; see {log}")
     max_steps = spec["step_scheduler"]["max_steps"]
     resumed_from = int(re.search(r"step_(\d+)$", resumed.name).group(1)) + 1 if resumed else 0
     trained = max(last_step + 1, resumed_from)  # a retry of a finished run resumes at max_steps and logs no step
     if last_step < 0 and trained < max_steps:
-        raise NemoUnavailable(f"the NeMo AutoModel recipe exited 0 but logged no training step its log format "
-                              f"(`step N | epoch E | loss ...`) matches; see {log}")
+        raise NemoUnavailable(
+            f"the NeMo AutoModel recipe exited 0 but logged no training step its log format "
+            f"(`step N | epoch E | loss ...`) matches; see {log}"
+        )
     if trained < max_steps:  # its data loader ran out before max_steps: not the schedule we asked for
-        raise NemoUnavailable(f"the NeMo AutoModel recipe stopped at step {trained} of {max_steps} "
-                              f"(its epochs ran out: step_scheduler.num_epochs too small for the batches it made); "
-                              f"see {log}")
+        raise NemoUnavailable(
+            f"the NeMo AutoModel recipe stopped at step {trained} of {max_steps} "
+            f"(its epochs ran out: step_scheduler.num_epochs too small for the batches it made); "
+            f"see {log}"
+        )
     latest = _latest_checkpoint(checkpoints)
     if latest is None:
         raise NemoUnavailable(f"the NeMo AutoModel recipe wrote no adapter under {checkpoints}; see {log}")
@@ -244,7 +355,15 @@ def train_nemo(settings: Settings, cfg: TrainConfig, pairs: list[tuple[list[dict
     shutil.copytree(latest / "model", adapter)
     status = "completed" if losses and all(math.isfinite(v) for v in losses) else "diverged"
     rate = statistics.median(tps[1:] or tps) if tps else 0.0
-    return TrainResult(adapter_dir=str(adapter), status=status, steps=len(losses),
-                       resumed_from=resumed_from,
-                       tokens=int(rate * seconds), seconds=round(seconds, 2), tokens_per_s=round(rate, 1),
-                       final_loss=losses[-1] if losses else float("nan"), losses=losses, learning_rates=lrs)
+    return TrainResult(
+        adapter_dir=str(adapter),
+        status=status,
+        steps=len(losses),
+        resumed_from=resumed_from,
+        tokens=int(rate * seconds),
+        seconds=round(seconds, 2),
+        tokens_per_s=round(rate, 1),
+        final_loss=losses[-1] if losses else float("nan"),
+        losses=losses,
+        learning_rates=lrs,
+    )

@@ -20,12 +20,25 @@ def patch_cuda_for_cpu() -> None:
 
     if torch.cuda.is_available():
         return
+
     def returning(value: object):  # one function object per name: torch.compile's rule map needs them distinct
         return lambda *a, **k: value
 
-    for name in ("reset_peak_memory_stats", "synchronize", "empty_cache", "set_device", "reset_accumulated_memory_stats"):
+    for name in (
+        "reset_peak_memory_stats",
+        "synchronize",
+        "empty_cache",
+        "set_device",
+        "reset_accumulated_memory_stats",
+    ):
         setattr(torch.cuda, name, returning(None))
-    for name in ("max_memory_allocated", "max_memory_reserved", "memory_allocated", "memory_reserved", "current_device"):
+    for name in (
+        "max_memory_allocated",
+        "max_memory_reserved",
+        "memory_allocated",
+        "memory_reserved",
+        "current_device",
+    ):
         setattr(torch.cuda, name, returning(0))
     torch.cuda.memory_stats = returning({})
 

@@ -29,8 +29,17 @@ def main(argv: list[str] | None = None) -> int:
     days = [d for d in args.reference_days.split(",") if d] or None
     result = run_sweep(settings, sweep, reference_days=days, only=[args.index], window=args.window)
     variant = result.variants[0]
-    print(json.dumps({"sweep_id": result.sweep_id, "variant": variant.index, "run_id": variant.run_id,
-                      "status": variant.status, "metrics": variant.metrics}))
+    print(
+        json.dumps(
+            {
+                "sweep_id": result.sweep_id,
+                "variant": variant.index,
+                "run_id": variant.run_id,
+                "status": variant.status,
+                "metrics": variant.metrics,
+            }
+        )
+    )
     return 0  # a diverged variant is a result too (recorded in its run); errors raise
 
 

@@ -22,12 +22,12 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from rich.console import Console
 
+from pipelines.base_models import answer_budget_of
 from pipelines.config import ConfigError, Settings
 from pipelines.errors import NotRetryable
 from pipelines.storage import write_json
 from pipelines.toolcall.budget import TAG as BUDGET_TAG
 from pipelines.train.hf_backend import TrainConfig, TrainResult, epochs_seen, steps_for
-from pipelines.train.models import answer_budget_of
 
 SELECT_METRICS = ("exact_match", "arg_f1", "name_accuracy")
 PROMPT_STYLES = ("names", "short", "full")
@@ -42,18 +42,28 @@ class SweepConfig(BaseModel):
     samples: int | None = Field(None, ge=1, description="random search: how many variants")
     seed: int = 0
     base: TrainConfig = Field(default_factory=TrainConfig)
-    grid: dict[str, list[Any]] = Field(default_factory=dict, description="TrainConfig field -> values; also "
-                                       "`prompt_style` (names, short, full): the data decides the prompt")
-    prompt_style: Literal["short", "names", "full"] = Field("short", description="the prompt every variant trains "
-                                                            "with, unless the grid varies `prompt_style`")
+    grid: dict[str, list[Any]] = Field(
+        default_factory=dict,
+        description="TrainConfig field -> values; also "
+        "`prompt_style` (names, short, full): the data decides the prompt",
+    )
+    prompt_style: Literal["short", "names", "full"] = Field(
+        "short", description="the prompt every variant trains with, unless the grid varies `prompt_style`"
+    )
     train_examples: int | None = Field(None, ge=1, description="seeded sample of the train split; None = all")
     train_sampling: Literal["random", "balanced", "sqrt"] = Field(
-        "sqrt", description="how `train_examples` are drawn over (tool, source) strata: `sqrt` gives each a share "
+        "sqrt",
+        description="how `train_examples` are drawn over (tool, source) strata: `sqrt` gives each a share "
         "that grows with the square root of its size (a large source keeps more than an equal share, a rare tool "
         "far more than its random share), `balanced` equal shares, `random` the window's mix; a stratum with "
-        "fewer rows than its share gives all it has")
-    val_examples: int = Field(16, ge=1, description="validation requests, stratified by tool and source (every "
-                              "stratum at least once while the count allows): the variant is selected on them")
+        "fewer rows than its share gives all it has",
+    )
+    val_examples: int = Field(
+        16,
+        ge=1,
+        description="validation requests, stratified by tool and source (every "
+        "stratum at least once while the count allows): the variant is selected on them",
+    )
     select_metric: Literal["exact_match", "arg_f1", "name_accuracy"] = "exact_match"
     tensor_parallel_size: int = Field(1, ge=1, description="NeMo on GPUs: tensor-parallel size per variant")
     gpus_per_variant: int = Field(1, ge=1)
@@ -62,7 +72,9 @@ class SweepConfig(BaseModel):
     def _check_grid(self) -> SweepConfig:
         unknown = sorted(set(self.grid) - set(TrainConfig.model_fields) - {"prompt_style"})
         if unknown:
-            raise ValueError(f"grid: unknown hyperparameter(s) {unknown}; choose from {sorted(TrainConfig.model_fields)}")
+            raise ValueError(
+                f"grid: unknown hyperparameter(s) {unknown}; choose from {sorted(TrainConfig.model_fields)}"
+            )
         empty = [k for k, v in self.grid.items() if not v]
         if empty:
             raise ValueError(f"grid: no values for {empty}")
@@ -187,8 +199,9 @@ def _label(window: Any) -> str | None:
     return None
 
 
-def sweep_id_for(settings: Settings, sweep: SweepConfig, reference_days: list[str] | None = None,
-                 window: str | None = None) -> str:
+def sweep_id_for(
+    settings: Settings, sweep: SweepConfig, reference_days: list[str] | None = None, window: str | None = None
+) -> str:
     """The sweep file's content and the training set's digest: the same pair is the same sweep. A drift
     retrain (`reference_days`) mixes a sample of those days into its training rows, so the days (sorted)
     and the mixed share are part of its id: it never reuses variants trained without that mix."""
@@ -204,14 +217,22 @@ def sweep_id_for(settings: Settings, sweep: SweepConfig, reference_days: list[st
 def work_folder(settings: Settings, sweep_id: str) -> Path:
     """Checkpoints and adapters of a sweep: under the root locally, a local scratch folder when the
     root is object storage (the adapters themselves are in MLflow's artifact store)."""
-    base = (Path(settings.project_root()) if "://" not in str(settings.root)
-            else Path.home() / ".flywheel" / ("" if settings.project == "default" else f"projects/{settings.project}"))
+    base = (
+        Path(settings.project_root())
+        if "://" not in str(settings.root)
+        else Path.home() / ".flywheel" / ("" if settings.project == "default" else f"projects/{settings.project}")
+    )
     return base / "training" / sweep_id  # a project's own: two projects never share checkpoints
 
 
-def run_sweep(settings: Settings, sweep: SweepConfig, console: Console | None = None,
-              reference_days: list[str] | None = None, only: list[int] | None = None,
-              window: str | None = None) -> SweepResult:
+def run_sweep(
+    settings: Settings,
+    sweep: SweepConfig,
+    console: Console | None = None,
+    reference_days: list[str] | None = None,
+    only: list[int] | None = None,
+    window: str | None = None,
+) -> SweepResult:
     """Train every variant (one after another here; one pod each on a cluster), score each on the
     validation split, log all of it to MLflow, and pick the best by `select_metric`.
 
@@ -219,7 +240,6 @@ def run_sweep(settings: Settings, sweep: SweepConfig, console: Console | None = 
     from MLflow (their child runs and adapters) instead of training. `only`: the variants to train
     (a pod trains one); the best is picked when the whole sweep is there."""
     import mlflow
-
     from pipelines.clients.mlflow import use_tracking
     from pipelines.prep.dataset import load_split, manifest, with_reference_sample
     from pipelines.toolcall.examples import to_examples, training_pairs
@@ -235,15 +255,17 @@ def run_sweep(settings: Settings, sweep: SweepConfig, console: Console | None = 
     styles = sorted({style for _, style in points})
     collect = settings.train.runner == "kubernetes"
     experiment_id = use_tracking(settings)
-    parent_id = find_or_start_run(experiment_id, {"flywheel.sweep_id": sweep_id, "flywheel.kind": "sweep"},
-                                   f"sweep {sweep.name}")
+    parent_id = find_or_start_run(
+        experiment_id, {"flywheel.sweep_id": sweep_id, "flywheel.kind": "sweep"}, f"sweep {sweep.name}"
+    )
     results: list[VariantResult] = []
     with mlflow.start_run(run_id=parent_id):
         if not collect:
             rows = load_split(settings, "train", sweep.train_examples, sweep.seed, window, sweep.train_sampling)
             if reference_days:  # a drift retrain: the recent window plus a sample of the champion's training window
-                rows = with_reference_sample(settings, rows, reference_days, settings.drift.retrain_reference_share,
-                                             sweep.seed)
+                rows = with_reference_sample(
+                    settings, rows, reference_days, settings.drift.retrain_reference_share, sweep.seed
+                )
             val_rows = load_split(settings, "val", sweep.val_examples, sweep.seed, window, "stratified")
             # the same rows in each prompt style the grid names: variants of different styles are compared on
             # the same validation requests
@@ -253,14 +275,27 @@ def run_sweep(settings: Settings, sweep: SweepConfig, console: Console | None = 
             if settings.triton.constrained:  # validation decodes under the grammar: refuse before training
                 from pipelines.toolcall.decode import require_grammars
 
-                require_grammars(set(val_rows["tools_json"]),
-                                 "sweep validation decodes under the offered tools' grammar (triton.constrained)",
-                                 "set triton.constrained: false to train and serve without it")
-            mlflow.log_params({"sweep": sweep.name, "backend": sweep.backend, "method": sweep.method,
-                               "variants": len(configs), "prompt_style": ",".join(styles),
-                               "train_sampling": sweep.train_sampling, "val_sampling": "stratified",
-                               "base_model": sweep.base.base_model, "train_examples": len(rows),
-                               "val_examples": len(val_rows), "dataset_digest": digest, BUDGET_TAG: budget})
+                require_grammars(
+                    set(val_rows["tools_json"]),
+                    "sweep validation decodes under the offered tools' grammar (triton.constrained)",
+                    "set triton.constrained: false to train and serve without it",
+                )
+            mlflow.log_params(
+                {
+                    "sweep": sweep.name,
+                    "backend": sweep.backend,
+                    "method": sweep.method,
+                    "variants": len(configs),
+                    "prompt_style": ",".join(styles),
+                    "train_sampling": sweep.train_sampling,
+                    "val_sampling": "stratified",
+                    "base_model": sweep.base.base_model,
+                    "train_examples": len(rows),
+                    "val_examples": len(val_rows),
+                    "dataset_digest": digest,
+                    BUDGET_TAG: budget,
+                }
+            )
             mlflow.log_dict(sweep.model_dump(mode="json"), "sweep.json")
         for index, (cfg, style) in enumerate(points):
             if only is not None and index not in only:
@@ -268,14 +303,33 @@ def run_sweep(settings: Settings, sweep: SweepConfig, console: Console | None = 
             if collect:
                 results.append(_collect_variant(sweep_id, index, folder, experiment_id, style))
                 continue
-            console.print(f"[bold]variant {index + 1}/{len(configs)}[/bold] "
-                          + ", ".join(f"{k}={style if k == 'prompt_style' else getattr(cfg, k)}"
-                                      for k in sorted(sweep.grid)))
-            results.append(_run_variant(settings, sweep, sweep_id, index, cfg, style, train[style], val[style],
-                                        folder, experiment_id, parent_id, console, budget))
+            console.print(
+                f"[bold]variant {index + 1}/{len(configs)}[/bold] "
+                + ", ".join(f"{k}={style if k == 'prompt_style' else getattr(cfg, k)}" for k in sorted(sweep.grid))
+            )
+            results.append(
+                _run_variant(
+                    settings,
+                    sweep,
+                    sweep_id,
+                    index,
+                    cfg,
+                    style,
+                    train[style],
+                    val[style],
+                    folder,
+                    experiment_id,
+                    parent_id,
+                    console,
+                    budget,
+                )
+            )
         finished = [r for r in results if r.status == "completed"]
-        best = max(finished, key=lambda r: (r.metrics.get(f"val_{sweep.select_metric}", 0.0),
-                                            -r.metrics.get("final_loss", 0.0)), default=None)
+        best = max(
+            finished,
+            key=lambda r: (r.metrics.get(f"val_{sweep.select_metric}", 0.0), -r.metrics.get("final_loss", 0.0)),
+            default=None,
+        )
         if only is not None:  # one pod's share of the sweep: the collector picks the best
             best = None
         elif best is not None:
@@ -285,9 +339,19 @@ def run_sweep(settings: Settings, sweep: SweepConfig, console: Console | None = 
     style = (best.prompt_style or sweep.prompt_style) if best is not None else sweep.prompt_style
     if collect:  # the pods measured it from the same training rows: their parent run's param
         budget = int(mlflow.MlflowClient().get_run(parent_id).data.params.get(BUDGET_TAG, 0)) or None
-    result = SweepResult(sweep_id, sweep.name, sweep.backend, parent_id, digest, style,
-                         sweep.base.base_model, results, results.index(best) if best else None, window=window,
-                         answer_budget=budget)
+    result = SweepResult(
+        sweep_id,
+        sweep.name,
+        sweep.backend,
+        parent_id,
+        digest,
+        style,
+        sweep.base.base_model,
+        results,
+        results.index(best) if best else None,
+        window=window,
+        answer_budget=budget,
+    )
     result.uri = write_json(str(folder / "sweep.json"), result.to_dict())
     return result
 
@@ -299,18 +363,27 @@ def _collect_variant(sweep_id: str, index: int, folder: Path, experiment_id: str
     query = f"tags.`flywheel.sweep_id` = '{sweep_id}' and tags.`flywheel.variant` = '{index}'"
     found = mlflow.MlflowClient().search_runs([experiment_id], query, max_results=1)
     if not found or "flywheel.status" not in found[0].data.tags:
-        raise NotRetryable(f"sweep {sweep_id}: variant {index} has no finished run; its pod "
-                           "(task train_variant) did not complete")
+        raise NotRetryable(
+            f"sweep {sweep_id}: variant {index} has no finished run; its pod (task train_variant) did not complete"
+        )
     run = found[0]
     status = run.data.tags["flywheel.status"]
     adapter_dir = ""
     if status == "completed":
         out = folder / f"variant-{index:02d}"
         out.mkdir(parents=True, exist_ok=True)
-        adapter_dir = mlflow.artifacts.download_artifacts(run_id=run.info.run_id, artifact_path="adapter",
-                                                          dst_path=str(out))
-    return VariantResult(index, run.info.run_id, dict(run.data.params), status, adapter_dir, dict(run.data.metrics),
-                         run.data.tags.get("flywheel.prompt_style", style))
+        adapter_dir = mlflow.artifacts.download_artifacts(
+            run_id=run.info.run_id, artifact_path="adapter", dst_path=str(out)
+        )
+    return VariantResult(
+        index,
+        run.info.run_id,
+        dict(run.data.params),
+        status,
+        adapter_dir,
+        dict(run.data.metrics),
+        run.data.tags.get("flywheel.prompt_style", style),
+    )
 
 
 def find_or_start_run(experiment_id: str, tags: dict[str, str], name: str, parent_id: str | None = None) -> str:
@@ -326,9 +399,21 @@ def find_or_start_run(experiment_id: str, tags: dict[str, str], name: str, paren
     return client.create_run(experiment_id, tags=all_tags, run_name=name).info.run_id
 
 
-def _run_variant(settings: Settings, sweep: SweepConfig, sweep_id: str, index: int, cfg: TrainConfig, style: str,
-                 train: list[tuple[list[dict[str, str]], str]], val: list[Any], folder: Path, experiment_id: str,
-                 parent_id: str, console: Console, budget: int) -> VariantResult:
+def _run_variant(
+    settings: Settings,
+    sweep: SweepConfig,
+    sweep_id: str,
+    index: int,
+    cfg: TrainConfig,
+    style: str,
+    train: list[tuple[list[dict[str, str]], str]],
+    val: list[Any],
+    folder: Path,
+    experiment_id: str,
+    parent_id: str,
+    console: Console,
+    budget: int,
+) -> VariantResult:
     import mlflow
 
     out = folder / f"variant-{index:02d}"
@@ -336,30 +421,51 @@ def _run_variant(settings: Settings, sweep: SweepConfig, sweep_id: str, index: i
     if done.is_file():  # a retried task: this variant finished in an earlier attempt
         console.print(f"  already trained: {done}")
         return VariantResult(**{"prompt_style": style, **json.loads(done.read_text())})
-    run_id = find_or_start_run(experiment_id, {"flywheel.sweep_id": sweep_id, "flywheel.variant": str(index)},
-                                f"{sweep.name}-{index:02d}", parent_id)
+    run_id = find_or_start_run(
+        experiment_id,
+        {"flywheel.sweep_id": sweep_id, "flywheel.variant": str(index)},
+        f"{sweep.name}-{index:02d}",
+        parent_id,
+    )
     steps = steps_for(cfg, len(train))  # the schedule both backends resolve from the training set's size
     with mlflow.start_run(run_id=run_id, nested=True):
         mlflow.log_params({**_flat_params(cfg), "prompt_style": style})
-        mlflow.log_params({"resolved_steps": steps,
-                           "resolved_epochs": round(epochs_seen(steps, cfg.batch_size, len(train)), 4)})
-        mlflow.set_tags({"flywheel.backend": sweep.backend, "flywheel.hardware": hardware(),
-                         "flywheel.base_model": cfg.base_model, "flywheel.prompt_style": style})
+        mlflow.log_params(
+            {"resolved_steps": steps, "resolved_epochs": round(epochs_seen(steps, cfg.batch_size, len(train)), 4)}
+        )
+        mlflow.set_tags(
+            {
+                "flywheel.backend": sweep.backend,
+                "flywheel.hardware": hardware(),
+                "flywheel.base_model": cfg.base_model,
+                "flywheel.prompt_style": style,
+            }
+        )
         client = mlflow.MlflowClient()
 
         def on_step(step: int, loss: float, lr: float) -> None:
             now = int(time.time() * 1000)
-            client.log_batch(run_id, metrics=[mlflow.entities.Metric("train_loss", loss, now, step),
-                                              mlflow.entities.Metric("learning_rate", lr, now, step)])
+            client.log_batch(
+                run_id,
+                metrics=[
+                    mlflow.entities.Metric("train_loss", loss, now, step),
+                    mlflow.entities.Metric("learning_rate", lr, now, step),
+                ],
+            )
 
         started = time.perf_counter()
         trained = train_variant(settings, sweep, cfg, train, out, on_step, console)
         wall = time.perf_counter() - started
-        metrics = {"final_loss": trained.final_loss, "tokens_per_s": trained.tokens_per_s,
-                   "train_tokens": float(trained.tokens), "steps": float(trained.steps),
-                   "epochs_seen": round(epochs_seen(trained.steps, cfg.batch_size, len(train)), 4),
-                   "resumed_from_step": float(trained.resumed_from), "wall_s": round(wall, 1),
-                   "peak_memory_mb": round(peak_memory_mb(), 1)}
+        metrics = {
+            "final_loss": trained.final_loss,
+            "tokens_per_s": trained.tokens_per_s,
+            "train_tokens": float(trained.tokens),
+            "steps": float(trained.steps),
+            "epochs_seen": round(epochs_seen(trained.steps, cfg.batch_size, len(train)), 4),
+            "resumed_from_step": float(trained.resumed_from),
+            "wall_s": round(wall, 1),
+            "peak_memory_mb": round(peak_memory_mb(), 1),
+        }
         if trained.status == "completed":
             metrics.update(_validate(settings, cfg.base_model, trained.adapter_dir, val, budget))
             mlflow.log_artifacts(trained.adapter_dir, "adapter")
@@ -367,22 +473,38 @@ def _run_variant(settings: Settings, sweep: SweepConfig, sweep_id: str, index: i
         mlflow.set_tag("flywheel.status", trained.status)
     result = VariantResult(index, run_id, _flat_params(cfg), trained.status, trained.adapter_dir, metrics, style)
     done.write_text(json.dumps(asdict(result), indent=2))
-    console.print(f"  {trained.status}: loss {trained.final_loss:.3f}, {trained.tokens_per_s:.0f} tokens/s, "
-                  + ", ".join(f"{k} {v:.2f}" for k, v in metrics.items() if k.startswith("val_")))
+    console.print(
+        f"  {trained.status}: loss {trained.final_loss:.3f}, {trained.tokens_per_s:.0f} tokens/s, "
+        + ", ".join(f"{k} {v:.2f}" for k, v in metrics.items() if k.startswith("val_"))
+    )
     return result
 
 
-def train_variant(settings: Settings, sweep: SweepConfig, cfg: TrainConfig,
-                  train: list[tuple[list[dict[str, str]], str]], out: Path, on_step: Any,
-                  console: Console) -> TrainResult:
+def train_variant(
+    settings: Settings,
+    sweep: SweepConfig,
+    cfg: TrainConfig,
+    train: list[tuple[list[dict[str, str]], str]],
+    out: Path,
+    on_step: Any,
+    console: Console,
+) -> TrainResult:
     """Dispatch to the configured backend; both write an HF-PEFT adapter to `out/adapter`."""
     if sweep.backend == "nemo":
         from pipelines.train.nemo_backend import train_nemo
 
-        return train_nemo(settings, cfg, train, out, on_step, tensor_parallel_size=sweep.tensor_parallel_size,
-                          gpus=sweep.gpus_per_variant, console=console)
+        return train_nemo(
+            settings,
+            cfg,
+            train,
+            out,
+            on_step,
+            tensor_parallel_size=sweep.tensor_parallel_size,
+            gpus=sweep.gpus_per_variant,
+            console=console,
+        )
+    from pipelines.base_models import load_base
     from pipelines.train.hf_backend import train_lora
-    from pipelines.train.models import load_base
 
     return train_lora(train, cfg, out, lambda name: load_base(name, settings), on_step)
 
@@ -390,19 +512,24 @@ def train_variant(settings: Settings, sweep: SweepConfig, cfg: TrainConfig,
 def _validate(settings: Settings, base_model: str, adapter_dir: str, val: list[Any], budget: int) -> dict[str, float]:
     """Generation on the validation split, decoded as models are served (`triton.constrained`: under the
     offered tools' grammar) within the answer budget: the sweep's selection metric (no latency timing here)."""
+    from pipelines.base_models import load_model
     from pipelines.logs.toolsets import tool_effects
     from pipelines.toolcall import score as m
     from pipelines.toolcall.decode import generate
     from pipelines.toolcall.examples import grounded_tools
-    from pipelines.train.models import load_model
 
     try:
         effects = tool_effects(settings.zone("raw"))
     except Exception:  # noqa: BLE001 (a training pod's role reads curated only: the catalogue's effects, undeclared = write)
         effects = None
     model, tokenizer = load_model(base_model, settings, adapter_dir)
-    out = generate(model, tokenizer, [e.turns for e in val], latency_samples=0,
-                   max_new_tokens=settings.evaluation.max_new_tokens or budget,
-                   tools=grounded_tools(val, effects, settings.triton.grounded_ids) if settings.triton.constrained else None)
+    out = generate(
+        model,
+        tokenizer,
+        [e.turns for e in val],
+        latency_samples=0,
+        max_new_tokens=settings.evaluation.max_new_tokens or budget,
+        tools=grounded_tools(val, effects, settings.triton.grounded_ids) if settings.triton.constrained else None,
+    )
     summary = m.summarize([m.score(t, e.expected, effects) for t, e in zip(out.texts, val)])
     return {f"val_{k}": float(summary[k] or 0.0) for k in SELECT_METRICS + ("json_valid", "wrong_writes")}

@@ -1,0 +1,133 @@
+"""One Kubernetes pod per sweep variant on the GPU node group (the `kubernetes` train runner).
+
+The DAG's `train_pods` task calls `sweep_pods` for the plan, and a mapped KubernetesPodOperator
+(`train_variant`) runs each pod; the `train` task then collects the variants from MLflow and picks
+the best, exactly as after a local sweep. Each pod runs `python -m pipelines.train.pod` in the
+training image (our package on top of the NeMo AutoModel container: `docker/training.Dockerfile`),
+which trains its one variant with the sweep's backend (`nemo`: `torchrun`, one process per GPU,
+the recipe generated in the pod) and logs it as the sweep's child run, adapter included.
+
+It lands on the GPU pool through the node selector and the `nvidia.com/gpu` toleration that
+`terraform/modules/eks` sets, requests whole GPUs, runs as the `training` service account (IRSA:
+read curated data, write MLflow artifacts) and as non-root. No secret is in the spec: the
+non-secret settings come from the `flywheel-settings` ConfigMap, database URIs and the MLflow
+password from the `flywheel-secrets` Secret (both written by the cluster deployment, see README).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from pydantic import SecretStr
+
+from pipelines.config import Settings
+
+SETTINGS_CONFIG_MAP = "flywheel-settings"
+# sections the pods need only a few fields of (the validation decodes as the evaluation does)
+POD_ONLY = {"evaluation": {"max_new_tokens", "constrained"}}
+SECRETS = "flywheel-secrets"
+GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Equal", "value": "true", "effect": "NoSchedule"}
+
+
+def pod_name(sweep_id: str, index: int) -> str:
+    """A DNS-1123 name, stable per variant (the operator adds a suffix per try)."""
+    name = re.sub(r"[^a-z0-9-]", "-", f"train-{sweep_id}-{index:02d}".lower())
+    return name[:63].rstrip("-")
+
+
+def variant_pod(
+    settings: Settings,
+    *,
+    sweep: dict[str, Any],
+    sweep_id: str,
+    index: int,
+    gpus: int,
+    reference_days: list[str] | None = None,
+    window: str | None = None,
+) -> dict[str, Any]:
+    """The pod manifest (a plain dict: `kubectl apply -f`, or the operator's `pod_template_dict`)."""
+    k = settings.kubernetes
+    command = [
+        "python",
+        "-m",
+        "pipelines.train.pod",
+        "--sweep-json",
+        json.dumps(sweep, sort_keys=True),
+        "--index",
+        str(index),
+    ]
+    if reference_days:
+        command += ["--reference-days", ",".join(reference_days)]
+    if window:  # the training set's window: every pod trains on the one the plan resolved
+        command += ["--window", window]
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": pod_name(sweep_id, index),
+            "namespace": k.namespace,
+            "labels": {
+                "app.kubernetes.io/part-of": "commerce-flywheel",
+                "flywheel.io/sweep": re.sub(r"[^A-Za-z0-9_.-]", "-", sweep_id)[:63].strip("-_."),
+                "flywheel.io/variant": str(index),
+            },
+        },
+        "spec": {
+            "restartPolicy": "Never",
+            "serviceAccountName": "training",
+            "nodeSelector": dict(k.gpu_node_selector),
+            "tolerations": [dict(GPU_TOLERATION)],
+            "securityContext": {"runAsNonRoot": True, "runAsUser": 1000, "fsGroup": 1000},
+            "containers": [
+                {
+                    "name": "base",  # the name KubernetesPodOperator streams logs from
+                    "image": k.training_image,
+                    "command": command,
+                    "envFrom": [{"configMapRef": {"name": SETTINGS_CONFIG_MAP}}, {"secretRef": {"name": SECRETS}}],
+                    "env": [
+                        {"name": "FLYWHEEL_TRAIN__RUNNER", "value": "local"},  # the pod trains its variant itself
+                        {"name": "FLYWHEEL_TRAIN__NEMO_PYTHON", "value": "python"},  # the image is NeMo's
+                        {"name": "FLYWHEEL_PROJECT", "value": settings.project},
+                    ],  # its project's data and runs
+                    "resources": {"limits": {"nvidia.com/gpu": str(gpus)}, "requests": {"nvidia.com/gpu": str(gpus)}},
+                    "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
+                    "volumeMounts": [
+                        {"name": "shm", "mountPath": "/dev/shm"},  # noqa: S108 (the pod's memory-backed volume)
+                        {"name": "work", "mountPath": "/work"},
+                    ],
+                    "workingDir": "/work",
+                }
+            ],
+            "volumes": [
+                {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "64Gi"}},
+                {"name": "work", "emptyDir": {}},
+            ],
+        },
+    }
+
+
+def settings_config_map(settings: Settings) -> dict[str, Any]:
+    """The non-secret FLYWHEEL_* settings the pods read (`envFrom`); URIs with credentials go to the Secret."""
+    from pipelines.security import redact_uri
+
+    data: dict[str, str] = {"FLYWHEEL_PROFILE": settings.profile, "FLYWHEEL_ROOT": str(settings.root)}
+    for section in ("mlflow", "spark", "feast", "triton", "evaluation"):
+        part = getattr(settings, section)
+        for key, value in part.model_dump(mode="json").items():
+            if value is None or isinstance(value, (dict, list)) or key in ("password", "username"):
+                continue
+            if section in POD_ONLY and key not in POD_ONLY[section]:  # e.g. the judge's URL and key: not the pods'
+                continue
+            if isinstance(getattr(part, key), SecretStr):  # a key: never in a ConfigMap
+                continue
+            if redact_uri(str(value)) != str(value):  # carries a password: the Secret's business
+                continue
+            data[f"FLYWHEEL_{section.upper()}__{key.upper()}"] = str(value)
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": SETTINGS_CONFIG_MAP, "namespace": settings.kubernetes.namespace},
+        "data": data,
+    }

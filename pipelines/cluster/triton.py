@@ -1,0 +1,141 @@
+"""Kubernetes manifests for Triton on the cluster: the official Triton image serving the model
+repository on S3, on the GPU node group.
+
+`flywheel serve manifests --out DIR` writes them (`kubectl apply -f DIR`). The server starts with
+`--model-control-mode=explicit`, so the same `pipelines.serve.deploy` that drives the local binary
+loads, smoke-tests, switches and rolls back versions through Triton's API on the cluster; the
+repository is the S3 prefix `deploy` publishes to. S3 access comes from the `triton` service
+account's IAM role (terraform/modules/iam: read-only on the models bucket), never from keys.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pipelines.cluster.training import GPU_TOLERATION
+from pipelines.config import Settings
+
+APP = "triton"
+PORTS = {"http": 8000, "grpc": 8001, "metrics": 8002}
+
+
+def _labels() -> dict[str, str]:
+    return {"app.kubernetes.io/name": APP, "app.kubernetes.io/part-of": "commerce-flywheel"}
+
+
+def rolling_deployment(app: str, meta: dict[str, Any], replicas: int, template: dict[str, Any]) -> dict[str, Any]:
+    """A Deployment that never drops below `replicas` while it rolls (one pod more, none less)."""
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": app, **meta},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": {"app.kubernetes.io/name": app}},
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}},
+            "template": template,
+        },
+    }
+
+
+def triton_manifests(
+    settings: Settings, *, replicas: int = 2, gpus: int = 1, role_arn: str | None = None, region: str = "us-east-1"
+) -> list[dict[str, Any]]:
+    """ServiceAccount, Deployment, Service and PodDisruptionBudget for the Triton server."""
+    k, t = settings.kubernetes, settings.triton
+    meta = {"namespace": k.namespace, "labels": _labels()}
+    repository = str(t.model_repository)
+    if not repository.startswith("s3://"):
+        raise ValueError(f"triton.model_repository: the cluster serves from S3 (s3://bucket/prefix), got {repository}")
+    command = [
+        "tritonserver",
+        f"--model-repository={repository}",
+        "--model-control-mode=explicit",
+        "--strict-readiness=false",  # ready while idle: versions are loaded by `flywheel deploy`
+        "--exit-on-error=false",
+        "--log-verbose=0",
+        f"--http-port={PORTS['http']}",
+        f"--grpc-port={PORTS['grpc']}",
+        f"--metrics-port={PORTS['metrics']}",
+    ]
+    probe = {"httpGet": {"path": "/v2/health/ready", "port": "http"}, "periodSeconds": 10, "failureThreshold": 3}
+    account = {
+        "apiVersion": "v1",
+        "kind": "ServiceAccount",
+        "metadata": {
+            "name": APP,
+            **meta,
+            **({"annotations": {"eks.amazonaws.com/role-arn": role_arn}} if role_arn else {}),
+        },
+    }
+    deployment = rolling_deployment(
+        APP,
+        meta,
+        replicas,
+        {
+            "metadata": {
+                "labels": _labels(),
+                "annotations": {"prometheus.io/scrape": "true", "prometheus.io/port": str(PORTS["metrics"])},
+            },
+            "spec": {
+                "serviceAccountName": APP,
+                "nodeSelector": dict(k.gpu_node_selector),
+                "tolerations": [dict(GPU_TOLERATION)],
+                "securityContext": {"runAsNonRoot": True, "runAsUser": 1000, "fsGroup": 1000},
+                "containers": [
+                    {
+                        "name": APP,
+                        "image": k.triton_image,
+                        "command": command,
+                        "env": [
+                            {"name": "AWS_REGION", "value": region},
+                            {"name": "AWS_DEFAULT_REGION", "value": region},
+                        ],
+                        "ports": [{"name": name, "containerPort": port} for name, port in PORTS.items()],
+                        "resources": {
+                            "limits": {"nvidia.com/gpu": str(gpus)},
+                            "requests": {"nvidia.com/gpu": str(gpus), "cpu": "4", "memory": "32Gi"},
+                        },
+                        "startupProbe": {**probe, "failureThreshold": 60},  # image and weights take minutes
+                        "readinessProbe": probe,
+                        "livenessProbe": {
+                            "httpGet": {"path": "/v2/health/live", "port": "http"},
+                            "periodSeconds": 15,
+                            "failureThreshold": 4,
+                        },
+                        "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
+                        "volumeMounts": [
+                            {"name": "shm", "mountPath": "/dev/shm"},  # noqa: S108 (the pod's memory-backed volume)
+                            {"name": "cache", "mountPath": "/home/triton-server/.cache"},
+                        ],
+                    }
+                ],
+                "volumes": [
+                    {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "16Gi"}},
+                    {"name": "cache", "emptyDir": {}},
+                ],
+            },
+        },
+    )
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": APP, **meta},
+        "spec": {
+            "type": "ClusterIP",
+            "selector": {"app.kubernetes.io/name": APP},
+            "ports": [{"name": name, "port": port, "targetPort": name} for name, port in PORTS.items()],
+        },
+    }
+    budget = {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": {"name": APP, **meta},
+        "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app.kubernetes.io/name": APP}}},
+    }
+    return [account, deployment, service, budget]
+
+
+def cluster_url(settings: Settings) -> str:
+    """The in-cluster address `triton.url` takes for these manifests."""
+    return f"{APP}.{settings.kubernetes.namespace}.svc.cluster.local:{PORTS['http']}"

@@ -1,0 +1,89 @@
+"""Hardware table: peak dense bf16 FLOP/s, memory bandwidth and an on-demand $/hour per device, each
+price with its source and the date it was read (`price_source`, `price_date`; reports show both).
+
+Peaks are datasheet figures (dense, no sparsity). Prices are list prices that change and differ per
+contract and cloud: override any field through `FLYWHEEL_HARDWARE_JSON` (a JSON object of name ->
+fields, e.g. your negotiated rate and where it comes from). Used to turn measured tokens/s into
+utilization (MFU) and $ per million requests. On one device, cost per request is $/hour divided by
+requests per hour: a cost change between two models on the same device restates their throughput
+change; it differs only between devices (the GPU table).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+from dataclasses import dataclass, replace
+
+
+@dataclass(frozen=True)
+class Hardware:
+    name: str
+    peak_bf16_flops: float  # dense, FLOP/s
+    memory_bandwidth: float  # bytes/s
+    usd_per_hour: float
+    price_source: str = "not stated"
+    price_date: str = ""
+
+
+_GPU_PRICE = (
+    "per-GPU-hour list-price estimate for on-demand cloud capacity (no quote behind it); set your "
+    "contract's rate with FLYWHEEL_HARDWARE_JSON"
+)
+DEFAULTS: dict[str, Hardware] = {
+    # this 2-core Sapphire Rapids machine (AVX-512 BF16, AMX) priced as the nearest cloud instance with its
+    # cores and memory class: AWS EC2 r7i.large (2 vCPU, 16 GiB), Linux on-demand, us-east-1
+    "cpu-2core": Hardware(
+        "cpu-2core", 0.2e12, 20e9, 0.1323, "AWS EC2 on-demand price list, r7i.large, Linux, us-east-1", "2025-06"
+    ),
+    "h100": Hardware("h100", 989e12, 3.35e12, 3.00, _GPU_PRICE, "2026-11"),  # H100 SXM 80 GB
+    "h200": Hardware("h200", 989e12, 4.8e12, 3.80, _GPU_PRICE, "2026-11"),  # H200 SXM 141 GB
+    "b200": Hardware("b200", 2250e12, 8.0e12, 6.00, _GPU_PRICE, "2026-11"),  # B200 180 GB
+}
+
+
+def table() -> dict[str, Hardware]:
+    """The defaults, with any overrides from FLYWHEEL_HARDWARE_JSON applied."""
+    rows = dict(DEFAULTS)
+    for name, fields in json.loads(os.environ.get("FLYWHEEL_HARDWARE_JSON", "{}")).items():
+        base = rows.get(name, Hardware(name, 0.0, 0.0, 0.0))
+        rows[name] = replace(base, **fields)
+    return rows
+
+
+def detect() -> Hardware:
+    """The row for the accelerator this process sees (the GPU's name decides), else the CPU row."""
+    rows = table()
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            name = torch.cuda.get_device_name(0).lower()
+            for key in ("b200", "h200", "h100"):
+                if key in name:
+                    return rows[key]
+            return Hardware(name, 0.0, 0.0, 0.0)
+    except ImportError:
+        pass
+    return rows["cpu-2core"] if (os.cpu_count() or 1) <= 2 else Hardware(platform.machine(), 0.0, 0.0, 0.0)
+
+
+def training_flops_per_token(non_embedding_params: int) -> float:
+    """LoRA fine-tuning: forward (2N) plus the backward pass through the frozen weights for the activation
+    gradients (2N); frozen weights need no weight gradients, and the adapters' own FLOPs are negligible."""
+    return 4.0 * non_embedding_params
+
+
+def mfu(tokens_per_s: float, flops_per_token: float, hardware: Hardware) -> float | None:
+    """Model FLOPs utilization against the datasheet peak, or None where the peak is unknown."""
+    if hardware.peak_bf16_flops <= 0:
+        return None
+    return tokens_per_s * flops_per_token / hardware.peak_bf16_flops
+
+
+def usd_per_million(requests_per_s: float, hardware: Hardware) -> float | None:
+    """Cost of a million requests at the measured throughput on one such device."""
+    if requests_per_s <= 0 or hardware.usd_per_hour <= 0:
+        return None
+    return hardware.usd_per_hour / 3600.0 / requests_per_s * 1e6

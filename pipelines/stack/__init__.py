@@ -1,0 +1,1 @@
+"""The local servers' processes (started and stopped by `flywheel up` / `down`)."""
