@@ -16,17 +16,31 @@ from pipelines.logs.tools import WORKLOADS
 
 def build(features_zone: str) -> dict[str, object]:
     """The repository's objects, reading offline data from `features_zone`."""
-    customer = Entity(name="customer", join_keys=["customer_id"], value_type=ValueType.STRING,
-                      description="A shopper or merchant account")
-    product_category = Entity(name="product_category", join_keys=["category"], value_type=ValueType.STRING,
-                              description="A catalogue category (search filter value)")
+    customer = Entity(
+        name="customer",
+        join_keys=["customer_id"],
+        value_type=ValueType.STRING,
+        description="A shopper or merchant account",
+    )
+    product_category = Entity(
+        name="product_category",
+        join_keys=["category"],
+        value_type=ValueType.STRING,
+        description="A catalogue category (search filter value)",
+    )
     customer_source = FileSource(
-        name="customer_daily", path=f"{features_zone}/customer", file_format=ParquetFormat(),
-        timestamp_field="event_timestamp", created_timestamp_column="created_timestamp",
+        name="customer_daily",
+        path=f"{features_zone}/customer",
+        file_format=ParquetFormat(),
+        timestamp_field="event_timestamp",
+        created_timestamp_column="created_timestamp",
     )
     category_source = FileSource(
-        name="category_daily", path=f"{features_zone}/category", file_format=ParquetFormat(),
-        timestamp_field="event_timestamp", created_timestamp_column="created_timestamp",
+        name="category_daily",
+        path=f"{features_zone}/category",
+        file_format=ParquetFormat(),
+        timestamp_field="event_timestamp",
+        created_timestamp_column="created_timestamp",
     )
     customer_profile = FeatureView(
         name="customer_profile",
@@ -55,8 +69,13 @@ def build(features_zone: str) -> dict[str, object]:
         description="Search volume and average price asked per category over 7 days",
     )
     prompt_context = FeatureService(name="prompt_context", features=[customer_profile])
-    return {"customer": customer, "product_category": product_category, "customer_profile": customer_profile,
-            "category_stats": category_stats, "prompt_context": prompt_context}
+    return {
+        "customer": customer,
+        "product_category": product_category,
+        "customer_profile": customer_profile,
+        "category_stats": category_stats,
+        "prompt_context": prompt_context,
+    }
 
 
 # Module-level objects for the `feast` CLI (`feast apply` in this folder), from the active settings.

@@ -9,8 +9,7 @@ from __future__ import annotations
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
-from pipelines.config import Settings, get_settings
-from pipelines.config_sections import decoding_modes
+from pipelines.config import Settings, decoding_modes, get_settings
 from pipelines.errors import NotRetryable
 from pipelines.window import DateWindow
 

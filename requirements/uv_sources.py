@@ -25,8 +25,9 @@ OPTIONS = {"find-links": "--find-links", "constraint": "--constraint"}
 def pip_config() -> dict[str, list[str]]:
     """Each option's values as pip sees them: a PIP_* variable overrides the files (`pip config list`)."""
     try:
-        listed = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True,
-                                timeout=60, check=False).stdout
+        listed = subprocess.run(
+            [sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True, timeout=60, check=False
+        ).stdout
     except (OSError, subprocess.SubprocessError):
         return {}
     found: dict[str, dict[str, list[str]]] = {"env": {}, "file": {}}
@@ -49,8 +50,12 @@ def usable(value: str) -> bool:
 
 def main(argv: list[str]) -> int:
     constraints = argv[:1] == ["constraint"]
-    flags = [f"{OPTIONS[name]} {shlex.quote(value)}" for name, values in pip_config().items() for value in values
-             if (name == "constraint") == constraints and usable(value)]
+    flags = [
+        f"{OPTIONS[name]} {shlex.quote(value)}"
+        for name, values in pip_config().items()
+        for value in values
+        if (name == "constraint") == constraints and usable(value)
+    ]
     print(" ".join(flags))
     return 0
 

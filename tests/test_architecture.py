@@ -212,7 +212,9 @@ def test_no_file_is_a_big_room(path: Path) -> None:
     ],
 )
 def test_what_the_triton_model_runs_imports_nothing_from_pipelines(path: str) -> None:
-    """Copied into the model repository and run in the serving venv: an import of `pipelines` there fails."""
+    """Copied into the model repository and run in the serving venv: an import of `pipelines` there fails (the
+    files copied beside each other may import each other: `from . import batched_lora` in a package's tests)."""
     modules = {module_name(f) for f in PIPELINES.rglob("*.py")} | {"pipelines"}
-    assert imports_of(ROOT / path, modules) == set()
+    copied_together = {"pipelines.triton_backend", "pipelines.triton_backend.batched_lora"}
+    assert imports_of(ROOT / path, modules) - copied_together == set()
     assert "import pipelines" not in (ROOT / path).read_text() and "from pipelines" not in (ROOT / path).read_text()

@@ -111,7 +111,7 @@ def test_secrets_are_masked_when_dumped(flywheel_root: Path, monkeypatch: pytest
 
 
 def test_served_decoding_follows_how_triton_serves(flywheel_root: Path) -> None:
-    from pipelines.config_sections import decoding_modes
+    from pipelines.config import decoding_modes
 
     assert decoding_modes("served", True) == "on" and decoding_modes("served", False) == "off"
     assert decoding_modes("both", True) == "both" and decoding_modes("off", True) == "off"

@@ -411,7 +411,7 @@ def test_multi_lora_serves_every_version_as_an_adapter_on_one_loaded_base(regist
         back = deploy.rollback(settings)
         assert back["live"]["name"] == names[0] and client.infer_one(names[0], conversation(row, "short")).error is None
         from pipelines.bench.serving import run_bench
-        from pipelines.config_sections import BenchSettings
+        from pipelines.config import BenchSettings
         from pipelines.serve import repository
 
         report = run_bench(settings, BenchSettings(requests=2, concurrency=[1], shots=0, constrained="served"))

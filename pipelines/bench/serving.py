@@ -21,8 +21,7 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from pipelines.config import BenchSettings, Settings
-from pipelines.config_sections import DECODINGS, decoding_modes
+from pipelines.config import DECODINGS, BenchSettings, Settings, decoding_modes
 from pipelines.errors import NotRetryable
 from pipelines.hardware import detect, usd_per_million
 from pipelines.serve import repository

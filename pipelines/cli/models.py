@@ -10,8 +10,7 @@ from rich.table import Table
 
 from pipelines.cli.common import JsonOpt, UserError, console, stdout_console
 from pipelines.cli.common import emit as _emit
-from pipelines.config import get_settings
-from pipelines.config_sections import decoding_modes
+from pipelines.config import decoding_modes, get_settings
 
 app = typer.Typer()  # this module's top-level commands (merged into `flywheel`)
 

@@ -18,8 +18,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from pipelines.base_models import load_model
-from pipelines.config import Settings
-from pipelines.config_sections import DECODINGS
+from pipelines.config import DECODINGS, Settings
 from pipelines.evaluate.results import TABLE_METRICS, ConditionResult, EvalReport  # noqa: F401 (re-exported)
 from pipelines.logs.toolsets import registered_catalogue, tool_effects
 from pipelines.prep.dataset import frame_from_logs, load_split

@@ -1,18 +1,13 @@
-"""The settings sections of the gateway, evaluation, benchmarks, drift and the promotion gate (`pipelines.config`
-holds the one `Settings` object; its sections live here and there so neither file grows past a room)."""
+"""The settings of the flywheel's stages: data quality, training, evaluation, the serving benchmark, drift, the
+promotion gate and the gateway."""
 
 from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, field_validator
 
-LOOPBACK = "127.0.0.1"
-
-
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
-
+from pipelines.config.base import LOOPBACK, REPO_ROOT, _Section
 
 Decoding = Literal["served", "off", "on", "both"]
 
@@ -309,3 +304,54 @@ class GatewaySettings(_Section):
         if 0 < seconds < 0.1:
             raise ValueError("0 (off) or at least 0.1 s: each exchange writes a file")
         return seconds
+
+
+class QualitySettings(_Section):
+    """Great Expectations gate thresholds: per-record problems are quarantined by prep; a batch
+    whose share of problems passes these limits stops the flywheel before training."""
+
+    raw_mostly: float = Field(0.9, gt=0, le=1, description="share of raw lines that must pass each raw check")
+    max_quarantined_share: float = Field(0.2, ge=0, le=1, description="largest share of a batch prep may quarantine")
+    min_examples_per_tool: int = Field(5, ge=0)
+    min_approx_tokens: int = Field(16, ge=0)
+    max_approx_tokens: int | None = Field(
+        None,
+        ge=1,
+        description="longest example (prep's approx_tokens); unset: "
+        "the base model's context window minus the window's answer budget",
+    )
+    train_label_sources: list[Literal["teacher", "human", "import", "generated"]] = Field(
+        default_factory=lambda: ["teacher", "human", "import", "generated"],
+        description="label sources that train "
+        "(prep.labels); our own models' answers train only when a person rated them up; a down-rated one never",
+    )
+    min_trusted_label_share: float = Field(
+        0.5,
+        ge=0,
+        le=1,
+        description="smallest share of a window's examples whose label our own model did not "
+        "write (teacher, human, import, generated): the gate fails a window that would mostly retrain the champion "
+        "on its own answers, even confirmed ones",
+    )
+
+
+class TrainSettings(_Section):
+    """Where and how sweeps train; the sweep file holds the hyperparameters."""
+
+    sweep: str = Field(str(REPO_ROOT / "conf" / "sweeps" / "demo.yaml"), description="default sweep file")
+    drift_sweep: str | None = Field(
+        str(REPO_ROOT / "conf" / "sweeps" / "drift.yaml"),
+        description="the (smaller) sweep a drift-triggered retrain runs; None: `sweep`",
+    )
+    backend: Literal["hf", "nemo"] | None = Field(None, description="override the sweep file's backend")
+    runner: Literal["local", "kubernetes"] = Field("local", description="local process, or one pod per variant")
+    nemo_python: str = Field(
+        str(REPO_ROOT / ".venv-nemo" / "bin" / "python"),
+        description="interpreter of the NeMo AutoModel environment (make nemo-env)",
+    )
+    variant_timeout_s: float = Field(
+        6 * 3600,
+        gt=0,
+        description="longest one variant's training process may run "
+        "(NeMo AutoModel launch) before it is stopped; it resumes from its checkpoints",
+    )
