@@ -18,11 +18,12 @@ S3_STAMP := $(S3_VENV)/.installed
 AIPERF_VENV := .venv-aiperf
 AIPERF_STAMP := $(AIPERF_VENV)/.installed
 
-.PHONY: setup nemo-env serve-env checkov-env s3-env aiperf-env demo test test-scenario test-all test-fast lock bench clean-data help
+.PHONY: docs docs-serve lint setup nemo-env serve-env checkov-env s3-env aiperf-env demo test test-scenario test-all test-fast lock bench clean-data help
 
 help:
 	@echo "make demo   install what is missing, then run the whole flywheel on embedded defaults"
-	@echo "make test   install what is missing, then run the test suite"
+	@echo "make test   install what is missing, then run the test suite (lint, type check, docs build included)"
+	@echo "make docs   build the documentation site into site/ (strict); make docs-serve: on 127.0.0.1:8001"
 	@echo "             (make test-scenario: the 10-17-minute scheduler scenario it leaves out; make test-all: both)"
 
 setup: $(STAMP)
@@ -101,8 +102,23 @@ demo: setup serve-env
 TEST_WORKERS ?= 2
 XDIST = $(if $(filter-out 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 
-test: setup nemo-env serve-env checkov-env s3-env
+test: setup nemo-env serve-env checkov-env s3-env lint docs
 	$(VENV)/bin/pytest -m "not scenario" $(XDIST) $(PYTEST_ARGS)
+
+# ruff (lint + format check) and the type check of pipelines/ (mypy; settings in pyproject.toml)
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+
+# the reference pages from the code and the results pages from bench/results, then the site (strict: a broken
+# link, a missing or an orphan page fails)
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(PY) -m docs.generate
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
+
+docs-serve: docs
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve --dev-addr 127.0.0.1:8001
 
 test-scenario: setup nemo-env serve-env checkov-env s3-env
 	$(VENV)/bin/pytest -m scenario $(PYTEST_ARGS)

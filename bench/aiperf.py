@@ -26,11 +26,11 @@ def main() -> None:
     args = parser.parse_args()
 
     from pipelines.bench.aiperf import AiperfFailed, run_aiperf
-    from pipelines.config import get_settings
+    from pipelines.config import load_settings
 
     try:
         report = run_aiperf(
-            get_settings(),
+            load_settings(),
             args.requests,
             [int(c) for c in args.concurrency.split(",")],
             tuple(args.models.split(",")),

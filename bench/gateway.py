@@ -43,7 +43,7 @@ def _requests(n: int) -> list[dict[str, Any]]:
 def _run(
     label: str, level: int, jobs: list[dict[str, Any]], one: Callable[[dict[str, Any]], dict[str, Any]]
 ) -> dict[str, Any]:
-    from pipelines.bench.serving import percentile
+    from pipelines.bench.results import percentile
 
     one(jobs[0])  # warm-up (a new connection, the first grammar build)
     started = time.perf_counter()
@@ -75,12 +75,12 @@ def main() -> None:
 
     from openai import OpenAI
 
-    from pipelines.config import get_settings
+    from pipelines.config import load_settings
     from pipelines.gateway import app as gateway
     from pipelines.gateway import openai_api as api
     from pipelines.serve.client import TritonClient
 
-    settings = get_settings()
+    settings = load_settings()
     gateway.up(settings)
     router = gateway.Router(settings)
     target = router.resolve("champion")

@@ -68,12 +68,12 @@ def main() -> int:
     from gateway import _requests
     from real_data import commit
 
-    from pipelines.bench.serving import percentile
-    from pipelines.config import get_settings
+    from pipelines.bench.results import percentile
+    from pipelines.config import load_settings
     from pipelines.gateway import app as gateway
     from pipelines.serve import deploy
 
-    settings = get_settings()
+    settings = load_settings()
     if str(settings.root).startswith(("s3://", "s3a://", "gs://", "abfss://")):
         print(
             f"error: root {settings.root} is on object storage: the captured turns are read from a local root",

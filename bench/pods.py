@@ -67,7 +67,7 @@ def main() -> None:
         )
     )
     cluster = load_settings(root=str(root), train={"runner": "kubernetes"})
-    pods = tasks.train_pods({"sweep": str(sweep)}, cluster)
+    pods = tasks.train_pods(cluster, {"sweep": str(sweep)})
     print(f"plan: {len(pods)} pods ({args.model}, {args.backend}, {args.steps} steps, batch {args.batch_size})")
     env = {
         **os.environ,
@@ -97,7 +97,7 @@ def main() -> None:
             f"val exact {m.get('val_exact_match', 0):.3f}"
         )
     started = time.perf_counter()
-    trained = tasks.train({"sweep": str(sweep)}, cluster)
+    trained = tasks.train(cluster, {"sweep": str(sweep)})
     print(
         f"collected in {time.perf_counter() - started:.1f} s: best run {trained['best_run_id']} "
         f"(val exact {trained['metrics'].get('val_exact_match', 0):.3f}), adapter {trained['adapter_dir']}"

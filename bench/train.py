@@ -66,7 +66,7 @@ def main() -> None:
             warmup_steps=2,
             max_seq_len=min(768, args.pack or 768),
         )
-        hardware = detect()
+        hardware = detect(settings.bench.hardware)
         gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
         print(
             f"hardware: {gpu or platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch "

@@ -41,15 +41,16 @@ def main() -> None:
             raise SystemExit(f"error: --layouts: expected INSTANCESxTHREADS such as 2x1, got {item!r}")
         layouts.append((int(found.group(1)), int(found.group(2))))
 
-    from pipelines.bench.serving import summarize_run
-    from pipelines.config import get_settings
+    from pipelines.bench.results import summarize_run
+    from pipelines.config import load_settings
     from pipelines.hardware import detect
     from pipelines.serve import deploy, repository
-    from pipelines.serve.client import TritonClient, conversation
+    from pipelines.serve.client import TritonClient
+    from pipelines.serve.prompts import conversation
     from pipelines.services import free_port
     from pipelines.stack import triton as server
 
-    settings = get_settings()
+    settings = load_settings()
     live = deploy.live_model(settings)
     if live is None:
         raise SystemExit("error: no live model in this root: run `make demo` (or `flywheel deploy`) first")
@@ -144,7 +145,7 @@ def main() -> None:
         "live": live.name,
         "requests": len(rows),
         "constrained": tools is not None,
-        "hardware": detect().__dict__,
+        "hardware": detect(settings.bench.hardware).__dict__,
         "runs": runs,
         "seconds": round(time.perf_counter() - started, 1),
         "note": "every request streamed; TTFT and ITL are medians; threads 0 = torch's default (the cores)",

@@ -58,8 +58,8 @@ TRAIN_TIMEOUT = timedelta(hours=12)  # a whole sweep on the CPU, or collecting t
 
 def build(project: str, training_runs: int):
     """One project's DAG: `commerce_flywheel` for `default`, `commerce_flywheel__<project>` for each other AI
-    project. Its tasks work in that project (`run_task` scopes the settings by the DAG id); a project's runs
-    never queue behind another project's (each DAG has its own `max_active_runs`)."""
+    project. Its tasks work in that project (`run_task` builds that project's settings and passes them); a
+    project's runs never queue behind another project's (each DAG has its own `max_active_runs`)."""
 
     @dag(
         dag_id=dag_id_for("commerce_flywheel", project),
@@ -129,19 +129,19 @@ def build(project: str, training_runs: int):
 
         @task
         def ingest(win: dict, p: dict) -> dict:
-            return run_task("ingest", win, p)
+            return run_task("ingest", project, win, p)
 
         @task
         def prep(win: dict, _ingested: dict) -> dict:
-            return run_task("prep", win)
+            return run_task("prep", project, win)
 
         @task
         def validate(win: dict, _prepared: dict, p: dict) -> dict:
-            return run_task("validate", win, None, p)  # p: the sweep the run trains sizes the prompt ceiling
+            return run_task("validate", project, win, p)  # p: the sweep the run trains sizes the prompt ceiling
 
         @task
         def features(win: dict, _validated: dict) -> dict:
-            return run_task("features", win)
+            return run_task("features", project, win)
 
         @task.short_circuit
         def should_train(_features: dict, p: dict) -> bool:
@@ -149,40 +149,40 @@ def build(project: str, training_runs: int):
 
         @task
         def train_pods(_go: bool, p: dict, win: dict) -> list:
-            return run_task("train_pods", {**p, "window": win})
+            return run_task("train_pods", project, {**p, "window": win})
 
         # a killed sweep resumes from its checkpoints on retry; after pods, it collects their runs
         @task(retries=3, trigger_rule="none_failed", execution_timeout=TRAIN_TIMEOUT)
         def train(p: dict, win: dict) -> dict:
-            return run_task("train", {**p, "window": win})  # the training set of this run's window
+            return run_task("train", project, {**p, "window": win})  # the training set of this run's window
 
         @task
         def evaluate(trained: dict) -> dict:
-            return run_task("evaluate", trained)
+            return run_task("evaluate", project, trained)
 
         @task
         def register(trained: dict, evaluated: dict) -> dict:
-            return run_task("register", trained, evaluated)
+            return run_task("register", project, trained, evaluated)
 
         @task
         def promote(registered: dict, evaluated: dict, p: dict) -> dict:
-            return run_task("promote", registered, evaluated, p)
+            return run_task("promote", project, registered, evaluated, p)
 
         @task.short_circuit
         def should_deploy(promoted: dict, p: dict) -> bool:
-            return run_task("should_deploy", promoted, p)
+            return run_task("should_deploy", project, promoted, p)
 
         @task
         def deploy(_go: bool, promoted: dict) -> dict:
-            return run_task("deploy", promoted)
+            return run_task("deploy", project, promoted)
 
         @task
         def smoke_test(deployed: dict) -> dict:
-            return run_task("smoke_test", deployed)
+            return run_task("smoke_test", project, deployed)
 
         @task
         def benchmark(smoked: dict) -> dict:
-            return run_task("benchmark", smoked)
+            return run_task("benchmark", project, smoked)
 
         p = params()
         win = window(p)

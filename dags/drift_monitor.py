@@ -55,7 +55,7 @@ def build(project: str):
     def drift_monitor():
         @task
         def check() -> dict:
-            return run_task("drift_check", dict(get_current_context()["params"]))
+            return run_task("drift_check", project, dict(get_current_context()["params"]))
 
         @task.short_circuit
         def should_alert(result: dict) -> bool:
@@ -67,7 +67,7 @@ def build(project: str):
 
         @task(retries=3, retry_delay=timedelta(seconds=30), execution_timeout=timedelta(minutes=5))
         def mark_emitted(result: dict) -> dict:
-            return run_task("drift_alert_emitted", result)
+            return run_task("drift_alert_emitted", project, result)
 
         result = check()
         alert(result, should_alert(result)) >> mark_emitted(result)

@@ -10,7 +10,7 @@ from feast import Entity, FeatureService, FeatureView, Field, FileSource, ValueT
 from feast.data_format import ParquetFormat
 from feast.types import Float64, Int64, String
 
-from pipelines.config import get_settings
+from pipelines.config import load_settings
 from pipelines.logs.tools import WORKLOADS
 
 
@@ -78,5 +78,8 @@ def build(features_zone: str) -> dict[str, object]:
     }
 
 
-# Module-level objects for the `feast` CLI (`feast apply` in this folder), from the active settings.
-globals().update(build(get_settings().zone("features")))
+# Module-level objects for the `feast` CLI (`feast apply` in this folder: an entry point, so its settings come
+# from the configuration); the platform itself loads this file as `flywheel_feature_repo` and calls `build` with
+# the features zone of the settings it was given.
+if __name__ != "flywheel_feature_repo":
+    globals().update(build(load_settings().zone("features")))

@@ -3,9 +3,8 @@ parsing a DAG file stays cheap)."""
 
 from __future__ import annotations
 
-import contextlib
 import os
-from collections.abc import Iterator
+import time
 from datetime import UTC
 from typing import Any
 
@@ -16,26 +15,47 @@ FAILURES = "runs/failures"  # under the reports zone: per DAG, its newest final 
 RUN_TOKEN = "FLYWHEEL_RUN_TOKEN"  # noqa: S105 (a name: `flywheel run` sets it for its `dags test`, the record names its run)
 
 
-def run_task(step: str, *args: Any) -> Any:
-    """Call `pipelines.tasks.<step>`; errors retrying cannot fix (NotRetryable, ConfigError) fail the task at once
-    (no retries). A task's
+PURE = ("should_deploy",)  # tasks that read no settings: decided from their inputs alone
+
+
+def task_settings(project: str) -> Any:
+    """The settings a task of `project`'s DAG runs with: the worker's configuration (its FLYWHEEL_* environment
+    and FLYWHEEL_CONFIG file, read by the settings loader) in that project. Built per task, passed down."""
+    from pipelines.config import load_settings
+
+    return load_settings(project=project)
+
+
+def run_task(step: str, project: str, *args: Any) -> Any:
+    """Call `pipelines.tasks.<step>(settings, *args)` with `project`'s settings (the DAG that calls it names its
+    project); errors retrying cannot fix (NotRetryable, ConfigError) fail the task at once (no retries). A task's
     final failure (no retry left, or not retryable) is also recorded (`FAILURES`: the task, its one-line
     reason, whether it is a data problem, the DAG run), so `flywheel run` can say which task failed and why."""
     from airflow.sdk.exceptions import AirflowFailException
 
-    from pipelines import tasks
+    from pipelines import progress, tasks
     from pipelines.config import ConfigError
     from pipelines.errors import NotRetryable
 
-    with project_scope(project_of(str(_run_of().get("dag_id") or ""))):
-        try:
+    settings = None
+    try:
+        if step in PURE:
             return getattr(tasks, step)(*args)
-        except (NotRetryable, ConfigError) as exc:  # a setting that cannot work is not fixed by retrying either
-            record_failure(step, exc, final=True)
-            raise AirflowFailException(str(exc)) from exc
-        except BaseException as exc:  # a timeout is a BaseException: recorded too, then raised as it was
-            record_failure(step, exc, final=None)
-            raise
+        settings = task_settings(project)
+        started = time.perf_counter()
+        result = getattr(tasks, step)(settings, *args)
+        run = _run_of()
+        key = os.environ.get(RUN_TOKEN) or str(run.get("run_id") or "")  # `flywheel run`'s token, else the run
+        if key:
+            seconds, line = time.perf_counter() - started, progress.summary(step, result)
+            progress.record(settings.zone("reports"), key, run.get("dag_id"), step, seconds, line)
+        return result
+    except (NotRetryable, ConfigError) as exc:  # a setting that cannot work is not fixed by retrying either
+        record_failure(settings, step, exc, final=True)
+        raise AirflowFailException(str(exc)) from exc
+    except BaseException as exc:  # a timeout is a BaseException: recorded too, then raised as it was
+        record_failure(settings, step, exc, final=None)
+        raise
 
 
 def dag_id_for(base: str, project: str) -> str:
@@ -51,24 +71,6 @@ def drift_asset_ref(project: str) -> tuple[str, str]:
 
 def project_of(dag_id: str) -> str:
     return dag_id.split(PROJECT_SEP, 1)[1] if PROJECT_SEP in dag_id else DEFAULT_PROJECT
-
-
-@contextlib.contextmanager
-def project_scope(project: str) -> Iterator[None]:
-    """Run a task in its DAG's project: `get_settings()` answers with that project's zones and names."""
-    from pipelines.config import get_settings
-
-    before = os.environ.get("FLYWHEEL_PROJECT")
-    os.environ["FLYWHEEL_PROJECT"] = project
-    get_settings.cache_clear()
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop("FLYWHEEL_PROJECT", None)
-        else:
-            os.environ["FLYWHEEL_PROJECT"] = before
-        get_settings.cache_clear()
 
 
 def projects(only: str | None = None) -> list[tuple[str, int]]:
@@ -134,12 +136,13 @@ def _run_of() -> dict[str, Any]:
         return {}
 
 
-def record_failure(step: str, exc: BaseException, final: bool | None) -> None:
+def record_failure(settings: Any, step: str, exc: BaseException, final: bool | None) -> None:
     """Best effort: a failure to record the failure never hides the failure itself. `final` None: final when no
-    retry is left."""
+    retry is left. `settings` None (they did not load): the platform's, from the worker's configuration."""
     from datetime import datetime
 
-    from pipelines.config import get_settings
+    from pipelines.config import DEFAULT_PROJECT as PLATFORM
+    from pipelines.config import load_settings
     from pipelines.errors import DataProblem, one_line
     from pipelines.security import mask_uri_passwords
     from pipelines.storage import write_json
@@ -152,8 +155,9 @@ def record_failure(step: str, exc: BaseException, final: bool | None) -> None:
         if not final:
             return
         reason = " ".join(str(exc).split()) if isinstance(exc, DataProblem) else one_line(exc)
+        settings = settings or load_settings(project=PLATFORM)
         write_json(
-            f"{get_settings().zone('reports')}/{FAILURES}/{run.get('dag_id', 'commerce_flywheel')}.json",
+            f"{settings.zone('reports')}/{FAILURES}/{run.get('dag_id', 'commerce_flywheel')}.json",
             {
                 "task": step,
                 "data_problem": isinstance(exc, DataProblem),

@@ -1,4 +1,4 @@
-"""Errors in OpenAI's shape (`{"error": {"message", "type", "param", "code"}}`), low in the house so that
+"""Errors in OpenAI's shape (`{"error": {"message", "type", "param", "code"}}`), low in the layers so that
 every part of the gateway's path (admission, the front door) refuses a request the same way."""
 
 from __future__ import annotations

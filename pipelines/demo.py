@@ -14,7 +14,7 @@ from rich.table import Table
 from pipelines.config import Settings
 from pipelines.security import redact_uri
 from pipelines.stack import airflow as airflow_server
-from pipelines.storage import read_json, write_json
+from pipelines.storage import read_json
 
 
 class DemoFailed(RuntimeError):
@@ -31,13 +31,19 @@ def _latest_evaluation(settings: Settings) -> dict | None:
     return whole[-1] if whole else None
 
 
-def _dags_test(settings: Settings, dag_id: str, conf: dict, extra_env: dict[str, str] | None = None):
-    """`airflow dags test` within `airflow.run_timeout_s` (an hour: a busy 2-core machine can need it);
-    a timeout is one clear error naming the running task (`RunTimedOut`)."""
+def _dags_test(
+    settings: Settings,
+    dag_id: str,
+    conf: dict,
+    extra_env: dict[str, str] | None = None,
+    on_wait: Any = None,
+) -> Any:
+    """`airflow dags test` within `airflow.run_timeout_s`; a timeout is one clear error naming the running task
+    (`RunTimedOut`). `on_wait`: called about every second while it runs."""
     from pipelines.projects import airflow_access
 
     airflow_access.prepare(settings)  # airflow.multi_team: the bundles and teams first
-    return airflow_server.dags_test(settings, dag_id, conf, extra_env=extra_env)
+    return airflow_server.dags_test(settings, dag_id, conf, extra_env=extra_env, on_wait=on_wait)
 
 
 def _require_a_champion(settings: Settings) -> None:
@@ -72,9 +78,10 @@ def _heading(console: Console, text: str) -> None:
 
 
 def run_demo(settings: Settings, *, records_per_day: int, days: int, seed: int, console: Console) -> dict[str, str]:
+    """The commerce_flywheel DAG on `days` of generated traffic, each task printed as it ends; then what it made:
+    the data, the evaluation, the serving comparison, one request through the gateway, and where everything is."""
     started = time.perf_counter()
     end = (datetime.now(UTC) - timedelta(days=1)).date()
-    root = Path(str(settings.root))
     conf = {
         "end_date": end.isoformat(),
         "window_days": days,
@@ -82,24 +89,60 @@ def run_demo(settings: Settings, *, records_per_day: int, days: int, seed: int, 
         "source": "synthetic",
         "seed": seed,
     }
-
     _heading(console, f"commerce_flywheel DAG: {days} days of traffic ending {end} ({records_per_day}/day)")
+    log = _run_the_dag(settings, conf, console)
+    manifest = _print_the_data(settings, console)
+    evaluation = _print_the_evaluation(settings, console)
+    _require_a_champion(settings)
+    from pipelines.serve.deploy import live_model
+
+    live = live_model(settings)
+    bench = _print_the_serving_comparison(settings, live, console)
+    gateway_url = _ask_the_gateway(settings, end, seed, console) if live is not None else None
+    outputs = _outputs(settings, manifest, log, evaluation, bench, gateway_url)
+    table = Table(title=f"demo finished in {time.perf_counter() - started:.0f} s")
+    table.add_column("output", no_wrap=True)
+    table.add_column("where (paths relative to the project root)")
+    for name, where in outputs.items():
+        table.add_row(name, where)
+    console.print(table)
+    console.print(
+        "Next: `flywheel up` for the Airflow (http://127.0.0.1:8080) and MLflow (http://127.0.0.1:5000) "
+        "UIs; `flywheel registry list`; `flywheel features context <customer_id>` for the online context."
+    )
+    from pipelines.registry.models import CHAMPION, alias_version
+
+    champion = alias_version(settings, CHAMPION)
+    console.print(f"the gate: {gate_decision(settings, champion)}", soft_wrap=True, highlight=False)
+    return outputs
+
+
+def _run_the_dag(settings: Settings, conf: dict[str, Any], console: Console) -> Path:
+    """`airflow dags test` of the DAG, one line per task as it ends (task, seconds, its key figure); its log kept."""
+    import uuid
+
+    from pipelines.airflow_tasks import RUN_TOKEN
+    from pipelines.progress import follower, progress_line
+
     console.print(
         "ingest -> Spark prep -> Great Expectations gates -> Feast features -> LoRA sweep on "
         "SmolLM2-135M -> evaluation -> MLflow registry -> promotion gate -> Triton deploy -> smoke test "
-        "-> benchmark (airflow dags test) ..."
+        "-> benchmark (airflow dags test); each task as it ends:"
     )
-    with console.status(
-        "running the DAG (about 17 minutes on 2 cores: most of it LoRA training, "
-        "evaluation and the serving benchmark on the CPU) ..."
-    ):
-        result = _dags_test(settings, "commerce_flywheel", conf)
-    log = root / "logs" / "demo-dags-test.log"
+    token = uuid.uuid4().hex
+    follow = follower(settings.zone("reports"), token, lambda r: console.print(progress_line(r), highlight=False))
+    with console.status("running the DAG (most of it LoRA training, evaluation and the benchmark on the CPU) ..."):
+        result = _dags_test(settings, "commerce_flywheel", conf, extra_env={RUN_TOKEN: token}, on_wait=follow)
+    log = Path(str(settings.root)) / "logs" / "demo-dags-test.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     log.write_text(result.stdout + result.stderr)
     if result.returncode != 0 or "state=success" not in result.stdout + result.stderr:
-        raise DemoFailed(f"the commerce_flywheel DAG run failed; see {log}")
+        raise DemoFailed(f"the commerce_flywheel DAG run failed; see {_relative(str(log))}")
+    return log
 
+
+def _print_the_data(settings: Settings, console: Console) -> dict[str, Any]:
+    """What prep made of the records: kept, quarantined (why), redacted, split."""
     manifest = read_json(f"{settings.zone('curated')}/manifest.json")
     counts = manifest["counts"]
     console.print(
@@ -113,113 +156,125 @@ def run_demo(settings: Settings, *, records_per_day: int, days: int, seed: int, 
         f"splits: {manifest['examples_by_split']}; with customer context: "
         f"{manifest['training_set']['with_customer_context']:,}"
     )
+    return manifest
 
+
+def _print_the_evaluation(settings: Settings, console: Console) -> dict[str, Any] | None:
+    """The evaluation's conditions side by side (the newest evaluation with every condition)."""
     evaluation = _latest_evaluation(settings)
-    if evaluation:
-        table = Table(
-            title=f"tool-calling evaluation on {evaluation['examples']} test requests "
-            "(grammar: decoded under the offered tools' schemas)"
+    if not evaluation:
+        return None
+    table = Table(
+        title=f"tool-calling evaluation on {evaluation['examples']} test requests "
+        "(grammar: decoded under the offered tools' schemas)"
+    )
+    for column in ("condition", "decoding", "exact", "name acc.", "arg F1", "text F1", "prompt tok.", "p50 ms"):
+        table.add_column(column)
+    for c in evaluation["conditions"]:
+        s = c["summary"]
+        table.add_row(
+            c["condition"].removesuffix("_constrained"),
+            "grammar" if c.get("constrained") else "free",
+            f"{s['exact_match']:.3f}",
+            f"{s['name_accuracy']:.3f}",
+            f"{s['arg_f1'] or 0:.3f}",
+            "n/a" if s.get("text_f1") is None else f"{s['text_f1']:.3f}",
+            f"{c['stats']['prompt_tokens_mean']:.0f}",
+            f"{c['stats']['latency_ms_p50']:.0f}",
         )
-        for column in ("condition", "decoding", "exact", "name acc.", "arg F1", "text F1", "prompt tok.", "p50 ms"):
-            table.add_column(column)
-        for c in evaluation["conditions"]:
-            s = c["summary"]
-            table.add_row(
-                c["condition"].removesuffix("_constrained"),
-                "grammar" if c.get("constrained") else "free",
-                f"{s['exact_match']:.3f}",
-                f"{s['name_accuracy']:.3f}",
-                f"{s['arg_f1'] or 0:.3f}",
-                "n/a" if s.get("text_f1") is None else f"{s['text_f1']:.3f}",
-                f"{c['stats']['prompt_tokens_mean']:.0f}",
-                f"{c['stats']['latency_ms_p50']:.0f}",
-            )
-        console.print(table)
-    _require_a_champion(settings)
+    console.print(table)
+    return evaluation
 
-    from pipelines.serve.deploy import live_model
 
+def _print_the_serving_comparison(settings: Settings, live: Any, console: Console) -> dict[str, Any] | None:
+    """The serving benchmark of the live model (this run's), as a table a terminal has room for."""
     bench = _latest_bench(settings)
-    live = live_model(settings)
     if bench and (live is None or bench.get("live") != live.name):  # an older run's figures are not this run's
         why = "bench.after_deploy is off" if not settings.bench.after_deploy else "the last one measured another model"
         console.print(
             f"no serving benchmark of {live.name if live else 'a live model'} ({why}): `flywheel bench` runs it",
             soft_wrap=True,
         )
-        bench = None
-    if bench:
-        from pipelines.bench.serving import TABLE_COLUMNS, table_rows
+        return None
+    if not bench:
+        return None
+    console.print(_bench_table(bench))
+    change = bench["comparison"]
+    if change:
+        from pipelines.bench.report import change_line
 
-        table = Table(
-            title=f"served by Triton ({bench['hardware']['name']}): {bench['live']} vs {bench['baseline']}",
-            box=box.SIMPLE_HEAD,
-            pad_edge=False,
-            show_edge=False,
-            padding=0,
+        console.print(
+            f"tuned vs base + few-shot ({'grammar' if bench.get('constrained') else 'free'} decoding, "
+            f"as served): latency p50 {change_line(change)}, prompt tokens "
+            f"{change['prompt_tokens_change']:+.0%}, throughput {change['throughput_change']:+.0%}"
         )
-        # the columns a terminal has room for, whole milliseconds (the HTML report has them all)
-        keep = [i for i, c in enumerate(TABLE_COLUMNS) if c not in ("requests", "p95 ms", "p99 ms", "$/M req")]
-        rows = []
-        for row in table_rows(bench):
-            row[0] = (
-                row[0].split(" (")[0].replace(" in-process", " in-proc.")
-            )  # "tuned v1 (names prompt)" -> "tuned v1"
-            cells = {TABLE_COLUMNS[i]: row[i] for i in keep}
-            for column in ("TTFT ms", "ITL ms", "p50 ms", "prompt tokens"):
-                if cells[column] != "n/a":
-                    cells[column] = f"{float(cells[column]):.0f}"
-            rows.append(list(cells.values()))
-        for n, i in enumerate(keep):  # cells keep their width; headers wrap
-            table.add_column(TABLE_COLUMNS[i], min_width=max(len(r[n]) for r in rows), no_wrap=n == 0)
-        for cells in rows:
-            table.add_row(*cells)
-        console.print(table)
-        change = bench["comparison"]
-        if change:
-            from pipelines.bench.report import change_line
+    return bench
 
-            console.print(
-                f"tuned vs base + few-shot ({'grammar' if bench.get('constrained') else 'free'} decoding, "
-                f"as served): latency p50 {change_line(change)}, prompt tokens "
-                f"{change['prompt_tokens_change']:+.0%}, throughput {change['throughput_change']:+.0%}"
-            )
 
-    gateway_url = _ask_the_gateway(settings, end, seed, console) if live is not None else None
+def _bench_table(bench: dict[str, Any]) -> Table:
+    from pipelines.bench.results import TABLE_COLUMNS, table_rows
 
+    table = Table(
+        title=f"served by Triton ({bench['hardware']['name']}): {bench['live']} vs {bench['baseline']}",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+        show_edge=False,
+        padding=0,
+    )
+    # the columns a terminal has room for, whole milliseconds (the HTML report has them all)
+    keep = [i for i, c in enumerate(TABLE_COLUMNS) if c not in ("requests", "p95 ms", "p99 ms", "$/M req")]
+    rows = []
+    for row in table_rows(bench):
+        row[0] = row[0].split(" (")[0].replace(" in-process", " in-proc.")  # "tuned v1 (names prompt)" -> "tuned v1"
+        cells = {TABLE_COLUMNS[i]: row[i] for i in keep}
+        for column in ("TTFT ms", "ITL ms", "p50 ms", "prompt tokens"):
+            if cells[column] != "n/a":
+                cells[column] = f"{float(cells[column]):.0f}"
+        rows.append(list(cells.values()))
+    for n, i in enumerate(keep):  # cells keep their width; headers wrap
+        table.add_column(TABLE_COLUMNS[i], min_width=max(len(r[n]) for r in rows), no_wrap=n == 0)
+    for cells in rows:
+        table.add_row(*cells)
+    return table
+
+
+def _relative(where: str) -> str:
+    """A path under the project root (the working folder) as a relative one, so the closing table fits."""
+    path = where.removeprefix("file://")
+    try:
+        return str(Path(path).resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return where
+
+
+def _outputs(
+    settings: Settings,
+    manifest: dict[str, Any],
+    log: Path,
+    evaluation: dict[str, Any] | None,
+    bench: dict[str, Any] | None,
+    gateway_url: str | None,
+) -> dict[str, str]:
+    """Where each output of the run is, relative to the project root where it lies under it."""
+    rel = _relative
     outputs = {
-        "raw logs": settings.zone("raw"),
-        "curated SFT Parquet (train/val/test)": manifest["training_set"]["uri"],
-        "manifest (lineage)": f"{settings.zone('curated')}/manifest.json",
-        "quarantine table": f"{settings.zone('quarantine')}/records",
-        "Data Docs": f"{settings.zone('reports')}/quality/gx/uncommitted/data_docs/local_site/index.html",
-        "Feast registry / online store": f"{redact_uri(settings.feast.registry)} / "
-        f"{redact_uri(settings.feast.online_store)}",
-        "DAG log": str(log),
-        "MLflow runs and registry": f"{redact_uri(settings.mlflow.tracking_uri)} (UI: flywheel up)",
+        "raw logs": rel(settings.zone("raw")),
+        "curated SFT Parquet": rel(manifest["training_set"]["uri"]),
+        "manifest (lineage)": rel(f"{settings.zone('curated')}/manifest.json"),
+        "quarantine table": rel(f"{settings.zone('quarantine')}/records"),
+        "Data Docs": rel(f"{settings.zone('reports')}/quality/gx/uncommitted/data_docs/local_site/index.html"),
+        "Feast registry": rel(str(redact_uri(settings.feast.registry))),
+        "DAG log": rel(str(log)),
+        "MLflow runs and registry": "http://127.0.0.1:5000 after `flywheel up` (store: "
+        f"{rel(str(redact_uri(settings.mlflow.tracking_uri)).removeprefix('sqlite:///'))})",
     }
     if evaluation:
-        outputs["evaluation report"] = evaluation["html_uri"]
+        outputs["evaluation report"] = rel(evaluation["html_uri"])
     if bench:
-        outputs["serving benchmark report"] = bench["html_uri"]
-        outputs["Triton (champion live)"] = (
-            f"http://{settings.triton.host}:{settings.triton.http_port} "
-            f"(`flywheel serve status`; stop: `flywheel serve down`)"
-        )
+        outputs["serving benchmark report"] = rel(bench["html_uri"])
+        outputs["Triton (champion live)"] = f"http://{settings.triton.host}:{settings.triton.http_port}"
     if gateway_url:
-        outputs["OpenAI-compatible gateway"] = (
-            f"{gateway_url} (`flywheel gateway status`; stop: `flywheel gateway down`)"
-        )
-    table = Table(title=f"demo finished in {time.perf_counter() - started:.0f} s")
-    table.add_column("output")
-    table.add_column("where")
-    for name, where in outputs.items():
-        table.add_row(name, where)
-    console.print(table)
-    console.print(
-        "Next: `flywheel up` for the Airflow (http://127.0.0.1:8080) and MLflow (http://127.0.0.1:5000) "
-        "UIs; `flywheel registry list`; `flywheel features context <customer_id>` for the online context."
-    )
+        outputs["OpenAI-compatible gateway"] = f"{gateway_url} (`flywheel gateway status`)"
     return outputs
 
 
@@ -272,117 +327,8 @@ def _ask_the_gateway(settings: Settings, day: Any, seed: int, console: Console) 
     return url
 
 
-def run_drift_demo(settings: Settings, *, records: int, seed: int, console: Console) -> dict[str, object]:
-    """After `flywheel demo`: holiday traffic lands -> the drift monitor alerts -> the retrain runs on the
-    recent window plus a sample of the champion's -> gate -> deployment; then a day like the new
-    champion's training data -> nothing fires. The monitor and the retrain run as their DAGs
-    (`airflow dags test`); the retrain gets exactly the parameters the asset event would give it."""
-    from pipelines.drift.monitor import latest_day, reference_window
-    from pipelines.registry.models import CHAMPION, alias_version
-    from pipelines.serve.deploy import live_model
-    from pipelines.simulate.generator import Drift, GeneratorConfig, write_raw_logs
-    from pipelines.tasks import run_params
-
-    started = time.perf_counter()
-    before = alias_version(settings, CHAMPION)
-    if before is None or live_model(settings) is None:
-        raise DemoFailed("no champion is served yet: run `make demo` (or `flywheel demo`) first")
-    reference = reference_window(settings)
-    day = max(latest_day(settings) or reference.end, reference.end) + timedelta(days=1)
-    raw = Path(settings.zone("raw").removeprefix("file://"))
-    # each run of the demo shifts traffic a new way (a champion retrained on holiday traffic would not see
-    # more holiday traffic as drift): holiday, then locale, tool mix, new category, ...
-    state_uri = f"{settings.zone('reports')}/drift/demo.json"
-    try:
-        runs = int(read_json(state_uri).get("runs", 0))
-    except FileNotFoundError:
-        runs = 0
-    kinds = (Drift.HOLIDAY, Drift.LOCALE, Drift.TOOL_MIX, Drift.NEW_CATEGORY)
-    kind, previous_kind = kinds[runs % len(kinds)], (kinds[(runs - 1) % len(kinds)] if runs else Drift.NONE)
-    _heading(
-        console,
-        f"drift: {kind} traffic on {day} against champion v{before} (trained on {reference.start}..{reference.end})",
-    )
-    write_raw_logs(
-        GeneratorConfig(
-            seed=seed + runs, records=records, end_date=day, bad_share=0.03, drift=kind, drift_magnitude=0.8
-        ),
-        raw,
-    )
-    write_json(state_uri, {"runs": runs + 1})
-    env = {"FLYWHEEL_DRIFT__COOLDOWN_HOURS": "0"}  # the demo may be re-run; the cooldown is tested on its own
-    alert = _monitor(settings, day, env, console)
-    if not alert["fire"]:
-        raise DemoFailed(f"the monitor did not alert on {kind} traffic: {alert['verdict']}; see {alert['html_uri']}")
-    params = run_params({}, [alert["alert"]])
-    console.print(
-        f"alert: {alert['reason']}\nretraining on {day} plus {settings.drift.retrain_reference_share:.0%} "
-        f"from the champion's window (commerce_flywheel, as the asset event starts it) ..."
-    )
-    with console.status("commerce_flywheel: prep, gates, features, drift sweep, evaluation, gate, deploy, bench ..."):
-        result = _dags_test(settings, "commerce_flywheel", params)
-    log = Path(str(settings.root)) / "logs" / "demo-drift-retrain.log"
-    log.write_text(result.stdout + result.stderr)
-    if result.returncode != 0 or "state=success" not in result.stdout + result.stderr:
-        raise DemoFailed(f"the drift retrain failed; see {log}")
-    after = alias_version(settings, CHAMPION)
-    decision = _gate_decision(settings, after if after != before else None)
-    console.print(f"gate: {decision}")
-    live = live_model(settings)
-    console.print(f"serving: {live.name if live else 'nothing'} (champion v{after})")
-
-    # traffic like the (new) champion's training data: nothing should fire
-    quiet_day = day + timedelta(days=1)
-    write_raw_logs(
-        GeneratorConfig(
-            seed=seed + runs + 50,
-            records=records,
-            end_date=quiet_day,
-            bad_share=0.03,
-            drift=kind if after != before else previous_kind,
-            drift_magnitude=0.8,
-        ),
-        raw,
-    )
-    quiet = _monitor(settings, quiet_day, env, console)
-    if quiet["fire"]:
-        raise DemoFailed(f"the monitor alerted on traffic like the champion's training data; see {quiet['html_uri']}")
-    table = Table(title=f"drift demo finished in {time.perf_counter() - started:.0f} s")
-    table.add_column("step")
-    table.add_column("result")
-    for step, outcome in (
-        (f"{kind} day", f"{alert['verdict']}: {alert['reason']}"),
-        ("drift report", alert["html_uri"]),
-        ("retrain log", str(log)),
-        ("champion", f"v{before} -> v{after}" if after != before else f"v{before} kept"),
-        ("gate", decision),
-        ("serving", live.name if live else "-"),
-        ("next day (like the champion's data)", f"{quiet['verdict']}, no alert"),
-        ("next day report", quiet["html_uri"]),
-    ):
-        table.add_row(step, str(outcome))
-    console.print(table)
-    return {"alert": alert, "champion_before": before, "champion_after": after, "quiet": quiet["verdict"]}
-
-
-def _monitor(settings: Settings, day, env: dict[str, str], console: Console) -> dict:
-    from pipelines.drift.monitor import alert_of
-
-    with console.status(f"drift_monitor on {day} ..."):
-        result = _dags_test(settings, "drift_monitor", {"end_date": day.isoformat()}, extra_env=env)
-    if result.returncode != 0:
-        log = Path(str(settings.root)) / "logs" / "demo-drift-monitor.log"
-        log.write_text(result.stdout + result.stderr)
-        raise DemoFailed(f"the drift_monitor run failed; see {log}")
-    latest = read_json(f"{settings.zone('reports')}/drift/latest.json")
-    console.print(
-        f"drift_monitor {day}: {latest['verdict']}, alert {'emitted' if latest['fire'] else 'not emitted'}"
-        f" ({latest['html_uri']})"
-    )
-    return {**latest, "alert": alert_of(latest, settings)}
-
-
-def _gate_decision(settings: Settings, promoted_version: str | None) -> str:
+def gate_decision(settings: Settings, promoted_version: str | None) -> str:
+    """The newest version's gate decision with its reason; `promoted_version`: the champion it made, if any."""
     import json
 
     from pipelines.clients.mlflow import client as mlflow_client

@@ -2,8 +2,8 @@
 price with its source and the date it was read (`price_source`, `price_date`; reports show both).
 
 Peaks are datasheet figures (dense, no sparsity). Prices are list prices that change and differ per
-contract and cloud: override any field through `FLYWHEEL_HARDWARE_JSON` (a JSON object of name ->
-fields, e.g. your negotiated rate and where it comes from). Used to turn measured tokens/s into
+contract and cloud: override any field with the setting `bench.hardware` (name -> fields, e.g. your
+negotiated rate and where it comes from). Used to turn measured tokens/s into
 utilization (MFU) and $ per million requests. On one device, cost per request is $/hour divided by
 requests per hour: a cost change between two models on the same device restates their throughput
 change; it differs only between devices (the GPU table).
@@ -11,10 +11,10 @@ change; it differs only between devices (the GPU table).
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 from dataclasses import dataclass, replace
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -29,7 +29,7 @@ class Hardware:
 
 _GPU_PRICE = (
     "per-GPU-hour list-price estimate for on-demand cloud capacity (no quote behind it); set your "
-    "contract's rate with FLYWHEEL_HARDWARE_JSON"
+    "contract's rate with the setting bench.hardware"
 )
 DEFAULTS: dict[str, Hardware] = {
     # this 2-core Sapphire Rapids machine (AVX-512 BF16, AMX) priced as the nearest cloud instance with its
@@ -43,18 +43,18 @@ DEFAULTS: dict[str, Hardware] = {
 }
 
 
-def table() -> dict[str, Hardware]:
-    """The defaults, with any overrides from FLYWHEEL_HARDWARE_JSON applied."""
+def table(overrides: dict[str, dict[str, Any]] | None = None) -> dict[str, Hardware]:
+    """The defaults, with `overrides` (the setting `bench.hardware`: name -> fields) applied."""
     rows = dict(DEFAULTS)
-    for name, fields in json.loads(os.environ.get("FLYWHEEL_HARDWARE_JSON", "{}")).items():
+    for name, fields in (overrides or {}).items():
         base = rows.get(name, Hardware(name, 0.0, 0.0, 0.0))
         rows[name] = replace(base, **fields)
     return rows
 
 
-def detect() -> Hardware:
+def detect(overrides: dict[str, dict[str, Any]] | None = None) -> Hardware:
     """The row for the accelerator this process sees (the GPU's name decides), else the CPU row."""
-    rows = table()
+    rows = table(overrides)
     try:
         import torch
 

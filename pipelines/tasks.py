@@ -9,7 +9,7 @@ from __future__ import annotations
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
-from pipelines.config import Settings, decoding_modes, get_settings
+from pipelines.config import Settings, decoding_modes
 from pipelines.errors import NotRetryable
 from pipelines.window import DateWindow
 
@@ -34,11 +34,10 @@ def run_params(params: dict[str, Any], drift_events: list[dict[str, Any]]) -> di
     }
 
 
-def drift_check(params: dict[str, Any], settings: Settings | None = None) -> dict[str, Any]:
+def drift_check(settings: Settings, params: dict[str, Any]) -> dict[str, Any]:
     """The drift monitor on the latest window of raw logs (or the window ending `end_date`)."""
     from pipelines.drift.monitor import NoChampion, alert_of, run_monitor
 
-    settings = settings or get_settings()
     end = date.fromisoformat(str(params["end_date"])) if params.get("end_date") else None
     try:
         result = run_monitor(settings, end)
@@ -59,12 +58,12 @@ def drift_check(params: dict[str, Any], settings: Settings | None = None) -> dic
     } | {"alert": alert_of(result, settings)}
 
 
-def drift_alert_emitted(checked: dict[str, Any], settings: Settings | None = None) -> dict[str, Any]:
+def drift_alert_emitted(settings: Settings, checked: dict[str, Any]) -> dict[str, Any]:
     """After the alert's asset event went out: mark the check's alert emitted, which starts the cooldown
     (a check that fired but whose alert failed leaves no cooldown: the next check fires again)."""
     from pipelines.drift.monitor import mark_emitted
 
-    return mark_emitted(settings or get_settings(), str(checked["checked_at"]))
+    return mark_emitted(settings, str(checked["checked_at"]))
 
 
 def resolve_window(params: dict[str, Any], run_after: datetime | None = None) -> dict[str, str]:
@@ -82,12 +81,11 @@ def _window(window: dict[str, str]) -> DateWindow:
     return DateWindow.parse(window["start"], window["end"])
 
 
-def ingest(window: dict[str, str], params: dict[str, Any], settings: Settings | None = None) -> dict[str, Any]:
+def ingest(settings: Settings, window: dict[str, str], params: dict[str, Any]) -> dict[str, Any]:
     """Land the window's raw logs: generate synthetic traffic, or check that the agent's logs landed."""
     from pipelines.prep.pipeline import PrepError, raw_files_for
     from pipelines.simulate.generator import Drift, GeneratorConfig, write_raw_logs
 
-    settings = settings or get_settings()
     w = _window(window)
     source = params.get("source", "synthetic")
     if source not in SOURCES:
@@ -119,10 +117,10 @@ def _local_path(uri: str):  # the generator writes local files; on a cluster log
     return Path(uri)
 
 
-def prep(window: dict[str, str], settings: Settings | None = None) -> dict[str, Any]:
+def prep(settings: Settings, window: dict[str, str]) -> dict[str, Any]:
     from pipelines.prep.pipeline import run_prep
 
-    return run_prep(settings or get_settings(), _window(window)).to_dict()
+    return run_prep(settings, _window(window)).to_dict()
 
 
 def base_context_window(settings: Settings, params: dict[str, Any] | None = None) -> int:
@@ -139,26 +137,23 @@ def base_context_window(settings: Settings, params: dict[str, Any] | None = None
         return DEFAULT_CONTEXT_WINDOW
 
 
-def validate(
-    window: dict[str, str], settings: Settings | None = None, params: dict[str, Any] | None = None
-) -> dict[str, Any]:
+def validate(settings: Settings, window: dict[str, str], params: dict[str, Any] | None = None) -> dict[str, Any]:
     from pipelines.quality.gates import run_gates
 
-    settings = settings or get_settings()
     report = run_gates(settings, _window(window), context_window=base_context_window(settings, params))
     return {"success": report.success, "data_docs": report.data_docs, "result": report.result_uri}
 
 
-def features(window: dict[str, str], settings: Settings | None = None) -> dict[str, Any]:
+def features(settings: Settings, window: dict[str, str]) -> dict[str, Any]:
     from pipelines.features.pipeline import run_features
 
-    return run_features(settings or get_settings(), _window(window)).to_dict()
+    return run_features(settings, _window(window)).to_dict()
 
 
 def _run_sweep_config(params: dict[str, Any], settings: Settings):
     """The sweep this run trains: the run's `sweep` param, else the drift sweep for a drift retrain,
     else the configured default."""
-    from pipelines.train.sweep import load_sweep
+    from pipelines.train.sweep_config import load_sweep
 
     drift_run = bool(params.get("reference_days"))
     return load_sweep(
@@ -167,15 +162,15 @@ def _run_sweep_config(params: dict[str, Any], settings: Settings):
     )
 
 
-def train_pods(params: dict[str, Any], settings: Settings | None = None) -> list[dict[str, Any]]:
+def train_pods(settings: Settings, params: dict[str, Any]) -> list[dict[str, Any]]:
     """The `kubernetes` runner's plan: one pod manifest per sweep variant (none with the local runner,
     so the DAG's mapped `train_variant` task is skipped). Creates the sweep's parent run first, so
     the pods, running side by side, all log under it."""
     from pipelines.clients.mlflow import use_tracking
     from pipelines.cluster.training import variant_pod
-    from pipelines.train.sweep import find_or_start_run, sweep_id_for, variants
+    from pipelines.train.sweep import find_or_start_run, sweep_id_for
+    from pipelines.train.sweep_config import variants
 
-    settings = settings or get_settings()
     if settings.train.runner != "kubernetes":
         return []
     sweep = _run_sweep_config(params, settings)
@@ -208,13 +203,12 @@ def _training_window(params: dict[str, Any], settings: Settings) -> str | None:
     return _window(window).label
 
 
-def train(params: dict[str, Any], settings: Settings | None = None) -> dict[str, Any]:
+def train(settings: Settings, params: dict[str, Any]) -> dict[str, Any]:
     """Run the LoRA sweep (`params["sweep"]` or the configured one) on the training set of the run's
     window (`params["window"]`; without one, the current manifest's); with the `kubernetes` runner,
     collect what the DAG's pods trained."""
     from pipelines.train.sweep import run_sweep
 
-    settings = settings or get_settings()
     drift_run = bool(params.get("reference_days"))
     sweep = _run_sweep_config(params, settings)
     result = run_sweep(
@@ -231,7 +225,7 @@ def train(params: dict[str, Any], settings: Settings | None = None) -> dict[str,
     }
 
 
-def evaluate(trained: dict[str, Any], settings: Settings | None = None) -> dict[str, Any]:
+def evaluate(settings: Settings, trained: dict[str, Any]) -> dict[str, Any]:
     """Base zero-shot, base few-shot, the sweep's best adapter and the current champion, side by side."""
     from pipelines.evaluate.pipeline import Adapter, EvalConfig
     from pipelines.evaluate.pipeline import evaluate as run_eval
@@ -239,7 +233,6 @@ def evaluate(trained: dict[str, Any], settings: Settings | None = None) -> dict[
     from pipelines.storage import read_json
     from pipelines.toolcall.budget import FALLBACK
 
-    settings = settings or get_settings()
     sweep = read_json(trained["sweep_uri"])
     adapters = [Adapter("tuned_candidate", trained["adapter_dir"], sweep["prompt_style"])]
     budgets = [sweep.get("answer_budget")]
@@ -332,19 +325,15 @@ def _log_evaluation(settings: Settings, run_id: str, report: Any) -> None:
         mlflow.log_artifact(report.html_uri.removeprefix("file://"), "evaluation")
 
 
-def register(trained: dict[str, Any], evaluated: dict[str, Any], settings: Settings | None = None) -> dict[str, Any]:
+def register(settings: Settings, trained: dict[str, Any], evaluated: dict[str, Any]) -> dict[str, Any]:
     from pipelines.registry.models import register as register_version
     from pipelines.storage import read_json
 
-    settings = settings or get_settings()
     return register_version(settings, read_json(trained["sweep_uri"]), evaluated)
 
 
 def promote(
-    registered: dict[str, Any],
-    evaluated: dict[str, Any],
-    params: dict[str, Any] | None = None,
-    settings: Settings | None = None,
+    settings: Settings, registered: dict[str, Any], evaluated: dict[str, Any], params: dict[str, Any] | None = None
 ) -> dict[str, Any]:
     """The promotion gate on the evaluation's numbers for exactly the version `register` returned:
     against the champion evaluated on the same requests, or with none, the base few-shot row. The
@@ -352,7 +341,6 @@ def promote(
     from pipelines.registry.models import evaluation_rows
     from pipelines.registry.models import promote as gate_and_promote
 
-    settings = settings or get_settings()
     rows = evaluation_rows(evaluated)
     for condition in ("tuned_champion", "tuned_champion_constrained"):
         if condition in rows and evaluated.get("champion_version"):
@@ -371,20 +359,18 @@ def should_deploy(promoted: dict[str, Any], params: dict[str, Any]) -> bool:
     return bool(promoted.get("promoted")) or promoted.get("champion_version") is not None
 
 
-def deploy(promoted: dict[str, Any], settings: Settings | None = None) -> dict[str, Any]:
+def deploy(settings: Settings, promoted: dict[str, Any]) -> dict[str, Any]:
     """Put the champion behind Triton (load, smoke test, switch); a no-op when it is already live."""
     from pipelines.serve.deploy import deploy as put_live
 
-    settings = settings or get_settings()
     return {**put_live(settings, "champion"), "promoted": bool(promoted.get("promoted"))}
 
 
-def smoke_test(deployed: dict[str, Any], settings: Settings | None = None) -> dict[str, Any]:
+def smoke_test(settings: Settings, deployed: dict[str, Any]) -> dict[str, Any]:
     """After the switch: the live model answers real requests through the client; otherwise roll back."""
     from pipelines.serve import deploy as serving
     from pipelines.serve.client import TritonClient
 
-    settings = settings or get_settings()
     live = serving.live_model(settings)
     if live is None:
         raise NotRetryable("no live model after deployment")
@@ -403,11 +389,10 @@ def smoke_test(deployed: dict[str, Any], settings: Settings | None = None) -> di
     return {"live": live.name, "version": live.version, **result}
 
 
-def benchmark(smoked: dict[str, Any], settings: Settings | None = None) -> dict[str, Any]:
+def benchmark(settings: Settings, smoked: dict[str, Any]) -> dict[str, Any]:
     """Latency, throughput, tokens and cost of the live model against base + few-shot (HTML + JSON + MLflow)."""
     from pipelines.bench.serving import run_bench
 
-    settings = settings or get_settings()
     if not settings.bench.after_deploy:
         return {"live": smoked.get("live"), "version": smoked.get("version"), "skipped": "bench.after_deploy is off"}
     report = run_bench(settings)

@@ -8,8 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.config import get_settings
-
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
 # `make test` runs two pytest-xdist workers, a module per worker (`-n 2 --dist loadfile
@@ -36,9 +34,7 @@ def flywheel_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
             monkeypatch.delenv(key)
     root = tmp_path / "flywheel"
     monkeypatch.setenv("FLYWHEEL_ROOT", str(root))
-    get_settings.cache_clear()
     yield root
-    get_settings.cache_clear()
 
 
 @pytest.fixture(scope="session")

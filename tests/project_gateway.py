@@ -61,7 +61,7 @@ def gateway(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     from pipelines.gateway import router as routing
     from pipelines.gateway.app import api_key, create_app
     from pipelines.projects import registry, settings_for
-    from pipelines.serve import client as serve_client
+    from pipelines.serve import prompts as serve_prompts
     from pipelines.storage import write_json
 
     settings = load_settings(root=str(tmp_path), gateway={"capture_rotate_bytes": 1024, "backend_slots": 4})
@@ -85,7 +85,7 @@ def gateway(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setattr(routing.Router, "_style", lambda self, name: "names")
     monkeypatch.setattr(routing.Router, "_candidate_version", lambda self: None)
     monkeypatch.setattr(routing.Router, "context", lambda self, customer: "")
-    monkeypatch.setattr(serve_client, "offered_tools", lambda *a, **k: [])
+    monkeypatch.setattr(serve_prompts, "offered_tools", lambda *a, **k: [])
     client = TestClient(create_app(settings), raise_server_exceptions=False)
     client.__enter__()
     open_ = [True]

@@ -47,9 +47,9 @@ def registered(tmp_path_factory: pytest.TempPathFactory):
             {"condition": "tuned_candidate", "exact_match": 0.5, "arg_f1": 0.5, "latency_ms_p50": 100},
         ]
     }
-    first = tasks.register(tasks.train({"sweep": TINY}, settings), rows, settings)
-    tasks.promote(first, rows, {}, settings)
-    second = tasks.register(tasks.train({"sweep": tiny_variant(root)}, settings), rows, settings)
+    first = tasks.register(settings, tasks.train(settings, {"sweep": TINY}), rows)
+    tasks.promote(settings, first, rows, {})
+    second = tasks.register(settings, tasks.train(settings, {"sweep": tiny_variant(root)}), rows)
     yield {"settings": settings, "v1": first["version"], "v2": second["version"]}
     server.down(settings)
 

@@ -65,9 +65,12 @@ def test_the_summary_export_becomes_a_row_with_every_request_counted() -> None:
 
 
 def test_a_missing_aiperf_is_one_clear_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setenv(aiperf.AIPERF_ENV, str(tmp_path / "nowhere" / "aiperf"))
+    from pipelines.config import load_settings
+
+    monkeypatch.setenv("FLYWHEEL_AIPERF", str(tmp_path / "nowhere" / "aiperf"))  # the older variable still works
+    settings = load_settings(root=str(tmp_path))
     with pytest.raises(aiperf.AiperfFailed, match="make aiperf-env"):
-        aiperf.executable()
+        aiperf.executable(settings.bench.aiperf)
 
 
 def test_the_report_page_has_the_table_and_the_plot() -> None:

@@ -1,4 +1,4 @@
-"""The house's rules, read from the code: no import cycle under `pipelines/`, no stage importing a stage above
+"""The layering rules, read from the code: no import cycle under `pipelines/`, no stage importing a stage above
 it (lazy imports inside functions and TYPE_CHECKING imports count too), and no file past ~450 lines."""
 
 from __future__ import annotations
@@ -51,7 +51,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("drift",),
     ("bench",),
     ("cluster",),  # every Kubernetes manifest and Helm values the platform writes
-    ("tasks", "airflow_tasks", "schedules", "demo", "cli"),  # wiring: the DAGs' tasks, schedules, demo, CLI
+    # wiring: the DAGs' tasks and their progress, schedules, the demos, the CLI
+    ("tasks", "airflow_tasks", "progress", "schedules", "demo", "demo_drift", "cli"),
 )
 RANK = {name: i for i, layer in enumerate(LAYERS) for name in layer}
 MAX_LINES = 450
@@ -218,3 +219,130 @@ def test_what_the_triton_model_runs_imports_nothing_from_pipelines(path: str) ->
     copied_together = {"pipelines.triton_backend", "pipelines.triton_backend.batched_lora"}
     assert imports_of(ROOT / path, modules) - copied_together == set()
     assert "import pipelines" not in (ROOT / path).read_text() and "from pipelines" not in (ROOT / path).read_text()
+
+
+# ---- functions a newcomer can read, state passed not hidden -------------------------------------------------
+MAX_FUNCTION_LINES = 80
+# The entry points, where settings are built from what the caller gave (command line, DAG, environment), and the
+# settings loader itself: the only places that may read or write FLYWHEEL_* variables of the process.
+ENTRY_POINTS = (
+    "pipelines/config/__init__.py",
+    "pipelines/cli/",
+    "pipelines/airflow_tasks.py",
+    "pipelines/gateway/__main__.py",
+    "pipelines/prep/__main__.py",
+    "pipelines/train/pod.py",
+)
+# What serves traffic never imports what trains: the catalogue, statistics and redaction it needs live low.
+SERVING = ("serve", "gateway", "livegate", "admission", "triton_backend")
+TRAINING_SIDE = ("train", "evaluate", "quality")
+
+
+def long_functions(source: str, limit: int = MAX_FUNCTION_LINES) -> list[tuple[str, int]]:
+    """(name, lines) of every function longer than `limit` lines, its docstring not counted."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            lines = node.end_lineno - node.lineno + 1
+            first = node.body[0]
+            if (
+                isinstance(first, ast.Expr)
+                and isinstance(first.value, ast.Constant)
+                and isinstance(first.value.value, str)
+            ):
+                lines -= first.end_lineno - first.lineno + 1
+            if lines > limit:
+                found.append((node.name, lines))
+    return found
+
+
+def flywheel_env_uses(source: str) -> list[int]:
+    """Lines that read or write a FLYWHEEL_* variable of the process environment: `os.environ[...]`, its
+    get/pop/setdefault/update, `... in os.environ`, `os.getenv`/`putenv`/`unsetenv`; the key a literal, an
+    f-string or a module-level constant."""
+    tree = ast.parse(source)
+    constants = {
+        t.id: n.value.value
+        for n in tree.body
+        if isinstance(n, ast.Assign) and isinstance(n.value, ast.Constant) and isinstance(n.value.value, str)
+        for t in n.targets
+        if isinstance(t, ast.Name)
+    }
+
+    def flywheel(key: ast.AST | None) -> bool:
+        if isinstance(key, ast.Constant) and isinstance(key.value, str):
+            return key.value.startswith("FLYWHEEL_")
+        if isinstance(key, ast.Name):
+            return constants.get(key.id, "").startswith("FLYWHEEL_")
+        if isinstance(key, ast.JoinedStr) and key.values:
+            return flywheel(key.values[0])
+        if isinstance(key, ast.Dict):
+            return any(flywheel(k) for k in key.keys)
+        return False
+
+    def is_environ(node: ast.AST) -> bool:
+        return isinstance(node, ast.Attribute) and node.attr == "environ" and getattr(node.value, "id", "") == "os"
+
+    lines = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Subscript) and is_environ(node.value) and flywheel(node.slice):
+            lines.append(node.lineno)
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            target, name = node.func.value, node.func.attr
+            env_method = is_environ(target) and name in ("get", "pop", "setdefault", "update", "__getitem__")
+            os_call = getattr(target, "id", "") == "os" and name in ("getenv", "putenv", "unsetenv")
+            if (env_method or os_call) and node.args and flywheel(node.args[0]):
+                lines.append(node.lineno)
+        elif isinstance(node, ast.Compare) and any(is_environ(c) for c in node.comparators) and flywheel(node.left):
+            lines.append(node.lineno)
+    return sorted(lines)
+
+
+@pytest.mark.parametrize("path", sorted(PIPELINES.rglob("*.py")), ids=lambda p: str(p.relative_to(ROOT)))
+def test_no_function_is_longer_than_a_screen_or_two(path: Path) -> None:
+    assert long_functions(path.read_text()) == [], f"{path.relative_to(ROOT)}: split these into named steps"
+
+
+def test_only_entry_points_and_the_settings_loader_touch_flywheel_variables() -> None:
+    """The project and every setting reach the code as parameters: no stage reads or writes the environment."""
+    found = {
+        str(path.relative_to(ROOT)): flywheel_env_uses(path.read_text())
+        for path in sorted(PIPELINES.rglob("*.py"))
+        if not str(path.relative_to(ROOT)).startswith(ENTRY_POINTS)
+    }
+    assert {f: lines for f, lines in found.items() if lines} == {}
+
+
+def test_what_serves_traffic_imports_nothing_that_trains() -> None:
+    edges = graph()
+    found = sorted(
+        f"{a} -> {b}"
+        for a, targets in edges.items()
+        if stage_of(a) in SERVING
+        for b in targets
+        if stage_of(b) in TRAINING_SIDE
+    )
+    assert found == []
+
+
+def test_the_new_checks_find_what_they_guard() -> None:
+    """Each check on a made-up source: a long function, every way of touching a FLYWHEEL_* variable."""
+    body = "\n".join(f"    x{i} = {i}" for i in range(MAX_FUNCTION_LINES + 1))
+    assert long_functions(f'def big():\n    """doc"""\n{body}\n') == [("big", MAX_FUNCTION_LINES + 2)]  # with `def`
+    assert long_functions(f'def ok():\n    """doc\n    more"""\n{body[: body.rindex(chr(10))]}\n') == [
+        ("ok", MAX_FUNCTION_LINES + 1)
+    ]
+    fits = "\n".join(f"    x{i} = {i}" for i in range(MAX_FUNCTION_LINES - 1))
+    assert long_functions(f'def fits():\n    """a docstring\n    of two lines"""\n{fits}\n') == []
+    source = (
+        "import os\nNAME = 'FLYWHEEL_PROJECT'\n"
+        "os.environ['FLYWHEEL_ROOT'] = 'x'\n"  # 3
+        "a = os.environ.get(NAME)\n"  # 4
+        "b = os.getenv(f'FLYWHEEL_{a}')\n"  # 5
+        "c = 'FLYWHEEL_X' in os.environ\n"  # 6
+        "os.environ.pop('FLYWHEEL_Y', None)\n"  # 7
+        "os.environ.update({'FLYWHEEL_Z': '1'})\n"  # 8
+        "d = os.environ.get('HOME')\n"  # not ours
+        "env = {'FLYWHEEL_ROOT': 'x'}\n"  # a child's environment, built explicitly: fine
+    )
+    assert flywheel_env_uses(source) == [3, 4, 5, 6, 7, 8]

@@ -14,6 +14,18 @@ def test_help_explains_every_command() -> None:
     assert "--drift" in run_flywheel("logs", "generate", "--help").stdout
 
 
+def test_help_without_a_terminal_is_plain_text_wrapped_at_words() -> None:
+    """In a pipe (CI logs) no panel borders and no cut words: an option's description names its setting whole.
+    (Mutation: dropping `plain_help` in `cli.main` brings back the panels and `evaluation.first_…`.)"""
+    import subprocess
+
+    from helpers import FLYWHEEL, clean_env
+
+    env = {k: v for k, v in clean_env().items() if k != "COLUMNS"}  # COLUMNS would say: a terminal this wide
+    out = subprocess.run([FLYWHEEL, "eval", "--help"], env=env, capture_output=True, text=True, timeout=120).stdout
+    assert "evaluation.first_examples" in out and "│" not in out and "…" not in out
+
+
 def test_generate_json_output_and_files(tmp_path: Path) -> None:
     result = run_flywheel(
         "logs",
@@ -105,7 +117,6 @@ def test_a_library_error_is_one_line_and_its_traceback_is_kept(
 
     from pipelines import cli
     from pipelines.clients import mlflow as mlflow_client
-    from pipelines.config import get_settings
 
     errors = {
         "mlflow": MlflowException("RESOURCE_DOES_NOT_EXIST: no such model\ndetails"),
@@ -117,11 +128,9 @@ def test_a_library_error_is_one_line_and_its_traceback_is_kept(
         raise errors[exc]
 
     monkeypatch.setenv("FLYWHEEL_ROOT", str(tmp_path))
-    get_settings.cache_clear()
     monkeypatch.setattr(mlflow_client, "client", fails)
     with pytest.raises(SystemExit) as stopped:
         cli.main(["registry", "list"])
-    get_settings.cache_clear()
     err = capsys.readouterr().err
     assert stopped.value.code == 1 and "Traceback" not in err and "hunter2" not in err
     lines = err.strip().splitlines()
@@ -160,8 +169,12 @@ def test_a_run_past_its_time_limit_is_stopped_with_one_line_naming_the_task(tmp_
         timeout=400,
     )
     assert result.returncode == 2 and "Traceback" not in result.stderr, (result.stdout[-2000:], result.stderr)
-    lines = result.stderr.strip().splitlines()
+    lines = [line for line in result.stderr.strip().splitlines() if line.startswith("error:")]
     assert len(lines) == 1 and lines[0].startswith("error: commerce_flywheel did not finish within 20 s"), lines
+    assert result.stderr.strip().splitlines()[-1] == lines[0]  # before it only the tasks that ended, one line each
+    assert all(
+        line.split()[0] in ("ingest", "prep", "validate", "features") for line in result.stderr.splitlines()[:-1]
+    )
     assert "run the same command again to resume" in lines[0] and "dags-test.log" in lines[0]
     assert " ran;" in lines[0] or "before its first task started" in lines[0]
     assert processes_with_env(f"FLYWHEEL_ROOT={tmp_path}") == []

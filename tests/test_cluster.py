@@ -47,7 +47,7 @@ def _kubernetes_settings(root: Path, **extra):
 def test_local_runner_plans_no_pods(root: Path) -> None:
     from pipelines import tasks
 
-    assert tasks.train_pods({"sweep": TINY}, load_settings(root=str(root))) == []
+    assert tasks.train_pods(load_settings(root=str(root)), {"sweep": TINY}) == []
 
 
 def test_plan_one_gpu_pod_per_variant_rendered_by_the_dags_operator(root: Path) -> None:
@@ -57,7 +57,7 @@ def test_plan_one_gpu_pod_per_variant_rendered_by_the_dags_operator(root: Path) 
     from pipelines.cluster.training import SECRETS, SETTINGS_CONFIG_MAP, settings_config_map
 
     settings = _kubernetes_settings(root)
-    pods = tasks.train_pods({"sweep": TINY, "reference_days": ["2026-11-18", "2026-11-19"]}, settings)
+    pods = tasks.train_pods(settings, {"sweep": TINY, "reference_days": ["2026-11-18", "2026-11-19"]})
     assert len(pods) == 2  # tiny.yaml: a grid of two learning rates
     sys.path.insert(0, str(REPO_ROOT / "dags"))
     import commerce_flywheel
@@ -112,7 +112,7 @@ def test_pods_train_their_variants_and_the_train_task_collects_them(root: Path) 
     from pipelines.clients.mlflow import client
 
     settings = _kubernetes_settings(root)
-    pods = tasks.train_pods({"sweep": TINY}, settings)
+    pods = tasks.train_pods(settings, {"sweep": TINY})
     env = {**os.environ, "FLYWHEEL_ROOT": str(root), "FLYWHEEL_TRAIN__RUNNER": "local", "PYTHONPATH": str(REPO_ROOT)}
     reported = {}
     for pod in pods:  # what each pod's container runs, here one process after another
@@ -133,8 +133,8 @@ def test_pods_train_their_variants_and_the_train_task_collects_them(root: Path) 
     unrun = root / "unrun.yaml"  # a sweep whose pods never ran: one clear error, not a silent empty sweep
     unrun.write_text(Path(TINY).read_text().replace("name: tiny", "name: unrun"))
     with pytest.raises(NotRetryable, match="variant 0 has no finished run"):
-        tasks.train({"sweep": str(unrun)}, settings)
-    trained = tasks.train({"sweep": TINY}, settings)
+        tasks.train(settings, {"sweep": str(unrun)})
+    trained = tasks.train(settings, {"sweep": TINY})
     runs = client(settings).search_runs(
         [client(settings).get_experiment_by_name("commerce-flywheel").experiment_id],
         f"tags.`flywheel.sweep_id` = '{trained['sweep_id']}'",

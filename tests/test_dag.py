@@ -230,7 +230,7 @@ def test_dag_trains_evaluates_registers_promotes_deploys_and_benchmarks_and_a_re
         # the same date again: the run's window and params (those `_run` gave the DAG), the DAG's data tasks
         day = tasks.resolve_window({"end_date": DAY, "window_days": 1})
         assert (
-            tasks.ingest(day, {"end_date": DAY, "window_days": 1, "seed": 3, "records_per_day": 1200}, settings)[
+            tasks.ingest(settings, day, {"end_date": DAY, "window_days": 1, "seed": 3, "records_per_day": 1200})[
                 "records"
             ]
             == 1200

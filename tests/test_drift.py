@@ -182,7 +182,7 @@ def test_only_an_emitted_alert_starts_the_cooldown(traffic_root) -> None:
     assert second["fire"] and not second["suppressed_by_cooldown"]
 
     # the DAG's mark_emitted task after a successful alert: the cooldown starts at that check
-    marked = tasks.drift_alert_emitted({"checked_at": second["checked_at"]}, settings)
+    marked = tasks.drift_alert_emitted(settings, {"checked_at": second["checked_at"]})
     assert marked["emitted"] and marked["at"] == second["checked_at"]
     third = run_monitor(settings, date(2026, 11, 12), now=now + timedelta(hours=1))
     assert not third["fire"] and third["suppressed_by_cooldown"]
@@ -384,7 +384,8 @@ def test_a_numeric_signal_with_few_values_is_not_judged() -> None:
 def test_drift_sweep_id_includes_the_reference_days(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A drift retrain mixes the reference days into its rows: it must not reuse an unmixed sweep's variants."""
     from pipelines.prep import dataset
-    from pipelines.train.sweep import load_sweep, sweep_id_for
+    from pipelines.train.sweep import sweep_id_for
+    from pipelines.train.sweep_config import load_sweep
 
     monkeypatch.setattr(
         dataset, "manifest", lambda settings, window=None: {"training_set": {"digest": "0123456789abcdef"}}

@@ -274,7 +274,8 @@ def test_drift_alert_retrains_once_under_the_scheduler_on_postgres(tmp_path: Pat
             cur.execute("SELECT username FROM users")
             assert ("admin",) in cur.fetchall()
         conn.close()
-        from pipelines.serve.client import TritonClient, conversation
+        from pipelines.serve.client import TritonClient
+        from pipelines.serve.prompts import conversation
 
         client = TritonClient(settings)
         try:  # the promoted retrain answers a drifted request

@@ -33,7 +33,8 @@ def _name(version: str) -> str:
 def _live_answers(settings) -> str:
     """The live model's name, after it answered one real request through the client."""
     from pipelines.serve import deploy
-    from pipelines.serve.client import TritonClient, conversation
+    from pipelines.serve.client import TritonClient
+    from pipelines.serve.prompts import conversation
 
     live = deploy.live_model(settings)
     assert live is not None, "precondition: a deploy records a live model (fails when the serving state has none)"

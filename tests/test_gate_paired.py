@@ -196,7 +196,7 @@ def test_the_dag_evaluates_more_requests_while_the_gate_is_undecided(settings, m
             "triton": settings.triton.model_copy(update={"constrained": False}),
         }
     )
-    out = tasks.evaluate({"sweep_uri": sweep_uri, "adapter_dir": "/nowhere", "best_run_id": "r"}, s)
+    out = tasks.evaluate(s, {"sweep_uri": sweep_uri, "adapter_dir": "/nowhere", "best_run_id": "r"})
     assert [c[0] for c in calls] == [24, 48, 96]
     assert calls[0][1] is None and calls[1][1] == ["tuned_candidate", "base_few_shot"]
     assert [r["decision"] for r in out["sampling"]] == ["undecided", "undecided", "promoted"]

@@ -26,7 +26,9 @@ from gateway_fixtures import (
     _captured,
     _client,
     _unusable,
-    _wait,  # noqa: F401
+    _wait,
+    gateway,  # noqa: F401 (a fixture)
+    registered,  # noqa: F401 (a fixture)
 )
 from ports import free_port
 from teacher_stub import MODEL as TEACHER_MODEL
@@ -287,9 +289,9 @@ def _loop_pass(settings, window: dict[str, str]) -> pd.DataFrame:
     """One pass of the flywheel's data path, the DAG's own tasks: prep, the quality gate, the features stage."""
     from pipelines import tasks
 
-    tasks.prep(window, settings)
-    assert tasks.validate(window, settings)["success"]
-    tasks.features(window, settings)
+    tasks.prep(settings, window)
+    assert tasks.validate(settings, window)["success"]
+    tasks.features(settings, window)
     return _training_set(settings)
 
 

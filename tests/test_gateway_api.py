@@ -17,8 +17,8 @@ import pytest
 from gateway_records import DEFAULTS, chat_request, generated_records
 
 from pipelines.gateway import openai_api as api
-from pipelines.gateway.app import read_body
 from pipelines.gateway.capture import CaptureWriter
+from pipelines.gateway.endpoints import read_body
 from pipelines.logs.schema import check_line
 from pipelines.prep.nodes import prepare_line
 from pipelines.toolcall.calls import call_text
@@ -88,16 +88,37 @@ def test_answers_become_tool_calls_or_content() -> None:
             "tool_choice",
         ),
         (
-            json.dumps({"model": "champion", "messages": [{"role": "user", "content": "x" * 5000}]}).encode(),
+            json.dumps({"model": "champion", "messages": [{"role": "user", "content": "x" * 9000}]}).encode(),
             413,
             "at most",
         ),
         (b"[" * 2000 + b"]" * 2000, 400, "nested too deeply"),  # was a 500 and a traceback
+        # a string where the named choice's object belongs: was a 500 (`'str' object has no attribute 'get'`)
+        (
+            json.dumps(
+                {
+                    "model": "champion",
+                    "messages": [{"role": "user", "content": "hi"}],
+                    "tools": [{"type": "function", "function": {"name": "refund"}}],
+                    "tool_choice": {"type": "function", "function": "refund"},
+                }
+            ).encode(),
+            400,
+            "tool_choice",
+        ),
+        (b'{"model": "champion", "n": ' + b"9" * 4400 + b"}", 400, "parse the JSON"),  # past int's digit limit: 500
+        # a lone surrogate (a cut emoji) cannot be encoded for the model: was a 503 that flushed the routes
+        (
+            b'{"model": "champion", "messages": [{"role": "user", "content": "hi \\ud83d"}], '
+            b'"tools": [{"type": "function", "function": {"name": "a"}}]}',
+            400,
+            "lone surrogate",
+        ),
     ],
 )
 def test_bad_requests_are_openai_style_errors(body: bytes, status: int, where: str) -> None:
     with pytest.raises(api.ApiError) as caught:
-        api.parse_request(asyncio.run(read_body(_http_request(body, declared=True)[0], 4096)))
+        api.parse_request(asyncio.run(read_body(_http_request(body, declared=True)[0], 8192)))
     assert caught.value.status == status and where in caught.value.message
     error = caught.value.body()["error"]
     assert set(error) == {"message", "type", "param", "code"} and error["type"] == "invalid_request_error"

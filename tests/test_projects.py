@@ -8,14 +8,13 @@ import json
 import os
 from pathlib import Path
 
-from pipelines.config import get_settings, load_settings
+from pipelines.config import load_settings
 
 
 def _flywheel(capsys, *args: str) -> tuple[int, str, str]:
     """`flywheel ARGS` in this process: (exit code, stdout, stderr)."""
     from pipelines import cli
 
-    get_settings.cache_clear()
     code = 0
     try:
         cli.main(list(args))
@@ -23,7 +22,6 @@ def _flywheel(capsys, *args: str) -> tuple[int, str, str]:
         code = int(exc.code or 0)
     finally:
         os.environ.pop("FLYWHEEL_PROJECT", None)  # `--project` sets it for the rest of this process
-        get_settings.cache_clear()
     out = capsys.readouterr()
     return code, out.out, out.err
 
@@ -84,11 +82,11 @@ def test_project_commands_and_every_boundary_are_one_error_line(flywheel_root: P
     assert shown["key"] not in stored  # only its hash is kept
     from pipelines.projects import registry
 
-    assert registry.key_index(get_settings()) == {registry.key_digest(shown["key"]): "search"}
+    assert registry.key_index(load_settings()) == {registry.key_digest(shown["key"]): "search"}
     _one_error(*_flywheel(capsys, "project", "key", "revoke", "search", "nokey")[::2], "no active key 'nokey'")
     _one_error(*_flywheel(capsys, "project", "key", "create", "default")[::2], "the gateway's own")
     assert _flywheel(capsys, "project", "key", "revoke", "search", shown["id"])[0] == 0
-    assert registry.key_index(get_settings()) == {}
+    assert registry.key_index(load_settings()) == {}
 
     # the project's own commands see its zones: a run names its DAG, a show names its champion
     code, out, _ = _flywheel(capsys, "--project", "search", "config", "show", "--json")
@@ -98,7 +96,7 @@ def test_project_commands_and_every_boundary_are_one_error_line(flywheel_root: P
     from pipelines.projects import settings_for
     from pipelines.storage import write_json
 
-    scoped = settings_for(get_settings(), "search")
+    scoped = settings_for(load_settings(), "search")
     write_json(
         f"{scoped.zone('serving')}/state.json",
         {"live": {"name": "search__tool_router_v1", "version": "1", "prompt_style": "names"}, "previous": None},
@@ -125,10 +123,10 @@ def test_each_project_gets_its_own_dags_with_its_own_run_quota(flywheel_root: Pa
     import subprocess
     import sys
 
-    from pipelines.airflow_tasks import project_of, project_scope
+    from pipelines.airflow_tasks import project_of, task_settings
     from pipelines.projects import registry
 
-    registry.create(get_settings(), "search", "alice", registry.Quotas(training_runs=2))
+    registry.create(load_settings(), "search", "alice", registry.Quotas(training_runs=2))
     code = (
         "from airflow.dag_processing.dagbag import DagBag; import json; b = DagBag(dag_folder='dags'); "
         "assert not b.import_errors, b.import_errors; print(json.dumps({d.dag_id: {'runs': d.max_active_runs, "
@@ -165,9 +163,10 @@ def test_each_project_gets_its_own_dags_with_its_own_run_quota(flywheel_root: Pa
         and "flywheel_drift" in dags["commerce_flywheel"]["on"]
     )
     assert project_of("commerce_flywheel__search") == "search" and project_of("drift_monitor") == "default"
-    with project_scope("search"):
-        assert get_settings().zone("raw") == f"{flywheel_root}/projects/search/raw"
-    assert get_settings().zone("raw") == f"{flywheel_root}/raw"
+    # a task of the project's DAG gets that project's settings, passed in (the process's environment unchanged)
+    assert task_settings("search").zone("raw") == f"{flywheel_root}/projects/search/raw"
+    assert task_settings("default").zone("raw") == f"{flywheel_root}/raw"
+    assert "FLYWHEEL_PROJECT" not in os.environ
 
 
 def test_mlflow_itself_keeps_a_projects_runs_from_other_projects_members(tmp_path: Path) -> None:
@@ -267,5 +266,5 @@ def test_what_runs_elsewhere_knows_its_project(tmp_path: Path) -> None:
     )
     assert settings_for(written, "search").triton.model_name == "search__tool_router"
     pod = kubernetes.variant_pod(scoped, sweep={"name": "demo"}, sweep_id="s1", index=0, gpus=1)
-    env = {e["name"]: e.get("value") for c in pod["spec"]["containers"] for e in c.get("env", [])}
-    assert env["FLYWHEEL_PROJECT"] == "search"
+    command = pod["spec"]["containers"][0]["command"]
+    assert command[command.index("--project") + 1] == "search"

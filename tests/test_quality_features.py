@@ -160,7 +160,7 @@ def test_online_and_offline_context_agree(window_root) -> None:
 def test_serving_client_builds_the_training_prompt(window_root) -> None:
     """A live request's prompt (context from the online store) equals the prompt the training set
     builder makes for the same request with the point-in-time features of that moment."""
-    from pipelines.serve.client import conversation
+    from pipelines.serve.prompts import conversation
     from pipelines.toolcall.prompt import chat_turns, system_for
 
     settings, root = window_root["settings"], window_root["root"]
@@ -348,9 +348,9 @@ def test_a_landed_window_of_imported_turns_only_builds_its_training_set(tmp_path
     settings = load_settings(root=str(root))
     window = DateWindow.parse(day, day)
     with pytest.raises(PrepError, match="no raw logs landed"):  # nothing landed yet: the ingest task says so
-        tasks.ingest({"start": day, "end": day}, {"source": "landed"}, settings)
+        tasks.ingest(settings, {"start": day, "end": day}, {"source": "landed"})
     webshop_to_raw(pairs_file, root / "raw", END)
-    assert tasks.ingest({"start": day, "end": day}, {"source": "landed"}, settings)["files"]
+    assert tasks.ingest(settings, {"start": day, "end": day}, {"source": "landed"})["files"]
     run_prep(settings, window, spark=spark)
     assert run_gates(settings, window, spark=spark, context_window=tasks.base_context_window(settings, {})).success
     run_features(settings, window, spark=spark)

@@ -8,22 +8,22 @@ from pathlib import Path
 import pytest
 
 from pipelines.airflow_tasks import RUN_TOKEN, failure_of, record_failure
-from pipelines.config import get_settings
+from pipelines.config import load_settings
 
 
 @pytest.fixture()
 def reports(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     monkeypatch.setenv("FLYWHEEL_ROOT", str(tmp_path))
-    get_settings.cache_clear()  # record_failure reads the active settings, as a task does
-    yield get_settings().zone("reports")
-    get_settings.cache_clear()
+    yield load_settings().zone("reports")
 
 
 def test_a_run_sees_its_own_final_failure_only(reports: str, monkeypatch: pytest.MonkeyPatch) -> None:
     from pipelines.quality.gates import QualityGateFailed
 
     monkeypatch.setenv(RUN_TOKEN, "run-a")
-    record_failure("validate", QualityGateFailed("quality gate failed: postgres://u:secret@h/db"), final=True)
+    record_failure(
+        load_settings(), "validate", QualityGateFailed("quality gate failed: postgres://u:secret@h/db"), final=True
+    )
     mine = failure_of(reports, "commerce_flywheel", token="run-a")
     assert mine is not None and mine["task"] == "validate" and mine["data_problem"] is True
     assert "secret" not in mine["reason"]  # a URI password never reaches the user's terminal
@@ -34,14 +34,14 @@ def test_a_run_sees_its_own_final_failure_only(reports: str, monkeypatch: pytest
         lambda: {"dag_id": "commerce_flywheel", "run_id": "r1", "try_number": 1, "max_tries": 2},
     )
     monkeypatch.setenv(RUN_TOKEN, "run-c")
-    record_failure("train", RuntimeError("flaky"), final=None)
+    record_failure(load_settings(), "train", RuntimeError("flaky"), final=None)
     assert failure_of(reports, "commerce_flywheel", token="run-c") is None
     # its last try is final: recorded, by the DAG run's id too, and not a data problem (exit 1, not 2)
     monkeypatch.setattr(
         "pipelines.airflow_tasks._run_of",
         lambda: {"dag_id": "commerce_flywheel", "run_id": "r1", "try_number": 3, "max_tries": 2},
     )
-    record_failure("train", RuntimeError("flaky"), final=None)
+    record_failure(load_settings(), "train", RuntimeError("flaky"), final=None)
     last = failure_of(reports, "commerce_flywheel", run_id="r1")
     assert last is not None and last["task"] == "train" and last["data_problem"] is False
 
@@ -59,7 +59,7 @@ def test_the_hourly_check_passes_before_the_first_champion_and_fails_on_any_othe
         raise monitor.NoChampion("no champion yet")
 
     monkeypatch.setattr(monitor, "run_monitor", no_champion)
-    result = tasks.drift_check({}, settings)
+    result = tasks.drift_check(settings, {})
     assert result["verdict"] == "no reference" and result["fire"] is False and result["alert"] is None
 
     def no_window(*_args):
@@ -67,7 +67,7 @@ def test_the_hourly_check_passes_before_the_first_champion_and_fails_on_any_othe
 
     monkeypatch.setattr(monitor, "run_monitor", no_window)
     with pytest.raises(monitor.NoReference, match="no clean records"):  # monitoring off would go unnoticed
-        tasks.drift_check({}, settings)
+        tasks.drift_check(settings, {})
 
 
 @pytest.mark.parametrize("error", ["config", "runtime"])
@@ -93,6 +93,6 @@ def test_a_setting_that_cannot_work_fails_the_task_at_once(
     monkeypatch.setenv(RUN_TOKEN, "run-d")
     expected = AirflowFailException if error == "config" else RuntimeError
     with pytest.raises(expected):
-        run_task("deploy", {})
+        run_task("deploy", "default", {})
     recorded = failure_of(reports, "commerce_flywheel", token="run-d")
     assert (recorded is not None and "leaves 8" in recorded["reason"]) if error == "config" else recorded is None

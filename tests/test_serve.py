@@ -39,7 +39,8 @@ def test_server_starts_on_free_loopback_ports_and_stops(tmp_path: Path) -> None:
 
 def test_deploy_infers_rejects_bad_requests_and_rolls_back(registered) -> None:
     from pipelines.serve import deploy, repository
-    from pipelines.serve.client import TritonClient, conversation
+    from pipelines.serve.client import TritonClient
+    from pipelines.serve.prompts import conversation
 
     settings, v1, v2 = registered["settings"], registered["v1"], registered["v2"]
     first = deploy.deploy(settings, "champion")
@@ -181,7 +182,7 @@ def test_vllm_repository_fits_its_adapters(tmp_path: Path) -> None:
 
 
 def test_percentiles_are_nearest_rank() -> None:
-    from pipelines.bench.serving import percentile
+    from pipelines.bench.results import percentile
 
     values = [float(v) for v in range(100, 0, -1)]
     assert (percentile(values, 50), percentile(values, 95), percentile(values, 99)) == (50.0, 95.0, 99.0)
@@ -254,7 +255,7 @@ def test_the_latency_change_interval_pairs_the_requests() -> None:
     unpaired bootstrap of the same numbers spans tens of points). Mutation tried: the two resampled apart, this
     fails."""
     from pipelines.bench.report import change_line, render_html
-    from pipelines.bench.serving import _compare, nearest_rank, paired_p50_change_ci, percentile
+    from pipelines.bench.results import _compare, nearest_rank, paired_p50_change_ci, percentile
 
     base = [100.0, 2400.0, 350.0, 1800.0, 90.0, 3000.0, 700.0, 1200.0]
     assert paired_p50_change_ci(base, [x * 0.8 for x in base]) == [-0.2, -0.2]
@@ -327,7 +328,7 @@ def test_a_restart_while_a_model_is_live_keeps_it_live(registered) -> None:
     finally:
         client.close()
     assert (folder / "1" / "model.py").stat().st_mtime_ns == written  # the live model's folder was not rewritten
-    assert tasks.smoke_test({}, settings)["version"] == v2
+    assert tasks.smoke_test(settings, {})["version"] == v2
     assert deploy.live_model(settings).version == v2 and deploy.state(settings)["previous"] == previous
     assert deploy.state(settings)["history"][-1]["event"] == "reloaded"
 
@@ -345,7 +346,8 @@ def test_multi_lora_serves_every_version_as_an_adapter_on_one_loaded_base(regist
     from pipelines.config import load_settings
     from pipelines.gateway.router import Router
     from pipelines.serve import deploy, shared_base
-    from pipelines.serve.client import TritonClient, conversation
+    from pipelines.serve.client import TritonClient
+    from pipelines.serve.prompts import conversation
     from pipelines.stack import triton as server
 
     plain, v1, v2 = registered["settings"], registered["v1"], registered["v2"]

@@ -24,7 +24,7 @@ def _settings(root: Path, **triton: Any):
 
 # --- benchmark arithmetic -------------------------------------------------------------------------
 def test_an_errored_request_counts_as_wrong_and_as_a_latency_sample() -> None:
-    from pipelines.bench.serving import summarize_run
+    from pipelines.bench.results import summarize_run
 
     rows = [{"target_json": CALL}] * 4
     replies = [
@@ -49,7 +49,7 @@ def test_an_errored_request_counts_as_wrong_and_as_a_latency_sample() -> None:
 
 
 def test_percentiles_the_sample_cannot_support_are_none() -> None:
-    from pipelines.bench.serving import percentile, summarize_run, table_rows
+    from pipelines.bench.results import percentile, summarize_run, table_rows
 
     assert percentile([1.0] * 19, 95) is None and percentile([1.0] * 20, 95) == 1.0
     assert percentile([1.0] * 99, 99) is None and percentile([1.0] * 100, 99) == 1.0
@@ -108,10 +108,10 @@ def test_the_dag_s_benchmark_task_is_skipped_and_says_so_when_switched_off(tmp_p
     smoked = {"live": "champion-v2", "version": "2"}
     off = load_settings(root=str(tmp_path), bench={"after_deploy": False})
     assert (
-        tasks.benchmark(smoked, off) == {"live": "champion-v2", "version": "2", "skipped": "bench.after_deploy is off"}
+        tasks.benchmark(off, smoked) == {"live": "champion-v2", "version": "2", "skipped": "bench.after_deploy is off"}
         and ran == []
     )
-    assert tasks.benchmark(smoked, load_settings(root=str(tmp_path)))["json_uri"] == "j" and len(ran) == 1
+    assert tasks.benchmark(load_settings(root=str(tmp_path)), smoked)["json_uri"] == "j" and len(ran) == 1
 
 
 # --- the client ----------------------------------------------------------------------------------

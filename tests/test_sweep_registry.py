@@ -13,7 +13,7 @@ from train_data import write_training_set
 from pipelines.config import ConfigError, load_settings
 from pipelines.toolcall.calls import call_text
 from pipelines.toolcall.prompt import short_system_prompt, tool_signatures, tools_json_for
-from pipelines.train.sweep import SweepConfig, load_sweep, variants
+from pipelines.train.sweep_config import SweepConfig, load_sweep, variants
 
 TINY = str(Path(__file__).resolve().parent.parent / "conf" / "sweeps" / "tiny.yaml")
 
@@ -34,7 +34,7 @@ def settings(root: Path):
 def first_sweep(settings):
     from pipelines import tasks
 
-    return tasks.train({"sweep": TINY}, settings)
+    return tasks.train(settings, {"sweep": TINY})
 
 
 def test_every_committed_sweep_file_is_valid() -> None:
@@ -74,7 +74,8 @@ def test_the_prompt_style_is_a_sweep_dimension(settings, first_sweep) -> None:
     import yaml
 
     from mlflow import MlflowClient
-    from pipelines.train.sweep import run_sweep, variant_points
+    from pipelines.train.sweep import run_sweep
+    from pipelines.train.sweep_config import variant_points
 
     with pytest.raises(ValueError, match="prompt_style"):
         SweepConfig(name="x", grid={"prompt_style": ["tiny"]})
@@ -127,7 +128,7 @@ def test_sweep_logs_parent_and_child_runs_and_a_retry_reuses_them(settings, firs
     before = len(client.search_runs([experiment]))
     from pipelines import tasks
 
-    again = tasks.train({"sweep": TINY}, settings)  # a retried task: finished variants are not retrained
+    again = tasks.train(settings, {"sweep": TINY})  # a retried task: finished variants are not retrained
     assert again["best_run_id"] == first_sweep["best_run_id"]
     assert len(client.search_runs([experiment])) == before
 
@@ -136,7 +137,7 @@ def test_evaluation_report_compares_conditions_on_the_same_requests(settings, fi
     from pipelines import tasks
 
     with caplog.at_level("INFO", logger="flywheel.evaluate"):
-        evaluated = tasks.evaluate(first_sweep, settings)
+        evaluated = tasks.evaluate(settings, first_sweep)
     # progress where no bar is drawn (an Airflow task log): a line as each condition starts and ends
     done = [r.getMessage() for r in caplog.records if r.name == "flywheel.evaluate" and " done in " in r.getMessage()]
     assert len(done) == 6 and any("tuned_candidate_constrained done in" in m for m in done), done
@@ -202,8 +203,8 @@ def test_register_promote_gate_both_ways_rollback_and_load_by_alias(settings, fi
         ],
         "json_uri": "e.json",
     }
-    first = tasks.register(first_sweep, evaluated, settings)
-    assert tasks.register(first_sweep, evaluated, settings)["version"] == first["version"]  # idempotent
+    first = tasks.register(settings, first_sweep, evaluated)
+    assert tasks.register(settings, first_sweep, evaluated)["version"] == first["version"]  # idempotent
     from pipelines.registry.models import answer_budget
     from pipelines.serve.repository import build_version, configured_limit, triton_name
 
@@ -212,12 +213,12 @@ def test_register_promote_gate_both_ways_rollback_and_load_by_alias(settings, fi
     build_version(settings, first["version"])  # its Triton folder writes within it (triton.max_new_tokens unset)
     assert configured_limit(settings, triton_name(settings, first["version"]), "max_new_tokens") == budget
     assert configured_limit(settings, triton_name(settings, first["version"])) == 2048 - budget  # tiny-llama's window
-    decision = tasks.promote(first, evaluated, {"reason": "first"}, settings)  # beats base few-shot
+    decision = tasks.promote(settings, first, evaluated, {"reason": "first"})  # beats base few-shot
     assert decision["promoted"] and alias_version(settings, CHAMPION) == first["version"]
     assert decision["compared_with"] == "base_few_shot" and decision["numbers"]["base_few_shot_exact_match"] == 0.3
 
-    second_sweep = tasks.train({"sweep": _variant_of_tiny(settings)}, settings)
-    measured = tasks.evaluate(second_sweep, settings)  # the champion is measured on the same requests
+    second_sweep = tasks.train(settings, {"sweep": _variant_of_tiny(settings)})
+    measured = tasks.evaluate(settings, second_sweep)  # the champion is measured on the same requests
     assert [r["condition"] for r in measured["table"]][-4:] == [
         "tuned_candidate",
         "tuned_candidate_constrained",
@@ -225,17 +226,17 @@ def test_register_promote_gate_both_ways_rollback_and_load_by_alias(settings, fi
         "tuned_champion_constrained",
     ]
     assert measured["champion_version"] == first["version"]
-    second = tasks.register(second_sweep, evaluated, settings)
+    second = tasks.register(settings, second_sweep, evaluated)
     assert second["version"] != first["version"] and alias_version(settings, CANDIDATE) == second["version"]
     with pytest.raises(RegistryError, match="`candidate` now points at"):  # gates only what this run registered
-        tasks.promote(first, evaluated, {}, settings)
+        tasks.promote(settings, first, evaluated, {})
     worse = {
         "table": [
             {"condition": "tuned_candidate", **_row(0.5, 0.5, 100)},
             {"condition": "tuned_champion", **_row(0.5, 0.5, 100)},
         ]
     }
-    decision = tasks.promote(second, worse, {}, settings)
+    decision = tasks.promote(settings, second, worse, {})
     assert not decision["promoted"] and alias_version(settings, CHAMPION) == first["version"]
     client = mlflow_client(settings)
     recorded = json.loads(
@@ -250,7 +251,7 @@ def test_register_promote_gate_both_ways_rollback_and_load_by_alias(settings, fi
             {"condition": "tuned_champion", **_row(0.5, 0.5, 100)},
         ]
     }
-    decision = tasks.promote(second, better, {"reason": "drift: holiday"}, settings)
+    decision = tasks.promote(settings, second, better, {"reason": "drift: holiday"})
     assert decision["promoted"] and alias_version(settings, CHAMPION) == second["version"]
     assert history(settings)[-1]["reason"].startswith("[drift: holiday]")
 

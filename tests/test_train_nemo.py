@@ -88,7 +88,7 @@ def test_nemo_recipe_trains_a_lora_adapter_stock_peft_loads(plain_run) -> None:
     from safetensors import safe_open
 
     with safe_open(str(Path(result.adapter_dir) / "adapter_model.safetensors"), "pt") as f:
-        dtypes = {f.get_slice(k).get_dtype() for k in f}
+        dtypes = {f.get_slice(k).get_dtype() for k in f.keys()}  # noqa: SIM118 (safe_open is not iterable)
     assert dtypes == {"F32"}, dtypes
 
 

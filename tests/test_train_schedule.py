@@ -59,21 +59,10 @@ def test_a_variant_run_logs_its_resolved_schedule(tmp_path, monkeypatch) -> None
     monkeypatch.setattr(sweep_module, "train_variant", fake_train)
     sweep = sweep_module.SweepConfig(name="s", base=cfg)
     parent = sweep_module.find_or_start_run(experiment_id, {"flywheel.kind": "test"}, "parent")
-    result = sweep_module._run_variant(
-        settings,
-        sweep,
-        "sid",
-        0,
-        cfg,
-        "short",
-        train,
-        [],
-        tmp_path / "work",
-        experiment_id,
-        parent,
-        Console(quiet=True),
-        budget=64,
+    ctx = sweep_module.SweepContext(
+        settings, sweep, "sid", tmp_path / "work", experiment_id, parent, Console(quiet=True), budget=64
     )
+    result = sweep_module._run_variant(ctx, 0, cfg, "short", train, [])
     run = mlflow.MlflowClient().get_run(result.run_id).data
     assert run.params["resolved_steps"] == "3" and run.params["resolved_epochs"] == "1.2"  # 3 * 4 / 10
     assert run.metrics["epochs_seen"] == pytest.approx(0.8)  # 2 steps * 4 / 10

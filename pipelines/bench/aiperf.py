@@ -17,6 +17,7 @@ import json
 import os
 import subprocess
 import time
+from dataclasses import dataclass
 from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,6 @@ from typing import Any
 from pipelines.config import Settings
 from pipelines.errors import NotRetryable
 
-AIPERF_ENV = "FLYWHEEL_AIPERF"  # the aiperf executable, when not the repository's .venv-aiperf
 METRICS = {"ttft": "time_to_first_token", "itl": "inter_token_latency", "latency": "request_latency"}
 BASE_MODEL = "smollm2-135m-instruct"
 COLUMNS = (
@@ -47,8 +47,9 @@ class AiperfFailed(NotRetryable):
     """AIPerf is missing, failed, or ran past its time limit."""
 
 
-def executable() -> Path:
-    found = Path(os.environ.get(AIPERF_ENV) or Path(__file__).resolve().parents[2] / ".venv-aiperf" / "bin" / "aiperf")
+def executable(configured: str | None = None) -> Path:
+    """The AIPerf executable: `bench.aiperf` when set, else the repository's .venv-aiperf (`make aiperf-env`)."""
+    found = Path(configured or Path(__file__).resolve().parents[2] / ".venv-aiperf" / "bin" / "aiperf")
     if not found.is_file():
         raise AiperfFailed(f"AIPerf is not installed ({found}): run `make aiperf-env` first")
     return found
@@ -145,6 +146,22 @@ def summarize(export: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+@dataclass(frozen=True)
+class _Runs:
+    """What every AIPerf run of one benchmark shares: the executable, the gateway's address, the environment
+    (the gateway's key in it), the tokenizer, the replayed trace, the report folder, the requests per run and
+    each run's time limit."""
+
+    aiperf: Path
+    url: str
+    env: dict[str, str]
+    tokenizer: str
+    trace: Path
+    folder: Path
+    requests: int
+    timeout_s: float
+
+
 def run_aiperf(
     settings: Settings,
     requests: int,
@@ -156,23 +173,15 @@ def run_aiperf(
     """AIPerf against the running gateway for each model alias and concurrency; the report (JSON + HTML
     under `reports/aiperf/<time>/`, AIPerf's own exports beside them)."""
     from pipelines.base_models import prepare_base
-    from pipelines.bench.serving import _base_entry
     from pipelines.gateway import app as gateway
     from pipelines.serve import deploy
-    from pipelines.serve.client import TritonClient
 
-    aiperf = executable()
+    aiperf = executable(settings.bench.aiperf)
     live = deploy.live_model(settings)
     if live is None:
         raise AiperfFailed("no live model to benchmark: run `flywheel deploy` first")
     if "base" in models:  # the `base` alias answers only while the base model is loaded
-        client = TritonClient(settings)
-        try:
-            base = _base_entry(settings, client, BASE_MODEL, live)
-            if not client.ready(base.name):
-                client.load(base.name)
-        finally:
-            client.close()
+        _load_base(settings, live)
     gateway.up(settings)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     folder = Path(str(settings.root)) / "reports" / "aiperf" / stamp
@@ -186,42 +195,12 @@ def run_aiperf(
         "OPENAI_API_KEY": gateway.api_key(settings),
     }
     tokenizer = prepare_base(BASE_MODEL, settings)
+    shared = _Runs(aiperf, url, env, str(tokenizer), trace, folder, requests, timeout_s)
     runs = []
     started = time.perf_counter()
     for model in models:
         for level in levels:
-            out = folder / f"{model}-c{level}"
-            say(f"aiperf: {model} at concurrency {level} ({requests} requests) ...")
-            t0 = time.perf_counter()
-            config = folder / f"{model}-c{level}.yaml"
-            config.write_text(run_config(model, url, level, requests, trace, out))
-            try:
-                done = subprocess.run(  # noqa: S603 (our own executable and arguments)
-                    command(aiperf, config, str(tokenizer)), env=env, capture_output=True, text=True, timeout=timeout_s
-                )
-            except subprocess.TimeoutExpired:
-                raise AiperfFailed(
-                    f"AIPerf ran past {timeout_s:.0f} s on {model} at concurrency {level}; "
-                    f"its exports so far are under {out}"
-                ) from None
-            out.mkdir(parents=True, exist_ok=True)
-            (out / "aiperf-console.log").write_text(done.stdout + done.stderr)
-            exports = [e for e in (out / "profile_export_aiperf.json",) if e.is_file()] or sorted(
-                out.rglob("profile_export_aiperf.json")
-            )  # the run's summary; a deeper one only if AIPerf nests it
-            if done.returncode != 0 or not exports:
-                tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
-                raise AiperfFailed(
-                    f"AIPerf failed on {model} at concurrency {level} (exit {done.returncode}): "
-                    f"{tail[0][:300]}; its log: {out / 'aiperf-console.log'}"
-                )
-            row = {
-                "model": model,
-                "concurrency": level,
-                **summarize(json.loads(exports[-1].read_text())),
-                "seconds": round(time.perf_counter() - t0, 1),
-                "export": str(exports[-1]),
-            }
+            row = _profile(shared, model, level, say)
             runs.append(row)
             say(json.dumps({k: v for k, v in row.items() if k != "export"}))
     report = {
@@ -240,6 +219,61 @@ def run_aiperf(
     Path(report["json_uri"]).write_text(json.dumps(report, indent=2) + "\n")
     Path(report["html_uri"]).write_text(render_html(report))
     return report
+
+
+def _load_base(settings: Settings, live: Any) -> None:
+    """The base model's folder, current (`bench.serving._base_entry`), and loaded on Triton unless it is."""
+    from pipelines.bench.serving import _base_entry
+    from pipelines.serve.client import TritonClient
+
+    client = TritonClient(settings)
+    try:
+        base = _base_entry(settings, client, BASE_MODEL, live)
+        if not client.ready(base.name):
+            client.load(base.name)
+    finally:
+        client.close()
+
+
+def _profile(runs: _Runs, model: str, level: int, say: Any) -> dict[str, Any]:
+    """One `aiperf profile` run of `model` at `level` in flight: its row (AIPerf's summary, the seconds it took,
+    the export it was read from); its console log beside its exports."""
+    out = runs.folder / f"{model}-c{level}"
+    say(f"aiperf: {model} at concurrency {level} ({runs.requests} requests) ...")
+    t0 = time.perf_counter()
+    config = runs.folder / f"{model}-c{level}.yaml"
+    config.write_text(run_config(model, runs.url, level, runs.requests, runs.trace, out))
+    try:
+        done = subprocess.run(  # noqa: S603 (our own executable and arguments)
+            command(runs.aiperf, config, runs.tokenizer),
+            env=runs.env,
+            capture_output=True,
+            text=True,
+            timeout=runs.timeout_s,
+        )
+    except subprocess.TimeoutExpired:
+        raise AiperfFailed(
+            f"AIPerf ran past {runs.timeout_s:.0f} s on {model} at concurrency {level}; "
+            f"its exports so far are under {out}"
+        ) from None
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "aiperf-console.log").write_text(done.stdout + done.stderr)
+    exports = [e for e in (out / "profile_export_aiperf.json",) if e.is_file()] or sorted(
+        out.rglob("profile_export_aiperf.json")
+    )  # the run's summary; a deeper one only if AIPerf nests it
+    if done.returncode != 0 or not exports:
+        tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
+        raise AiperfFailed(
+            f"AIPerf failed on {model} at concurrency {level} (exit {done.returncode}): "
+            f"{tail[0][:300]}; its log: {out / 'aiperf-console.log'}"
+        )
+    return {
+        "model": model,
+        "concurrency": level,
+        **summarize(json.loads(exports[-1].read_text())),
+        "seconds": round(time.perf_counter() - t0, 1),
+        "export": str(exports[-1]),
+    }
 
 
 def render_html(report: dict[str, Any]) -> str:

@@ -76,7 +76,7 @@ def render_html(report: dict[str, Any]) -> str:
     rows = [{c: r.get(c) for c in COLUMNS} for r in runs]
     if report.get("direct"):
         rows.append({c: report["direct"].get(c) for c in COLUMNS})
-    for row in rows:  # percentiles the sample does not support (pipelines.bench.serving.percentile)
+    for row in rows:  # percentiles the sample does not support (pipelines.bench.results.percentile)
         row.update({c: "n/a" for c in ("ttft_ms", "itl_ms", "p50_ms", "p95_ms", "p99_ms") if row[c] is None})
     fig = concurrency_figure(runs, ("p50_ms", "p50"), ("p95_ms", "p95"), "latency")
     hw = report["hardware"]

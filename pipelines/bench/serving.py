@@ -7,13 +7,14 @@ inference of the tuned model (batch 1). Quality is scored on the very answers th
 The hardware table (`pipelines.hardware`) turns throughput into $ per million requests.
 Every request is streamed (the model is decoupled): time to first token (TTFT) is when its first text
 arrived, inter-token latency (ITL) the mean time per output token after the first, both as medians.
+The figures made of the timed replies (percentiles, rows, the comparison) are `bench.results`.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import time
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -21,123 +22,16 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from pipelines.bench.results import CONSTRAINED_LABEL, _compare, _round, summarize_run
 from pipelines.config import DECODINGS, BenchSettings, Settings, decoding_modes
 from pipelines.errors import NotRetryable
 from pipelines.hardware import detect, usd_per_million
 from pipelines.serve import repository
-from pipelines.serve.client import Reply, TritonClient, conversation
-from pipelines.serve.deploy import DeployFailed, live_model, score_replies, smoke_rows
+from pipelines.serve.client import Reply, TritonClient
+from pipelines.serve.deploy import DeployFailed, live_model, smoke_rows
+from pipelines.serve.prompts import conversation
 from pipelines.stack import triton as server
 from pipelines.storage import write_json, write_text
-
-CONSTRAINED_LABEL = ", constrained"  # a row decoded under the offered tools' grammar
-
-
-def min_samples(q: float) -> int:
-    """The smallest sample that supports a q-th percentile: some values must lie above it (p95: 20,
-    p99: 100); a median needs one."""
-    return 1 if q <= 50 else math.ceil(100 / (100 - q) - 1e-9)
-
-
-def percentile(values: list[float], q: float) -> float | None:
-    """Nearest-rank percentile (q in 0..100): the value at or above q% of the sample; None where the
-    sample is too small to support it (`min_samples`), so 8 requests report no p95 rather than their max."""
-    if len(values) < min_samples(q) or not values:
-        return None
-    ordered = sorted(values)
-    return round(ordered[nearest_rank(len(ordered), q) - 1], 1)
-
-
-def nearest_rank(n: int, q: float) -> int:
-    """The 1-based rank of the nearest-rank q-th percentile of n values: ceil(n q / 100), at least 1."""
-    return int(max(1, -(-n * q // 100)))
-
-
-def summarize_run(
-    label: str,
-    concurrency: int,
-    rows: list[dict[str, Any]],
-    replies: list[Reply],
-    seconds: float,
-    timeout_ms: float | None = None,
-) -> dict[str, Any]:
-    """One model at one concurrency. Every request counts: an errored one is a wrong answer in exact
-    match and a latency sample at the client's timeout (`timeout_ms`; at least the time it took), so a
-    server that fails fast does not look fast; requests/s counts answered requests only (goodput);
-    `requests` and `errors` say how many were sent and failed."""
-    ok = [r for r in replies if r.error is None]
-    latencies = [r.latency_ms if r.error is None else max(r.latency_ms, timeout_ms or 0.0) for r in replies]
-    quality = score_replies(rows, replies)
-    out_tokens = sum(r.output_tokens for r in ok)
-    return {
-        "model": label,
-        "concurrency": concurrency,
-        "requests": len(replies),
-        "errors": len(replies) - len(ok),
-        "p50_ms": percentile(latencies, 50),
-        "p95_ms": percentile(latencies, 95),
-        "p99_ms": percentile(latencies, 99),
-        "requests_per_s": round(len(ok) / seconds, 3) if seconds else 0.0,
-        "output_tokens_per_s": round(out_tokens / seconds, 1) if seconds else 0.0,
-        "prompt_tokens_mean": quality["prompt_tokens_mean"],
-        "exact_match": quality["exact_match"],
-        "name_accuracy": quality["name_accuracy"],
-        "ttft_ms": percentile([r.first_token_ms for r in ok if r.first_token_ms is not None], 50),
-        "itl_ms": percentile([r.inter_token_ms for r in ok if r.inter_token_ms is not None], 50),
-        "first_error": next((r.error for r in replies if r.error), None),
-        "latencies_ms": [round(x, 1) for x in latencies],  # every request, in the rows' order (errors too)
-        "errored": [i for i, r in enumerate(replies) if r.error is not None],
-    }
-
-
-TABLE_COLUMNS = (
-    "model",
-    "decoding",
-    "in flight",
-    "requests",
-    "errors",
-    "TTFT ms",
-    "ITL ms",
-    "p50 ms",
-    "p95 ms",
-    "p99 ms",
-    "req/s",
-    "prompt tokens",
-    "exact",
-    "$/M req",
-)
-_TABLE_KEYS = (
-    "concurrency",
-    "requests",
-    "errors",
-    "ttft_ms",
-    "itl_ms",
-    "p50_ms",
-    "p95_ms",
-    "p99_ms",
-    "requests_per_s",
-    "prompt_tokens_mean",
-    "exact_match",
-    "usd_per_million_requests",
-)
-
-
-def table_rows(report: dict[str, Any]) -> list[list[str]]:
-    """The report's runs (and the in-process run) as text cells under TABLE_COLUMNS: what the CLI and
-    the demo print; a figure the sample does not support reads "n/a"."""
-
-    def cell(value: Any) -> str:
-        if value is None:
-            return "n/a"
-        return f"{value:.3f}" if isinstance(value, float) and abs(value) < 10 else str(value)
-
-    runs = [*report["runs"], *([report["direct"]] if report.get("direct") else [])]
-    rows = []
-    for r in runs:
-        constrained = r.get("constrained", r["model"].endswith(CONSTRAINED_LABEL))
-        name = r["model"].removesuffix(CONSTRAINED_LABEL)
-        rows.append([name, "grammar" if constrained else "free", *(cell(r.get(k)) for k in _TABLE_KEYS)])
-    return rows
 
 
 def prompt_tokens(tokenizer: Any, turns: list[dict[str, str]]) -> int:
@@ -166,6 +60,15 @@ class PromptTooLong(NotRetryable):
     """A benchmark prompt is longer than the served model accepts."""
 
 
+@dataclass(frozen=True)
+class _Arm:
+    """One model the benchmark times: its Triton name, the label of its rows and the conversations it is sent."""
+
+    name: str
+    label: str
+    conversations: list[list[dict[str, str]]]
+
+
 def run_bench(settings: Settings, cfg: BenchSettings | None = None, console: Console | None = None) -> dict[str, Any]:
     """Benchmark the live model and the base+few-shot baseline through the running Triton server. With
     `triton.multi_lora` the baseline's own base model is unloaded afterwards: the shared model stays the one
@@ -186,86 +89,39 @@ def run_bench(settings: Settings, cfg: BenchSettings | None = None, console: Con
     full = to_examples(frame, "full")
     pool = shot_pool(to_examples(load_split(settings, "train", 2000), "full"))
     base_model = _base_model_of(settings, live)
-    client = TritonClient(settings, cfg.protocol)  # type: ignore[arg-type]
-    results: list[dict[str, Any]] = []
+    client = TritonClient(settings, cfg.protocol)
     modes = DECODINGS[decoding_modes(cfg.constrained, settings.triton.constrained)]
     served = settings.triton.constrained if settings.triton.constrained in modes else modes[0]
     started = time.perf_counter()
     base = None
     try:
         base = _base_entry(settings, client, base_model, live)
-        conversations = {
-            base.name: with_shots(full, pool, cfg.shots),
-            live.name: [conversation(r, live.prompt_style) for r in rows],
-        }
-        labels = {
-            base.name: f"base + {cfg.shots}-shot (full prompt)",
-            live.name: f"tuned v{live.version} ({live.prompt_style} prompt)",
-        }
+        baseline = _Arm(base.name, f"base + {cfg.shots}-shot (full prompt)", with_shots(full, pool, cfg.shots))
+        tuned = _Arm(
+            live.name,
+            f"tuned v{live.version} ({live.prompt_style} prompt)",
+            [conversation(r, live.prompt_style) for r in rows],
+        )
         longest = check_prompt_lengths(
             _tokenizer(settings, base_model),
-            {labels[m]: (conversations[m], repository.configured_limit(settings, m)) for m in (base.name, live.name)},
+            {a.label: (a.conversations, repository.configured_limit(settings, a.name)) for a in (baseline, tuned)},
         )
         if not client.ready(live.name):
             raise DeployFailed(f"{live.name} is live but not loaded on the server (restarted?): run `flywheel deploy`")
         if not client.ready(base.name):
             client.load(base.name)
-        with Progress(
-            TextColumn("{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            console=console,
-            transient=False,
-        ) as progress:
-            for name in (base.name, live.name):
-                for constrained in (m for m in modes if not m or client.accepts_tools(name)):
-                    label = labels[name] + (CONSTRAINED_LABEL if constrained else "")
-                    tools = [r["tools_json"] for r in rows] if constrained else None
-                    client.infer_one(name, conversations[name][0], tools[0] if tools else None)  # warm-up
-                    for level in cfg.concurrency:
-                        task = progress.add_task(f"{label} x{level}", total=len(rows))
-                        t0 = time.perf_counter()
-                        replies = client.infer(name, conversations[name], concurrency=level, tools=tools, stream=True)
-                        progress.update(task, completed=len(rows))
-                        results.append(
-                            {
-                                **summarize_run(
-                                    label, level, rows, replies, time.perf_counter() - t0, client.timeout_s * 1000
-                                ),
-                                "constrained": constrained,
-                            }
-                        )
+        results = _time_runs(client, (baseline, tuned), rows, modes, cfg.concurrency, console)
     finally:
-        try:
-            if (
-                base is not None and settings.triton.multi_lora and client.ready(base.name)
-            ):  # one base in memory: the shared one
-                client.unload(base.name, wait_s=120)
-        except Exception as exc:  # noqa: BLE001 (a clean-up: it never hides the benchmark's own outcome)
-            logging.getLogger(__name__).warning("could not unload the benchmark's base %s: %s", base.name, exc)
-        finally:
-            client.close()
-    direct = _direct(settings, live, conversations[live.name], rows, served) if cfg.direct else None
-    hardware = detect()
-
+        _unload_base(settings, client, base)
+    direct = _direct(settings, live, tuned.conversations, rows, served) if cfg.direct else None
+    hardware = detect(settings.bench.hardware)
     # the headline compares the rows decoded the way models are served (`triton.constrained`)
-    def rows_of(name: str, constrained: bool) -> list[dict[str, Any]]:
-        return [
-            r
-            for r in results
-            if r["model"] == labels[name]
-            and not constrained
-            or r["model"] == labels[name] + CONSTRAINED_LABEL
-            and constrained
-        ]
-
-    if served and not (rows_of(live.name, True) and rows_of(base.name, True)):
+    if served and not (_rows_of(results, tuned, True) and _rows_of(results, baseline, True)):
         served = False  # a model without the TOOLS input (kept from before) was timed unconstrained only
-    tuned, baseline = rows_of(live.name, served), rows_of(base.name, served)
+    tuned_rows, base_rows = _rows_of(results, tuned, served), _rows_of(results, baseline, served)
     for r in results:
         r["usd_per_million_requests"] = _round(usd_per_million(r["requests_per_s"], hardware))
-    comparison = _compare(baseline[0], tuned[0]) if baseline and tuned else {}
+    comparison = _compare(base_rows[0], tuned_rows[0]) if base_rows and tuned_rows else {}
     report = {
         "generated_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "live": live.name,
@@ -279,10 +135,73 @@ def run_bench(settings: Settings, cfg: BenchSettings | None = None, console: Con
         "direct": direct,
         "comparison": comparison,
         "constrained": served,
-        "triton_overhead_ms": round(tuned[0]["p50_ms"] - direct["p50_ms"], 1) if direct and tuned else None,
+        "triton_overhead_ms": round(tuned_rows[0]["p50_ms"] - direct["p50_ms"], 1) if direct and tuned_rows else None,
         "seconds": round(time.perf_counter() - started, 1),
     }
     return write_report(settings, report)
+
+
+def _time_runs(
+    client: TritonClient,
+    arms: tuple[_Arm, ...],
+    rows: list[dict[str, Any]],
+    modes: list[bool],
+    levels: list[int],
+    console: Console | None,
+) -> list[dict[str, Any]]:
+    """Each model, decoded each way it takes (free, or under the offered tools' grammar), after one warm-up
+    request, at each concurrency in `levels`: one summarized run each, every request streamed."""
+    results: list[dict[str, Any]] = []
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=False,
+    ) as progress:
+        for arm in arms:
+            for constrained in (m for m in modes if not m or client.accepts_tools(arm.name)):
+                label = arm.label + (CONSTRAINED_LABEL if constrained else "")
+                tools = [r["tools_json"] for r in rows] if constrained else None
+                client.infer_one(arm.name, arm.conversations[0], tools[0] if tools else None)  # warm-up
+                for level in levels:
+                    task = progress.add_task(f"{label} x{level}", total=len(rows))
+                    t0 = time.perf_counter()
+                    replies = client.infer(arm.name, arm.conversations, concurrency=level, tools=tools, stream=True)
+                    progress.update(task, completed=len(rows))
+                    results.append(
+                        {
+                            **summarize_run(
+                                label, level, rows, replies, time.perf_counter() - t0, client.timeout_s * 1000
+                            ),
+                            "constrained": constrained,
+                        }
+                    )
+    return results
+
+
+def _unload_base(settings: Settings, client: TritonClient, base: repository.ModelEntry | None) -> None:
+    """The benchmark's clean-up: with `triton.multi_lora` its own base copy is unloaded; the client is closed
+    either way."""
+    try:
+        if (
+            base is not None and settings.triton.multi_lora and client.ready(base.name)
+        ):  # one base in memory: the shared one
+            client.unload(base.name, wait_s=120)
+    except Exception as exc:  # noqa: BLE001 (a clean-up: it never hides the benchmark's own outcome)
+        logging.getLogger(__name__).warning("could not unload the benchmark's base %s: %s", base.name, exc)
+    finally:
+        client.close()
+
+
+def _rows_of(results: list[dict[str, Any]], arm: _Arm, constrained: bool) -> list[dict[str, Any]]:
+    """The arm's rows decoded one way: under the grammar (`constrained`) or free."""
+    return [
+        r
+        for r in results
+        if r["model"] == arm.label and not constrained or r["model"] == arm.label + CONSTRAINED_LABEL and constrained
+    ]
 
 
 def _base_model_of(settings: Settings, live: Any) -> str:
@@ -358,76 +277,6 @@ def _direct(
         replies,
         sum(r.latency_ms for r in replies) / 1000,
     )
-
-
-BOOTSTRAP_RESAMPLES = 2000
-BOOTSTRAP_SEED = 0
-MIN_PAIRS = 8  # below it the bootstrapped median takes too few values for a 95 % interval to hold its coverage
-
-
-def paired_p50_change_ci(
-    base: list[float],
-    tuned: list[float],
-    resamples: int = BOOTSTRAP_RESAMPLES,
-    seed: int = BOOTSTRAP_SEED,
-    min_pairs: int = MIN_PAIRS,
-) -> list[float] | None:
-    """95 % interval of the median latency's relative change, tuned against base: a percentile bootstrap over
-    the requests, paired (both models answered the same requests: request i's two latencies are resampled
-    together). It covers which requests were drawn, given each model's one timed pass (not what moved between
-    the passes). None with fewer than `min_pairs` pairs, lists of different lengths, or a resample whose base
-    median is not above 0."""
-    import numpy as np
-
-    if len(base) != len(tuned) or len(base) < max(2, min_pairs):
-        return None
-    a, b = np.asarray(base, dtype=float), np.asarray(tuned, dtype=float)
-    picks = np.random.default_rng(seed).integers(0, len(a), size=(resamples, len(a)))
-    rank = nearest_rank(len(a), 50) - 1  # the median as `percentile` takes it
-    low, high = np.sort(a[picks], axis=1)[:, rank], np.sort(b[picks], axis=1)[:, rank]
-    if not (low > 0).all():
-        return None
-    lo, hi = np.percentile((high - low) / low, [2.5, 97.5])
-    return [round(float(lo), 3), round(float(hi), 3)] if np.isfinite([lo, hi]).all() else None
-
-
-def _compare(base: dict[str, Any], tuned: dict[str, Any]) -> dict[str, Any]:
-    def change(a: float | None, b: float | None) -> float | None:
-        return round((b - a) / a, 3) if a and b is not None else None
-
-    a, b = base.get("latencies_ms") or [], tuned.get("latencies_ms") or []
-    pairs, level = min(len(a), len(b)), tuned["concurrency"]
-    ci = paired_p50_change_ci(a, b) if level == 1 else None
-    if ci is not None:
-        interval = (
-            f"percentile bootstrap over the {pairs} requests, paired ({BOOTSTRAP_RESAMPLES} resamples, seed "
-            f"{BOOTSTRAP_SEED}), one request at a time; it covers which requests were drawn, given each "
-            "model's one timed pass"
-        )
-    else:
-        interval = "none: " + (
-            f"at concurrency {level} requests in flight together slow each other, so they are "
-            "not resampled as independent"
-            if level != 1
-            else f"{pairs} requests, fewer than the {MIN_PAIRS} an interval of the median needs"
-            if pairs < MIN_PAIRS
-            else "the two models' request lists differ, or a resample's base median is 0"
-        )
-    return {
-        "latency_p50_change": change(base["p50_ms"], tuned["p50_ms"]),
-        "latency_p50_change_ci95": ci,
-        "paired_requests": pairs,
-        "concurrency": level,
-        "interval": interval,
-        "prompt_tokens_change": change(base["prompt_tokens_mean"], tuned["prompt_tokens_mean"]),
-        "throughput_change": change(base["requests_per_s"], tuned["requests_per_s"]),
-        "cost_change": change(base.get("usd_per_million_requests"), tuned.get("usd_per_million_requests")),
-        "exact_match": {"base_few_shot": base["exact_match"], "tuned": tuned["exact_match"]},
-    }
-
-
-def _round(value: float | None) -> float | None:
-    return None if value is None else round(value, 2)
 
 
 def write_report(settings: Settings, report: dict[str, Any]) -> dict[str, Any]:

@@ -6,6 +6,7 @@ bad arguments, a busy port) print one line and exit 2, never a traceback.
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -14,10 +15,10 @@ import typer
 from typer.exceptions import TyperException
 
 from pipelines.cli import admin, data, logs, models, serving, stack
-from pipelines.cli.common import UserError
+from pipelines.cli.common import INVOCATION, Invocation, UserError, cli_settings
 from pipelines.cli.gateway import gateway_app
 from pipelines.cli.projects import project_app, select
-from pipelines.config import ConfigError, get_settings
+from pipelines.config import ConfigError
 from pipelines.errors import keep_traceback, one_line
 from pipelines.security import mask_uri_passwords
 
@@ -54,13 +55,25 @@ def _root(
     select(project)
 
 
+def plain_help(typer_app: typer.Typer) -> None:
+    """Help as plain text, wrapped at words: without a terminal (CI logs, pipes, files) Typer's panels would wrap
+    inside words and cut option descriptions with an ellipsis at 80 columns."""
+    typer_app.rich_markup_mode = None
+    for group in typer_app.registered_groups:
+        if group.typer_instance is not None:
+            plain_help(group.typer_instance)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point: usage and configuration errors become one line on stderr and exit code 2."""
     from pipelines.demo import DemoFailed
     from pipelines.errors import NotRetryable
     from pipelines.services import ServiceError
 
+    if not (os.environ.get("COLUMNS") or sys.stdout.isatty()):
+        plain_help(app)
     command = typer.main.get_command(app)
+    started = INVOCATION.set(Invocation())  # this command line's project and settings (`--project` fills it)
     try:
         code = command.main(args=argv, prog_name="flywheel", standalone_mode=False)
         if isinstance(code, int) and code:  # click returns (not raises) typer.Exit's code here
@@ -85,13 +98,15 @@ def main(argv: list[str] | None = None) -> None:
     except Exception as exc:  # noqa: BLE001 (MLflow, Triton, a corrupt file, ...: one line, the traceback kept)
         sys.stderr.write(f"error: {one_line(exc)} (traceback: {keep_traceback(exc, _logs_folder())})\n")
         sys.exit(1)
+    finally:
+        INVOCATION.reset(started)
 
 
 def _logs_folder() -> Path:
     import tempfile
 
     try:
-        return Path(str(get_settings().root)) / "logs"
+        return Path(str(cli_settings().root)) / "logs"
     except Exception:  # noqa: BLE001 (a broken configuration: still keep the traceback)
         return Path(tempfile.gettempdir())
 

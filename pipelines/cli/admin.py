@@ -6,9 +6,8 @@ import json
 
 import typer
 
-from pipelines.cli.common import JsonOpt, UserError, stdout_console
+from pipelines.cli.common import JsonOpt, UserError, cli_settings, stdout_console
 from pipelines.cli.common import emit as _emit
-from pipelines.config import get_settings
 
 app = typer.Typer()  # this module's top-level commands (merged into `flywheel`)
 config_app = typer.Typer(help="Show the effective configuration.", no_args_is_help=True)
@@ -19,7 +18,7 @@ def config_show(as_json: JsonOpt = False) -> None:
     """Print the effective settings (profile defaults + YAML + FLYWHEEL_* env); secrets are masked."""
     from pipelines.security import redact_settings
 
-    data = redact_settings(get_settings().model_dump(mode="json"))
+    data = redact_settings(cli_settings().model_dump(mode="json"))
     if as_json:
         _emit(data, True, "")
     else:
@@ -34,7 +33,7 @@ def scan_secrets(as_json: JsonOpt = False) -> None:
     from pipelines.security import scan_platform
     from pipelines.stack.airflow import generated_secrets
 
-    settings = get_settings()
+    settings = cli_settings()
     if not settings.is_local:
         raise UserError("scan-secrets reads the local root's logs; on a cluster scan the log store instead")
     findings = [str(f) for f in scan_platform(settings, generated_secrets(settings))]

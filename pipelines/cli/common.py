@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import os
 import sys
+from contextvars import ContextVar
+from dataclasses import dataclass
 from datetime import UTC, date, datetime
 from typing import Annotated, Any
 
@@ -14,7 +16,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-from pipelines.config import Settings, get_settings
+from pipelines.config import DEFAULT_PROJECT, Settings, load_settings
 
 WIDE = 1000
 
@@ -51,8 +53,39 @@ def emit(data: dict[str, Any], as_json: bool, title: str) -> None:
     stdout_console().print(table)
 
 
+@dataclass
+class Invocation:
+    """One `flywheel` command line: the project its global `--project` names and, once loaded, its settings."""
+
+    project: str | None = None
+    settings: Settings | None = None
+
+
+INVOCATION: ContextVar[Invocation] = ContextVar("flywheel_invocation")
+
+
+def cli_settings() -> Settings:
+    """The settings this invocation works with: the configuration (FLYWHEEL_* environment, the FLYWHEEL_CONFIG file)
+    in the project the global `--project` names (else FLYWHEEL_PROJECT, else `default`), which must exist. Loaded
+    once per command line (the root callback starts it, `main` ends it); each command passes them down."""
+    invocation = INVOCATION.get(None) or Invocation()
+    if invocation.settings is None:
+        project = invocation.project
+        settings = load_settings(**({"project": project} if project else {}))
+        if settings.project != DEFAULT_PROJECT:
+            from pipelines.projects import registry
+
+            try:
+                registry.check_name(settings.project)
+                registry.get(settings, settings.project)
+            except registry.ProjectError as exc:
+                raise UserError(f"--project: {exc}") from None
+        invocation.settings = settings
+    return invocation.settings
+
+
 def local_settings(command: str) -> Settings:
-    settings = get_settings()
+    settings = cli_settings()
     if not settings.is_local:
         raise UserError(f"`flywheel {command}` manages local servers; the cluster profile runs them on Kubernetes")
     return settings

@@ -5,15 +5,14 @@ from __future__ import annotations
 import sys
 import uuid
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
-from pipelines.cli.common import DaysOpt, EndOpt, JsonOpt, UserError, console
+from pipelines.cli.common import DaysOpt, EndOpt, JsonOpt, UserError, cli_settings, console
 from pipelines.cli.common import emit as _emit
 from pipelines.cli.common import parse_date as _parse_date
 from pipelines.cli.common import window_arg as _window_arg
-from pipelines.config import get_settings
 from pipelines.security import redact_uri
 
 app = typer.Typer()  # this module's top-level commands (merged into `flywheel`)
@@ -30,7 +29,7 @@ def prep_cmd(end_date: EndOpt = None, window_days: DaysOpt = 1, as_json: JsonOpt
     from pipelines import tasks
 
     with console.status("Spark prep ..."):
-        result = tasks.prep(_window_arg(end_date, window_days))
+        result = tasks.prep(cli_settings(), _window_arg(end_date, window_days))
     _emit(result, as_json, result["message"])
 
 
@@ -42,7 +41,7 @@ def validate_cmd(end_date: EndOpt = None, window_days: DaysOpt = 1, as_json: Jso
     from pipelines.window import DateWindow
 
     w = _window_arg(end_date, window_days)
-    settings = get_settings()
+    settings = cli_settings()
     with console.status("Great Expectations ..."):
         report = run_gates(
             settings,
@@ -70,7 +69,7 @@ def features_apply(as_json: JsonOpt = False) -> None:
     """Register the entities, feature views and feature service of feature_repo/ in the Feast registry."""
     from pipelines.clients import feast
 
-    _emit({"applied": feast.apply(get_settings())}, as_json, "feast apply")
+    _emit({"applied": feast.apply(cli_settings())}, as_json, "feast apply")
 
 
 @features_app.command("materialize")
@@ -80,7 +79,7 @@ def features_materialize(end_date: EndOpt = None, window_days: DaysOpt = 1, as_j
     from pipelines.features.pipeline import compute_features, materialize_window
     from pipelines.window import DateWindow
 
-    settings = get_settings()
+    settings = cli_settings()
     w = _window_arg(end_date, window_days)
     window = DateWindow.parse(w["start"], w["end"])
     with console.status("computing features ..."):
@@ -104,7 +103,7 @@ def features_build(end_date: EndOpt = None, window_days: DaysOpt = 1, as_json: J
     from pipelines import tasks
 
     with console.status("features ..."):
-        result = tasks.features(_window_arg(end_date, window_days))
+        result = tasks.features(cli_settings(), _window_arg(end_date, window_days))
     _emit(result, as_json, "features")
 
 
@@ -113,7 +112,7 @@ def features_context(customer_id: Annotated[str, typer.Argument(help="e.g. cus_0
     """Print a customer's prompt context from the online store (what serving adds to the prompt)."""
     from pipelines.features.pipeline import online_context
 
-    sys.stdout.write((online_context(customer_id, get_settings()) or "(no context)") + "\n")
+    sys.stdout.write((online_context(customer_id, cli_settings()) or "(no context)") + "\n")
 
 
 @app.command("run")
@@ -128,7 +127,9 @@ def run_cmd(
             "default: synthetic for the default project, landed in a project"
         ),
     ] = None,
-    bad_share: Annotated[float, typer.Option(min=0.0, max=1.0)] = 0.05,
+    bad_share: Annotated[
+        float, typer.Option(min=0.0, max=1.0, help="Share of generated lines that are broken on purpose (quarantine).")
+    ] = 0.05,
     drift: Annotated[str, typer.Option(help="none, holiday, new-category, locale, tool-mix")] = "none",
     seed: Annotated[int, typer.Option(help="0: derived from the date")] = 0,
     scheduler: Annotated[
@@ -140,12 +141,10 @@ def run_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """Run the commerce_flywheel DAG for a window (in-process `dags test`, or via `flywheel up`'s scheduler)."""
-    from pipelines.airflow_tasks import RUN_TOKEN, dag_id_for, failure_of
-    from pipelines.clients import airflow
+    from pipelines.airflow_tasks import dag_id_for
     from pipelines.config import DEFAULT_PROJECT
-    from pipelines.stack import airflow as airflow_server
 
-    source = source or ("synthetic" if get_settings().project == DEFAULT_PROJECT else "landed")
+    source = source or ("synthetic" if cli_settings().project == DEFAULT_PROJECT else "landed")
     conf = {
         "end_date": end_date,
         "window_days": window_days,
@@ -160,36 +159,55 @@ def run_cmd(
     }
     if end_date:
         _parse_date(end_date, "--end-date")
-    settings = get_settings()
+    settings = cli_settings()
     dag_id = dag_id_for("commerce_flywheel", settings.project)  # the project's own DAG
     if scheduler:
-        rest = airflow.AirflowRest(settings)
-        limit = settings.airflow.run_timeout_s
-        with console.status("waiting for the DAG run ..."):
-            state = airflow.trigger_and_wait(rest, dag_id, conf, timeout_s=limit)
-        if state["state"] == "timeout":
-            raise UserError(
-                f"{dag_id} run {state['dag_run_id']} did not finish within {limit:g} s "
-                f"(airflow.run_timeout_s); it goes on in the scheduler: see {airflow.base_url(settings)}"
-            )
-        _emit(state, as_json, f"{dag_id}: {state['state']}")
-        if state["state"] != "success":
-            _fail(
-                failure_of(settings.zone("reports"), dag_id, run_id=state["dag_run_id"]),
-                f"{airflow.base_url(settings)}/dags/{dag_id}",
-            )
-        return
+        _run_on_the_scheduler(settings, dag_id, conf, as_json)
+    else:
+        _run_in_process(settings, dag_id, conf, as_json)
+
+
+def _run_on_the_scheduler(settings: Any, dag_id: str, conf: dict[str, Any], as_json: bool) -> None:
+    """Trigger the DAG through the running scheduler's REST API and wait for the run's end."""
+    from pipelines.airflow_tasks import failure_of
+    from pipelines.clients import airflow
+
+    rest = airflow.AirflowRest(settings)
+    limit = settings.airflow.run_timeout_s
+    with console.status("waiting for the DAG run ..."):
+        state = airflow.trigger_and_wait(rest, dag_id, conf, timeout_s=limit)
+    if state["state"] == "timeout":
+        raise UserError(
+            f"{dag_id} run {state['dag_run_id']} did not finish within {limit:g} s "
+            f"(airflow.run_timeout_s); it goes on in the scheduler: see {airflow.base_url(settings)}"
+        )
+    _emit(state, as_json, f"{dag_id}: {state['state']}")
+    if state["state"] != "success":
+        _fail(
+            failure_of(settings.zone("reports"), dag_id, run_id=state["dag_run_id"]),
+            f"{airflow.base_url(settings)}/dags/{dag_id}",
+        )
+
+
+def _run_in_process(settings: Any, dag_id: str, conf: dict[str, Any], as_json: bool) -> None:
+    """`airflow dags test`: the run in this process's children, each task printed as it ends."""
+    from pipelines.airflow_tasks import RUN_TOKEN, failure_of
+    from pipelines.progress import follower, progress_line
+    from pipelines.projects import airflow_access
+    from pipelines.stack import airflow as airflow_server
+
     log = (
         Path(str(settings.root))
         / "logs"
         / ("dags-test.log" if dag_id == "commerce_flywheel" else f"dags-test-{dag_id}.log")
     )
     token = uuid.uuid4().hex  # the tasks of this run record it with their failure: no other run's is shown
-    with console.status(f"airflow dags test {dag_id} (progress: {log}) ..."):
-        from pipelines.projects import airflow_access
-
+    follow = follower(settings.zone("reports"), token, lambda r: console.print(progress_line(r), highlight=False))
+    with console.status(f"airflow dags test {dag_id} (log: {log}) ..."):
         bundle = airflow_access.bundle_name(settings.project) if airflow_access.prepare(settings) else None
-        result = airflow_server.dags_test(settings, dag_id, conf, log=log, extra_env={RUN_TOKEN: token}, bundle=bundle)
+        result = airflow_server.dags_test(
+            settings, dag_id, conf, log=log, extra_env={RUN_TOKEN: token}, bundle=bundle, on_wait=follow
+        )
     ok = result.returncode == 0 and "state=success" in result.stdout + result.stderr
     failure = None if ok else failure_of(settings.zone("reports"), dag_id, token=token)
     _emit(
@@ -221,7 +239,7 @@ def labels_review(as_json: JsonOpt = False) -> None:
     """Down-rated answers nobody has decided yet (they never train; a correction becomes a `human` label)."""
     from pipelines.prep.reviews import queue
 
-    waiting = queue(get_settings())
+    waiting = queue(cli_settings())
     if as_json:
         _emit({"queue": waiting}, True, "")
         return
@@ -255,7 +273,7 @@ def labels_accept(
         parsed = json.loads(call)
     except json.JSONDecodeError as exc:
         raise UserError(f"--call is not JSON: {exc}") from None
-    _emit(decide(get_settings(), record_id, True, parsed, reviewer), as_json, "review")
+    _emit(decide(cli_settings(), record_id, True, parsed, reviewer), as_json, "review")
 
 
 @labels_app.command("reject")
@@ -267,4 +285,4 @@ def labels_reject(
     """Reject a queued turn: it stays out of training and leaves the queue."""
     from pipelines.prep.reviews import decide
 
-    _emit(decide(get_settings(), record_id, False, None, reviewer), as_json, "review")
+    _emit(decide(cli_settings(), record_id, False, None, reviewer), as_json, "review")

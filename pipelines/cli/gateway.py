@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from pipelines.cli.common import JsonOpt, console, emit, local_settings
+from pipelines.cli.common import JsonOpt, cli_settings, console, emit, local_settings
 
 gateway_app = typer.Typer(
     help="The OpenAI-compatible gateway in front of the served models (127.0.0.1, API key).", no_args_is_help=True
@@ -35,10 +35,9 @@ def gateway_down(as_json: JsonOpt = False) -> None:
 @gateway_app.command("status")
 def gateway_status(as_json: JsonOpt = False) -> None:
     """Whether the gateway runs, its OpenAI base URL and the file holding its API key."""
-    from pipelines.config import get_settings
     from pipelines.gateway import app as gateway
 
-    emit(gateway.status(get_settings()), as_json, "gateway")
+    emit(gateway.status(cli_settings()), as_json, "gateway")
 
 
 @gateway_app.command("route")
@@ -52,10 +51,9 @@ def gateway_route(
     as_json: JsonOpt = False,
 ) -> None:
     """Put a route in a traffic mode (recorded); the gateway follows within a second."""
-    from pipelines.config import get_settings
     from pipelines.livegate import routes
 
-    settings = get_settings()
+    settings = cli_settings()
     if mode is None:
         data = routes.read_routes(settings)
         emit(
@@ -81,10 +79,9 @@ def gateway_report(
     as_json: JsonOpt = False,
 ) -> None:
     """Live agreement of candidates with the teacher (shadow and canary traffic): HTML + JSON, MLflow."""
-    from pipelines.config import get_settings
     from pipelines.livegate.report import build_report
 
-    report = build_report(get_settings(), since)
+    report = build_report(cli_settings(), since)
     if as_json:
         emit(report, True, "")
         return
@@ -100,7 +97,6 @@ def gateway_gate(
 ) -> None:
     """Apply the live gate now: shadow -> canary, a failing canary -> serve, a passing canary -> serve with
     its candidate deployed as the live model."""
-    from pipelines.config import get_settings
     from pipelines.livegate.report import gate
 
-    emit(gate(get_settings(), model), as_json, f"live gate, route {model}")
+    emit(gate(cli_settings(), model), as_json, f"live gate, route {model}")

@@ -9,11 +9,10 @@ from typing import Annotated
 
 import typer
 
-from pipelines.cli.common import JsonOpt, UserError, console
+from pipelines.cli.common import JsonOpt, UserError, cli_settings, console
 from pipelines.cli.common import emit as _emit
 from pipelines.cli.common import parse_date as _parse_date
 from pipelines.cli.common import progress as _progress
-from pipelines.config import get_settings
 
 app = typer.Typer()  # this module's top-level commands (merged into `flywheel`)
 logs_app = typer.Typer(help="Generate, check and describe commerce-agent logs.", no_args_is_help=True)
@@ -48,7 +47,7 @@ def logs_generate(
         drift=drift_kind,
         drift_magnitude=drift_magnitude,
     )
-    raw_root = out or Path(get_settings().zone("raw"))
+    raw_root = out or Path(cli_settings().zone("raw"))
     with _progress() as progress:
         task = progress.add_task("generating logs", total=records)
         summary = write_raw_logs(config, raw_root, compress=gzip_output, progress=lambda n: progress.advance(task, n))
@@ -65,7 +64,7 @@ def logs_check(
     """Schema-check raw logs and count the reasons lines would be quarantined."""
     from pipelines.logs.raw import check_files, raw_files
 
-    target = path or Path(get_settings().zone("raw"))
+    target = path or Path(cli_settings().zone("raw"))
     if not target.exists():
         raise UserError(f"no such file or folder: {target}")
     files = [target] if target.is_file() else raw_files(target)
@@ -86,7 +85,7 @@ def logs_import_webshop(
 
     if not pairs_file.is_file():
         raise UserError(f"no such file: {pairs_file}")
-    result = webshop_to_raw(pairs_file, out or Path(get_settings().zone("raw")), _parse_date(day, "--date"))
+    result = webshop_to_raw(pairs_file, out or Path(cli_settings().zone("raw")), _parse_date(day, "--date"))
     _emit(result, as_json, "WebShop import")
 
 
@@ -114,7 +113,7 @@ def logs_import_retail(
         if not f.is_file():
             raise UserError(f"no such file: {f}")
     result = retail_to_raw(
-        tools_file, tasks_file, out or Path(get_settings().zone("raw")), _parse_date(day, "--date"), db_file=db
+        tools_file, tasks_file, out or Path(cli_settings().zone("raw")), _parse_date(day, "--date"), db_file=db
     )
     _emit(result, as_json, "retail import")
 
@@ -143,7 +142,7 @@ def tools_list(as_json: JsonOpt = False) -> None:
     from pipelines.logs.toolsets import load_extra_tools, tools_table
     from pipelines.toolcall.grammar import constraint
 
-    raw = get_settings().zone("raw")
+    raw = cli_settings().zone("raw")
     rows = tools_table(raw)
     specs = catalogue(load_extra_tools(raw))
     for row in rows:

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.table import Table
 
-from pipelines.cli.common import JsonOpt, UserError, console, stdout_console
+from pipelines.cli.common import JsonOpt, UserError, cli_settings, console, stdout_console
 from pipelines.cli.common import emit as _emit
-from pipelines.config import decoding_modes, get_settings
+from pipelines.config import decoding_modes
 
 app = typer.Typer()  # this module's top-level commands (merged into `flywheel`)
 
@@ -25,9 +25,10 @@ def train_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """Run a LoRA sweep on the latest training set: one MLflow child run per variant, best one picked."""
-    from pipelines.train.sweep import load_sweep, run_sweep
+    from pipelines.train.sweep import run_sweep
+    from pipelines.train.sweep_config import load_sweep
 
-    settings = get_settings()
+    settings = cli_settings()
     if backend not in (None, "hf", "nemo"):
         raise UserError(f"--backend: expected hf or nemo, got {backend!r}")
     result = run_sweep(settings, load_sweep(sweep or settings.train.sweep, backend or settings.train.backend), console)
@@ -88,27 +89,15 @@ def eval_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """Evaluate base zero-shot, base few-shot and tuned adapters side by side (JSON + HTML report)."""
-    from pipelines.evaluate.pipeline import Adapter, EvalConfig, evaluate
-    from pipelines.registry.models import adapter_path, alias_version, answer_budget, prompt_style
+    from pipelines.evaluate.pipeline import EvalConfig, evaluate
     from pipelines.toolcall.budget import FALLBACK
 
-    settings = get_settings()
+    settings = cli_settings()
     if split not in ("train", "val", "test"):
         raise UserError(f"--split: expected train, val or test, got {split!r}")
     if constrained not in (None, "served", "off", "on", "both"):
         raise UserError(f"--constrained: expected served, off, on or both, got {constrained!r}")
-    adapters, budgets = [], []
-    for item in adapter or []:
-        label, _, path = item.rpartition("=")
-        if not Path(path, "adapter_config.json").is_file():
-            raise UserError(f"--adapter: no adapter_config.json in {path}")
-        adapters.append(Adapter(label or f"tuned_{Path(path).parent.name}", path))
-    for ref in version or []:
-        number = ref if ref.isdigit() else alias_version(settings, ref)
-        if number is None:
-            raise UserError(f"--version: no version or alias {ref!r} in {settings.mlflow.registered_model}")
-        adapters.append(Adapter(f"tuned_v{number}", adapter_path(settings, number), prompt_style(settings, number)))
-        budgets.append(answer_budget(settings, number) or FALLBACK)
+    adapters, budgets = _adapters_to_evaluate(settings, adapter or [], version or [])
     cfg = EvalConfig(
         base_model=base_model,
         split=split,
@@ -125,6 +114,31 @@ def eval_cmd(
     if as_json:
         _emit(report.to_dict(), True, "")
         return
+    _print_evaluation(report, logs)
+
+
+def _adapters_to_evaluate(settings: Any, folders: list[str], versions: list[str]) -> tuple[list[Any], list[int]]:
+    """`--adapter` folders and `--version` refs as the evaluation's adapters, with the versions' answer budgets."""
+    from pipelines.evaluate.pipeline import Adapter
+    from pipelines.registry.models import adapter_path, alias_version, answer_budget, prompt_style
+    from pipelines.toolcall.budget import FALLBACK
+
+    adapters, budgets = [], []
+    for item in folders:
+        label, _, path = item.rpartition("=")
+        if not Path(path, "adapter_config.json").is_file():
+            raise UserError(f"--adapter: no adapter_config.json in {path}")
+        adapters.append(Adapter(label or f"tuned_{Path(path).parent.name}", path))
+    for ref in versions:
+        number = ref if ref.isdigit() else alias_version(settings, ref)
+        if number is None:
+            raise UserError(f"--version: no version or alias {ref!r} in {settings.mlflow.registered_model}")
+        adapters.append(Adapter(f"tuned_v{number}", adapter_path(settings, number), prompt_style(settings, number)))
+        budgets.append(answer_budget(settings, number) or FALLBACK)
+    return adapters, budgets
+
+
+def _print_evaluation(report: Any, logs: str | None) -> None:
     table = Table(title=f"evaluation on {report.examples} requests ({report.html_uri})")
     for column in ("condition", "exact_match", "name_accuracy", "arg_f1", "prompt_tokens_mean", "latency_ms_p50"):
         table.add_column(column)
@@ -150,7 +164,7 @@ def registry_list(as_json: JsonOpt = False) -> None:
     """Every registered version with its aliases, sweep and gate decision."""
     from pipelines.clients.mlflow import client
 
-    settings = get_settings()
+    settings = cli_settings()
     name = settings.mlflow.registered_model
     registry = client(settings)
     versions = registry.search_model_versions(f"name='{name}'")
@@ -180,7 +194,7 @@ def registry_history(as_json: JsonOpt = False) -> None:
     """Champion changes: promotions and rollbacks, with their reasons."""
     from pipelines.registry.models import history
 
-    entries = history(get_settings())
+    entries = history(cli_settings())
     _emit(
         {"history": entries} if as_json else {f"{i}. {e.get('at', '')}": e for i, e in enumerate(entries, 1)},
         as_json,
@@ -194,6 +208,6 @@ def registry_rollback(as_json: JsonOpt = False) -> None:
     from pipelines.registry.models import RegistryError, rollback
 
     try:
-        _emit(rollback(get_settings()), as_json, "rollback")
+        _emit(rollback(cli_settings()), as_json, "rollback")
     except RegistryError as exc:
         raise UserError(str(exc)) from None

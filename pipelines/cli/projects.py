@@ -10,8 +10,8 @@ from typing import Annotated
 
 import typer
 
-from pipelines.cli.common import JsonOpt, UserError, console, emit, print_table
-from pipelines.config import DEFAULT_PROJECT, get_settings
+from pipelines.cli.common import INVOCATION, Invocation, JsonOpt, UserError, cli_settings, console, emit, print_table
+from pipelines.config import DEFAULT_PROJECT
 
 project_app = typer.Typer(
     help="AI projects: one team's logs, models, endpoints, keys and quotas, apart from the others'.",
@@ -28,21 +28,20 @@ ConcurrentOpt = Annotated[int | None, typer.Option("--concurrent", min=1, help="
 
 
 def select(project: str | None) -> None:
-    """The global `--project` (or FLYWHEEL_PROJECT): every command after it works in that project, which must
-    exist (`default` always does)."""
+    """The global `--project`: every command after it works in that project, which must exist (`default` always
+    does); checked at once, so a wrong name is one line before the command runs. Nothing else changes: the
+    project is this command line's (`cli_settings`), never the process environment's."""
     from pipelines.projects import registry
 
-    if project is not None:
-        os.environ["FLYWHEEL_PROJECT"] = project
-        get_settings.cache_clear()
-    name = os.environ.get("FLYWHEEL_PROJECT")
-    if not name or name == DEFAULT_PROJECT:
-        return
-    try:
-        registry.check_name(name)
-        registry.get(get_settings(), name)
-    except registry.ProjectError as exc:
-        raise UserError(f"--project: {exc}") from None
+    name = project or os.environ.get("FLYWHEEL_PROJECT")
+    if name:
+        try:
+            registry.check_name(name)
+        except registry.ProjectError as exc:
+            raise UserError(f"--project: {exc}") from None
+    INVOCATION.set(Invocation(project=project))
+    if name:
+        cli_settings()
 
 
 def _user() -> str:
@@ -53,7 +52,7 @@ def _platform():
     """The unscoped settings (the project commands address projects by name)."""
     from pipelines.projects import settings_for
 
-    return settings_for(get_settings(), DEFAULT_PROJECT)
+    return settings_for(cli_settings(), DEFAULT_PROJECT)
 
 
 def _errors():

@@ -7,11 +7,10 @@ from typing import Annotated, Any
 
 import typer
 
-from pipelines.cli.common import JsonOpt, UserError, console
+from pipelines.cli.common import JsonOpt, UserError, cli_settings, console
 from pipelines.cli.common import emit as _emit
 from pipelines.cli.common import local_settings as _local_settings
 from pipelines.cli.common import print_table as _print_table
-from pipelines.config import get_settings
 
 app = typer.Typer()  # this module's top-level commands (merged into `flywheel`)
 
@@ -48,7 +47,7 @@ def serve_status(as_json: JsonOpt = False) -> None:
     from pipelines.serve.client import TritonClient
     from pipelines.stack import triton as server
 
-    settings = get_settings()
+    settings = cli_settings()
     row: dict[str, Any] = server.status(settings).to_dict()
     if row["healthy"]:
         client = TritonClient(settings)
@@ -79,7 +78,7 @@ def serve_manifests(
     from pipelines.cluster.training import settings_config_map
     from pipelines.cluster.triton import triton_manifests
 
-    settings = get_settings()
+    settings = cli_settings()
     try:
         docs = triton_manifests(settings, replicas=replicas, gpus=gpus, role_arn=role_arn, region=region)
     except ValueError as exc:
@@ -124,7 +123,7 @@ def deploy_cmd(
     from pipelines.serve import canary as canary_of
     from pipelines.serve import deploy as serving
 
-    settings = get_settings()
+    settings = cli_settings()
     with console.status("deploying ..."):
         if canary is not None and replay_only:
             result = canary_of.canary(settings, alias, share=canary, requests=requests)
@@ -140,7 +139,7 @@ def undeploy_cmd(as_json: JsonOpt = False) -> None:
     """Take this project's models out of service (unloaded; nothing live). `flywheel deploy` serves again."""
     from pipelines.serve import deploy as serving
 
-    _emit(serving.undeploy(get_settings()), as_json, "undeployed")
+    _emit(serving.undeploy(cli_settings()), as_json, "undeployed")
 
 
 @app.command("rollback")
@@ -148,7 +147,7 @@ def rollback_cmd(as_json: JsonOpt = False) -> None:
     """Send traffic back to the previously deployed model (it stays loaded: seconds)."""
     from pipelines.serve import deploy as serving
 
-    _emit(serving.rollback(get_settings()), as_json, "rolled back")
+    _emit(serving.rollback(cli_settings()), as_json, "rolled back")
 
 
 @app.command("bench")
@@ -172,7 +171,7 @@ def bench_cmd(
     from pipelines.bench.serving import run_bench
     from pipelines.config import BenchSettings
 
-    settings = get_settings()
+    settings = cli_settings()
     overrides: dict[str, Any] = {"requests": requests, "protocol": protocol}
     if concurrency:
         try:
@@ -204,7 +203,7 @@ def bench_cmd(
     if as_json:
         _emit(report, True, "bench")
         return
-    from pipelines.bench.serving import TABLE_COLUMNS, table_rows
+    from pipelines.bench.results import TABLE_COLUMNS, table_rows
 
     _print_table(
         f"serving benchmark ({report['hardware']['name']}): {report['html_uri']}", TABLE_COLUMNS, table_rows(report)

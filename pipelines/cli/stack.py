@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.table import Table
 
-from pipelines.cli.common import EndOpt, JsonOpt, UserError, console, stdout_console
+from pipelines.cli.common import EndOpt, JsonOpt, UserError, cli_settings, console, stdout_console
 from pipelines.cli.common import emit as _emit
 from pipelines.cli.common import local_settings as _local_settings
 from pipelines.cli.common import parse_date as _parse_date
-from pipelines.config import get_settings
 
 app = typer.Typer()  # this module's top-level commands (merged into `flywheel`)
 
@@ -32,88 +31,117 @@ def up(
 ) -> None:
     """Start the local MLflow server, Airflow (standalone) and the OpenAI-compatible gateway, bound to
     127.0.0.1; wait until healthy. The DAGs then run on their schedules (unless paused)."""
-    from pipelines.clients import airflow, mlflow
     from pipelines.config import DEFAULT_PROJECT
-    from pipelines.errors import one_line
-    from pipelines.projects import registry, settings_for
-    from pipelines.services import start
-    from pipelines.stack import airflow as airflow_server
+    from pipelines.projects import settings_for
 
     settings = settings_for(_local_settings("up"), DEFAULT_PROJECT)  # the servers are the platform's, not a project's
-    results = {}
+    results: dict[str, Any] = {}
     names = _service_names(only)
     if "mlflow" in names:
-        console.print("starting MLflow ...")
-        results["mlflow"] = start(
-            str(settings.root), mlflow.server_spec(settings), host=settings.mlflow.host, port=settings.mlflow.port
-        ).to_dict()
-        if settings.mlflow.auth:
-            results["mlflow"]["username"] = mlflow.ADMIN
-            results["mlflow"]["password_file"] = str(Path(str(settings.root)) / "runs" / "mlflow-admin.password")
-            from pipelines.projects import access
-
-            results["mlflow"]["projects"] = access.sync_all(settings)  # each project's members' grants
+        results["mlflow"] = _start_mlflow(settings)
     if "airflow" in names:
-        console.print("starting Airflow standalone (about 30 s) ...")
-        tracking = (
-            {"FLYWHEEL_MLFLOW__TRACKING_URI": mlflow.server_url(settings), **mlflow.server_credentials(settings)}
-            if "mlflow" in names
-            else {}
-        )
-        from pipelines.projects import airflow_access
-
-        airflow_access.prepare(settings)  # airflow.multi_team: each project's team, DAG bundle and logins
-        if paused:  # a fresh Airflow creates the DAGs paused: no run starts before the REST call below lands
-            tracking["AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION"] = "True"
-            # and DAGs a `flywheel run` (dags test) created already are paused in the metadata DB before the
-            # scheduler starts (else it starts their latest daily interval before the pause lands); a root with
-            # no Airflow DB yet has none to pause (the command's error is that, and ignored)
-            if Path(str(settings.airflow.home)).is_dir():
-                airflow_server.run_cli(settings, "dags", "pause", ".*", "--treat-dag-id-as-regex", "-y", timeout=300)
-        results["airflow"] = start(
-            str(settings.root),
-            airflow_server.standalone_spec(settings, tracking),
-            host=settings.airflow.host,
-            port=settings.airflow.port,
-        ).to_dict()
-        results["airflow"]["password_file"] = str(airflow.password_file(settings))
-        results["airflow"]["username"] = "admin"
-        from pipelines import schedules
-
-        hold = paused or settings.airflow.schedules == "paused"
-        rows = schedules.set_paused(settings, hold)
-        for name in registry.load(settings):  # every project's DAGs follow the same setting
-            if name != DEFAULT_PROJECT:
-                try:
-                    rows += schedules.set_paused(settings_for(settings, name), hold)
-                except airflow.AirflowUnavailable as exc:
-                    console.print(
-                        f"[red]project {name}: its DAGs were not {'paused' if hold else 'resumed'}: {exc}[/red]"
-                    )
-        results["airflow"]["schedules"] = {r["dag"]: r["state"] for r in rows}
-        for row in rows:
-            console.print(schedules.one_line(row), soft_wrap=True, highlight=False)
+        results["airflow"] = _start_airflow(settings, with_mlflow="mlflow" in names, paused=paused)
     if "gateway" in names:
+        results.update(_restore_serving(settings))
         from pipelines.gateway import app as gateway
-        from pipelines.serve import deploy
-
-        # what was serving, every project's (the platform's first): back before the front door opens; one
-        # project's broken deployment is reported and never keeps the others (or the gateway) down
-        for name in sorted(registry.load(settings), key=lambda n: n != DEFAULT_PROJECT):
-            key = "triton" if name == DEFAULT_PROJECT else f"triton:{name}"
-            try:
-                scoped = settings_for(settings, name)
-                if deploy.state(scoped).get("live"):
-                    console.print(f"starting Triton and restoring {name}'s live deployment ...")
-                    results[key] = deploy.restore(scoped)
-            except Exception as exc:  # noqa: BLE001 (reported in the result, one line)
-                results[key] = {"error": f"not restored: {one_line(exc)}"}
-                console.print(f"[red]{name}: not restored: {one_line(exc)}[/red]")
 
         console.print("starting the gateway ...")
         gateway.up(settings)
         results["gateway"] = gateway.status(settings)
     _emit(results, as_json, "flywheel is up")
+
+
+def _start_mlflow(settings: Any) -> dict[str, Any]:
+    """The tracking server, then each project's members' grants on it."""
+    from pipelines.clients import mlflow
+    from pipelines.services import start
+
+    console.print("starting MLflow ...")
+    result = start(
+        str(settings.root), mlflow.server_spec(settings), host=settings.mlflow.host, port=settings.mlflow.port
+    ).to_dict()
+    if settings.mlflow.auth:
+        result["username"] = mlflow.ADMIN
+        result["password_file"] = str(Path(str(settings.root)) / "runs" / "mlflow-admin.password")
+        from pipelines.projects import access
+
+        result["projects"] = access.sync_all(settings)  # each project's members' grants
+    return result
+
+
+def _start_airflow(settings: Any, *, with_mlflow: bool, paused: bool) -> dict[str, Any]:
+    """Airflow standalone (the project teams prepared first), then every project's DAGs paused or resumed."""
+    from pipelines.clients import airflow, mlflow
+    from pipelines.projects import airflow_access
+    from pipelines.stack import airflow as airflow_server
+
+    console.print("starting Airflow standalone (about 30 s) ...")
+    tracking = (
+        {"FLYWHEEL_MLFLOW__TRACKING_URI": mlflow.server_url(settings), **mlflow.server_credentials(settings)}
+        if with_mlflow
+        else {}
+    )
+    airflow_access.prepare(settings)  # airflow.multi_team: each project's team, DAG bundle and logins
+    if paused:  # a fresh Airflow creates the DAGs paused: no run starts before the REST call below lands
+        tracking["AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION"] = "True"
+        # and DAGs a `flywheel run` (dags test) created already are paused in the metadata DB before the
+        # scheduler starts (else it starts their latest daily interval before the pause lands); a root with
+        # no Airflow DB yet has none to pause (the command's error is that, and ignored)
+        if Path(str(settings.airflow.home)).is_dir():
+            airflow_server.run_cli(settings, "dags", "pause", ".*", "--treat-dag-id-as-regex", "-y", timeout=300)
+    from pipelines.services import start
+
+    result = start(
+        str(settings.root),
+        airflow_server.standalone_spec(settings, tracking),
+        host=settings.airflow.host,
+        port=settings.airflow.port,
+    ).to_dict()
+    result["password_file"] = str(airflow.password_file(settings))
+    result["username"] = "admin"
+    result["schedules"] = _apply_schedules(settings, hold=paused or settings.airflow.schedules == "paused")
+    return result
+
+
+def _apply_schedules(settings: Any, *, hold: bool) -> dict[str, str]:
+    """Every project's DAGs paused (`hold`) or resumed, each printed in one line."""
+    from pipelines import schedules
+    from pipelines.clients import airflow
+    from pipelines.config import DEFAULT_PROJECT
+    from pipelines.projects import registry, settings_for
+
+    rows = schedules.set_paused(settings, hold)
+    for name in registry.load(settings):  # every project's DAGs follow the same setting
+        if name != DEFAULT_PROJECT:
+            try:
+                rows += schedules.set_paused(settings_for(settings, name), hold)
+            except airflow.AirflowUnavailable as exc:
+                console.print(f"[red]project {name}: its DAGs were not {'paused' if hold else 'resumed'}: {exc}[/red]")
+    for row in rows:
+        console.print(schedules.one_line(row), soft_wrap=True, highlight=False)
+    return {r["dag"]: r["state"] for r in rows}
+
+
+def _restore_serving(settings: Any) -> dict[str, Any]:
+    """What was serving, every project's (the platform's first): back before the front door opens; one
+    project's broken deployment is reported and never keeps the others (or the gateway) down."""
+    from pipelines.config import DEFAULT_PROJECT
+    from pipelines.errors import one_line
+    from pipelines.projects import registry, settings_for
+    from pipelines.serve import deploy
+
+    results: dict[str, Any] = {}
+    for name in sorted(registry.load(settings), key=lambda n: n != DEFAULT_PROJECT):
+        key = "triton" if name == DEFAULT_PROJECT else f"triton:{name}"
+        try:
+            scoped = settings_for(settings, name)
+            if deploy.state(scoped).get("live"):
+                console.print(f"starting Triton and restoring {name}'s live deployment ...")
+                results[key] = deploy.restore(scoped)
+        except Exception as exc:  # noqa: BLE001 (reported in the result, one line)
+            results[key] = {"error": f"not restored: {one_line(exc)}"}
+            console.print(f"[red]{name}: not restored: {one_line(exc)}[/red]")
+    return results
 
 
 @app.command("down")
@@ -133,7 +161,7 @@ def status_cmd(as_json: JsonOpt = False) -> None:
     from pipelines.gateway import app as gateway
     from pipelines.services import status
 
-    settings = get_settings()
+    settings = cli_settings()
     root = str(settings.root)
     a = airflow.base_url(settings)  # no standalone_spec: its environment is not needed to ask
     m = mlflow.server_spec(settings)
@@ -216,12 +244,13 @@ def demo(
 ) -> None:
     """Run the whole flywheel on embedded defaults and say where every output is; `demo drift` then
     shows drift monitoring retraining by itself."""
-    from pipelines.demo import run_demo, run_drift_demo
+    from pipelines.demo import run_demo
+    from pipelines.demo_drift import run_drift_demo
 
     if part == "flywheel":
-        run_demo(get_settings(), records_per_day=records_per_day, days=days, seed=seed, console=console)
+        run_demo(cli_settings(), records_per_day=records_per_day, days=days, seed=seed, console=console)
     elif part == "drift":
-        run_drift_demo(get_settings(), records=records_per_day, seed=seed + 100, console=console)
+        run_drift_demo(cli_settings(), records=records_per_day, seed=seed + 100, console=console)
     else:
         raise UserError(f"demo: expected flywheel or drift, got {part!r}")
 
@@ -238,7 +267,7 @@ def drift_check_cmd(end_date: EndOpt = None, as_json: JsonOpt = False) -> None:
 
     end = _parse_date(end_date, "--end-date") if end_date else None
     with console.status("checking drift ..."):
-        result = run_monitor(get_settings(), end)
+        result = run_monitor(cli_settings(), end)
     if as_json:
         _emit(result, True, "drift")
         return

@@ -62,6 +62,7 @@ def variant_pod(
         command += ["--reference-days", ",".join(reference_days)]
     if window:  # the training set's window: every pod trains on the one the plan resolved
         command += ["--window", window]
+    command += ["--project", settings.project]  # its project's data and runs
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -89,8 +90,7 @@ def variant_pod(
                     "env": [
                         {"name": "FLYWHEEL_TRAIN__RUNNER", "value": "local"},  # the pod trains its variant itself
                         {"name": "FLYWHEEL_TRAIN__NEMO_PYTHON", "value": "python"},  # the image is NeMo's
-                        {"name": "FLYWHEEL_PROJECT", "value": settings.project},
-                    ],  # its project's data and runs
+                    ],
                     "resources": {"limits": {"nvidia.com/gpu": str(gpus)}, "requests": {"nvidia.com/gpu": str(gpus)}},
                     "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
                     "volumeMounts": [

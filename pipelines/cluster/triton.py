@@ -38,16 +38,9 @@ def rolling_deployment(app: str, meta: dict[str, Any], replicas: int, template: 
     }
 
 
-def triton_manifests(
-    settings: Settings, *, replicas: int = 2, gpus: int = 1, role_arn: str | None = None, region: str = "us-east-1"
-) -> list[dict[str, Any]]:
-    """ServiceAccount, Deployment, Service and PodDisruptionBudget for the Triton server."""
-    k, t = settings.kubernetes, settings.triton
-    meta = {"namespace": k.namespace, "labels": _labels()}
-    repository = str(t.model_repository)
-    if not repository.startswith("s3://"):
-        raise ValueError(f"triton.model_repository: the cluster serves from S3 (s3://bucket/prefix), got {repository}")
-    command = [
+def _command(repository: str) -> list[str]:
+    """Triton's command line: the S3 repository, models loaded by `flywheel deploy`, our ports."""
+    return [
         "tritonserver",
         f"--model-repository={repository}",
         "--model-control-mode=explicit",
@@ -58,8 +51,63 @@ def triton_manifests(
         f"--grpc-port={PORTS['grpc']}",
         f"--metrics-port={PORTS['metrics']}",
     ]
+
+
+def _container(settings: Settings, repository: str, gpus: int, region: str) -> dict[str, Any]:
+    """The Triton container: its image and command, the GPUs, the probes and its volumes' mounts."""
     probe = {"httpGet": {"path": "/v2/health/ready", "port": "http"}, "periodSeconds": 10, "failureThreshold": 3}
-    account = {
+    return {
+        "name": APP,
+        "image": settings.kubernetes.triton_image,
+        "command": _command(repository),
+        "env": [
+            {"name": "AWS_REGION", "value": region},
+            {"name": "AWS_DEFAULT_REGION", "value": region},
+        ],
+        "ports": [{"name": name, "containerPort": port} for name, port in PORTS.items()],
+        "resources": {
+            "limits": {"nvidia.com/gpu": str(gpus)},
+            "requests": {"nvidia.com/gpu": str(gpus), "cpu": "4", "memory": "32Gi"},
+        },
+        "startupProbe": {**probe, "failureThreshold": 60},  # image and weights take minutes
+        "readinessProbe": probe,
+        "livenessProbe": {
+            "httpGet": {"path": "/v2/health/live", "port": "http"},
+            "periodSeconds": 15,
+            "failureThreshold": 4,
+        },
+        "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
+        "volumeMounts": [
+            {"name": "shm", "mountPath": "/dev/shm"},  # noqa: S108 (the pod's memory-backed volume)
+            {"name": "cache", "mountPath": "/home/triton-server/.cache"},
+        ],
+    }
+
+
+def _pod_template(settings: Settings, container: dict[str, Any]) -> dict[str, Any]:
+    """The pod: on the GPU node group, as the `triton` service account, non-root, scraped by Prometheus."""
+    return {
+        "metadata": {
+            "labels": _labels(),
+            "annotations": {"prometheus.io/scrape": "true", "prometheus.io/port": str(PORTS["metrics"])},
+        },
+        "spec": {
+            "serviceAccountName": APP,
+            "nodeSelector": dict(settings.kubernetes.gpu_node_selector),
+            "tolerations": [dict(GPU_TOLERATION)],
+            "securityContext": {"runAsNonRoot": True, "runAsUser": 1000, "fsGroup": 1000},
+            "containers": [container],
+            "volumes": [
+                {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "16Gi"}},
+                {"name": "cache", "emptyDir": {}},
+            ],
+        },
+    }
+
+
+def _service_account(meta: dict[str, Any], role_arn: str | None) -> dict[str, Any]:
+    """The `triton` service account, with the IAM role that reads the models bucket when one is given."""
+    return {
         "apiVersion": "v1",
         "kind": "ServiceAccount",
         "metadata": {
@@ -68,56 +116,10 @@ def triton_manifests(
             **({"annotations": {"eks.amazonaws.com/role-arn": role_arn}} if role_arn else {}),
         },
     }
-    deployment = rolling_deployment(
-        APP,
-        meta,
-        replicas,
-        {
-            "metadata": {
-                "labels": _labels(),
-                "annotations": {"prometheus.io/scrape": "true", "prometheus.io/port": str(PORTS["metrics"])},
-            },
-            "spec": {
-                "serviceAccountName": APP,
-                "nodeSelector": dict(k.gpu_node_selector),
-                "tolerations": [dict(GPU_TOLERATION)],
-                "securityContext": {"runAsNonRoot": True, "runAsUser": 1000, "fsGroup": 1000},
-                "containers": [
-                    {
-                        "name": APP,
-                        "image": k.triton_image,
-                        "command": command,
-                        "env": [
-                            {"name": "AWS_REGION", "value": region},
-                            {"name": "AWS_DEFAULT_REGION", "value": region},
-                        ],
-                        "ports": [{"name": name, "containerPort": port} for name, port in PORTS.items()],
-                        "resources": {
-                            "limits": {"nvidia.com/gpu": str(gpus)},
-                            "requests": {"nvidia.com/gpu": str(gpus), "cpu": "4", "memory": "32Gi"},
-                        },
-                        "startupProbe": {**probe, "failureThreshold": 60},  # image and weights take minutes
-                        "readinessProbe": probe,
-                        "livenessProbe": {
-                            "httpGet": {"path": "/v2/health/live", "port": "http"},
-                            "periodSeconds": 15,
-                            "failureThreshold": 4,
-                        },
-                        "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
-                        "volumeMounts": [
-                            {"name": "shm", "mountPath": "/dev/shm"},  # noqa: S108 (the pod's memory-backed volume)
-                            {"name": "cache", "mountPath": "/home/triton-server/.cache"},
-                        ],
-                    }
-                ],
-                "volumes": [
-                    {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "16Gi"}},
-                    {"name": "cache", "emptyDir": {}},
-                ],
-            },
-        },
-    )
-    service = {
+
+
+def _service(meta: dict[str, Any]) -> dict[str, Any]:
+    return {
         "apiVersion": "v1",
         "kind": "Service",
         "metadata": {"name": APP, **meta},
@@ -127,13 +129,29 @@ def triton_manifests(
             "ports": [{"name": name, "port": port, "targetPort": name} for name, port in PORTS.items()],
         },
     }
-    budget = {
+
+
+def _disruption_budget(meta: dict[str, Any]) -> dict[str, Any]:
+    return {
         "apiVersion": "policy/v1",
         "kind": "PodDisruptionBudget",
         "metadata": {"name": APP, **meta},
         "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app.kubernetes.io/name": APP}}},
     }
-    return [account, deployment, service, budget]
+
+
+def triton_manifests(
+    settings: Settings, *, replicas: int = 2, gpus: int = 1, role_arn: str | None = None, region: str = "us-east-1"
+) -> list[dict[str, Any]]:
+    """ServiceAccount, Deployment, Service and PodDisruptionBudget for the Triton server."""
+    meta = {"namespace": settings.kubernetes.namespace, "labels": _labels()}
+    repository = str(settings.triton.model_repository)
+    if not repository.startswith("s3://"):
+        raise ValueError(f"triton.model_repository: the cluster serves from S3 (s3://bucket/prefix), got {repository}")
+    account = _service_account(meta, role_arn)
+    template = _pod_template(settings, _container(settings, repository, gpus, region))
+    deployment = rolling_deployment(APP, meta, replicas, template)
+    return [account, deployment, _service(meta), _disruption_budget(meta)]
 
 
 def cluster_url(settings: Settings) -> str:

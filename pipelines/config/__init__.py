@@ -10,13 +10,20 @@ variables (nested with `__`, e.g. `FLYWHEEL_MLFLOW__PORT=5001`), the YAML file n
 
 from __future__ import annotations
 
+import json
 import os
-from functools import lru_cache
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field, PrivateAttr, ValidationError, model_validator
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, YamlConfigSettingsSource
+from pydantic_settings import (
+    BaseSettings,
+    InitSettingsSource,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    YamlConfigSettingsSource,
+)
 
 from pipelines.config.base import LOOPBACK, REPO_ROOT, ConfigError, _Section  # noqa: F401 (the public surface)
 from pipelines.config.stages import (  # noqa: F401 (the public surface)
@@ -44,6 +51,24 @@ DEFAULT_PROJECT = "default"
 PROJECT_PATTERN = r"^[a-z][a-z0-9_]{1,30}$"
 
 
+LEGACY_ENV: dict[str, tuple[str, str, Callable[[str], Any]]] = {  # older variables that still set a field, below FLYWHEEL_<SECTION>__<FIELD> in precedence
+    "FLYWHEEL_HARDWARE_JSON": ("bench", "hardware", json.loads),
+    "FLYWHEEL_AIPERF": ("bench", "aiperf", str),
+}
+
+
+def _legacy_env_source(settings_cls: type[BaseSettings]) -> PydanticBaseSettingsSource:
+    values: dict[str, dict[str, Any]] = {}
+    for name, (section, field, parse) in LEGACY_ENV.items():
+        raw = os.environ.get(name)
+        if raw:
+            try:
+                values.setdefault(section, {})[field] = parse(raw)
+            except ValueError as exc:
+                raise ConfigError(f"{name}: {exc}") from None
+    return InitSettingsSource(settings_cls, init_kwargs=values)
+
+
 class Settings(BaseSettings):
     """Everything configurable; `profile` decides the defaults of what is left unset."""
 
@@ -54,10 +79,14 @@ class Settings(BaseSettings):
         validate_default=True,
     )
 
-    profile: Literal["local", "cluster"] = "local"
-    root: str | None = Field(None, description="Root of the data zones: a folder or an s3:// prefix")
+    profile: Literal["local", "cluster"] = Field(
+        default="local",
+        description="which defaults fill what is left unset: `local` (embedded, everything under the root on this "
+        "machine) or `cluster` (the endpoints `terraform output` prints; refuses to start without them)",
+    )
+    root: str | None = Field(default=None, description="Root of the data zones: a folder or an s3:// prefix")
     project: str = Field(
-        DEFAULT_PROJECT,
+        default=DEFAULT_PROJECT,
         pattern=PROJECT_PATTERN,
         description="the AI project every command and "
         "run works in (`flywheel --project NAME`, FLYWHEEL_PROJECT): its zones live under "
@@ -96,7 +125,7 @@ class Settings(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings, _legacy_env_source(settings_cls)]
         yaml_file = os.environ.get("FLYWHEEL_CONFIG")
         if yaml_file:
             if not Path(yaml_file).is_file():
@@ -212,9 +241,3 @@ def load_settings(**overrides: Any) -> Settings:
         return Settings(**overrides)
     except ValidationError as exc:
         raise ConfigError(f"invalid configuration: {_describe(exc)}") from None
-
-
-@lru_cache(maxsize=1)
-def get_settings() -> Settings:
-    """Process-wide settings (cached); tests call `get_settings.cache_clear()` after changing env."""
-    return load_settings()

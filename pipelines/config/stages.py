@@ -3,19 +3,23 @@ promotion gate and the gateway."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, SecretStr, field_validator
 
 from pipelines.config.base import LOOPBACK, REPO_ROOT, _Section
 
 Decoding = Literal["served", "off", "on", "both"]
+Decoded = Literal["off", "on", "both"]  # a setting resolved: `served` as the way models are served
+ToolMetric = Literal["exact_match", "text_f1", "arg_f1"]
+LabelSource = Literal["teacher", "human", "import", "generated"]
 
 
-DECODINGS = {"off": [False], "on": [True], "both": [False, True]}  # a resolved setting: decode under the grammar?
+# a resolved setting: decode under the grammar?
+DECODINGS: dict[Decoded, list[bool]] = {"off": [False], "on": [True], "both": [False, True]}
 
 
-def decoding_modes(setting: str, served_constrained: bool) -> str:
+def decoding_modes(setting: Decoding, served_constrained: bool) -> Decoded:
     """`served` (the default of evaluation and bench) as off/on: the way models are served
     (`triton.constrained`); off, on and both as they are."""
     if setting == "served":
@@ -24,61 +28,80 @@ def decoding_modes(setting: str, served_constrained: bool) -> str:
 
 
 class EvaluationSettings(_Section):
+    """Evaluation: how many test requests, which conditions, and how answers are decoded and judged."""
+
     examples: int = Field(
-        96,
+        default=96,
         ge=1,
         description="the ceiling of test requests per evaluation (a seeded sample, "
         "stratified by tool): the DAG starts with `first_examples` and doubles the sample while "
         "the paired gate is undecided, up to this many",
     )
     first_examples: int = Field(
-        24,
+        default=24,
         ge=1,
         description="the first sample of the DAG's evaluation; every condition "
         "is evaluated on it, a larger sample only re-runs the two the gate compares",
     )
-    shots: int = Field(3, ge=0, description="in-context examples for the base few-shot condition")
+    shots: int = Field(default=3, ge=0, description="in-context examples for the base few-shot condition")
     baselines: bool = Field(
-        True,
+        default=True,
         description="also evaluate the base model (zero-shot, few-shot); off skips them "
         "only where no gate needs them (`promotion.baseline: none`)",
     )
     constrained: Decoding = Field(
-        "served",
+        default="served",
         description="evaluate each condition decoded the way models are served (`triton.constrained`: "
         "under the tool-call grammar by default, rows named `<condition>_constrained`), unconstrained (off), under "
         "the grammar (on) or both side by side (twice the time: `flywheel eval --constrained both`); the gate "
         "compares the served rows",
     )
     max_new_tokens: int | None = Field(
-        None,
+        default=None,
         ge=8,
         description="generation budget per answer (evaluation and the "
         "sweep's validation); unset: the answer budget of the models evaluated (the "
         "longest training call plus a margin: `toolcall.budget`). Answers that stop "
         "at the budget are counted (`cut_at_max_new_tokens`) and reported",
     )
-    judge_url: str | None = Field(None, description="OpenAI-compatible endpoint for an optional LLM-as-judge")
-    judge_model: str | None = None
-    judge_api_key: SecretStr | None = None
+    judge_url: str | None = Field(default=None, description="OpenAI-compatible endpoint for an optional LLM-as-judge")
+    judge_model: str | None = Field(
+        default=None, description="the model name sent to the optional LLM-as-judge endpoint (judge_url)"
+    )
+    judge_api_key: SecretStr | None = Field(default=None, description="the bearer key sent to the judge endpoint")
 
 
 class BenchSettings(_Section):
-    requests: int = Field(8, ge=1, description="test-split requests replayed per model and concurrency level")
+    """The serving benchmark (`flywheel bench`, the DAG's benchmark task) and the hardware table that prices it."""
+
+    requests: int = Field(default=8, ge=1, description="test-split requests replayed per model and concurrency level")
     concurrency: list[int] = Field(default_factory=lambda: [1, 4], description="requests in flight, per level")
-    shots: int = Field(3, ge=0, description="in-context examples of the base-model baseline")
-    protocol: Literal["http", "grpc"] = "http"
+    shots: int = Field(default=3, ge=0, description="in-context examples of the base-model baseline")
+    protocol: Literal["http", "grpc"] = Field(
+        default="http", description="how the benchmark calls Triton: http or grpc"
+    )
     constrained: Decoding = Field(
-        "served",
+        default="served",
         description="time each model decoded the way models are served (`triton.constrained`), "
         "unconstrained (off), under the tool-call grammar (on), or both (rows side by side); the headline "
         "comparison uses the served rows",
     )
-    direct: bool = Field(True, description="also time in-process inference (Triton's overhead)")
+    direct: bool = Field(default=True, description="also time in-process inference (Triton's overhead)")
     after_deploy: bool = Field(
-        True,
+        default=True,
         description="the DAG benchmarks the live model after each deployment (off: "
         "its benchmark task records that it was skipped; `flywheel bench` still runs)",
+    )
+    hardware: dict[str, dict[str, Any]] = Field(
+        default_factory=dict,
+        description="overrides of the hardware table that prices throughput and training time (name -> fields, "
+        'e.g. {"h100": {"usd_per_hour": 2.1, "price_source": "our contract"}}); also read from the JSON '
+        "in FLYWHEEL_HARDWARE_JSON",
+    )
+    aiperf: str | None = Field(
+        default=None,
+        description="the NVIDIA AIPerf executable `bench/aiperf.py` runs (default: the repository's .venv-aiperf, "
+        "`make aiperf-env`); also read from FLYWHEEL_AIPERF",
     )
 
     @field_validator("concurrency")
@@ -90,41 +113,68 @@ class BenchSettings(_Section):
 
 
 class DriftSettings(_Section):
-    window_days: int = Field(1, ge=1, description="the latest days of raw logs the monitor compares")
-    min_records: int = Field(200, ge=1, description="fewer clean records than this: no verdict")
-    psi_watch: float = Field(0.1, ge=0)
-    psi_act: float = Field(0.25, ge=0)
-    auc_watch: float = Field(0.65, ge=0.5, le=1, description="domain classifier ROC AUC on request embeddings")
-    auc_act: float = Field(0.8, ge=0.5, le=1)
-    invalid_call_rate_act: float = Field(0.1, ge=0, le=1)
-    thumbs_down_rate_act: float = Field(0.25, ge=0, le=1)
-    latency_slo_ms: float = Field(4000, gt=0)
-    latency_slo_violation_act: float = Field(0.2, ge=0, le=1)
-    numeric_bins: int = Field(10, ge=2)
+    """The drift monitor: the window it checks, each signal's watch and act thresholds, and its cooldown."""
+
+    window_days: int = Field(default=1, ge=1, description="the latest days of raw logs the monitor compares")
+    min_records: int = Field(default=200, ge=1, description="fewer clean records than this: no verdict")
+    psi_watch: float = Field(
+        default=0.1, ge=0, description="population stability index of a signal at which the monitor says `watch`"
+    )
+    psi_act: float = Field(
+        default=0.25, ge=0, description="population stability index at which the monitor alerts (and retrains)"
+    )
+    auc_watch: float = Field(default=0.65, ge=0.5, le=1, description="domain classifier ROC AUC on request embeddings")
+    auc_act: float = Field(
+        default=0.8,
+        ge=0.5,
+        le=1,
+        description="domain classifier ROC AUC on request embeddings at which the monitor alerts",
+    )
+    invalid_call_rate_act: float = Field(
+        default=0.1,
+        ge=0,
+        le=1,
+        description="share of served answers that are not valid tool calls at which the monitor alerts",
+    )
+    thumbs_down_rate_act: float = Field(
+        default=0.25, ge=0, le=1, description="share of rated answers rated down at which the monitor alerts"
+    )
+    latency_slo_ms: float = Field(
+        default=4000, gt=0, description="the latency objective a served turn is checked against"
+    )
+    latency_slo_violation_act: float = Field(
+        default=0.2, ge=0, le=1, description="share of turns over latency_slo_ms at which the monitor alerts"
+    )
+    numeric_bins: int = Field(default=10, ge=2, description="bins of the numeric signals' histograms (PSI)")
     min_signal_count: int = Field(
-        100,
+        default=100,
         ge=1,
         description="a numeric signal with fewer values on either side is "
         "not judged (binned PSI on a few dozen values is noise)",
     )
-    numeric_sample: int = Field(2000, ge=10)
-    embedding_sample: int = Field(300, ge=20)
-    cooldown_hours: float = Field(
-        6, ge=0, description="after an emitted alert, further alerts are recorded, not emitted"
+    numeric_sample: int = Field(default=2000, ge=10, description="values sampled per numeric signal and side")
+    embedding_sample: int = Field(
+        default=300, ge=20, description="requests embedded per side for the domain classifier"
     )
-    state_lock_timeout_s: float = Field(60, gt=0, description="the longest wait for the monitor's state lock")
+    cooldown_hours: float = Field(
+        default=6, ge=0, description="after an emitted alert, further alerts are recorded, not emitted"
+    )
+    state_lock_timeout_s: float = Field(default=60, gt=0, description="the longest wait for the monitor's state lock")
     parse_workers: int = Field(
-        0,
+        default=0,
         ge=0,
         description="processes parsing a window's raw lines (0: the physical "
         "cores, at most 8; 1: in the monitor's process)",
     )
     parse_chunk_lines: int = Field(
-        20_000, ge=100, description="raw lines per parse task; a window of one chunk is parsed in-process"
+        default=20_000, ge=100, description="raw lines per parse task; a window of one chunk is parsed in-process"
     )
-    parse_timeout_s: float = Field(900, gt=0, description="the longest wait for one parsed chunk")
+    parse_timeout_s: float = Field(default=900, gt=0, description="the longest wait for one parsed chunk")
     retrain_reference_share: float = Field(
-        0.3, ge=0, le=1, description="share of the reference window mixed into a drift retrain's training window"
+        default=0.3,
+        ge=0,
+        le=1,
+        description="share of the reference window mixed into a drift retrain's training window",
     )
 
 
@@ -135,64 +185,68 @@ class PromotionSettings(_Section):
     (the base model with retrieved in-context examples, the serving alternative to a tuned model)."""
 
     rule: Literal["paired", "point"] = Field(
-        "paired",
+        default="paired",
         description="paired: decide on the paired 95 % interval of the task-score difference on the same "
         "requests (superior, non-inferior and cheaper, inferior, or undecided: evaluate more); point: the older "
         "point comparison with `min_score_gain` (also used for rows without per-request scores)",
     )
     non_inferiority_margin: float = Field(
-        0.05,
+        default=0.05,
         ge=0,
         le=1,
         description="quality held: the paired interval's lower "
         "bound of the task-score difference stays above -margin (README, the gate)",
     )
     min_cost_gain: float = Field(
-        0.10,
+        default=0.10,
         ge=0,
         le=1,
         description="non-inferior is promoted only when p50 latency or "
         "prompt tokens per request fall by this share (equal cost: no reason to change)",
     )
-    confidence: float = Field(0.95, gt=0.5, lt=1, description="the paired intervals' level")
-    bootstrap_resamples: int = Field(2000, ge=200, le=100_000)
+    confidence: float = Field(default=0.95, gt=0.5, lt=1, description="the paired intervals' level")
+    bootstrap_resamples: int = Field(
+        default=2000, ge=200, le=100_000, description="resamples of the paired bootstrap interval"
+    )
     min_score_gain: float = Field(
-        0.02,
+        default=0.02,
         ge=-1,
         le=1,
         description="point rule only: least rise of the task score: each "
         "tool's metric (`tool_metrics`; exact match by default) averaged over the examples",
     )
-    min_arg_f1_gain: float = Field(0.0, ge=-1, le=1, description="point rule only")
+    min_arg_f1_gain: float = Field(default=0.0, ge=-1, le=1, description="point rule only")
     max_extra_wrong_writes: int = Field(
-        0,
+        default=0,
         ge=0,
         description="wrong writes (a write tool the request did not ask "
         "for, or other ids) the candidate may make beyond the reference's on the same "
         "requests; more vetoes the promotion whatever its task score",
     )
-    max_latency_increase: float = Field(0.10, ge=0, description="tolerated p50 latency increase (measurement noise)")
+    max_latency_increase: float = Field(
+        default=0.10, ge=0, description="tolerated p50 latency increase (measurement noise)"
+    )
     max_tool_regression: float = Field(
-        0.20,
+        default=0.20,
         ge=0,
         le=1,
         description="largest tolerated drop of one tool's exact "
         "match against the reference (no tool may collapse while the average rises)",
     )
     min_tool_examples: int = Field(
-        5,
+        default=5,
         ge=1,
         description="a tool is checked when both rows have this many of its "
         "examples (fewer is noise: one example of 3 is a 0.33 swing)",
     )
-    tool_metrics: dict[str, Literal["exact_match", "text_f1", "arg_f1"]] = Field(
-        default_factory=lambda: {"search_products": "text_f1"},
+    tool_metrics: dict[str, ToolMetric] = Field(
+        default_factory=lambda: dict[str, ToolMetric](search_products="text_f1"),
         description="the metric the per-tool regression check compares for a tool (every tool not named: "
         "exact_match); text_f1 (token F1 of string arguments) for free-text arguments such as a search query, "
         "exact_match where ids must be exact (orders)",
     )
     baseline: Literal["base_few_shot", "none"] = Field(
-        "base_few_shot",
+        default="base_few_shot",
         description="with no champion yet, beat this evaluation row; `none` promotes the first "
         "candidate unchecked (plumbing smoke tests with an untrained model only)",
     )
@@ -201,29 +255,35 @@ class PromotionSettings(_Section):
 class GatewaySettings(_Section):
     """The OpenAI-compatible front door (`pipelines/gateway/`): what agents call."""
 
-    host: str = LOOPBACK
-    port: int = Field(8400, ge=1, le=65535)
+    host: str = Field(
+        default=LOOPBACK,
+        description="the address the gateway binds (127.0.0.1 only in the local profile; the pod binds its own "
+        "interface)",
+    )
+    port: int = Field(
+        default=8400, ge=1, le=65535, description="the gateway's port (the agent's base_url is http://<host>:<port>/v1)"
+    )
     api_key: SecretStr | None = Field(
-        None,
+        default=None,
         description="the bearer key callers send; default: one generated "
         "once per local root into <root>/runs/gateway.key (0600)",
     )
     replica: str | None = Field(
-        None,
+        default=None,
         pattern=r"^[A-Za-z0-9._-]{1,63}$",
         description="this gateway process's name "
         "in the usage files (gateway/usage/<day>/<replica>.json); default: the host's name",
     )
-    max_request_bytes: int = Field(1_000_000, ge=1024, description="larger request bodies are refused (413)")
-    request_timeout_s: float = Field(120, gt=0, description="how long one request may wait for the model")
+    max_request_bytes: int = Field(default=1_000_000, ge=1024, description="larger request bodies are refused (413)")
+    request_timeout_s: float = Field(default=120, gt=0, description="how long one request may wait for the model")
     max_concurrent_requests: int = Field(
-        8,
+        default=8,
         ge=1,
         description="completions in flight at once; more are refused at "
         "once with 429 and Retry-After (never queued until they time out)",
     )
     backend_slots: int | None = Field(
-        None,
+        default=None,
         ge=0,
         le=1024,
         description="completions sent to the model servers at "
@@ -235,16 +295,18 @@ class GatewaySettings(_Section):
         "(Triton's first come, first served)",
     )
     queue_timeout_s: float = Field(
-        60, gt=0, description="how long a request may wait for its turn at the model; then a 429 with Retry-After"
+        default=60,
+        gt=0,
+        description="how long a request may wait for its turn at the model; then a 429 with Retry-After",
     )
     fair_window_s: float = Field(
-        10,
+        default=10,
         gt=0,
         description="a project counts as sending for this long after its "
         "latest request was sent or answered; the turns at the model apply while two or more do",
     )
     turns_exchange_s: float = Field(
-        5,
+        default=5,
         ge=0,
         le=60,
         description="how often each gateway replica tells the others "
@@ -252,47 +314,67 @@ class GatewaySettings(_Section):
         "(pipelines/admission/peers.py: the turns hold across replicas). 0: each "
         "replica keeps its turns alone; else at least 0.1",
     )
-    few_shot: int = Field(3, ge=0, le=8, description="retrieved examples in the `base` model's prompt")
-    capture: bool = Field(True, description="write every served turn into the raw zone as one log record")
-    capture_rotate_bytes: int = Field(16_000_000, ge=1024, description="start a new capture file past this size")
+    few_shot: int = Field(default=3, ge=0, le=8, description="retrieved examples in the `base` model's prompt")
+    capture: bool = Field(default=True, description="write every served turn into the raw zone as one log record")
+    capture_rotate_bytes: int = Field(
+        default=16_000_000, ge=1024, description="start a new capture file past this size"
+    )
     retention_days: int = Field(
-        30,
+        default=30,
         ge=1,
         description="days the gateway keeps its unusable answers and live "
         "comparisons (redacted at rest); older day partitions are deleted at its start",
     )
     country: str = Field(
-        "US",
+        default="US",
         pattern=r"^[A-Z]{2}$",
         description="a captured turn's country when the request names none (metadata.country)",
     )
-    currency: str = Field("USD", pattern=r"^[A-Z]{3}$")
-    channel: Literal["web", "mobile_app", "chat_widget", "voice", "api"] = "api"
+    currency: str = Field(
+        default="USD",
+        pattern=r"^[A-Z]{3}$",
+        description="a captured turn's currency when the request names none (metadata.currency)",
+    )
+    channel: Literal["web", "mobile_app", "chat_widget", "voice", "api"] = Field(
+        default="api", description="a captured turn's channel when the request names none (metadata.channel)"
+    )
     teacher_url: str | None = Field(
-        None,
+        default=None,
         description="shadow/canary reference: an OpenAI-compatible base URL "
         "(the large model serving the agent today); needed for shadow and canary",
     )
     base_as_teacher: bool = Field(
-        False,
+        default=False,
         description="without teacher_url, compare with this gateway's own `base` "
         "route (plumbing tests only: the model a candidate was trained to beat is no teacher)",
     )
-    teacher_model: str = Field("base", description="the model name sent to the teacher")
-    teacher_api_key: SecretStr | None = None
-    canary_share: float = Field(0.2, gt=0, lt=1, description="share of a canary route's requests sent to the candidate")
+    teacher_model: str = Field(default="base", description="the model name sent to the teacher")
+    teacher_api_key: SecretStr | None = Field(
+        default=None, description="the bearer key sent to the teacher endpoint (teacher_url)"
+    )
+    canary_share: float = Field(
+        default=0.2, gt=0, lt=1, description="share of a canary route's requests sent to the candidate"
+    )
     agreement_metric: Literal["name", "exact", "arg_f1"] = Field(
-        "name",
+        default="name",
         description="what the live gate compares with the teacher: the tool (name), the whole call (exact: "
         "name and arguments) or the arguments' F1 over (key, value) pairs; every comparison records all three. "
         "Whole calls need `min_agreement` set from the candidate's offline exact match (a tuned model at 0.79 "
         "exact match never passes 0.8)",
     )
-    min_agreement: float = Field(0.8, ge=0, le=1, description="live agreement with the teacher a candidate needs")
-    gate_requests: int = Field(50, ge=1, description="compared requests before the live gate moves a route")
-    canary_max_error_share: float = Field(0.05, ge=0, le=1)
+    min_agreement: float = Field(
+        default=0.8, ge=0, le=1, description="live agreement with the teacher a candidate needs"
+    )
+    gate_requests: int = Field(default=50, ge=1, description="compared requests before the live gate moves a route")
+    canary_max_error_share: float = Field(
+        default=0.05,
+        ge=0,
+        le=1,
+        description="a canary route falls back to `serve` when more than this share of the candidate's answers are "
+        "errors",
+    )
     shadow_queue: int = Field(
-        16,
+        default=16,
         ge=1,
         description="off-path comparisons waiting at most; more are skipped "
         "(counted), so a slow candidate never slows the caller",
@@ -310,23 +392,31 @@ class QualitySettings(_Section):
     """Great Expectations gate thresholds: per-record problems are quarantined by prep; a batch
     whose share of problems passes these limits stops the flywheel before training."""
 
-    raw_mostly: float = Field(0.9, gt=0, le=1, description="share of raw lines that must pass each raw check")
-    max_quarantined_share: float = Field(0.2, ge=0, le=1, description="largest share of a batch prep may quarantine")
-    min_examples_per_tool: int = Field(5, ge=0)
-    min_approx_tokens: int = Field(16, ge=0)
+    raw_mostly: float = Field(default=0.9, gt=0, le=1, description="share of raw lines that must pass each raw check")
+    max_quarantined_share: float = Field(
+        default=0.2, ge=0, le=1, description="largest share of a batch prep may quarantine"
+    )
+    min_examples_per_tool: int = Field(
+        default=5,
+        ge=0,
+        description="a window whose training split has fewer examples of an offered tool fails the gate",
+    )
+    min_approx_tokens: int = Field(
+        default=16, ge=0, description="shortest example (prep's approx_tokens) the gate accepts"
+    )
     max_approx_tokens: int | None = Field(
-        None,
+        default=None,
         ge=1,
         description="longest example (prep's approx_tokens); unset: "
         "the base model's context window minus the window's answer budget",
     )
-    train_label_sources: list[Literal["teacher", "human", "import", "generated"]] = Field(
-        default_factory=lambda: ["teacher", "human", "import", "generated"],
+    train_label_sources: list[LabelSource] = Field(
+        default_factory=lambda: list[LabelSource](["teacher", "human", "import", "generated"]),
         description="label sources that train "
         "(prep.labels); our own models' answers train only when a person rated them up; a down-rated one never",
     )
     min_trusted_label_share: float = Field(
-        0.5,
+        default=0.5,
         ge=0,
         le=1,
         description="smallest share of a window's examples whose label our own model did not "
@@ -338,19 +428,19 @@ class QualitySettings(_Section):
 class TrainSettings(_Section):
     """Where and how sweeps train; the sweep file holds the hyperparameters."""
 
-    sweep: str = Field(str(REPO_ROOT / "conf" / "sweeps" / "demo.yaml"), description="default sweep file")
+    sweep: str = Field(default=str(REPO_ROOT / "conf" / "sweeps" / "demo.yaml"), description="default sweep file")
     drift_sweep: str | None = Field(
-        str(REPO_ROOT / "conf" / "sweeps" / "drift.yaml"),
+        default=str(REPO_ROOT / "conf" / "sweeps" / "drift.yaml"),
         description="the (smaller) sweep a drift-triggered retrain runs; None: `sweep`",
     )
-    backend: Literal["hf", "nemo"] | None = Field(None, description="override the sweep file's backend")
-    runner: Literal["local", "kubernetes"] = Field("local", description="local process, or one pod per variant")
+    backend: Literal["hf", "nemo"] | None = Field(default=None, description="override the sweep file's backend")
+    runner: Literal["local", "kubernetes"] = Field(default="local", description="local process, or one pod per variant")
     nemo_python: str = Field(
-        str(REPO_ROOT / ".venv-nemo" / "bin" / "python"),
+        default=str(REPO_ROOT / ".venv-nemo" / "bin" / "python"),
         description="interpreter of the NeMo AutoModel environment (make nemo-env)",
     )
     variant_timeout_s: float = Field(
-        6 * 3600,
+        default=6 * 3600,
         gt=0,
         description="longest one variant's training process may run "
         "(NeMo AutoModel launch) before it is stopped; it resumes from its checkpoints",

@@ -10,24 +10,55 @@ from pipelines.config.base import LOOPBACK, REPO_ROOT, _Section
 
 
 class AirflowSettings(_Section):
-    home: str | None = None
-    sql_alchemy_conn: str | None = None
-    executor: Literal["LocalExecutor", "CeleryExecutor", "KubernetesExecutor"] = "LocalExecutor"
-    host: str = LOOPBACK
-    port: int = Field(8080, ge=1, le=65535)
-    parallelism: int = Field(4, ge=1, le=512)
-    dags_folder: str = str(REPO_ROOT / "dags")
+    """Airflow: where it keeps its state, how it runs tasks, and how long a run may take."""
+
+    home: str | None = Field(
+        default=None,
+        description="AIRFLOW_HOME: Airflow's configuration, logs and (locally) its SQLite metadata database; default "
+        "<root>/airflow",
+    )
+    sql_alchemy_conn: str | None = Field(
+        default=None,
+        description="Airflow's metadata database; default SQLite under airflow.home (the cluster profile needs "
+        "postgresql://)",
+    )
+    executor: Literal["LocalExecutor", "CeleryExecutor", "KubernetesExecutor"] = Field(
+        default="LocalExecutor",
+        description="how Airflow runs tasks: LocalExecutor on one machine, CeleryExecutor or KubernetesExecutor on a "
+        "cluster",
+    )
+    host: str = Field(
+        default=LOOPBACK,
+        description="the address the Airflow API server binds (the local profile allows 127.0.0.1 only)",
+    )
+    port: int = Field(default=8080, ge=1, le=65535, description="the Airflow API server's port (UI and REST API)")
+    parallelism: int = Field(
+        default=4,
+        ge=1,
+        le=512,
+        description="task instances Airflow runs at once (each forks a process: keep it small on a laptop)",
+    )
+    dags_folder: str = Field(
+        default=str(REPO_ROOT / "dags"), description="where Airflow reads the DAG files (this repository's dags/)"
+    )
     # `flywheel run`: how long one DAG run may take (dags test or the scheduler) before it is stopped
-    run_timeout_s: float = Field(3600, gt=0)
-    migrate_timeout_s: float = Field(300, gt=0)
+    run_timeout_s: float = Field(
+        default=3600,
+        gt=0,
+        description="`flywheel run` and `make demo`: how long one DAG run may take before it is stopped (it resumes "
+        "when run again)",
+    )
+    migrate_timeout_s: float = Field(
+        default=300, gt=0, description="the longest `airflow db migrate` may take before a run gives up"
+    )
     multi_team: bool | Literal["auto"] = Field(
-        "auto",
+        default="auto",
         description="each AI project an Airflow team (Airflow 3.3's multi-team mode, experimental): its DAGs "
         "visible and triggerable only by its members' logins. auto: on while the platform has a project besides "
         "`default` (a single-team platform runs as before); true / false: always / never",
     )
     schedules: Literal["active", "paused"] = Field(
-        "active",
+        default="active",
         description="after `flywheel up`: the drift monitor (hourly) and the daily flywheel run on their "
         "schedules (active), or wait for `flywheel schedules resume` (paused)",
     )
@@ -48,30 +79,59 @@ class AirflowSettings(_Section):
 
 
 class MlflowSettings(_Section):
-    tracking_uri: str | None = None
-    backend_store_uri: str | None = None
-    artifacts_destination: str | None = None
-    host: str = LOOPBACK
-    port: int = Field(5000, ge=1, le=65535)
-    workers: int = Field(1, ge=1, le=32)
-    experiment: str = "commerce-flywheel"
-    registered_model: str = "commerce-tool-caller"
-    auth: bool = Field(True, description="tracking server with basic authentication (mlflow/basic_auth.ini)")
+    """MLflow: the tracking server and registry every run, evaluation and model version lives in."""
+
+    tracking_uri: str | None = Field(
+        default=None,
+        description="where clients log runs and models: the tracking server's URL (default: the local store itself, "
+        "or the local server once `flywheel up` runs)",
+    )
+    backend_store_uri: str | None = Field(
+        default=None,
+        description="the tracking server's store of runs and the registry; default SQLite under <root>/runs (the "
+        "cluster profile needs postgresql://)",
+    )
+    artifacts_destination: str | None = Field(
+        default=None,
+        description="where the server keeps artifacts (adapters, reports); default <root>/runs/artifacts, s3://... on "
+        "a cluster",
+    )
+    host: str = Field(
+        default=LOOPBACK,
+        description="the address the local tracking server binds (127.0.0.1 only in the local profile)",
+    )
+    port: int = Field(default=5000, ge=1, le=65535, description="the local tracking server's port (UI and REST API)")
+    workers: int = Field(default=1, ge=1, le=32, description="the tracking server's worker processes")
+    experiment: str = Field(
+        default="commerce-flywheel",
+        description="the experiment sweeps log into (a project's is `<experiment>--<project>`)",
+    )
+    registered_model: str = Field(
+        default="commerce-tool-caller",
+        description="the registered model whose versions are the tuned adapters (a project's is `<name>--<project>`)",
+    )
+    auth: bool = Field(default=True, description="tracking server with basic authentication (mlflow/basic_auth.ini)")
     auth_database_uri: str | None = Field(
-        None,
+        default=None,
         description="the auth app's user store; default SQLite next to "
         "the tracking store (cluster: a PostgreSQL database)",
     )
-    username: str | None = Field(None, description="client credentials for an authenticated tracking server")
-    password: SecretStr | None = Field(None, description="client password; the server's admin password")
+    username: str | None = Field(default=None, description="client credentials for an authenticated tracking server")
+    password: SecretStr | None = Field(default=None, description="client password; the server's admin password")
     server_secret_key: SecretStr | None = Field(
-        None, description="the auth app's CSRF signing key (generated per root locally)"
+        default=None, description="the auth app's CSRF signing key (generated per root locally)"
     )
 
 
 class SparkSettings(_Section):
-    master: str | None = None
-    app_name: str = "commerce-flywheel"
+    """Spark: the engine prep runs on (local threads here, a cluster master in the cluster profile)."""
+
+    master: str | None = Field(
+        default=None,
+        description="Spark's master for prep: local[*] by default, spark://host:port, k8s://..., yarn or sc:// (Spark "
+        "Connect)",
+    )
+    app_name: str = Field(default="commerce-flywheel", description="the Spark application's name (its UI and logs)")
     # The case study's knobs: adaptive query execution, input split size, shuffle width.
     conf: dict[str, str] = Field(
         default_factory=lambda: {
@@ -82,9 +142,14 @@ class SparkSettings(_Section):
             "spark.sql.session.timeZone": "UTC",
             "spark.ui.enabled": "false",
             "spark.ui.showConsoleProgress": "false",
-        }
+        },
+        description="Spark configuration applied to every session: adaptive query execution, input split size, "
+        "shuffle width, UTC time zone",
     )
-    rapids: bool = False
+    rapids: bool = Field(
+        default=False,
+        description="run prep on GPUs with the RAPIDS Accelerator (a GPU cluster with its jar); applies rapids_conf",
+    )
     # Applied only when `rapids` is on (GPU clusters with the RAPIDS Accelerator jar).
     rapids_conf: dict[str, str] = Field(
         default_factory=lambda: {
@@ -93,7 +158,8 @@ class SparkSettings(_Section):
             "spark.rapids.memory.pinnedPool.size": "2g",
             "spark.executor.resource.gpu.amount": "1",
             "spark.task.resource.gpu.amount": "0.25",
-        }
+        },
+        description="the RAPIDS Accelerator's configuration, applied only when `rapids` is on",
     )
 
     @field_validator("master")
@@ -108,86 +174,116 @@ class SparkSettings(_Section):
 
 
 class FeastSettings(_Section):
-    repo_path: str = str(REPO_ROOT / "feature_repo")
-    project: str = "commerce_flywheel"
-    registry: str | None = Field(None, description="registry file, or postgresql://... (Feast's SQL registry)")
-    online_store: str | None = Field(None, description="SQLite file, or postgresql://... (PostgreSQL online store)")
-    offline_store: Literal["file", "spark"] = "file"
+    """Feast: the feature repository, its registry and online store (the customer context of a prompt)."""
+
+    repo_path: str = Field(
+        default=str(REPO_ROOT / "feature_repo"),
+        description="the Feast feature repository (this repository's feature_repo/)",
+    )
+    project: str = Field(
+        default="commerce_flywheel", description="the Feast project name (a platform project's is `<project>__<name>`)"
+    )
+    registry: str | None = Field(default=None, description="registry file, or postgresql://... (Feast's SQL registry)")
+    online_store: str | None = Field(
+        default=None, description="SQLite file, or postgresql://... (PostgreSQL online store)"
+    )
+    offline_store: Literal["file", "spark"] = Field(
+        default="file", description="where historical features are computed: `file` (parquet, pandas) or `spark`"
+    )
     sslmode: str | None = Field(
-        None,
+        default=None,
         description="PostgreSQL online store: libpq sslmode; default "
         "`require` in the cluster profile (RDS forces TLS), `prefer` locally",
     )
 
 
 class TritonSettings(_Section):
-    host: str = LOOPBACK
-    http_port: int = Field(8000, ge=1, le=65535)
-    grpc_port: int = Field(8001, ge=1, le=65535)
-    metrics_port: int = Field(8002, ge=1, le=65535)
-    url: str | None = None
-    model_repository: str | None = None
+    """Triton: the server that serves every model version, how it batches, and how served answers are decoded."""
+
+    host: str = Field(
+        default=LOOPBACK, description="the address the local Triton server binds (127.0.0.1 only in the local profile)"
+    )
+    http_port: int = Field(
+        default=8000, ge=1, le=65535, description="Triton's HTTP port (model control, health, inference)"
+    )
+    grpc_port: int = Field(default=8001, ge=1, le=65535, description="Triton's gRPC port (streamed inference)")
+    metrics_port: int = Field(default=8002, ge=1, le=65535, description="Triton's Prometheus metrics port")
+    url: str | None = Field(
+        default=None,
+        description="where clients reach Triton (host:http_port); the cluster profile needs the Service's address",
+    )
+    model_repository: str | None = Field(
+        default=None,
+        description="the Triton model repository deploys write to; default <root>/serving/model_repository (s3://... "
+        "on a cluster)",
+    )
     model_name: str = Field(
-        "tool_router",
+        default="tool_router",
         pattern=r"^[a-z][a-z0-9_]*$",
         description="Triton model name prefix; each registry version is <name>_v<N>",
     )
     execution_env: str | None = Field(
-        None,
+        default=None,
         description="the Python backend's environment (EXECUTION_ENV_PATH); "
         "default .venv-serve locally, none in a Triton container that has the packages",
     )
-    instance_kind: Literal["KIND_CPU", "KIND_GPU"] = "KIND_CPU"
-    max_batch_size: int = Field(8, ge=1, le=256)
-    instances: int = Field(1, ge=1, le=64, description="model instances per Triton model (instance_group count)")
+    instance_kind: Literal["KIND_CPU", "KIND_GPU"] = Field(
+        default="KIND_CPU", description="where each model instance runs: KIND_CPU or KIND_GPU"
+    )
+    max_batch_size: int = Field(
+        default=8, ge=1, le=256, description="the largest dynamic batch Triton forms for one model"
+    )
+    instances: int = Field(
+        default=1, ge=1, le=64, description="model instances per Triton model (instance_group count)"
+    )
     threads: int = Field(
-        1,
+        default=1,
         ge=0,
         le=256,
-        description="torch threads per CPU instance (0: torch's default, the "
-        "cores). 1 measured best on this 2-core machine: as fast per token as 2 alone, and 2 threads "
-        "stall 4-8x whenever anything else runs (a load generator, the gateway); README, serving",
+        description="torch threads per CPU instance (0: torch's default, the cores). The default, 1, is the "
+        "measured choice on a 2-core machine, where more threads stall whenever anything else runs beside the "
+        "model (a load generator, the gateway): the benchmarks page has the figures",
     )
-    queue_delay_us: int = Field(5000, ge=0, description="dynamic batching: how long a request waits for others")
+    queue_delay_us: int = Field(default=5000, ge=0, description="dynamic batching: how long a request waits for others")
     max_input_tokens: int | None = Field(
-        None,
+        default=None,
         ge=16,
         description="longest prompt a model accepts (tokens); "
         "unset: the base model's context window minus the model's answer budget "
         "(`toolcall.budget`); `flywheel bench` checks its prompts against it first",
     )
     max_new_tokens: int | None = Field(
-        None,
+        default=None,
         ge=8,
         description="longest answer a model writes (tokens); unset: the "
         "answer budget recorded with the model version (its longest training call "
         "plus a margin; 64 for a version registered without one)",
     )
     constrained: bool = Field(
-        True,
+        default=True,
         description="decode every served tool call under the offered tools' grammar "
         "(the client sends them as TOOLS): the smoke test, canary and `flywheel bench` use it",
     )
     grounded_ids: bool = Field(
-        True,
+        default=True,
         description="under the grammar, a write tool's `*_id`/`*_ids` arguments only "
         "take values the conversation states (served, evaluated and validated alike)",
     )
     multi_lora: bool = Field(
-        False,
+        default=False,
         description="serve every version (every project's) as an adapter on one loaded "
         "base per base model (`lora__<base>`), chosen per request, instead of one Triton model "
         "with its own copy of the base per version; local model repository only",
     )
     max_adapters: int = Field(
-        8,
+        default=8,
         ge=1,
         le=256,
         description="multi_lora: adapters the shared base keeps loaded; "
         "past it the least recently used one is unloaded (it loads again when asked)",
     )
     max_adapter_rank: int | None = Field(
-        None,
+        default=None,
         ge=1,
         le=512,
         description="multi_lora: the largest LoRA rank the "
@@ -195,19 +291,21 @@ class TritonSettings(_Section):
         "base's adapter memory at max_adapters x one adapter of this rank (unset: "
         "slots grow to the largest rank loaded and never shrink)",
     )
-    smoke_requests: int = Field(6, ge=1, description="test-split requests a new deployment must answer first")
+    smoke_requests: int = Field(default=6, ge=1, description="test-split requests a new deployment must answer first")
     smoke_min_valid_json: float = Field(
-        1.0,
+        default=1.0,
         ge=0,
         le=1,
         description="share of smoke answers that must parse "
         "as JSON, on top of every answer being well formed (no error, not empty), "
         "which the smoke test always requires; 0 only for untrained test models",
     )
-    canary_share: float = Field(0.2, ge=0, le=1, description="share of replayed traffic sent to the candidate")
-    startup_timeout_s: int = Field(120, ge=5)
+    canary_share: float = Field(default=0.2, ge=0, le=1, description="share of replayed traffic sent to the candidate")
+    startup_timeout_s: int = Field(
+        default=120, ge=5, description="how long `flywheel serve up` waits for Triton to answer its health check"
+    )
     state_lock_timeout_s: float = Field(
-        900,
+        default=900,
         gt=0,
         description="how long deploy/rollback/canary wait for another "
         "one's lock on serving/state.json (a deploy's smoke test takes minutes)",
@@ -215,19 +313,24 @@ class TritonSettings(_Section):
 
 
 class KubernetesSettings(_Section):
-    namespace: str = "flywheel"
-    gpu_node_selector: dict[str, str] = Field(default_factory=lambda: {"flywheel.io/gpu": "h100"})
-    nemo_image: str = Field("nvcr.io/nvidia/nemo-automodel:25.11", description="base of the training image")
+    """Kubernetes: the namespace, node selection and images of the manifests the platform writes."""
+
+    namespace: str = Field(default="flywheel", description="the namespace every manifest the platform writes lives in")
+    gpu_node_selector: dict[str, str] = Field(
+        default_factory=lambda: {"flywheel.io/gpu": "h100"},
+        description="the node labels training pods and Triton are scheduled onto (the GPU node group)",
+    )
+    nemo_image: str = Field(default="nvcr.io/nvidia/nemo-automodel:25.11", description="base of the training image")
     training_image: str = Field(
-        "flywheel-training:latest",
+        default="flywheel-training:latest",
         description="docker/training.Dockerfile, pushed to the registry from terraform output `training_image`",
     )
     triton_image: str = Field(
-        "flywheel-triton:latest",
+        default="flywheel-triton:latest",
         description="docker/triton.Dockerfile: the official Triton image plus our Python backend's packages",
     )
     gateway_image: str = Field(
-        "flywheel-platform:latest",
+        default="flywheel-platform:latest",
         description="an image with the `pipelines` package "
         "(the platform's requirements): the gateway runs `python -m pipelines.gateway`",
     )

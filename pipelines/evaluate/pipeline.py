@@ -36,33 +36,35 @@ class EvalConfig(BaseModel):
 
     base_model: str = "smollm2-135m-instruct"
     split: Literal["train", "val", "test"] = "test"
-    logs: str | None = Field(None, description="evaluate on this log file instead of a split")
-    examples: int | None = Field(48, ge=1, description="seeded sample of the split; None = all")
+    logs: str | None = Field(default=None, description="evaluate on this log file instead of a split")
+    examples: int | None = Field(default=48, ge=1, description="seeded sample of the split; None = all")
     seed: int = 0
-    shots: int = Field(3, ge=0, description="in-context examples for the few-shot condition")
-    shot_pool: int = Field(2000, ge=1, description="train examples the few-shot retrieval searches")
-    max_new_tokens: int = Field(64, ge=8, description="generation budget per answer (evaluation.max_new_tokens)")
-    batch_size: int = Field(8, ge=1)
-    latency_samples: int = Field(4, ge=0, description="requests also timed alone (batch 1) per condition")
-    baselines: bool = Field(True, description="include base zero-shot and few-shot")
+    shots: int = Field(default=3, ge=0, description="in-context examples for the few-shot condition")
+    shot_pool: int = Field(default=2000, ge=1, description="train examples the few-shot retrieval searches")
+    max_new_tokens: int = Field(
+        default=64, ge=8, description="generation budget per answer (evaluation.max_new_tokens)"
+    )
+    batch_size: int = Field(default=8, ge=1)
+    latency_samples: int = Field(default=4, ge=0, description="requests also timed alone (batch 1) per condition")
+    baselines: bool = Field(default=True, description="include base zero-shot and few-shot")
     constrained: Literal["off", "on", "both"] = Field(
-        "both",
+        default="both",
         description="decode under the offered tools' grammar: off, on (rows named `<condition>_constrained`) "
         "or both rows for every condition",
     )
-    window: str | None = Field(None, description="the training set's window label; None: the current manifest")
+    window: str | None = Field(default=None, description="the training set's window label; None: the current manifest")
     sampling: Literal["random", "stratified"] = Field(
-        "stratified",
+        default="stratified",
         description="how the requests are drawn: stratified by (tool, source), every tool the split "
         "has at least once while n allows, or a plain seeded random sample",
     )
     only: list[str] | None = Field(
-        None,
+        default=None,
         description="run only these conditions (e.g. the two the gate compares, "
         "when it asks for more requests); None: all",
     )
     grounded_ids: bool = Field(
-        True,
+        default=True,
         description="under the grammar, write ids only from the conversation "
         "(triton.grounded_ids: evaluated as served)",
     )
@@ -188,7 +190,6 @@ def evaluate(
     settings: Settings, cfg: EvalConfig, adapters: list[Adapter], name: str, console: Console | None = None
 ) -> EvalReport:
     started = time.perf_counter()
-    report_name = name
     context = "the training set's point-in-time customer context (the features stage)"
     if cfg.logs:
         frame, context = logs_frame(settings, cfg)
@@ -212,94 +213,10 @@ def evaluate(
             "latency_samples": cfg.latency_samples,
             "progress": progress,
         }
-
-        modes = DECODINGS[cfg.constrained]
-
-        def run(
-            condition: str,
-            label: str,
-            style: str,
-            shots: int,
-            model: Any,
-            tokenizer: Any,
-            chosen: list[Example],
-            conversations: list[list[dict[str, str]]],
-        ) -> None:
-            if cfg.only is not None and condition not in cfg.only:
-                return
-            for constrained in modes:
-                name = constrained_name(condition) if constrained else condition
-                began = time.perf_counter()  # a line per condition: the task log shows progress (no bar there)
-                LOG.info("evaluation %s: %s on %d requests ...", report_name, name, len(chosen))
-                out = generate(
-                    model,
-                    tokenizer,
-                    conversations,
-                    label=name,
-                    **gen,
-                    tools=grounded_tools(chosen, effects, cfg.grounded_ids) if constrained else None,
-                )
-                result = score_condition(name, label, style, shots, chosen, out.texts, out.stats(), effects)
-                result.constrained = constrained
-                LOG.info(
-                    "evaluation %s: %s done in %.0f s (exact match %.3f)",
-                    report_name,
-                    name,
-                    time.perf_counter() - began,
-                    result.summary.get("exact_match") or 0.0,
-                )
-                if out.cut and console is not None:
-                    console.print(
-                        f"warning: {name}: {out.cut} of {len(chosen)} answers stopped at max_new_tokens "
-                        f"({cfg.max_new_tokens}) and may be cut short: raise evaluation.max_new_tokens "
-                        f"(FLYWHEEL_EVALUATION__MAX_NEW_TOKENS)"
-                    )
-                if settings.evaluation.judge_url:
-                    from pipelines.evaluate.judge import judge_scores
-
-                    graded = [
-                        v
-                        for v in judge_scores(settings, [(e.query, e.target, t) for e, t in zip(chosen, out.texts)])
-                        if v is not None
-                    ]
-                    result.summary["judge_score"] = sum(graded) / len(graded) if graded else None
-                results.append(result)
-
+        runner = _Conditions(settings, cfg, name, effects, gen, console, DECODINGS[cfg.constrained], results)
         if cfg.baselines:
-            wanted = cfg.only is None or any(c.startswith("base_") for c in cfg.only)
-            model, tokenizer = load_model(cfg.base_model, settings) if wanted else (None, None)
-            run("base_zero_shot", cfg.base_model, "full", 0, model, tokenizer, full, [e.turns for e in full])
-            if cfg.shots and (cfg.only is None or "base_few_shot" in cfg.only):
-                pool = shot_pool(
-                    to_examples(load_split(settings, "train", cfg.shot_pool, cfg.seed, cfg.window), "full")
-                )
-                run(
-                    "base_few_shot",
-                    cfg.base_model,
-                    "full",
-                    cfg.shots,
-                    model,
-                    tokenizer,
-                    full,
-                    with_shots(full, pool, cfg.shots),
-                )
-            del model
-        for adapter in adapters:
-            if cfg.only is not None and adapter.label not in cfg.only:
-                continue
-            model, tokenizer = load_model(cfg.base_model, settings, adapter.path)
-            chosen = full if adapter.prompt_style == "full" else to_examples(frame, adapter.prompt_style)
-            run(
-                adapter.label,
-                adapter.path,
-                adapter.prompt_style,
-                0,
-                model,
-                tokenizer,
-                chosen,
-                [e.turns for e in chosen],
-            )
-            del model
+            runner.baselines(full)
+        runner.tuned(adapters, frame, full)
     report = EvalReport(
         name,
         dataset,
@@ -310,6 +227,117 @@ def evaluate(
         comparisons=comparisons(results, settings.promotion.tool_metrics, settings.promotion.min_tool_examples),
     )
     return write_report(settings, report)
+
+
+@dataclass(frozen=True)
+class _Conditions:
+    """Runs an evaluation's conditions: each decoded in every mode of `modes` (free, under the grammar) on
+    the same requests, scored, and appended to `results`."""
+
+    settings: Settings
+    cfg: EvalConfig
+    report_name: str
+    effects: Mapping[str, str]
+    gen: dict[str, Any]  # generate()'s budget, batch size, latency samples and progress bar
+    console: Console | None
+    modes: list[bool]  # DECODINGS[cfg.constrained]: for each row, whether it decodes under the grammar
+    results: list[ConditionResult]
+
+    def baselines(self, full: list[Example]) -> None:
+        """Base zero-shot and (with `cfg.shots`) base few-shot with retrieved examples, on one base model."""
+        cfg = self.cfg
+        wanted = cfg.only is None or any(c.startswith("base_") for c in cfg.only)
+        model, tokenizer = load_model(cfg.base_model, self.settings) if wanted else (None, None)
+        self.run("base_zero_shot", cfg.base_model, "full", 0, model, tokenizer, full, [e.turns for e in full])
+        if cfg.shots and (cfg.only is None or "base_few_shot" in cfg.only):
+            pool = shot_pool(
+                to_examples(load_split(self.settings, "train", cfg.shot_pool, cfg.seed, cfg.window), "full")
+            )
+            self.run(
+                "base_few_shot",
+                cfg.base_model,
+                "full",
+                cfg.shots,
+                model,
+                tokenizer,
+                full,
+                with_shots(full, pool, cfg.shots),
+            )
+
+    def tuned(self, adapters: list[Adapter], frame: Any, full: list[Example]) -> None:
+        """Each adapter (of those `cfg.only` names) on the requests in the prompt style it was trained with."""
+        for adapter in adapters:
+            if self.cfg.only is not None and adapter.label not in self.cfg.only:
+                continue
+            model, tokenizer = load_model(self.cfg.base_model, self.settings, adapter.path)
+            chosen = full if adapter.prompt_style == "full" else to_examples(frame, adapter.prompt_style)
+            self.run(
+                adapter.label,
+                adapter.path,
+                adapter.prompt_style,
+                0,
+                model,
+                tokenizer,
+                chosen,
+                [e.turns for e in chosen],
+            )
+            del model
+
+    def run(
+        self,
+        condition: str,
+        label: str,
+        style: str,
+        shots: int,
+        model: Any,
+        tokenizer: Any,
+        chosen: list[Example],
+        conversations: list[list[dict[str, str]]],
+    ) -> None:
+        """Decode and score one condition in every mode (nothing when `cfg.only` leaves it out)."""
+        cfg, console = self.cfg, self.console
+        if cfg.only is not None and condition not in cfg.only:
+            return
+        for constrained in self.modes:
+            name = constrained_name(condition) if constrained else condition
+            began = time.perf_counter()  # a line per condition: the task log shows progress (no bar there)
+            LOG.info("evaluation %s: %s on %d requests ...", self.report_name, name, len(chosen))
+            out = generate(
+                model,
+                tokenizer,
+                conversations,
+                label=name,
+                **self.gen,
+                tools=grounded_tools(chosen, self.effects, cfg.grounded_ids) if constrained else None,
+            )
+            result = score_condition(name, label, style, shots, chosen, out.texts, out.stats(), self.effects)
+            result.constrained = constrained
+            LOG.info(
+                "evaluation %s: %s done in %.0f s (exact match %.3f)",
+                self.report_name,
+                name,
+                time.perf_counter() - began,
+                result.summary.get("exact_match") or 0.0,
+            )
+            if out.cut and console is not None:
+                console.print(
+                    f"warning: {name}: {out.cut} of {len(chosen)} answers stopped at max_new_tokens "
+                    f"({cfg.max_new_tokens}) and may be cut short: raise evaluation.max_new_tokens "
+                    f"(FLYWHEEL_EVALUATION__MAX_NEW_TOKENS)"
+                )
+            if self.settings.evaluation.judge_url:
+                result.summary["judge_score"] = _judge_score(self.settings, chosen, out.texts)
+            self.results.append(result)
+
+
+def _judge_score(settings: Settings, chosen: list[Example], texts: list[str]) -> float | None:
+    """The judge's mean grade of the answers (None when it graded none)."""
+    from pipelines.evaluate.judge import judge_scores
+
+    graded = [
+        v for v in judge_scores(settings, [(e.query, e.target, t) for e, t in zip(chosen, texts)]) if v is not None
+    ]
+    return sum(graded) / len(graded) if graded else None
 
 
 def logs_frame(settings: Settings, cfg: EvalConfig) -> tuple[Any, str]:

@@ -1,5 +1,35 @@
-"""`python -m pipelines.gateway`: serve the gateway with uvicorn on the configured loopback address."""
+"""`python -m pipelines.gateway`: the gateway's entry point. Its settings come from the 0600 file `flywheel gateway
+up` wrote (named by FLYWHEEL_GATEWAY_SETTINGS, read once and removed: the secrets in it are gone while the gateway
+runs), else from the configuration (a pod: FLYWHEEL_* from its ConfigMap and Secret); served with uvicorn on the
+configured address."""
 
-from pipelines.gateway.app import main
+from __future__ import annotations
 
-main()
+import json
+import os
+from pathlib import Path
+
+from pipelines.gateway.app import SETTINGS_ENV, create_app
+
+
+def main() -> None:
+    """`python -m pipelines.gateway`: serve with uvicorn on the configured loopback address."""
+    import uvicorn
+
+    from pipelines.config import load_settings
+
+    source = os.environ.get(SETTINGS_ENV)
+    settings = load_settings(**json.loads(Path(source).read_text())) if source else load_settings()
+    if source:  # read once: the file with every secret is gone while the gateway runs, and after any exit
+        Path(source).unlink(missing_ok=True)
+    uvicorn.run(
+        create_app(settings),
+        host=settings.gateway.host,
+        port=settings.gateway.port,
+        log_level="info",
+        timeout_graceful_shutdown=20,
+    )
+
+
+if __name__ == "__main__":
+    main()

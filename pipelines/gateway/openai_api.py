@@ -81,15 +81,38 @@ class ToolSpec(_Open):
 
 
 class ChatCompletionRequest(_Open):
-    model: str = Field(min_length=1)
-    messages: list[Message] = Field(min_length=1)
-    tools: list[ToolSpec] | None = None
-    tool_choice: Literal["auto", "none", "required"] | dict[str, Any] | None = None
-    stream: bool = False
-    stream_options: dict[str, Any] | None = None
-    user: str | None = None
-    metadata: dict[str, str] | None = None
+    """OpenAI's chat-completions request, the fields a tool router reads (others are accepted and ignored)."""
+
+    model: str = Field(min_length=1, description="the route: champion, candidate, previous, base or v<N>")
+    messages: list[Message] = Field(min_length=1, description="the conversation; the last is the user's (or a tool's)")
+    tools: list[ToolSpec] | None = Field(None, description="the tools the agent offers (OpenAI function specs)")
+    tool_choice: Literal["auto", "none", "required"] | dict[str, Any] | None = Field(
+        None, description='auto, none, required, or {"type": "function", "function": {"name": ...}}'
+    )
+    stream: bool = Field(False, description="answer as server-sent events (chat.completion.chunk)")
+    stream_options: dict[str, Any] | None = Field(None, description='{"include_usage": true} adds a usage chunk')
+    user: str | None = Field(None, description="the customer id: the online customer context joins on it")
+    metadata: dict[str, str] | None = Field(
+        None, description="session_id, workload_id, country, currency, channel of the captured turn"
+    )
     n: int = Field(1, ge=1, le=1, description="one answer per request")
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _named_tool(cls, value: Any) -> Any:
+        """A named choice is `{"type": "function", "function": {"name": "<tool>"}}`, as OpenAI's API has it."""
+        if isinstance(value, dict):
+            function = value.get("function")
+            if (
+                value.get("type") != "function"
+                or not isinstance(function, dict)
+                or not isinstance(function.get("name"), str)
+                or not function["name"]
+            ):
+                raise ValueError(
+                    'expected "auto", "none", "required" or {"type": "function", "function": {"name": ...}}'
+                )
+        return value
 
 
 def model_error(model: str, message: str) -> ApiError:
@@ -102,15 +125,34 @@ def model_error(model: str, message: str) -> ApiError:
     return ApiError(503, f"{model}: {message}", kind="server_error", code="model_unavailable")
 
 
-def parse_request(body: bytes) -> ChatCompletionRequest:
-    """The validated request (its size already checked where it was read: `app.read_body`), or an ApiError
-    naming what is wrong (as the OpenAI API words it)."""
+def decode_body(body: bytes) -> Any:
+    """A request body as JSON, or a 400 saying why not: not UTF-8, not JSON, nested past what any request needs
+    (`[[[[...`), a number past Python's integer limit (4,300 digits), or text that is not Unicode (a lone
+    surrogate such as the first half of a cut emoji, which nothing downstream could encode). The one decoder of
+    every body the gateway reads."""
     try:
         data = json.loads(body)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ApiError(400, f"We could not parse the JSON body of your request ({exc})") from None
-    except RecursionError:  # `[[[[...`: a body nested past what any request needs
+    except RecursionError:
         raise ApiError(400, "We could not parse the JSON body of your request (nested too deeply)") from None
+    except ValueError as exc:  # int() past sys.get_int_max_str_digits()
+        raise ApiError(400, f"We could not parse the JSON body of your request ({exc})") from None
+    try:
+        json.dumps(data, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise ApiError(
+            400, "the request body holds text that is not valid Unicode (a lone surrogate, e.g. half an emoji)"
+        ) from None
+    except RecursionError:
+        raise ApiError(400, "We could not parse the JSON body of your request (nested too deeply)") from None
+    return data
+
+
+def parse_request(body: bytes) -> ChatCompletionRequest:
+    """The validated request (its size already checked where it was read: `endpoints.read_body`), or an ApiError
+    naming what is wrong (as the OpenAI API words it)."""
+    data = decode_body(body)
     if not isinstance(data, dict):
         raise ApiError(400, "the request body must be a JSON object")
     try:

@@ -219,7 +219,7 @@ class Router:
 
     def turns(self, target: Target, row: dict[str, Any]) -> list[dict[str, str]]:
         """The prompt the model was trained on; for `base`, the full prompt with retrieved examples."""
-        from pipelines.serve.client import conversation
+        from pipelines.serve.prompts import conversation
 
         turns = conversation({**row, "context": self.context(row["customer_id"])}, target.prompt_style)
         if target.version is not None or self.settings.gateway.few_shot == 0:

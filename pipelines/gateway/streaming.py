@@ -13,6 +13,7 @@ caller saw.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator
@@ -132,94 +133,114 @@ class ToolCallStream:
         return out
 
 
+class _Worker:
+    """The request in a worker thread (`traffic.handle`): its growing text and its end come to the event loop as
+    events through a queue, and every wait on it is bounded by its budget."""
+
+    def __init__(self, traffic: Any, parsed: api.ChatCompletionRequest, served: api.Served, on_done: Any) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.events: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
+        self.last_text: str | None = None
+        self.task = asyncio.create_task(self._run(traffic, parsed, served, on_done))
+        # every wait has a timeout: the model's own request budget, and a margin for the queue and the capture
+        gateway_settings = getattr(getattr(traffic, "settings", None), "gateway", None)
+        self.budget = float(getattr(gateway_settings, "request_timeout_s", 120.0)) + 30.0
+
+    def _on_text(self, text: str) -> None:
+        self.last_text = text
+        self.loop.call_soon_threadsafe(self.events.put_nowait, ("text", text))
+
+    async def _run(self, traffic: Any, parsed: api.ChatCompletionRequest, served: api.Served, on_done: Any) -> None:
+        from starlette.concurrency import run_in_threadpool
+
+        try:
+            body = await run_in_threadpool(traffic.handle, parsed, self._on_text, served)
+        except Exception as exc:  # noqa: BLE001 (handed to the response below)
+            self.events.put_nowait(("error", exc))
+        else:
+            self.events.put_nowait(("done", body))
+        finally:
+            if on_done is not None:  # the generation is over (whether or not the caller is still there)
+                on_done()
+
+    async def next_event(self) -> tuple[str, Any]:
+        """The next ("text" | "done" | "error", value); a 504 error when none comes within the budget."""
+        try:
+            return await asyncio.wait_for(self.events.get(), timeout=self.budget)
+        except TimeoutError:
+            return "error", api.ApiError(
+                504, f"the model did not answer within {self.budget:.0f} s", kind="server_error", code="timeout"
+            )
+
+    async def finished(self) -> None:
+        """Wait for the worker to end: the answer is captured even when the caller left early; the worker's own
+        budget bounds it."""
+        try:
+            await asyncio.wait_for(asyncio.shield(self.task), timeout=self.budget)
+        except TimeoutError:
+            LOG.error("a streamed request's worker outlived its %.0f s budget", self.budget)
+
+
+def _assembler(parsed: api.ChatCompletionRequest, served: api.Served) -> ToolCallStream:
+    """The stream's call assembler for the offered tools (a partly constrained tool's call goes out whole)."""
+    from pipelines.toolcall.grammar import GrammarError, partly_constrained
+
+    specs = api.offered(parsed)
+    try:
+        partial = set(partly_constrained(specs))
+    except GrammarError:
+        partial = set()
+    return ToolCallStream(
+        served.response_id, served.created, parsed.model, {s["function"]["name"] for s in specs}, partial
+    )
+
+
+async def _frames(
+    worker: _Worker, assembler: ToolCallStream, include_usage: bool, kind: str, value: Any
+) -> AsyncIterator[bytes]:
+    """The server-sent events from the first event (`kind`, `value`) on, until the answer or an error ends them."""
+    try:
+        while True:
+            if kind == "text":
+                for chunk in assembler.grow(value):
+                    yield api.sse(chunk)
+            elif kind == "done":
+                for chunk in assembler.finish(value, worker.last_text, include_usage):
+                    yield api.sse(chunk)
+                yield api.sse("[DONE]")
+                return
+            else:
+                failure = (
+                    value
+                    if isinstance(value, api.ApiError)
+                    else api.ApiError(500, f"the gateway failed: {type(value).__name__}", kind="server_error")
+                )
+                if not isinstance(value, api.ApiError):
+                    LOG.error("streamed request failed", exc_info=value)
+                yield api.sse(failure.body())
+                return
+            kind, value = await worker.next_event()
+    finally:
+        await worker.finished()
+
+
 async def stream_response(traffic: Any, parsed: api.ChatCompletionRequest, on_done: Any = None) -> Any:
     """The gateway's answer to `stream: true`: server-sent events as the model generates. The request runs
     in a worker thread (`traffic.handle`) whose growing text comes here through a queue. Until the first
     text, an error is an ordinary error response; after it, an error event ends the stream."""
-    import asyncio
-
     from fastapi.responses import StreamingResponse
-    from starlette.concurrency import run_in_threadpool
 
-    loop = asyncio.get_running_loop()
-    events: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
-    last: dict[str, str | None] = {"text": None}
     try:
         served = api.request_row(parsed)  # its response id is the stream's, and the captured turn's
     except BaseException:
         if on_done is not None:  # no worker will run: the caller's slot is given back here
             on_done()
         raise
-
-    def on_text(text: str) -> None:
-        last["text"] = text
-        loop.call_soon_threadsafe(events.put_nowait, ("text", text))
-
-    async def run() -> None:
-        try:
-            body = await run_in_threadpool(traffic.handle, parsed, on_text, served)
-        except Exception as exc:  # noqa: BLE001 (handed to the response below)
-            events.put_nowait(("error", exc))
-        else:
-            events.put_nowait(("done", body))
-        finally:
-            if on_done is not None:  # the generation is over (whether or not the caller is still there)
-                on_done()
-
-    worker = asyncio.create_task(run())
-    # every wait has a timeout: the model's own request budget, and a margin for the queue and the capture
-    gateway_settings = getattr(getattr(traffic, "settings", None), "gateway", None)
-    budget = float(getattr(gateway_settings, "request_timeout_s", 120.0)) + 30.0
-
-    async def next_event() -> tuple[str, Any]:
-        try:
-            return await asyncio.wait_for(events.get(), timeout=budget)
-        except TimeoutError:
-            return "error", api.ApiError(
-                504, f"the model did not answer within {budget:.0f} s", kind="server_error", code="timeout"
-            )
-
-    kind, value = await next_event()
+    worker = _Worker(traffic, parsed, served, on_done)
+    kind, value = await worker.next_event()
     if kind == "error":
         raise value
     include_usage = bool((parsed.stream_options or {}).get("include_usage"))
-    specs = api.offered(parsed)
-    from pipelines.toolcall.grammar import GrammarError, partly_constrained
-
-    try:
-        partial = set(partly_constrained(specs))
-    except GrammarError:
-        partial = set()
-    assembler = ToolCallStream(
-        served.response_id, served.created, parsed.model, {s["function"]["name"] for s in specs}, partial
+    return StreamingResponse(
+        _frames(worker, _assembler(parsed, served), include_usage, kind, value), media_type="text/event-stream"
     )
-
-    async def frames(kind: str, value: Any) -> AsyncIterator[bytes]:
-        try:
-            while True:
-                if kind == "text":
-                    for chunk in assembler.grow(value):
-                        yield api.sse(chunk)
-                elif kind == "done":
-                    for chunk in assembler.finish(value, last["text"], include_usage):
-                        yield api.sse(chunk)
-                    yield api.sse("[DONE]")
-                    return
-                else:
-                    failure = (
-                        value
-                        if isinstance(value, api.ApiError)
-                        else api.ApiError(500, f"the gateway failed: {type(value).__name__}", kind="server_error")
-                    )
-                    if not isinstance(value, api.ApiError):
-                        LOG.error("streamed request failed", exc_info=value)
-                    yield api.sse(failure.body())
-                    return
-                kind, value = await next_event()
-        finally:
-            try:  # the answer is captured even when the caller left early; the worker's own budget bounds it
-                await asyncio.wait_for(asyncio.shield(worker), timeout=budget)
-            except TimeoutError:
-                LOG.error("a streamed request's worker outlived its %.0f s budget", budget)
-
-    return StreamingResponse(frames(kind, value), media_type="text/event-stream")

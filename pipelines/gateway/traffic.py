@@ -18,6 +18,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,21 @@ from pipelines.livegate.comparisons import agreement_zone, tally_of
 
 LOG = logging.getLogger("flywheel.gateway")
 ROUTES_TTL_S = 1.0
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One arm's side of a comparison, as `Traffic._record` writes it: the two calls (the reference's and the
+    arm's answer), the arm's error, both latencies, and whether it was skipped (not counted) and why."""
+
+    arm: str
+    reference: dict[str, Any] | None = None
+    answer: dict[str, Any] | None = None
+    error: str | None = None
+    candidate_ms: float | None = None
+    reference_ms: float | None = None
+    skipped: bool = False
+    note: str | None = None
 
 
 class Traffic:
@@ -137,14 +153,14 @@ class Traffic:
                 body, by = self.local(route["candidate"], parsed, served, candidate_text if on_text else None)
                 self._off_path(parsed, served, route, body, candidate_answers=False)
             except api.ApiError as exc:  # counted against the candidate; the champion answers (or refuses) instead
-                self._record(parsed, served, route, "candidate", None, None, exc.message, None, None)
+                self._record(parsed, served, route, Outcome("candidate", error=exc.message))
                 if streamed:  # the caller holds part of the candidate's answer: no other model may finish it
                     raise
                 body, by = self.local(parsed.model, parsed, served, on_text)
         else:
             body, by = self.local(parsed.model, parsed, served, on_text)
             if route["mode"] == "canary":
-                self._record(parsed, served, route, "champion", None, None, None, 0.0, 0.0)
+                self._record(parsed, served, route, Outcome("champion", candidate_ms=0.0, reference_ms=0.0))
         if self.capture is not None:
             record = api.capture_record(
                 parsed, served, body, latency_ms=api.now_ms() - started, defaults=self.defaults, served_by=by
@@ -166,7 +182,7 @@ class Traffic:
         on_text: Callable[[str], None] | None = None,
     ) -> tuple[dict[str, Any], str]:
         """One of our aliases answers: (the OpenAI body, the Triton model that answered)."""
-        from pipelines.serve.client import offered_tools
+        from pipelines.serve.prompts import offered_tools
         from pipelines.toolcall.grammar import GrammarError, grammar_for
 
         target = self.router.resolve(alias)
@@ -299,9 +315,10 @@ class Traffic:
         """Shadow: the candidate answers a copy (the caller had the teacher's). Canary: the teacher answers
         a copy of a request the candidate served. Skipped (recorded) when the queue is full."""
         if not self._pending.acquire(blocking=False):
-            self._record(
-                parsed, served, route, "candidate", None, None, "skipped: comparison queue full", 0, 0, skipped=True
+            full = Outcome(
+                "candidate", error="skipped: comparison queue full", candidate_ms=0, reference_ms=0, skipped=True
             )
+            self._record(parsed, served, route, full)
             return
 
         def compare() -> None:
@@ -322,21 +339,18 @@ class Traffic:
                 reference, answer = (first, second) if candidate_answers else (second, first)
                 candidate_ms, reference_ms = (took, None) if candidate_answers else (None, took)
                 if not candidate_answers and error is not None:  # the teacher failed: not the candidate's error
-                    self._record(
-                        parsed,
-                        served,
-                        route,
+                    outcome = Outcome(
                         "candidate",
-                        None,
-                        answer,
-                        None,
-                        candidate_ms,
-                        reference_ms,
+                        answer=answer,
+                        candidate_ms=candidate_ms,
+                        reference_ms=reference_ms,
                         skipped=True,
                         note=f"teacher: {error}",
                     )
+                    self._record(parsed, served, route, outcome)
                     return
-                self._record(parsed, served, route, "candidate", reference, answer, error, candidate_ms, reference_ms)
+                outcome = Outcome("candidate", reference, answer, error, candidate_ms, reference_ms)
+                self._record(parsed, served, route, outcome)
             except Exception:  # noqa: BLE001 (off the request path: logged, never raised at the caller)
                 LOG.exception("shadow comparison failed")
             finally:
@@ -356,25 +370,18 @@ class Traffic:
         parsed: api.ChatCompletionRequest,
         served: api.Served,
         route: dict[str, Any],
-        arm: str,
-        reference: dict[str, Any] | None,
-        answer: dict[str, Any] | None,
-        error: str | None,
-        candidate_ms: float | None,
-        reference_ms: float | None,
-        *,
-        skipped: bool = False,
-        note: str | None = None,
+        outcome: Outcome,
     ) -> None:
         # live traffic vetoes on declared writes (catalogue, toolsets; `judged_effects` says how an unregistered
         # tool counts)
         from pipelines.toolcall.grounding import judged_effects
 
         effects = judged_effects([s["function"]["name"] for s in api.offered(parsed)], self._effects())
+        reference, answer = outcome.reference, outcome.answer
         agreed = rt.agreement(reference, answer, effects) if reference is not None and answer is not None else None
-        if arm == "candidate" and error is None and agreed is None and not skipped:
+        if outcome.arm == "candidate" and outcome.error is None and agreed is None and not outcome.skipped:
             agreed = {"name": False, "exact": False, "arg_f1": 0.0}
-        counted = arm == "candidate" and not skipped
+        counted = outcome.arm == "candidate" and not outcome.skipped
         tally = self._tally(parsed.model, route) if counted else None  # before the write: the files hold it after
         self.comparisons.write(
             {
@@ -382,23 +389,23 @@ class Traffic:
                 "timestamp": datetime.now(UTC).isoformat(timespec="microseconds"),
                 "route": parsed.model,
                 "mode": route["mode"],
-                "arm": arm,
+                "arm": outcome.arm,
                 "candidate": route.get("candidate"),
                 # the calls' values redacted at rest (agreement is computed above, on the real values)
                 "reference": _redacted(reference),
                 "answer": _redacted(answer),
                 "agreement": agreed,
-                "error": error,
-                "skipped": skipped,
-                "note": note,
-                "candidate_latency_ms": candidate_ms,
-                "reference_latency_ms": reference_ms,
+                "error": outcome.error,
+                "skipped": outcome.skipped,
+                "note": outcome.note,
+                "candidate_latency_ms": outcome.candidate_ms,
+                "reference_latency_ms": outcome.reference_ms,
             }
         )
         if tally is None:
             return
         with self._lock:
-            tally.add(agreed, error is not None)
+            tally.add(agreed, outcome.error is not None)
             move = rt.decide(self.settings, route, tally)
         if move is not None:
             changed = rt.set_route(

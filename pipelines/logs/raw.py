@@ -15,10 +15,6 @@ from pipelines.logs.schema import check_line
 RAW_PATTERNS = ("*.jsonl", "*.jsonl.gz")
 
 
-def partition_dates(raw_root: Path) -> list[date]:
-    return sorted(date.fromisoformat(p.name[3:]) for p in raw_root.glob("dt=*") if p.is_dir())
-
-
 def raw_files(raw_root: Path, dates: list[date] | None = None) -> list[Path]:
     """Data files of the given partitions (all partitions when `dates` is None), in a stable order."""
     dirs = [raw_root / f"dt={d.isoformat()}" for d in dates] if dates is not None else sorted(raw_root.glob("dt=*"))

@@ -117,7 +117,7 @@ class AgentTurn(_Open):
     channel: Channel
     feedback: Feedback = Field(description="Thumbs up/down from the user, or none")
     label_source: LabelSource | None = Field(
-        None,
+        default=None,
         description="Who wrote the answer (the label): teacher, "
         "champion, human, import or generated; absent: inferred by prep",
     )

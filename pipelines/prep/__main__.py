@@ -1,6 +1,7 @@
 """Entry point for spark-submit on a cluster (the same prep as `flywheel prep`):
 
-spark-submit --master spark://host:7077 -m ... pipelines/prep/__main__.py --start 2026-11-20 --end 2026-11-20
+spark-submit --master spark://host:7077 -m ... pipelines/prep/__main__.py --start 2026-11-20 --end 2026-11-20 \
+    --project NAME
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import json
 import os
 import sys
 
-from pipelines.config import get_settings
+from pipelines.config import load_settings
 from pipelines.prep.pipeline import run_prep
 from pipelines.window import DateWindow
 
@@ -19,9 +20,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="pipelines.prep")
     parser.add_argument("--start", required=True)
     parser.add_argument("--end", required=True)
+    parser.add_argument("--project", default=None, help="the AI project whose window this is (default: the configured)")
     args = parser.parse_args(argv)
     os.environ.setdefault("SPARK_SUBMITTED", "1")
-    result = run_prep(get_settings(), DateWindow.parse(args.start, args.end))
+    settings = load_settings(**({"project": args.project} if args.project else {}))
+    result = run_prep(settings, DateWindow.parse(args.start, args.end))
     sys.stdout.write(json.dumps(result.to_dict()) + "\n")
     return 0
 

@@ -56,7 +56,7 @@ def balanced_sample(frame: pd.DataFrame, n: int, seed: int = 0, power: float = 0
     the last rows go by largest remainder (ties in stratum order)."""
     if len(frame) <= n:
         return frame
-    groups = dict(frame.groupby(_strata(frame), sort=True))
+    groups = {k: g for k, g in frame.groupby(_strata(frame), sort=True)}  # noqa: C416 (groupby has .keys)
     quota = share_quotas({k: len(g) for k, g in groups.items()}, n, power)
     parts = [groups[k].sample(n=q, random_state=seed) for k, q in quota.items() if q]
     return pd_concat(parts).sort_values("record_id").reset_index(drop=True)

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from pipelines.logs.schema import check_line
+from pipelines.logs.schema import Verdict, check_line
 from pipelines.prep.labels import TRAINED_BY_DEFAULT, held_reason, label_source
 from pipelines.redact import PII_TYPES, redact_text, redact_value
 from pipelines.toolcall.calls import NO_TOOL as ABSTAIN
@@ -98,28 +98,39 @@ def prepare_line(
     row["source_file"] = source_file
     verdict = check_line(line, tools)
     if not verdict.ok:
-        text = line.decode("utf-8", "replace") if isinstance(line, bytes) else line
-        row.update(
-            status="quarantined",
-            reason=verdict.reason.value,
-            detail=redact_text(verdict.detail),
-            raw_redacted=redact_text(text[:MAX_QUARANTINED_LINE]),
-        )
-        try:  # keep the ids when the line is JSON, so people can find the record
-            raw = orjson.loads(line)
-            if isinstance(raw, dict):
-                row.update(
-                    record_id=_str(raw.get("record_id")),
-                    session_id=_str(raw.get("session_id")),
-                    customer_id=_str(raw.get("customer_id")),
-                    event_time=_str(raw.get("timestamp")),
-                )
-        except orjson.JSONDecodeError:
-            pass
-        for t in PII_TYPES:
-            row[f"redacted_{t.lower()}"] = 0
-        return row
+        return _quarantined_row(row, line, verdict)
+    return _clean_row(row, verdict, feedback, trained)
 
+
+def _quarantined_row(row: dict[str, Any], line: str | bytes, verdict: Verdict) -> dict[str, Any]:
+    """`row` as a quarantined line: the reason, the redacted line and, when it is JSON, its ids."""
+    text = line.decode("utf-8", "replace") if isinstance(line, bytes) else line
+    row.update(
+        status="quarantined",
+        reason=verdict.reason.value,
+        detail=redact_text(verdict.detail),
+        raw_redacted=redact_text(text[:MAX_QUARANTINED_LINE]),
+    )
+    try:  # keep the ids when the line is JSON, so people can find the record
+        raw = orjson.loads(line)
+        if isinstance(raw, dict):
+            row.update(
+                record_id=_str(raw.get("record_id")),
+                session_id=_str(raw.get("session_id")),
+                customer_id=_str(raw.get("customer_id")),
+                event_time=_str(raw.get("timestamp")),
+            )
+    except orjson.JSONDecodeError:
+        pass
+    for t in PII_TYPES:
+        row[f"redacted_{t.lower()}"] = 0
+    return row
+
+
+def _clean_row(
+    row: dict[str, Any], verdict: Verdict, feedback: Mapping[str, str] | None, trained: Collection[str]
+) -> dict[str, Any]:
+    """`row` as a clean record: PII redacted (and counted), its label source, and the SFT example's fields."""
     r = verdict.record
     counts: Counter[str] = Counter()
     conversation = conversation_of(r["request"]["messages"], counts)

@@ -115,147 +115,41 @@ def run_prep(settings: Settings, window: DateWindow, spark: Any = None, run_id: 
 
     started = time.perf_counter()
     run_id = run_id or f"prep-{window.label}-{uuid.uuid4().hex[:8]}"
-    files = raw_files_for(settings, window)
-    if not files:
-        raise PrepError(f"no raw partitions for {window} under {settings.zone('raw')}: ingest the window first")
-    unreadable = {f: reason for f in files if (reason := unreadable_reason(f))}
-    files = [f for f in files if f not in unreadable]
-    if not files:
-        raise PrepError(
-            f"every raw file of {window} is unreadable: "
-            + "; ".join(f"{f}: {r}" for f, r in unreadable.items())
-            + "; re-ingest them"
-        )
+    files, unreadable = _readable_files(settings, window)
     spark = spark or get_spark(settings)
     paths = zone_paths(settings)
     staging = f"{paths['staging']}/{run_id}"
 
     lines = spark.read.text(files).withColumn("source_file", F.input_file_name())
     non_blank = lines.filter(F.trim("value") != "")
-    tools = registered_catalogue(settings.zone("raw"))
-    feedback = read_feedback(settings.zone("raw"))  # ratings sent after the turns (gateway /v1/feedback)
-    nodes.prepare(non_blank, tools, feedback, settings.quality.train_label_sources).write.mode("overwrite").parquet(
-        staging
-    )
-    prepared = spark.read.parquet(staging)
+    prepared = _prepare_to_staging(spark, settings, non_blank, staging)
     input_records = non_blank.count()
 
-    status_counts = {r["status"]: r["n"] for r in prepared.groupBy("status").agg(F.count("*").alias("n")).collect()}
+    status_counts = _count_by(prepared, "status")
     if sum(status_counts.values()) != input_records:
         raise CountMismatch(f"prepare returned {sum(status_counts.values())} rows for {input_records} input lines")
 
-    clean = prepared.filter("status = 'clean'")
-    marked = nodes.mark_duplicates(clean).persist()
-    kept = marked.filter("duplicate_of IS NULL")
-    duplicates = marked.filter("duplicate_of IS NOT NULL")
-    # clean records whose label does not train (prep.labels) stay in the clean logs, `held` with the reason
-    examples = nodes.assign_splits(kept.filter("held IS NULL"), VAL_SHARE, TEST_SHARE, salt="flywheel").persist()
-
+    frames = _Frames.cut(prepared)
     # Write the new outputs next to the tables first; the window's old partitions are replaced only
     # after every write succeeded (a failed or killed write leaves the last good output in place).
     out = {name: f"{staging}/out/{name}" for name in OUTPUT_TABLES}
     try:
-        examples.select(*nodes.EXAMPLE_COLUMNS).write.mode("overwrite").partitionBy("split", "dt").parquet(
-            out["examples"]
-        )
-        kept.select(*nodes.CLEAN_LOG_COLUMNS).write.mode("overwrite").partitionBy("dt").parquet(out["clean_logs"])
-        nodes.quarantine_rows(prepared, duplicates, run_id).write.mode("overwrite").partitionBy("dt").parquet(
-            out["quarantine"]
-        )
+        _write_tables(frames, out, run_id)
     except BaseException:
-        marked.unpersist()
-        examples.unpersist()
+        frames.release()
         remove(staging)  # nothing was swapped in yet: the tables are as the last good run left them
         raise
 
     try:  # a failed count or statistic leaves the tables as they were and no staging behind
-        n_kept = examples.count()
-        n_dup = duplicates.count()
-        n_bad = status_counts.get("quarantined", 0)
-        held_reasons = {
-            r["held"]: r["n"]
-            for r in kept.filter("held IS NOT NULL").groupBy("held").agg(F.count("*").alias("n")).collect()
-        }
-        n_held = sum(held_reasons.values())
-        if n_kept + n_held + n_bad + n_dup != input_records:
-            raise CountMismatch(
-                f"input {input_records} != clean {n_kept} + held {n_held} + quarantined {n_bad} + duplicates {n_dup}"
-            )
-        label_sources = {
-            r["label_source"]: r["n"] for r in examples.groupBy("label_source").agg(F.count("*").alias("n")).collect()
-        }
-
-        reasons = {
-            r["reason"]: r["n"]
-            for r in prepared.filter("status = 'quarantined'").groupBy("reason").agg(F.count("*").alias("n")).collect()
-        }
-        redaction_row = clean.select(*[F.sum(f"redacted_{t.lower()}").alias(t) for t in PII_TYPES]).first()
-        redactions = {t: int(redaction_row[t] or 0) for t in PII_TYPES}
-        per_split_tool = examples.groupBy("split", "tool").agg(F.count("*").alias("n")).collect()
-        by_split: dict[str, int] = {}
-        tool_dist: dict[str, dict[str, int]] = {}
-        for r in per_split_tool:
-            by_split[r["split"]] = by_split.get(r["split"], 0) + r["n"]
-            tool_dist.setdefault(r["split"], {})[r["tool"]] = r["n"]
-        content_digest = nodes.digest(examples, ["record_id", "split", "system_prompt", "messages_json", "target_json"])
+        counts = _count_outputs(frames, status_counts, input_records)
     except BaseException:
-        marked.unpersist()
-        examples.unpersist()
+        frames.release()
         remove(staging)
         raise
-    marked.unpersist()
-    examples.unpersist()
-    if input_records == 0:
-        message = f"{window}: the raw partitions are empty; nothing to prepare"
-    elif n_kept == 0:
-        message = (
-            f"{window}: all {input_records} records were quarantined, held (labels that do not train: "
-            f"{held_reasons}) or duplicates ({reasons}); no examples"
-        )
-    else:
-        message = (
-            f"{window}: {input_records} records -> {n_kept} examples, {n_held} held (labels that do not "
-            f"train), {n_bad} quarantined, {n_dup} duplicates"
-        )
-    limits = grammar_limits(settings.zone("raw"), [t for d in tool_dist.values() for t in d])
-    if limits:
-        message += "; not fully constrained by the tool-call grammar: " + "; ".join(
-            f"{name} {how}" for name, how in limits.items()
-        )
-    if unreadable:
-        message += (
-            f"; {len(unreadable)} unreadable raw file(s) skipped, left in place and listed in the "
-            f"manifest (re-ingest, then prepare the window again): {', '.join(sorted(unreadable))}"
-        )
-    manifest = {
-        "run_id": run_id,
-        "window": {"start": window.start.isoformat(), "end": window.end.isoformat()},
-        "created_at": datetime.now(UTC).isoformat(),
-        "input_partitions": sorted({f.rsplit("/", 2)[-2] for f in [*files, *unreadable]}),
-        "input_files": files,
-        "unreadable_files": [{"file": f, "reason": r} for f, r in sorted(unreadable.items())],
-        "counts": {
-            "input": input_records,
-            "clean": n_kept,
-            "held": n_held,
-            "quarantined": n_bad,
-            "duplicates": n_dup,
-            "reconciled": n_kept + n_held + n_bad + n_dup == input_records,
-        },
-        "label_sources": dict(sorted(label_sources.items())),
-        "held_reasons": dict(sorted(held_reasons.items())),
-        "quarantine_reasons": dict(sorted(reasons.items())),
-        "examples_by_split": dict(sorted(by_split.items())),
-        "tool_distribution": {s: dict(sorted(d.items())) for s, d in sorted(tool_dist.items())},
-        "redactions": redactions,
-        "content_digest": content_digest,
-        "code_version": code_version(),
-        "toolset_version": TOOLSET_VERSION,
-        "imported_tools": extra_tool_names(settings.zone("raw")),
-        "grammar_limits": limits,  # the window's tools the grammar does not fully constrain, and why
-        "outputs": {k: v for k, v in paths.items() if k not in ("staging", "manifests")},
-        "message": message,
-    }
+    frames.release()
+    limits = grammar_limits(settings.zone("raw"), [t for d in counts.tool_dist.values() for t in d])
+    message = _prep_message(window, counts, limits, unreadable)
+    manifest = _manifest(settings, window, run_id, files, unreadable, counts, limits, paths, message)
     # Swap the window's partitions in and write its manifest under the tables' lock (two runs never
     # interleave, and no later prep overwrites a manifest a features step is completing). The window's
     # own manifest only: `curated/manifest.json` (the current training set) moves when the features step
@@ -269,20 +163,225 @@ def run_prep(settings: Settings, window: DateWindow, spark: Any = None, run_id: 
         window=str(window),
         run_id=run_id,
         input_records=input_records,
-        clean=n_kept,
-        quarantined=n_bad,
-        duplicates=n_dup,
+        clean=counts.clean,
+        quarantined=counts.quarantined,
+        duplicates=counts.duplicates,
         examples_by_split=manifest["examples_by_split"],
         reasons=manifest["quarantine_reasons"],
-        redactions=redactions,
+        redactions=counts.redactions,
         manifest_uri=manifest_uri,
         message=message,
         seconds=round(time.perf_counter() - started, 2),
         outputs=manifest["outputs"],
         unreadable_files=unreadable,
-        held=n_held,
+        held=counts.held,
         label_sources=manifest["label_sources"],
     )
+
+
+def _readable_files(settings: Settings, window: DateWindow) -> tuple[list[str], dict[str, str]]:
+    """The window's raw files that decompress whole, and the unreadable ones with why; PrepError when there
+    are no raw files, or none readable."""
+    files = raw_files_for(settings, window)
+    if not files:
+        raise PrepError(f"no raw partitions for {window} under {settings.zone('raw')}: ingest the window first")
+    unreadable = {f: reason for f in files if (reason := unreadable_reason(f))}
+    files = [f for f in files if f not in unreadable]
+    if not files:
+        raise PrepError(
+            f"every raw file of {window} is unreadable: "
+            + "; ".join(f"{f}: {r}" for f, r in unreadable.items())
+            + "; re-ingest them"
+        )
+    return files, unreadable
+
+
+def _prepare_to_staging(spark: Any, settings: Settings, non_blank: Any, staging: str) -> Any:
+    """Run `nodes.prepare` over the non-blank lines into the run's staging folder; the prepared rows read back."""
+    tools = registered_catalogue(settings.zone("raw"))
+    feedback = read_feedback(settings.zone("raw"))  # ratings sent after the turns (gateway /v1/feedback)
+    nodes.prepare(non_blank, tools, feedback, settings.quality.train_label_sources).write.mode("overwrite").parquet(
+        staging
+    )
+    return spark.read.parquet(staging)
+
+
+def _count_by(frame: Any, column: str) -> dict[Any, int]:
+    """Rows of `frame` per value of `column`."""
+    from pyspark.sql import functions as F
+
+    return {r[column]: r["n"] for r in frame.groupBy(column).agg(F.count("*").alias("n")).collect()}
+
+
+@dataclass(frozen=True)
+class _Frames:
+    """The prepared rows and the frames cut from them; `marked` and `examples` are persisted until `release`."""
+
+    prepared: Any
+    clean: Any
+    marked: Any  # the clean rows, each with `duplicate_of`
+    kept: Any
+    duplicates: Any
+    examples: Any
+
+    @classmethod
+    def cut(cls, prepared: Any) -> _Frames:
+        """Mark the clean rows' duplicates and split the kept rows that train into train/val/test."""
+        clean = prepared.filter("status = 'clean'")
+        marked = nodes.mark_duplicates(clean).persist()
+        kept = marked.filter("duplicate_of IS NULL")
+        duplicates = marked.filter("duplicate_of IS NOT NULL")
+        # clean records whose label does not train (prep.labels) stay in the clean logs, `held` with the reason
+        examples = nodes.assign_splits(kept.filter("held IS NULL"), VAL_SHARE, TEST_SHARE, salt="flywheel").persist()
+        return cls(prepared, clean, marked, kept, duplicates, examples)
+
+    def release(self) -> None:
+        """Unpersist the cached frames."""
+        self.marked.unpersist()
+        self.examples.unpersist()
+
+
+def _write_tables(frames: _Frames, out: dict[str, str], run_id: str) -> None:
+    """Write the examples, clean logs and quarantine tables to the staging folders `out`."""
+    frames.examples.select(*nodes.EXAMPLE_COLUMNS).write.mode("overwrite").partitionBy("split", "dt").parquet(
+        out["examples"]
+    )
+    frames.kept.select(*nodes.CLEAN_LOG_COLUMNS).write.mode("overwrite").partitionBy("dt").parquet(out["clean_logs"])
+    nodes.quarantine_rows(frames.prepared, frames.duplicates, run_id).write.mode("overwrite").partitionBy("dt").parquet(
+        out["quarantine"]
+    )
+
+
+@dataclass(frozen=True)
+class _Counts:
+    """Where the window's records went, and the statistics the manifest records."""
+
+    input: int
+    clean: int
+    held: int
+    quarantined: int
+    duplicates: int
+    held_reasons: dict[str, int]
+    label_sources: dict[str, int]
+    reasons: dict[str, int]
+    redactions: dict[str, int]
+    by_split: dict[str, int]
+    tool_dist: dict[str, dict[str, int]]
+    content_digest: str
+
+
+def _count_outputs(frames: _Frames, status_counts: dict[str, int], input_records: int) -> _Counts:
+    """Count every output, check `input = clean + held + quarantined + duplicates` (CountMismatch), and compute
+    the manifest's statistics."""
+    from pyspark.sql import functions as F
+
+    n_kept = frames.examples.count()
+    n_dup = frames.duplicates.count()
+    n_bad = status_counts.get("quarantined", 0)
+    held_reasons = _count_by(frames.kept.filter("held IS NOT NULL"), "held")
+    n_held = sum(held_reasons.values())
+    if n_kept + n_held + n_bad + n_dup != input_records:
+        raise CountMismatch(
+            f"input {input_records} != clean {n_kept} + held {n_held} + quarantined {n_bad} + duplicates {n_dup}"
+        )
+    label_sources = _count_by(frames.examples, "label_source")
+
+    reasons = _count_by(frames.prepared.filter("status = 'quarantined'"), "reason")
+    redaction_row = frames.clean.select(*[F.sum(f"redacted_{t.lower()}").alias(t) for t in PII_TYPES]).first()
+    redactions = {t: int(redaction_row[t] or 0) for t in PII_TYPES}
+    per_split_tool = frames.examples.groupBy("split", "tool").agg(F.count("*").alias("n")).collect()
+    by_split: dict[str, int] = {}
+    tool_dist: dict[str, dict[str, int]] = {}
+    for r in per_split_tool:
+        by_split[r["split"]] = by_split.get(r["split"], 0) + r["n"]
+        tool_dist.setdefault(r["split"], {})[r["tool"]] = r["n"]
+    content_digest = nodes.digest(
+        frames.examples, ["record_id", "split", "system_prompt", "messages_json", "target_json"]
+    )
+    return _Counts(
+        input_records,
+        n_kept,
+        n_held,
+        n_bad,
+        n_dup,
+        held_reasons,
+        label_sources,
+        reasons,
+        redactions,
+        by_split,
+        tool_dist,
+        content_digest,
+    )
+
+
+def _prep_message(window: DateWindow, counts: _Counts, limits: dict[str, str], unreadable: dict[str, str]) -> str:
+    """The run's one-line summary: the counts, the tools the grammar does not fully constrain, the skipped files."""
+    if counts.input == 0:
+        message = f"{window}: the raw partitions are empty; nothing to prepare"
+    elif counts.clean == 0:
+        message = (
+            f"{window}: all {counts.input} records were quarantined, held (labels that do not train: "
+            f"{counts.held_reasons}) or duplicates ({counts.reasons}); no examples"
+        )
+    else:
+        message = (
+            f"{window}: {counts.input} records -> {counts.clean} examples, {counts.held} held (labels that do not "
+            f"train), {counts.quarantined} quarantined, {counts.duplicates} duplicates"
+        )
+    if limits:
+        message += "; not fully constrained by the tool-call grammar: " + "; ".join(
+            f"{name} {how}" for name, how in limits.items()
+        )
+    if unreadable:
+        message += (
+            f"; {len(unreadable)} unreadable raw file(s) skipped, left in place and listed in the "
+            f"manifest (re-ingest, then prepare the window again): {', '.join(sorted(unreadable))}"
+        )
+    return message
+
+
+def _manifest(
+    settings: Settings,
+    window: DateWindow,
+    run_id: str,
+    files: list[str],
+    unreadable: dict[str, str],
+    counts: _Counts,
+    limits: dict[str, str],
+    paths: dict[str, str],
+    message: str,
+) -> dict[str, Any]:
+    """The window's manifest: inputs, counts, statistics, versions and outputs."""
+    c = counts
+    return {
+        "run_id": run_id,
+        "window": {"start": window.start.isoformat(), "end": window.end.isoformat()},
+        "created_at": datetime.now(UTC).isoformat(),
+        "input_partitions": sorted({f.rsplit("/", 2)[-2] for f in [*files, *unreadable]}),
+        "input_files": files,
+        "unreadable_files": [{"file": f, "reason": r} for f, r in sorted(unreadable.items())],
+        "counts": {
+            "input": c.input,
+            "clean": c.clean,
+            "held": c.held,
+            "quarantined": c.quarantined,
+            "duplicates": c.duplicates,
+            "reconciled": c.clean + c.held + c.quarantined + c.duplicates == c.input,
+        },
+        "label_sources": dict(sorted(c.label_sources.items())),
+        "held_reasons": dict(sorted(c.held_reasons.items())),
+        "quarantine_reasons": dict(sorted(c.reasons.items())),
+        "examples_by_split": dict(sorted(c.by_split.items())),
+        "tool_distribution": {s: dict(sorted(d.items())) for s, d in sorted(c.tool_dist.items())},
+        "redactions": c.redactions,
+        "content_digest": c.content_digest,
+        "code_version": code_version(),
+        "toolset_version": TOOLSET_VERSION,
+        "imported_tools": extra_tool_names(settings.zone("raw")),
+        "grammar_limits": limits,  # the window's tools the grammar does not fully constrain, and why
+        "outputs": {k: v for k, v in paths.items() if k not in ("staging", "manifests")},
+        "message": message,
+    }
 
 
 def window_lock(settings: Settings, window: DateWindow, timeout_s: float = 3600):

@@ -31,11 +31,13 @@ class ProjectError(ValueError):
 
 
 class Quotas(BaseModel):
-    rpm: int | None = Field(None, ge=1, description="gateway requests per minute (None: no limit)")
-    tokens_per_day: int | None = Field(None, ge=1, description="gateway tokens (prompt + completion) per UTC day")
-    training_runs: int = Field(1, ge=1, le=64, description="concurrent training runs (its DAG's active runs)")
+    rpm: int | None = Field(default=None, ge=1, description="gateway requests per minute (None: no limit)")
+    tokens_per_day: int | None = Field(
+        default=None, ge=1, description="gateway tokens (prompt + completion) per UTC day"
+    )
+    training_runs: int = Field(default=1, ge=1, le=64, description="concurrent training runs (its DAG's active runs)")
     concurrent: int | None = Field(
-        None,
+        default=None,
         ge=1,
         description="gateway completions in flight at once for the project "
         "(None: up to the gateway's own limit, gateway.max_concurrent_requests)",
@@ -56,9 +58,6 @@ class Project(BaseModel):
     members: dict[str, Role] = Field(default_factory=dict)
     keys: list[ApiKey] = Field(default_factory=list)
     quotas: Quotas = Field(default_factory=Quotas)
-
-    def role_of(self, user: str) -> str | None:
-        return self.members.get(user)
 
     def active_keys(self) -> list[ApiKey]:
         return [k for k in self.keys if k.revoked_at is None]

@@ -30,10 +30,10 @@ def _refusals() -> tuple[str, ...]:
     return tuple(field for field in USAGE_FIELDS if field.startswith("refused_"))
 
 
-def _row_for(hardware_tag: str | None) -> Any:
+def _row_for(hardware_tag: str | None, overrides: dict[str, dict[str, Any]]) -> Any:
     from pipelines.hardware import table
 
-    rows = table()
+    rows = table(overrides)
     tag = (hardware_tag or "").lower()
     for key in ("b200", "h200", "h100"):
         if key in tag:
@@ -57,7 +57,7 @@ def training(settings: Settings, since: date) -> list[dict[str, Any]]:
         if tag is None or run.info.end_time is None:
             continue  # a sweep's parent run (its variants are counted) or one still running
         seconds = max(0.0, (run.info.end_time - run.info.start_time) / 1000)
-        row = _row_for(tag)
+        row = _row_for(tag, settings.bench.hardware)
         devices = int(tag.split("x", 1)[0]) if tag[:1].isdigit() and "x" in tag else 1
         out.append(
             {
@@ -79,7 +79,7 @@ def serving(settings: Settings, since: date) -> list[dict[str, Any]]:
     from pipelines.admission.quota import usage_by_day
     from pipelines.hardware import detect
 
-    row = detect()
+    row = detect(settings.bench.hardware)
     out = []
     for day, used in usage_by_day(settings).items():
         if day < since.isoformat():
@@ -119,7 +119,7 @@ def summarize(settings: Settings, since: date) -> dict[str, Any]:
     runs, days, stored = training(settings, since), serving(settings, since), storage(settings)
     prices = {
         r.name: {"usd_per_hour": r.usd_per_hour, "source": r.price_source, "date": r.price_date}
-        for r in table().values()
+        for r in table(settings.bench.hardware).values()
     }
     return {
         "project": settings.project,

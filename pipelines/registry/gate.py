@@ -245,6 +245,35 @@ def planned_looks(settings: Settings) -> int:
     return looks
 
 
+def _paired_interval(
+    candidate: dict[str, Any], reference: dict[str, Any], judged_on: dict[str, str], settings: Settings
+) -> tuple[dict[str, Any], int, float]:
+    """The paired comparison of the two rows' per-request scores (`stats.compare`) at the level left for one
+    of the DAG's planned looks; with the looks and that level."""
+    from pipelines.stats import compare
+
+    p = settings.promotion
+    looks = planned_looks(settings)
+    level = 1 - (1 - p.confidence) / looks  # the error spent over the DAG's planned looks (Bonferroni)
+    paired = compare(
+        candidate["per_request"],
+        reference["per_request"],
+        judged_on,
+        resamples=p.bootstrap_resamples,
+        level=level,
+        min_tool_examples=p.min_tool_examples,
+    )
+    return paired, looks, level
+
+
+def _cost_line(latency: float | None, tokens: float | None) -> str:
+    """The latency and prompt-token changes, as the reason states them."""
+    return (
+        "; ".join(f"{what} {v:+.0%}" for what, v in (("latency", latency), ("prompt tokens", tokens)) if v is not None)
+        or "latency and prompt tokens not measured"
+    )
+
+
 def paired_gate(
     candidate: dict[str, Any], reference: dict[str, Any], label: str, settings: Settings, numbers: dict[str, Any]
 ) -> Verdict:
@@ -262,20 +291,11 @@ def paired_gate(
 
     A promoted candidate must also keep every tool with enough examples within `max_tool_regression` (point
     check, its interval recorded beside it). The reason names the rule, the interval and n."""
-    from pipelines.stats import compare, describe
+    from pipelines.stats import describe
 
     p = settings.promotion
     tools, judged_on, tool_failures = per_tool_numbers(candidate, reference, settings)
-    looks = planned_looks(settings)
-    level = 1 - (1 - p.confidence) / looks  # the error spent over the DAG's planned looks (Bonferroni)
-    paired = compare(
-        candidate["per_request"],
-        reference["per_request"],
-        judged_on,
-        resamples=p.bootstrap_resamples,
-        level=level,
-        min_tool_examples=p.min_tool_examples,
-    )
+    paired, looks, level = _paired_interval(candidate, reference, judged_on, settings)
     task = paired["metrics"]["task"]
     latency, tokens = (
         _change(candidate, reference, "latency_ms_p50"),
@@ -293,10 +313,7 @@ def paired_gate(
     )
     stated = describe(task, "task score")
     margin = f"margin {p.non_inferiority_margin:.2f}"
-    cost = (
-        "; ".join(f"{what} {v:+.0%}" for what, v in (("latency", latency), ("prompt tokens", tokens)) if v is not None)
-        or "latency and prompt tokens not measured"
-    )
+    cost = _cost_line(latency, tokens)
     if not task["n"]:
         return Verdict(False, f"not promoted vs {label}: no request answered by both", label, numbers)
     if task["high"] < -p.non_inferiority_margin:

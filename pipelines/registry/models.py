@@ -137,19 +137,7 @@ def register(settings: Settings, sweep: dict[str, Any], evaluation: dict[str, An
     window = lineage.get("window") or {}
     window = f"{window['start']}_{window['end']}" if isinstance(window, dict) else str(window)
     tool_schema_version = hashlib.sha256(tools_json(TOOLS).encode()).hexdigest()[:12]
-    meta = {
-        "base_model": sweep["base_model"],
-        "prompt_style": sweep["prompt_style"],
-        "backend": sweep["backend"],
-        "tool_schema_version": tool_schema_version,
-        "dataset_digest": sweep["dataset_digest"],
-        "sweep_id": sweep["sweep_id"],
-        "code_version": code_version(),
-        "answer_budget": sweep.get("answer_budget") or FALLBACK,  # pyfunc's default max_new_tokens
-        "prompt_template": "pipelines.toolcall.prompt.system_prompt"
-        if sweep["prompt_style"] == "full"
-        else f"pipelines.toolcall.prompt.short_system_prompt (style {sweep['prompt_style']})",
-    }
+    meta = _model_meta(sweep, tool_schema_version)
     card = _model_card(name, sweep, variant, evaluation, lineage.get("label_sources"))
     with tempfile.TemporaryDirectory() as tmp:
         meta_file = Path(tmp) / "flywheel.json"
@@ -173,6 +161,34 @@ def register(settings: Settings, sweep: dict[str, Any], evaluation: dict[str, An
             mlflow.log_input(dataset, context="training")
             run = mlflow.active_run()
             source = f"{run.info.artifact_uri}/registered_model"
+    tags = _version_tags(sweep, meta, window, evaluation)
+    version = client.create_model_version(name, source=source, run_id=variant["run_id"], tags=tags, description=card)
+    _wait_ready(client, name, version.version)
+    client.set_registered_model_alias(name, CANDIDATE, version.version)
+    return {"name": name, "version": str(version.version), "run_id": variant["run_id"], "existing": False}
+
+
+def _model_meta(sweep: dict[str, Any], tool_schema_version: str) -> dict[str, Any]:
+    """The registered model's `flywheel.json` (also its MLflow metadata): base model, prompt, lineage, budget."""
+    return {
+        "base_model": sweep["base_model"],
+        "prompt_style": sweep["prompt_style"],
+        "backend": sweep["backend"],
+        "tool_schema_version": tool_schema_version,
+        "dataset_digest": sweep["dataset_digest"],
+        "sweep_id": sweep["sweep_id"],
+        "code_version": code_version(),
+        "answer_budget": sweep.get("answer_budget") or FALLBACK,  # pyfunc's default max_new_tokens
+        "prompt_template": "pipelines.toolcall.prompt.system_prompt"
+        if sweep["prompt_style"] == "full"
+        else f"pipelines.toolcall.prompt.short_system_prompt (style {sweep['prompt_style']})",
+    }
+
+
+def _version_tags(
+    sweep: dict[str, Any], meta: dict[str, Any], window: str, evaluation: dict[str, Any] | None
+) -> dict[str, str]:
+    """The model version's tags: its sweep, data, code, base model, prompt, training window, budget, evaluation."""
     tags = {
         "flywheel.sweep_id": sweep["sweep_id"],
         "flywheel.sweep_run_id": sweep["parent_run_id"],
@@ -180,7 +196,7 @@ def register(settings: Settings, sweep: dict[str, Any], evaluation: dict[str, An
         "flywheel.code_version": meta["code_version"],
         "flywheel.base_model": sweep["base_model"],
         "flywheel.prompt_style": sweep["prompt_style"],
-        "flywheel.tool_schema_version": tool_schema_version,
+        "flywheel.tool_schema_version": meta["tool_schema_version"],
     }
     if window:  # the drift monitor's reference: the champion's training window
         tags["flywheel.training_window"] = window
@@ -188,10 +204,7 @@ def register(settings: Settings, sweep: dict[str, Any], evaluation: dict[str, An
         tags[BUDGET_TAG] = str(sweep["answer_budget"])
     if evaluation:
         tags["flywheel.evaluation"] = evaluation.get("json_uri", "")
-    version = client.create_model_version(name, source=source, run_id=variant["run_id"], tags=tags, description=card)
-    _wait_ready(client, name, version.version)
-    client.set_registered_model_alias(name, CANDIDATE, version.version)
-    return {"name": name, "version": str(version.version), "run_id": variant["run_id"], "existing": False}
+    return tags
 
 
 def _wait_ready(client: Any, name: str, version: str, timeout: float = 60) -> None:

@@ -19,11 +19,12 @@ class ToolCallerModel(mlflow.pyfunc.PythonModel):
 
     def load_context(self, context: Any) -> None:
         from pipelines.base_models import load_model
-        from pipelines.config import get_settings
+        from pipelines.config import load_settings
 
         with open(context.artifacts["flywheel"], encoding="utf-8") as fh:
             self.meta = json.load(fh)
-        self.model, self.tokenizer = load_model(self.meta["base_model"], get_settings(), context.artifacts["adapter"])
+        # MLflow loads this model in its own process: the settings come from that process's configuration
+        self.model, self.tokenizer = load_model(self.meta["base_model"], load_settings(), context.artifacts["adapter"])
 
     def predict(self, context, model_input, params=None):  # untyped: MLflow validates typed signatures
         from pipelines.toolcall.decode import generate

@@ -8,7 +8,7 @@ from typing import Any
 
 from pipelines.config import Settings
 from pipelines.serve import repository, shared_base
-from pipelines.serve.client import TritonClient, conversation, offered_tools
+from pipelines.serve.client import TritonClient
 from pipelines.serve.deploy import (
     DeployFailed,
     Deployment,
@@ -21,6 +21,7 @@ from pipelines.serve.deploy import (
     state,
     state_lock,
 )
+from pipelines.serve.prompts import conversation, offered_tools
 
 
 def canary(

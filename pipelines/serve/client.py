@@ -1,9 +1,8 @@
 """Client of the served tool router: tritonclient (model control over HTTP or gRPC; inference over gRPC
 streaming, since the model is decoupled: see `pipelines/triton_backend/model.py`).
 
-It builds each request's chat turns exactly as the training set did (`pipelines.toolcall.prompt.
-system_for` + `chat_turns`), taking the customer context from Feast's online store, so the prompt a
-model sees in production is the prompt it was trained on (tested).
+What it sends (each request's chat turns and offered tools, built as the training set was) comes from
+`serve.prompts`.
 """
 
 from __future__ import annotations
@@ -23,7 +22,6 @@ from pipelines.config import Settings
 from pipelines.serve import shared_base
 from pipelines.serve.repository import SHARED_PREFIX, split_name
 from pipelines.toolcall.budget import FALLBACK
-from pipelines.toolcall.prompt import chat_turns, system_for
 
 Protocol = Literal["http", "grpc"]
 OUTPUTS = ("TOOL_CALL", "PROMPT_TOKENS", "OUTPUT_TOKENS", "FINAL", "CUT")  # a response (CUT: newer folders only)
@@ -45,34 +43,6 @@ class Reply:
         if self.first_token_ms is None or self.output_tokens < 2:
             return None
         return (self.latency_ms - self.first_token_ms) / (self.output_tokens - 1)
-
-
-def conversation(row: dict[str, Any], style: str, settings: Settings | None = None) -> list[dict[str, str]]:
-    """The chat turns for one request in our row format (tools_json, messages_json, event_time, customer_id).
-    Without a `context` in the row, the customer's context comes from the online feature store."""
-    if "context" not in row and settings is not None and row.get("customer_id"):
-        from pipelines.features.pipeline import online_context
-
-        row = {**row, "context": online_context(row["customer_id"], settings)}
-    return chat_turns(system_for(row, style), row["messages_json"])  # type: ignore[arg-type]
-
-
-def offered_tools(
-    settings: Settings, rows: list[dict[str, Any]], client: TritonClient | None = None, model: str | None = None
-) -> list[str] | None:
-    """The rows' offered tools for constrained decoding when serving is constrained (`triton.constrained`)
-    and the model takes them (a folder built before the TOOLS input existed and kept while in use does
-    not: it is decoded as it was built, and deploy rebuilds it once it is no longer in use)."""
-    if not settings.triton.constrained:
-        return None
-    if client is not None and model is not None and not client.accepts_tools(model):
-        return None
-    if not settings.triton.grounded_ids:
-        return [r["tools_json"] for r in rows]
-    from pipelines.toolcall.grounding import ground, registered_effects
-
-    effects = registered_effects(settings.zone("raw"))
-    return [ground(r["tools_json"], json.loads(r["messages_json"]), effects) for r in rows]
 
 
 def target(settings: Settings, protocol: Protocol = "http") -> tuple[str, bool]:

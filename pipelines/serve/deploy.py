@@ -25,7 +25,8 @@ from typing import Any
 from pipelines.config import Settings
 from pipelines.errors import NotRetryable
 from pipelines.serve import repository, shared_base
-from pipelines.serve.client import Reply, TritonClient, conversation, offered_tools
+from pipelines.serve.client import Reply, TritonClient
+from pipelines.serve.prompts import conversation, offered_tools
 from pipelines.stack import triton as server
 from pipelines.storage import Busy, is_local, lock_file, locked, read_json, write_json
 

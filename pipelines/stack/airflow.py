@@ -13,8 +13,9 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -212,6 +213,19 @@ def running_tasks(output: str) -> list[str]:
     return list(dict.fromkeys(task if index == "-1" else f"{task}[{index}]" for task, index in running))
 
 
+@dataclass(frozen=True)
+class DagsTest:
+    """One `airflow dags test` run: the DAG, its conf, its limit and where its output goes."""
+
+    dag_id: str
+    conf: dict[str, Any]
+    timeout: float
+    extra_env: dict[str, str] | None = None
+    log: Path | None = None
+    bundle: str | None = None  # the DAG bundle to parse (airflow.multi_team: the project's)
+    on_wait: Callable[[], None] | None = None  # called about every second while the run goes
+
+
 def dags_test(
     settings: Settings,
     dag_id: str,
@@ -220,40 +234,53 @@ def dags_test(
     extra_env: dict[str, str] | None = None,
     log: Path | None = None,
     bundle: str | None = None,
+    on_wait: Callable[[], None] | None = None,
 ) -> subprocess.CompletedProcess[str]:
     """`airflow dags test` (all tasks in one process, no scheduler) after migrating the metadata DB.
 
     Its output streams to `log` (default `<root>/logs/dags-test-<dag>.log`) as it runs. Past `timeout`
     (default `airflow.run_timeout_s`) the run's whole process group is stopped and `RunTimedOut`
-    names the tasks that were running. `bundle`: the DAG bundle to parse (airflow.multi_team: the project's)."""
-    timeout = settings.airflow.run_timeout_s if timeout is None else timeout
+    names the tasks that were running. `bundle`: the DAG bundle to parse (airflow.multi_team: the project's).
+    `on_wait`: called about every second while the run goes (`make demo` prints each task as it ends)."""
+    run = DagsTest(
+        dag_id, conf, settings.airflow.run_timeout_s if timeout is None else timeout, extra_env, log, bundle, on_wait
+    )
     with layout(settings):  # no switch to or from project teams under a run
-        return _dags_test(settings, dag_id, conf, timeout, extra_env, log, bundle)
+        return _dags_test(settings, run)
 
 
-def _dags_test(
-    settings: Settings,
-    dag_id: str,
-    conf: dict[str, Any],
-    timeout: float,
-    extra_env: dict[str, str] | None,
-    log: Path | None,
-    bundle: str | None,
-) -> subprocess.CompletedProcess[str]:
-    migrate = run_cli(settings, "db", "migrate", timeout=settings.airflow.migrate_timeout_s, extra_env=extra_env)
+def _wait(proc: subprocess.Popen[str], timeout: float, on_wait: Callable[[], None] | None) -> int:
+    """The run's exit code; `on_wait` called about every second while it runs (to follow its progress);
+    subprocess.TimeoutExpired past `timeout`."""
+    if on_wait is None:
+        return proc.wait(timeout=timeout)
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            code = proc.wait(timeout=min(1.0, max(0.0, deadline - time.monotonic())))
+            on_wait()
+            return code
+        except subprocess.TimeoutExpired:
+            on_wait()
+            if time.monotonic() >= deadline:
+                raise
+
+
+def _dags_test(settings: Settings, run: DagsTest) -> subprocess.CompletedProcess[str]:
+    migrate = run_cli(settings, "db", "migrate", timeout=settings.airflow.migrate_timeout_s, extra_env=run.extra_env)
     if migrate.returncode != 0:
         return migrate
-    log = log or Path(str(settings.root)) / "logs" / f"dags-test-{dag_id}.log"
+    log = run.log or Path(str(settings.root)) / "logs" / f"dags-test-{run.dag_id}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
-    env = {**airflow_env(settings, extra_env), "PYTHONUNBUFFERED": "1"}  # the log shows each step as it happens
+    env = {**airflow_env(settings, run.extra_env), "PYTHONUNBUFFERED": "1"}  # the log shows each step as it happens
     args = [
         str(bin_dir() / "airflow"),
         "dags",
         "test",
-        dag_id,
+        run.dag_id,
         "--conf",
-        json.dumps(conf),
-        *(["--bundle-name", bundle] if bundle else []),
+        json.dumps(run.conf),
+        *(["--bundle-name", run.bundle] if run.bundle else []),
     ]  # one bundle parsed, not every project's
     with log.open("w", encoding="utf-8") as out:
         proc = subprocess.Popen(  # noqa: S603 (our own executable and arguments)
@@ -266,7 +293,7 @@ def _dags_test(
             start_new_session=True,
         )
         try:
-            code = proc.wait(timeout=timeout)
+            code = _wait(proc, run.timeout, run.on_wait)
         except BaseException as exc:  # the limit, or Ctrl-C: the run's whole group stops with us
             stop_group(proc)
             if not isinstance(exc, subprocess.TimeoutExpired):
@@ -274,9 +301,9 @@ def _dags_test(
             running = running_tasks(log.read_text(encoding="utf-8", errors="replace"))
             where = f"while {', '.join(running)} ran" if running else "before its first task started"
             raise RunTimedOut(
-                f"{dag_id} did not finish within {timeout:g} s (airflow.run_timeout_s) and was stopped {where}; "
-                f"run the same command again to resume: every task replaces only its window's outputs and the "
-                f"sweep resumes from its checkpoints (log: {log})",
+                f"{run.dag_id} did not finish within {run.timeout:g} s (airflow.run_timeout_s) and was stopped "
+                f"{where}; run the same command again to resume: every task replaces only its window's outputs "
+                f"and the sweep resumes from its checkpoints (log: {log})",
                 running,
                 str(log),
             ) from None

@@ -1,4 +1,4 @@
-"""The tool-call contract, low in the house: every stage that builds a prompt, writes, decodes, parses or
+"""The tool-call contract, low in the layers: every stage that builds a prompt, writes, decodes, parses or
 scores a call imports it from here, and it imports no stage (only `logs.tools`, the tool catalogue).
 
 - `calls`: the answer format (`call_text`, `target_json`, `parse_call`, `NO_TOOL`)

@@ -7,9 +7,8 @@ compact and their keys come in the order the models were trained to write them (
 arguments sorted), so the constraint never fights what the adapter learned.
 
 This module imports nothing from `pipelines`: the Triton model (`triton_backend/model.py`) loads it from its own
-folder, next to `model.py`, in the serving environment. Evaluation and the smoke test use the same code.
-A schema llguidance cannot express raises `GrammarError` naming the tool: never a silent unconstrained
-decode.
+folder, next to `model.py`, in the serving environment; evaluation and the smoke test use the same code. A
+schema llguidance cannot express raises `GrammarError` naming the tool: never a silent unconstrained decode.
 """
 
 from __future__ import annotations
@@ -23,7 +22,6 @@ from typing import Any
 # the answer format of the training targets (toolcall.calls.call_text): compact JSON, no whitespace, so each
 # call has exactly one admitted serialization (and no model can pad an answer with blanks)
 _OPTIONS = {"whitespace_flexible": False, "item_separator": ",", "key_separator": ":"}
-
 
 # prep's PII redaction tokens (pipelines/redact.py; a test keeps the two lists equal): a redacted
 # argument in the logs is `<EMAIL>`, which a pattern such as an email's would otherwise reject, so a
@@ -363,8 +361,7 @@ def grammar_for(tools_json: str) -> str:
         except GrammarError as exc:
             raise GrammarError(f"tool {t['name']}: its parameters schema cannot be enforced: {exc}") from None
         relaxed.append({"name": t["name"], "parameters": params})
-    entries = relaxed
-    grammar = LLMatcher.grammar_from_json_schema(call_schema({"tools": entries, "abstain": abstain}), defaults=_OPTIONS)
+    grammar = LLMatcher.grammar_from_json_schema(call_schema({"tools": relaxed, "abstain": abstain}), defaults=_OPTIONS)
     error = LLMatcher.validate_grammar(grammar)
     if error:
         raise GrammarError(f"the offered tools cannot be enforced together: {error}")

@@ -4,7 +4,7 @@ conversation states (the user's words and the tool results), so the decoder cann
 Which tools write and which of their arguments are ids comes from the toolset registry (`logs.tools`
 declares ours, an imported toolset declares its own; undeclared is a write). The same function grounds the
 tools for evaluation, the sweep's validation, the deploy smoke test and every served request
-(`serve.client.offered_tools`), so a model is measured the way it is served. `triton.grounded_ids: false`
+(`serve.prompts.offered_tools`), so a model is measured the way it is served. `triton.grounded_ids: false`
 turns it off for a toolset whose ids legitimately come from elsewhere.
 """
 

@@ -57,10 +57,6 @@ def _system_prompt(tools: str, day: str, context: str | None) -> str:
     return "\n".join(lines)
 
 
-def chat_messages(system: str, conversation: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [{"role": "system", "content": system}, *conversation]
-
-
 def format_context(features: dict[str, Any]) -> str:
     """Customer features as one short line; identical for offline (training) and online (serving)."""
     if not features or features.get("last_country") is None:
@@ -119,7 +115,7 @@ def short_system_prompt(tools: str, day: str, context: str | None = None, signat
     formats), the date and the customer context. Dropping the JSON schemas is where most of the case
     study's latency gain comes from. `signatures=False` (the `names` style) lists only the offered tools'
     names: the adapter has learned their arguments and allowed values from the logs (a new tool or value
-    then needs a retrain, which is what the flywheel does), and each example is ~5x shorter."""
+    then needs a retrain, which is what the flywheel does), and each example is several times shorter."""
     listed = tool_signatures(tools) if signatures else ", ".join(sorted(t["name"] for t in json.loads(tools)))
     lines = [
         f"Commerce tool router. Today is {day}. Tools:",

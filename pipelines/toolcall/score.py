@@ -15,7 +15,7 @@ import math
 import unicodedata
 from collections import Counter, defaultdict
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 from pipelines.logs.tools import effect_of
@@ -218,7 +218,3 @@ def confusion(scores: list[ExampleScore]) -> dict[str, dict[str, int]]:
     for s in scores:
         matrix[s.tool][s.predicted] += 1
     return {k: dict(sorted(v.items())) for k, v in sorted(matrix.items())}
-
-
-def as_dicts(scores: list[ExampleScore]) -> list[dict[str, Any]]:
-    return [asdict(s) for s in scores]

@@ -30,49 +30,49 @@ class TrainConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     base_model: str = "smollm2-135m-instruct"
-    learning_rate: float = Field(2e-4, gt=0, le=1)
+    learning_rate: float = Field(default=2e-4, gt=0, le=1)
     optimizer: Literal["adam", "adamw"] = "adamw"
-    weight_decay: float = Field(0.0, ge=0)
-    warmup_steps: int = Field(5, ge=0)
-    min_lr_ratio: float = Field(0.1, ge=0, le=1, description="cosine annealing floor, as a share of the LR")
-    lora_rank: int = Field(16, ge=1, le=512)
-    lora_alpha: int = Field(32, ge=1)
-    lora_dropout: float = Field(0.0, ge=0, lt=1)
+    weight_decay: float = Field(default=0.0, ge=0)
+    warmup_steps: int = Field(default=5, ge=0)
+    min_lr_ratio: float = Field(default=0.1, ge=0, le=1, description="cosine annealing floor, as a share of the LR")
+    lora_rank: int = Field(default=16, ge=1, le=512)
+    lora_alpha: int = Field(default=32, ge=1)
+    lora_dropout: float = Field(default=0.0, ge=0, lt=1)
     target_modules: list[str] = Field(
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
     )
     lora_layers: int | None = Field(
-        None,
+        default=None,
         ge=1,
         description="adapt only the top N transformer layers (backward "
-        "then stops there: ~2x faster on CPU); None = every layer",
+        "then stops there: faster steps on CPU); None = every layer",
     )
     epochs: float | None = Field(
-        None,
+        default=None,
         gt=0,
         description="train for this many passes over the training rows "
         "(the step count follows the training set's size, bounded by max_steps_cap)",
     )
     max_steps: int | None = Field(
-        None,
+        default=None,
         ge=1,
         description="a fixed step count, whatever the training set's size "
         "(used when epochs is not set; neither: one epoch)",
     )
-    max_steps_cap: int | None = Field(None, ge=1, description="upper bound on the resolved step count")
-    batch_size: int = Field(8, ge=1)
-    max_seq_len: int = Field(768, ge=16)
+    max_steps_cap: int | None = Field(default=None, ge=1, description="upper bound on the resolved step count")
+    batch_size: int = Field(default=8, ge=1)
+    max_seq_len: int = Field(default=768, ge=16)
     packed_seq_len: int | None = Field(
-        None,
+        default=None,
         ge=16,
         description="pack each step's examples into rows of up to this "
         "many tokens (first-fit decreasing; each example attends only to itself, its "
         "positions restart at 0): no padding, the same examples per step and the same "
         "loss as unpacked; None = one padded row per example",
     )
-    checkpoint_every: int = Field(20, ge=1)
+    checkpoint_every: int = Field(default=20, ge=1)
     seed: int = 0
-    divergence_factor: float = Field(4.0, gt=1)
+    divergence_factor: float = Field(default=4.0, gt=1)
 
     @model_validator(mode="after")
     def _one_schedule(self) -> TrainConfig:
@@ -163,7 +163,7 @@ def train_lora(
 ) -> TrainResult:
     """Train one LoRA variant on (chat turns, target JSON) pairs; resume from `out_dir/checkpoint`."""
     import torch
-    from peft import LoraConfig, get_peft_model, set_peft_model_state_dict
+    from peft import set_peft_model_state_dict
     from safetensors.torch import load_file
 
     if not examples:
@@ -172,18 +172,7 @@ def train_lora(
     model, tokenizer = load_base(cfg.base_model)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
-    layers = top_layers(model.config.num_hidden_layers, cfg.lora_layers)
-    model = get_peft_model(
-        model,
-        LoraConfig(
-            r=cfg.lora_rank,
-            lora_alpha=cfg.lora_alpha,
-            lora_dropout=cfg.lora_dropout,
-            target_modules=cfg.target_modules,
-            layers_to_transform=layers,
-            task_type="CAUSAL_LM",
-        ),
-    )
+    model = _with_lora(model, cfg)
     encoded = [encode(tokenizer, turns, target, cfg.max_seq_len) for turns, target in examples]
     device = next(model.parameters()).device  # CPU here; a GPU when the loader put the model there
     steps_per_epoch = math.ceil(len(encoded) / cfg.batch_size)
@@ -230,11 +219,7 @@ def train_lora(
         if (step + 1) % cfg.checkpoint_every == 0 and step + 1 < total:
             _save_checkpoint(model, optimizer, scheduler, ckpt, step + 1, losses, lrs, tokens)
     seconds = time.perf_counter() - started
-    final = out_dir / "adapter"
-    model.save_pretrained(final)
-    tokenizer.save_pretrained(final)
-    for name in CHECKPOINT_DIRS:
-        shutil.rmtree(out_dir / name, ignore_errors=True)
+    final = _save_adapter(model, tokenizer, out_dir)
     return TrainResult(
         adapter_dir=str(final),
         status=status,
@@ -247,6 +232,34 @@ def train_lora(
         losses=losses,
         learning_rates=lrs,
     )
+
+
+def _with_lora(model: Any, cfg: TrainConfig) -> Any:
+    """`model` with the variant's LoRA adapters (rank, alpha, dropout, target modules, the top layers if asked)."""
+    from peft import LoraConfig, get_peft_model
+
+    layers = top_layers(model.config.num_hidden_layers, cfg.lora_layers)
+    return get_peft_model(
+        model,
+        LoraConfig(
+            r=cfg.lora_rank,
+            lora_alpha=cfg.lora_alpha,
+            lora_dropout=cfg.lora_dropout,
+            target_modules=cfg.target_modules,
+            layers_to_transform=layers,
+            task_type="CAUSAL_LM",
+        ),
+    )
+
+
+def _save_adapter(model: Any, tokenizer: Any, out_dir: Path) -> Path:
+    """Save the adapter and its tokenizer to `out_dir/adapter` and remove the checkpoints; the adapter folder."""
+    final = out_dir / "adapter"
+    model.save_pretrained(final)
+    tokenizer.save_pretrained(final)
+    for name in CHECKPOINT_DIRS:
+        shutil.rmtree(out_dir / name, ignore_errors=True)
+    return final
 
 
 def pack_rows(lengths: list[int], size: int) -> list[list[int]]:

@@ -20,6 +20,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -107,29 +108,7 @@ def recipe(
             "torch_dtype": "bfloat16" if on_gpu else "float32",
             "attn_implementation": "sdpa",
         },
-        "distributed": {
-            "_target_": "nemo_automodel.components.distributed.fsdp2.FSDP2Manager",
-            "dp_size": max(1, gpus // tensor_parallel_size) if on_gpu else 1,
-            "tp_size": tensor_parallel_size if on_gpu else 1,
-            "pp_size": 1,
-            "cp_size": 1,
-            # FSDP2Config's default policy computes in bf16 and casts the frozen base to bf16, even
-            # on one rank: on CPU that is torch's slow fallback bf16 GEMM (4x slower steps here) and
-            # a bf16 adapter. On CPU the model computes in its own fp32; the GPU keeps bf16.
-            **(
-                {}
-                if on_gpu
-                else {
-                    "mp_policy": {
-                        "_target_": "torch.distributed.fsdp.MixedPrecisionPolicy",
-                        "param_dtype": None,
-                        "reduce_dtype": None,
-                        "output_dtype": None,
-                        "cast_forward_inputs": False,
-                    }
-                }
-            ),
-        },
+        "distributed": _distributed_spec(gpus, tensor_parallel_size),
         "step_scheduler": {
             "global_batch_size": batch,
             "local_batch_size": max(1, batch // dp),
@@ -140,38 +119,14 @@ def recipe(
             "ckpt_every_steps": cfg.checkpoint_every,
             "val_every_steps": steps + 1,
         },
-        "optimizer": {
-            "_target_": "torch.optim.AdamW" if cfg.optimizer == "adamw" else "torch.optim.Adam",
-            "lr": cfg.learning_rate,
-            "weight_decay": cfg.weight_decay,
-            "betas": [0.9, 0.999],
-            "eps": 1e-8,
-        },
-        "lr_scheduler": {
-            "lr_decay_style": "cosine",
-            "lr_warmup_steps": cfg.warmup_steps,
-            "min_lr": cfg.learning_rate * cfg.min_lr_ratio,
-        },
-        "clip_grad_norm": {"max_norm": 1.0},
+        **_optimizer_specs(cfg),
         "checkpoint": {
             "enabled": True,
             "checkpoint_dir": checkpoint_dir,
             "model_save_format": "safetensors",
             "save_consolidated": False,
         },
-        "dataset": {
-            "_target_": "nemo_automodel.components.datasets.llm.chat_dataset.ChatDataset",
-            "path_or_dataset_id": train_file,
-            "split": "train",
-            "seq_length": cfg.max_seq_len,
-            "truncation": "longest_first",
-            "mask_history": True,
-        },
-        "dataloader": {
-            "_target_": "torchdata.stateful_dataloader.StatefulDataLoader",
-            "collate_fn": "nemo_automodel.components.datasets.utils.default_collater",
-            "shuffle": True,
-        },
+        **_data_specs(cfg, train_file),
         "peft": {
             "_target_": "nemo_automodel.components._peft.lora.PeftConfig",
             "dim": cfg.lora_rank,
@@ -189,6 +144,72 @@ def recipe(
             "drop_long_samples": False,
         }
     return spec
+
+
+def _distributed_spec(gpus: int, tensor_parallel_size: int) -> dict[str, Any]:
+    """The recipe's `distributed` section: FSDP2 over the GPUs (tensor parallel as asked), one fp32 rank on CPU."""
+    on_gpu = gpus > 0
+    return {
+        "_target_": "nemo_automodel.components.distributed.fsdp2.FSDP2Manager",
+        "dp_size": max(1, gpus // tensor_parallel_size) if on_gpu else 1,
+        "tp_size": tensor_parallel_size if on_gpu else 1,
+        "pp_size": 1,
+        "cp_size": 1,
+        # FSDP2Config's default policy computes in bf16 and casts the frozen base to bf16, even
+        # on one rank: on CPU that ran slower steps here (bench/train.py compares the two) and
+        # a bf16 adapter. On CPU the model computes in its own fp32; the GPU keeps bf16.
+        **(
+            {}
+            if on_gpu
+            else {
+                "mp_policy": {
+                    "_target_": "torch.distributed.fsdp.MixedPrecisionPolicy",
+                    "param_dtype": None,
+                    "reduce_dtype": None,
+                    "output_dtype": None,
+                    "cast_forward_inputs": False,
+                }
+            }
+        ),
+    }
+
+
+def _optimizer_specs(cfg: TrainConfig) -> dict[str, Any]:
+    """The recipe's `optimizer`, `lr_scheduler` and `clip_grad_norm` sections."""
+    return {
+        "optimizer": {
+            "_target_": "torch.optim.AdamW" if cfg.optimizer == "adamw" else "torch.optim.Adam",
+            "lr": cfg.learning_rate,
+            "weight_decay": cfg.weight_decay,
+            "betas": [0.9, 0.999],
+            "eps": 1e-8,
+        },
+        "lr_scheduler": {
+            "lr_decay_style": "cosine",
+            "lr_warmup_steps": cfg.warmup_steps,
+            "min_lr": cfg.learning_rate * cfg.min_lr_ratio,
+        },
+        "clip_grad_norm": {"max_norm": 1.0},
+    }
+
+
+def _data_specs(cfg: TrainConfig, train_file: str) -> dict[str, Any]:
+    """The recipe's `dataset` (our chat rows, loss on the final assistant turn) and `dataloader` sections."""
+    return {
+        "dataset": {
+            "_target_": "nemo_automodel.components.datasets.llm.chat_dataset.ChatDataset",
+            "path_or_dataset_id": train_file,
+            "split": "train",
+            "seq_length": cfg.max_seq_len,
+            "truncation": "longest_first",
+            "mask_history": True,
+        },
+        "dataloader": {
+            "_target_": "torchdata.stateful_dataloader.StatefulDataLoader",
+            "collate_fn": "nemo_automodel.components.datasets.utils.default_collater",
+            "shuffle": True,
+        },
+    }
 
 
 def write_chat_dataset(pairs: list[tuple[list[dict[str, str]], str]], path: Path) -> int:
@@ -252,12 +273,6 @@ def train_nemo(
     write_chat_dataset(pairs, train_file)
     checkpoints = out / "nemo-checkpoints"
     resumed = _latest_checkpoint(checkpoints)
-    lengths = None
-    if cfg.packed_seq_len is not None:
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(base)
-        lengths = [len(encode(tokenizer, turns, target, cfg.max_seq_len)[0]) for turns, target in pairs]
     spec = recipe(
         cfg,
         base_model_path=base,
@@ -267,10 +282,53 @@ def train_nemo(
         examples=len(pairs),
         gpus=gpus,
         tensor_parallel_size=tensor_parallel_size,
-        lengths=lengths,
+        lengths=_token_lengths(cfg, base, pairs),
     )
     config_path = out / "nemo-recipe.yaml"
     config_path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    env = _launch_env(gpus)
+    steps = _StepLog()
+    log = out / "nemo-train.log"
+    started = time.perf_counter()
+    limit = settings.train.variant_timeout_s
+    code = _run_recipe(launch_command(settings, config_path, gpus), out, env, log, limit, steps, on_step)
+    seconds = time.perf_counter() - started
+    resumed_from = _check_finished(code, seconds, limit, log, spec["step_scheduler"]["max_steps"], resumed, steps)
+    latest = _latest_checkpoint(checkpoints)
+    if latest is None:
+        raise NemoUnavailable(f"the NeMo AutoModel recipe wrote no adapter under {checkpoints}; see {log}")
+    adapter = out / "adapter"
+    shutil.rmtree(adapter, ignore_errors=True)
+    shutil.copytree(latest / "model", adapter)
+    losses = steps.losses
+    status = "completed" if losses and all(math.isfinite(v) for v in losses) else "diverged"
+    rate = statistics.median(steps.tps[1:] or steps.tps) if steps.tps else 0.0
+    return TrainResult(
+        adapter_dir=str(adapter),
+        status=status,
+        steps=len(losses),
+        resumed_from=resumed_from,
+        tokens=int(rate * seconds),
+        seconds=round(seconds, 2),
+        tokens_per_s=round(rate, 1),
+        final_loss=losses[-1] if losses else float("nan"),
+        losses=losses,
+        learning_rates=steps.lrs,
+    )
+
+
+def _token_lengths(cfg: TrainConfig, base: str, pairs: list[tuple[list[dict[str, str]], str]]) -> list[int] | None:
+    """Each training example's token count when the recipe packs (`packed_seq_len`), else None."""
+    if cfg.packed_seq_len is None:
+        return None
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(base)
+    return [len(encode(tokenizer, turns, target, cfg.max_seq_len)[0]) for turns, target in pairs]
+
+
+def _launch_env(gpus: int) -> dict[str, str]:
+    """The recipe's environment: our repository importable, offline; on CPU, a one-rank process group."""
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])),
@@ -287,14 +345,44 @@ def train_nemo(
                 "MASTER_PORT": str(free_port()),
             }
         )
-    losses, lrs, tps = [], [], []
-    last_step = -1
-    log = out / "nemo-train.log"
-    started = time.perf_counter()
-    limit = settings.train.variant_timeout_s
+    return env
+
+
+@dataclass
+class _StepLog:
+    """What the recipe's step lines (`STEP_LINE`) said: each step's loss, learning rate and tokens/s."""
+
+    losses: list[float] = field(default_factory=list)
+    lrs: list[float] = field(default_factory=list)
+    tps: list[float] = field(default_factory=list)
+    last_step: int = -1
+
+    def read(self, line: str, on_step: Callable[[int, float, float], None] | None) -> None:
+        """Record the step lines in `line` of the recipe's output, each also passed to `on_step`."""
+        for m in STEP_LINE.finditer(line):
+            step, loss, lr = int(m.group(1)), float(m.group(2)), float(m.group(3))
+            self.losses.append(loss)
+            self.last_step = max(self.last_step, step)
+            self.lrs.append(lr)
+            self.tps.append(float(m.group(4)))
+            if on_step:
+                on_step(step, loss, lr)
+
+
+def _run_recipe(
+    command: list[str],
+    out: Path,
+    env: dict[str, str],
+    log: Path,
+    limit: float,
+    steps: _StepLog,
+    on_step: Callable[[int, float, float], None] | None,
+) -> int:
+    """Run the recipe, its output copied to `log` and its step lines read into `steps`, stopped past `limit`
+    seconds; its exit code."""
     with log.open("w") as sink:
         proc = subprocess.Popen(  # noqa: S603 (our own executable and arguments)
-            launch_command(settings, config_path, gpus),
+            command,
             cwd=out,
             env=env,
             text=True,
@@ -312,20 +400,19 @@ def train_nemo(
         try:
             for line in proc.stdout:
                 sink.write(line)
-                for m in STEP_LINE.finditer(line):
-                    step, loss, lr = int(m.group(1)), float(m.group(2)), float(m.group(3))
-                    losses.append(loss)
-                    last_step = max(last_step, step)
-                    lrs.append(lr)
-                    tps.append(float(m.group(4)))
-                    if on_step:
-                        on_step(step, loss, lr)
-            code = proc.wait(timeout=60)
+                steps.read(line, on_step)
+            return proc.wait(timeout=60)
         finally:  # whatever ends the loop (the task's own timeout, an MLflow error, Ctrl-C): no orphan trainer
             watchdog.cancel()
             if proc.poll() is None:
                 stop_group(proc)
-    seconds = time.perf_counter() - started
+
+
+def _check_finished(
+    code: int, seconds: float, limit: float, log: Path, max_steps: int, resumed: Path | None, steps: _StepLog
+) -> int:
+    """Raise unless the recipe exited 0 having trained all `max_steps` (VariantTimedOut past `limit`, else
+    NemoUnavailable); the step it resumed from."""
     if seconds >= limit and code != 0:
         raise VariantTimedOut(
             f"the NeMo AutoModel recipe ran past train.variant_timeout_s ({limit:g} s) and was "
@@ -333,10 +420,9 @@ def train_nemo(
         )
     if code != 0:
         raise NemoUnavailable(f"the NeMo AutoModel recipe exited with {code}; see {log}")
-    max_steps = spec["step_scheduler"]["max_steps"]
     resumed_from = int(re.search(r"step_(\d+)$", resumed.name).group(1)) + 1 if resumed else 0
-    trained = max(last_step + 1, resumed_from)  # a retry of a finished run resumes at max_steps and logs no step
-    if last_step < 0 and trained < max_steps:
+    trained = max(steps.last_step + 1, resumed_from)  # a retry of a finished run resumes at max_steps and logs no step
+    if steps.last_step < 0 and trained < max_steps:
         raise NemoUnavailable(
             f"the NeMo AutoModel recipe exited 0 but logged no training step its log format "
             f"(`step N | epoch E | loss ...`) matches; see {log}"
@@ -347,23 +433,4 @@ def train_nemo(
             f"(its epochs ran out: step_scheduler.num_epochs too small for the batches it made); "
             f"see {log}"
         )
-    latest = _latest_checkpoint(checkpoints)
-    if latest is None:
-        raise NemoUnavailable(f"the NeMo AutoModel recipe wrote no adapter under {checkpoints}; see {log}")
-    adapter = out / "adapter"
-    shutil.rmtree(adapter, ignore_errors=True)
-    shutil.copytree(latest / "model", adapter)
-    status = "completed" if losses and all(math.isfinite(v) for v in losses) else "diverged"
-    rate = statistics.median(tps[1:] or tps) if tps else 0.0
-    return TrainResult(
-        adapter_dir=str(adapter),
-        status=status,
-        steps=len(losses),
-        resumed_from=resumed_from,
-        tokens=int(rate * seconds),
-        seconds=round(seconds, 2),
-        tokens_per_s=round(rate, 1),
-        final_loss=losses[-1] if losses else float("nan"),
-        losses=losses,
-        learning_rates=lrs,
-    )
+    return resumed_from

@@ -11,8 +11,9 @@ import argparse
 import json
 import sys
 
-from pipelines.config import get_settings
-from pipelines.train.sweep import SweepConfig, run_sweep
+from pipelines.config import load_settings
+from pipelines.train.sweep import run_sweep
+from pipelines.train.sweep_config import SweepConfig
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -21,8 +22,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--index", type=int, required=True, help="the variant this pod trains")
     parser.add_argument("--reference-days", default="", help="drift retrain: comma-separated reference days")
     parser.add_argument("--window", default=None, help="the training set's window label (START_END)")
+    parser.add_argument("--project", default=None, help="the AI project the run trains (its data and MLflow runs)")
     args = parser.parse_args(argv)
-    settings = get_settings()
+    settings = load_settings(**({"project": args.project} if args.project else {}))
     if settings.train.runner != "local":
         parser.error("a training pod trains its variant itself: FLYWHEEL_TRAIN__RUNNER must be local")
     sweep = SweepConfig.model_validate(json.loads(args.sweep_json))

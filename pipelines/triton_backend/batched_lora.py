@@ -4,7 +4,7 @@ two batched matrix products (one `bmm`, one `baddbmm`) whatever the mix of adapt
 
 PEFT's mixed-batch forward (`adapter_names`) instead runs, in every adapted layer and for every adapter in the
 batch, a sub-batch of four eager operations: its cost grows with the number of distinct adapters, and on a GPU
-the launches dominate (0.10-0.35x of the merged model's tokens/s, `bench/results/multi_lora_h200.json`).
+the launches dominate (the multi-LoRA results on the docs' benchmarks page, `bench/results/multi_lora_h200.json`).
 Here the rows' weights are gathered once per batch (`select`), not once per token, so a decoding step costs two
 small kernels per adapted projection for any mix. A batch whose rows all use one adapter reads that slot's
 weights directly (no gathered copy); a mixed batch gathers its rows' weights into a working buffer sized to the

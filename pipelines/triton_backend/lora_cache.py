@@ -9,8 +9,8 @@ refused even while it is cached (an undeployed project stops answering at once).
 
 The adapters live in slots of `batched_lora.py` (copied beside this file too): a batch may mix adapters and
 the base, each row runs on its own adapter with two batched products per adapted projection whatever the mix
-(PEFT's mixed-batch forward looped over the adapters of a batch in every layer: 0.11-0.30x of a merged
-model's tokens/s on an H200 against 0.47-0.57x, `bench/results/multi_lora_batched_h200.json`). A slot is
+(PEFT's mixed-batch forward loops over the adapters of a batch in every layer; the two are compared in
+`bench/results/multi_lora_batched_h200.json`, rendered on the docs' benchmarks page). A slot is
 freed (least recently used first) before the next adapter loads into it. A batch with more distinct adapters
 than the cache holds is split into parts that fit (`plan`).
 """
@@ -136,7 +136,7 @@ class AdapterCache:
             return
         started = time.perf_counter()
         if self.engine is None:  # the base's adapted projections wrapped once, on the first adapter
-            if __package__:  # imported from pipelines (tests); beside model.py in Triton it is a top-level module
+            if __package__:  # imported as a package module (tests); beside model.py in Triton it is a top-level module
                 from . import batched_lora
             else:
                 import batched_lora

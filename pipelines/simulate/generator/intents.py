@@ -86,6 +86,12 @@ class Intents:
                 )
             )
             return _Turn(text, "search_products", {**args, "brand": p.brand}, {"results": 7})
+        text = self._plain_search(rng, p, args, price, cur)
+        return _Turn(text, "search_products", args, {"results": int(rng.random() * 40)})
+
+    @staticmethod
+    def _plain_search(rng: random.Random, p: cat.Product, args: dict[str, Any], price: float, cur: str) -> str:
+        """One of the plain (undrifted) search phrasings: its text; the arguments it names are added to `args`."""
         variant = int(rng.random() * 8)
         if variant == 0:
             text = rng.choice(
@@ -141,7 +147,7 @@ class Intents:
                 (f"{p.brand} {p.noun} under {price:g} {cur}", f"{p.noun} by {p.brand} max {price:g} {cur}")
             )
             args.update(brand=p.brand, max_price=price, currency=cur)
-        return _Turn(text, "search_products", args, {"results": int(rng.random() * 40)})
+        return text
 
     def _i_get_product(self, rng: random.Random, customer: cat.Customer, day: date) -> _Turn:
         p = self._product(rng)

@@ -1,0 +1,119 @@
+"""The results pages are rendered from the results files: each section shows its commit, its n and the interval
+the file records (never one made up); a file without a commit is refused, named; the real folder renders whole."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from docs.generate.results import ResultsError, main, render
+
+ROOT = Path(__file__).resolve().parents[1]
+
+ENGINE = {
+    "benchmark": "multi_lora",
+    "commit": "abcdef1234567890abcdef1234567890abcdef12",
+    "utc": "2026-01-02T03:04:05+00:00",
+    "device": "test machine 9000",
+    "argv": ["bench/multi_lora.py", "--rounds", "7"],
+    "settings": {"shape": "tiny", "rank": 4, "prompt_tokens": 8, "new_tokens": 8, "rounds": 7, "seed": 3},
+    "summary": [
+        {"condition": "merged", "concurrency": 1, "reference": "merged", "calls": 7, "errors": 0,
+         "tokens_per_s": 10.0, "ratio_to_reference": {"n": 7, "mean": 1.0, "low": 1.0, "high": 1.0}},
+        {"condition": "batched_1", "concurrency": 1, "reference": "merged", "calls": 7, "errors": 0,
+         "tokens_per_s": 8.7, "ratio_to_reference": {"n": 7, "mean": 0.873, "low": 0.812, "high": 0.934}},
+        {"condition": "batched_4", "concurrency": 1, "reference": "merged", "calls": 1, "errors": 0,
+         "tokens_per_s": 8.1, "ratio_to_reference": {"n": 1, "mean": 0.811, "low": None, "high": None}},
+    ],
+}  # fmt: skip
+QUALITY = {
+    "commit": {"sha": "1234567fedcba9876543210fedcba98765432100", "dirty": False},
+    "generated_at": "2026-01-02T05:00:00+00:00",
+    "cases": {
+        "toy": {
+            "examples": 37,
+            "commit": {"sha": "7654321aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa", "dirty": False},
+            "rows": [{"condition": "tuned", "exact_match": 0.5, "name_accuracy": 0.75, "arg_f1": 0.6}],
+            "comparisons": [
+                {"condition": "tuned", "reference": "base", "n": 37,
+                 "metrics": {"exact_match": {"diff": 0.25, "low": 0.11, "high": 0.39, "n": 37}}},
+            ],
+        }
+    },
+}  # fmt: skip
+
+
+def write(folder: Path, name: str, data: dict) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / name
+    path.write_text(json.dumps(data))
+    return path
+
+
+def rows_of(markdown: str, header_cell: str) -> list[dict[str, str]]:
+    """The rows of the first table whose header has `header_cell`, as dicts by header."""
+    lines = markdown.splitlines()
+    for i, line in enumerate(lines):
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if line.startswith("|") and header_cell in cells:
+            body = []
+            for row in lines[i + 2 :]:
+                if not row.startswith("|"):
+                    break
+                body.append(dict(zip(cells, (c.strip() for c in row.strip().strip("|").split("|")))))
+            return body
+    raise AssertionError(f"no table with a {header_cell!r} column")
+
+
+def test_a_section_shows_its_commit_n_and_interval(tmp_path: Path) -> None:
+    results, out = tmp_path / "results", tmp_path / "out"
+    write(results, "multi_lora_tiny.json", ENGINE)
+    write(results, "real_data.json", QUALITY)
+    written = render(results, out)
+    bench, quality = (out / "benchmarks.md").read_text(), (out / "quality.md").read_text()
+    assert out / "benchmarks.md" in written and out / "quality.md" in written
+
+    assert "`abcdef1`" in bench and "2026-01-02 03:04 UTC" in bench and "test machine 9000" in bench
+    rows = {r["condition"]: r for r in rows_of(bench, "n (rounds)")}
+    assert rows["batched_1"]["n (rounds)"] == "7"
+    interval = next(k for k in rows["batched_1"] if "interval" in k)
+    assert rows["batched_1"][interval] == "[0.812, 0.934]"
+    assert rows["batched_4"][interval] == "no interval recorded"  # none in the file: none made up
+    plot = re.search(r"!\[[^\]]*\]\((img/[^)]+\.png)\)", bench)
+    assert plot and (out / plot[1]).is_file()
+
+    assert "`1234567`" in quality and "`7654321`" in quality and "n = 37 held-out examples" in quality
+    (comparison,) = rows_of(quality, "paired 95 % interval")
+    assert comparison["n"] == "37" and comparison["metric"] == "exact_match"
+    assert comparison["difference"] == "+25 pp" and comparison["paired 95 % interval"] == "[+11 pp, +39 pp]"
+
+
+def test_a_results_file_without_a_commit_is_refused_by_name(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    results, out = tmp_path / "results", tmp_path / "out"
+    write(results, "multi_lora_tiny.json", ENGINE)
+    write(results, "nameless.json", {k: v for k, v in ENGINE.items() if k != "commit"})
+    with pytest.raises(ResultsError, match=r"nameless\.json: no commit recorded"):
+        render(results, out)
+    assert not (out / "benchmarks.md").exists()  # refused before anything is written
+
+    assert main(["--results", str(results), "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and "nameless.json" in err[0]
+
+    write(results, "nameless.json", {**ENGINE, "commit": {"sha": "", "dirty": False}})
+    with pytest.raises(ResultsError, match="nameless.json"):
+        render(results, out)
+
+
+def test_the_real_results_render_and_every_file_is_on_a_page(tmp_path: Path) -> None:
+    results = ROOT / "bench" / "results"
+    render(results, tmp_path)
+    pages = (tmp_path / "benchmarks.md").read_text() + (tmp_path / "quality.md").read_text()
+    missing = [p.name for p in sorted(results.glob("*.json")) if f"### {p.name}\n" not in pages]
+    assert missing == []
+    assert "### real_data.json" in (tmp_path / "quality.md").read_text()
+    links = re.findall(r"\]\((img/[^)]+)\)", pages)
+    assert links and all((tmp_path / link).is_file() for link in links)
