@@ -164,11 +164,11 @@ def _build_from_config(settings: Settings, target: Path, reference: str) -> None
         num_attention_heads=heads,
         num_key_value_heads=kv_heads,
         max_position_embeddings=2048 if small else 8192,
-        rope_theta=theta,
+        rope_parameters={"rope_theta": theta, "rope_type": "default"},
         tie_word_embeddings=small,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
-        torch_dtype=str(dtype).removeprefix("torch."),
+        dtype=str(dtype).removeprefix("torch."),
     )
     torch.manual_seed(0)
     default = torch.get_default_dtype()
@@ -190,7 +190,9 @@ def _dequantize_smollm2(settings: Settings, target: Path) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model = AutoModelForCausalLM.from_pretrained(_smollm2_dir(), gguf_file=SMOLLM2_GGUF, torch_dtype=torch.float32)
-    model.hf_quantizer = None  # the weights are dequantized; save them as plain fp32 safetensors
+    # the weights are dequantized; save them as plain fp32 safetensors (transformers: `hf_quantizer` is set on the
+    # model at load but not declared on its type, which nn.Module's __getattr__ makes Tensor | Module)
+    model.hf_quantizer = None  # type: ignore[assignment]
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     model.save_pretrained(target)

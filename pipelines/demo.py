@@ -233,8 +233,8 @@ def _bench_table(bench: dict[str, Any]) -> Table:
         rows.append(list(cells.values()))
     for n, i in enumerate(keep):  # cells keep their width; headers wrap
         table.add_column(TABLE_COLUMNS[i], min_width=max(len(r[n]) for r in rows), no_wrap=n == 0)
-    for cells in rows:
-        table.add_row(*cells)
+    for values in rows:
+        table.add_row(*values)
     return table
 
 
@@ -303,12 +303,13 @@ def _ask_the_gateway(settings: Settings, day: Any, seed: int, console: Console) 
         user=record["customer_id"],
     )
     message = answer.choices[0].message
-    said = (
-        f"{message.tool_calls[0].function.name}({message.tool_calls[0].function.arguments})"
-        if message.tool_calls
-        else f"no tool: {message.content!r}"
-    )
+    call = message.tool_calls[0] if message.tool_calls else None
+    if call is not None and call.type != "function":  # the gateway answers function calls only
+        raise DemoFailed(f"the gateway answered a {call.type} tool call, not a function call")
+    said = f"{call.function.name}({call.function.arguments})" if call is not None else f"no tool: {message.content!r}"
     console.print(f"request: {record['request']['messages'][-1]['content']!r}")
+    if answer.usage is None:  # the gateway reports every completion's usage
+        raise DemoFailed("the gateway's answer has no token usage")
     console.print(
         f"champion answered: {said} ({answer.usage.prompt_tokens} prompt tokens; captured into the raw "
         f"zone as tomorrow's training data)"

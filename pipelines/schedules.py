@@ -76,7 +76,7 @@ def set_paused(
 def describe(settings: Settings, dag: str | None = None, rest: AirflowRest | None = None) -> list[dict[str, Any]]:
     """Per DAG: active or paused, the schedule, the next run, the last run with its state and its trigger."""
     rest = rest or AirflowRest(settings)
-    rows = []
+    rows: list[dict[str, Any]] = []
     for name in chosen(dag, settings.project):
         info = rest.dag(name)
         if info is None:

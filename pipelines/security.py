@@ -9,9 +9,10 @@ Airflow connections); anything printed, returned as XCom or logged goes through 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, overload
 from urllib.parse import urlsplit, urlunsplit
 
 MASK = "***"
@@ -40,6 +41,14 @@ def redact_uri(uri: str | None) -> str | None:
         return uri
     netloc = f"{parts.username}:{MASK}@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
     return urlunsplit(parts._replace(netloc=netloc))
+
+
+@overload
+def redact_settings(data: dict[str, Any]) -> dict[str, Any]: ...
+
+
+@overload
+def redact_settings(data: object) -> object: ...
 
 
 def redact_settings(data: object) -> object:
@@ -83,15 +92,31 @@ def scan_files(paths: Iterable[Path], secrets: Iterable[str] = ()) -> list[Findi
     return findings
 
 
+PAGE = 1000  # MLflow's pages: every run and version is read, page by page (never the first N only)
+
+
+def pages(search: Any) -> Iterator[Any]:
+    """Every item of a paged MLflow search (`search(page_token)` returns a PagedList with `.token`)."""
+    token = None
+    while True:
+        page = search(token)
+        yield from page
+        token = getattr(page, "token", None)
+        if not token:
+            return
+
+
 def scan_mlflow(client, experiment_ids: list[str], secrets: Iterable[str] = ()) -> list[Finding]:
-    """Params and tags of every run in the experiments, and of every registered model version."""
+    """Params and tags of every run in the experiments, and of every registered model version: all of them,
+    page by page."""
     secrets = list(secrets)
     findings: list[Finding] = []
-    for run in client.search_runs(experiment_ids, max_results=5000):
+    runs = pages(lambda token: client.search_runs(experiment_ids, max_results=PAGE, page_token=token))
+    for run in runs:
         for kind, values in (("param", run.data.params), ("tag", run.data.tags)):
             text = "\n".join(f"{k}={v}" for k, v in values.items())
             findings += scan_text(text, f"run {run.info.run_id} {kind}s", secrets)
-    for version in client.search_model_versions(max_results=1000):
+    for version in pages(lambda token: client.search_model_versions(max_results=PAGE, page_token=token)):
         text = "\n".join(f"{k}={v}" for k, v in (version.tags or {}).items()) + f"\n{version.description or ''}"
         findings += scan_text(text, f"model {version.name} v{version.version}", secrets)
     return findings
@@ -140,7 +165,13 @@ def scan_platform(settings, generated_elsewhere: Iterable[str] = ()) -> list[Fin
         }
         - {""}
     )
-    findings = scan_files([root / "logs", root / "airflow" / "logs", root / "reports"], secrets)
+    # every project's reports too (<root>/projects/<name>/reports), and the gateway's comparisons and unusable
+    # answers kept at rest in each serving zone
+    folders = [root / "logs", root / "airflow" / "logs", root / "reports", root / "serving" / "gateway"]
+    projects = [*(root / "projects").glob("*"), *(root / "projects" / "_deleted").glob("*")]  # kept data too
+    for project in sorted(p for p in projects if p.is_dir()):
+        folders += [project / "reports", project / "serving" / "gateway"]
+    findings = scan_files([f for f in folders if f.exists()], secrets)
     mlflow_client = client(settings)
-    experiments = [e.experiment_id for e in mlflow_client.search_experiments()]
+    experiments = [e.experiment_id for e in pages(lambda t: mlflow_client.search_experiments(page_token=t))]
     return findings + scan_mlflow(mlflow_client, experiments, secrets)

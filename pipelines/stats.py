@@ -94,7 +94,6 @@ def compare(
     on both sides, and per tool (tools with at least `min_tool_examples` requests)."""
     judged_on = judged_on or {}
     ours, theirs = align(candidate, reference)
-    kw = {"resamples": resamples, "seed": seed, "level": level}
 
     def values(rows: Sequence[Mapping[str, Any]], metric: str) -> list[float | None]:
         if metric == "task":
@@ -105,7 +104,7 @@ def compare(
     out: dict[str, Any] = {"n": len(ours), "metrics": {}, "per_tool": {}}
     for metric in METRICS:
         a, b = values(ours, metric), values(theirs, metric)
-        entry = interval(a, b, **kw)
+        entry = interval(a, b, resamples=resamples, seed=seed, level=level)
         if metric in BINARY:
             entry["mcnemar"] = mcnemar(a, b)
         out["metrics"][metric] = entry
@@ -121,7 +120,13 @@ def compare(
         out["per_tool"][tool] = {
             "n": len(idx),
             "metric": judged_on.get(tool, DEFAULT_TOOL_METRIC),
-            **interval(task_values(mine, judged_on), task_values(other, judged_on), **kw),
+            **interval(
+                task_values(mine, judged_on),
+                task_values(other, judged_on),
+                resamples=resamples,
+                seed=seed,
+                level=level,
+            ),
         }
     return out
 

@@ -62,6 +62,7 @@ def _gateway_captures(raw: Path, n: int = 60) -> list[str]:
 
     import orjson
 
+    from pipelines.gateway import capture
     from pipelines.gateway import openai_api as api
     from pipelines.gateway.capture import CaptureWriter
     from pipelines.logs.feedback import feedback_zone
@@ -93,7 +94,7 @@ def _gateway_captures(raw: Path, n: int = 60) -> list[str]:
             "tool_router_v1",
         )
         writer.write(
-            api.capture_record(
+            capture.capture_record(
                 request,
                 served,
                 body,

@@ -16,6 +16,7 @@ import orjson
 import pytest
 from gateway_records import DEFAULTS, chat_request, generated_records
 
+from pipelines.gateway import capture
 from pipelines.gateway import openai_api as api
 from pipelines.gateway.capture import CaptureWriter
 from pipelines.gateway.endpoints import read_body
@@ -168,7 +169,7 @@ def test_a_captured_turn_is_a_log_record_prep_trains_on_with_the_label_served() 
             5,
             "tool_router_v1",
         )
-        captured = api.capture_record(request, served, body, latency_ms=12.5, defaults=DEFAULTS)
+        captured = capture.capture_record(request, served, body, latency_ms=12.5, defaults=DEFAULTS)
         verdict = check_line(orjson.dumps(captured))
         assert verdict.ok or verdict.reason.value == "invalid_arguments", verdict  # {} may lack required args
         assert captured["session_id"] == "s-1" and captured["channel"] == "web" and captured["country"] == "US"
@@ -176,7 +177,7 @@ def test_a_captured_turn_is_a_log_record_prep_trains_on_with_the_label_served() 
         if verdict.ok:
             row = prepare_line(orjson.dumps(captured))
             assert json.loads(call_text(row["target_json"])) == {"name": name, "arguments": {}}
-    abstained = api.capture_record(
+    abstained = capture.capture_record(
         request,
         served,
         api.completion(served, "champion", api.answer('{"name":null}', served.specs), 50, 3, None),

@@ -283,9 +283,65 @@ def test_the_flywheel_never_trains_on_its_own_unconfirmed_or_down_rated_answers(
     again = run_flywheel("labels", "reject", ids["generated_down"], env={"FLYWHEEL_ROOT": str(tmp_path)})
     assert again.returncode == 2 and again.stderr.startswith("error: record") and "already decided" in again.stderr
 
-    second = run_prep(settings, window, spark=spark)
+    # the correction lands in the day it was made: the next run, which prepares that day, trains on it (the
+    # turn's own day, forty days back, is never prepared again). (Mutation: the correction written into the
+    # turn's own day, as before, and today's prep has nothing to train.)
+    from datetime import UTC, datetime
+
+    today = datetime.now(UTC).date()
+    second = run_prep(settings, DateWindow(today, today), spark=spark)
     examples = pd.read_parquet(tmp_path / "curated" / "examples")
     fixed = examples[examples["record_id"] == f"{ids['champion_down']}-review"]
     assert len(fixed) == 1 and fixed["label_source"].iloc[0] == "human"
     assert ids["champion_down"] not in set(examples["record_id"]), "the down-rated original still never trains"
-    assert second.clean == first.clean + 1
+    assert second.clean == 1
+
+
+def test_a_rating_that_arrives_days_later_reaches_the_next_run(tmp_path: Path, spark) -> None:
+    """A champion answer logged on day D trains only once a person rates it up; the rating comes on D+2, when D
+    was prepared long ago: the run of D+2 prepares that turn with its own day and trains on it; a late thumbs-down
+    on a teacher's answer holds it out and queues it for review. (Mutation: no late copy staged, as before: the
+    up-rated answer never trains.)"""
+    import orjson
+
+    from pipelines.logs.feedback import feedback_zone
+    from pipelines.prep.reviews import queue
+    from pipelines.simulate.generator import GeneratorConfig, TrafficGenerator, partition_dir
+
+    day = END - timedelta(days=20)
+    later = day + timedelta(days=2)
+    records = {}
+    for when, seed in ((day, 7), (later, 8)):
+        gen = TrafficGenerator(GeneratorConfig(seed=seed, records=60, bad_share=0.0, end_date=when, days=1))
+        rows = [orjson.loads(line) for _, line, _ in gen.lines()]
+        for r in rows:
+            r["feedback"], r["label_source"] = "none", "generated"
+        records[when] = rows
+    calls = [r for r in records[day] if r["response"]["choices"][0]["message"].get("tool_calls")]
+    ours, teachers = calls[0], calls[1]
+    ours["label_source"], teachers["label_source"] = "champion", "teacher"
+    for when, rows in records.items():
+        folder = partition_dir(tmp_path / "raw", when)
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "day.jsonl").write_bytes(b"\n".join(orjson.dumps(r) for r in rows) + b"\n")
+    settings = load_settings(root=str(tmp_path))
+    run_prep(settings, DateWindow(day, day), spark=spark)
+    trained = set(pd.read_parquet(tmp_path / "curated" / "examples")["record_id"])
+    assert ours["record_id"] not in trained and teachers["record_id"] in trained  # unconfirmed: held
+
+    ratings = Path(feedback_zone(settings.zone("raw"))) / f"dt={later.isoformat()}"
+    ratings.mkdir(parents=True)
+    events = [
+        {"record_id": ours["record_id"], "rating": "up", "timestamp": f"{later.isoformat()}T09:00:00+00:00"},
+        {"record_id": teachers["record_id"], "rating": "down", "timestamp": f"{later.isoformat()}T09:01:00+00:00"},
+    ]
+    (ratings / "gateway-x.jsonl").write_bytes(b"\n".join(orjson.dumps(e) for e in events) + b"\n")
+    run_prep(settings, DateWindow(later, later), spark=spark)
+    examples = pd.read_parquet(tmp_path / "curated" / "examples")
+    now_trained = set(examples[examples["record_id"].isin([ours["record_id"], teachers["record_id"]])]["record_id"])
+    assert ours["record_id"] in now_trained  # the late thumbs-up: our answer, confirmed, trains in the next run
+    assert teachers["record_id"] in {r["record_id"] for r in queue(settings)}  # the late thumbs-down waits
+    late = tmp_path / "raw" / f"dt={later.isoformat()}" / f"late-ratings-{DateWindow(later, later).label}.jsonl"
+    assert late.is_file() and len(late.read_bytes().splitlines()) == 2
+    run_prep(settings, DateWindow(later, later), spark=spark)  # a re-run replaces the copy, never doubles it
+    assert len(late.read_bytes().splitlines()) == 2

@@ -172,8 +172,9 @@ def test_each_project_gets_its_own_dags_with_its_own_run_quota(flywheel_root: Pa
 def test_mlflow_itself_keeps_a_projects_runs_from_other_projects_members(tmp_path: Path) -> None:
     """The real tracking server with basic auth: a viewer of `search` reads its runs and model through MLflow's
     REST API and cannot write them; `disputes`' runs and model are refused to them; an editor of `disputes`
-    writes there only; a removed member loses what they had. (Mutation: default_permission READ in
-    mlflow/basic_auth.ini lets the viewer read `disputes` and fails this.)"""
+    writes there only; a removed member loses what they had, also when removed while the server was down.
+    (Mutations: default_permission READ in mlflow/basic_auth.ini lets the viewer read `disputes`; `sync` revoking
+    only the `removed` it is given leaves dave's grant after the offline removal.)"""
     import httpx
     from helpers import run_flywheel
     from ports import free_port
@@ -246,6 +247,17 @@ def test_mlflow_itself_keeps_a_projects_runs_from_other_projects_members(tmp_pat
         assert removed.returncode == 0, removed.stderr
         gone = call("carol", "POST", "runs/search", json={"experiment_ids": [search]})
         assert gone.status_code == 403 or gone.json().get("runs", []) == []
+
+        # removed while the tracking server is down: the next `flywheel up` converges (the grant is not in the
+        # member list, so it goes), whoever removed the member and whenever (issue: grants were deltas)
+        assert run_flywheel("down", env=env, timeout=120).returncode == 0
+        offline = run_flywheel("project", "members", "disputes", "remove", "dave", "--json", env=env)
+        assert offline.returncode == 0 and "when the tracking server starts" in json.loads(offline.stdout)["access"]
+        again = run_flywheel("up", "--only", "mlflow", "--json", env=env, timeout=300)
+        assert again.returncode == 0, again.stderr[-2000:]
+        assert call("dave", "POST", "runs/create", json={"experiment_id": disputes}).status_code == 403
+        assert call("dave", "GET", "experiments/get", params={"experiment_id": disputes}).status_code == 403
+        assert call("bob", "GET", "experiments/get", params={"experiment_id": disputes}).status_code == 200  # owner
     finally:
         run_flywheel("down", env=env, timeout=120)
 
@@ -268,3 +280,53 @@ def test_what_runs_elsewhere_knows_its_project(tmp_path: Path) -> None:
     pod = kubernetes.variant_pod(scoped, sweep={"name": "demo"}, sweep_id="s1", index=0, gpus=1)
     command = pod["spec"]["containers"][0]["command"]
     assert command[command.index("--project") + 1] == "search"
+
+
+def test_a_delete_reads_the_members_it_buries_under_the_registry_lock(tmp_path: Path, monkeypatch) -> None:
+    """A member added just before the delete takes the registry's lock is in the tombstone (and so loses MLflow
+    access at the next sync). (Mutation: reading the members before the lock, as before, leaves eve out.)"""
+    from pipelines.projects import registry
+
+    settings = load_settings(root=str(tmp_path))
+    registry.create(settings, "search", "alice")
+    real = registry._change
+
+    def another_operator_first(settings_, change, tombstones=None):
+        if tombstones is not None:  # the delete's change: another operator adds a member just before it
+            real(settings_, lambda projects: projects["search"].members.update({"eve": "viewer"}))
+        return real(settings_, change, tombstones)
+
+    monkeypatch.setattr(registry, "_change", another_operator_first)
+    result = registry.delete(settings, "search")
+    assert result["members"] == ["alice", "eve"] and registry.deleted(settings)["search"]["members"] == ["alice", "eve"]
+
+
+def test_storage_is_billed_to_the_project_that_owns_it_not_to_default(tmp_path: Path) -> None:
+    """The shared Triton repository, its adapters and the MLflow artifact store lie under the platform's zones:
+    each project is billed its own models and artifacts, `default` only its own. (Mutation: `storage` measuring
+    each zone whole, as before, bills default for search's model and artifacts.)"""
+    from pipelines.clients import mlflow as mlflow_client
+    from pipelines.projects import registry, settings_for, showback
+
+    settings = load_settings(root=str(tmp_path))
+    registry.create(settings, "search", "alice")
+    search = settings_for(settings, "search")
+    repository = Path(str(settings.triton.model_repository))
+    for name, size in (("tool_router_v1", 1000), ("search__tool_router_v1", 7000)):
+        (repository / name / "1").mkdir(parents=True)
+        (repository / name / "1" / "weights").write_bytes(b"w" * size)
+    adapters = repository.parent / "lora_adapters" / "search__tool_router_v2"
+    adapters.mkdir(parents=True)
+    (adapters / "adapter.safetensors").write_bytes(b"a" * 3000)
+    for scoped, size in ((settings, 200), (search, 5000)):
+        mlflow_client.use_tracking(scoped)  # each project's experiment, its artifacts where the store puts them
+        where = showback._own_artifacts(scoped)
+        assert where is not None
+        Path(where).mkdir(parents=True, exist_ok=True)
+        (Path(where) / "adapter.bin").write_bytes(b"x" * size)
+    mine, platform = showback.storage(search), showback.storage(settings)
+    assert mine["serving"] >= 7000 + 3000 and mine["runs"] >= 5000
+    assert 1000 <= platform["serving"] < 7000  # its own model, never search's
+    (Path(str(showback._own_artifacts(search))) / "more.bin").write_bytes(b"y" * 4000)  # search's runs grow
+    assert showback.storage(search)["runs"] == mine["runs"] + 4000
+    assert showback.storage(settings)["runs"] == platform["runs"]  # the platform's (its store) does not

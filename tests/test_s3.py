@@ -303,7 +303,7 @@ def test_serving_state_and_model_metadata_on_s3(bucket: str, tmp_path: Path) -> 
         current["live"] = live
         deploy._save(settings, current, {"event": "deploy", "name": "tool_router_v3"})
     assert json.loads(storage.read_bytes(f"{bucket}/fw/serving/state.json"))["live"] == live
-    assert deploy.lock_path(settings).is_relative_to(tmp_path / "home" / ".flywheel" / "locks")
+    assert deploy.lock_name(settings).startswith(f"lock {tmp_path / 'home' / '.flywheel' / 'locks'}")  # no lock DB
     assert deploy.live_model(settings) == deploy.Deployment(**live)
 
     folder = _folder(
@@ -350,3 +350,83 @@ def test_gateway_captures_reach_an_s3_raw_zone_whole_and_a_dead_gateways_spool_i
     records = [orjson.loads(line) for k in keys for line in _raw_get(endpoint, f"{raw}/{k}").splitlines()]
     assert sorted(r["record_id"] for r in records) == ["old", "r0", "r1", "r2", "r3", "r4"]
     assert not list(spool.rglob("*.jsonl"))  # nothing left behind once uploaded
+
+
+# --- e. a lock that holds across hosts ------------------------------------------------------------------------
+RACER = """
+import json, sys
+from pipelines.config import load_settings
+from pipelines.serve import deploy
+
+settings = load_settings(root=sys.argv[1], profile="local", state_lock_uri=sys.argv[2] or None)
+object.__setattr__(settings, "root", sys.argv[3])  # the serving zone on the S3 server, as on the cluster
+for i in range(int(sys.argv[4])):
+    with deploy.state_lock(settings):  # each read-modify-write of state.json under the state's lock
+        current = deploy.state(settings)
+        deploy._save(settings, current, {"event": "deploy", "name": f"{sys.argv[5]}-{i}"})
+"""
+
+
+def _race(bucket: str, tmp_path: Path, lock_uri: str, rounds: int) -> list[str]:
+    """Two processes with their own home folders (two hosts) append `rounds` events each to one state file."""
+    import os
+    import subprocess
+    import sys
+
+    procs = []
+    for host in ("worker", "operator"):
+        home = tmp_path / host
+        home.mkdir(exist_ok=True)
+        env = {**os.environ, "HOME": str(home)}
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-c", RACER, str(home / "root"), lock_uri, f"{bucket}/fw", str(rounds), host],
+                env=env,
+            )
+        )
+    for proc in procs:
+        assert proc.wait(timeout=300) == 0
+    return [e["name"] for e in json.loads(storage.read_bytes(f"{bucket}/fw/serving/state.json"))["history"]]
+
+
+def test_two_hosts_racing_the_serving_state_keep_every_change(bucket: str, tmp_path: Path, postgres) -> None:
+    """The serving state on object storage, changed from two hosts at once (a DAG's deploy on a worker and
+    `flywheel rollback` on an operator's machine): under the advisory lock on the cluster's database no change is
+    lost. (Mutation tried: `state_lock_uri` unset, so each host takes its own file lock under its home: the race
+    lost 13 of the 40 changes.)"""
+    from helpers import create_databases
+
+    create_databases(postgres, "locks")
+    names = _race(bucket, tmp_path, postgres.uri("locks"), rounds=20)
+    assert sorted(names) == sorted([f"worker-{i}" for i in range(20)] + [f"operator-{i}" for i in range(20)])
+
+
+def test_the_advisory_lock_waits_for_its_holder_and_then_says_busy(postgres, tmp_path: Path) -> None:
+    """One holder: a second caller waits at most its timeout, then one clear `Busy` line; the lock is free again
+    once the holder's block ends (and with it when the holder's connection drops)."""
+    import threading
+
+    from helpers import create_databases
+
+    from pipelines.locks import shared_lock
+    from pipelines.storage import Busy
+
+    create_databases(postgres, "locks2")
+    dsn, uri = postgres.uri("locks2"), "s3://bucket/fw/serving/state.json"
+    held, release = threading.Event(), threading.Event()
+
+    def holder() -> None:
+        with shared_lock(uri, 5, "the serving state", dsn):
+            held.set()
+            release.wait(30)
+
+    thread = threading.Thread(target=holder)
+    thread.start()
+    assert held.wait(30)
+    with pytest.raises(Busy, match="the serving state is held by another run"):
+        with shared_lock(uri, 0.5, "the serving state", dsn):
+            pass
+    release.set()
+    thread.join(30)
+    with shared_lock(uri, 5, "the serving state", dsn):  # free again
+        pass

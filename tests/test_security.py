@@ -117,3 +117,44 @@ def test_scan_secrets_knows_airflows_and_the_members_generated_passwords(tmp_pat
         found = run_flywheel("scan-secrets", "--json", env={"FLYWHEEL_ROOT": str(tmp_path / "fw")})
         assert found.returncode == 1 and json.loads(found.stdout)["where"][0].startswith(f"{log}:1"), what
         assert value not in found.stdout + found.stderr
+
+
+def test_scan_secrets_reads_every_projects_reports_and_every_page_of_mlflow(tmp_path: Path) -> None:
+    """A project's report repeating a key is found (it lives under <root>/projects/<name>/reports, not the root's
+    reports); MLflow's runs and versions are read page by page to the end, not the first 5,000 / 1,000.
+    (Mutations tried: the root's reports alone miss the project's; one page only misses the run on page 2.)"""
+    from pipelines.config import load_settings
+    from pipelines.gateway.app import api_key
+    from pipelines.security import scan_mlflow
+
+    root = tmp_path / "fw"
+    key = api_key(load_settings(root=str(root)))
+    report = root / "projects" / "search" / "reports" / "evaluation" / "x" / "report.html"
+    report.parent.mkdir(parents=True)
+    report.write_text(f"<p>called with Bearer {key}</p>")
+    found = run_flywheel("scan-secrets", "--json", env={"FLYWHEEL_ROOT": str(root)})
+    assert found.returncode == 1 and json.loads(found.stdout)["where"][0].startswith(str(report)), found.stdout
+
+    class Page(list):
+        def __init__(self, items: list, token: str | None) -> None:
+            super().__init__(items)
+            self.token = token
+
+    class Run:
+        def __init__(self, run_id: str, params: dict) -> None:
+            self.info = type("Info", (), {"run_id": run_id})()
+            self.data = type("Data", (), {"params": params, "tags": {}})()
+
+    class TwoPages:
+        """A stand-in for MlflowClient's paged searches (the real client is scanned by the CLI test above)."""
+
+        def search_runs(self, experiment_ids, max_results, page_token=None):
+            if page_token is None:
+                return Page([Run("r1", {"lr": "0.1"})], "next")
+            return Page([Run("r2", {"uri": "postgresql://u:Secret-Pw-12345@h/db"})], None)
+
+        def search_model_versions(self, max_results, page_token=None):
+            return Page([], None)
+
+    findings = scan_mlflow(TwoPages(), ["1"], ["Secret-Pw-12345"])
+    assert [str(f).split(" ", 2)[:2] for f in findings][:1] == [["run", "r2"]]

@@ -293,7 +293,8 @@ class FairShare:
         """The other replicas' live states (`peers.check`ed; read at `wall`): a project they hold counts as
         sending here while their file is live, one they saw lately for the rest of its window; their demand
         splits the slots. The waiting are looked at again."""
-        now, elsewhere, peers = self.clock(), {}, []
+        now, peers = self.clock(), []
+        elsewhere: dict[str, float] = {}
         for other in others:
             expires = now + other["at"] + other["live_s"] - wall
             for project, info in other["sending"].items():

@@ -5,6 +5,10 @@ from each other. What they say is meaningless; what they cost to hold and to run
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")  # hf_backend's default
 
@@ -19,7 +23,7 @@ def make_adapters(
     from transformers import AutoModelForCausalLM
 
     folders: dict[str, Path] = {}
-    base = AutoModelForCausalLM.from_pretrained(base_path, torch_dtype=torch.float32)
+    base: PreTrainedModel = AutoModelForCausalLM.from_pretrained(base_path, torch_dtype=torch.float32)
     config = LoraConfig(
         r=rank, lora_alpha=alpha, target_modules=list(TARGETS), init_lora_weights=False, task_type="CAUSAL_LM"
     )
@@ -32,6 +36,7 @@ def make_adapters(
                     param.mul_(scale)
         folder = out / name
         model.save_pretrained(str(folder))
-        base = model.unload()  # the base without the LoRA layers, for the next adapter
+        # the base without the LoRA layers, for the next adapter (peft types it as a plain nn.Module)
+        base = cast("PreTrainedModel", model.unload())
         folders[name] = folder
     return folders

@@ -203,7 +203,7 @@ def run_aiperf(
             row = _profile(shared, model, level, say)
             runs.append(row)
             say(json.dumps({k: v for k, v in row.items() if k != "export"}))
-    report = {
+    report: dict[str, Any] = {
         "generated_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "live": live.name,
         "aiperf": _version(aiperf),

@@ -184,13 +184,12 @@ def _time_runs(
 def _unload_base(settings: Settings, client: TritonClient, base: repository.ModelEntry | None) -> None:
     """The benchmark's clean-up: with `triton.multi_lora` its own base copy is unloaded; the client is closed
     either way."""
+    name = base.name if base is not None else None
     try:
-        if (
-            base is not None and settings.triton.multi_lora and client.ready(base.name)
-        ):  # one base in memory: the shared one
-            client.unload(base.name, wait_s=120)
+        if name is not None and settings.triton.multi_lora and client.ready(name):  # one base in memory: the shared one
+            client.unload(name, wait_s=120)
     except Exception as exc:  # noqa: BLE001 (a clean-up: it never hides the benchmark's own outcome)
-        logging.getLogger(__name__).warning("could not unload the benchmark's base %s: %s", base.name, exc)
+        logging.getLogger(__name__).warning("could not unload the benchmark's base %s: %s", name, exc)
     finally:
         client.close()
 
@@ -254,7 +253,7 @@ def _direct(
         conversations[:1],
         max_new_tokens=budget,
         latency_samples=0,
-        tools=tools[:1] if constrained else None,
+        tools=[r["tools_json"] for r in rows[:1]] if constrained else None,
     )  # warm-up, as for the served models
     replies = []
     for turns, offered in zip(conversations, tools):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, Literal, cast
 
 import typer
 from rich.table import Table
@@ -11,6 +11,9 @@ from rich.table import Table
 from pipelines.cli.common import JsonOpt, UserError, cli_settings, console, stdout_console
 from pipelines.cli.common import emit as _emit
 from pipelines.config import decoding_modes
+
+if TYPE_CHECKING:
+    from pipelines.config.stages import Decoding
 
 app = typer.Typer()  # this module's top-level commands (merged into `flywheel`)
 
@@ -100,12 +103,15 @@ def eval_cmd(
     adapters, budgets = _adapters_to_evaluate(settings, adapter or [], version or [])
     cfg = EvalConfig(
         base_model=base_model,
-        split=split,
+        split=cast(Literal["train", "val", "test"], split),  # checked above
         logs=logs,
         baselines=baselines,
         examples=examples or settings.evaluation.first_examples,
         shots=settings.evaluation.shots if shots is None else shots,
-        constrained=decoding_modes(constrained or settings.evaluation.constrained, settings.triton.constrained),
+        constrained=decoding_modes(
+            cast("Decoding | None", constrained) or settings.evaluation.constrained,  # checked above
+            settings.triton.constrained,
+        ),
         grounded_ids=settings.triton.grounded_ids if grounded_ids is None else grounded_ids,
         # the versions' recorded answer budgets (the largest); an adapter folder has none
         max_new_tokens=settings.evaluation.max_new_tokens or max(budgets or [FALLBACK]),

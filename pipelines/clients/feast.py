@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 from pipelines.config import Settings
 
+LOG = logging.getLogger("flywheel.feast")
+
 if TYPE_CHECKING:
     import pandas as pd
     from feast import FeatureStore
@@ -107,6 +109,27 @@ def feature_store(settings: Settings) -> FeatureStore:
     return FeatureStore(config=config)
 
 
+def close_store(store: Any) -> None:
+    """Close what a FeatureStore holds open: its online store's connection (SQLite) or pool (PostgreSQL) and its
+    SQL registry's engines. Feast has no synchronous close; each part is closed where it exists, best effort (a
+    store already closed, or never connected, has nothing to close)."""
+    provider = getattr(store, "_provider", None)
+    online = getattr(provider, "_online_store", None)
+    for name in ("_conn", "_conn_pool"):
+        part = getattr(online, name, None) if online is not None else None
+        if part is not None:
+            try:
+                part.close()
+            except Exception:  # noqa: BLE001 (closing a broken connection)
+                LOG.debug("feast online store %s not closed cleanly", name, exc_info=True)
+            setattr(online, name, None)
+    registry = getattr(store, "_registry", None)
+    for name in ("write_engine", "read_engine"):
+        engine = getattr(registry, name, None)
+        if engine is not None and hasattr(engine, "dispose"):
+            engine.dispose()
+
+
 def definitions(settings: Settings) -> dict[str, Any]:
     """feature_repo/features.py's objects, with offline data read from this settings' features zone."""
     return _repo_module(settings.feast.repo_path).build(settings.zone("features"))
@@ -130,6 +153,8 @@ def customer_feature_refs(settings: Settings) -> list[str]:
 
 def _repo_module(repo_path: str) -> Any:
     spec = importlib.util.spec_from_file_location("flywheel_feature_repo", Path(repo_path) / "features.py")
+    if spec is None or spec.loader is None:  # a path ending in .py always has a source loader
+        raise ImportError(f"cannot load the feature repository's features.py from {repo_path}")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

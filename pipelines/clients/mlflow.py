@@ -138,7 +138,10 @@ def use_tracking(settings: Settings) -> str:
     try:
         return mlflow.create_experiment(m.experiment, artifact_location=artifact_location(settings, m.experiment))
     except mlflow.exceptions.MlflowException:  # created meanwhile by a concurrent task
-        return mlflow.get_experiment_by_name(m.experiment).experiment_id
+        experiment = mlflow.get_experiment_by_name(m.experiment)
+        if experiment is None:  # nobody created it: the creation failed for another reason
+            raise
+        return experiment.experiment_id
 
 
 def artifact_location(settings: Settings, experiment: str) -> str | None:

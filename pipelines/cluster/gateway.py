@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from pipelines.cluster.training import SECRETS, SETTINGS_CONFIG_MAP
 from pipelines.cluster.triton import rolling_deployment
 from pipelines.config import Settings
 
@@ -28,9 +29,9 @@ def gateway_manifests(settings: Settings, *, replicas: int = 2) -> list[dict[str
             "spec": {
                 "serviceAccountName": "airflow",  # reads the raw zone and the serving state (terraform/modules/iam)
                 "securityContext": {"runAsNonRoot": True, "runAsUser": 1000},
-                # a stop: uvicorn drains (20 s), the turns' file goes (10 s at most), then the captures are
-                # uploaded and the day's usage written: more than Kubernetes' default 30 s before SIGKILL
-                "terminationGracePeriodSeconds": 60,
+                # a stop is bounded by gateway.shutdown_grace_s (drain, the captures' upload, the usage, the
+                # turns' file): Kubernetes waits that plus a margin before SIGKILL
+                "terminationGracePeriodSeconds": int(settings.gateway.shutdown_grace_s) + 10,
                 "containers": [
                     {
                         "name": "gateway",
@@ -41,6 +42,9 @@ def gateway_manifests(settings: Settings, *, replicas: int = 2) -> list[dict[str
                             {"name": "HOME", "value": "/home/flywheel"},
                             {"name": "FLYWHEEL_GATEWAY__HOST", "value": "0.0.0.0"},  # noqa: S104 (in the pod)
                             {"name": "FLYWHEEL_GATEWAY__PORT", "value": str(PORT)},
+                            # MLflow on the request path (the routing table): fail fast, no retry storms
+                            {"name": "MLFLOW_HTTP_REQUEST_TIMEOUT", "value": "5"},
+                            {"name": "MLFLOW_HTTP_REQUEST_MAX_RETRIES", "value": "0"},
                             # each replica counts its usage in its own file (gateway/usage/<day>/<pod>.json)
                             {
                                 "name": "FLYWHEEL_GATEWAY__REPLICA",
@@ -51,7 +55,9 @@ def gateway_manifests(settings: Settings, *, replicas: int = 2) -> list[dict[str
                                 "valueFrom": {"secretKeyRef": {"name": KEY_SECRET, "key": "key"}},
                             },
                         ],
-                        "envFrom": [{"configMapRef": {"name": "flywheel-settings", "optional": True}}],
+                        # the same settings the training pods get: the ConfigMap (no secrets) and the Secret (the
+                        # database URIs the cluster profile requires, MLflow's password, Feast's stores)
+                        "envFrom": [{"configMapRef": {"name": SETTINGS_CONFIG_MAP}}, {"secretRef": {"name": SECRETS}}],
                         "ports": [{"name": "http", "containerPort": PORT}],
                         "startupProbe": {
                             "httpGet": {"path": "/livez", "port": "http"},

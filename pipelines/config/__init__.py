@@ -26,12 +26,12 @@ from pydantic_settings import (
 )
 
 from pipelines.config.base import LOOPBACK, REPO_ROOT, ConfigError, _Section  # noqa: F401 (the public surface)
+from pipelines.config.gateway import GatewaySettings  # noqa: F401 (the public surface)
 from pipelines.config.stages import (  # noqa: F401 (the public surface)
     DECODINGS,
     BenchSettings,
     DriftSettings,
     EvaluationSettings,
-    GatewaySettings,
     PromotionSettings,
     QualitySettings,
     TrainSettings,
@@ -51,7 +51,8 @@ DEFAULT_PROJECT = "default"
 PROJECT_PATTERN = r"^[a-z][a-z0-9_]{1,30}$"
 
 
-LEGACY_ENV: dict[str, tuple[str, str, Callable[[str], Any]]] = {  # older variables that still set a field, below FLYWHEEL_<SECTION>__<FIELD> in precedence
+# older variables that still set a field, below FLYWHEEL_<SECTION>__<FIELD> in precedence: section, field, parser
+LEGACY_ENV: dict[str, tuple[str, str, Callable[[str], Any]]] = {
     "FLYWHEEL_HARDWARE_JSON": ("bench", "hardware", json.loads),
     "FLYWHEEL_AIPERF": ("bench", "aiperf", str),
 }
@@ -100,6 +101,12 @@ class Settings(BaseSettings):
     triton: TritonSettings = Field(default_factory=TritonSettings)
     gateway: GatewaySettings = Field(default_factory=GatewaySettings)
     kubernetes: KubernetesSettings = Field(default_factory=KubernetesSettings)
+    state_lock_uri: str | None = Field(
+        default=None,
+        description="the PostgreSQL database whose advisory locks guard state shared between hosts (the serving "
+        "state, the gateway routes, the project registry on object storage); default in the cluster profile: "
+        "airflow.sql_alchemy_conn. Local state: a file lock",
+    )
     train: TrainSettings = Field(default_factory=TrainSettings)
     evaluation: EvaluationSettings = Field(default_factory=EvaluationSettings)
     bench: BenchSettings = Field(default_factory=BenchSettings)
@@ -198,6 +205,8 @@ class Settings(BaseSettings):
             "feast.online_store": self.feast.online_store,
         }
         self.feast.sslmode = self.feast.sslmode or "require"
+        if self.state_lock_uri is None:
+            object.__setattr__(self, "state_lock_uri", self.airflow.sql_alchemy_conn)
         missing = [name for name, value in required.items() if not value]
         if missing:
             raise ValueError(f"{missing[0]}: required by the cluster profile (see terraform output)")

@@ -48,12 +48,14 @@ class StateLockTimeout(TimeoutError):
 
 def _parse_lines(
     lines: list[str], source: str, tools: dict[str, dict[str, Any]]
-) -> tuple[list[dict[str, Any]], Counter, int]:
+) -> tuple[list[dict[str, Any]], Counter[str], int]:
     """Clean rows, quarantine reasons and the non-blank line count of a chunk of raw lines."""
     from pipelines.prep.nodes import CLEAN_LOG_COLUMNS, prepare_line
 
     columns = [c for c in CLEAN_LOG_COLUMNS if c != "dt"]
-    rows, reasons, count = [], Counter(), 0
+    rows: list[dict[str, Any]] = []
+    reasons: Counter[str] = Counter()
+    count = 0
     for line in lines:
         if not line.strip():
             continue

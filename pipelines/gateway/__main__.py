@@ -10,6 +10,9 @@ import os
 from pathlib import Path
 
 from pipelines.gateway.app import SETTINGS_ENV, create_app
+from pipelines.gateway.endpoints import drain_s
+
+MLFLOW_TIMEOUT_S = 5
 
 
 def main() -> None:
@@ -18,6 +21,10 @@ def main() -> None:
 
     from pipelines.config import load_settings
 
+    # the router asks MLflow while it builds a routing table inside a caller's request: fail fast there instead of
+    # MLflow's default of 120 s x 7 retries (the same in a pod as locally; a caller's own values win)
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", str(MLFLOW_TIMEOUT_S))
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     source = os.environ.get(SETTINGS_ENV)
     settings = load_settings(**json.loads(Path(source).read_text())) if source else load_settings()
     if source:  # read once: the file with every secret is gone while the gateway runs, and after any exit
@@ -27,7 +34,7 @@ def main() -> None:
         host=settings.gateway.host,
         port=settings.gateway.port,
         log_level="info",
-        timeout_graceful_shutdown=20,
+        timeout_graceful_shutdown=int(drain_s(settings)),
     )
 
 

@@ -86,14 +86,7 @@ def _settings_file(settings: Settings) -> Path:
 
 def server_spec(settings: Settings) -> services.ServiceSpec:
     api_key(settings)  # generated before the process starts, so `status` can name it at once
-    env = {
-        **os.environ,
-        SETTINGS_ENV: str(_settings_file(settings)),
-        "NO_PROXY": "127.0.0.1,localhost",
-        # a registry lookup on the request path fails fast instead of MLflow's 120 s x 7 retries
-        "MLFLOW_HTTP_REQUEST_TIMEOUT": "5",
-        "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0",
-    }
+    env = {**os.environ, SETTINGS_ENV: str(_settings_file(settings)), "NO_PROXY": "127.0.0.1,localhost"}
     url = f"http://{settings.gateway.host}:{settings.gateway.port}"
     return services.ServiceSpec(
         SERVICE, [sys.executable, "-m", "pipelines.gateway"], env, f"{url}/health", base_url(settings)
@@ -111,7 +104,8 @@ def up(settings: Settings, timeout_s: float = 120) -> services.ServiceStatus:
 
 
 def down(settings: Settings) -> bool:
-    stopped = services.stop(str(settings.root), SERVICE, grace_s=45)  # uvicorn drains for 20 s, then closes
+    # the gateway's own stop is bounded by gateway.shutdown_grace_s (drain, captures, usage): a little more here
+    stopped = services.stop(str(settings.root), SERVICE, grace_s=settings.gateway.shutdown_grace_s + 10)
     (services.run_dir(str(settings.root)) / "gateway-settings.json").unlink(missing_ok=True)
     return stopped
 
@@ -173,5 +167,5 @@ def create_app(settings: Settings) -> Any:
         ("/v1/chat/completions", "POST", gateway.chat_completions, "Create a chat completion (a tool call)"),
     ):
         app.add_api_route(path, handler, methods=[method], summary=summary, description=handler.__doc__)
-    app.openapi = lambda: schema.openapi(app)  # the request bodies are declared there (the handlers parse them)
+    app.openapi = lambda: schema.openapi(app)  # type: ignore[method-assign]  # FastAPI's documented override
     return app

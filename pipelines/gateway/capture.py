@@ -1,30 +1,46 @@
-"""Served turns written back as log records: the flywheel's next training data.
+"""Served turns written back as log records: the flywheel's next training data (`capture_record` makes the
+record, `CaptureWriter` keeps it).
 
 One writer per gateway process appends JSON lines to `raw/dt=<day>/gateway-<start>-<pid>-<n>.jsonl`
 (a name no other process uses, so concurrent gateways never share a file). Requests of one process
 append under a thread lock, and every record is flushed and fsynced before its request is answered:
 an acknowledged record survives a kill of the gateway; a kill mid-write leaves at most one torn last
-line, which prep quarantines as `bad_json` (never silently lost). A file is closed at the next day or
-past `capture_rotate_bytes`. With the raw zone on object storage (no appends there), records go to
-a local spool of the process's own with the same layout and each closed file is uploaded whole; files
-left in the spool by a gateway no longer running are uploaded when the next one starts.
+line, which prep quarantines as `bad_json` (never silently lost). A file is closed at the next day, past
+`capture_rotate_bytes`, or once it is `max_age_s` old (`rotate_old`, called by the gateway's flusher).
+
+With the raw zone on object storage (no appends there), records go to a local spool folder of the process's own
+with the same layout and each closed file is uploaded whole, so an acknowledged turn reaches object storage
+within about `max_age_s`. The writer holds an exclusive lock on its spool folder for as long as it runs: a
+folder whose lock can be taken belongs to a writer that is gone (a process id says nothing in a container,
+where every gateway is PID 1), and its files are uploaded when the next writer starts. Once closed, a writer
+refuses more records (`WriterClosed`): a deleted project's request in flight never recreates its folders.
 """
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import orjson
 
 from pipelines import storage
+from pipelines.logs.schema import ANONYMOUS
+from pipelines.logs.tools import TOOL_WORKLOAD, WORKLOAD_TOOLS, WORKLOADS
+
+if TYPE_CHECKING:
+    from pipelines.gateway.openai_api import ChatCompletionRequest, Served
 
 LOG = logging.getLogger("flywheel.gateway")
+
+
+class WriterClosed(RuntimeError):
+    """The writer was closed (its gateway is stopping, or its project was deleted): nothing more is written."""
 
 
 @dataclass
@@ -32,34 +48,39 @@ class _Open:
     path: Path
     handle: IO[bytes]
     size: int
+    opened: float  # time.monotonic() when it was opened
 
 
 class CaptureWriter:
-    def __init__(self, raw_zone: str, rotate_bytes: int, spool: Path | None = None):
+    def __init__(self, raw_zone: str, rotate_bytes: int, spool: Path | None = None, max_age_s: float | None = None):
         self.raw_zone = raw_zone.rstrip("/")
         self.remote = not storage.is_local(raw_zone)
         if self.remote and spool is None:
             raise ValueError(f"{raw_zone} is on object storage: a local spool folder is needed")
         self._stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
         self.spool = Path(spool) if spool else None
-        # on object storage: a spool folder of this process's own (another gateway's files are never touched)
-        self.folder = (
-            self.spool / f"{self._stamp}-{os.getpid()}"
-            if self.remote and self.spool
-            else Path(raw_zone.removeprefix("file://"))
-        )
         self.rotate_bytes = rotate_bytes
+        self.max_age_s = max_age_s
         self._lock = threading.Lock()
         self._open: dict[str, _Open] = {}  # day -> its current file (two days at most: around midnight)
         self._n = 0
-        if self.remote:
+        self._closed = False
+        self._held: int | None = None  # the spool folder's lock, held while this writer runs
+        if self.remote and self.spool:
+            # on object storage: a spool folder of this writer's own (another gateway's files are never touched)
+            self.folder = self.spool / f"{self._stamp}-{os.getpid()}-{os.urandom(4).hex()}"
+            self._held = _hold(self.folder)
             self.upload_spool()
+        else:
+            self.folder = Path(raw_zone.removeprefix("file://"))
 
     def write(self, record: dict[str, Any]) -> str:
         """Append one record durably (flushed and fsynced before this returns); returns its file."""
         line = orjson.dumps(record) + b"\n"
         day = str(record["timestamp"])[:10]
         with self._lock:
+            if self._closed:
+                raise WriterClosed(f"the writer of {self.raw_zone} is closed")
             current = self._open.get(day)
             if current is None or current.size + len(line) > self.rotate_bytes:
                 current = self._rotate(day)
@@ -83,8 +104,19 @@ class CaptureWriter:
             os.fsync(dir_fd)
         finally:
             os.close(dir_fd)
-        self._open[day] = _Open(path, handle, path.stat().st_size)
+        self._open[day] = _Open(path, handle, path.stat().st_size, time.monotonic())
         return self._open[day]
+
+    def rotate_old(self) -> int:
+        """Close (and, on object storage, upload) every open file older than `max_age_s`: an acknowledged turn
+        reaches the raw zone within about that long. Returns how many files were closed."""
+        if self.max_age_s is None:
+            return 0
+        with self._lock:
+            old = [day for day, f in self._open.items() if time.monotonic() - f.opened >= self.max_age_s]
+            for day in old:
+                self._close(day)
+            return len(old)
 
     def _close(self, day: str) -> None:
         current = self._open.pop(day, None)
@@ -99,29 +131,77 @@ class CaptureWriter:
         path.unlink()
 
     def upload_spool(self) -> int:
-        """Upload the files that gateways no longer running left in the spool (each process spools into
-        `<start>-<pid>/`); returns how many. A failed upload is logged and left for the next start."""
-        import psutil
-
+        """Upload the files that writers no longer running left in the spool (each writer spools into a folder of
+        its own, locked while it runs); returns how many. A failed upload is logged and left for the next start."""
         done = 0
         if self.spool is None:
             raise RuntimeError("the capture writer has no spool")
-        for folder in sorted(self.spool.glob("*-*")):
-            pid = folder.name.rsplit("-", 1)[-1]
-            if folder == self.folder or not pid.isdigit() or psutil.pid_exists(int(pid)):
+        for folder in sorted(p for p in self.spool.glob("*-*") if p.is_dir()):
+            if folder == self.folder:
                 continue
-            for path in sorted(folder.glob("dt=*/gateway-*.jsonl")):
-                try:
-                    self._upload(path)
-                    done += 1
-                except Exception as exc:  # noqa: BLE001 (the zone unreachable: kept for the next start)
-                    LOG.warning("spooled %s not uploaded yet (%s: %s)", path, type(exc).__name__, exc)
+            held = _try_hold(folder)
+            if held is None:
+                continue  # a live writer's (another gateway process beside this one)
+            try:
+                done += self._upload_folder(folder)
+            finally:
+                os.close(held)
         return done
 
-    def close(self) -> None:
+    def _upload_folder(self, folder: Path) -> int:
+        done = 0
+        for path in sorted(folder.glob("dt=*/gateway-*.jsonl")):
+            try:
+                self._upload(path)
+                done += 1
+            except Exception as exc:  # noqa: BLE001 (the zone unreachable: kept for the next start)
+                LOG.warning("spooled %s not uploaded yet (%s: %s)", path, type(exc).__name__, exc)
+        if not any(folder.glob("dt=*/gateway-*.jsonl")):
+            for part in sorted(folder.glob("dt=*")):
+                part.rmdir()
+            (folder / LOCK).unlink(missing_ok=True)
+            folder.rmdir()
+        return done
+
+    def close(self) -> list[str]:
+        """Close every open file (uploading it, on object storage), each tried even when one fails; no record is
+        taken after this. Returns the failures (each file that did not upload stays in the spool for the next
+        start)."""
+        failures: list[str] = []
         with self._lock:
+            self._closed = True
             for day in list(self._open):
-                self._close(day)
+                try:
+                    self._close(day)
+                except Exception as exc:  # noqa: BLE001 (left in the spool; the next writer uploads it)
+                    failures.append(f"{day}: {type(exc).__name__}: {exc}")
+                    LOG.warning("capture file of %s not uploaded (%s); kept in the spool", day, exc)
+        if self._held is not None:
+            os.close(self._held)
+            self._held = None
+        return failures
+
+
+LOCK = ".writer.lock"
+
+
+def _hold(folder: Path) -> int:
+    """Create `folder` and take its writer lock (exclusive, held until the fd is closed or the process dies)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    fd = os.open(folder / LOCK, os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    return fd
+
+
+def _try_hold(folder: Path) -> int | None:
+    """The writer lock of another writer's folder when that writer is gone, else None (it still runs)."""
+    fd = os.open(folder / LOCK, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    return fd
 
 
 def expire(zone: str, days: int, today: str | None = None) -> list[str]:
@@ -143,3 +223,62 @@ def expire(zone: str, days: int, today: str | None = None) -> list[str]:
             remove(part)
             gone.append(part)
     return gone
+
+
+def workload_of(specs: list[dict[str, Any]], called: str | None, hint: str | None) -> str:
+    """The agent node a served turn belongs to: the caller's `metadata.workload_id` when it is one of
+    ours, else the node whose tool set overlaps the offered tools most (ties: the called tool's node)."""
+    if hint in WORKLOADS:
+        return hint
+    names = {s["function"]["name"] for s in specs}
+    preferred = TOOL_WORKLOAD.get(called or "")
+    return max(WORKLOADS, key=lambda w: (len(names & set(WORKLOAD_TOOLS[w])), w == preferred))
+
+
+def capture_record(
+    request: ChatCompletionRequest,
+    served: Served,
+    body: dict[str, Any],
+    *,
+    latency_ms: float,
+    defaults: dict[str, str],
+    served_by: str | None = None,
+) -> dict[str, Any]:
+    """The served turn as one record of our log schema (`pipelines.logs.schema.AgentTurn`): the request as
+    the caller sent it (prep redacts it on its way to training), the answer it got, the model, tokens,
+    latency and the customer fields; `model` is the model that answered (`served_by`: a Triton model, or
+    `teacher:<name>` in shadow), else the name asked for (`metadata` may carry session_id, workload_id, country,
+    currency,
+    channel; the rest come from the gateway's settings)."""
+    meta = request.metadata or {}
+    message = body["choices"][0]["message"]
+    called = (message.get("tool_calls") or [{}])[0].get("function", {}).get("name")
+    user_turns = sum(1 for m in request.messages if m.role == "user")
+    request_json = {
+        "messages": served.messages,
+        "tools": served.specs or [t.model_dump(exclude_none=True) for t in request.tools or []],
+    }
+    return {
+        "record_id": served.response_id,
+        "timestamp": served.row["event_time"],
+        "session_id": meta.get("session_id") or served.response_id,
+        "turn_index": max(0, user_turns - 1),
+        "customer_id": request.user or ANONYMOUS,
+        "workload_id": workload_of(served.specs, called, meta.get("workload_id")),
+        "model": served_by or body["model"],
+        "request": request_json,
+        "response": {
+            "id": served.response_id,
+            "choices": [{"index": 0, "message": message, "finish_reason": body["choices"][0]["finish_reason"]}],
+        },
+        "latency_ms": round(latency_ms, 3),
+        "retrieval_latency_ms": 0.0,
+        "prompt_tokens": body["usage"]["prompt_tokens"],
+        "completion_tokens": body["usage"]["completion_tokens"],
+        "country": meta.get("country") or defaults["country"],
+        "currency": meta.get("currency") or defaults["currency"],
+        "channel": meta.get("channel") or defaults["channel"],
+        "feedback": "none",
+        # the teacher's answer (shadow) is a label; our own model's is not, until a person confirms it
+        "label_source": "teacher" if str(served_by or "").startswith("teacher:") else "champion",
+    }

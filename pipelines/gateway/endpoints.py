@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import threading
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
@@ -61,6 +63,18 @@ async def http_error(_request: Request, exc: StarletteHTTPException) -> JSONResp
     )
 
 
+def drain_s(settings: Settings) -> float:
+    """How long a stop lets requests in flight finish (uvicorn's graceful shutdown): a share of the stop's budget
+    (`gateway.shutdown_grace_s`), the rest is the captures' last upload and the usage."""
+    return min(20.0, settings.gateway.shutdown_grace_s * 0.4)
+
+
+def _overdue() -> None:
+    LOG.error("the gateway's stop ran past gateway.shutdown_grace_s: exiting now (spooled files upload next start)")
+    logging.shutdown()
+    os._exit(3)
+
+
 # probes answer on the event loop or their own small pool, never queued behind completions
 async def health() -> dict[str, str]:
     """Liveness: the process serves HTTP (Kubernetes restarts the pod when this fails)."""
@@ -95,9 +109,13 @@ class Gateway:
         if self.fair.slots > 0 and self.settings.gateway.turns_exchange_s > 0:
             in_step.start()
         yield
+        overdue = threading.Timer(self.settings.gateway.shutdown_grace_s - drain_s(self.settings), _overdue)
+        overdue.daemon = True
+        overdue.start()  # the stop fits the pod's grace period whatever hangs below (files left upload next start)
+        self.tenants.close()  # per project: captures first, then ratings, comparisons, usage, connections
         await in_step.stop()  # bounded (~10 s at most; its threads are daemons); a no-op when it never started
         self.probes.shutdown(wait=False, cancel_futures=True)
-        self.tenants.close()  # per project: captures first, then ratings, comparisons and the day's usage
+        overdue.cancel()
 
     async def authenticate(self, request: Request, call_next: Any) -> Any:
         if request.url.path not in OPEN_PATHS:  # deny by default: only the probes are open

@@ -1,8 +1,8 @@
 """The OpenAI chat-completions shape, as pure functions: the gateway's request validation, the row a
 request becomes (built with the training set's own functions, so the served prompt is the trained
 prompt), the answer a model's tool-call text becomes (a `tool_calls` message, or `content` when no
-tool fits), its streamed chunks, OpenAI-style error bodies, and the log record a served turn is
-captured as (our log schema: the next training data).
+tool fits), its streamed chunks and OpenAI-style error bodies (the log record a served turn is captured as
+is `capture.capture_record`).
 """
 
 from __future__ import annotations
@@ -18,8 +18,6 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from pipelines.api_errors import ApiError, rate_limited, too_busy, too_large  # noqa: F401 (re-exported)
-from pipelines.logs.schema import ANONYMOUS
-from pipelines.logs.tools import TOOL_WORKLOAD, WORKLOAD_TOOLS, WORKLOADS
 from pipelines.prep.nodes import conversation_of
 from pipelines.toolcall.prompt import system_prompt, tools_json
 
@@ -387,65 +385,6 @@ def chunks(body: dict[str, Any], include_usage: bool) -> list[dict[str, Any]]:
     if include_usage:
         out.append({**base, "choices": [], "usage": body["usage"]})
     return out
-
-
-def workload_of(specs: list[dict[str, Any]], called: str | None, hint: str | None) -> str:
-    """The agent node a served turn belongs to: the caller's `metadata.workload_id` when it is one of
-    ours, else the node whose tool set overlaps the offered tools most (ties: the called tool's node)."""
-    if hint in WORKLOADS:
-        return hint  # type: ignore[return-value]
-    names = {s["function"]["name"] for s in specs}
-    preferred = TOOL_WORKLOAD.get(called or "")
-    return max(WORKLOADS, key=lambda w: (len(names & set(WORKLOAD_TOOLS[w])), w == preferred))
-
-
-def capture_record(
-    request: ChatCompletionRequest,
-    served: Served,
-    body: dict[str, Any],
-    *,
-    latency_ms: float,
-    defaults: dict[str, str],
-    served_by: str | None = None,
-) -> dict[str, Any]:
-    """The served turn as one record of our log schema (`pipelines.logs.schema.AgentTurn`): the request as
-    the caller sent it (prep redacts it on its way to training), the answer it got, the model, tokens,
-    latency and the customer fields; `model` is the model that answered (`served_by`: a Triton model, or
-    `teacher:<name>` in shadow), else the name asked for (`metadata` may carry session_id, workload_id, country,
-    currency,
-    channel; the rest come from the gateway's settings)."""
-    meta = request.metadata or {}
-    message = body["choices"][0]["message"]
-    called = (message.get("tool_calls") or [{}])[0].get("function", {}).get("name")
-    user_turns = sum(1 for m in request.messages if m.role == "user")
-    request_json = {
-        "messages": served.messages,
-        "tools": served.specs or [t.model_dump(exclude_none=True) for t in request.tools or []],
-    }
-    return {
-        "record_id": served.response_id,
-        "timestamp": served.row["event_time"],
-        "session_id": meta.get("session_id") or served.response_id,
-        "turn_index": max(0, user_turns - 1),
-        "customer_id": request.user or ANONYMOUS,
-        "workload_id": workload_of(served.specs, called, meta.get("workload_id")),
-        "model": served_by or body["model"],
-        "request": request_json,
-        "response": {
-            "id": served.response_id,
-            "choices": [{"index": 0, "message": message, "finish_reason": body["choices"][0]["finish_reason"]}],
-        },
-        "latency_ms": round(latency_ms, 3),
-        "retrieval_latency_ms": 0.0,
-        "prompt_tokens": body["usage"]["prompt_tokens"],
-        "completion_tokens": body["usage"]["completion_tokens"],
-        "country": meta.get("country") or defaults["country"],
-        "currency": meta.get("currency") or defaults["currency"],
-        "channel": meta.get("channel") or defaults["channel"],
-        "feedback": "none",
-        # the teacher's answer (shadow) is a label; our own model's is not, until a person confirms it
-        "label_source": "teacher" if str(served_by or "").startswith("teacher:") else "champion",
-    }
 
 
 def sse(data: dict[str, Any] | str) -> bytes:

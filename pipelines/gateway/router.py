@@ -37,6 +37,8 @@ class Router:
     def __init__(self, settings: Settings):
         self.settings = settings
         self._local = threading.local()  # a FeatureStore per worker thread
+        self._stores: list[Any] = []  # every thread's, so `close` can close them all
+        self._stores_lock = threading.Lock()
         self._lock = threading.Lock()
         self._client: Any = None
         self._client_lock = threading.Lock()
@@ -50,6 +52,20 @@ class Router:
         self._targets_failed: tuple[float, str | None] = (0.0, None)
         self._forget_inputs = False
         self._invalidated_at = float("-inf")  # a table built (started) before this is out of date
+
+    def close(self) -> None:
+        """The Triton client's connections and every thread's Feast store (a project's tenant closed, a deleted
+        project: no socket stays open)."""
+        from pipelines.clients.feast import close_store
+
+        with self._client_lock:
+            client, self._client = self._client, None
+        if client is not None:
+            client.close()
+        with self._stores_lock:
+            stores, self._stores = self._stores, []
+        for store in stores:
+            close_store(store)
 
     def client(self) -> Any:
         """The one Triton client of this gateway (it keeps a connection per calling thread itself)."""
@@ -111,19 +127,19 @@ class Router:
 
         stamp = deploy.state_stamp(self.settings)
         cached = self._targets  # one reference swap: read without the lock
-        if self._fresh(cached, stamp):
+        if cached is not None and self._fresh(cached, stamp):
             return cached[2]
-        if cached and not self._targets_lock.acquire(blocking=False):
+        if cached is not None and not self._targets_lock.acquire(blocking=False):
             return cached[2]  # another request is rebuilding it
         if not cached and not self._targets_lock.acquire(timeout=self.settings.gateway.request_timeout_s):
             raise TimeoutError("the routing table is still being built by another request")
         try:
             cached = self._targets
-            if self._fresh(cached, stamp):
+            if cached is not None and self._fresh(cached, stamp):
                 return cached[2]  # rebuilt while this request waited
             failed_at, failure = self._targets_failed
             if failure and time.monotonic() - failed_at < TARGETS_RETRY_S:
-                if self._usable(cached, stamp):
+                if cached is not None and self._usable(cached, stamp):
                     return cached[2]
                 raise RuntimeError(f"the model server did not answer a moment ago ({failure})")
             if (self._forget_inputs or (cached and cached[1] != stamp)) and self._client is not None:
@@ -134,7 +150,7 @@ class Router:
                 built = self._build_targets()
             except Exception as exc:
                 self._targets_failed = (time.monotonic(), f"{type(exc).__name__}: {str(exc)[:200]}")
-                if self._usable(cached, stamp):
+                if cached is not None and self._usable(cached, stamp):
                     LOG.warning(
                         "the routing table could not be rebuilt (%s); the last one serves meanwhile",
                         self._targets_failed[1],
@@ -242,6 +258,8 @@ class Router:
         try:
             if not hasattr(self._local, "store"):  # one FeatureStore per worker thread (its registry is cached)
                 self._local.store = feature_store(self.settings)
+                with self._stores_lock:
+                    self._stores.append(self._local.store)
             return online_context(customer_id, self.settings, self._local.store)
         except Exception as exc:  # noqa: BLE001 (Feast unreachable or not applied: serve without context)
             now = time.monotonic()
@@ -256,7 +274,7 @@ class Router:
 
     def _shot_pool(self) -> tuple[list[Any], Any]:
         """Training examples (every turn) to retrieve from (none before a training set exists) and their
-        embeddings, computed once (embedding the pool per request cost ~20 s on this CPU)."""
+        embeddings, computed once (embedding the pool per request would cost seconds on a CPU)."""
         from pipelines.embeddings import embed
         from pipelines.prep.dataset import DatasetMissing, load_split
         from pipelines.toolcall.examples import to_examples

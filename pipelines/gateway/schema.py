@@ -67,7 +67,8 @@ def openapi(app: Any) -> dict[str, Any]:
         return app.openapi_schema
     schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
     components = schema.setdefault("components", {}).setdefault("schemas", {})
-    for model in (ErrorBody, *BODIES.values()):
+    models: list[type[BaseModel]] = [ErrorBody, *BODIES.values()]
+    for model in models:
         found = model.model_json_schema(ref_template=COMPONENTS)
         components.update(found.pop("$defs", {}))
         components[model.__name__] = found

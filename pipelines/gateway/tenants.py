@@ -22,6 +22,7 @@ from pipelines.admission.quota import FLUSH_EVERY_S, Quota
 from pipelines.config import DEFAULT_PROJECT, Settings
 
 LOG = logging.getLogger("flywheel.gateway")
+FLUSH_JOIN_S = 5.0  # the flusher's last cycle at close: within the pod's grace period
 REGISTRY_TTL_S = 1.0  # how stale the key index may be (a local registry is re-read only when it changed)
 
 
@@ -32,11 +33,21 @@ class Metered:
         self.traffic, self.quota, self.settings = traffic, quota, traffic.settings
 
     def handle(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        from pipelines.gateway.capture import WriterClosed
+        from pipelines.gateway.openai_api import ApiError
+
         started = time.perf_counter()
         body = None
         try:
             body = self.traffic.handle(*args, **kwargs)
             return body
+        except WriterClosed:  # its project was deleted (or the gateway is stopping) while the request ran
+            raise ApiError(
+                503,
+                f"project {self.settings.project} is closed (deleted, or the gateway is stopping): retry",
+                kind="server_error",
+                code="project_closed",
+            ) from None
         finally:
             self.quota.charge(body, (time.perf_counter() - started) * 1000)
 
@@ -60,8 +71,11 @@ class Tenant:
             / "gateway-spool"
             / hashlib.sha1(raw_zone.encode(), usedforsecurity=False).hexdigest()[:12]
         )
+        every = settings.gateway.capture_upload_every_s
         self.capture = (
-            CaptureWriter(raw_zone, settings.gateway.capture_rotate_bytes, spool) if settings.gateway.capture else None
+            CaptureWriter(raw_zone, settings.gateway.capture_rotate_bytes, spool, every)
+            if settings.gateway.capture
+            else None
         )
         self.traffic = Traffic(settings, self.router, self.capture, spool)
         for zone in (f"{settings.zone('serving')}/gateway/unusable", agreement_zone(settings)):
@@ -69,17 +83,42 @@ class Tenant:
                 expire(zone, settings.gateway.retention_days)
             except OSError as exc:
                 LOG.warning("could not expire %s: %s", zone, exc)
-        self.ratings = CaptureWriter(feedback_zone(raw_zone), settings.gateway.capture_rotate_bytes, spool / "feedback")
+        self.ratings = CaptureWriter(
+            feedback_zone(raw_zone), settings.gateway.capture_rotate_bytes, spool / "feedback", every
+        )
         self.quota = Quota(settings)
         self.metered = Metered(self.traffic, self.quota)
 
-    def close(self, keep_usage: bool = True) -> None:
-        if self.capture is not None:
-            self.capture.close()  # the open capture file first (uploaded, on object storage): no request is left
-        self.ratings.close()
-        self.traffic.close()  # then the off-path comparisons (the running one finishes; queued ones are dropped)
-        if keep_usage:
-            self.quota.flush()
+    def rotate_old(self) -> None:
+        """Captures and ratings older than gateway.capture_upload_every_s closed and uploaded (the flusher calls it)."""
+        for writer in (self.capture, self.ratings):
+            if writer is not None:
+                writer.rotate_old()
+
+    def close(self, keep_usage: bool = True) -> list[str]:
+        """Captures first (uploaded, on object storage: no acknowledged turn is left behind), then ratings, the
+        comparisons (the running one is not waited for: they are off the request path), the usage, the
+        connections to Triton and Feast. Each step is tried whatever the one before it did; the failures are
+        returned (and logged)."""
+        failures: list[str] = []
+        steps = [
+            ("captures", self.capture.close if self.capture is not None else None),
+            ("ratings", self.ratings.close),
+            ("comparisons", self.traffic.close),
+            ("usage", self.quota.flush if keep_usage else None),
+            ("connections", self.router.close),
+        ]
+        for what, step in steps:
+            if step is None:
+                continue
+            try:
+                left = step()
+                failures += [f"{what}: {f}" for f in left] if isinstance(left, list) else []
+            except Exception as exc:  # noqa: BLE001 (the next step still runs: nothing else is lost)
+                failures.append(f"{what}: {type(exc).__name__}: {exc}")
+        for failure in failures:
+            LOG.warning("project %s at close: %s", self.settings.project, failure)
+        return failures
 
 
 class Tenants:
@@ -105,8 +144,9 @@ class Tenants:
                 try:
                     tenant.quota.live_s = 3 * cycle  # the others count this replica's flight that long
                     tenant.quota.flush()
+                    tenant.rotate_old()  # acknowledged turns reach the raw zone within capture_upload_every_s
                 except Exception:  # noqa: BLE001 (one project's bad usage never stops the others' counting)
-                    LOG.exception("usage of project %s not flushed", tenant.settings.project)
+                    LOG.exception("usage or captures of project %s not flushed", tenant.settings.project)
             cycle = FLUSH_EVERY_S + time.monotonic() - started  # many projects on object storage: longer
 
     def _registry(self) -> tuple[dict[str, str], dict[str, Any]]:
@@ -133,15 +173,20 @@ class Tenants:
         with self._index_lock:
             if self._index[1] == now_stamp and local:
                 return self._index[2], self._index[3]  # another request re-read it meanwhile
+            read = False
             try:
                 projects = registry.load(self.settings)
                 keys = {k.sha256: p.name for p in projects.values() for k in p.active_keys()}
                 quotas = {p.name: p.quotas for p in projects.values()}
-            except Exception as exc:  # noqa: BLE001 (a half-edited registry: the last index serves)
+                read = True
+            except Exception as exc:  # noqa: BLE001 (a half-edited registry, a blip: the last index serves)
                 LOG.warning("the project registry could not be read (%s); the last keys serve", exc)
                 now_stamp = stamp
             self._index = (time.monotonic(), now_stamp, keys, quotas)
-        for gone in [name for name in list(self._tenants) if name not in quotas]:
+        if not read:  # what could not be read says nothing about which projects are gone
+            return keys, quotas
+        gone_now = [name for name in list(self._tenants) if name not in quotas and name != DEFAULT_PROJECT]
+        for gone in gone_now:
             with self._lock:
                 tenant = self._tenants.pop(gone, None)
             if tenant is not None:
@@ -200,8 +245,11 @@ class Tenants:
     def all(self) -> list[Tenant]:
         return list(self._tenants.values())
 
-    def close(self) -> None:
+    def close(self) -> list[str]:
+        """Every project's tenant closed, each whatever the others did (`Tenant.close`); the failures."""
         self._stop.set()
-        self._flusher.join(timeout=30)
+        self._flusher.join(timeout=FLUSH_JOIN_S)
+        failures: list[str] = []
         for tenant in self.all():
-            tenant.close()
+            failures += [f"{tenant.settings.project}: {f}" for f in tenant.close()]
+        return failures

@@ -25,7 +25,7 @@ from typing import Any
 
 from pipelines.config import Settings
 from pipelines.gateway import openai_api as api
-from pipelines.gateway.capture import CaptureWriter
+from pipelines.gateway.capture import CaptureWriter, capture_record
 from pipelines.livegate import routes as rt
 from pipelines.livegate.comparisons import agreement_zone, tally_of
 
@@ -162,7 +162,7 @@ class Traffic:
             if route["mode"] == "canary":
                 self._record(parsed, served, route, Outcome("champion", candidate_ms=0.0, reference_ms=0.0))
         if self.capture is not None:
-            record = api.capture_record(
+            record = capture_record(
                 parsed, served, body, latency_ms=api.now_ms() - started, defaults=self.defaults, served_by=by
             )
             # a call or an explicit "no tool" is a label; a cut or free-text answer is kept apart, never trained on
@@ -420,11 +420,11 @@ class Traffic:
             LOG.warning("route %s: %s -> %s (%s)", parsed.model, route["mode"], changed["mode"], move[1])
             self._routes = (0.0, {"routes": {}})  # re-read at the next request
 
-    def close(self) -> None:
-        """Comparisons not started are dropped (they are off the request path); the one running finishes."""
-        self._pool.shutdown(wait=True, cancel_futures=True)
-        self.comparisons.close()
-        self.unusable.close()
+    def close(self) -> list[str]:
+        """Comparisons not started are dropped and the running one is not waited for (they are off the request
+        path: a teacher that hangs never holds a stop past its grace period); the stores closed."""
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        return self.comparisons.close() + self.unusable.close()
 
 
 def _redacted(value: Any) -> Any:

@@ -25,7 +25,8 @@ from typing import Any, Literal
 
 from pipelines.config import Settings
 from pipelines.errors import NotRetryable
-from pipelines.storage import Busy, locked, read_json, write_json
+from pipelines.locks import shared_lock
+from pipelines.storage import Busy, read_json, write_json
 
 Mode = Literal["serve", "shadow", "canary"]
 MODES: tuple[str, ...] = ("serve", "shadow", "canary")
@@ -89,7 +90,7 @@ def set_route(
             "plumbing test"
         )
     try:
-        with locked(routes_uri(settings), 30, "the gateway routes"):
+        with shared_lock(routes_uri(settings), 30, "the gateway routes", settings.state_lock_uri):
             data = read_routes(settings)
             current = route_of(data, model)
             if expect is not None and current.get("mode") != expect:

@@ -76,7 +76,7 @@ def check_files(files: list[Path]) -> RawCheck:
         for line in iter_lines(path):
             result.lines += 1
             verdict = check_line(line)
-            if verdict.ok:
+            if verdict.reason is None:  # ok
                 result.valid += 1
             else:
                 reasons[verdict.reason.value] += 1

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from pipelines.logs.schema import Verdict, check_line
+from pipelines.logs.schema import Reason, check_line
 from pipelines.prep.labels import TRAINED_BY_DEFAULT, held_reason, label_source
 from pipelines.redact import PII_TYPES, redact_text, redact_value
 from pipelines.toolcall.calls import NO_TOOL as ABSTAIN
@@ -26,6 +26,8 @@ from pipelines.toolcall.calls import target_json
 from pipelines.toolcall.prompt import system_prompt, tools_json
 
 if TYPE_CHECKING:
+    from datetime import datetime
+
     import pandas as pd
     from pyspark.sql import DataFrame
 
@@ -97,18 +99,20 @@ def prepare_line(
     row: dict[str, Any] = dict.fromkeys(PREPARED_COLUMNS)
     row["source_file"] = source_file
     verdict = check_line(line, tools)
-    if not verdict.ok:
-        return _quarantined_row(row, line, verdict)
-    return _clean_row(row, verdict, feedback, trained)
+    if verdict.reason is not None:
+        return _quarantined_row(row, line, verdict.reason, verdict.detail)
+    if verdict.record is None or verdict.timestamp is None:  # check_line: a verdict without a reason has both
+        raise ValueError(f"a clean verdict without its record or timestamp: {verdict!r}")
+    return _clean_row(row, verdict.record, verdict.timestamp, feedback, trained)
 
 
-def _quarantined_row(row: dict[str, Any], line: str | bytes, verdict: Verdict) -> dict[str, Any]:
+def _quarantined_row(row: dict[str, Any], line: str | bytes, reason: Reason, detail: str) -> dict[str, Any]:
     """`row` as a quarantined line: the reason, the redacted line and, when it is JSON, its ids."""
     text = line.decode("utf-8", "replace") if isinstance(line, bytes) else line
     row.update(
         status="quarantined",
-        reason=verdict.reason.value,
-        detail=redact_text(verdict.detail),
+        reason=reason.value,
+        detail=redact_text(detail),
         raw_redacted=redact_text(text[:MAX_QUARANTINED_LINE]),
     )
     try:  # keep the ids when the line is JSON, so people can find the record
@@ -128,10 +132,14 @@ def _quarantined_row(row: dict[str, Any], line: str | bytes, verdict: Verdict) -
 
 
 def _clean_row(
-    row: dict[str, Any], verdict: Verdict, feedback: Mapping[str, str] | None, trained: Collection[str]
+    row: dict[str, Any],
+    r: dict[str, Any],
+    timestamp: datetime,
+    feedback: Mapping[str, str] | None,
+    trained: Collection[str],
 ) -> dict[str, Any]:
-    """`row` as a clean record: PII redacted (and counted), its label source, and the SFT example's fields."""
-    r = verdict.record
+    """`row` as a clean record (`r`, logged at `timestamp`): PII redacted (and counted), its label source, and
+    the SFT example's fields."""
     counts: Counter[str] = Counter()
     conversation = conversation_of(r["request"]["messages"], counts)
     calls = r["response"]["choices"][0]["message"].get("tool_calls") or []
@@ -143,7 +151,7 @@ def _clean_row(
     arguments_json = json.dumps(arguments, separators=(",", ":"), sort_keys=True) if arguments is not None else None
     user_turns = [m["content"] or "" for m in conversation if m["role"] == "user"]
     tools_offered = [t["function"]["name"] for t in r["request"]["tools"]]
-    event_time = verdict.timestamp.isoformat(timespec="microseconds")
+    event_time = timestamp.isoformat(timespec="microseconds")
     day = event_time[:10]
     offered_json = tools_json(r["request"]["tools"])
     system = system_prompt(offered_json, day)
@@ -391,4 +399,6 @@ def digest(frame: DataFrame, columns: list[str]) -> str:
         F.sum(F.conv(F.substring(h, 1, 12), 16, 10).cast("decimal(38,0)")).alias("a"),
         F.sum(F.conv(F.substring(h, 13, 12), 16, 10).cast("decimal(38,0)")).alias("b"),
     ).first()
+    if row is None:  # a global aggregate has one row, even over no rows
+        raise ValueError("digest: the aggregate returned no row")
     return hashlib.sha256(f"{row['n']}:{row['a']}:{row['b']}".encode()).hexdigest()

@@ -25,6 +25,7 @@ from pipelines.logs.raw import unreadable_reason
 from pipelines.logs.tools import TOOLSET_VERSION
 from pipelines.logs.toolsets import extra_tool_names, registered_catalogue
 from pipelines.prep import nodes
+from pipelines.prep.late import stage_late_ratings
 from pipelines.redact import PII_TYPES
 from pipelines.storage import exists, glob, locked, move, remove, window_partitions, write_json
 from pipelines.toolcall.grammar import constraint
@@ -115,6 +116,7 @@ def run_prep(settings: Settings, window: DateWindow, spark: Any = None, run_id: 
 
     started = time.perf_counter()
     run_id = run_id or f"prep-{window.label}-{uuid.uuid4().hex[:8]}"
+    stage_late_ratings(settings, window)  # turns of earlier days rated during this window join it
     files, unreadable = _readable_files(settings, window)
     spark = spark or get_spark(settings)
     paths = zone_paths(settings)

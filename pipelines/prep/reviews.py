@@ -3,10 +3,10 @@
 A turn rated down (`/v1/feedback`, or in the logs) never trains (`prep.labels`); after prep it is in the
 clean logs, `held` as "rated down". `flywheel labels review` lists those nobody has decided yet;
 `flywheel labels accept ID --call '{"name": ..., "arguments": {...}}'` writes a corrected copy of the raw
-record (the same request, the person's call, `label_source: human`, a new record id) into the raw zone,
-where the next prep trains on it; `flywheel labels reject ID` only records the decision. Decisions are one
-JSON file per record under `<raw zone>/_reviews/` (no appends: object storage works the same), written
-atomically; a record decided once is not listed again.
+record (the same request, the person's call, `label_source: human`, a new record id) into the raw partition
+of the day the decision is made, which the next run prepares and trains on (`late.py`); `flywheel labels
+reject ID` only records the decision. Decisions are one JSON file per record under `<raw zone>/_reviews/` (no
+appends: object storage works the same), written atomically; a record decided once is not listed again.
 """
 
 from __future__ import annotations
@@ -164,7 +164,10 @@ def _decide(
                 "choices": [{"index": 0, "message": message, "finish_reason": "tool_calls" if name else "stop"}],
             },
         }
-        target = f"{settings.zone('raw').rstrip('/')}/dt={entry['dt']}/reviews-{_digest(record_id)}.jsonl"
+        # into the partition of the day it is made: the next run (it prepares that day) trains on it, whatever
+        # day the turn itself was logged on
+        today = datetime.now(UTC).date().isoformat()
+        target = f"{settings.zone('raw').rstrip('/')}/dt={today}/reviews-{_digest(record_id)}.jsonl"
         write_bytes(target, orjson.dumps(corrected) + b"\n")
         decision.update(corrected_record=fixed_id, file=target)
     write_json(_decision_uri(settings, record_id), decision)

@@ -5,9 +5,13 @@ writes A's, an owner manages A's.
 
 Each member becomes an MLflow user (created once, its password generated into a 0600 file under
 <root>/runs/users/, as the admin's is); grants go through MLflow's REST API as the admin: experiment (by
-id) and registered model (by name), READ / EDIT / MANAGE for viewer / editor / owner. A member removed loses
-both grants. `sync` runs after every membership change when the tracking server is up, and for every
-project at `flywheel up`.
+id) and registered model (by name), READ / EDIT / MANAGE for viewer / editor / owner.
+
+Access converges: every `sync` computes the grants the member list wants and revokes every other user's grant
+on the project's experiment and model (whoever was removed while the server was down, or after a failed
+call), revokes first, then grants, every call tried even when one fails (the failures raised together at the
+end). `sync` runs after every membership change when the tracking server is up, and for every project at
+`flywheel up`.
 """
 
 from __future__ import annotations
@@ -71,6 +75,10 @@ class MlflowAuth:
                 return False
             raise
 
+    def users(self) -> list[str]:
+        """Every user the tracking server knows (the auth app's list)."""
+        return [str(u["username"]) for u in self._call("GET", "/api/2.0/mlflow/users/list").get("users", [])]
+
     def create_user(self, user: str, password: str) -> None:
         self._call("POST", "/api/2.0/mlflow/users/create", json={"username": user, "password": password})
 
@@ -109,8 +117,9 @@ def _ensure_user(auth: MlflowAuth, settings: Settings, user: str) -> str | None:
 
 
 def sync(settings: Settings, name: str, removed: tuple[str, ...] = ()) -> dict[str, Any]:
-    """Make MLflow's grants on project `name`'s experiment and registered model match its members (and drop
-    those of `removed` users). `settings`: the platform's (unscoped)."""
+    """Make MLflow's grants on project `name`'s experiment and registered model exactly its members': every
+    other user's grant there is revoked (`removed` is only a hint: a user MLflow knows but the members do not
+    name loses access whoever removed them, and when). `settings`: the platform's (unscoped)."""
     from pipelines.clients import mlflow as mlflow_client
     from pipelines.projects import registry, settings_for
 
@@ -118,29 +127,47 @@ def sync(settings: Settings, name: str, removed: tuple[str, ...] = ()) -> dict[s
     scoped = settings_for(settings, name)
     experiment_id = mlflow_client.use_tracking(scoped)  # created on first use, where the tasks would
     model = scoped.mlflow.registered_model
+    wanted = {u: PERMISSION[r] for u, r in project.members.items() if u != mlflow_client.ADMIN}
     auth = MlflowAuth(settings)
     created: dict[str, str] = {}
+    failures: list[str] = []
     try:
-        for user, role in sorted(project.members.items()):
-            if user == mlflow_client.ADMIN:
-                continue  # the admin may do everything already
-            file = _ensure_user(auth, settings, user)
-            if file:
-                created[user] = file
-            auth.grant(user, "experiment", experiment_id, PERMISSION[role])
-            auth.grant(user, "registered_model", model, PERMISSION[role])
-        for user in removed:
-            if user != mlflow_client.ADMIN and auth.user_exists(user):
-                auth.revoke(user, "experiment", experiment_id)
-                auth.revoke(user, "registered_model", model)
+        others = sorted((set(auth.users()) | set(removed)) - set(wanted) - {mlflow_client.ADMIN})
+        for user in others:  # revokes first: a grant that fails never leaves a removed member in
+            _try(failures, f"revoke {user}", lambda u=user: _revoke_both(auth, u, experiment_id, model))
+        for user, permission in sorted(wanted.items()):
+            _try(
+                failures,
+                f"grant {user}",
+                lambda u=user, p=permission: _grant_both(auth, settings, u, p, experiment_id, model, created),
+            )
     finally:
         auth.close()
-    return {
-        "experiment_id": experiment_id,
-        "registered_model": model,
-        "grants": {u: PERMISSION[r] for u, r in project.members.items() if u != mlflow_client.ADMIN},
-        "new_users": created,
-    }
+    if failures:
+        raise AccessError(f"project {name}: {len(failures)} MLflow permission call(s) failed: {'; '.join(failures)}")
+    return {"experiment_id": experiment_id, "registered_model": model, "grants": wanted, "new_users": created}
+
+
+def _try(failures: list[str], what: str, call: Any) -> None:
+    try:
+        call()
+    except AccessError as exc:
+        failures.append(f"{what}: {exc}")
+
+
+def _revoke_both(auth: MlflowAuth, user: str, experiment_id: str, model: str) -> None:
+    auth.revoke(user, "experiment", experiment_id)
+    auth.revoke(user, "registered_model", model)
+
+
+def _grant_both(
+    auth: MlflowAuth, settings: Settings, user: str, permission: str, experiment_id: str, model: str, created: dict
+) -> None:
+    file = _ensure_user(auth, settings, user)
+    if file:
+        created[user] = file
+    auth.grant(user, "experiment", experiment_id, permission)
+    auth.grant(user, "registered_model", model, permission)
 
 
 def sync_quietly(settings: Settings, name: str, removed: tuple[str, ...] = ()) -> str:
@@ -191,11 +218,9 @@ def revoke_quietly(settings: Settings, name: str, users: tuple[str, ...]) -> str
     try:
         experiment_id = mlflow_client.use_tracking(scoped)
         auth = MlflowAuth(settings)
-        try:
-            for user in users:
-                if user != mlflow_client.ADMIN and auth.user_exists(user):
-                    auth.revoke(user, "experiment", experiment_id)
-                    auth.revoke(user, "registered_model", scoped.mlflow.registered_model)
+        try:  # every user MLflow knows, not only the members the deletion recorded: nothing is left behind
+            for user in sorted((set(auth.users()) | set(users)) - {mlflow_client.ADMIN}):
+                _revoke_both(auth, user, experiment_id, scoped.mlflow.registered_model)
         finally:
             auth.close()
     except Exception as exc:  # noqa: BLE001 (retried at the next `flywheel up`)

@@ -135,12 +135,13 @@ def _change(
     change: Callable[[dict[str, Project]], Any],
     tombstones: Callable[[dict[str, Any]], None] | None = None,
 ) -> Any:
-    """Read, change and write the registry under its lock (atomic write: readers see all of it or none).
-    On object storage the lock is this host's: one operator host changes the registry."""
-    from pipelines.storage import locked, write_json
+    """Read, change and write the registry under its lock (atomic write: readers see all of it or none). On
+    object storage the lock holds across hosts (`pipelines.locks`: an advisory lock on `state_lock_uri`)."""
+    from pipelines.locks import shared_lock
+    from pipelines.storage import write_json
 
     uri = registry_uri(settings)
-    with locked(uri, LOCK_TIMEOUT_S, "the project registry"):
+    with shared_lock(uri, LOCK_TIMEOUT_S, "the project registry", settings.state_lock_uri):
         projects, gone = load(settings), deleted(settings)
         result = change(projects)
         if tombstones is not None:
@@ -270,7 +271,7 @@ def delete(settings: Settings, name: str) -> dict[str, Any]:
 
     if name == DEFAULT_PROJECT:
         raise ProjectError("the default project cannot be deleted")
-    project = get(settings, name)
+    get(settings, name)  # an unknown name: one clear error before any lock
     scoped = settings_for(settings, name)
     folder = scoped.project_root()
     kept = f"{str(settings.root).rstrip('/')}/projects/_deleted/{name}-{datetime.now(UTC):%Y%m%dT%H%M%S%f}"
@@ -282,19 +283,22 @@ def delete(settings: Settings, name: str) -> dict[str, Any]:
                 f"first (`flywheel --project {name} serve undeploy`)"
             )
 
+        members: list[str] = []
+
         def drop(projects: dict[str, Project]) -> None:
             _existing(projects, name)
-            del projects[name]
+            members.extend(sorted(projects.pop(name).members))  # read under the registry's lock: a member
+            # added meanwhile is in the tombstone too (and loses its grants with the others)
 
         def bury(gone: dict[str, Any]) -> None:
-            gone[name] = {"at": _now(), "members": sorted(project.members), "data_kept_at": kept}
+            gone[name] = {"at": _now(), "members": members, "data_kept_at": kept}
 
         _change(settings, drop, bury)  # first: its keys stop before its data moves
     moved = None
     if exists(folder):
         move(folder, kept)
         moved = kept
-    return {"deleted": name, "data_kept_at": moved, "members": sorted(project.members)}
+    return {"deleted": name, "data_kept_at": moved, "members": members}
 
 
 def settings_for(settings: Settings, name: str) -> Settings:

@@ -102,15 +102,71 @@ def serving(settings: Settings, since: date) -> list[dict[str, Any]]:
 
 
 def storage(settings: Settings) -> dict[str, int]:
-    """Bytes under each of the project's zones (0 for one not written yet)."""
+    """Bytes the project keeps, by zone (0 for one not written yet). The platform's shared places (one Triton model
+    repository and its adapters for every project, one MLflow artifact store) are split by owner: a project is
+    billed its own models and its own experiment's artifacts, never another's; `default` too."""
+    out = {}
+    shared = _shared_folders(settings)
+    for zone in ZONES:
+        out[zone] = _size(settings.zone(zone), skip=shared)  # type: ignore[arg-type]
+    out["serving"] += sum(_size(uri) for uri in _own_models(settings))
+    out["runs"] += _size(_own_artifacts(settings) or "", skip=())
+    return out
+
+
+def _size(uri: str, skip: tuple[str, ...] = ()) -> int:
+    """Bytes under `uri`, leaving out the folders in `skip` (URIs) under it."""
     from pipelines.storage import exists, fs_for
 
-    out = {}
-    for zone in ZONES:
-        uri = settings.zone(zone)  # type: ignore[arg-type]
-        fs, path = fs_for(uri)
-        out[zone] = int(fs.du(path, total=True)) if exists(uri) else 0
-    return out
+    if not uri or not exists(uri):
+        return 0
+    fs, path = fs_for(uri)
+    total = int(fs.du(path, total=True))
+    for folder in skip:
+        inner_fs, inner = fs_for(folder)
+        if inner.rstrip("/").startswith(path.rstrip("/") + "/") and exists(folder):
+            total -= int(inner_fs.du(inner, total=True))
+    return max(total, 0)
+
+
+def _shared_folders(settings: Settings) -> tuple[str, ...]:
+    """The folders every project's data shares: the Triton model repository with the adapters beside it, and the
+    MLflow artifact store (they lie under the platform's `serving` and `runs` zones by default)."""
+    repository = str(settings.triton.model_repository).rstrip("/")
+    found = [repository, f"{repository.rsplit('/', 1)[0]}/lora_adapters"]
+    if settings.mlflow.artifacts_destination:
+        found.append(str(settings.mlflow.artifacts_destination).rstrip("/"))
+    return tuple(found)
+
+
+def _own_models(settings: Settings) -> list[str]:
+    """The project's model folders in the shared repository and its adapters beside it (`<project>__<model>_v<N>`
+    for a project, `<model>_v<N>` for `default`)."""
+    from pipelines.storage import glob
+
+    repository = str(settings.triton.model_repository).rstrip("/")
+    prefix = settings.triton.model_name  # already carries the project's name
+    found = []
+    for folder in (repository, f"{repository.rsplit('/', 1)[0]}/lora_adapters"):
+        found += [uri for uri in glob(f"{folder}/{prefix}_v*") if uri.rstrip("/").rsplit("/", 1)[-1].startswith(prefix)]
+    return found
+
+
+def _own_artifacts(settings: Settings) -> str | None:
+    """Where the project's MLflow experiment keeps its artifacts (None before it has one, or off the store)."""
+    from pipelines.clients import mlflow as mlflow_client
+
+    try:
+        experiment = mlflow_client.client(settings).get_experiment_by_name(settings.mlflow.experiment)
+    except Exception:  # noqa: BLE001 (the tracking store unreachable: nothing is billed for it, said in the logs)
+        LOG.warning("showback: the MLflow experiment of %s could not be read", settings.project)
+        return None
+    if experiment is None:
+        return None
+    location = str(experiment.artifact_location)
+    if location.startswith("mlflow-artifacts:"):  # served by the tracking server from artifacts_destination
+        return f"{str(settings.mlflow.artifacts_destination).rstrip('/')}/{location.split(':', 1)[1].strip('/')}"
+    return location.removeprefix("file://")
 
 
 def summarize(settings: Settings, since: date) -> dict[str, Any]:

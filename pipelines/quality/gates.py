@@ -59,7 +59,7 @@ class QualityReport:
     window: str
     success: bool
     suites: list[SuiteOutcome]
-    data_docs: str
+    data_docs: str | None  # the Data Docs site's URL (None: GX found no built site)
     result_uri: str
     quarantined_to: str | None = None
     seconds: float = 0.0
@@ -175,7 +175,7 @@ def _suites(settings: Settings, window: DateWindow, max_approx_tokens: int) -> d
             column="approx_tokens", min_value=q.min_approx_tokens, max_value=max_approx_tokens
         ),
         E.ExpectColumnValuesToBeInSet(
-            column="label_source", value_set=TRUSTED_LABEL_SOURCES, mostly=q.min_trusted_label_share
+            column="label_source", value_set=list(TRUSTED_LABEL_SOURCES), mostly=q.min_trusted_label_share
         ),
         *[
             E.ExpectColumnValuesToNotMatchRegex(column=col, regex=pattern, meta={"pii": name})
@@ -261,8 +261,8 @@ def run_gates(
     finally:
         # Data Docs once for the window's results, those validated before an error too (what UpdateDataDocsAction
         # did per checkpoint: each of its builds rewrote the site's index, which lists every run kept)
-        if documented:
-            context.build_data_docs(resource_identifiers=documented)
+        if documented:  # GX types the list as one kind of identifier; it documents (and takes) both kinds mixed
+            context.build_data_docs(resource_identifiers=documented)  # type: ignore[arg-type]
     docs = context.get_docs_sites_urls()[0]["site_url"]
     success = all(o.success for o in outcomes)
     sources = {

@@ -95,13 +95,15 @@ def per_tool_numbers(
     judged_on: dict[str, str] = {}
     failures: list[str] = []
     for tool in sorted(set(ours) | set(theirs)):
-        c, r = ours.get(tool) or {}, theirs.get(tool) or {}
+        c: dict[str, Any] = ours.get(tool) or {}
+        r: dict[str, Any] = theirs.get(tool) or {}
         n = [_tool_count(c), _tool_count(r)]
         metric = judged_on[tool] = tool_metric(tool, c, r, settings)
-        values = [c.get(metric), r.get(metric)]
+        c_value, r_value = c.get(metric), r.get(metric)
+        values = [c_value, r_value]
         # the floor keeps noise out (one example of a tool is a 1.00 -> 0.00 swing); writes are guarded at any n by
         # the wrong-write veto, which counts every single wrong write
-        checked = min(n) >= p.min_tool_examples and None not in values
+        checked = min(n) >= p.min_tool_examples and c_value is not None and r_value is not None
         numbers[tool] = {
             "n": n,
             "exact_match": [c.get("exact_match"), r.get("exact_match")],
@@ -109,7 +111,7 @@ def per_tool_numbers(
             metric: values,
             "checked": checked,
         }
-        if checked and values[1] - values[0] > p.max_tool_regression + 1e-9:
+        if checked and c_value is not None and r_value is not None and r_value - c_value > p.max_tool_regression + 1e-9:
             failures.append(
                 f"{tool} {METRIC_LABELS.get(metric, metric)} {values[1]:.2f} -> {values[0]:.2f} "
                 f"(drop > {p.max_tool_regression:.2f}, n={n[0]})"
@@ -193,11 +195,12 @@ def gate(
     if f1_gain < p.min_arg_f1_gain:
         failures.append(f"arg F1 gain {f1_gain:+.3f} < {p.min_arg_f1_gain:+.3f}")
     latencies = [candidate.get("latency_ms_p50"), reference.get("latency_ms_p50")]
-    if not all(isinstance(v, (int, float)) and math.isfinite(v) for v in latencies):
+    measured = [v for v in latencies if isinstance(v, (int, float)) and math.isfinite(v)]
+    if len(measured) < len(latencies):
         slower = float("nan")  # not measured (no latency samples): the gate cannot say it is not slower
         failures.append(f"latency not measured on both sides ({latencies[0]} vs {latencies[1]})")
     else:
-        slower = latencies[0] / max(latencies[1], 1e-9) - 1
+        slower = measured[0] / max(measured[1], 1e-9) - 1
         if slower > p.max_latency_increase:
             failures.append(f"latency {slower:+.0%} > {p.max_latency_increase:+.0%}")
     failures += tool_failures
@@ -231,9 +234,10 @@ def gate(
 
 def _change(candidate: dict[str, Any], reference: dict[str, Any], key: str) -> float | None:
     values = [candidate.get(key), reference.get(key)]
-    if not all(isinstance(v, (int, float)) and math.isfinite(v) and v > 0 for v in values):
+    positive = [v for v in values if isinstance(v, (int, float)) and math.isfinite(v) and v > 0]
+    if len(positive) < len(values):
         return None
-    return values[0] / values[1] - 1
+    return positive[0] / positive[1] - 1
 
 
 def planned_looks(settings: Settings) -> int:

@@ -16,13 +16,16 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from pipelines.config import REPO_ROOT, Settings
 from pipelines.errors import NotRetryable
 from pipelines.registry.gate import BASELINE, gate, last_look
 from pipelines.toolcall.budget import FALLBACK, recorded
 from pipelines.toolcall.budget import TAG as BUDGET_TAG
+
+if TYPE_CHECKING:
+    from pipelines.toolcall.prompt import PromptStyle
 
 CANDIDATE, CHAMPION = "candidate", "champion"
 HISTORY_TAG, GATE_TAG = "flywheel.champion_history", "flywheel.gate"
@@ -151,15 +154,15 @@ def register(settings: Settings, sweep: dict[str, Any], evaluation: dict[str, An
             metadata={k: str(v) for k, v in meta.items()},
         )
         (model_dir / "README.md").write_text(card)
-        with mlflow.start_run(run_id=variant["run_id"]):
+        with mlflow.start_run(run_id=variant["run_id"]) as run:
             mlflow.log_artifacts(str(model_dir), "registered_model")
-            dataset = MetaDataset(
+            # mlflow: MetaDataset is concrete (its base Dataset marks `profile` abstract, without ABCMeta)
+            dataset = MetaDataset(  # type: ignore[abstract]
                 source=HTTPDatasetSource(lineage["training_set"]["uri"]),
                 name=f"sft-{window or 'window'}",
                 digest=sweep["dataset_digest"][:36],
             )
             mlflow.log_input(dataset, context="training")
-            run = mlflow.active_run()
             source = f"{run.info.artifact_uri}/registered_model"
     tags = _version_tags(sweep, meta, window, evaluation)
     version = client.create_model_version(name, source=source, run_id=variant["run_id"], tags=tags, description=card)
@@ -223,12 +226,13 @@ def alias_version(settings: Settings, alias: str) -> str | None:
         return None
 
 
-def prompt_style(settings: Settings, version: str) -> str:
+def prompt_style(settings: Settings, version: str) -> PromptStyle:
     """The prompt style a registered version was trained with (its tag)."""
     from pipelines.clients.mlflow import client as mlflow_client
 
     tags = mlflow_client(settings).get_model_version(settings.mlflow.registered_model, version).tags
-    return tags.get("flywheel.prompt_style", "short")
+    # `register` writes the tag from the sweep's prompt_style (a validated PromptStyle)
+    return cast("PromptStyle", tags.get("flywheel.prompt_style", "short"))
 
 
 def answer_budget(settings: Settings, version: str) -> int | None:

@@ -11,10 +11,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import mlflow.pyfunc
+from mlflow.pyfunc import PythonModel  # not `mlflow.pyfunc.PythonModel`: mlflow types its `pyfunc` as a LazyLoader
 
 
-class ToolCallerModel(mlflow.pyfunc.PythonModel):
+class ToolCallerModel(PythonModel):
     """Base model + LoRA adapter (merged at load), prompt built exactly as in training."""
 
     def load_context(self, context: Any) -> None:

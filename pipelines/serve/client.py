@@ -81,7 +81,7 @@ class TritonClient:
 
             self._deadline = {"client_timeout": timeout_s}
         self._module = module
-        self._inputs_of: dict[str, set[str]] = {}
+        self._inputs_of: dict[str, set[str | None]] = {}  # a model's declared inputs (None: one without a name)
         self._local = threading.local()
         self._controls: list[Any] = []  # every thread's control connection, closed by close()
         self._streams: list[tuple[threading.Thread, Any]] = []  # (the calling thread, its connection)

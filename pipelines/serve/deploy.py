@@ -19,16 +19,16 @@ import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 from pipelines.config import Settings
 from pipelines.errors import NotRetryable
+from pipelines.locks import advisory_key, shared_lock
 from pipelines.serve import repository, shared_base
 from pipelines.serve.client import Reply, TritonClient
 from pipelines.serve.prompts import conversation, offered_tools
 from pipelines.stack import triton as server
-from pipelines.storage import Busy, is_local, lock_file, locked, read_json, write_json
+from pipelines.storage import Busy, is_local, lock_file, read_json, write_json
 
 
 class DeployFailed(NotRetryable):
@@ -94,10 +94,13 @@ def state(settings: Settings) -> dict[str, Any]:
     return current
 
 
-def lock_path(settings: Settings) -> Path:
-    """The state's lock file (`storage.lock_file`: beside state.json locally, under ~/.flywheel/locks
-    for a serving zone on object storage)."""
-    return Path(lock_file(_state_uri(settings)))
+def lock_name(settings: Settings) -> str:
+    """What guards the state's read-modify-writes: the lock file beside state.json locally, the advisory lock
+    on `state_lock_uri`'s database for a serving zone on object storage (`pipelines.locks`)."""
+    uri = _state_uri(settings)
+    if is_local(uri) or not settings.state_lock_uri:
+        return f"lock {lock_file(uri)}"
+    return f"advisory lock {advisory_key(uri)}"
 
 
 @contextlib.contextmanager
@@ -105,12 +108,12 @@ def state_lock(settings: Settings) -> Iterator[None]:
     """Hold the serving state's lock (every read-modify-write of state.json runs under it)."""
     wait = settings.triton.state_lock_timeout_s
     try:
-        with locked(_state_uri(settings), wait, "the serving state"):
+        with shared_lock(_state_uri(settings), wait, "the serving state", settings.state_lock_uri):
             yield
     except Busy:
         raise StateBusy(
             f"the serving state {_state_uri(settings)} stayed locked by another deploy, rollback or "
-            f"canary for {wait:.0f} s (lock {lock_path(settings)}): wait for it to finish, or raise "
+            f"canary for {wait:.0f} s ({lock_name(settings)}): wait for it to finish, or raise "
             f"triton.state_lock_timeout_s"
         ) from None
 
@@ -142,7 +145,10 @@ def score_replies(rows: list[dict[str, Any]], replies: list[Reply]) -> dict[str,
     from pipelines.toolcall.calls import call_text
 
     scores = [
-        metrics.score(rep.text if rep.error is None else "", json.loads(call_text(r["target_json"])))
+        # a reply has its text unless it errored
+        metrics.score(
+            rep.text if rep.error is None and rep.text is not None else "", json.loads(call_text(r["target_json"]))
+        )
         for r, rep in zip(rows, replies)
     ]
     answered = [rep for rep in replies if rep.error is None]

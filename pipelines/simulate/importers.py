@@ -112,7 +112,7 @@ UNRECORDED = json.dumps({"result": "not recorded by the source"})  # a write's r
 
 def retail_to_raw(
     tools_file: Path, tasks_file: Path, raw_root: Path, day: date, seed: int = 0, db_file: Path | None = None
-) -> dict[str, int | str]:
+) -> dict[str, int | str | list[str]]:
     """tau-bench retail tasks (instruction + expected write actions) -> turns under their own tool schemas.
 
     Each task is a session: the user's request, then one turn per step, with the earlier calls and their

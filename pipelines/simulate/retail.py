@@ -142,17 +142,15 @@ class Shop:
         pid = self.product_of_item.get(item_id)
         product = self.product(pid) if pid else None
         variant = (product or {}).get("variants", {}).get(item_id)
-        return (
-            None
-            if variant is None
-            else {
-                "name": product.get("name"),
-                "product_id": pid,
-                "item_id": item_id,
-                "price": variant.get("price"),
-                "options": variant.get("options"),
-            }
-        )
+        if variant is None or product is None:  # no product: no variant either
+            return None
+        return {
+            "name": product.get("name"),
+            "product_id": pid,
+            "item_id": item_id,
+            "price": variant.get("price"),
+            "options": variant.get("options"),
+        }
 
     def apply(self, name: str, args: dict[str, Any]) -> str | None:
         """The write's result as the tool returns it (the changed order or user), or None when the database

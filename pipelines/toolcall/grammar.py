@@ -17,11 +17,13 @@ import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from functools import lru_cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+if TYPE_CHECKING:
+    from llguidance._lib import JsonCompileOptions
 # the answer format of the training targets (toolcall.calls.call_text): compact JSON, no whitespace, so each
 # call has exactly one admitted serialization (and no model can pad an answer with blanks)
-_OPTIONS = {"whitespace_flexible": False, "item_separator": ",", "key_separator": ":"}
+_OPTIONS: JsonCompileOptions = {"whitespace_flexible": False, "item_separator": ",", "key_separator": ":"}
 
 # prep's PII redaction tokens (pipelines/redact.py; a test keeps the two lists equal): a redacted
 # argument in the logs is `<EMAIL>`, which a pattern such as an email's would otherwise reject, so a
@@ -102,7 +104,7 @@ def _refs_moved(node: Any, prefix: str, top: bool = True) -> Any:
         return node
     if not top and "$id" in node:
         return node
-    out = {}
+    out: dict[str, Any] = {}
     for key, value in node.items():
         if key == "$id" and top:
             continue
@@ -130,9 +132,8 @@ def _arguments(index: int, params: dict[str, Any], defs: dict[str, Any]) -> dict
 
 
 def _offer(tools: Any) -> tuple[list[dict[str, Any]], bool]:
-    """(the offered tools, whether "no tool fits" is an answer). `tools` is a tools list (JSON or
-    parsed), or `{"tools": [...], "abstain": false}` when a call is required (OpenAI's
-    `tool_choice: required` or a named tool)."""
+    """(the offered tools, whether "no tool fits" is an answer). `tools` is a tools list (JSON or parsed), or
+    `{"tools": [...], "abstain": false}` when a call is required (OpenAI's `tool_choice: required` or a named tool)."""
     if isinstance(tools, str):
         if len(tools.encode("utf-8")) > MAX_TOOLS_BYTES:
             raise GrammarError(f"the offered tools are {len(tools.encode('utf-8'))} bytes; at most {MAX_TOOLS_BYTES}")
@@ -411,7 +412,7 @@ class ToolCallConstraint:
     turn's grammar: `tools` holds one tools JSON per row, or None for a row decoded freely. A row whose
     grammar is complete may only end (EOS); a row that already ended is left alone."""
 
-    def __init__(self, tokenizer: Any, tools: list[str | None]):
+    def __init__(self, tokenizer: Any, tools: Sequence[str | None]):
         llg = _llg_tokenizer(tokenizer)
         self.matchers = [_matcher(llg, grammar_for(t)) if t is not None else None for t in tools]
         self.eos = tokenizer.eos_token_id
@@ -435,13 +436,12 @@ class ToolCallConstraint:
                     self.done[i] = True
                     continue
                 matcher.consume_token(last)
+            allowed = np.zeros(vocab, dtype=bool)
             if matcher.is_error():  # cannot happen under the mask; end the row rather than decode freely
                 self.done[i] = True
-                allowed = np.zeros(vocab, dtype=bool)
                 allowed[self.eos] = True
             else:
                 bits = np.unpackbits(np.frombuffer(matcher.compute_bitmask(), dtype=np.uint8), bitorder="little")
-                allowed = np.zeros(vocab, dtype=bool)
                 n = min(vocab, bits.size)
                 allowed[:n] = bits[:n].astype(bool)
                 if matcher.is_accepting():

@@ -181,9 +181,10 @@ def summarize(scores: list[ExampleScore]) -> dict[str, Any]:
         "json_valid": _mean([float(s.json_valid) for s in scores]),
         "name_accuracy": _mean([float(s.name_match) for s in scores]),
         "exact_match": _mean([float(s.exact_match) for s in scores]),
-        "arg_precision": _mean([s.arg_precision for s in calls]),
-        "arg_recall": _mean([s.arg_recall for s in calls]),
-        "arg_f1": _mean([s.arg_f1 for s in calls]),
+        # an expected call always has its argument scores (None only where the expected answer abstains)
+        "arg_precision": _mean([s.arg_precision for s in calls if s.arg_precision is not None]),
+        "arg_recall": _mean([s.arg_recall for s in calls if s.arg_recall is not None]),
+        "arg_f1": _mean([s.arg_f1 for s in calls if s.arg_f1 is not None]),
         "text_f1": _mean([s.text_f1 for s in scores if s.text_f1 is not None]),
         "abstention_recall": correct_abstain / len(abstain_gold) if abstain_gold else None,
         "abstention_precision": correct_abstain / len(abstain_pred) if abstain_pred else None,

@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from rich.console import Console
@@ -301,7 +301,9 @@ def train_nemo(
     shutil.rmtree(adapter, ignore_errors=True)
     shutil.copytree(latest / "model", adapter)
     losses = steps.losses
-    status = "completed" if losses and all(math.isfinite(v) for v in losses) else "diverged"
+    status: Literal["completed", "diverged"] = (
+        "completed" if losses and all(math.isfinite(v) for v in losses) else "diverged"
+    )
     rate = statistics.median(steps.tps[1:] or steps.tps) if steps.tps else 0.0
     return TrainResult(
         adapter_dir=str(adapter),
@@ -420,7 +422,10 @@ def _check_finished(
         )
     if code != 0:
         raise NemoUnavailable(f"the NeMo AutoModel recipe exited with {code}; see {log}")
-    resumed_from = int(re.search(r"step_(\d+)$", resumed.name).group(1)) + 1 if resumed else 0
+    step = re.search(r"step_(\d+)$", resumed.name) if resumed else None
+    if resumed and step is None:  # `_latest_checkpoint` returns step_<N> folders only
+        raise NemoUnavailable(f"not a checkpoint folder: {resumed}")
+    resumed_from = int(step.group(1)) + 1 if step else 0
     trained = max(steps.last_step + 1, resumed_from)  # a retry of a finished run resumes at max_steps and logs no step
     if steps.last_step < 0 and trained < max_steps:
         raise NemoUnavailable(

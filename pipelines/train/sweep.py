@@ -14,7 +14,7 @@ import json
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
@@ -26,6 +26,9 @@ from pipelines.toolcall.budget import TAG as BUDGET_TAG
 from pipelines.train.hf_backend import TrainConfig, TrainResult, epochs_seen, steps_for
 from pipelines.train.sweep_config import SweepConfig, variant_points
 from pipelines.train.sweep_results import SweepResult, VariantResult, hardware, peak_memory_mb, validation_metrics
+
+if TYPE_CHECKING:
+    from pipelines.toolcall.prompt import PromptStyle
 
 Pairs = list[tuple[list[dict[str, str]], str]]  # (chat turns, target call) training pairs
 
@@ -51,8 +54,8 @@ class _SweepData:
 
     rows: Any
     val_rows: Any
-    train: dict[str, Pairs]
-    val: dict[str, list[Any]]
+    train: dict[PromptStyle, Pairs]
+    val: dict[PromptStyle, list[Any]]
     budget: int
 
 
@@ -143,7 +146,7 @@ def run_sweep(
             results.append(_run_variant(context, index, cfg, style, data.train[style], data.val[style]))
         best = _pick_best(results, sweep.select_metric, only)
     # the sweep's prompt style is its best variant's: evaluation, the registry and serving use that one
-    style = (best.prompt_style or sweep.prompt_style) if best is not None else sweep.prompt_style
+    chosen_style = (best.prompt_style or sweep.prompt_style) if best is not None else sweep.prompt_style
     if collect:  # the pods measured it from the same training rows: their parent run's param
         budget = int(mlflow.MlflowClient().get_run(parent_id).data.params.get(BUDGET_TAG, 0)) or None
     else:
@@ -154,7 +157,7 @@ def run_sweep(
         sweep.backend,
         parent_id,
         digest,
-        style,
+        chosen_style,
         sweep.base.base_model,
         results,
         results.index(best) if best else None,
@@ -166,7 +169,11 @@ def run_sweep(
 
 
 def _training_data(
-    settings: Settings, sweep: SweepConfig, window: str | None, reference_days: list[str] | None, styles: list[str]
+    settings: Settings,
+    sweep: SweepConfig,
+    window: str | None,
+    reference_days: list[str] | None,
+    styles: list[PromptStyle],
 ) -> _SweepData:
     """Load the sweep's training and validation rows in every prompt style, measure the answer budget, and
     refuse before training when validation must decode under a grammar the offered tools cannot have."""
@@ -193,7 +200,7 @@ def _training_data(
     return _SweepData(rows, val_rows, train, val, budget)
 
 
-def _log_sweep(sweep: SweepConfig, variants: int, styles: list[str], data: _SweepData, digest: str) -> None:
+def _log_sweep(sweep: SweepConfig, variants: int, styles: list[PromptStyle], data: _SweepData, digest: str) -> None:
     """The sweep's params and its file on the parent run."""
     import mlflow
 

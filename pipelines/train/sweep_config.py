@@ -7,13 +7,16 @@ import hashlib
 import itertools
 import random
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from pipelines.config import ConfigError
 from pipelines.train.hf_backend import TrainConfig
+
+if TYPE_CHECKING:
+    from pipelines.toolcall.prompt import PromptStyle
 
 PROMPT_STYLES = ("names", "short", "full")
 
@@ -95,7 +98,7 @@ def load_sweep(path: str, backend: str | None = None) -> SweepConfig:
         raise ConfigError(f"{path}: {where}: {first['msg']}") from None
 
 
-def variant_points(sweep: SweepConfig) -> list[tuple[TrainConfig, str]]:
+def variant_points(sweep: SweepConfig) -> list[tuple[TrainConfig, PromptStyle]]:
     """Every grid point (or a seeded random sample of them): its TrainConfig and its prompt style."""
     keys = sorted(sweep.grid)
     points = [dict(zip(keys, values)) for values in itertools.product(*(sweep.grid[k] for k in keys))] or [{}]
@@ -104,7 +107,8 @@ def variant_points(sweep: SweepConfig) -> list[tuple[TrainConfig, str]]:
     base = sweep.base.model_dump()
     out = []
     for point in points:
-        style = str(point.pop("prompt_style", sweep.prompt_style))
+        # one of PROMPT_STYLES: the grid's are checked when the sweep is read
+        style = cast("PromptStyle", str(point.pop("prompt_style", sweep.prompt_style)))
         try:
             out.append((TrainConfig.model_validate({**base, **point}), style))
         except ValidationError as exc:

@@ -50,14 +50,26 @@ class AdapterFormatError(ValueError):
 class SlotLinear(torch.nn.Module):
     """A frozen `nn.Linear` plus `slots` low-rank updates; which one each row gets is set by `BatchedLoRA.select`."""
 
+    # the buffers (registered in __init__) and the plain attributes set past nn.Module's __setattr__
+    lora_a: torch.Tensor
+    lora_b: torch.Tensor
+    rows_a: torch.Tensor
+    rows_b: torch.Tensor
+    _params: dict[str, torch.nn.Parameter | None]
+    _hooks: tuple[dict[int, Any], dict[int, Any]]
+
     def __init__(self, base: torch.nn.Linear) -> None:
         super().__init__()
         self.base = base
-        kw = {"device": base.weight.device, "dtype": base.weight.dtype}
-        self.register_buffer("lora_a", torch.zeros(0, base.in_features, 0, **kw), persistent=False)
-        self.register_buffer("lora_b", torch.zeros(0, 0, base.out_features, **kw), persistent=False)
-        self.register_buffer("rows_a", torch.zeros(0, base.in_features, 0, **kw), persistent=False)
-        self.register_buffer("rows_b", torch.zeros(0, 0, base.out_features, **kw), persistent=False)
+        device, dtype = base.weight.device, base.weight.dtype
+
+        def zeros(*size: int) -> torch.Tensor:
+            return torch.zeros(*size, device=device, dtype=dtype)
+
+        self.register_buffer("lora_a", zeros(0, base.in_features, 0), persistent=False)
+        self.register_buffer("lora_b", zeros(0, 0, base.out_features), persistent=False)
+        self.register_buffer("rows_a", zeros(0, base.in_features, 0), persistent=False)
+        self.register_buffer("rows_b", zeros(0, 0, base.out_features), persistent=False)
         self.mode = "off"  # off: the base alone; one: every row on slot `self.slot`; rows: per-row weights
         self.slot = 0
         # plain attributes read on every call (a module's own attribute lookup for parameters and buffers costs
@@ -81,7 +93,10 @@ class SlotLinear(torch.nn.Module):
         if self.mode == "off":
             return y
         if self.mode == "one":
-            y.view(-1, y.shape[-1]).addmm_(x.reshape(-1, x.shape[-1]) @ self.one_a, self.one_b)
+            one_a, one_b = self.one_a, self.one_b
+            if one_a is None or one_b is None:  # set with the mode (`_views`)
+                raise RuntimeError("mode `one` without the slot's views")
+            y.view(-1, y.shape[-1]).addmm_(x.reshape(-1, x.shape[-1]) @ one_a, one_b)
             return y
         rows = x.shape[0]
         if rows != self.rows_a.shape[0]:
@@ -249,8 +264,8 @@ class BatchedLoRA:
         try:
             weights = load_file(os.path.join(path, "adapter_model.safetensors"), device=str(first.device))
         except (OSError, SafetensorError) as exc:
-            why = exc.strerror if isinstance(exc, OSError) else exc
-            raise AdapterFormatError(f"{name}: no readable adapter_model.safetensors ({why})") from None
+            cause = exc.strerror if isinstance(exc, OSError) else exc
+            raise AdapterFormatError(f"{name}: no readable adapter_model.safetensors ({cause})") from None
         return self.check(weights, rank=r), scale
 
     def load_folder(self, slot: int, path: str) -> None:
@@ -288,7 +303,7 @@ class BatchedLoRA:
         indices: dict[Any, torch.Tensor] = {}
         for layer in self.layers.values():
             kept = tuple(s is not None and s in layer.filled for s in rows)
-            slots = {s for s, k in zip(rows, kept) if k}
+            slots = {s for s, k in zip(rows, kept) if k and s is not None}  # a kept row names a slot
             if not slots:
                 layer.mode, layer.slot = "off", 0
             elif len(slots) == 1 and all(kept):

@@ -136,10 +136,10 @@ class AdapterCache:
             return
         started = time.perf_counter()
         if self.engine is None:  # the base's adapted projections wrapped once, on the first adapter
-            if __package__:  # imported as a package module (tests); beside model.py in Triton it is a top-level module
-                from . import batched_lora
-            else:
-                import batched_lora
+            import importlib
+
+            # a package module when imported as one (tests); beside model.py in Triton, a top-level module
+            batched_lora = importlib.import_module(f"{__package__}.batched_lora" if __package__ else "batched_lora")
 
             self.engine = batched_lora.BatchedLoRA(self.model, TARGETS, slots=self.capacity, rank=self.rank)
         pairs, scale = self.engine.read_folder(path)  # read and checked before anything is evicted

@@ -24,6 +24,7 @@ response, an error or the answer.
 import json
 import os
 import sys
+from typing import Any
 
 import numpy as np
 import triton_python_backend_utils as pb_utils  # provided by the Triton stub
@@ -68,7 +69,8 @@ class TritonPythonModel:
             from peft import PeftModel
 
             model = PeftModel.from_pretrained(model, f"{version_dir}/{adapter}").merge_and_unload()
-        self.model = model.to(self.device).eval()
+        # transformers: PreTrainedModel.to is a functools.wraps wrapper, typed as the unbound function (self first)
+        self.model = model.to(self.device).eval()  # type: ignore[arg-type]
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
         import llguidance  # noqa: F401 (the constrained decoder: a model without it fails to load, clearly)
         import tool_grammar
@@ -230,7 +232,7 @@ class TritonPythonModel:
                 self.device
             )
             tools = [v[3] for v in valid]
-            extra = {}
+            extra: dict[str, Any] = {}
             if any(t is not None for t in tools):
                 from transformers import LogitsProcessorList
 

@@ -8,13 +8,15 @@ from typing import Any
 import orjson
 
 from pipelines.logs.luhn import luhn_complete, luhn_valid  # noqa: F401 (re-exported)
-from pipelines.simulate.generator.config import Kind
+from pipelines.simulate.generator.config import GeneratorConfig, Kind
 
 
 class Corruption:
     """Mixin of `TrafficGenerator`: its `rng`, `cfg` and `counter`."""
 
     rng: random.Random
+    cfg: GeneratorConfig
+    counter: int
 
     def _corrupt(self, kind: Kind, record: dict[str, Any]) -> bytes:
         rng = self.rng

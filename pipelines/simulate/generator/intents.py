@@ -23,6 +23,9 @@ from pipelines.simulate.generator.helpers import _id, _round_price, _Turn
 class Intents:
     """Mixin of `TrafficGenerator`: its `drift`, `m` (drift magnitude) and catalogue state."""
 
+    drift: Drift
+    m: float
+
     @staticmethod
     def _email(rng: random.Random, customer: cat.Customer) -> str:
         local = f"{customer.first_name}.{customer.last_name}".lower().replace("ü", "u").replace("'", "")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Iterator
 from datetime import UTC, date, datetime
-from typing import Any
+from typing import Any, cast
 
 import orjson
 
@@ -91,7 +91,8 @@ class TrafficGenerator(Intents, Corruption):
                     if kind is Kind.EXACT_DUPLICATE:
                         line = previous_line
                     elif kind is Kind.NEAR_DUPLICATE:
-                        line = orjson.dumps(self._near_duplicate(previous, record["timestamp"]))
+                        # a bad kind is drawn only once there is a previous record
+                        line = orjson.dumps(self._near_duplicate(cast(dict[str, Any], previous), record["timestamp"]))
                     elif kind is Kind.GOOD:
                         line = orjson.dumps(record)
                         previous, previous_line = record, line

@@ -45,11 +45,14 @@ def write_raw_logs(
     suffix = ".jsonl.gz" if compress else ".jsonl"
     current: date | None = None
     handle: Any = None
-    tmp_path = final_path = None
+    tmp_path: Path | None = None
+    final_path: Path | None = None
     buffer: list[bytes] = []
 
     def close() -> None:
         if handle is not None:
+            if tmp_path is None or final_path is None:  # set with the handle
+                raise RuntimeError("an open raw file without its path")
             handle.write(b"".join(buffer))
             buffer.clear()
             handle.close()
