@@ -284,3 +284,37 @@ def test_a_quiet_project_goes_to_the_model_at_once_not_behind_a_busy_projects_qu
     assert sum(d["refused_share"] for d in used.values()) == 1  # its share of the places
     assert sum(d["refused_queue"] for d in used.values()) == 1  # its wait past queue_timeout_s
     assert sum(d["queue_ms"] for d in used.values()) >= 4500
+
+
+def test_a_registry_that_cannot_be_read_closes_no_tenant_and_a_deleted_project_writes_nothing(tmp_path, monkeypatch):
+    """An object-store blip on the registry's first read used to close every tenant, `default` included (their
+    usage lost); now the last index serves and nothing closes. A project deleted while its tenant is open: its
+    writers are closed and a request still in flight gets a 503 instead of recreating the moved folders.
+    (Mutations tried: closing on a failed read; a writer that accepts records after close.)"""
+    from pipelines.config import load_settings
+    from pipelines.gateway.capture import WriterClosed
+    from pipelines.gateway.tenants import Tenants
+    from pipelines.projects import registry, settings_for
+
+    settings = load_settings(root=str(tmp_path))
+    registry.create(settings, "search", "alice")
+    tenants = Tenants(settings, "k" * 32)
+    try:
+        platform, search = tenants.tenant("default"), tenants.tenant("search")
+        real = registry.load
+        monkeypatch.setattr(registry, "load", lambda *_a, **_k: (_ for _ in ()).throw(OSError("blip")))
+        tenants._registry()
+        assert tenants.all() == [platform, search] and platform.capture is not None
+        platform.capture.write({"record_id": "r1", "timestamp": "2026-11-20T10:00:00+00:00"})  # still open
+        monkeypatch.setattr(registry, "load", real)
+
+        registry.delete(settings, "search")
+        tenants._registry()  # the next request's look at the registry: search is gone
+        assert tenants.all() == [platform]
+        raw = Path(settings_for(settings, "search").zone("raw"))
+        assert search.capture is not None
+        with pytest.raises(WriterClosed):
+            search.capture.write({"record_id": "late", "timestamp": "2026-11-20T10:00:00+00:00"})
+        assert not raw.exists()
+    finally:
+        tenants.close()

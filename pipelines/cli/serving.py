@@ -70,25 +70,19 @@ def serve_manifests(
     region: Annotated[str, typer.Option(help="AWS region of the model repository bucket.")] = "us-east-1",
     as_json: JsonOpt = False,
 ) -> None:
-    """Kubernetes manifests for Triton on the cluster (official image, model repository on S3, GPU
-    pool), the gateway (probes: /livez, /ready), and the training pods' settings ConfigMap."""
+    """Kubernetes manifests for Triton on the cluster (official image, model repository on S3, GPU pool), the
+    gateway (probes: /livez, /ready), the settings ConfigMap, the Helm values for Airflow and templates of the
+    Secrets they read."""
     import yaml
 
-    from pipelines.cluster.gateway import gateway_manifests
-    from pipelines.cluster.training import settings_config_map
-    from pipelines.cluster.triton import triton_manifests
+    from pipelines.cluster.bundle import manifest_files
 
     settings = cli_settings()
     try:
-        docs = triton_manifests(settings, replicas=replicas, gpus=gpus, role_arn=role_arn, region=region)
+        files = manifest_files(settings, replicas=replicas, gpus=gpus, role_arn=role_arn, region=region)
     except ValueError as exc:
         raise UserError(str(exc)) from None
     out.mkdir(parents=True, exist_ok=True)
-    files = {
-        "triton.yaml": docs,
-        "gateway.yaml": gateway_manifests(settings),
-        "flywheel-settings.yaml": [settings_config_map(settings)],
-    }
     for name, manifests in files.items():
         (out / name).write_text(yaml.safe_dump_all(manifests, sort_keys=False))
     _emit(

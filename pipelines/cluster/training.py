@@ -131,3 +131,34 @@ def settings_config_map(settings: Settings) -> dict[str, Any]:
         "metadata": {"name": SETTINGS_CONFIG_MAP, "namespace": settings.kubernetes.namespace},
         "data": data,
     }
+
+
+def secret_data(settings: Settings) -> dict[str, str]:
+    """What the `flywheel-secrets` Secret holds: every setting the ConfigMap leaves out because it is a secret (a
+    password, a key) or carries one (a database URI with its password), as FLYWHEEL_* variables; the Airflow
+    metadata database and the lock database always (the cluster profile requires them). What `kubectl create
+    secret generic flywheel-secrets --from-env-file=...` is given."""
+    from pipelines.security import redact_uri
+
+    public = settings_config_map(settings)["data"]
+    data: dict[str, str] = {}
+
+    def add(name: str, value: Any) -> None:
+        if value is None or name in public:
+            return
+        text = value.get_secret_value() if isinstance(value, SecretStr) else str(value)
+        if isinstance(value, SecretStr) or redact_uri(text) != text:
+            data[name] = text
+
+    for section in ("airflow", "mlflow", "feast", "gateway", "evaluation"):
+        part = getattr(settings, section)
+        for key in type(part).model_fields:
+            add(f"FLYWHEEL_{section.upper()}__{key.upper()}", getattr(part, key))
+    for name, value in (
+        ("FLYWHEEL_AIRFLOW__SQL_ALCHEMY_CONN", settings.airflow.sql_alchemy_conn),
+        ("FLYWHEEL_STATE_LOCK_URI", settings.state_lock_uri),
+    ):
+        if value:
+            data[name] = str(value)
+    data.pop("FLYWHEEL_GATEWAY__API_KEY", None)  # the gateway's key has its own Secret (cluster/gateway.py)
+    return dict(sorted(data.items()))

@@ -152,8 +152,3 @@ def triton_manifests(
     template = _pod_template(settings, _container(settings, repository, gpus, region))
     deployment = rolling_deployment(APP, meta, replicas, template)
     return [account, deployment, _service(meta), _disruption_budget(meta)]
-
-
-def cluster_url(settings: Settings) -> str:
-    """The in-cluster address `triton.url` takes for these manifests."""
-    return f"{APP}.{settings.kubernetes.namespace}.svc.cluster.local:{PORTS['http']}"
