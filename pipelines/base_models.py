@@ -69,7 +69,13 @@ class ModelUnavailable(RuntimeError):
 
 
 def cache_root(settings: Settings) -> Path:
-    return Path(str(settings.root)) / "models"
+    """Where base models built or converted here are kept: under a local root, `<root>/models`; with the root on
+    object storage (a pod, an Airflow worker), the machine's own `~/.flywheel/models` (a model folder is loaded
+    from local disk)."""
+    from pipelines.storage import is_local
+
+    root = str(settings.root)
+    return Path(root.removeprefix("file://")) / "models" if is_local(root) else Path.home() / ".flywheel" / "models"
 
 
 def _smollm2_dir() -> Path:
@@ -80,7 +86,7 @@ def _smollm2_dir() -> Path:
 
 
 def smollm2_tokenizer_dir(settings: Settings) -> Path:
-    """SmolLM2's tokenizer, read from the GGUF once (~15 s) and cached as a normal tokenizer folder."""
+    """SmolLM2's tokenizer, read from the GGUF once and cached as a normal tokenizer folder."""
     from transformers import AutoTokenizer
 
     target = cache_root(settings) / "_tokenizers" / "smollm2"

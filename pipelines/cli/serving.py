@@ -82,6 +82,9 @@ def serve_manifests(
         files = manifest_files(settings, replicas=replicas, gpus=gpus, role_arn=role_arn, region=region)
     except ValueError as exc:
         raise UserError(str(exc)) from None
+    from pipelines.serve.repository import ensure_repository
+
+    ensure_repository(settings)  # Triton's pods are not ready on an empty bucket
     out.mkdir(parents=True, exist_ok=True)
     for name, manifests in files.items():
         (out / name).write_text(yaml.safe_dump_all(manifests, sort_keys=False))

@@ -147,7 +147,8 @@ def secret_data(settings: Settings) -> dict[str, str]:
         if value is None or name in public:
             return
         text = value.get_secret_value() if isinstance(value, SecretStr) else str(value)
-        if isinstance(value, SecretStr) or redact_uri(text) != text:
+        credential = name.endswith(("__USERNAME", "__PASSWORD"))  # the ConfigMap leaves both out by name
+        if isinstance(value, SecretStr) or credential or redact_uri(text) != text:
             data[name] = text
 
     for section in ("airflow", "mlflow", "feast", "gateway", "evaluation"):

@@ -91,7 +91,7 @@ class Tenant:
 
     def rotate_old(self) -> None:
         """Captures and ratings older than gateway.capture_upload_every_s closed and uploaded (the flusher calls it)."""
-        for writer in (self.capture, self.ratings):
+        for writer in (self.capture, self.ratings, self.traffic.comparisons, self.traffic.unusable):
             if writer is not None:
                 writer.rotate_old()
 

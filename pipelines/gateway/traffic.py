@@ -53,11 +53,15 @@ class Traffic:
         self.settings = settings
         self.router = router
         self.capture = capture
+        g = settings.gateway
         self.comparisons = CaptureWriter(
-            agreement_zone(settings), settings.gateway.capture_rotate_bytes, spool / "agreement"
+            agreement_zone(settings), g.capture_rotate_bytes, spool / "agreement", g.capture_upload_every_s
         )
         self.unusable = CaptureWriter(
-            f"{settings.zone('serving')}/gateway/unusable", settings.gateway.capture_rotate_bytes, spool / "unusable"
+            f"{settings.zone('serving')}/gateway/unusable",
+            g.capture_rotate_bytes,
+            spool / "unusable",
+            g.capture_upload_every_s,
         )
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="shadow")
         self._pending = threading.BoundedSemaphore(settings.gateway.shadow_queue)

@@ -239,6 +239,21 @@ def staging_repository(settings: Settings) -> Path:
     return Path(repository) if "://" not in repository else Path.home() / ".flywheel" / "model_repository"
 
 
+README = "README.flywheel"  # the marker that makes an empty repository a repository (Triton needs one to start)
+
+
+def ensure_repository(settings: Settings) -> str:
+    """The model repository, created when missing: Triton on object storage is not ready until its repository
+    prefix exists, and a fresh bucket has none before the first deploy (`flywheel serve manifests` calls this)."""
+    from pipelines.storage import exists, write_text
+
+    repository = str(settings.triton.model_repository).rstrip("/")
+    marker = f"{repository}/{README}"
+    if not exists(marker):
+        write_text(marker, "The Triton model repository of commerce-flywheel: one folder per served version.\n")
+    return repository
+
+
 def model_uri(settings: Settings, name: str) -> str:
     """A model's folder in the configured repository (a path or an object-store URI)."""
     return f"{str(settings.triton.model_repository).rstrip('/')}/{name}"
