@@ -34,7 +34,9 @@ def _body(model: str = "champion", **extra: Any) -> dict[str, Any]:
 
 
 class FakeTriton:
-    """Every project's models loaded on one server; each answer names the model that gave it."""
+    """A stand-in for Triton's client (`serve.client.TritonClient`): every project's models loaded on one server,
+    each answer a tool call recorded with the model that gave it. The real server behind the real gateway is
+    tests/test_gateway.py's and tests/test_serve.py's."""
 
     models: list[str] = []
     answered: list[str] = []
@@ -56,6 +58,12 @@ class FakeTriton:
 def gateway(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """(client, settings, keys, stop): projects `search` and `disputes` with a key each, and the default key; each
     project's champion deployed (serving state) on the shared stand-in Triton."""
+    yield from build_gateway(tmp_path, monkeypatch)
+
+
+def build_gateway(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *, lifespan: bool = True):
+    """The `gateway` fixture's body, for a fixture of another scope (the fuzz run's, module-wide). `lifespan`
+    False: the app's lifespan is left to whoever calls it (schemathesis starts it once itself)."""
     from fastapi.testclient import TestClient
 
     from pipelines.gateway import router as routing
@@ -87,8 +95,9 @@ def gateway(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setattr(routing.Router, "context", lambda self, customer: "")
     monkeypatch.setattr(serve_prompts, "offered_tools", lambda *a, **k: [])
     client = TestClient(create_app(settings), raise_server_exceptions=False)
-    client.__enter__()
-    open_ = [True]
+    if lifespan:
+        client.__enter__()
+    open_ = [lifespan]
 
     def stop() -> None:
         """The gateway's shutdown (its lifespan's end): every project's files closed, the day's usage written."""

@@ -13,9 +13,9 @@ import time
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, WithJsonSchema, field_validator
 
 from pipelines.api_errors import ApiError, rate_limited, too_busy, too_large  # noqa: F401 (re-exported)
 from pipelines.prep.nodes import conversation_of
@@ -78,15 +78,32 @@ class ToolSpec(_Open):
     function: FunctionSpec
 
 
+NAMED_CHOICE = {  # the schema of a named tool_choice (kept a dict in code; `_named_tool` checks it)
+    "type": "object",
+    "required": ["type", "function"],
+    "properties": {
+        "type": {"const": "function"},
+        "function": {
+            "type": "object",
+            "required": ["name"],
+            "properties": {"name": {"type": "string", "minLength": 1}},
+        },
+    },
+}
+
+
+NamedChoice = Annotated[dict[str, Any], WithJsonSchema(NAMED_CHOICE)]
+
+
 class ChatCompletionRequest(_Open):
     """OpenAI's chat-completions request, the fields a tool router reads (others are accepted and ignored)."""
 
     model: str = Field(min_length=1, description="the route: champion, candidate, previous, base or v<N>")
     messages: list[Message] = Field(min_length=1, description="the conversation; the last is the user's (or a tool's)")
     tools: list[ToolSpec] | None = Field(None, description="the tools the agent offers (OpenAI function specs)")
-    tool_choice: Literal["auto", "none", "required"] | dict[str, Any] | None = Field(
-        None, description='auto, none, required, or {"type": "function", "function": {"name": ...}}'
-    )
+    tool_choice: (
+        Literal["auto", "none", "required"] | Annotated[dict[str, Any], WithJsonSchema(NAMED_CHOICE)] | None
+    ) = Field(None, description='auto, none, required, or {"type": "function", "function": {"name": ...}}')
     stream: bool = Field(False, description="answer as server-sent events (chat.completion.chunk)")
     stream_options: dict[str, Any] | None = Field(None, description='{"include_usage": true} adds a usage chunk')
     user: str | None = Field(None, description="the customer id: the online customer context joins on it")

@@ -273,7 +273,7 @@ class Traffic:
                 headers=headers,
                 timeout=g.request_timeout_s,
             )
-        except httpx.HTTPError as exc:
+        except (httpx.HTTPError, UnicodeError, ValueError) as exc:  # down, or a request it could not be sent
             raise api.ApiError(
                 503,
                 f"the teacher at {where} did not answer ({type(exc).__name__})",
@@ -292,6 +292,7 @@ class Traffic:
             usage = upstream.get("usage") or {}
             choice = upstream["choices"][0]
             choice["message"]["role"]
+            choice.setdefault("finish_reason", "tool_calls" if choice["message"].get("tool_calls") else "stop")
         except (ValueError, KeyError, IndexError, TypeError, AttributeError):
             raise api.ApiError(
                 502, f"the teacher at {where} sent no chat completion", kind="server_error", code="teacher_error"
