@@ -4,6 +4,11 @@ e.g. `llama-8b-shape-random` (Llama-3.1-8B's shape, random weights), with MFU ag
 
 Usage: .venv/bin/python bench/train.py [--steps 10] [--batch-size 4] [--rank 16] [--backends hf,nemo]
                                        [--model smollm2-135m-instruct] [--pack 1024]
+       .venv/bin/python bench/train.py --precision fp32,bf16 --sweep conf/sweeps/demo.yaml --steps 120 \
+                                       --eval 96 --out bench/results/train_precision_cpu.json
+With --precision the hf backend trains the sweep's first variant once per precision (same seed, same data, same
+steps), prints tokens/s and writes the per-step losses; --eval N then decodes N held-out requests with each adapter
+(as served: under the grammar) and compares their exact match paired against fp32 (95 % bootstrap interval).
 With --pack P every backend runs twice on the same steps, unpacked and with each step's examples packed into
 rows of up to P tokens (`packed_seq_len`), and the packed/unpacked throughput ratio is printed per backend.
 The nemo backend needs `make nemo-env` (on a GPU node, the NeMo container's python via
@@ -47,7 +52,16 @@ def main() -> None:
     parser.add_argument("--keep", default=None, help="keep adapters and logs in this folder (default: removed)")
     parser.add_argument("--model", default="smollm2-135m-instruct", help="catalogue name or local folder")
     parser.add_argument("--pack", type=int, default=None, help="also run packed into rows of this many tokens")
+    parser.add_argument("--precision", default=None, help="fp32,bf16: the hf backend once per precision, side by side")
+    parser.add_argument("--sweep", default=None, help="with --precision: train this sweep's first variant")
+    parser.add_argument("--eval", type=int, default=0, help="with --precision: held-out requests to compare on")
+    parser.add_argument("--out", default=None, help="with --precision: the results JSON")
     args = parser.parse_args()
+    if args.precision:
+        from precision import compare_precisions
+
+        compare_precisions(args)
+        return
     settings = load_settings(root=args.root)
     gen = TrafficGenerator(GeneratorConfig(seed=2, records=400, bad_share=0.0, end_date=date(2026, 11, 20)))
     rows = [r for r in (prepare_line(line) for _, line, _ in gen.lines()) if r["status"] == "clean"]

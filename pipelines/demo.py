@@ -110,10 +110,7 @@ def run_demo(settings: Settings, *, records_per_day: int, days: int, seed: int, 
         "Next: `flywheel up` for the Airflow (http://127.0.0.1:8080) and MLflow (http://127.0.0.1:5000) "
         "UIs; `flywheel registry list`; `flywheel features context <customer_id>` for the online context."
     )
-    from pipelines.registry.models import CHAMPION, alias_version
-
-    champion = alias_version(settings, CHAMPION)
-    console.print(f"the gate: {gate_decision(settings, champion)}", soft_wrap=True, highlight=False)
+    console.print(f"the gate: {gate_decision(settings)}", soft_wrap=True, highlight=False)
     return outputs
 
 
@@ -328,8 +325,8 @@ def _ask_the_gateway(settings: Settings, day: Any, seed: int, console: Console) 
     return url
 
 
-def gate_decision(settings: Settings, promoted_version: str | None) -> str:
-    """The newest version's gate decision with its reason; `promoted_version`: the champion it made, if any."""
+def gate_decision(settings: Settings) -> str:
+    """The newest version's gate decision with its reason, as the registry recorded it (`flywheel.gate`)."""
     import json
 
     from pipelines.clients.mlflow import client as mlflow_client
@@ -338,5 +335,5 @@ def gate_decision(settings: Settings, promoted_version: str | None) -> str:
     versions = client.search_model_versions(f"name='{settings.mlflow.registered_model}'")
     newest = max(versions, key=lambda v: int(v.version))
     gate = json.loads(newest.tags.get("flywheel.gate", "{}") or "{}")
-    verdict = "promoted" if promoted_version else "not promoted (the champion stays)"
+    verdict = "promoted" if gate.get("promoted") else "not promoted (the champion stays)"
     return f"v{newest.version} {verdict}: {gate.get('reason', '')}".strip()

@@ -39,7 +39,7 @@ def run_drift_demo(settings: Settings, *, records: int, seed: int, console: Cons
         )
     log = _retrain(settings, alert, shift.day, console)
     after = alias_version(settings, CHAMPION)
-    decision = gate_decision(settings, after if after != before else None)
+    decision = gate_decision(settings)
     console.print(f"gate: {decision}")
     live = live_model(settings)
     console.print(f"serving: {live.name if live else 'nothing'} (champion v{after})")

@@ -8,6 +8,10 @@ each container's mount paths are local folders (the same folder again for a rest
 pod's own address is 127.0.0.1 with a free port per container port (`ports`); object storage is the local
 S3-compatible server (`AWS_ENDPOINT_URL`, and for Triton's own S3 client the `s3://host:port/bucket` form), where
 a pod reaches S3 through its IAM role.
+
+A stand-in for the kubelet and the API server: no Kubernetes cluster can run here, so no test starts a real pod.
+The manifests themselves are checked against the Kubernetes API schema in
+tests/test_cluster.py::test_triton_manifests_serve_the_s3_repository_on_the_gpu_pool.
 """
 
 from __future__ import annotations

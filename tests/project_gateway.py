@@ -35,8 +35,9 @@ def _body(model: str = "champion", **extra: Any) -> dict[str, Any]:
 
 class FakeTriton:
     """A stand-in for Triton's client (`serve.client.TritonClient`): every project's models loaded on one server,
-    each answer a tool call recorded with the model that gave it. The real server behind the real gateway is
-    tests/test_gateway.py's and tests/test_serve.py's."""
+    each answer a tool call recorded with the model that gave it. The real server behind the real gateway:
+    tests/test_gateway.py::test_the_openai_client_gets_tool_calls_sync_and_streamed and
+    tests/test_serve.py::test_deploy_infers_rejects_bad_requests_and_rolls_back."""
 
     models: list[str] = []
     answered: list[str] = []
@@ -89,10 +90,19 @@ def build_gateway(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *, lifespan: 
             {"live": {"name": model, "version": model[-1], "prompt_style": "names"}, "previous": None},
         )
     FakeTriton.models, FakeTriton.answered = list(champions.values()), []
+    # stand-ins for what the router reads from Triton, the MLflow registry and Feast; each real part runs in
+    # tests/test_gateway.py::test_the_openai_client_gets_tool_calls_sync_and_streamed, and where named below too.
+    # Triton's client:
     monkeypatch.setattr(routing.Router, "client", lambda self: FakeTriton())
+    # the model folder's prompt style:
     monkeypatch.setattr(routing.Router, "_style", lambda self, name: "names")
+    # the MLflow registry's `candidate` alias, here none:
     monkeypatch.setattr(routing.Router, "_candidate_version", lambda self: None)
+    # Feast's online store, here no context (also
+    # tests/test_quality_features.py::test_online_and_offline_context_agree):
     monkeypatch.setattr(routing.Router, "context", lambda self, customer: "")
+    # constrained decoding's offered tools, here none (also
+    # tests/test_serve.py::test_deploy_infers_rejects_bad_requests_and_rolls_back):
     monkeypatch.setattr(serve_prompts, "offered_tools", lambda *a, **k: [])
     client = TestClient(create_app(settings), raise_server_exceptions=False)
     if lifespan:

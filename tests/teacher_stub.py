@@ -16,6 +16,10 @@ MODEL = "teacher-70b"
 
 
 class Teacher:
+    """The stand-in for the teacher model's OpenAI-compatible endpoint. No test reaches the real teacher: a hosted
+    large model behind a cloud API cannot run here. The gateway's real client for it runs against this server in
+    tests/test_gateway.py::test_shadow_answers_with_the_teacher_and_the_live_gate_moves_the_route_to_canary."""
+
     def __init__(self, fallback: dict[str, Any], answers: dict[str, dict[str, Any]] | None = None) -> None:
         self.key = secrets.token_urlsafe(24)
         self.fallback, self.answers = fallback, dict(answers or {})

@@ -114,6 +114,8 @@ def traffic_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
         ),
         raw,
     )
+    # stand-in for the champion's training window from the MLflow registry (the real read:
+    # tests/test_drift_scenario.py::test_drift_alert_retrains_once_under_the_scheduler_on_postgres)
     monkeypatch.setattr(monitor, "reference_window", lambda settings: DateWindow.parse("2026-11-08", "2026-11-10"))
     return load_settings(root=str(tmp_path), drift={"min_records": 100, "embedding_sample": 150})
 
@@ -267,8 +269,9 @@ def test_parallel_parse_gives_the_same_window(tmp_path: Path) -> None:
     write_raw_logs(GeneratorConfig(seed=5, records=900, end_date=day, bad_share=0.1), root / "raw")
     write_custom_toolset_window(tmp_path, str(root / "raw"), day, 40)
     window = DateWindow.ending(day, 1)
-    serial = parse_window(load_settings(root=str(root), drift={"parse_workers": 1, "parse_chunk_lines": 100}), window)
-    pooled = parse_window(load_settings(root=str(root), drift={"parse_workers": 2, "parse_chunk_lines": 100}), window)
+    fresh = {"parse_cache": False, "parse_chunk_lines": 100}  # both parse (no kept parse serves the second)
+    serial = parse_window(load_settings(root=str(root), drift={**fresh, "parse_workers": 1}), window)
+    pooled = parse_window(load_settings(root=str(root), drift={**fresh, "parse_workers": 2}), window)
     assert serial[2] == pooled[2] == 940 and serial[1] == pooled[1] and sum(serial[1].values()) > 20
     assert (pooled[0]["tool"] == "wrap_gift").sum() == 40  # the workers got the registered toolsets too
     assert serial[0].equals(pooled[0])
@@ -298,6 +301,8 @@ def test_empty_windows_give_one_clear_error_not_a_key_error(tmp_path: Path, monk
     frame, _, lines = monitor.parse_window(settings, DateWindow.parse("2026-11-01", "2026-11-02"))
     assert frame.empty and lines == 0 and "request_text" in frame.columns
     for start, end in (("2026-11-01", "2026-11-02"), ("2026-11-05", "2026-11-05")):
+        # stand-in for the champion's training window from the MLflow registry (the real read:
+        # tests/test_drift_scenario.py::test_drift_alert_retrains_once_under_the_scheduler_on_postgres)
         monkeypatch.setattr(monitor, "reference_window", lambda settings, s=start, e=end: DateWindow.parse(s, e))
         with pytest.raises(monitor.NoReference, match="has no clean records"):
             monitor.run_monitor(settings, date(2026, 11, 12))
@@ -330,6 +335,8 @@ def test_monitor_reads_and_writes_object_storage(tmp_path: Path, monkeypatch: py
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     settings = load_settings(root=str(tmp_path / "local"), drift={"min_records": 100, "embedding_sample": 150})
     object.__setattr__(settings, "root", f"memory://{bucket}")  # MLflow stays on the local SQLite store
+    # stand-in for the champion's training window from the MLflow registry (the real read:
+    # tests/test_drift_scenario.py::test_drift_alert_retrains_once_under_the_scheduler_on_postgres)
     monkeypatch.setattr(monitor, "reference_window", lambda settings: DateWindow.parse("2026-11-09", "2026-11-10"))
     try:
         result = monitor.run_monitor(settings, date(2026, 11, 12), now=datetime(2026, 11, 12, 12, tzinfo=UTC))
@@ -387,6 +394,8 @@ def test_drift_sweep_id_includes_the_reference_days(tmp_path: Path, monkeypatch:
     from pipelines.train.sweep import sweep_id_for
     from pipelines.train.sweep_config import load_sweep
 
+    # stand-in for the data path's manifest (the real one, read for a sweep's id:
+    # tests/test_sweep_registry.py::test_sweep_logs_parent_and_child_runs_and_a_retry_reuses_them)
     monkeypatch.setattr(
         dataset, "manifest", lambda settings, window=None: {"training_set": {"digest": "0123456789abcdef"}}
     )
@@ -401,3 +410,51 @@ def test_drift_sweep_id_includes_the_reference_days(tmp_path: Path, monkeypatch:
     assert sweep_id_for(settings, sweep, days[1:]) != mixed
     other_share = load_settings(root=str(tmp_path), drift={"retrain_reference_share": 0.5})
     assert sweep_id_for(other_share, sweep, days) != mixed
+
+
+def test_a_check_parses_only_the_files_that_arrived_or_changed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each raw file's parse is kept by its content hash: the next check gives the same rows, reasons and lines as
+    a full parse while parsing only the new file; a changed file is parsed again; a removed one's parse goes.
+    (Mutations tried: a key without the content hash keeps serving a changed file's old rows; no prune keeps a
+    removed file's parse.)"""
+    from pipelines.drift import monitor
+    from pipelines.drift.parsed import folder
+    from pipelines.simulate.generator import GeneratorConfig, write_raw_logs
+    from pipelines.window import DateWindow
+
+    root, day = tmp_path / "root", date(2026, 11, 12)
+    write_raw_logs(GeneratorConfig(seed=5, records=600, end_date=day, bad_share=0.1), root / "raw")
+    settings = load_settings(root=str(root), drift={"parse_workers": 1, "parse_chunk_lines": 100})
+    window = DateWindow.ending(day, 1)
+    parsed: list[str] = []
+    real = monitor._parse_lines
+
+    def counting(lines, source, tools):
+        parsed.append(source)
+        return real(lines, source, tools)
+
+    monkeypatch.setattr(monitor, "_parse_lines", counting)
+    first = monitor.parse_window(settings, window)
+    assert parsed, "the first check parses everything"
+    parsed.clear()
+    again = monitor.parse_window(settings, window)
+    assert parsed == [] and again[0].equals(first[0]) and again[1:] == first[1:]
+
+    hour = root / "raw" / f"dt={day}" / "gateway-late-hour.jsonl"  # a new file arrives
+    hour.write_bytes(b"\n".join((root / "raw" / f"dt={day}").glob("*.jsonl").__next__().read_bytes().splitlines()[:50]))
+    later = monitor.parse_window(settings, window)
+    assert set(parsed) == {str(hour)} and later[2] == first[2] + 50
+    uncached = monitor.parse_window(
+        load_settings(root=str(root), drift={"parse_cache": False, "parse_workers": 1}), window
+    )
+    assert later[0].equals(uncached[0]) and later[1:] == uncached[1:]
+
+    parsed.clear()
+    hour.write_bytes(hour.read_bytes().splitlines()[0] + b"\n")  # the file changes: one line left
+    changed = monitor.parse_window(settings, window)
+    assert set(parsed) == {str(hour)} and changed[2] == first[2] + 1
+    kept = lambda: sorted(Path(folder(settings)).glob("*.parquet"))  # noqa: E731
+    before = len(kept())
+    hour.unlink()  # removed: its parse goes with it
+    gone = monitor.parse_window(settings, window)
+    assert gone[2] == first[2] and len(kept()) == before - 1

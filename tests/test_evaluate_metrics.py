@@ -255,6 +255,9 @@ def test_an_unreadable_toolset_registry_never_turns_an_imported_write_into_a_rea
     reads = []
 
     def good(raw_zone):
+        """A stand-in for the toolset registry's read (`toolsets.tool_effects` on the raw zone). The real read, on
+        a registered toolset, runs in
+        tests/test_gateway.py::test_the_loop_trains_on_the_teacher_and_on_people_never_on_the_champion_alone."""
         reads.append(raw_zone)
         return {"cancel_pending_order": "write", "get_order_details": "read", "capture_order": "write"}
 

@@ -181,6 +181,8 @@ def test_a_replica_that_stops_removes_its_file_after_the_exchange_in_flight_and_
     assert "exchange failed" in caplog.text  # the first loop's failed exchange, logged
 
     calls.clear()
+    # stand-in for the exchange through the shared files, here no other replica (the real exchange:
+    # tests/test_fair_share_replicas.py::test_replicas_tell_each_other_who_sends_and_split_the_models_slots)
     monkeypatch.setattr(peers, "exchange", lambda *args: calls.append(1) or [])
 
     class Refusing(FairShare):

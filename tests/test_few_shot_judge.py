@@ -94,6 +94,9 @@ def test_llm_judge_scores_through_an_openai_compatible_endpoint(tmp_path: Path) 
     seen = []
 
     class Handler(http.server.BaseHTTPRequestHandler):
+        """The stand-in for the judge model's remote OpenAI-compatible `/v1/chat/completions`. No test reaches
+        the real judge: a hosted model behind a cloud API cannot run here."""
+
         def do_POST(self) -> None:  # noqa: N802
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
             seen.append((self.path, self.headers.get("Authorization"), body))

@@ -150,6 +150,9 @@ def test_the_dag_evaluates_more_requests_while_the_gate_is_undecided(settings, m
     base_right = [0 if i in (60, 61, 62) else 1 for i in range(96)]
 
     def fake_evaluate(s, cfg, adapters, name, console=None):
+        """A stand-in for the evaluator (`evaluate.pipeline.evaluate`: models served and scored): a report with
+        the per-request results given above. The real evaluator runs in
+        tests/test_sweep_registry.py::test_evaluation_report_compares_conditions_on_the_same_requests."""
         calls.append((cfg.examples, cfg.only))
         n = cfg.examples
         results = []
@@ -183,8 +186,12 @@ def test_the_dag_evaluates_more_requests_while_the_gate_is_undecided(settings, m
     from pipelines.evaluate.report import render_html
 
     rendered: list[str] = []
+    # stand-in for the report's writer, keeping the real page (the real writer: the same test_sweep_registry.py test)
     monkeypatch.setattr(pipeline, "write_report", lambda s, r: rendered.append(render_html(r)) or r)  # the real page
+    # stand-in for logging the evaluation to MLflow (the real one: the same test_sweep_registry.py test)
     monkeypatch.setattr(tasks, "_log_evaluation", lambda *a: None)
+    # stand-in for the MLflow registry's champion alias, here none; the real one runs in
+    # tests/test_dag.py::test_dag_trains_evaluates_registers_promotes_deploys_and_benchmarks_and_a_rerun_changes_nothing
     monkeypatch.setattr(models, "alias_version", lambda *a: None)
     sweep_uri = f"{settings.zone('reports')}/sweep.json"
     write_json(sweep_uri, {"prompt_style": "full", "base_model": "b", "sweep_id": "s"})

@@ -294,6 +294,8 @@ def test_past_its_concurrency_limit_the_gateway_answers_429_at_once_and_its_prob
     release, entered = threading.Event(), threading.Semaphore(0)
 
     def handle(self, parsed, *args, **kwargs):  # the model's work, held until every request has arrived
+        """A stand-in for `Traffic.handle` (the route to Triton and its answer). The real one on a real Triton
+        server runs in tests/test_gateway.py::test_the_openai_client_gets_tool_calls_sync_and_streamed."""
         entered.release()
         assert release.wait(30)
         return {"id": "chatcmpl-x", "choices": []}

@@ -152,6 +152,10 @@ def test_the_routing_table_is_rebuilt_when_a_deploy_changes_the_serving_state_no
     v1, v2 = (f"{settings.triton.model_name}_v{n}" for n in (1, 2))
 
     class Triton:
+        """A stand-in for Triton's client (`serve.client.TritonClient`) that counts how often the router lists
+        its models. The real router on a real server runs in
+        tests/test_gateway.py::test_the_openai_client_gets_tool_calls_sync_and_streamed."""
+
         listed, forgotten, models = 0, 0, [v1]
 
         def loaded(self) -> list[str]:

@@ -251,6 +251,8 @@ def test_the_triton_model_answers_a_batch_whose_one_adapter_is_unfit(tiny, tmp_p
 
     from pipelines.triton_backend.lora_cache import AdapterCache
 
+    # a stand-in for Triton's Python stub module, which only tritonserver provides; the real module and model run in
+    # tests/test_serve.py::test_multi_lora_serves_every_version_as_an_adapter_on_one_loaded_base
     stub = types.ModuleType("triton_python_backend_utils")
     stub.TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
     stub.TritonError = lambda message: ("error", message)
@@ -261,6 +263,8 @@ def test_the_triton_model_answers_a_batch_whose_one_adapter_is_unfit(tiny, tmp_p
     triton_model = importlib.import_module("pipelines.triton_backend.model")
 
     class Tensor:
+        """A stand-in for the stub module's `Tensor` (real: the same test_serve.py test)."""
+
         def __init__(self, value):
             self.value = value
 
@@ -268,6 +272,8 @@ def test_the_triton_model_answers_a_batch_whose_one_adapter_is_unfit(tiny, tmp_p
             return np.array([[self.value]], dtype=np.object_)
 
     class Sender:
+        """A stand-in for a decoupled request's `InferenceResponseSender` (real: the same test_serve.py test)."""
+
         def __init__(self):
             self.sent = []
 
@@ -275,6 +281,8 @@ def test_the_triton_model_answers_a_batch_whose_one_adapter_is_unfit(tiny, tmp_p
             self.sent.append((response, flags))
 
     class Request:
+        """A stand-in for the stub module's `InferenceRequest` (real: the same test_serve.py test)."""
+
         def __init__(self, adapter):
             self.sender = Sender()
             self.inputs = {"CONVERSATION": Tensor(b"[]")} | ({"ADAPTER": Tensor(adapter.encode())} if adapter else {})
@@ -290,11 +298,14 @@ def test_the_triton_model_answers_a_batch_whose_one_adapter_is_unfit(tiny, tmp_p
     model = triton_model.TritonPythonModel()
     base = AutoModelForCausalLM.from_pretrained(tiny["base"], torch_dtype=torch.float32).eval()
     model.lora = AdapterCache(base, str(root), CAPACITY, log=lambda _: None)
+    # stand-ins for the model's tools and prompt from a request (real: the same test_serve.py test)
     model._tools = lambda request: None
     model._prompt = lambda raw: ("prompt", 1)
     generated = []
 
     def run(_model, rows, kwargs):
+        """A stand-in for the model's generation (`_run`): one answer a row. The real generation runs in
+        tests/test_serve.py::test_multi_lora_serves_every_version_as_an_adapter_on_one_loaded_base."""
         generated.append([row[5] for row in rows])
         for sender, *_ in rows:
             sender.send({"tensors": ["answer"], "error": None}, flags=1)

@@ -71,7 +71,9 @@ def test_a_stale_pid_file_never_signals_a_process_that_is_not_ours(tmp_path: Pat
 
 
 def _web(tmp_path: Path) -> tuple[str, int, services.ServiceSpec]:
-    """A server whose group has a second process (`sleep`) that outlives its leader (a web server)."""
+    """A stand-in for a platform service (MLflow, Airflow, the gateway): a server whose group has a second process
+    (`sleep`) that outlives its leader (a web server). Every real service SIGKILLed and started again by
+    `flywheel up`: tests/test_drift_scenario.py::test_drift_alert_retrains_once_under_the_scheduler_on_postgres."""
     import os
     import sys
 

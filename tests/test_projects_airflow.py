@@ -278,7 +278,9 @@ def test_a_projects_dags_are_listed_read_and_triggered_by_its_members_only(tmp_p
 
 @contextmanager
 def _health(port: int) -> Iterator[None]:
-    """Something answering Airflow's health URL on `port`: to `prepare`, a running Airflow."""
+    """A stand-in for a running Airflow API server: something answering its health URL on `port` (to `prepare`,
+    a running Airflow). The real server, running while a member changes, is in
+    tests/test_projects_airflow.py::test_a_projects_dags_are_listed_read_and_triggered_by_its_members_only."""
 
     class Ok(http.server.BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802 (http.server's name)

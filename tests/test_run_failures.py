@@ -29,6 +29,8 @@ def test_a_run_sees_its_own_final_failure_only(reports: str, monkeypatch: pytest
     assert "secret" not in mine["reason"]  # a URI password never reaches the user's terminal
     assert failure_of(reports, "commerce_flywheel", token="run-b") is None  # another run's failure is not ours
     # a failure that will be retried is not recorded: the retry may pass
+    # (`_run_of`: a stand-in for Airflow's task context; the real one:
+    # tests/test_dag.py::test_failing_gate_stops_the_dag_before_features_and_quarantines_the_batch)
     monkeypatch.setattr(
         "pipelines.airflow_tasks._run_of",
         lambda: {"dag_id": "commerce_flywheel", "run_id": "r1", "try_number": 1, "max_tries": 2},
@@ -37,6 +39,7 @@ def test_a_run_sees_its_own_final_failure_only(reports: str, monkeypatch: pytest
     record_failure(load_settings(), "train", RuntimeError("flaky"), final=None)
     assert failure_of(reports, "commerce_flywheel", token="run-c") is None
     # its last try is final: recorded, by the DAG run's id too, and not a data problem (exit 1, not 2)
+    # (the same stand-in for Airflow's task context)
     monkeypatch.setattr(
         "pipelines.airflow_tasks._run_of",
         lambda: {"dag_id": "commerce_flywheel", "run_id": "r1", "try_number": 3, "max_tries": 2},
@@ -86,6 +89,8 @@ def test_a_setting_that_cannot_work_fails_the_task_at_once(
         raise ConfigError("triton.max_new_tokens 2040 leaves 8") if error == "config" else RuntimeError("flaky")
 
     monkeypatch.setattr(tasks, "deploy", broken)
+    # stand-in for Airflow's task context (the real one:
+    # tests/test_dag.py::test_failing_gate_stops_the_dag_before_features_and_quarantines_the_batch)
     monkeypatch.setattr(
         "pipelines.airflow_tasks._run_of",
         lambda: {"dag_id": "commerce_flywheel", "run_id": "r2", "try_number": 1, "max_tries": 2},

@@ -203,6 +203,8 @@ def test_drift_monitor_on_an_s3_root(bucket: str, tmp_path: Path, monkeypatch: p
     assert uploaded >= 3
     settings = load_settings(root=str(tmp_path / "local"), drift={"min_records": 100, "embedding_sample": 150})
     object.__setattr__(settings, "root", f"{bucket}/fw")  # MLflow stays on the local SQLite store
+    # stand-in for the champion's training window from the MLflow registry (the real read:
+    # tests/test_drift_scenario.py::test_drift_alert_retrains_once_under_the_scheduler_on_postgres)
     monkeypatch.setattr(monitor, "reference_window", lambda settings: DateWindow.parse("2026-11-09", "2026-11-10"))
 
     result = monitor.run_monitor(settings, date(2026, 11, 12), now=datetime(2026, 11, 12, 12, tzinfo=UTC))

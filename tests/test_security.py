@@ -136,17 +136,24 @@ def test_scan_secrets_reads_every_projects_reports_and_every_page_of_mlflow(tmp_
     assert found.returncode == 1 and json.loads(found.stdout)["where"][0].startswith(str(report)), found.stdout
 
     class Page(list):
+        """A stand-in for MLflow's `PagedList` (a page of results and the next page's token)."""
+
         def __init__(self, items: list, token: str | None) -> None:
             super().__init__(items)
             self.token = token
 
     class Run:
+        """A stand-in for MLflow's `Run`: `info` and `data` are made with `type(...)` to stand in for `RunInfo`
+        and `RunData`, with only the fields the scanner reads."""
+
         def __init__(self, run_id: str, params: dict) -> None:
             self.info = type("Info", (), {"run_id": run_id})()
             self.data = type("Data", (), {"params": params, "tags": {}})()
 
     class TwoPages:
-        """A stand-in for MlflowClient's paged searches (the real client is scanned by the CLI test above)."""
+        """A stand-in for `MlflowClient`'s paged searches: two pages, the secret on the second. The real client
+        against a real MLflow server is scanned in
+        tests/test_drift_scenario.py::test_drift_alert_retrains_once_under_the_scheduler_on_postgres."""
 
         def search_runs(self, experiment_ids, max_results, page_token=None):
             if page_token is None:

@@ -73,6 +73,10 @@ def test_a_prompt_over_the_served_limit_stops_the_benchmark_before_it_starts() -
     from pipelines.bench.serving import PromptTooLong, check_prompt_lengths
 
     class Words:  # one token per word, as a tokenizer would count them
+        """A stand-in for the base model's Hugging Face tokenizer; its encoding is made with `type(...)` to stand
+        in for `BatchEncoding`. The real tokenizer is checked in
+        tests/test_serve.py::test_benchmark_compares_base_few_shot_with_the_tuned_model."""
+
         def apply_chat_template(self, turns, tokenize, add_generation_prompt):
             return " ".join(t["content"] for t in turns)
 
@@ -90,6 +94,8 @@ def test_the_dag_s_benchmark_task_is_skipped_and_says_so_when_switched_off(tmp_p
     from pipelines.bench import serving
 
     ran = []
+    # stand-in for the benchmark on a running Triton server (the real one:
+    # tests/test_serve.py::test_benchmark_compares_base_few_shot_with_the_tuned_model)
     monkeypatch.setattr(
         serving,
         "run_bench",
@@ -134,12 +140,18 @@ def test_every_grpc_call_carries_the_client_timeout(tmp_path: Path) -> None:
     calls: list[tuple[str, dict[str, Any]]] = []
 
     class Result:
+        """A stand-in for `tritonclient.grpc.InferResult` (real: the test_serve.py test named below)."""
+
         def as_numpy(self, name):
             return {"TOOL_CALL": np.array([[RIGHT.encode()]], dtype=np.object_), "FINAL": np.array([[True]])}.get(
                 name, np.array([[3]])
             )
 
     class Recorder:
+        """A stand-in for `tritonclient.grpc.InferenceServerClient` that records each call and its keywords. The
+        real client against a real Triton server runs in
+        tests/test_serve.py::test_deploy_infers_rejects_bad_requests_and_rolls_back."""
+
         def __getattr__(self, method):
             def call(*args, **kwargs):
                 calls.append((method, kwargs))
@@ -148,6 +160,8 @@ def test_every_grpc_call_carries_the_client_timeout(tmp_path: Path) -> None:
             return call
 
     class Stream(Recorder):  # the per-thread streaming connection: answers each request with one final response
+        """A stand-in for the gRPC client's stream (real: the same test_serve.py test, streamed)."""
+
         def start_stream(self, callback, **kwargs):
             calls.append(("start_stream", kwargs))
             self.callback = callback
@@ -187,6 +201,9 @@ def test_a_model_folder_built_before_streaming_is_called_as_built(tmp_path: Path
     sent: list[list[str]] = []
 
     class Old:  # one response per request, no FINAL tensor
+        """A stand-in for `tritonclient.grpc.InferResult` from a model folder built before streaming (the real client
+        and server: the test_serve.py test named below)."""
+
         def as_numpy(self, name):
             return {
                 "TOOL_CALL": np.array([[RIGHT.encode()]], dtype=np.object_),
@@ -195,10 +212,16 @@ def test_a_model_folder_built_before_streaming_is_called_as_built(tmp_path: Path
             }.get(name)
 
     class Control:
+        """A stand-in for the control connection's `get_model_config` of a folder without STREAM or FINAL (real:
+        the test_serve.py test named below)."""
+
         def get_model_config(self, name, **kwargs):
             return {"input": [{"name": "CONVERSATION"}, {"name": "TOOLS"}]}
 
     class Stream:
+        """A stand-in for the gRPC client's stream that records the inputs sent. The real client and server run in
+        tests/test_serve.py::test_deploy_infers_rejects_bad_requests_and_rolls_back (folders built with STREAM)."""
+
         def start_stream(self, callback, **kwargs):
             self.callback = callback
 
@@ -220,7 +243,10 @@ def test_a_model_folder_built_before_streaming_is_called_as_built(tmp_path: Path
 
 # --- the serving state -----------------------------------------------------------------------------
 class FakeClient:
-    """Model control and inference of a server that loads everything it is asked to."""
+    """A stand-in for Triton's client (`serve.client.TritonClient`): model control of a server that loads everything
+    it is asked to. Deploy and rollback on the real server run in
+    tests/test_faults_serving.py::test_deploy_and_rollback_at_once_on_the_real_server, and a restart in
+    tests/test_serve.py::test_a_restart_while_a_model_is_live_keeps_it_live."""
 
     loaded_models: set[str] = set()
 
@@ -245,7 +271,9 @@ class FakeClient:
 
 @pytest.fixture
 def fake_serving(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    """deploy/rollback with a fake server and registry; a smoke test that takes `slow_smoke_s`."""
+    """deploy/rollback with stand-ins for the server, the registered version's model folder and the smoke test
+    (which takes `slow_smoke_s`). The real ones run in
+    tests/test_faults_serving.py::test_deploy_and_rollback_at_once_on_the_real_server."""
     from pipelines.serve import deploy, repository
 
     settings = _settings(tmp_path / "root", state_lock_timeout_s=30)
@@ -255,14 +283,20 @@ def fake_serving(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     smoking = threading.Event()  # set while a smoke test runs (the deploy holds the state lock then)
 
     def smoke(settings, client, entry):
+        """A stand-in for the smoke test (`deploy.smoke_test`: requests to the loaded model); the real one runs in
+        the test named above."""
         smoke_calls.append(entry.name)
         smoking.set()
         time.sleep(slow["s"])
         return {"errors": 0, "valid_json": 1.0}
 
     monkeypatch.setattr(deploy, "TritonClient", FakeClient)
+    # stand-in for starting tritonserver (the real start:
+    # tests/test_serve.py::test_server_starts_on_free_loopback_ports_and_stops)
     monkeypatch.setattr(deploy.server, "up", lambda settings: None)
     monkeypatch.setattr(deploy, "smoke_test", smoke)
+    # stand-in for building a registered version's model folder (the real build:
+    # tests/test_faults_serving.py::test_deploy_and_rollback_at_once_on_the_real_server)
     monkeypatch.setattr(
         repository,
         "build_version",

@@ -53,6 +53,10 @@ def test_a_variant_run_logs_its_resolved_schedule(tmp_path, monkeypatch) -> None
     train = [([{"role": "user", "content": "hi"}], '{"name": null}')] * 10  # 2 epochs = 5 steps, capped to 3
 
     def fake_train(settings, sweep, cfg, train, out, on_step, console) -> TrainResult:
+        """A stand-in for the trainer (`sweep.train_variant`): no model, a result that stopped after 2 steps. The
+        real trainer runs through the sweep in
+        tests/test_sweep_registry.py::test_sweep_logs_parent_and_child_runs_and_a_retry_reuses_them and on its
+        own in tests/test_train_hf.py::test_training_learns_and_writes_a_peft_adapter."""
         out.mkdir(parents=True)
         return TrainResult(str(out / "adapter"), "diverged", 2, 0, 10, 1.0, 10.0, 9.9)  # stopped after 2 steps
 

@@ -91,6 +91,8 @@ def machine_of(data: dict[str, Any]) -> str:
             return value
         if isinstance(value, dict) and "name" in value:
             return f"{value['name']} (hardware table entry)"
+        if isinstance(value, dict) and value:
+            return ", ".join(f"{k} {v}" for k, v in value.items())
     return "not recorded"
 
 

@@ -68,6 +68,8 @@ FAMILIES: dict[str, Family] = {
     "fair_replicas": Family("Fair turns across gateway replicas", "benchmarks", projects.fair_replicas),
     "prep": Family("Data preparation", "benchmarks", training.prep),
     "train": Family("Training backends", "benchmarks", training.train),
+    "train_precision": Family("Training in bf16 and fp32 on the CPU", "benchmarks", training.train_precision),
+    "drift_check": Family("The drift check, cold and incremental", "benchmarks", training.drift_check),
     "pods": Family("Training pods", "benchmarks", training.pods),
     "generic": Family("Other results", "benchmarks", generic),
 }

@@ -3,7 +3,7 @@ training path without Kubernetes) and bench/prep.py (Spark against DuckDB)."""
 
 from __future__ import annotations
 
-from docs.generate.md import NO_INTERVAL, Body, columns, num, pct, table, text
+from docs.generate.md import NO_INTERVAL, Body, columns, interval, num, pct, signed, table, text
 from docs.generate.plots import Axes, Series, line
 from docs.generate.result import Result
 
@@ -104,3 +104,72 @@ def prep(result: Result) -> Body:
         axes = Axes("records", "records/s", log=10)
         blocks.append(line(result, "throughput", "Records/s against records", series, axes, "n = one run a point"))
     return Body(what, blocks)
+
+
+def train_precision(result: Result) -> Body:
+    """bench/train.py --precision: fp32 and bf16 side by side, the loss curves, exact match paired against fp32."""
+    d = result.data
+    what = d.get("what", "Training in each precision, side by side.")
+    runs = d["runs"]
+    rows = [
+        (name, num(r["steps"]), num(r["seconds"]), num(r["tokens_per_s"]), num(r["losses"][0]), num(r["losses"][-1]))
+        for name, r in runs.items()
+    ]
+    blocks = [table(["precision", "n (steps)", "seconds", "tokens/s", "loss first", "loss last"], rows)]
+    for name, c in (d.get("comparisons") or {}).items():
+        em = c.get("exact_match") or {}
+        paired = interval(em.get("low"), em.get("high"), signed) if em else NO_INTERVAL
+        blocks.append(
+            table(
+                [
+                    "comparison",
+                    "tokens/s ratio",
+                    "loss relative difference, mean (max)",
+                    "exact match difference",
+                    "paired 95 %",
+                    "n (requests)",
+                ],
+                [
+                    (
+                        name.replace("_", " "),
+                        num(c["tokens_per_s_ratio"]),
+                        f"{pct(c['loss_relative_difference_mean'])} ({pct(c['loss_relative_difference_max'])})",
+                        signed(em.get("diff")),
+                        paired,
+                        num(c.get("n")),
+                    )
+                ],
+            )
+        )
+    curves = [Series(name, list(range(1, len(r["losses"]) + 1)), r["losses"]) for name, r in runs.items()]
+    steps = max(len(r["losses"]) for r in runs.values())
+    blocks.append(line(result, "loss", "training loss per step", curves, Axes("step", "loss"), f"n = {steps} steps"))
+    return Body(what, blocks)
+
+
+def drift_check(result: Result) -> Body:
+    """bench/drift.py --new-hour: the check cold, then after one new file (only it parsed)."""
+    d = result.data
+    rows = []
+    for c in d["checks"]:
+        seconds = c["seconds"]
+        rows.append(
+            (
+                c["check"],
+                num(c["lines"]),
+                num(c.get("new_lines")),
+                *(num(seconds[k]) for k in ("parse", "summarize", "embed", "compare")),
+                num(sum(seconds.values())),
+            )
+        )
+    headers = [
+        "check",
+        "n (lines in the window)",
+        "new lines",
+        "parse s",
+        "summarize s",
+        "embed s",
+        "compare s",
+        "total s",
+    ]
+    return Body(d.get("what", "The drift check."), [table(headers, rows), f"One run each: {NO_INTERVAL}."])

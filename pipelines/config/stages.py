@@ -160,6 +160,11 @@ class DriftSettings(_Section):
         default=6, ge=0, description="after an emitted alert, further alerts are recorded, not emitted"
     )
     state_lock_timeout_s: float = Field(default=60, gt=0, description="the longest wait for the monitor's state lock")
+    parse_cache: bool = Field(
+        default=True,
+        description="keep each raw file's parse (keyed by its content hash, under reports/drift/parsed/): a check "
+        "parses only the files that arrived or changed since the last",
+    )
     parse_workers: int = Field(
         default=0,
         ge=0,
@@ -306,6 +311,13 @@ class TrainSettings(_Section):
         description="the (smaller) sweep a drift-triggered retrain runs; None: `sweep`",
     )
     backend: Literal["hf", "nemo"] | None = Field(default=None, description="override the sweep file's backend")
+    precision: Literal["fp32", "bf16"] = Field(
+        default="bf16",
+        description="the hf backend's compute on CPU: bf16 (the frozen base in bf16, matmuls under bf16 autocast on "
+        "AVX-512 BF16 / AMX; the adapter's master weights and the optimizer state stay fp32) or fp32; a GPU trains "
+        "in bf16 either way. The default is the measured choice (bench/train.py --precision fp32,bf16; the "
+        "benchmarks page)",
+    )
     runner: Literal["local", "kubernetes"] = Field(default="local", description="local process, or one pod per variant")
     nemo_python: str = Field(
         default=str(REPO_ROOT / ".venv-nemo" / "bin" / "python"),

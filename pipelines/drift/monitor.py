@@ -93,24 +93,58 @@ def _parse_workers(cfg: Any) -> int:
 
 
 def parse_window(settings: Settings, window: DateWindow) -> tuple[pd.DataFrame, dict[str, int], int]:
-    """Clean rows, quarantine reasons and the line count of a window's raw logs (an empty window: a
-    frame with the clean-log columns and no rows). Lines go through `prepare_line` with our catalogue
-    plus every registered toolset, as in prep. A window of more than one chunk
-    (`drift.parse_chunk_lines`) is parsed by a process pool, in order (the result does not depend on it).
-    A `.gz` file that cannot be decompressed whole (corrupt, truncated) is skipped, as in prep, and
-    counted under the reason `unreadable_file` (files, not lines); the parse goes on."""
-    import logging
-    from concurrent.futures import ProcessPoolExecutor
-    from multiprocessing import get_context
-
-    from pipelines.logs.raw import unreadable_reason
+    """Clean rows, quarantine reasons and the line count of a window's raw logs (an empty window: a frame with the
+    summary's columns and no rows). Lines go through `prepare_line` with our catalogue plus every registered
+    toolset, as in prep. Each file's parse is kept (`drift.parsed`, keyed by its content hash), so a check parses
+    only the files that arrived or changed since the last (`drift.parse_cache`); the new lines of more than one
+    chunk (`drift.parse_chunk_lines`) are parsed by a process pool, in order. A `.gz` file that cannot be
+    decompressed whole (corrupt, truncated) is skipped, as in prep, and counted under the reason
+    `unreadable_file` (files, not lines); the parse goes on."""
+    from pipelines.drift.parsed import COLUMNS, ParseCache
     from pipelines.logs.toolsets import registered_catalogue
-    from pipelines.prep.nodes import CLEAN_LOG_COLUMNS
-    from pipelines.prep.pipeline import raw_files_for
 
     cfg = settings.drift
     tools = registered_catalogue(settings.zone("raw"))
-    parts: list[tuple[list[dict[str, Any]], Counter, int]] = []
+    files, unreadable = _readable(settings, window)
+    cache = ParseCache(settings, tools) if cfg.parse_cache else None
+    keys = {uri: cache.key(uri) for uri in files} if cache else {}
+    kept = {uri: cache.load(keys[uri]) for uri in files} if cache else {}
+    new = [uri for uri in files if kept.get(uri) is None]
+    parsed = _parse_files(new, tools, cfg)
+    frames: list[pd.DataFrame] = []
+    reasons: Counter[str] = Counter()
+    lines = 0
+    for uri in files:
+        found = kept.get(uri)
+        if found is None:
+            rows, file_reasons, count = parsed[uri]
+            frame = cache.store(keys[uri], rows, file_reasons, count) if cache else _frame(rows)
+            found = (frame, file_reasons, count)
+        frames.append(found[0])
+        reasons.update(found[1])
+        lines += found[2]
+    if cache:
+        cache.save_index(files)
+        cache.prune()
+    if unreadable:
+        reasons["unreadable_file"] += unreadable
+    clean = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=list(COLUMNS))
+    return clean, dict(reasons), lines
+
+
+def _frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
+    from pipelines.drift.parsed import COLUMNS
+
+    return pd.DataFrame([{c: r.get(c) for c in COLUMNS} for r in rows], columns=list(COLUMNS))
+
+
+def _readable(settings: Settings, window: DateWindow) -> tuple[list[str], int]:
+    """The window's raw files that decompress whole, and how many do not (each logged)."""
+    import logging
+
+    from pipelines.logs.raw import unreadable_reason
+    from pipelines.prep.pipeline import raw_files_for
+
     files, unreadable = [], 0
     for uri in raw_files_for(settings, window):
         reason = unreadable_reason(uri)
@@ -119,36 +153,50 @@ def parse_window(settings: Settings, window: DateWindow) -> tuple[pd.DataFrame, 
             logging.getLogger(__name__).warning("drift monitor: skipping unreadable raw file %s: %s", uri, reason)
         else:
             files.append(uri)
+    return files, unreadable
+
+
+def _parse_files(
+    files: list[str], tools: dict[str, dict[str, Any]], cfg: Any
+) -> dict[str, tuple[list[dict[str, Any]], Counter[str], int]]:
+    """Each file's clean rows, reasons and line count, its chunks parsed in order (a pool past the first chunk)."""
+    from concurrent.futures import ProcessPoolExecutor
+    from multiprocessing import get_context
+
+    out: dict[str, tuple[list[dict[str, Any]], Counter[str], int]] = {}
+
+    def add(source: str, part: tuple[list[dict[str, Any]], Counter[str], int]) -> None:
+        rows, reasons, count = out.setdefault(source, ([], Counter(), 0))
+        rows.extend(part[0])
+        reasons.update(part[1])
+        out[source] = (rows, reasons, count + part[2])
+
     chunks = _chunks(files, cfg.parse_chunk_lines)
     first = next(chunks, None)
     if first is not None:
-        parts.append(_parse_lines(*first, tools))  # a small window never starts a pool
+        add(first[1], _parse_lines(*first, tools))  # a small window never starts a pool
     workers = _parse_workers(cfg)
     if workers <= 1:
-        parts.extend(_parse_lines(chunk, source, tools) for chunk, source in chunks)
+        for chunk, source in chunks:
+            add(source, _parse_lines(chunk, source, tools))
     else:
         # spawn, not fork: the caller may hold threads (torch, an Airflow task's supervisor connection)
         pool = ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn"))
         try:
             pending: deque = deque()
             for chunk, source in chunks:
-                pending.append(pool.submit(_parse_lines, chunk, source, tools))
+                pending.append((source, pool.submit(_parse_lines, chunk, source, tools)))
                 if len(pending) >= 2 * workers:  # bounded memory: a few chunks in flight
-                    parts.append(pending.popleft().result(timeout=cfg.parse_timeout_s))
+                    source_done, future = pending.popleft()
+                    add(source_done, future.result(timeout=cfg.parse_timeout_s))
             while pending:
-                parts.append(pending.popleft().result(timeout=cfg.parse_timeout_s))
+                source_done, future = pending.popleft()
+                add(source_done, future.result(timeout=cfg.parse_timeout_s))
         except BaseException:
             pool.shutdown(wait=False, cancel_futures=True)
             raise
         pool.shutdown(wait=True)  # every future is done: the workers only have to exit
-    rows = [row for part_rows, _, _ in parts for row in part_rows]
-    reasons: Counter = Counter()
-    for _, part_reasons, _ in parts:
-        reasons.update(part_reasons)
-    if unreadable:
-        reasons["unreadable_file"] += unreadable
-    lines = sum(count for _, _, count in parts)
-    return pd.DataFrame(rows, columns=[c for c in CLEAN_LOG_COLUMNS if c != "dt"]), dict(reasons), lines
+    return {uri: out.get(uri.removeprefix("file://"), ([], Counter(), 0)) for uri in files}
 
 
 def latest_day(settings: Settings) -> date | None:

@@ -30,6 +30,9 @@ class TrainConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     base_model: str = "smollm2-135m-instruct"
+    precision: Literal["fp32", "bf16"] = Field(
+        default="fp32", description="compute dtype on CPU (train.precision sets it for every variant)"
+    )
     learning_rate: float = Field(default=2e-4, gt=0, le=1)
     optimizer: Literal["adam", "adamw"] = "adamw"
     weight_decay: float = Field(default=0.0, ge=0)
@@ -172,15 +175,15 @@ def train_lora(
     model, tokenizer = load_base(cfg.base_model)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
+    bf16 = cfg.precision == "bf16" and next(model.parameters()).device.type == "cpu"
+    if bf16:  # the frozen base once in bf16 (no per-step cast); PEFT keeps the adapter it adds in fp32
+        model = model.to(torch.bfloat16)
     model = _with_lora(model, cfg)
     encoded = [encode(tokenizer, turns, target, cfg.max_seq_len) for turns, target in examples]
     device = next(model.parameters()).device  # CPU here; a GPU when the loader put the model there
     steps_per_epoch = math.ceil(len(encoded) / cfg.batch_size)
     total = steps_for(cfg, len(encoded))
-    params = [p for p in model.parameters() if p.requires_grad]
-    opt_cls = torch.optim.AdamW if cfg.optimizer == "adamw" else torch.optim.Adam
-    optimizer = opt_cls(params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: cosine_lr(s, total, cfg) / cfg.learning_rate)
+    params, optimizer, scheduler = _optimizer(model, cfg, total)
 
     ckpt = out_dir / "checkpoint"
     start, losses, lrs, tokens = 0, [], [], 0
@@ -200,7 +203,8 @@ def train_lora(
         batch = {
             k: v.to(device) for k, v in _batch(encoded, step, steps_per_epoch, cfg, tokenizer.pad_token_id).items()
         }
-        loss = _target_loss(model, batch)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):  # the loss itself in fp32 (_target_loss)
+            loss = _target_loss(model, batch)
         value = float(loss.detach())
         if not math.isfinite(value) or (losses and value > cfg.divergence_factor * max(losses[0], 1e-3)):
             status = "diverged"
@@ -232,6 +236,17 @@ def train_lora(
         losses=losses,
         learning_rates=lrs,
     )
+
+
+def _optimizer(model: Any, cfg: TrainConfig, total: int) -> tuple[list[Any], Any, Any]:
+    """The trained parameters (the adapter's, fp32), their optimizer and the cosine schedule over `total` steps."""
+    import torch
+
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt_cls = torch.optim.AdamW if cfg.optimizer == "adamw" else torch.optim.Adam
+    optimizer = opt_cls(params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: cosine_lr(s, total, cfg) / cfg.learning_rate)
+    return params, optimizer, scheduler
 
 
 def _with_lora(model: Any, cfg: TrainConfig) -> Any:

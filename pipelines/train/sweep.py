@@ -390,4 +390,5 @@ def train_variant(
     from pipelines.base_models import load_base
     from pipelines.train.hf_backend import train_lora
 
+    cfg = cfg.model_copy(update={"precision": settings.train.precision})
     return train_lora(train, cfg, out, lambda name: load_base(name, settings), on_step)
