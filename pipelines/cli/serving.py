@@ -82,17 +82,31 @@ def serve_manifests(
         files = manifest_files(settings, replicas=replicas, gpus=gpus, role_arn=role_arn, region=region)
     except ValueError as exc:
         raise UserError(str(exc)) from None
-    from pipelines.serve.repository import ensure_repository
-
-    ensure_repository(settings)  # Triton's pods are not ready on an empty bucket
     out.mkdir(parents=True, exist_ok=True)
     for name, manifests in files.items():
         (out / name).write_text(yaml.safe_dump_all(manifests, sort_keys=False))
     _emit(
-        {"files": [str(out / name) for name in files], "objects": sum(len(m) for m in files.values())},
+        {
+            "files": [str(out / name) for name in files],
+            "objects": sum(len(m) for m in files.values()),
+            "repository": _repository_prefix(settings),
+        },
         as_json,
         "kubernetes manifests",
     )
+
+
+def _repository_prefix(settings: Any) -> str:
+    """Create the model repository's prefix (Triton's pods are not ready on an empty bucket), best effort:
+    manifests are often written where the bucket cannot be reached (no credentials yet, CI), and then the
+    result says what to do before Triton starts instead of failing the whole command."""
+    from pipelines.serve.repository import README, ensure_repository
+
+    try:
+        return f"ready: {ensure_repository(settings)}"
+    except Exception as exc:  # noqa: BLE001 - any storage error (credentials, network) only defers this step
+        where = f"{str(settings.triton.model_repository).rstrip('/')}/{README}"
+        return f"not created ({type(exc).__name__}): write {where} (or rerun this command) before Triton starts"
 
 
 @app.command("deploy")

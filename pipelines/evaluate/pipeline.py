@@ -22,7 +22,7 @@ from pipelines.config import DECODINGS, Settings
 from pipelines.evaluate.results import TABLE_METRICS, ConditionResult, EvalReport  # noqa: F401 (re-exported)
 from pipelines.logs.toolsets import registered_catalogue, tool_effects
 from pipelines.prep.dataset import frame_from_logs, load_split
-from pipelines.storage import makedirs, read_json, write_json, write_text
+from pipelines.storage import makedirs, write_json, write_text
 from pipelines.toolcall import score as metrics
 from pipelines.toolcall.decode import generate
 from pipelines.toolcall.examples import Example, grounded_tools, to_examples
@@ -379,7 +379,3 @@ def write_report(settings: Settings, report: EvalReport) -> EvalReport:
     write_json(report.json_uri, report.to_dict())
     write_text(report.html_uri, render_html(report))
     return report
-
-
-def load_report(uri: str) -> dict[str, Any]:
-    return read_json(uri)

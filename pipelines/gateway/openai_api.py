@@ -39,7 +39,7 @@ class Function(_Open):
             raise ValueError(f"arguments must be a JSON object ({exc})") from None
         if not isinstance(parsed, dict):
             raise ValueError("arguments must be a JSON object")
-        return value
+        return value or "{}"  # no arguments at all: an empty object (as the call's text has it)
 
 
 class Call(_Open):

@@ -49,10 +49,6 @@ class SweepResult:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> SweepResult:
-        return cls(**{**data, "variants": [VariantResult(**v) for v in data["variants"]]})
-
 
 def hardware() -> str:
     import torch
