@@ -32,6 +32,7 @@ import sys
 import time
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 DAY = "2026-11-20"
@@ -154,46 +155,20 @@ def evaluate_case(case: str, root: Path, heldout: Path, examples: int, log: Path
         raise SystemExit(f"error: {case}: the run registered no version; see {log}")
     latest = max(versions, key=lambda v: int(v["version"]))
     name = f"real-data-{case}"
-    flywheel(
-        root,
-        "eval",
-        "--logs",
-        str(heldout),
-        "--version",
-        str(latest["version"]),
-        "--examples",
-        str(examples),
-        "--constrained",
-        constrained,
-        "--name",
-        name,
-        log=log,
-    )
     reports = load_settings(root=str(root)).zone("reports")
-    report = json.loads(Path(reports.removeprefix("file://"), "evaluation", name, "report.json").read_text())
+
+    def evaluate(report_name: str, *options: str) -> dict[str, Any]:
+        """`flywheel eval` of the registered version on the held-out file; its report."""
+        head = ("--logs", str(heldout), "--version", str(latest["version"]), "--examples", str(examples))
+        flywheel(root, "eval", *head, *options, "--name", report_name, log=log)
+        return json.loads(Path(reports.removeprefix("file://"), "evaluation", report_name, "report.json").read_text())
+
+    report = evaluate(name, "--constrained", constrained)
     rows = _rows(report)
     comparisons = report.get("comparisons") or []
     if case in UNGROUNDED_TOO:  # the wrong-write rate with and without grounded ids, on the same requests
-        flywheel(
-            root,
-            "eval",
-            "--logs",
-            str(heldout),
-            "--version",
-            str(latest["version"]),
-            "--examples",
-            str(examples),
-            "--constrained",
-            "on",
-            "--no-grounded-ids",
-            "--no-baselines",  # the grounding is the
-            "--name",
-            f"{name}-ungrounded",
-            log=log,
-        )  # tuned model's question; the baselines' rows are above
-        other = json.loads(
-            Path(reports.removeprefix("file://"), "evaluation", f"{name}-ungrounded", "report.json").read_text()
-        )
+        # the grounding is the tuned model's question; the baselines' rows are above
+        other = evaluate(f"{name}-ungrounded", "--constrained", "on", "--no-grounded-ids", "--no-baselines")
         rows += [{**r, "condition": f"{r['condition']}_ungrounded"} for r in _rows(other)]
         comparisons += [
             {**c, "condition": f"{c['condition']}_ungrounded", "reference": f"{c['reference']}_ungrounded"}

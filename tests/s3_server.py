@@ -10,6 +10,7 @@ from __future__ import annotations
 import subprocess
 import tempfile
 import time
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -98,3 +99,20 @@ def make_bucket(name: str) -> str:
     fs = fsspec.filesystem("s3")
     fs.mkdir(name)
     return f"s3://{name}"
+
+
+@pytest.fixture(scope="module")
+def endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """One S3 server for a test module (import this fixture into the module)."""
+    with moto_server(log_dir=tmp_path_factory.mktemp("moto")) as url:
+        yield url
+
+
+@pytest.fixture
+def bucket(endpoint: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """A fresh bucket on the module's server (`s3://...`); HOME is private to the test (lock files land there)."""
+    s3_env(monkeypatch, endpoint)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    uri = make_bucket(f"fw-{uuid.uuid4().hex[:12]}")
+    yield uri
+    clear_fs_caches()

@@ -5,30 +5,15 @@ deleted project's request in flight recreates nothing, and a closed tenant leave
 from __future__ import annotations
 
 import os
-import uuid
 from pathlib import Path
 
 import pytest
-from s3_server import clear_fs_caches, make_bucket, moto_server, s3_env
+from s3_server import bucket, endpoint  # noqa: F401 - the fixtures these tests take
 
 from pipelines import storage
 from pipelines.gateway.capture import LOCK, CaptureWriter, WriterClosed
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def endpoint(tmp_path_factory: pytest.TempPathFactory) -> str:
-    with moto_server(log_dir=tmp_path_factory.mktemp("moto")) as url:
-        yield url
-
-
-@pytest.fixture
-def bucket(endpoint: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
-    s3_env(monkeypatch, endpoint)
-    uri = make_bucket(f"fw-{uuid.uuid4().hex[:12]}")
-    yield uri
-    clear_fs_caches()
 
 
 def _record(n: int, day: str = "2026-11-20") -> dict:

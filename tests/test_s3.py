@@ -11,33 +11,16 @@ import itertools
 import json
 import threading
 import time
-import uuid
 from datetime import UTC, date, datetime
 from pathlib import Path
 
 import pytest
-from s3_server import clear_fs_caches, make_bucket, moto_server, s3_env
+from s3_server import bucket, endpoint  # noqa: F401 - the fixtures these tests take
 
 from pipelines import storage
 from pipelines.config import load_settings
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def endpoint(tmp_path_factory: pytest.TempPathFactory) -> str:
-    with moto_server(log_dir=tmp_path_factory.mktemp("moto")) as url:
-        yield url
-
-
-@pytest.fixture
-def bucket(endpoint: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
-    """A fresh bucket on the server (`s3://...`); HOME is private to the test (lock files land there)."""
-    s3_env(monkeypatch, endpoint)
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    uri = make_bucket(f"fw-{uuid.uuid4().hex[:12]}")
-    yield uri
-    clear_fs_caches()
 
 
 def _raw_get(endpoint: str, uri: str) -> bytes:

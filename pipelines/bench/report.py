@@ -7,22 +7,10 @@ from typing import Any
 
 from pipelines.reports import figure_html, new_figure, page, table_html
 
-COLUMNS = (
-    "model",
-    "concurrency",
-    "requests",
-    "errors",
-    "ttft_ms",
-    "itl_ms",
-    "p50_ms",
-    "p95_ms",
-    "p99_ms",
-    "requests_per_s",
-    "output_tokens_per_s",
-    "prompt_tokens_mean",
-    "exact_match",
-    "usd_per_million_requests",
-)
+LATENCY_KEYS: tuple[str, ...] = ("concurrency", "requests", "errors", "ttft_ms", "itl_ms", "p50_ms", "p95_ms")
+LATENCY_KEYS += ("p99_ms", "requests_per_s")
+QUALITY_KEYS = ("prompt_tokens_mean", "exact_match", "usd_per_million_requests")
+COLUMNS = ("model", *LATENCY_KEYS, "output_tokens_per_s", *QUALITY_KEYS)  # a run's fields on the HTML page
 
 
 def _pct(comparison: dict[str, Any], key: str) -> str:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from pipelines.bench.report import LATENCY_KEYS, QUALITY_KEYS
 from pipelines.serve.client import Reply
 from pipelines.serve.deploy import score_replies
 
@@ -87,20 +88,7 @@ TABLE_COLUMNS = (
     "exact",
     "$/M req",
 )
-_TABLE_KEYS = (
-    "concurrency",
-    "requests",
-    "errors",
-    "ttft_ms",
-    "itl_ms",
-    "p50_ms",
-    "p95_ms",
-    "p99_ms",
-    "requests_per_s",
-    "prompt_tokens_mean",
-    "exact_match",
-    "usd_per_million_requests",
-)
+_TABLE_KEYS = (*LATENCY_KEYS, *QUALITY_KEYS)  # the cells after model and decoding, in TABLE_COLUMNS
 
 
 def table_rows(report: dict[str, Any]) -> list[list[str]]:

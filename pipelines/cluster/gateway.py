@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from pipelines.cluster.training import SECRETS, SETTINGS_CONFIG_MAP
-from pipelines.cluster.triton import rolling_deployment
+from pipelines.cluster.triton import cluster_service, rolling_deployment
 from pipelines.config import Settings
 
 APP = "flywheel-gateway"
@@ -84,14 +84,4 @@ def gateway_manifests(settings: Settings, *, replicas: int = 2) -> list[dict[str
             },
         },
     )
-    service = {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": {"name": APP, **meta},
-        "spec": {
-            "type": "ClusterIP",
-            "selector": {"app.kubernetes.io/name": APP},
-            "ports": [{"name": "http", "port": PORT, "targetPort": "http"}],
-        },
-    }
-    return [deployment, service]
+    return [deployment, cluster_service(APP, meta, {"http": PORT})]

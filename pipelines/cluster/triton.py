@@ -118,15 +118,16 @@ def _service_account(meta: dict[str, Any], role_arn: str | None) -> dict[str, An
     }
 
 
-def _service(meta: dict[str, Any]) -> dict[str, Any]:
+def cluster_service(app: str, meta: dict[str, Any], ports: dict[str, int]) -> dict[str, Any]:
+    """A ClusterIP Service in front of the pods labelled `app`, one port per named container port."""
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": {"name": APP, **meta},
+        "metadata": {"name": app, **meta},
         "spec": {
             "type": "ClusterIP",
-            "selector": {"app.kubernetes.io/name": APP},
-            "ports": [{"name": name, "port": port, "targetPort": name} for name, port in PORTS.items()],
+            "selector": {"app.kubernetes.io/name": app},
+            "ports": [{"name": name, "port": port, "targetPort": name} for name, port in ports.items()],
         },
     }
 
@@ -151,4 +152,4 @@ def triton_manifests(
     account = _service_account(meta, role_arn)
     template = _pod_template(settings, _container(settings, repository, gpus, region))
     deployment = rolling_deployment(APP, meta, replicas, template)
-    return [account, deployment, _service(meta), _disruption_budget(meta)]
+    return [account, deployment, cluster_service(APP, meta, PORTS), _disruption_budget(meta)]
