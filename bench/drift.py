@@ -152,7 +152,12 @@ def _write(args, settings, checks) -> None:
     report = {
         "benchmark": "drift_check",
         "what": "the drift monitor's check of a day of raw logs, cold, then after one new file lands",
-        "commit": commit,
+        "commit": {
+            "sha": commit,
+            "dirty": bool(
+                subprocess.run(["git", "status", "--porcelain"], capture_output=True, text=True).stdout.strip()
+            ),
+        },
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "machine": {"cpu": _cpu_model(), "cores": os.cpu_count()},
         "argv": ["bench/drift.py", "--records", str(args.records), "--new-hour", str(args.new_hour)],

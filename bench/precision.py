@@ -107,7 +107,14 @@ def _report(args: Any, cfg: Any, style: str, runs: dict[str, Any], n_eval: int) 
     return {
         "benchmark": "train_precision",
         "what": "LoRA training on this CPU in fp32 and bf16 side by side: tokens/s, per-step loss, exact match",
-        "commit": commit,
+        "commit": {
+            "sha": commit,
+            "dirty": bool(
+                subprocess.run(
+                    ["git", "status", "--porcelain"], capture_output=True, text=True, cwd=REPO_ROOT
+                ).stdout.strip()
+            ),
+        },
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "machine": {
             "cpu": platform.processor() or platform.machine(),

@@ -1,4 +1,4 @@
-"""`flywheel demo --drift`: after the demo, traffic shifts, the drift monitor alerts and the retrain runs, as the
+"""`flywheel demo drift`: after the demo, traffic shifts, the drift monitor alerts and the retrain runs, as the
 asset event would start it; then a day like the new champion's data, on which nothing fires."""
 
 from __future__ import annotations

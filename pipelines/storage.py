@@ -65,7 +65,8 @@ def is_local(uri: str) -> bool:
 def lock_file(uri: str) -> str:
     """The local lock file guarding read-modify-writes of `uri`: `<uri>.lock` beside a local file; for
     a file on object storage (which has no locks) a local file under ~/.flywheel/locks named after the
-    URI, which serializes this host's writers (a cluster runs one scheduler writing each state file)."""
+    URI, which serializes this host's writers only: state several hosts change takes `locks.shared_lock` (an
+    advisory lock on the cluster's database, this file lock where there is none)."""
     if is_local(uri):
         path = uri.removeprefix("file://") + ".lock"
     else:
@@ -133,6 +134,35 @@ def write_bytes(uri: str, data: bytes) -> str:
 def write_text(uri: str, text: str) -> str:
     """Write text atomically (see `write_bytes`)."""
     return write_bytes(uri, text.encode("utf-8"))
+
+
+def create_secret_once(path: str, text: str) -> str:
+    """A local secret file (0600) created whole or not at all: `text` goes in only when no non-empty file is there
+    (two first starts racing: the first one's file wins and both read it). Returns the file's contents."""
+    folder = os.path.dirname(path) or "."
+    os.makedirs(folder, exist_ok=True)
+    with contextlib.suppress(FileNotFoundError):
+        with open(path) as f:
+            found = f.read().strip()
+        if found:
+            return found
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.")  # 0600
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        try:
+            os.link(tmp, path)  # fails when another process created it meanwhile: its file wins
+        except FileExistsError:
+            with open(path) as f:
+                if not f.read().strip():  # an empty one (an older crash between create and write): replaced
+                    os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+    with open(path) as f:
+        return f.read().strip()
 
 
 def write_json(uri: str, data: Any) -> str:

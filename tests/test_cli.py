@@ -1,10 +1,15 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from helpers import run_flywheel
+
+from pipelines.config import REPO_ROOT
 
 
 def test_help_explains_every_command() -> None:
@@ -70,6 +75,7 @@ def test_generate_json_output_and_files(tmp_path: Path) -> None:
         (["eval", "--adapter", "/no/adapter"], {}, "--adapter"),
         (["bench", "--concurrency", "1,x"], {}, "--concurrency"),
         (["bench", "--protocol", "ftp"], {}, "bench.protocol"),
+        (["bench", "--precisions", "fp32,fp8"], {}, "bench.precisions"),
         (["bench"], {}, "no live model"),
         (["rollback"], {}, "nothing to roll back to"),
         (["deploy"], {}, "no model version has the alias 'champion'"),
@@ -188,3 +194,22 @@ def test_without_a_terminal_paths_and_names_are_printed_whole(tmp_path: Path) ->
     key = str(root / "runs" / "gateway.key")
     assert any(key in line for line in result.stdout.splitlines()), result.stdout
     assert "…" not in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("module", "args", "needle"),
+    [
+        ("pipelines.train.pod", ["--sweep-json", "{bad", "--index", "0"], "--sweep-json"),
+        ("pipelines.train.pod", ["--sweep-json", '{"grid": 3}', "--index", "0"], "--sweep-json"),
+        ("pipelines.prep", ["--start", "2026-13-01", "--end", "2026-11-20"], "--start/--end"),
+    ],
+)
+def test_a_pods_bad_input_is_one_clear_line(tmp_path: Path, module: str, args: list[str], needle: str) -> None:
+    """The cluster's entry points (a training pod, spark-submit's prep) as the CLI: one `error:` line, exit 2.
+    (Mutation: the pod's JSON read outside the `try`: a JSONDecodeError traceback.)"""
+    env = {**os.environ, "FLYWHEEL_ROOT": str(tmp_path), "PYTHONPATH": str(REPO_ROOT)}
+    done = subprocess.run(
+        [sys.executable, "-m", module, *args], env=env, capture_output=True, text=True, timeout=120, check=False
+    )
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], done

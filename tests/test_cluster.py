@@ -226,3 +226,47 @@ def test_model_folders_are_published_to_an_object_store_repository(tmp_path: Pat
     fs = fsspec.filesystem("memory")
     names = sorted(p.split("tool_router_v3/", 1)[1] for p in fs.find(f"/repo-{tmp_path.name}/tool_router_v3"))
     assert names == ["1/adapter/adapter_config.json", "1/flywheel.json", "config.pbtxt"]
+
+
+def test_every_setting_reaches_the_pods_through_the_config_map_and_the_secret(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Settings -> the ConfigMap and the Secret -> a pod's environment -> the settings it loads: the same, but the
+    judge's URL (not the pods' business). The gateway's grace and teacher, the namespace, the gate's margin, lists.
+    (Mutation: the ConfigMap back to its five endpoint sections: the gateway pod runs with the default grace and
+    no teacher, and this fails.)"""
+    from pipelines.cluster.training import secret_data, settings_config_map
+
+    cluster = {
+        "profile": "cluster",
+        "root": "s3://acme-flywheel/prod",
+        "airflow": {"sql_alchemy_conn": "postgresql+psycopg2://airflow:pw-a@db:5432/airflow"},
+        "mlflow": {
+            "tracking_uri": "http://mlflow.flywheel.svc:5000",
+            "backend_store_uri": "postgresql://mlflow:pw-m@db:5432/mlflow",
+            "artifacts_destination": "s3://acme-flywheel/prod/runs/artifacts",
+            "username": "admin",
+            "password": "s3cret-value",
+        },
+        "spark": {"master": "spark://spark-master:7077"},
+        "triton": {"url": "triton.flywheel.svc:8000", "model_repository": "s3://acme-flywheel/prod/serving"},
+        "feast": {"registry": "postgresql://feast@db:5432/feast", "online_store": "postgresql://feast@db:5432/feast"},
+        "gateway": {"shutdown_grace_s": 15, "teacher_url": "http://teacher.flywheel.svc:8000/v1"},
+        "kubernetes": {"namespace": "shop", "gpu_node_selector": {"flywheel.io/gpu": "h200"}},
+        "promotion": {"non_inferiority_margin": 0.03},
+        "train": {"precision": "fp32", "runner": "kubernetes"},
+        "bench": {"concurrency": [1, 8]},
+    }
+    settings = load_settings(**cluster)
+    pod_env = {**settings_config_map(settings)["data"], **secret_data(settings)}
+    for name in [n for n in os.environ if n.startswith("FLYWHEEL_")]:
+        monkeypatch.delenv(name)
+    for name, value in pod_env.items():
+        monkeypatch.setenv(name, value)
+    rebuilt = load_settings()
+    want, got = settings.model_dump(mode="json"), rebuilt.model_dump(mode="json")
+    for side in (want, got):
+        side["evaluation"].pop("judge_url")
+    for section in want:
+        assert got[section] == want[section], section
+    assert rebuilt.gateway.teacher_url == "http://teacher.flywheel.svc:8000/v1"
+    assert rebuilt.mlflow.password.get_secret_value() == "s3cret-value"
+    assert "s3cret-value" not in json.dumps(settings_config_map(settings))

@@ -96,6 +96,45 @@ def test_a_failed_upload_at_close_leaves_the_file_in_the_spool_and_closes_the_re
     assert [u.rsplit("/", 2)[-2] for u in _uploaded(bucket)] == ["dt=2026-11-20", "dt=2026-11-21"]
 
 
+def test_two_writers_with_the_same_pid_and_start_never_share_an_uploaded_name(bucket: str, tmp_path: Path) -> None:
+    """Two replicas in their pods, both PID 1, started in the same second: each writer's files keep a name of their
+    own in the zone. (Mutation: the writer's token left out of the file name: the second upload replaces the
+    first, one file.)"""
+    first = CaptureWriter(f"{bucket}/raw", 16_000_000, tmp_path / "spool-a")
+    second = CaptureWriter(f"{bucket}/raw", 16_000_000, tmp_path / "spool-b")
+    second._stamp = first._stamp  # the same second, as two pods started together
+    first.write(_record(8))
+    second.write(_record(9))
+    first.close()
+    second.close()
+    uploaded = _uploaded(bucket)
+    assert len(uploaded) == 2, uploaded
+    assert sorted(storage.read_bytes(u).decode().count("record_id") for u in uploaded) == [1, 1]
+
+
+def test_a_failed_upload_is_tried_again_while_the_writer_runs(
+    bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Object storage away at a rotation: the request that rotated is still answered (no error), the file stays in
+    the spool, and the flusher's next pass uploads it, not only the next start. (Mutation: the failed file dropped
+    from the retry list: it is never uploaded while the writer runs.)"""
+    writer = CaptureWriter(f"{bucket}/raw", 200, tmp_path / "spool", max_age_s=3600.0)
+    real = storage.write_bytes
+
+    def down(uri: str, data: bytes) -> str:
+        raise OSError("the object store is unreachable")
+
+    monkeypatch.setattr(storage, "write_bytes", down)
+    writer.write(_record(10))
+    writer.write({**_record(11), "pad": "x" * 300})  # past rotate_bytes: rotates, the upload fails, no error
+    assert _uploaded(bucket) == [] and len(list(writer.folder.glob("dt=*/gateway-*.jsonl"))) == 2
+    monkeypatch.setattr(storage, "write_bytes", real)
+    assert writer.rotate_old() == 0  # nothing old enough to close, but the waiting file goes up
+    assert len(_uploaded(bucket)) == 1
+    writer.close()
+    assert len(_uploaded(bucket)) == 2
+
+
 def test_closing_a_store_closes_its_online_connection(tmp_path: Path) -> None:
     """A closed tenant's Feast stores hold no connection (one store per gateway thread per project used to stay
     open for good). (Mutation: `close_store` not closing `_conn` leaves the SQLite connection usable.)"""

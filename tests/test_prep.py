@@ -345,3 +345,23 @@ def test_a_rating_that_arrives_days_later_reaches_the_next_run(tmp_path: Path, s
     assert late.is_file() and len(late.read_bytes().splitlines()) == 2
     run_prep(settings, DateWindow(later, later), spark=spark)  # a re-run replaces the copy, never doubles it
     assert len(late.read_bytes().splitlines()) == 2
+
+
+def test_a_late_ratings_copy_counts_for_its_own_window_only_and_never_for_drift(tmp_path: Path) -> None:
+    """A copy staged for the window ending on a day is not read again by another window over that day (its rows
+    would be quarantined as duplicates there), and the drift monitor never counts copies as the day's traffic.
+    (Mutation: `raw_files_for` without the late-copy filter: both other readers see it.)"""
+    from pipelines.prep.late import LATE_PREFIX
+    from pipelines.prep.pipeline import raw_files_for
+    from pipelines.window import DateWindow
+
+    settings = load_settings(root=str(tmp_path))
+    day = Path(settings.zone("raw")) / "dt=2026-11-20"
+    day.mkdir(parents=True)
+    week, one = DateWindow.parse("2026-11-14", "2026-11-20"), DateWindow.parse("2026-11-20", "2026-11-20")
+    for name in ("gateway-1.jsonl", f"{LATE_PREFIX}{week.label}.jsonl", f"{LATE_PREFIX}{one.label}.jsonl"):
+        (day / name).write_text("{}\n")
+    names = lambda files: sorted(f.rsplit("/", 1)[-1] for f in files)  # noqa: E731
+    assert names(raw_files_for(settings, week)) == ["gateway-1.jsonl", f"{LATE_PREFIX}{week.label}.jsonl"]
+    assert names(raw_files_for(settings, one)) == ["gateway-1.jsonl", f"{LATE_PREFIX}{one.label}.jsonl"]
+    assert names(raw_files_for(settings, one, late_copies=False)) == ["gateway-1.jsonl"]

@@ -290,9 +290,11 @@ def test_a_registry_that_cannot_be_read_closes_no_tenant_and_a_deleted_project_w
     """An object-store blip on the registry's first read used to close every tenant, `default` included (their
     usage lost); now the last index serves and nothing closes. A project deleted while its tenant is open: its
     writers are closed and a request still in flight gets a 503 instead of recreating the moved folders.
-    (Mutations tried: closing on a failed read; a writer that accepts records after close.)"""
+    (Mutations tried: closing on a failed read; a writer that accepts records after close; `tenant` building a
+    tenant for a project the registry no longer holds: a new writer recreates the moved raw zone.)"""
     from pipelines.config import load_settings
     from pipelines.gateway.capture import WriterClosed
+    from pipelines.gateway.openai_api import ApiError
     from pipelines.gateway.tenants import Tenants
     from pipelines.projects import registry, settings_for
 
@@ -315,6 +317,10 @@ def test_a_registry_that_cannot_be_read_closes_no_tenant_and_a_deleted_project_w
         assert search.capture is not None
         with pytest.raises(WriterClosed):
             search.capture.write({"record_id": "late", "timestamp": "2026-11-20T10:00:00+00:00"})
-        assert not raw.exists()
+        # a request authenticated before the delete, looked up after it: a 503, and no new tenant
+        with pytest.raises(ApiError) as refused:
+            tenants.lookup("search")
+        assert refused.value.status == 503 and refused.value.code == "project_closed"
+        assert tenants.all() == [platform] and not raw.exists()
     finally:
         tenants.close()

@@ -415,3 +415,66 @@ def test_the_advisory_lock_waits_for_its_holder_and_then_says_busy(postgres, tmp
     thread.join(30)
     with shared_lock(uri, 5, "the serving state", dsn):  # free again
         pass
+
+
+def test_the_advisory_lock_is_freed_by_a_dropped_holder_and_a_dropped_waiter_is_one_busy_line(
+    postgres, tmp_path: Path
+) -> None:
+    """The holder's session killed (a host gone): the lock is free at once. A waiter whose session is killed while
+    it waits gets one `Busy` line, not a driver traceback. (Mutation: only `LockNotAvailable` mapped to `Busy`:
+    the waiter raises psycopg's OperationalError.)"""
+    import threading
+
+    import psycopg
+    from helpers import create_databases
+
+    from pipelines.locks import libpq_uri, shared_lock
+    from pipelines.storage import Busy
+
+    create_databases(postgres, "locks3")
+    dsn, uri = postgres.uri("locks3"), "s3://bucket/fw/serving/routes.json"
+    admin = psycopg.connect(libpq_uri(dsn), autocommit=True)
+
+    def backends(granted: bool) -> list[int]:
+        rows = admin.execute(
+            "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted = %s AND pid <> pg_backend_pid()",
+            (granted,),
+        ).fetchall()
+        return [r[0] for r in rows]
+
+    held, release, outcome = threading.Event(), threading.Event(), {}
+
+    def holder() -> None:
+        try:
+            with shared_lock(uri, 5, "the routes", dsn):
+                held.set()
+                release.wait(30)
+        except Exception as exc:  # noqa: BLE001 (its unlock on a killed session is suppressed; nothing expected)
+            outcome["holder"] = exc
+
+    def waiter() -> None:
+        try:
+            with shared_lock(uri, 30, "the routes", dsn):
+                outcome["waiter"] = "got it"
+        except Exception as exc:  # noqa: BLE001 (what the waiter met is the assertion)
+            outcome["waiter"] = exc
+
+    first = threading.Thread(target=holder)
+    first.start()
+    assert held.wait(30)
+    second = threading.Thread(target=waiter)
+    second.start()
+    deadline = time.monotonic() + 30
+    while not backends(False) and time.monotonic() < deadline:  # polled with a deadline: the waiter's lock request
+        time.sleep(0.05)
+    (waiting,) = backends(False)
+    admin.execute("SELECT pg_terminate_backend(%s)", (waiting,))
+    second.join(30)
+    assert isinstance(outcome["waiter"], Busy) and "failed while locking" in str(outcome["waiter"]), outcome
+    (holding,) = backends(True)
+    admin.execute("SELECT pg_terminate_backend(%s)", (holding,))
+    with shared_lock(uri, 5, "the routes", dsn):  # free at once: the killed session's lock went with it
+        pass
+    release.set()
+    first.join(30)
+    admin.close()

@@ -416,10 +416,23 @@ def test_multi_lora_serves_every_version_as_an_adapter_on_one_loaded_base(regist
         from pipelines.config import BenchSettings
         from pipelines.serve import repository
 
-        report = run_bench(settings, BenchSettings(requests=2, concurrency=[1], shots=0, constrained="served"))
+        precisions = ["fp32", "bf16", "auto"]  # a shared base is at no precision: each is a merged copy, timed
+        report = run_bench(
+            settings,
+            BenchSettings(requests=2, concurrency=[1], shots=0, constrained="served", precisions=precisions),
+        )
         assert report["live"] == names[0] and {r["errors"] for r in report["runs"]} == {0}
+        copies = [f"{repository.triton_name(settings, v1)}_{p}" for p in precisions]
+        copied = [r["model"].removesuffix(", constrained") for r in report["runs"]][-3:]
+        assert copied == [f"v{v1} at {p} (benchmark copy)" for p in precisions]
+        assert [(r["precision"], r["exact_match_diff"]["n"]) for r in report["precision"]["rows"]] == [
+            ("bf16", 2),
+            ("auto", 2),
+        ]
+        assert report["served_precision"] == "multi-LoRA shared base"
         base = repository.triton_name(settings, None)
         assert not client.ready(base), "the benchmark's own base copy was left loaded beside the shared base"
+        assert not any(client.ready(c) for c in copies), "a precision copy was left loaded"
         gone = deploy.undeploy(settings)
         assert sorted(gone["adapters_removed"]) == sorted({f"tool_router_v{v1}", f"tool_router_v{v2}"})
         refused = client.infer_one(names[0], conversation(row, "short"))

@@ -58,6 +58,7 @@ FAMILIES: dict[str, Family] = {
     "real_data": Family("Real-data evaluation", "quality", quality.real_data),
     "gateway": Family("Gateway against Triton direct", "benchmarks", serving.gateway),
     "aiperf": Family("AIPerf through the gateway", "benchmarks", serving.aiperf),
+    "serving_precision": Family("Serving in bf16 and fp32 on the CPU", "benchmarks", serving.serving_precision),
     "triton_threads": Family("Triton instances and threads", "benchmarks", serving.triton_threads),
     "threads_under_load": Family("Torch threads under load", "benchmarks", serving.threads_under_load),
     "grammar": Family("Constrained decoding", "benchmarks", serving.grammar),

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-from docs.generate.md import NO_INTERVAL, Body, Column, columns, ms, num, pct, table, text
+from docs.generate.md import NO_INTERVAL, Body, Column, columns, interval, ms, num, pct, signed, table, text
 from docs.generate.plots import Axes, Series, line
 from docs.generate.result import Result
 
@@ -198,3 +198,65 @@ def overload(result: Result) -> Body:
         ],
     )
     return Body(what, [counts, latency, probes])
+
+
+def serving_precision(result: Result) -> Body:
+    """bench/serve_precision.py: the live version at each precision through Triton, paired against fp32."""
+    d = result.data
+    what = (
+        f"The live version ({d.get('live')}, served at {d.get('served_precision')}) at each precision through "
+        f"Triton, {d.get('requests')} streamed test-split requests per run, decoded as served; exact match paired "
+        "per request against fp32 at the same concurrency."
+    )
+    runs = d["runs"]
+    spec: list[Column] = [
+        ("model", "model", text),
+        ("c", "concurrency", num),
+        ("n", "requests", num),
+        ("errors", "errors", num),
+        ("p50 ms", "p50_ms", ms),
+        ("requests/s", "requests_per_s", num),
+        ("output tokens/s", "output_tokens_per_s", num),
+        ("TTFT ms", "ttft_ms", ms),
+        ("ITL ms", "itl_ms", ms),
+        ("exact match", "exact_match", pct),
+        ("wrong writes", "wrong_writes", num),
+    ]
+    found = d.get("precision") or {}
+    rows = []
+    for r in found.get("rows", []):
+        em = r["exact_match_diff"]
+        rows.append(
+            (
+                f"{r['precision']} vs {found['reference']}",
+                num(r["concurrency"]),
+                num(r["output_tokens_per_s_ratio"]),
+                num(r["ttft_ratio"]),
+                num(r["itl_ratio"]),
+                signed(em.get("diff")),
+                interval(em.get("low"), em.get("high"), signed),
+                num(em.get("n")),
+                "yes" if r["quality_held"] else "no",
+                " vs ".join(f"{k} {v}" for k, v in r["wrong_writes"].items()),
+            )
+        )
+    headers = [
+        "comparison",
+        "c",
+        "output tokens/s ratio",
+        "TTFT ratio",
+        "ITL ratio",
+        "exact match difference",
+        "paired 95 %",
+        "n (requests)",
+        f"held at margin {found.get('margin')}",
+        "wrong writes",
+    ]
+    blocks = [
+        columns(runs, spec),
+        table(headers, rows),
+        f"Throughput, TTFT and ITL ratios are one timed pass per precision: {NO_INTERVAL}.",
+        curve(result, "throughput", "model", "output_tokens_per_s", "output tokens/s", n_of(runs)),
+        curve(result, "itl", "model", "itl_ms", "ITL (ms)", n_of(runs)),
+    ]
+    return Body(what, blocks)

@@ -59,6 +59,42 @@ def concurrency_figure(
     return fig
 
 
+def precision_lines(report: dict[str, Any]) -> list[str]:
+    """One line per precision and concurrency against fp32 (the CLI's and the page's summary)."""
+    found = report.get("precision") or {}
+
+    def ratio(value: float | None) -> str:
+        return "n/a" if value is None else f"{value:.2f}x"
+
+    lines = []
+    for r in found.get("rows", []):
+        em = r["exact_match_diff"]
+        paired = "n/a" if em["diff"] is None else f"{em['diff']:+.3f} [{em['low']:+.3f}, {em['high']:+.3f}]"
+        lines.append(
+            f"{r['precision']} vs {found['reference']} at concurrency {r['concurrency']}: output tokens/s "
+            f"{ratio(r['output_tokens_per_s_ratio'])}, TTFT {ratio(r['ttft_ratio'])}, ITL {ratio(r['itl_ratio'])}, "
+            f"exact match {paired} (paired 95 %, n = {em['n']}; "
+            f"{'held' if r['quality_held'] else 'not shown held'} at margin {found['margin']}), wrong writes "
+            + " vs ".join(f"{k} {v}" for k, v in r["wrong_writes"].items())
+        )
+    return lines
+
+
+def _precision_sections(report: dict[str, Any]) -> list[tuple[str, str]]:
+    """The precision comparison (`bench.precisions`), when the report has one."""
+    found = report.get("precision") or {}
+    if not found.get("rows"):
+        return []
+    text = "".join(f"<li>{html.escape(line)}</li>" for line in precision_lines(report))
+    return [
+        (
+            f"Precision against {found['reference']}",
+            f"<p>Served precision: {html.escape(str(report.get('served_precision')))}. Ratios are one timed pass "
+            f"per precision (no interval); exact match is paired per request.</p><ul>{text}</ul>",
+        )
+    ]
+
+
 def render_html(report: dict[str, Any]) -> str:
     runs = report["runs"]
     rows = [{c: r.get(c) for c in COLUMNS} for r in runs]
@@ -109,6 +145,7 @@ def render_html(report: dict[str, Any]) -> str:
         f"Serving benchmark: {report['live']} vs {report['baseline']}",
         [
             ("Base + few-shot vs tuned", summary),
+            *_precision_sections(report),
             ("Runs", table_html(rows) + notes),
             ("Latency and throughput", figure_html(fig, "latency and throughput against concurrency")),
             ("Every request", every),

@@ -66,9 +66,11 @@ def summarize_run(
         "name_accuracy": quality["name_accuracy"],
         "ttft_ms": percentile([r.first_token_ms for r in ok if r.first_token_ms is not None], 50),
         "itl_ms": percentile([r.inter_token_ms for r in ok if r.inter_token_ms is not None], 50),
+        "wrong_writes": quality["wrong_writes"],
         "first_error": next((r.error for r in replies if r.error), None),
         "latencies_ms": [round(x, 1) for x in latencies],  # every request, in the rows' order (errors too)
         "errored": [i for i, r in enumerate(replies) if r.error is not None],
+        "exact": quality["exact"],  # every request's exact match (1/0), in the rows' order
     }
 
 
@@ -177,3 +179,47 @@ def _compare(base: dict[str, Any], tuned: dict[str, Any]) -> dict[str, Any]:
 
 def _round(value: float | None) -> float | None:
     return None if value is None else round(value, 2)
+
+
+PRECISION_REFERENCE = "fp32"
+PRECISION_MARGIN = 0.05  # exact match: a precision holds quality when its paired interval's low end is above -margin
+
+
+def precision_comparison(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """Each precision's runs ({precision: its runs, one per concurrency}, the same requests) against fp32's at the
+    same concurrency: output tokens/s and requests/s ratios, TTFT and ITL ratios, exact match paired per request
+    (`stats.interval`, 95 %) with the non-inferiority verdict at PRECISION_MARGIN, and both sides' wrong writes.
+    Empty without an fp32 run to compare with."""
+    from pipelines.stats import interval
+
+    reference = {r["concurrency"]: r for r in runs.get(PRECISION_REFERENCE, [])}
+    if not reference:
+        return {}
+
+    def ratio(a: float | None, b: float | None) -> float | None:
+        return round(a / b, 3) if a is not None and b else None
+
+    rows = []
+    for precision, measured in runs.items():
+        if precision == PRECISION_REFERENCE:
+            continue
+        for run in measured:
+            ref = reference.get(run["concurrency"])
+            if ref is None:
+                continue
+            paired = interval(run["exact"], ref["exact"])
+            rows.append(
+                {
+                    "precision": precision,
+                    "concurrency": run["concurrency"],
+                    "output_tokens_per_s_ratio": ratio(run["output_tokens_per_s"], ref["output_tokens_per_s"]),
+                    "requests_per_s_ratio": ratio(run["requests_per_s"], ref["requests_per_s"]),
+                    "ttft_ratio": ratio(run["ttft_ms"], ref["ttft_ms"]),
+                    "itl_ratio": ratio(run["itl_ms"], ref["itl_ms"]),
+                    "exact_match_diff": paired,
+                    "quality_held": paired["low"] is not None and paired["low"] > -PRECISION_MARGIN,
+                    "wrong_writes": {precision: run["wrong_writes"], PRECISION_REFERENCE: ref["wrong_writes"]},
+                    "errors": {precision: run["errors"], PRECISION_REFERENCE: ref["errors"]},
+                }
+            )
+    return {"reference": PRECISION_REFERENCE, "margin": PRECISION_MARGIN, "rows": rows}

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -22,7 +23,7 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from pipelines.bench.results import CONSTRAINED_LABEL, _compare, _round, summarize_run
+from pipelines.bench.results import CONSTRAINED_LABEL, _compare, _round, precision_comparison, summarize_run
 from pipelines.config import DECODINGS, BenchSettings, Settings, decoding_modes
 from pipelines.errors import NotRetryable
 from pipelines.hardware import detect, usd_per_million
@@ -69,6 +70,43 @@ class _Arm:
     conversations: list[list[dict[str, str]]]
 
 
+@dataclass(frozen=True)
+class _Precision:
+    """The live version at one precision: its arm, and whether it is a copy this benchmark loaded (and unloads)."""
+
+    precision: str
+    arm: _Arm
+    copy: bool
+
+
+def _precision_arms(
+    settings: Settings, client: TritonClient, live: Any, tuned: _Arm, precisions: Sequence[str]
+) -> list[_Precision]:
+    """The live version at each of `precisions`: the live model itself at the precision it is served at (a
+    merged folder; a shared base is never one), else a copy of its folder built at that precision
+    (`<version's name>_<precision>`; `run_bench` loads it, and unloads it after)."""
+    served = None if settings.triton.multi_lora else settings.triton.precision
+    arms = []
+    for precision in precisions:
+        if precision == served:
+            arms.append(_Precision(precision, tuned, False))
+            continue
+        at = settings.model_copy(update={"triton": settings.triton.model_copy(update={"precision": precision})})
+        name = f"{repository.triton_name(settings, live.version)}_{precision}"
+        entry = repository.build_version(at, live.version, in_use=client.ready(name), name=name)
+        if entry.stale:  # a copy left loaded (an earlier run stopped) but built otherwise: rebuilt, not timed stale
+            client.unload(name, wait_s=120)
+            entry = repository.build_version(at, live.version, name=name)
+        arms.append(
+            _Precision(
+                precision,
+                _Arm(entry.name, f"v{live.version} at {precision} (benchmark copy)", tuned.conversations),
+                True,
+            )
+        )
+    return arms
+
+
 def run_bench(settings: Settings, cfg: BenchSettings | None = None, console: Console | None = None) -> dict[str, Any]:
     """Benchmark the live model and the base+few-shot baseline through the running Triton server. With
     `triton.multi_lora` the baseline's own base model is unloaded afterwards: the shared model stays the one
@@ -94,12 +132,14 @@ def run_bench(settings: Settings, cfg: BenchSettings | None = None, console: Con
     served = settings.triton.constrained if settings.triton.constrained in modes else modes[0]
     started = time.perf_counter()
     base = None
+    precisions: list[_Precision] = []
     try:
         base = _base_entry(settings, client, base_model, live)
         baseline = _Arm(base.name, f"base + {cfg.shots}-shot (full prompt)", with_shots(full, pool, cfg.shots))
+        at = f", {settings.triton.precision}" if cfg.precisions and not settings.triton.multi_lora else ""
         tuned = _Arm(
             live.name,
-            f"tuned v{live.version} ({live.prompt_style} prompt)",
+            f"tuned v{live.version} ({live.prompt_style} prompt{at})",
             [conversation(r, live.prompt_style) for r in rows],
         )
         longest = check_prompt_lengths(
@@ -110,8 +150,13 @@ def run_bench(settings: Settings, cfg: BenchSettings | None = None, console: Con
             raise DeployFailed(f"{live.name} is live but not loaded on the server (restarted?): run `flywheel deploy`")
         if not client.ready(base.name):
             client.load(base.name)
-        results = _time_runs(client, (baseline, tuned), rows, modes, cfg.concurrency, console)
+        precisions = _precision_arms(settings, client, live, tuned, cfg.precisions)
+        copies = tuple(p.arm for p in precisions if p.copy)
+        for copy in copies:
+            client.load(copy.name)
+        results = _time_runs(client, (baseline, tuned, *copies), rows, modes, cfg.concurrency, console)
     finally:
+        _unload_copies(client, precisions)
         _unload_base(settings, client, base)
     direct = _direct(settings, live, tuned.conversations, rows, served) if cfg.direct else None
     hardware = detect(settings.bench.hardware)
@@ -134,6 +179,8 @@ def run_bench(settings: Settings, cfg: BenchSettings | None = None, console: Con
         "runs": results,
         "direct": direct,
         "comparison": comparison,
+        "precision": precision_comparison({p.precision: _rows_of(results, p.arm, served) for p in precisions}),
+        "served_precision": "multi-LoRA shared base" if settings.triton.multi_lora else settings.triton.precision,
         "constrained": served,
         "triton_overhead_ms": round(tuned_rows[0]["p50_ms"] - direct["p50_ms"], 1) if direct and tuned_rows else None,
         "seconds": round(time.perf_counter() - started, 1),
@@ -179,6 +226,18 @@ def _time_runs(
                         }
                     )
     return results
+
+
+def _unload_copies(client: TritonClient, precisions: list[_Precision]) -> None:
+    """The benchmark's copies at other precisions, unloaded (a clean-up: it never hides the benchmark's outcome)."""
+    for p in precisions:
+        if not p.copy:
+            continue
+        try:
+            if client.ready(p.arm.name):
+                client.unload(p.arm.name, wait_s=120)
+        except Exception as exc:  # noqa: BLE001
+            logging.getLogger(__name__).warning("could not unload the benchmark's copy %s: %s", p.arm.name, exc)
 
 
 def _unload_base(settings: Settings, client: TritonClient, base: repository.ModelEntry | None) -> None:

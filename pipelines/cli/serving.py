@@ -166,6 +166,10 @@ def bench_cmd(
     requests: Annotated[int | None, typer.Option(min=1, help="Test requests per model and level.")] = None,
     concurrency: Annotated[str | None, typer.Option(help="Comma-separated levels, e.g. 1,2,4.")] = None,
     protocol: Annotated[str | None, typer.Option(help="http or grpc.")] = None,
+    precisions: Annotated[
+        str | None,
+        typer.Option(help="Also time the live version at these precisions, e.g. fp32,bf16,auto (paired with fp32)."),
+    ] = None,
     aiperf: Annotated[
         bool,
         typer.Option(
@@ -184,6 +188,8 @@ def bench_cmd(
 
     settings = cli_settings()
     overrides: dict[str, Any] = {"requests": requests, "protocol": protocol}
+    if precisions:
+        overrides["precisions"] = [p.strip() for p in precisions.split(",") if p.strip()]
     if concurrency:
         try:
             overrides["concurrency"] = [int(v) for v in concurrency.split(",")]
@@ -219,6 +225,10 @@ def bench_cmd(
     _print_table(
         f"serving benchmark ({report['hardware']['name']}): {report['html_uri']}", TABLE_COLUMNS, table_rows(report)
     )
+    from pipelines.bench.report import precision_lines
+
+    for line in precision_lines(report):
+        console.print(line, soft_wrap=True, highlight=False)
     if report.get("comparison"):
         from pipelines.bench.report import change_line
 

@@ -82,12 +82,9 @@ def _secret(settings: Settings, field: str, file_name: str) -> str:
             f"mlflow.{field}: required by the cluster profile when mlflow.auth is on "
             f"(FLYWHEEL_MLFLOW__{field.upper()} from a secret)"
         )
-    file = Path(str(settings.root)) / "runs" / file_name
-    if not file.is_file():
-        file.parent.mkdir(parents=True, exist_ok=True)
-        file.touch(mode=0o600)
-        file.write_text(secrets.token_urlsafe(32))
-    return file.read_text().strip()
+    from pipelines.storage import create_secret_once
+
+    return create_secret_once(str(Path(str(settings.root)) / "runs" / file_name), secrets.token_urlsafe(32))
 
 
 def admin_password(settings: Settings) -> str:

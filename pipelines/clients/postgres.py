@@ -14,6 +14,8 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipelines.storage import create_secret_once
+
 DATABASES = ("airflow", "mlflow", "mlflow_auth", "feast")
 
 
@@ -74,8 +76,8 @@ def start(data_dir: Path, port: int, databases: tuple[str, ...] = DATABASES) -> 
     secret = data_dir.parent / f"{data_dir.name}.password"
     if not (data_dir / "PG_VERSION").is_file():
         data_dir.mkdir(parents=True, exist_ok=True)
-        secret.write_text(secrets.token_urlsafe(24))
-        os.chmod(secret, 0o600)
+        secret.unlink(missing_ok=True)  # a fresh cluster gets a fresh password (its data folder is new)
+        create_secret_once(str(secret), secrets.token_urlsafe(24))  # 0600 from its first byte
         _hand_over(data_dir.parent)
         init = subprocess.run(  # noqa: S603 (our own executable and arguments)
             _as_server_user(

@@ -20,7 +20,7 @@ import json
 import re
 from typing import Any
 
-from pydantic import SecretStr
+from pydantic import BaseModel, SecretStr
 
 from pipelines.config import Settings
 
@@ -108,23 +108,37 @@ def variant_pod(
     }
 
 
+ENDPOINTS = ("mlflow", "spark", "feast", "triton", "evaluation")  # every value: the cluster profile fills them in
+
+
+def sections(settings: Settings) -> list[str]:
+    """The settings' sections (mlflow, gateway, train, ...), in their declared order."""
+    return [name for name in type(settings).model_fields if isinstance(getattr(settings, name), BaseModel)]
+
+
 def settings_config_map(settings: Settings) -> dict[str, Any]:
-    """The non-secret FLYWHEEL_* settings the pods read (`envFrom`); URIs with credentials go to the Secret."""
+    """The non-secret FLYWHEEL_* settings the pods read (`envFrom`): every value of the endpoint sections (the
+    cluster profile fills them in), and every other setting that differs from its default (what the operator
+    configured: the gateway's grace and teacher, the namespace, the gate's margins, ...); lists and mappings as
+    JSON. URIs with credentials and keys go to the Secret."""
     from pipelines.security import redact_uri
 
     data: dict[str, str] = {"FLYWHEEL_PROFILE": settings.profile, "FLYWHEEL_ROOT": str(settings.root)}
-    for section in ("mlflow", "spark", "feast", "triton", "evaluation"):
+    for section in sections(settings):
         part = getattr(settings, section)
-        for key, value in part.model_dump(mode="json").items():
-            if value is None or isinstance(value, (dict, list)) or key in ("password", "username"):
-                continue
+        dumped = part.model_dump(mode="json")
+        for key, field in type(part).model_fields.items():
+            value, shown = getattr(part, key), dumped[key]
+            if shown is None or key in ("password", "username") or isinstance(value, SecretStr):
+                continue  # unset, or a credential: never in a ConfigMap
             if section in POD_ONLY and key not in POD_ONLY[section]:  # e.g. the judge's URL and key: not the pods'
                 continue
-            if isinstance(getattr(part, key), SecretStr):  # a key: never in a ConfigMap
+            if section not in ENDPOINTS and value == field.get_default(call_default_factory=True):
+                continue  # the pod's own default is the same
+            text = json.dumps(shown) if isinstance(shown, (dict, list)) else str(shown)
+            if redact_uri(text) != text:  # carries a password: the Secret's business
                 continue
-            if redact_uri(str(value)) != str(value):  # carries a password: the Secret's business
-                continue
-            data[f"FLYWHEEL_{section.upper()}__{key.upper()}"] = str(value)
+            data[f"FLYWHEEL_{section.upper()}__{key.upper()}"] = text
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
@@ -151,7 +165,7 @@ def secret_data(settings: Settings) -> dict[str, str]:
         if isinstance(value, SecretStr) or credential or redact_uri(text) != text:
             data[name] = text
 
-    for section in ("airflow", "mlflow", "feast", "gateway", "evaluation"):
+    for section in sections(settings):
         part = getattr(settings, section)
         for key in type(part).model_fields:
             add(f"FLYWHEEL_{section.upper()}__{key.upper()}", getattr(part, key))

@@ -87,6 +87,13 @@ class BenchSettings(_Section):
         "comparison uses the served rows",
     )
     direct: bool = Field(default=True, description="also time in-process inference (Triton's overhead)")
+    precisions: list[Literal["fp32", "bf16", "auto"]] = Field(
+        default_factory=list,
+        description="also time the live version at each of these precisions (`triton.precision`), side by side on "
+        "the same requests: a copy of its folder at each precision it is not served at, loaded for the benchmark "
+        "and unloaded after; throughput, TTFT and ITL against fp32's, exact match paired per request. Empty: the "
+        "served precision only",
+    )
     after_deploy: bool = Field(
         default=True,
         description="the DAG benchmarks the live model after each deployment (off: "
@@ -103,6 +110,11 @@ class BenchSettings(_Section):
         description="the NVIDIA AIPerf executable `bench/aiperf.py` runs (default: the repository's .venv-aiperf, "
         "`make aiperf-env`); also read from FLYWHEEL_AIPERF",
     )
+
+    @field_validator("precisions")
+    @classmethod
+    def _distinct(cls, precisions: list[str]) -> list[str]:
+        return list(dict.fromkeys(precisions))
 
     @field_validator("concurrency")
     @classmethod

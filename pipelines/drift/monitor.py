@@ -146,7 +146,7 @@ def _readable(settings: Settings, window: DateWindow) -> tuple[list[str], int]:
     from pipelines.prep.pipeline import raw_files_for
 
     files, unreadable = [], 0
-    for uri in raw_files_for(settings, window):
+    for uri in raw_files_for(settings, window, late_copies=False):  # the days' traffic, not late copies
         reason = unreadable_reason(uri)
         if reason:
             unreadable += 1
@@ -260,24 +260,25 @@ def _lock_path(settings: Settings) -> Path:
 
 @contextmanager
 def _locked_state(settings: Settings) -> Iterator[dict[str, Any]]:
-    """The state under the lock; written back (atomically) when the block ends without an error."""
-    from filelock import FileLock, Timeout
+    """The state under its lock (a file lock locally; on object storage the advisory lock every host shares,
+    `locks.shared_lock`); written back (atomically) when the block ends without an error."""
+    from contextlib import ExitStack
+
+    from pipelines.locks import shared_lock
+    from pipelines.storage import Busy
 
     timeout = settings.drift.state_lock_timeout_s
-    lock = FileLock(str(_lock_path(settings)), timeout=timeout)
+    held = ExitStack()
     try:
-        lock.acquire()
-    except Timeout:
+        held.enter_context(shared_lock(_state_uri(settings), timeout, "the drift state", settings.state_lock_uri))
+    except Busy:
         raise StateLockTimeout(
-            f"the drift monitor's state lock {lock.lock_file} was held for more than "
-            f"{timeout:g} s (another check or alert); retry"
+            f"the drift monitor's state lock was held for more than {timeout:g} s (another check or alert); retry"
         ) from None
-    try:
+    with held:
         state = _read_state(settings)
         yield state
         write_json(_state_uri(settings), state)
-    finally:
-        lock.release()
 
 
 def _cooling(state: dict[str, Any], now: datetime, hours: float) -> bool:

@@ -80,8 +80,11 @@ class ParseCache:
             return None
         import io
 
-        info = read_json(meta)
-        frame = pd.read_parquet(io.BytesIO(read_bytes(parquet)))
+        try:
+            info = read_json(meta)
+            frame = pd.read_parquet(io.BytesIO(read_bytes(parquet)))
+        except (FileNotFoundError, ValueError):  # pruned (or torn) by another check meanwhile: parsed again
+            return None
         return frame, Counter(info["reasons"]), int(info["lines"])
 
     def store(self, key: str, rows: list[dict[str, Any]], reasons: Counter[str], lines: int) -> pd.DataFrame:

@@ -18,10 +18,11 @@ from typing import Any
 from pipelines.clients import feast as feast_client
 from pipelines.config import Settings
 from pipelines.features import nodes
+from pipelines.locks import shared_lock
 from pipelines.logs.schema import ANONYMOUS
 from pipelines.prep.pipeline import PrepError, window_lock, zone_paths
 from pipelines.security import redact_uri
-from pipelines.storage import glob, locked, makedirs, read_bytes, read_json, remove, window_partitions, write_json
+from pipelines.storage import glob, makedirs, read_bytes, read_json, remove, window_partitions, write_json
 from pipelines.toolcall.prompt import format_context, system_prompt
 from pipelines.window import DateWindow
 
@@ -193,7 +194,7 @@ def _advance_current(settings: Settings, manifest: dict[str, Any]) -> None:
     rebuilds that window's files and manifest but never moves "current" back in time. Under a lock,
     so two runs finishing at once cannot interleave their read and write."""
     current_uri = f"{settings.zone('curated')}/manifest.json"
-    with locked(current_uri, 120, "the current training set's manifest"):
+    with shared_lock(current_uri, 120, "the current training set's manifest", settings.state_lock_uri):
         try:
             current = read_json(current_uri)
         except FileNotFoundError:

@@ -43,17 +43,14 @@ def api_key_file(settings: Settings) -> Path:
 def api_key(settings: Settings) -> str:
     """`gateway.api_key` when set (cluster: from a secret), else one generated once per local root into a
     0600 file (as the MLflow password is)."""
-    from pipelines.storage import write_text
+    from pipelines.storage import create_secret_once
 
     if settings.gateway.api_key is not None:
         key = settings.gateway.api_key.get_secret_value().strip()
     elif not settings.is_local:
         raise ConfigError("gateway.api_key: required by the cluster profile (FLYWHEEL_GATEWAY__API_KEY from a secret)")
     else:
-        file = api_key_file(settings)
-        if not file.is_file() or not file.read_text().strip():
-            write_text(str(file), f"fw-{secrets.token_urlsafe(32)}")  # atomic, 0600 (mkstemp), never half a key
-        key = file.read_text().strip()
+        key = create_secret_once(str(api_key_file(settings)), f"fw-{secrets.token_urlsafe(32)}")  # never half a key
     if len(key) < MIN_KEY_CHARS:
         raise ConfigError(
             f"gateway.api_key: at least {MIN_KEY_CHARS} characters (an empty or short key would let "

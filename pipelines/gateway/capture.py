@@ -1,19 +1,22 @@
 """Served turns written back as log records: the flywheel's next training data (`capture_record` makes the
 record, `CaptureWriter` keeps it).
 
-One writer per gateway process appends JSON lines to `raw/dt=<day>/gateway-<start>-<pid>-<n>.jsonl`
-(a name no other process uses, so concurrent gateways never share a file). Requests of one process
+One writer per gateway process appends JSON lines to `raw/dt=<day>/gateway-<start>-<pid>-<token>-<n>.jsonl`
+(`token`: random, the writer's own: in a pod every gateway is PID 1, and two replicas started in the same second
+would otherwise upload under one name, so concurrent gateways never share a file). Requests of one process
 append under a thread lock, and every record is flushed and fsynced before its request is answered:
 an acknowledged record survives a kill of the gateway; a kill mid-write leaves at most one torn last
 line, which prep quarantines as `bad_json` (never silently lost). A file is closed at the next day, past
 `capture_rotate_bytes`, or once it is `max_age_s` old (`rotate_old`, called by the gateway's flusher).
 
-With the raw zone on object storage (no appends there), records go to a local spool folder of the process's own
-with the same layout and each closed file is uploaded whole, so an acknowledged turn reaches object storage
-within about `max_age_s`. The writer holds an exclusive lock on its spool folder for as long as it runs: a
-folder whose lock can be taken belongs to a writer that is gone (a process id says nothing in a container,
-where every gateway is PID 1), and its files are uploaded when the next writer starts. Once closed, a writer
-refuses more records (`WriterClosed`): a deleted project's request in flight never recreates its folders.
+With the raw zone on object storage (no appends there), records go to a local spool folder of the process's own with
+the same layout and each closed file is uploaded whole, so an acknowledged turn reaches object storage within about
+`max_age_s`. A closed file whose upload fails stays in the spool and is tried again at each rotation and each
+flusher pass (`rotate_old`) and at close, never failing the request that rotated it. The writer holds an exclusive
+lock on its spool folder for as long as it runs: a folder whose lock can be taken belongs to a writer that is gone
+(a process id says nothing in a container, where every gateway is PID 1), and its files are uploaded when the next
+writer starts. Once closed, a writer refuses more records (`WriterClosed`): a deleted project's request in flight
+never recreates its folders.
 """
 
 from __future__ import annotations
@@ -66,9 +69,11 @@ class CaptureWriter:
         self._n = 0
         self._closed = False
         self._held: int | None = None  # the spool folder's lock, held while this writer runs
+        self._token = os.urandom(4).hex()  # in every file name: no other writer's, whatever its pid and start
+        self._pending: list[Path] = []  # closed files whose upload failed: tried again (`_retry`)
         if self.remote and self.spool:
             # on object storage: a spool folder of this writer's own (another gateway's files are never touched)
-            self.folder = self.spool / f"{self._stamp}-{os.getpid()}-{os.urandom(4).hex()}"
+            self.folder = self.spool / f"{self._stamp}-{os.getpid()}-{self._token}"
             self._held = _hold(self.folder)
             self.upload_spool()
         else:
@@ -97,7 +102,7 @@ class CaptureWriter:
         self._n += 1
         folder = self.folder / f"dt={day}"
         folder.mkdir(parents=True, exist_ok=True)
-        path = folder / f"gateway-{self._stamp}-{os.getpid()}-{self._n:04d}.jsonl"
+        path = folder / f"gateway-{self._stamp}-{os.getpid()}-{self._token}-{self._n:04d}.jsonl"
         handle = open(path, "ab")  # noqa: SIM115 (kept open across requests; closed on rotation and close)
         dir_fd = os.open(folder, os.O_RDONLY)  # the new file's name survives a power cut
         try:
@@ -110,9 +115,10 @@ class CaptureWriter:
     def rotate_old(self) -> int:
         """Close (and, on object storage, upload) every open file older than `max_age_s`: an acknowledged turn
         reaches the raw zone within about that long. Returns how many files were closed."""
-        if self.max_age_s is None:
-            return 0
         with self._lock:
+            self._retry()
+            if self.max_age_s is None:
+                return 0
             old = [day for day, f in self._open.items() if time.monotonic() - f.opened >= self.max_age_s]
             for day in old:
                 self._close(day)
@@ -124,7 +130,21 @@ class CaptureWriter:
             return
         current.handle.close()
         if self.remote:
-            self._upload(current.path)
+            self._pending.append(current.path)
+            self._retry()
+
+    def _retry(self) -> list[str]:
+        """Upload the closed files still in the spool (an upload that failed stays there, tried again by the next
+        rotation, flusher pass or close); returns the failures, never raises."""
+        failures = []
+        for path in list(self._pending):
+            try:
+                self._upload(path)
+                self._pending.remove(path)
+            except Exception as exc:  # noqa: BLE001 (the zone unreachable: kept in the spool, tried again)
+                failures.append(f"{path.parent.name}/{path.name}: {type(exc).__name__}: {exc}")
+                LOG.warning("capture file %s not uploaded yet (%s); kept in the spool", path, exc)
+        return failures
 
     def _upload(self, path: Path) -> None:
         storage.write_bytes(f"{self.raw_zone}/{path.parent.name}/{path.name}", path.read_bytes())
@@ -175,7 +195,8 @@ class CaptureWriter:
                     self._close(day)
                 except Exception as exc:  # noqa: BLE001 (left in the spool; the next writer uploads it)
                     failures.append(f"{day}: {type(exc).__name__}: {exc}")
-                    LOG.warning("capture file of %s not uploaded (%s); kept in the spool", day, exc)
+                    LOG.warning("capture file of %s not closed (%s); kept in the spool", day, exc)
+            failures += self._retry()
         if self._held is not None:
             os.close(self._held)
             self._held = None

@@ -28,8 +28,9 @@ from pipelines.admission.fair import FairShare, backend_slots
 from pipelines.admission.quota import replica_name
 from pipelines.config import DEFAULT_PROJECT, Settings
 from pipelines.gateway import openai_api as api
+from pipelines.gateway.capture import WriterClosed
 from pipelines.gateway.streaming import stream_response
-from pipelines.gateway.tenants import Tenants
+from pipelines.gateway.tenants import Tenants, closed_error
 from pipelines.logs.feedback import RATINGS
 
 LOG = logging.getLogger("flywheel.gateway")
@@ -149,7 +150,10 @@ class Gateway:
             "timestamp": datetime.now(UTC).isoformat(timespec="microseconds"),
         }
         tenant = await run_in_threadpool(self.tenants.tenant, request.state.project)
-        await run_in_threadpool(tenant.ratings.write, event)
+        try:
+            await run_in_threadpool(tenant.ratings.write, event)
+        except WriterClosed:  # its project deleted (or the gateway stopping) meanwhile: a 503 to retry, not a 500
+            raise closed_error(request.state.project) from None
         return {"id": data["id"], "rating": data["rating"], "recorded": True}
 
     async def ready(self) -> JSONResponse:

@@ -26,6 +26,19 @@ FLUSH_JOIN_S = 5.0  # the flusher's last cycle at close: within the pod's grace 
 REGISTRY_TTL_S = 1.0  # how stale the key index may be (a local registry is re-read only when it changed)
 
 
+def closed_error(project: str) -> Exception:
+    """The 503 a request of a closed project gets (deleted, or the gateway is stopping): the caller retries, then
+    gets a 401 once its key is gone."""
+    from pipelines.gateway.openai_api import ApiError
+
+    return ApiError(
+        503,
+        f"project {project} is closed (deleted, or the gateway is stopping): retry",
+        kind="server_error",
+        code="project_closed",
+    )
+
+
 class Metered:
     """A project's traffic, counted: what `stream_response` and the sync path call (`handle`)."""
 
@@ -34,7 +47,6 @@ class Metered:
 
     def handle(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
         from pipelines.gateway.capture import WriterClosed
-        from pipelines.gateway.openai_api import ApiError
 
         started = time.perf_counter()
         body = None
@@ -42,12 +54,7 @@ class Metered:
             body = self.traffic.handle(*args, **kwargs)
             return body
         except WriterClosed:  # its project was deleted (or the gateway is stopping) while the request ran
-            raise ApiError(
-                503,
-                f"project {self.settings.project} is closed (deleted, or the gateway is stopping): retry",
-                kind="server_error",
-                code="project_closed",
-            ) from None
+            raise closed_error(self.settings.project) from None
         finally:
             self.quota.charge(body, (time.perf_counter() - started) * 1000)
 
@@ -207,11 +214,15 @@ class Tenants:
         return self._registry()[1].get(project)
 
     def tenant(self, project: str) -> Tenant:
+        """The project's tenant, built on its first request; a project the registry no longer holds (deleted while
+        its request was on the way) gets the 503 `project_closed`, and nothing is built for it."""
         from pipelines.projects import settings_for
 
         found = self._tenants.get(project)
         if found is not None:
             return found
+        if project != DEFAULT_PROJECT and project not in self._registry()[1]:
+            raise closed_error(project)
         with self._lock:
             if project not in self._tenants:
                 self._tenants[project] = Tenant(settings_for(self.settings, project))

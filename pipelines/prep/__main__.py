@@ -11,7 +11,7 @@ import json
 import os
 import sys
 
-from pipelines.config import load_settings
+from pipelines.config import ConfigError, load_settings
 from pipelines.prep.pipeline import run_prep
 from pipelines.window import DateWindow
 
@@ -23,8 +23,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--project", default=None, help="the AI project whose window this is (default: the configured)")
     args = parser.parse_args(argv)
     os.environ.setdefault("SPARK_SUBMITTED", "1")
-    settings = load_settings(**({"project": args.project} if args.project else {}))
-    result = run_prep(settings, DateWindow.parse(args.start, args.end))
+    try:  # bad input (settings, the dates) is one `error:` line and exit 2, never a traceback
+        settings = load_settings(**({"project": args.project} if args.project else {}))
+        window = DateWindow.parse(args.start, args.end)
+    except ConfigError as exc:
+        parser.exit(2, f"error: {exc}\n")
+    except ValueError as exc:
+        parser.exit(2, f"error: --start/--end: {exc}\n")
+    result = run_prep(settings, window)
     sys.stdout.write(json.dumps(result.to_dict()) + "\n")
     return 0
 

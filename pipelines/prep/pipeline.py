@@ -20,14 +20,15 @@ from typing import Any
 from pipelines import __version__
 from pipelines.config import REPO_ROOT, Settings
 from pipelines.errors import DataProblem
+from pipelines.locks import shared_lock
 from pipelines.logs.feedback import read_feedback
 from pipelines.logs.raw import unreadable_reason
 from pipelines.logs.tools import TOOLSET_VERSION
 from pipelines.logs.toolsets import extra_tool_names, registered_catalogue
 from pipelines.prep import nodes
-from pipelines.prep.late import stage_late_ratings
+from pipelines.prep.late import LATE_PREFIX, stage_late_ratings
 from pipelines.redact import PII_TYPES
-from pipelines.storage import exists, glob, locked, move, remove, window_partitions, write_json
+from pipelines.storage import exists, glob, move, remove, window_partitions, write_json
 from pipelines.toolcall.grammar import constraint
 from pipelines.window import DateWindow
 
@@ -78,12 +79,20 @@ def zone_paths(settings: Settings) -> dict[str, str]:
     }
 
 
-def raw_files_for(settings: Settings, window: DateWindow) -> list[str]:
+def raw_files_for(settings: Settings, window: DateWindow, *, late_copies: bool = True) -> list[str]:
+    """The window's raw files. A late-ratings copy (`prep/late.py`: earlier turns rated during a window, staged in
+    its last day) counts for the window it was staged for only, and not at all with `late_copies=False` (the drift
+    monitor: a day's traffic, not copies of older turns)."""
     raw = settings.zone("raw")
+    own = f"{LATE_PREFIX}{window.label}.jsonl"
     files: list[str] = []
     for day in window.days():
         for pattern in ("*.jsonl", "*.jsonl.gz"):
-            files.extend(glob(f"{raw}/dt={day.isoformat()}/{pattern}"))
+            for uri in glob(f"{raw}/dt={day.isoformat()}/{pattern}"):
+                name = uri.rsplit("/", 1)[-1]
+                if name.startswith(LATE_PREFIX) and (not late_copies or name != own):
+                    continue
+                files.append(uri)
     return files
 
 
@@ -391,7 +400,12 @@ def window_lock(settings: Settings, window: DateWindow, timeout_s: float = 3600)
     manifest, the features step's writes). One lock for every window, since windows overlap (a daily run
     and a 7-day run share days): two runs replace their partitions one after the other, never
     interleaved. The swap itself is renames (seconds); features hold it for their Spark writes."""
-    return locked(f"{settings.zone('curated')}/_locks/tables", timeout_s, f"the curated tables (window {window})")
+    return shared_lock(
+        f"{settings.zone('curated')}/_locks/tables",
+        timeout_s,
+        f"the curated tables (window {window})",
+        settings.state_lock_uri,
+    )
 
 
 def _partition_suffix(partition: str) -> str:

@@ -101,9 +101,9 @@ def decide(
 ) -> dict[str, Any]:
     """Accept (with the corrected `call`) or reject one queued turn; returns what was written. One reviewer at
     a time per record (a lock): an accept and a reject of the same record never both land."""
-    from pipelines.storage import locked
+    from pipelines.locks import shared_lock
 
-    with locked(_decision_uri(settings, record_id), 60, f"the review of {record_id}"):
+    with shared_lock(_decision_uri(settings, record_id), 60, f"the review of {record_id}", settings.state_lock_uri):
         return _decide(settings, record_id, accept, call, reviewer)
 
 

@@ -164,6 +164,8 @@ def score_replies(rows: list[dict[str, Any]], replies: list[Reply]) -> dict[str,
         "name_accuracy": summary.get("name_accuracy", 0.0),
         "latency_ms_p50": round(statistics.median(latencies), 1) if latencies else None,
         "prompt_tokens_mean": round(statistics.fmean(rep.prompt_tokens for rep in answered), 1) if answered else None,
+        "wrong_writes": sum(1 for s in scores if s.wrong_write),
+        "exact": [int(s.exact_match) for s in scores],  # each request's, in the rows' order (paired comparisons)
     }
 
 

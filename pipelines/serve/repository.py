@@ -101,6 +101,8 @@ def config_pbtxt(
         "max_input_tokens": str(limits[0]),
         "max_new_tokens": str(limits[1]),
         "threads": str(t.threads),
+        "precision": t.precision,
+        "bf16_min_rows": str(t.bf16_min_rows),
         **(shared or {}),
     }
     if t.execution_env:
@@ -307,15 +309,16 @@ def version_identity(settings: Settings, version: str) -> tuple[dict[str, str], 
     return tags, tags.get("flywheel.base_model", "smollm2-135m-instruct"), tags.get("flywheel.prompt_style", "short")
 
 
-def build_version(settings: Settings, version: str, *, in_use: bool = False) -> ModelEntry:
+def build_version(settings: Settings, version: str, *, in_use: bool = False, name: str | None = None) -> ModelEntry:
     """The model folder of a registered version (adapter from MLflow, base model from the catalogue);
-    `in_use`: the model is loaded or live, so an existing folder of it is never rewritten. (With
-    `triton.multi_lora` deployments go through `shared_base.build_serving` instead.)"""
+    `in_use`: the model is loaded or live, so an existing folder of it is never rewritten; `name`: another Triton
+    name than the version's own (the benchmark's copies at another precision). (With `triton.multi_lora`
+    deployments go through `shared_base.build_serving` instead.)"""
     from pipelines.base_models import prepare_base
     from pipelines.registry.models import adapter_path
 
     tags, base_model, style = version_identity(settings, version)
-    name = triton_name(settings, version)
+    name = name or triton_name(settings, version)
     path, stale = write_model(
         settings,
         staging_repository(settings),

@@ -71,7 +71,7 @@ def adapter_root(settings: Settings) -> Path:
 def build_shared(settings: Settings, base_model: str, *, is_loaded: Callable[[str], bool] | None = None) -> ModelEntry:
     """The shared base's model folder (one per base model, for every project; written once, kept while loaded)."""
     from pipelines.base_models import prepare_base
-    from pipelines.storage import locked
+    from pipelines.locks import shared_lock
 
     if "://" in str(settings.triton.model_repository):
         raise ConfigError(
@@ -84,7 +84,9 @@ def build_shared(settings: Settings, base_model: str, *, is_loaded: Callable[[st
     root = adapter_root(settings)
     root.mkdir(parents=True, exist_ok=True)
     folder = staging_repository(settings) / name
-    with locked(str(folder), settings.triton.state_lock_timeout_s, f"the shared base {name}"):  # every project's
+    # every project's: on object storage every host's (the folder's place in the repository keys the lock)
+    where = str(folder) if "://" not in str(settings.triton.model_repository) else model_uri(settings, name)
+    with shared_lock(where, settings.triton.state_lock_timeout_s, f"the shared base {name}", settings.state_lock_uri):
         path, stale = write_model(
             settings,
             staging_repository(settings),

@@ -11,7 +11,9 @@ import argparse
 import json
 import sys
 
-from pipelines.config import load_settings
+from pydantic import ValidationError
+
+from pipelines.config import ConfigError, load_settings
 from pipelines.train.sweep import run_sweep
 from pipelines.train.sweep_config import SweepConfig
 
@@ -24,10 +26,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--window", default=None, help="the training set's window label (START_END)")
     parser.add_argument("--project", default=None, help="the AI project the run trains (its data and MLflow runs)")
     args = parser.parse_args(argv)
-    settings = load_settings(**({"project": args.project} if args.project else {}))
+    try:  # bad input (settings, the plan's JSON) is one `error:` line and exit 2, never a traceback
+        settings = load_settings(**({"project": args.project} if args.project else {}))
+        sweep = SweepConfig.model_validate(json.loads(args.sweep_json))
+    except ConfigError as exc:
+        parser.exit(2, f"error: {exc}\n")
+    except (json.JSONDecodeError, ValidationError) as exc:
+        parser.exit(2, f"error: --sweep-json: {' '.join(str(exc).split())[:500]}\n")
     if settings.train.runner != "local":
         parser.error("a training pod trains its variant itself: FLYWHEEL_TRAIN__RUNNER must be local")
-    sweep = SweepConfig.model_validate(json.loads(args.sweep_json))
     days = [d for d in args.reference_days.split(",") if d] or None
     result = run_sweep(settings, sweep, reference_days=days, only=[args.index], window=args.window)
     variant = result.variants[0]

@@ -21,7 +21,7 @@ from rich.console import Console
 from pipelines.base_models import answer_budget_of
 from pipelines.config import Settings
 from pipelines.errors import NotRetryable
-from pipelines.storage import write_json
+from pipelines.storage import write_json, write_text
 from pipelines.toolcall.budget import TAG as BUDGET_TAG
 from pipelines.train.hf_backend import TrainConfig, TrainResult, epochs_seen, steps_for
 from pipelines.train.sweep_config import SweepConfig, variant_points
@@ -337,7 +337,7 @@ def _run_variant(
         mlflow.log_metrics(metrics)
         mlflow.set_tag("flywheel.status", trained.status)
     result = VariantResult(index, run_id, _flat_params(cfg), trained.status, trained.adapter_dir, metrics, style)
-    done.write_text(json.dumps(asdict(result), indent=2))
+    write_text(str(done), json.dumps(asdict(result), indent=2))  # atomic: a retry never reads half of it
     ctx.console.print(
         f"  {trained.status}: loss {trained.final_loss:.3f}, {trained.tokens_per_s:.0f} tokens/s, "
         + ", ".join(f"{k} {v:.2f}" for k, v in metrics.items() if k.startswith("val_"))

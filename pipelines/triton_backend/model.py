@@ -14,6 +14,12 @@ names one of the adapters deployed under that folder (`lora_cache.py` with `batc
 file: loaded on first use into a slot of the one base, evicted least-recently-used past `max_adapters`); a request
 without one is answered by the base model.
 
+Precision (the parameter `precision`, from `triton.precision`; a GPU instance always serves bf16): `fp32`, `bf16` (the
+weights in bf16: every step, prefill and decode, in bf16), or `auto`: an fp32 copy and a bf16 copy of the merged
+model, and a batch of at least `bf16_min_rows` requests runs the bf16 one (on AMX/AVX-512 BF16 cores bf16 wins where
+several rows meet a weight, and loses for one decoded row on a small matrix). A shared base serves `auto` as fp32:
+one copy of the base in memory is its point.
+
 The model is decoupled (gRPC streaming): every request gets its responses through its own sender, the last
 one with FINAL true and the whole answer. A request with STREAM true also gets one response per decoding
 step that grew its text (TOOL_CALL = the text so far, FINAL false), so a caller sees the first token as
@@ -30,6 +36,7 @@ import numpy as np
 import triton_python_backend_utils as pb_utils  # provided by the Triton stub
 
 ROLES = {"system", "user", "assistant"}
+PRECISIONS = ("fp32", "bf16", "auto")
 
 
 def _send(sender, response, flags=0):
@@ -59,7 +66,11 @@ class TritonPythonModel:
         torch.set_num_threads(int(params.get("threads", "0")) or torch.get_num_threads())
         on_gpu = torch.cuda.is_available() and args.get("model_instance_kind") == "GPU"
         self.device = f"cuda:{args['model_instance_device_id']}" if on_gpu else "cpu"
-        dtype = torch.bfloat16 if on_gpu else torch.float32
+        self.precision = "bf16" if on_gpu else params.get("precision", "fp32")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"precision: expected one of {', '.join(PRECISIONS)}, got {self.precision!r}")
+        self.bf16_min_rows = int(params.get("bf16_min_rows", "4"))
+        dtype = torch.bfloat16 if self.precision == "bf16" else torch.float32
         self.tokenizer = AutoTokenizer.from_pretrained(base)
         self.tokenizer.padding_side = "left"
         if self.tokenizer.pad_token_id is None:
@@ -71,6 +82,11 @@ class TritonPythonModel:
             model = PeftModel.from_pretrained(model, f"{version_dir}/{adapter}").merge_and_unload()
         # transformers: PreTrainedModel.to is a functools.wraps wrapper, typed as the unbound function (self first)
         self.model = model.to(self.device).eval()  # type: ignore[arg-type]
+        self.model_bf16 = None  # `auto`: the bf16 copy that batches of bf16_min_rows or more run
+        if self.precision == "auto" and not adapter_root:
+            import copy
+
+            self.model_bf16 = copy.deepcopy(self.model).to(torch.bfloat16).eval()
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
         import llguidance  # noqa: F401 (the constrained decoder: a model without it fails to load, clearly)
         import tool_grammar
@@ -186,7 +202,7 @@ class TritonPythonModel:
                 )
         if self.lora is None:
             if valid:
-                self._run(self.model, valid, {})
+                self._run(self._model_for(len(valid)), valid, {})
             return None
         for part in self.lora.plan([v[5] for v in valid]):  # parts of at most max_adapters distinct adapters
             rows = [valid[i] for i in part]
@@ -220,6 +236,12 @@ class TritonPythonModel:
                 continue
             self._run(self.lora.model, rows, {})  # answers every row itself, an error included
         return None
+
+    def _model_for(self, rows):
+        """The merged model a batch of `rows` requests runs on (`auto`: the bf16 copy from bf16_min_rows on)."""
+        if self.model_bf16 is not None and rows >= self.bf16_min_rows:
+            return self.model_bf16
+        return self.model
 
     def _run(self, model, valid, kwargs):
         """Generate the valid requests as one left-padded batch and answer each (its own error on failure)."""
@@ -269,7 +291,7 @@ class TritonPythonModel:
         return None
 
     def finalize(self):
-        self.model = self.lora = None
+        self.model = self.model_bf16 = self.lora = None
 
 
 class _Steps:
