@@ -433,6 +433,9 @@ def test_multi_lora_serves_every_version_as_an_adapter_on_one_loaded_base(regist
         base = repository.triton_name(settings, None)
         assert not client.ready(base), "the benchmark's own base copy was left loaded beside the shared base"
         assert not any(client.ready(c) for c in copies), "a precision copy was left loaded"
+        alone = run_bench(settings, BenchSettings(requests=1, concurrency=[1], shots=0, baseline=False, direct=False))
+        assert [r["model"].split()[0] for r in alone["runs"]] == ["tuned"]  # bench.baseline off: no few-shot base
+        assert alone["baseline"] is None and alone["comparison"] == {} and alone["runs"][0]["errors"] == 0
         gone = deploy.undeploy(settings)
         assert sorted(gone["adapters_removed"]) == sorted({f"tool_router_v{v1}", f"tool_router_v{v2}"})
         refused = client.infer_one(names[0], conversation(row, "short"))

@@ -142,7 +142,7 @@ def render_html(report: dict[str, Any]) -> str:
         "row is not streamed.</p>"
     )
     return page(
-        f"Serving benchmark: {report['live']} vs {report['baseline']}",
+        f"Serving benchmark: {report['live']}" + (f" vs {report['baseline']}" if report.get("baseline") else ""),
         [
             ("Base + few-shot vs tuned", summary),
             *_precision_sections(report),

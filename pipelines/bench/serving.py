@@ -148,30 +148,27 @@ def run_bench(settings: Settings, cfg: BenchSettings | None = None, console: Con
         )
         if not client.ready(live.name):
             raise DeployFailed(f"{live.name} is live but not loaded on the server (restarted?): run `flywheel deploy`")
-        if not client.ready(base.name):
+        if cfg.baseline and not client.ready(base.name):
             client.load(base.name)
         precisions = _precision_arms(settings, client, live, tuned, cfg.precisions)
         copies = tuple(p.arm for p in precisions if p.copy)
         for copy in copies:
             client.load(copy.name)
-        results = _time_runs(client, (baseline, tuned, *copies), rows, modes, cfg.concurrency, console)
+        timed = ((baseline,) if cfg.baseline else ()) + (tuned, *copies)
+        results = _time_runs(client, timed, rows, modes, cfg.concurrency, console)
     finally:
         _unload_copies(client, precisions)
         _unload_base(settings, client, base)
     direct = _direct(settings, live, tuned.conversations, rows, served) if cfg.direct else None
     hardware = detect(settings.bench.hardware)
-    # the headline compares the rows decoded the way models are served (`triton.constrained`)
-    if served and not (_rows_of(results, tuned, True) and _rows_of(results, baseline, True)):
-        served = False  # a model without the TOOLS input (kept from before) was timed unconstrained only
-    tuned_rows, base_rows = _rows_of(results, tuned, served), _rows_of(results, baseline, served)
     for r in results:
         r["usd_per_million_requests"] = _round(usd_per_million(r["requests_per_s"], hardware))
-    comparison = _compare(base_rows[0], tuned_rows[0]) if base_rows and tuned_rows else {}
+    served, tuned_rows, comparison = _headline(results, tuned, baseline if cfg.baseline else None, served)
     report = {
         "generated_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "live": live.name,
         "version": live.version,
-        "baseline": base.name,
+        "baseline": base.name if cfg.baseline else None,
         "requests": len(rows),
         "protocol": cfg.protocol,
         "hardware": hardware.__dict__,
@@ -186,6 +183,20 @@ def run_bench(settings: Settings, cfg: BenchSettings | None = None, console: Con
         "seconds": round(time.perf_counter() - started, 1),
     }
     return write_report(settings, report)
+
+
+def _headline(
+    results: list[dict[str, Any]], tuned: _Arm, baseline: _Arm | None, served: bool
+) -> tuple[bool, list[dict[str, Any]], dict[str, Any]]:
+    """(the decoding the headline compares, the tuned model's rows so decoded, base + few-shot against tuned at the
+    lowest concurrency; empty without a baseline). The rows decoded the way models are served (`triton.constrained`)
+    unless a model without the TOOLS input (kept from before) was timed unconstrained only."""
+    arms = [a for a in (tuned, baseline) if a is not None]
+    if served and not all(_rows_of(results, a, True) for a in arms):
+        served = False
+    tuned_rows = _rows_of(results, tuned, served)
+    base_rows = _rows_of(results, baseline, served) if baseline is not None else []
+    return served, tuned_rows, _compare(base_rows[0], tuned_rows[0]) if base_rows and tuned_rows else {}
 
 
 def _time_runs(

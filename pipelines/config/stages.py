@@ -87,6 +87,11 @@ class BenchSettings(_Section):
         "comparison uses the served rows",
     )
     direct: bool = Field(default=True, description="also time in-process inference (Triton's overhead)")
+    baseline: bool = Field(
+        default=True,
+        description="time the base + few-shot baseline beside the live model (off: the live model, and its "
+        "precisions, only; no headline comparison)",
+    )
     precisions: list[Literal["fp32", "bf16", "auto"]] = Field(
         default_factory=list,
         description="also time the live version at each of these precisions (`triton.precision`), side by side on "
