@@ -100,9 +100,10 @@ def run_demo(settings: Settings, *, records_per_day: int, days: int, seed: int, 
     bench = _print_the_serving_comparison(settings, live, console)
     gateway_url = _ask_the_gateway(settings, end, seed, console) if live is not None else None
     outputs = _outputs(settings, manifest, log, evaluation, bench, gateway_url)
-    table = Table(title=f"demo finished in {time.perf_counter() - started:.0f} s")
+    # at most 100 columns wide (a long path folds onto a second line), whatever the console's width
+    table = Table(title=f"demo finished in {time.perf_counter() - started:.0f} s", width=min(100, console.width))
     table.add_column("output", no_wrap=True)
-    table.add_column("where (paths relative to the project root)")
+    table.add_column("where (paths relative to the project root)", overflow="fold")
     for name, where in outputs.items():
         table.add_row(name, where)
     console.print(table)

@@ -246,11 +246,12 @@ class TritonSettings(_Section):
     )
     queue_delay_us: int = Field(default=5000, ge=0, description="dynamic batching: how long a request waits for others")
     precision: Literal["fp32", "bf16", "auto"] = Field(
-        default="fp32",
+        default="bf16",
         description="what a CPU instance computes in: fp32, bf16 (every step), or auto (an fp32 and a bf16 copy of "
         "the merged model; a batch of at least bf16_min_rows requests runs in bf16; a shared base serves auto as "
-        "fp32). A GPU instance serves bf16 either way. The default is the measured choice (`flywheel bench "
-        "--precisions fp32,bf16,auto`; the benchmarks page has the figures)",
+        "fp32). A GPU instance serves bf16 either way. The default is the measured choice on a CPU with AMX "
+        "(`bench/serve_precision.py`, i.e. `flywheel bench --precisions fp32,bf16,auto`; the benchmarks page has "
+        "the figures); a CPU without bf16 units would want fp32",
     )
     bf16_min_rows: int = Field(
         default=4, ge=1, le=256, description="precision auto: the smallest batch that runs on the bf16 copy"
