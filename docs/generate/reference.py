@@ -92,8 +92,14 @@ def _cell(text: str) -> str:
 
 
 def _code(text: str) -> str:
-    """Text for a code span in a table cell (`<` is literal there already)."""
-    return text.replace("|", "\\|").replace("\n", " ")
+    """Code in a table cell: a code span, or with a pipe in it HTML (a backslash-escaped pipe inside a Markdown
+    code span would show its backslash, `str \\| None`, so the pipe is an entity in a <code> element)."""
+    import html
+
+    text = text.replace("\n", " ")
+    if "|" not in text:
+        return f"`{text}`"
+    return "<code>" + html.escape(text).replace("|", "&#124;") + "</code>"
 
 
 def settings_page(model: type[BaseModel]) -> str:
@@ -116,7 +122,7 @@ def settings_page(model: type[BaseModel]) -> str:
         out += [f"## `{name}`", "", intro, "", "| setting | environment variable | type | default | description |"]
         out.append("|---|---|---|---|---|")
         out += [
-            f"| `{r.dotted}` | `{r.env}` | `{_code(r.type)}` | `{_code(r.default)}` | {_cell(r.description)} |"
+            f"| `{r.dotted}` | `{r.env}` | {_code(r.type)} | {_code(r.default)} | {_cell(r.description)} |"
             for r in in_section
         ]
         out.append("")
@@ -141,7 +147,7 @@ def _first_line(text: str | None) -> str:
 def _option_row(param: Any) -> tuple[str, str, str, str]:
     names = ", ".join(f"`{n}`" for n in [*param.opts, *param.secondary_opts])
     kind = _type_name(param.type_descriptor.annotation) if hasattr(param, "type_descriptor") else "text"
-    default = "" if param.default in (None, False, ()) or param.required else f"`{_code(str(param.default))}`"
+    default = "" if param.default in (None, False, ()) or param.required else _code(str(param.default))
     return names, kind, default, " ".join((getattr(param, "help", None) or "").split())
 
 
@@ -174,7 +180,7 @@ def cli_page(root: Any) -> str:
                 names, kind, default, text = _option_row(option)
                 if not text:
                     missing.append(f"flywheel {words} {option.opts[0]}")
-                out.append(f"| {names} | `{_code(kind)}` | {default} | {_cell(text)} |")
+                out.append(f"| {names} | {_code(kind)} | {default} | {_cell(text)} |")
             out.append("")
     if missing:
         raise Undocumented(f"commands or options without a description: {', '.join(missing)}")

@@ -21,9 +21,11 @@ def by(rows: list[dict[str, Any]], key: str) -> dict[str, list[dict[str, Any]]]:
     return dict(groups)
 
 
-def curve(result: Result, name: str, group: str, y: str, ylabel: str, n: str) -> str:
-    """One line per `group` value: `y` against concurrency."""
-    runs = [r for r in result.data["runs"] if r.get(y) is not None]
+def curve(
+    result: Result, name: str, group: str, y: str, ylabel: str, n: str, rows: list[dict[str, Any]] | None = None
+) -> str:
+    """One line per `group` value: `y` against concurrency (of the file's runs, or of `rows`)."""
+    runs = [r for r in (result.data["runs"] if rows is None else rows) if r.get(y) is not None]
     series = [Series(k, [r["concurrency"] for r in v], [r[y] for r in v]) for k, v in by(runs, group).items()]
     title = f"{ylabel} against concurrency"
     return line(result, name, title, series, Axes("concurrent requests", ylabel), n)
@@ -208,9 +210,9 @@ def serving_precision(result: Result) -> Body:
         f"Triton, {d.get('requests')} streamed test-split requests per run, decoded as served; exact match paired "
         "per request against fp32 at the same concurrency."
     )
-    runs = d["runs"]
+    runs = [{**r, "precision": _precision_of(r["model"], d.get("served_precision"))} for r in d["runs"]]
     spec: list[Column] = [
-        ("model", "model", text),
+        ("precision", "precision", text),
         ("c", "concurrency", num),
         ("n", "requests", num),
         ("errors", "errors", num),
@@ -256,7 +258,15 @@ def serving_precision(result: Result) -> Body:
         columns(runs, spec),
         table(headers, rows),
         f"Throughput, TTFT and ITL ratios are one timed pass per precision: {NO_INTERVAL}.",
-        curve(result, "throughput", "model", "output_tokens_per_s", "output tokens/s", n_of(runs)),
-        curve(result, "itl", "model", "itl_ms", "ITL (ms)", n_of(runs)),
+        curve(result, "throughput", "precision", "output_tokens_per_s", "output tokens/s", n_of(runs), runs),
+        curve(result, "itl", "precision", "itl_ms", "ITL (ms)", n_of(runs), runs),
     ]
     return Body(what, blocks)
+
+
+def _precision_of(label: str, served: Any) -> str:
+    """A run's precision from its label: a benchmark copy's own ("v3 at bf16 (benchmark copy)"), else the live
+    model's, served at `served`."""
+    if " at " in label and "(benchmark copy)" in label:
+        return label.split(" at ", 1)[1].split(" ", 1)[0]
+    return f"{served} (live)"
