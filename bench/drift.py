@@ -169,10 +169,6 @@ def _write(args, settings, checks) -> None:
     print(f"wrote {args.out}")
 
 
-if __name__ == "__main__":
-    main()
-
-
 def _cpu_model() -> str:
     """The CPU's model name (lscpu), else the architecture."""
     import platform
@@ -180,3 +176,7 @@ def _cpu_model() -> str:
 
     found = subprocess.run(["lscpu"], capture_output=True, text=True, check=False).stdout.splitlines()
     return next((line.split(":", 1)[1].strip() for line in found if line.startswith("Model name")), platform.machine())
+
+
+if __name__ == "__main__":
+    main()
