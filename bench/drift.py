@@ -148,6 +148,8 @@ def _write(args, settings, checks) -> None:
     import subprocess
     from datetime import UTC, datetime
 
+    from pipelines.hardware import cpu_model
+
     commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
     report = {
         "benchmark": "drift_check",
@@ -159,7 +161,7 @@ def _write(args, settings, checks) -> None:
             ),
         },
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "machine": {"cpu": _cpu_model(), "cores": os.cpu_count()},
+        "machine": {"cpu": cpu_model(), "cores": os.cpu_count()},
         "argv": ["bench/drift.py", "--records", str(args.records), "--new-hour", str(args.new_hour)],
         "settings": settings.drift.model_dump(mode="json"),
         "seeds": {"reference": 1, "checked_day": 3, "new_file": 9},
@@ -167,15 +169,6 @@ def _write(args, settings, checks) -> None:
     }
     Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
     print(f"wrote {args.out}")
-
-
-def _cpu_model() -> str:
-    """The CPU's model name (lscpu), else the architecture."""
-    import platform
-    import subprocess
-
-    found = subprocess.run(["lscpu"], capture_output=True, text=True, check=False).stdout.splitlines()
-    return next((line.split(":", 1)[1].strip() for line in found if line.startswith("Model name")), platform.machine())
 
 
 if __name__ == "__main__":

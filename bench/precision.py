@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import subprocess
 import tempfile
 from datetime import UTC, date, datetime
@@ -18,6 +17,7 @@ import torch
 
 from pipelines.base_models import load_base
 from pipelines.config import REPO_ROOT, load_settings
+from pipelines.hardware import cpu_model
 from pipelines.prep.nodes import prepare_line
 from pipelines.simulate.generator import GeneratorConfig, TrafficGenerator
 from pipelines.stats import interval
@@ -117,7 +117,7 @@ def _report(args: Any, cfg: Any, style: str, runs: dict[str, Any], n_eval: int) 
         },
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "machine": {
-            "cpu": platform.processor() or platform.machine(),
+            "cpu": cpu_model(),
             "cores": os.cpu_count(),
             "torch": torch.__version__,
             "threads": torch.get_num_threads(),
@@ -128,12 +128,3 @@ def _report(args: Any, cfg: Any, style: str, runs: dict[str, Any], n_eval: int) 
         "runs": {k: {kk: vv for kk, vv in v.items() if kk not in ("adapter",)} for k, v in runs.items()},
         "comparisons": comparisons,
     }
-
-
-def _cpu_model() -> str:
-    """The CPU's model name (lscpu), else the architecture."""
-    import platform
-    import subprocess
-
-    found = subprocess.run(["lscpu"], capture_output=True, text=True, check=False).stdout.splitlines()
-    return next((line.split(":", 1)[1].strip() for line in found if line.startswith("Model name")), platform.machine())

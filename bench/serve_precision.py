@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 from datetime import UTC, datetime
@@ -32,6 +31,7 @@ def main() -> None:
     from pipelines.bench.report import precision_lines
     from pipelines.bench.serving import run_bench
     from pipelines.config import BenchSettings, load_settings
+    from pipelines.hardware import cpu_model
 
     settings = load_settings()
     cfg = BenchSettings(
@@ -52,7 +52,7 @@ def main() -> None:
         "what": "the live version served at each precision through Triton, same requests, paired against fp32",
         "commit": {"sha": commit, "dirty": dirty},
         "generated_at": datetime.now(UTC).isoformat(timespec="seconds"),
-        "machine": {"cpu": _cpu_model(), "cores": os.cpu_count()},
+        "machine": {"cpu": cpu_model(), "cores": os.cpu_count()},
         "argv": ["bench/serve_precision.py", *sys.argv[1:]],
         "settings": {
             "bench": cfg.model_dump(mode="json", exclude={"hardware"}),
@@ -79,12 +79,6 @@ def main() -> None:
     for line in precision_lines(report):
         print(line)
     print(f"wrote {args.out}")
-
-
-def _cpu_model() -> str:
-    """The CPU's model name (lscpu), else the architecture."""
-    found = subprocess.run(["lscpu"], capture_output=True, text=True, check=False).stdout.splitlines()
-    return next((line.split(":", 1)[1].strip() for line in found if line.startswith("Model name")), platform.machine())
 
 
 if __name__ == "__main__":

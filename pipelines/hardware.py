@@ -87,3 +87,15 @@ def usd_per_million(requests_per_s: float, hardware: Hardware) -> float | None:
     if requests_per_s <= 0 or hardware.usd_per_hour <= 0:
         return None
     return hardware.usd_per_hour / 3600.0 / requests_per_s * 1e6
+
+
+def cpu_model() -> str:
+    """The CPU's model name (`lscpu`), else the architecture: what a results file names as its machine."""
+    import subprocess
+
+    try:
+        found = subprocess.run(["lscpu"], capture_output=True, text=True, check=False, timeout=10).stdout  # noqa: S607
+    except (OSError, subprocess.SubprocessError):
+        found = ""
+    names = [line.split(":", 1)[1].strip() for line in found.splitlines() if line.startswith("Model name")]
+    return names[0] if names else platform.machine()

@@ -233,22 +233,14 @@ def test_every_setting_reaches_the_pods_through_the_config_map_and_the_secret(mo
     judge's URL (not the pods' business). The gateway's grace and teacher, the namespace, the gate's margin, lists.
     (Mutation: the ConfigMap back to its five endpoint sections: the gateway pod runs with the default grace and
     no teacher, and this fails.)"""
+    from test_config import CLUSTER
+
     from pipelines.cluster.training import secret_data, settings_config_map
 
     cluster = {
-        "profile": "cluster",
-        "root": "s3://acme-flywheel/prod",
-        "airflow": {"sql_alchemy_conn": "postgresql+psycopg2://airflow:pw-a@db:5432/airflow"},
-        "mlflow": {
-            "tracking_uri": "http://mlflow.flywheel.svc:5000",
-            "backend_store_uri": "postgresql://mlflow:pw-m@db:5432/mlflow",
-            "artifacts_destination": "s3://acme-flywheel/prod/runs/artifacts",
-            "username": "admin",
-            "password": "s3cret-value",
-        },
-        "spark": {"master": "spark://spark-master:7077"},
-        "triton": {"url": "triton.flywheel.svc:8000", "model_repository": "s3://acme-flywheel/prod/serving"},
-        "feast": {"registry": "postgresql://feast@db:5432/feast", "online_store": "postgresql://feast@db:5432/feast"},
+        **CLUSTER,
+        "airflow": {"sql_alchemy_conn": "postgresql+psycopg2://airflow:pw-a@db:5432/airflow"},  # a password in it
+        "mlflow": {**CLUSTER["mlflow"], "username": "admin", "password": "s3cret-value"},
         "gateway": {"shutdown_grace_s": 15, "teacher_url": "http://teacher.flywheel.svc:8000/v1"},
         "kubernetes": {"namespace": "shop", "gpu_node_selector": {"flywheel.io/gpu": "h200"}},
         "promotion": {"non_inferiority_margin": 0.03},

@@ -36,6 +36,18 @@ def n_of(runs: list[dict[str, Any]], key: str = "requests") -> str:
     return f"n = {', '.join(map(str, counts))} requests per point"
 
 
+STREAMED_RUN: list[Column] = [  # a run of `bench.results.summarize_run` (streamed requests)
+    ("c", "concurrency", num),
+    ("n", "requests", num),
+    ("errors", "errors", num),
+    ("p50 ms", "p50_ms", ms),
+    ("requests/s", "requests_per_s", num),
+    ("output tokens/s", "output_tokens_per_s", num),
+    ("TTFT ms", "ttft_ms", ms),
+    ("ITL ms", "itl_ms", ms),
+    ("exact match", "exact_match", pct),
+]
+
 AIPERF_COLUMNS: list[Column] = [
     ("c", "concurrency", num),
     ("n", "requests", num),
@@ -133,19 +145,7 @@ def triton_threads(result: Result) -> Body:
         f"Triton instances and torch threads for the live model ({d.get('live')}): latency, throughput and "
         f"exact match by concurrency, {d.get('requests')} streamed requests a run."
     )
-    spec = [
-        ("instances x threads", "model", text),
-        ("c", "concurrency", num),
-        ("n", "requests", num),
-        ("errors", "errors", num),
-        ("p50 ms", "p50_ms", ms),
-        ("requests/s", "requests_per_s", num),
-        ("output tokens/s", "output_tokens_per_s", num),
-        ("TTFT ms", "ttft_ms", ms),
-        ("ITL ms", "itl_ms", ms),
-        ("exact match", "exact_match", pct),
-        ("load s", "load_s", num),
-    ]
+    spec = [("instances x threads", "model", text), *STREAMED_RUN, ("load s", "load_s", num)]
     runs = d["runs"]
     blocks = [
         columns(runs, spec),
@@ -211,19 +211,7 @@ def serving_precision(result: Result) -> Body:
         "per request against fp32 at the same concurrency."
     )
     runs = [{**r, "precision": _precision_of(r["model"], d.get("served_precision"))} for r in d["runs"]]
-    spec: list[Column] = [
-        ("precision", "precision", text),
-        ("c", "concurrency", num),
-        ("n", "requests", num),
-        ("errors", "errors", num),
-        ("p50 ms", "p50_ms", ms),
-        ("requests/s", "requests_per_s", num),
-        ("output tokens/s", "output_tokens_per_s", num),
-        ("TTFT ms", "ttft_ms", ms),
-        ("ITL ms", "itl_ms", ms),
-        ("exact match", "exact_match", pct),
-        ("wrong writes", "wrong_writes", num),
-    ]
+    spec: list[Column] = [("precision", "precision", text), *STREAMED_RUN, ("wrong writes", "wrong_writes", num)]
     found = d.get("precision") or {}
     rows = []
     for r in found.get("rows", []):
