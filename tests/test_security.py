@@ -165,3 +165,20 @@ def test_scan_secrets_reads_every_projects_reports_and_every_page_of_mlflow(tmp_
 
     findings = scan_mlflow(TwoPages(), ["1"], ["Secret-Pw-12345"])
     assert [str(f).split(" ", 2)[:2] for f in findings][:1] == [["run", "r2"]]
+
+
+def test_a_secret_file_is_created_once_whole_and_private(tmp_path: Path) -> None:
+    """`storage.create_secret_once` (the MLflow admin password, the gateway key, PostgreSQL's): 0600 from its first
+    byte; a second start keeps the first one's secret; an empty file an older crash left is replaced. (Mutation: the
+    empty file kept: the secret read back is empty.)"""
+    import stat
+
+    from pipelines.storage import create_secret_once
+
+    path = tmp_path / "runs" / "secret.password"
+    assert create_secret_once(str(path), "first") == "first"
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert create_secret_once(str(path), "second") == "first"  # the first one's wins
+    path.write_text("")  # what a crash between create and write used to leave
+    assert create_secret_once(str(path), "third") == "third"
+    assert sorted(p.name for p in path.parent.iterdir()) == ["secret.password"]  # no temporary file left
