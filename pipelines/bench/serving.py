@@ -111,21 +111,12 @@ def run_bench(settings: Settings, cfg: BenchSettings | None = None, console: Con
     """Benchmark the live model and the base+few-shot baseline through the running Triton server. With
     `triton.multi_lora` the baseline's own base model is unloaded afterwards: the shared model stays the one
     copy of the base in memory."""
-    from pipelines.prep.dataset import load_split
-    from pipelines.toolcall.examples import to_examples
-    from pipelines.toolcall.fewshot import shot_pool, with_shots
-
     cfg = cfg or settings.bench
     live = live_model(settings)
     if live is None:
         raise DeployFailed("no live model to benchmark: run `flywheel deploy` first")
     server.up(settings)
     rows = smoke_rows(settings, cfg.requests)
-    import pandas as pd
-
-    frame = pd.DataFrame(rows)
-    full = to_examples(frame, "full")
-    pool = shot_pool(to_examples(load_split(settings, "train", 2000), "full"))
     base_model = _base_model_of(settings, live)
     client = TritonClient(settings, cfg.protocol)
     modes = DECODINGS[decoding_modes(cfg.constrained, settings.triton.constrained)]
@@ -134,8 +125,8 @@ def run_bench(settings: Settings, cfg: BenchSettings | None = None, console: Con
     base = None
     precisions: list[_Precision] = []
     try:
-        base = _base_entry(settings, client, base_model, live)
-        baseline = _Arm(base.name, f"base + {cfg.shots}-shot (full prompt)", with_shots(full, pool, cfg.shots))
+        base = _base_entry(settings, client, base_model, live) if cfg.baseline else None
+        baseline = _baseline_arm(settings, rows, base, cfg.shots) if base is not None else None
         at = f", {settings.triton.precision}" if cfg.precisions and not settings.triton.multi_lora else ""
         tuned = _Arm(
             live.name,
@@ -144,17 +135,21 @@ def run_bench(settings: Settings, cfg: BenchSettings | None = None, console: Con
         )
         longest = check_prompt_lengths(
             _tokenizer(settings, base_model),
-            {a.label: (a.conversations, repository.configured_limit(settings, a.name)) for a in (baseline, tuned)},
+            {
+                a.label: (a.conversations, repository.configured_limit(settings, a.name))
+                for a in (baseline, tuned)
+                if a is not None  # only the prompts that are sent
+            },
         )
         if not client.ready(live.name):
             raise DeployFailed(f"{live.name} is live but not loaded on the server (restarted?): run `flywheel deploy`")
-        if cfg.baseline and not client.ready(base.name):
+        if base is not None and not client.ready(base.name):
             client.load(base.name)
         precisions = _precision_arms(settings, client, live, tuned, cfg.precisions)
         copies = tuple(p.arm for p in precisions if p.copy)
         for copy in copies:
             client.load(copy.name)
-        timed = ((baseline,) if cfg.baseline else ()) + (tuned, *copies)
+        timed = ((baseline,) if baseline is not None else ()) + (tuned, *copies)
         results = _time_runs(client, timed, rows, modes, cfg.concurrency, console)
     finally:
         _unload_copies(client, precisions)
@@ -163,12 +158,12 @@ def run_bench(settings: Settings, cfg: BenchSettings | None = None, console: Con
     hardware = detect(settings.bench.hardware)
     for r in results:
         r["usd_per_million_requests"] = _round(usd_per_million(r["requests_per_s"], hardware))
-    served, tuned_rows, comparison = _headline(results, tuned, baseline if cfg.baseline else None, served)
+    served, tuned_rows, comparison = _headline(results, tuned, baseline, served)
     report = {
         "generated_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "live": live.name,
         "version": live.version,
-        "baseline": base.name if cfg.baseline else None,
+        "baseline": base.name if base is not None else None,
         "requests": len(rows),
         "protocol": cfg.protocol,
         "hardware": hardware.__dict__,
@@ -183,6 +178,22 @@ def run_bench(settings: Settings, cfg: BenchSettings | None = None, console: Con
         "seconds": round(time.perf_counter() - started, 1),
     }
     return write_report(settings, report)
+
+
+def _baseline_arm(settings: Settings, rows: list[dict[str, Any]], base: repository.ModelEntry, shots: int) -> _Arm:
+    """The base model with `shots` retrieved examples and the full prompt, on the benchmark's requests."""
+    import pandas as pd
+
+    from pipelines.prep.dataset import load_split
+    from pipelines.toolcall.examples import to_examples
+    from pipelines.toolcall.fewshot import shot_pool, with_shots
+
+    pool = shot_pool(to_examples(load_split(settings, "train", 2000), "full"))
+    return _Arm(
+        base.name,
+        f"base + {shots}-shot (full prompt)",
+        with_shots(to_examples(pd.DataFrame(rows), "full"), pool, shots),
+    )
 
 
 def _headline(
