@@ -279,7 +279,13 @@ def evaluate(settings: Settings, trained: dict[str, Any]) -> dict[str, Any]:
 
     report.settings["sample_rounds"] = rounds  # how many requests it took and why (`sampling` is how: stratified)
     write_report(settings, report)
+    from pipelines.evaluate.episode_run import gate_episodes  # the episode rule, where episodes.tasks is set
+    from pipelines.registry.episode_gate import episode_veto
+
+    ran = gate_episodes(settings, adapters, sweep["base_model"], max_new_tokens, sweep["sweep_id"])
+    episodes = ran and {"json_uri": ran["json_uri"], "html_uri": ran["html_uri"], "veto": episode_veto(ran, settings)}
     return {
+        "episodes": episodes,
         "json_uri": report.json_uri,
         "html_uri": report.html_uri,
         "table": report.table(),
@@ -346,7 +352,8 @@ def promote(
         if condition in rows and evaluated.get("champion_version"):
             rows[condition]["version"] = str(evaluated["champion_version"])
     reason = (params or {}).get("reason")
-    decision = gate_and_promote(settings, rows, str(registered["version"]), f"[{reason}] " if reason else "")
+    veto = (evaluated.get("episodes") or {}).get("veto")  # the episode rule's refusal (registry.episode_gate)
+    decision = gate_and_promote(settings, rows, str(registered["version"]), f"[{reason}] " if reason else "", veto=veto)
     return decision.to_dict()
 
 

@@ -89,13 +89,30 @@ def eval_cmd(
         bool | None,
         typer.Option(help="Under the grammar, write ids only from the conversation (default: triton.grounded_ids)"),
     ] = None,
+    episodes: Annotated[
+        Path | None,
+        typer.Option(help="Judge whole conversations on these tasks (tau-bench task lines) against the environment."),
+    ] = None,
+    db: Annotated[Path | None, typer.Option(help="--episodes: the environment's database (episodes.db).")] = None,
+    tools: Annotated[Path | None, typer.Option(help="--episodes: the tools file offered (episodes.tools).")] = None,
+    shot_tasks: Annotated[
+        Path | None, typer.Option(help="--episodes: tasks whose gold trajectories are the few-shot examples.")
+    ] = None,
+    tries: Annotated[bool, typer.Option(help="--episodes: k sampled tries per task for pass^k.")] = True,
+    teacher_forced: Annotated[bool, typer.Option(help="--episodes: the teacher-forced steps.")] = True,
     as_json: JsonOpt = False,
 ) -> None:
-    """Evaluate base zero-shot, base few-shot and tuned adapters side by side (JSON + HTML report)."""
+    """Evaluate base zero-shot, base few-shot and tuned adapters side by side (JSON + HTML report); with
+    --episodes, whole conversations against the environment (teacher-forced and closed loop, pass^k)."""
     from pipelines.evaluate.pipeline import EvalConfig, evaluate
     from pipelines.toolcall.budget import FALLBACK
 
     settings = cli_settings()
+    if episodes is not None:
+        adapters, budgets = _adapters_to_evaluate(settings, adapter or [], version or [])
+        budget = settings.evaluation.max_new_tokens or max(budgets or [FALLBACK])
+        files, flags = (episodes, db, tools, shot_tasks), (baselines, tries, teacher_forced, as_json)
+        return _eval_episodes(settings, adapters, base_model, shots, name, files, flags, budget)
     if split not in ("train", "val", "test"):
         raise UserError(f"--split: expected train, val or test, got {split!r}")
     if constrained not in (None, "served", "off", "on", "both"):
@@ -121,6 +138,64 @@ def eval_cmd(
         _emit(report.to_dict(), True, "")
         return
     _print_evaluation(report, logs)
+
+
+def _eval_episodes(
+    settings: Any,
+    adapters: list[Any],
+    base_model: str,
+    shots: int | None,
+    name: str,
+    files: tuple[Path, Path | None, Path | None, Path | None],
+    flags: tuple[bool, bool, bool, bool],
+    budget: int,
+) -> None:
+    """`flywheel eval --episodes`; `flags`: baselines, sampled tries, teacher-forced steps, JSON out."""
+    from datetime import date
+
+    from pipelines.evaluate.episode_run import EpisodeRun, gold_pool_from, policies_for, run_episodes, settings_db
+    from pipelines.simulate.environments import load_environment
+
+    tasks, db, tools, shot_tasks = files
+    baselines, tries, teacher_forced, as_json = flags
+    e = settings.episodes
+    db = settings_db(settings, db)
+    tools = tools or (Path(e.tools) if e.tools else None)
+    if tools is None:
+        raise UserError("--tools: the tools file the episodes offer (or set episodes.tools)")
+    for what, path in (("--episodes", tasks), ("--db", db), ("--tools", tools), ("--shot-tasks", shot_tasks)):
+        if path is not None and not path.is_file():
+            raise UserError(f"{what}: no such file {path}")
+    effects = load_environment(e.environment, db).effects()
+    pool = gold_pool_from(settings, shot_tasks or (Path(e.shot_tasks) if e.shot_tasks else None), db, tools)
+    policies = policies_for(
+        settings, base_model, adapters, tools, effects=effects, day=date.today().isoformat(), baselines=baselines,
+        shots=settings.evaluation.shots if shots is None else shots, pool=pool, max_new_tokens=budget,
+    )  # fmt: skip
+    run = EpisodeRun(tasks, db, tools, name, teacher_forced=teacher_forced, sample_tries=tries)
+    report = run_episodes(settings, run, policies, console)
+    if as_json:
+        _emit(report, True, "")
+        return
+    k = e.k
+    table = Table(
+        "condition", "closed loop pass^1", f"pass^{k}", "teacher-forced steps", "wrong writes", "tokens/episode"
+    )
+    for row in report["conditions"].values():
+        table.add_row(
+            row["condition"],
+            *(
+                "n/a" if row.get(m) is None else f"{row[m]:.3f}"
+                for m in ("closed_loop_pass^1", f"closed_loop_pass^{k}", "teacher_forced_step_exact")
+            ),
+            str(row["wrong_writes"]),
+            "n/a" if row.get("prompt_tokens_per_episode") is None else f"{row['prompt_tokens_per_episode']:.0f}",
+        )
+    stdout_console().print(table)
+    stdout_console().print(
+        f"{report['scored']} of {report['tasks']} tasks scored, {len(report['skipped'])} skipped; "
+        f"report: {report['html_uri']}"
+    )
 
 
 def _adapters_to_evaluate(settings: Any, folders: list[str], versions: list[str]) -> tuple[list[Any], list[int]]:

@@ -31,6 +31,7 @@ from pipelines.config.stages import (  # noqa: F401 (the public surface)
     DECODINGS,
     BenchSettings,
     DriftSettings,
+    EpisodeSettings,
     EvaluationSettings,
     PromotionSettings,
     QualitySettings,
@@ -109,6 +110,7 @@ class Settings(BaseSettings):
     )
     train: TrainSettings = Field(default_factory=TrainSettings)
     evaluation: EvaluationSettings = Field(default_factory=EvaluationSettings)
+    episodes: EpisodeSettings = Field(default_factory=EpisodeSettings)
     bench: BenchSettings = Field(default_factory=BenchSettings)
     drift: DriftSettings = Field(default_factory=DriftSettings)
     promotion: PromotionSettings = Field(default_factory=PromotionSettings)

@@ -200,6 +200,46 @@ class DriftSettings(_Section):
     )
 
 
+class EpisodeSettings(_Section):
+    """Whole conversations against a live environment (`flywheel eval --episodes`, the gate's episode rule):
+    teacher-forced steps and closed-loop episodes judged by the state they leave."""
+
+    environment: str = Field(
+        default="retail",
+        description="the environment the tools run against: a registered toolset's name (retail: tau-bench "
+        "retail's tools over its db.json) or `package.module:Class` for a project's own",
+    )
+    db: str | None = Field(default=None, description="the environment's database file (tau-bench's db.json)")
+    tools: str | None = Field(
+        default=None, description="the tools file (OpenAI tool specs) the episodes offer (tau-bench's schema file)"
+    )
+    tasks: str | None = Field(
+        default=None,
+        description="the task file the gate's episode rule runs (tau-bench task lines); unset: no episode rule",
+    )
+    shot_tasks: str | None = Field(
+        default=None,
+        description="tasks (never evaluated) whose gold trajectories are the base few-shot condition's examples",
+    )
+    k: int = Field(default=4, ge=1, le=16, description="sampled tries per task for pass^k in the closed loop")
+    temperature: float = Field(default=1.0, gt=0, le=2, description="sampling temperature of the k tries")
+    max_steps_factor: float = Field(
+        default=2.0, gt=0, description="a closed-loop episode stops after this many times the gold length"
+    )
+    time_budget_s: float = Field(
+        default=3600.0, gt=0, description="an episode run stops after this long, with what it finished, saying so"
+    )
+    margin: float = Field(
+        default=0.05,
+        ge=0,
+        le=1,
+        description="the gate's non-inferiority margin on the closed-loop success rate (paired per task)",
+    )
+    wrong_write_margin: int = Field(
+        default=0, ge=0, description="wrong writes over all episodes the candidate may make beyond the reference's"
+    )
+
+
 class PromotionSettings(_Section):
     """The gate that moves `champion` (pipelines.registry.models.gate): on the same requests, the
     candidate beats the reference by these margins, is not slower, and no tool regresses beyond

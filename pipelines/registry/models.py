@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from pipelines.config import REPO_ROOT, Settings
 from pipelines.errors import NotRetryable
-from pipelines.registry.gate import BASELINE, gate, last_look
+from pipelines.registry.gate import BASELINE, Verdict, gate, last_look
 from pipelines.toolcall.budget import FALLBACK, recorded
 from pipelines.toolcall.budget import TAG as BUDGET_TAG
 
@@ -325,7 +325,11 @@ def _record_decision(client: Any, name: str, decision: Decision) -> None:
 
 
 def promote(
-    settings: Settings, rows: dict[str, dict[str, Any]], version: str | None = None, reason_prefix: str = ""
+    settings: Settings,
+    rows: dict[str, dict[str, Any]],
+    version: str | None = None,
+    reason_prefix: str = "",
+    veto: str | None = None,
 ) -> Decision:
     """Gate `version` (the one this run registered; default: whatever `candidate` points at) on the
     evaluation `rows` by condition, record the decision on it either way, and move `champion` if it passed.
@@ -365,6 +369,8 @@ def promote(
         verdict = last_look(
             gate(candidate_row, champion_row, settings, rows.get(BASELINE)), settings.evaluation.examples
         )
+        if verdict.promoted and veto:  # another rule refused (the episode rule): recorded as the reason
+            verdict = Verdict(False, f"{veto}; the request-level gate: {verdict.reason}", "episodes", verdict.numbers)
         decision = Decision(
             verdict.promoted,
             candidate,

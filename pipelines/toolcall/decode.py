@@ -75,8 +75,12 @@ def generate(
     progress: Progress | None = None,
     label: str = "generating",
     tools: list[str] | None = None,
+    temperature: float | None = None,
+    seed: int = 0,
 ) -> Generations:
-    """Greedy decoding (deterministic) of every conversation's next assistant turn. With `tools` (one
+    """Greedy decoding (deterministic) of every conversation's next assistant turn; with `temperature`,
+    sampled from the whole distribution at that temperature (no top-k or top-p cut), seeded per batch from
+    `seed`. With `tools` (one
     offered-tools JSON per conversation) each answer is decoded under its turn's tool-call grammar
     (`toolcall.grammar`); a tool set the grammar cannot express raises ToolsNotEnforceable (one line
     naming the tool) before any work."""
@@ -107,11 +111,12 @@ def generate(
             if batch_tools is not None
             else {}
         )
+        sampling = {"do_sample": True, "temperature": temperature, "top_k": 0} if temperature else {"do_sample": False}
         with torch.inference_mode():
             out = model.generate(
                 **enc,
                 max_new_tokens=max_new_tokens,
-                do_sample=False,
+                **sampling,
                 pad_token_id=tokenizer.pad_token_id,
                 eos_token_id=tokenizer.eos_token_id,
                 **extra,
@@ -126,6 +131,8 @@ def generate(
 
     started = time.perf_counter()
     for i in range(0, len(prompts), batch_size):
+        if temperature:
+            torch.manual_seed(seed * 100_003 + i)
         decoded, counts, done = run(
             prompts[i : i + batch_size], tools[i : i + batch_size] if tools is not None else None
         )
@@ -143,3 +150,46 @@ def generate(
         run([p], [tools[j]] if tools is not None else None)
         latency.append((time.perf_counter() - t0) * 1000)
     return Generations(texts, prompt_tokens, output_tokens, round(seconds, 2), latency, ended)
+
+
+def target_logprobs(
+    model: Any,
+    tokenizer: Any,
+    conversations: list[list[dict[str, str]]],
+    targets: list[str],
+    *,
+    temperature: float = 1.0,
+    batch_size: int = 4,
+) -> list[float]:
+    """log P(target, then the end token | conversation) under the model's next-token distribution at
+    `temperature`, without the grammar: a lower bound on the probability under it, which only renormalizes
+    over the answers it admits (a target the grammar admits keeps all of its mass)."""
+    import torch
+
+    prompts = render_prompts(tokenizer, conversations)
+    out: list[float] = []
+    model.eval()
+    for i in range(0, len(prompts), batch_size):
+        rows = []
+        for p, t in zip(prompts[i : i + batch_size], targets[i : i + batch_size]):
+            head = tokenizer(p, add_special_tokens=False).input_ids
+            tail = tokenizer(t, add_special_tokens=False).input_ids + [tokenizer.eos_token_id]
+            rows.append((head, tail))
+        width = max(len(h) + len(t) for h, t in rows)
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        ids = torch.full((len(rows), width), pad, dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for r, (h, t) in enumerate(rows):  # left padding: every row ends at the last column
+            seq = h + t
+            ids[r, width - len(seq) :] = torch.tensor(seq)
+            mask[r, width - len(seq) :] = 1
+        with torch.inference_mode():
+            positions_of = (mask.cumsum(-1) - 1).clamp(min=0)  # as generate() numbers left-padded rows
+            logits = model(input_ids=ids, attention_mask=mask, position_ids=positions_of).logits.float()
+        logp = torch.log_softmax(logits / temperature, dim=-1)
+        for r, (_, t) in enumerate(rows):
+            n = len(t)
+            positions = torch.arange(width - n - 1, width - 1)
+            picked = logp[r, positions, torch.tensor(t)]
+            out.append(float(picked.sum()))
+    return out

@@ -1,0 +1,375 @@
+"""`flywheel eval --episodes`: the conditions (base zero-shot, base few-shot, tuned adapters) as served, each run
+teacher-forced and in the closed loop against the environment, with pass^k, paired comparisons and a report.
+
+As served: the production prompt of the condition's style (`toolcall.prompt`), decoded under the offered tools'
+grammar with write ids grounded in the conversation (`triton.constrained`, `triton.grounded_ids`) and the
+answer budget the models were trained for. In process; the Triton path serves the same prompt and grammar.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from datetime import date
+from pathlib import Path
+from typing import Any
+
+from pipelines.config import Settings
+from pipelines.evaluate.episodes import (
+    Answer,
+    Gold,
+    Task,
+    closed_loop,
+    load_tasks,
+    pass_hat_k,
+    replay_gold,
+    teacher_forced,
+    teacher_forced_pass,
+)
+from pipelines.simulate.environments import Environment, load_environment
+from pipelines.toolcall.calls import call_text, target_json
+from pipelines.toolcall.examples import Example
+from pipelines.toolcall.prompt import chat_turns, short_system_prompt, system_prompt, tools_json
+
+LOG = logging.getLogger("flywheel.episodes")
+
+
+@dataclass
+class ModelPolicy:
+    """A model answering episode turns as it is served: its prompt style, the grammar, its answer budget."""
+
+    label: str
+    model: Any
+    tokenizer: Any
+    tools: str  # tools_json of the offered tools
+    day: str
+    style: str = "full"  # full (base models), short or names (tuned adapters)
+    constrained: bool = True
+    grounded: bool = True
+    effects: dict[str, str] | None = None
+    max_new_tokens: int = 96
+    batch_size: int = 8
+    shots: int = 0
+    pool: list[Example] | None = None
+    temperature: float = 1.0  # of the gold-call probability (the sampled tries' temperature)
+
+    def _turns(self, messages: list[dict[str, Any]]) -> list[dict[str, str]]:
+        if self.style == "full":
+            system = system_prompt(self.tools, self.day)
+        else:
+            system = short_system_prompt(self.tools, self.day, signatures=self.style == "short")
+        return chat_turns(system, json.dumps(messages))
+
+    def conversations(self, talks: list[list[dict[str, Any]]]) -> list[list[dict[str, str]]]:
+        turns = [self._turns(t) for t in talks]
+        if not self.shots or not self.pool:
+            return turns
+        from pipelines.toolcall.fewshot import with_shots
+
+        queries = [Example(f"q{i}", t, "", "", t[-1]["content"], self.tools) for i, t in enumerate(turns)]
+        return with_shots(queries, self.pool, self.shots, self._pool_vectors())
+
+    def _pool_vectors(self) -> Any:
+        if not hasattr(self, "_vectors"):
+            from pipelines.embeddings import embed
+            from pipelines.toolcall.fewshot import retrieval_key
+
+            self._vectors = embed([retrieval_key(p) for p in self.pool or []])
+        return self._vectors
+
+    def answer(
+        self, talks: list[list[dict[str, Any]]], temperature: float | None = None, seed: int = 0
+    ) -> list[Answer]:
+        from pipelines.toolcall.decode import generate
+
+        conversations = self.conversations(talks)
+        tools = None
+        if self.constrained:
+            if self.grounded:
+                from pipelines.toolcall.grounding import ground
+
+                tools = [ground(self.tools, c[1:], self.effects or {}) for c in conversations]
+            else:
+                tools = [self.tools] * len(conversations)
+        out = generate(
+            self.model,
+            self.tokenizer,
+            conversations,
+            max_new_tokens=self.max_new_tokens,
+            batch_size=self.batch_size,
+            latency_samples=0,
+            tools=tools,
+            temperature=temperature,
+            seed=seed,
+        )
+        return [Answer(t, n) for t, n in zip(out.texts, out.prompt_tokens)]
+
+    def gold_logprobs(self, talks: list[list[dict[str, Any]]], targets: list[dict[str, Any]]) -> list[float]:
+        from pipelines.toolcall.decode import target_logprobs
+
+        texts = [call_text(target_json(t["name"], t.get("arguments"))) for t in targets]
+        return target_logprobs(
+            self.model, self.tokenizer, self.conversations(talks), texts, temperature=self.temperature
+        )
+
+
+def gold_pool(golds: list[Gold], tools: str) -> list[Example]:
+    """Few-shot examples from other tasks' gold trajectories: every step with the real results before it."""
+    from pipelines.evaluate.episodes import _call_message, opening
+
+    pool = []
+    for g in golds:
+        talk = opening(None, g.task)
+        for n, (call, step, _) in enumerate(g.path):
+            turns = chat_turns(system_prompt(tools, "2026-01-01"), json.dumps(talk))
+            target = call_text(target_json(call["name"], call.get("arguments")))
+            pool.append(Example(f"{g.task.task_id}:{n}", turns, target, call["name"], turns[-1]["content"], tools))
+            messages = _call_message(call, n + 1)
+            messages[1]["content"] = step.observation
+            talk = talk + messages
+    return pool
+
+
+def prepare(env: Environment, tasks: list[Task], offered: set[str]) -> tuple[list[Gold], list[dict[str, str]]]:
+    """Each task's gold, or a skip with its reason."""
+    golds, skipped = [], []
+    for task in tasks:
+        gold = replay_gold(env, task, offered)
+        if isinstance(gold, str):
+            skipped.append({"task_id": task.task_id, "reason": gold})
+        else:
+            golds.append(gold)
+    return golds, skipped
+
+
+def summarize(
+    name: str, tf_rows: list[dict[str, Any]] | None, greedy: list[Any], tries: list[Any], k: int
+) -> dict[str, Any]:
+    """One condition's numbers over tasks, and per task (the paired comparisons' input)."""
+    per_task: dict[str, dict[str, Any]] = {}
+    for ep in greedy:
+        per_task.setdefault(ep.task_id, {})["success"] = int(ep.success)
+        per_task[ep.task_id]["wrong_writes"] = ep.wrong_writes
+        per_task[ep.task_id]["prompt_tokens"] = ep.prompt_tokens
+        per_task[ep.task_id]["seconds"] = ep.seconds
+    by_task: dict[str, list[bool]] = {}
+    for ep in tries:
+        by_task.setdefault(ep.task_id, []).append(ep.success)
+    for task_id, results in by_task.items():
+        per_task.setdefault(task_id, {})[f"pass^{k}"] = pass_hat_k(sum(results), len(results), k)
+        per_task[task_id]["pass^1_sampled"] = pass_hat_k(sum(results), len(results), 1)
+    for row in tf_rows or []:
+        entry = per_task.setdefault(row["task_id"], {})
+        entry["tf_all_steps_exact"] = row["all_steps_exact"]
+        entry[f"tf_pass^{k}"] = teacher_forced_pass([s["gold_probability"] for s in row["steps"]], k)
+        entry["tf_pass^1"] = row["gold_path_probability"]
+    steps = [s for row in tf_rows or [] for s in row["steps"]]
+
+    def mean(values: list[Any]) -> float | None:
+        kept = [float(v) for v in values if v is not None]
+        return round(sum(kept) / len(kept), 4) if kept else None
+
+    rows = list(per_task.values())
+    return {
+        "condition": name,
+        "tasks": len(per_task),
+        "closed_loop_pass^1": mean([r.get("success") for r in rows]),
+        f"closed_loop_pass^{k}": mean([r.get(f"pass^{k}") for r in rows]),
+        "teacher_forced_step_exact": mean([s["exact_match"] for s in steps]),
+        "teacher_forced_read_exact": mean([s["exact_match"] for s in steps if s["effect"] == "read"]),
+        "teacher_forced_write_exact": mean([s["exact_match"] for s in steps if s["effect"] == "write"]),
+        "teacher_forced_pass^1": mean([r.get("tf_pass^1") for r in rows]),
+        f"teacher_forced_pass^{k}": mean([r.get(f"tf_pass^{k}") for r in rows]),
+        "wrong_writes": sum(ep.wrong_writes for ep in greedy),
+        "wrong_writes_per_episode": mean([ep.wrong_writes for ep in greedy]),
+        "episodes_with_wrong_writes": sum(1 for ep in greedy if ep.wrong_writes),
+        "prompt_tokens_per_episode": mean([ep.prompt_tokens for ep in greedy]),
+        "seconds_per_episode": mean([ep.seconds for ep in greedy]),
+        "per_task": per_task,
+    }
+
+
+def compare_conditions(results: dict[str, dict[str, Any]], candidate: str, reference: str, k: int) -> dict[str, Any]:
+    """The candidate against the reference on the tasks both ran: paired 95 % intervals per metric."""
+    from pipelines.stats import interval, mcnemar
+
+    ours, theirs = results[candidate]["per_task"], results[reference]["per_task"]
+    shared = sorted(set(ours) & set(theirs))
+    out: dict[str, Any] = {"condition": candidate, "reference": reference, "n": len(shared), "metrics": {}}
+    for metric in ("success", f"pass^{k}", "tf_all_steps_exact", f"tf_pass^{k}"):
+        a = [ours[t].get(metric) for t in shared]
+        b = [theirs[t].get(metric) for t in shared]
+        entry = interval(a, b)
+        if metric in ("success", "tf_all_steps_exact"):
+            entry["mcnemar"] = mcnemar(a, b)
+        out["metrics"][metric] = entry
+    out["wrong_writes"] = [sum(ours[t].get("wrong_writes") or 0 for t in shared),
+                           sum(theirs[t].get("wrong_writes") or 0 for t in shared)]  # fmt: skip
+    return out
+
+
+@dataclass
+class EpisodeRun:
+    """What one `run_episodes` call was asked to do."""
+
+    tasks_file: Path
+    db_file: Path
+    tools_file: Path
+    name: str
+    day: str = field(default_factory=lambda: date.today().isoformat())
+    teacher_forced: bool = True
+    closed_loop: bool = True
+    sample_tries: bool = True
+    few_shot_pool: Path | None = None  # tasks whose gold trajectories are the few-shot pool (not evaluated)
+
+
+def run_episodes(
+    settings: Settings, run: EpisodeRun, policies: list[ModelPolicy], console: Any = None
+) -> dict[str, Any]:
+    """Every policy on every task that has a gold; the report written as JSON and HTML under
+    `<reports>/episodes/<name>/`. Returns the report."""
+    e = settings.episodes
+    started = time.perf_counter()
+    deadline = time.monotonic() + e.time_budget_s
+    env = load_environment(e.environment, run.db_file)
+    tools = json.loads(run.tools_file.read_text(encoding="utf-8"))
+    offered = {t["function"]["name"] for t in tools}
+    tasks, unreadable = load_tasks(run.tasks_file)
+    golds, skipped = prepare(env, tasks, offered)
+    results: dict[str, dict[str, Any]] = {}
+    episodes: dict[str, list[dict[str, Any]]] = {}
+    cut = False
+    for policy in policies:
+        LOG.info("episodes %s: %s on %d tasks ...", run.name, policy.label, len(golds))
+        tf = teacher_forced(golds, policy, env.effects()) if run.teacher_forced else None
+        greedy: list[Any] = []
+        tries: list[Any] = []
+        if run.closed_loop and not cut:
+            greedy, cut = closed_loop(
+                env, golds, policy, [-1], temperature=e.temperature, max_steps_factor=e.max_steps_factor,
+                deadline=deadline, batch=policy.batch_size,
+            )  # fmt: skip
+            if run.sample_tries and not cut:
+                tries, cut = closed_loop(
+                    env, golds, policy, list(range(e.k)), temperature=e.temperature,
+                    max_steps_factor=e.max_steps_factor, deadline=deadline, batch=policy.batch_size,
+                )  # fmt: skip
+        results[policy.label] = summarize(policy.label, tf, greedy, tries, e.k)
+        episodes[policy.label] = [ep.to_dict() for ep in greedy]
+        if tf is not None:
+            for row in tf:
+                row["steps"] = row["steps"][:12]
+            results[policy.label]["teacher_forced"] = tf
+    comparisons = []
+    labels = [p.label for p in policies]
+    for cand in (lab for lab in labels if lab.startswith("tuned_")):
+        for ref in ("tuned_champion", "base_few_shot", "base_zero_shot"):
+            if ref in results and ref != cand:
+                comparisons.append(compare_conditions(results, cand, ref, e.k))
+    report = {
+        "name": run.name,
+        "tasks_file": run.tasks_file.name,
+        "environment": e.environment,
+        "tasks": len(tasks),
+        "scored": len(golds),
+        "skipped": unreadable + skipped,
+        "gold_changes_state": sum(1 for g in golds if g.changes_state),
+        "cut_by_time_budget": cut,
+        "settings": {**e.model_dump(), "day": run.day},
+        "conditions": {k: {kk: vv for kk, vv in v.items() if kk != "teacher_forced"} for k, v in results.items()},
+        "teacher_forced": {k: v.get("teacher_forced") for k, v in results.items()},
+        "comparisons": comparisons,
+        "episodes": episodes,
+        "seconds": round(time.perf_counter() - started, 1),
+    }
+    if cut and console is not None:
+        console.print(
+            f"warning: episodes stopped at the time budget ({e.time_budget_s:.0f} s): the report holds what finished"
+        )
+    from pipelines.evaluate.episode_report import write_episode_report
+
+    return write_episode_report(settings, report)
+
+
+def policies_for(
+    settings: Settings,
+    base_model: str,
+    adapters: list[Any],
+    tools_file: Path,
+    *,
+    effects: dict[str, str],
+    day: str,
+    baselines: bool = True,
+    shots: int = 3,
+    pool: list[Example] | None = None,
+    max_new_tokens: int = 96,
+) -> list[ModelPolicy]:
+    """The conditions as served: base zero-shot and few-shot (`pool`: other tasks' gold steps) on the base model,
+    and each adapter (`evaluate.pipeline.Adapter`) in the prompt style it was trained with."""
+    from pipelines.base_models import load_model
+
+    offered = tools_json(json.loads(tools_file.read_text(encoding="utf-8")))
+    common: dict[str, Any] = {
+        "tools": offered,
+        "day": day,
+        "constrained": settings.triton.constrained,
+        "grounded": settings.triton.grounded_ids,
+        "effects": effects,
+        "max_new_tokens": max_new_tokens,
+        "temperature": settings.episodes.temperature,
+    }
+    out = []
+    if baselines:
+        model, tokenizer = load_model(base_model, settings)
+        out.append(ModelPolicy("base_zero_shot", model, tokenizer, **common))
+        if shots and pool:
+            out.append(ModelPolicy("base_few_shot", model, tokenizer, shots=shots, pool=pool, **common))
+    for a in adapters:
+        model, tokenizer = load_model(base_model, settings, a.path)
+        out.append(ModelPolicy(a.label, model, tokenizer, style=a.prompt_style, **common))
+    return out
+
+
+def settings_db(settings: Settings, given: Path | None) -> Path:
+    """The environment's database: the one given, else `episodes.db`; one clear line when neither is set."""
+    from pipelines.errors import DataProblem
+
+    path = given or (Path(settings.episodes.db) if settings.episodes.db else None)
+    if path is None:
+        raise DataProblem("episodes: no database file: pass --db or set episodes.db (FLYWHEEL_EPISODES__DB)")
+    return path
+
+
+def gold_pool_from(settings: Settings, tasks_file: Path | None, db_file: Path, tools_file: Path) -> list[Example]:
+    """The few-shot pool: the gold trajectories of `tasks_file` (tasks never evaluated)."""
+    if tasks_file is None:
+        return []
+    env = load_environment(settings.episodes.environment, db_file)
+    tools = json.loads(tools_file.read_text(encoding="utf-8"))
+    tasks, _ = load_tasks(tasks_file)
+    golds, _ = prepare(env, tasks, {t["function"]["name"] for t in tools})
+    return gold_pool(golds, tools_json(tools))
+
+
+def gate_episodes(
+    settings: Settings, adapters: list[Any], base_model: str, max_new_tokens: int, name: str
+) -> dict[str, Any] | None:
+    """The episodes the gate's rule decides on (`episodes.tasks` set; None when unset): candidate, champion and
+    base few-shot in the closed loop, greedy (`registry.episode_gate.episode_veto` reads the report)."""
+    e = settings.episodes
+    if not e.tasks:
+        return None
+    if not e.tools:
+        from pipelines.errors import DataProblem
+
+        raise DataProblem("episodes.tasks is set but episodes.tools is not: set the tools file the episodes offer")
+    db, tools = settings_db(settings, None), Path(e.tools)
+    pool = gold_pool_from(settings, Path(e.shot_tasks) if e.shot_tasks else None, db, tools)
+    policies = policies_for(
+        settings, base_model, adapters, tools, effects=load_environment(e.environment, db).effects(),
+        day=date.today().isoformat(), shots=settings.evaluation.shots, pool=pool, max_new_tokens=max_new_tokens,
+    )  # fmt: skip
+    run = EpisodeRun(Path(e.tasks), db, tools, f"{name}-episodes", teacher_forced=False, sample_tries=False)
+    return run_episodes(settings, run, policies)

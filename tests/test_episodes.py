@@ -1,0 +1,418 @@
+"""Episodes against the retail environment: the environment (tau-bench's tools on a per-episode copy), the
+scoring floors (the gold replay passes every task, an empty episode passes exactly the tasks whose gold changes
+nothing), pass^k against hand-worked numbers, the closed loop's endings, and the gate's episode rule.
+
+The database, tools and tasks are generated here in tau-bench's shapes (no benchmark data is read)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pipelines.evaluate.episode_run import compare_conditions, prepare, summarize
+from pipelines.evaluate.episodes import (
+    Answer,
+    Episode,
+    closed_loop,
+    load_tasks,
+    pass_hat_k,
+    teacher_forced,
+    teacher_forced_pass,
+)
+from pipelines.simulate.retail_env import RetailEnvironment
+from pipelines.toolcall.calls import call_text, target_json
+
+ADDRESS = {"address1": "1 Elm St", "address2": "", "city": "Austin", "state": "TX", "country": "USA", "zip": "78701"}
+
+
+def _db() -> dict[str, Any]:
+    def order(oid: str, user: str, status: str, items: list[tuple[str, str, float]], method: str) -> dict[str, Any]:
+        return {
+            "order_id": oid,
+            "user_id": user,
+            "address": ADDRESS,
+            "items": [
+                {"name": "Lamp", "product_id": pid, "item_id": iid, "price": price, "options": {"color": "red"}}
+                for pid, iid, price in items
+            ],
+            "status": status,
+            "fulfillments": [],
+            "payment_history": [
+                {"transaction_type": "payment", "amount": sum(p for *_, p in items), "payment_method_id": method}
+            ],
+        }
+
+    return {
+        "products": {
+            "100": {
+                "name": "Lamp",
+                "product_id": "100",
+                "variants": {
+                    "1001": {"item_id": "1001", "options": {"color": "red"}, "available": True, "price": 30.0},
+                    "1002": {"item_id": "1002", "options": {"color": "blue"}, "available": True, "price": 35.5},
+                    "1003": {"item_id": "1003", "options": {"color": "gold"}, "available": False, "price": 90.0},
+                },
+            }
+        },
+        "users": {
+            "ana_lee_1": {
+                "user_id": "ana_lee_1",
+                "name": {"first_name": "Ana", "last_name": "Lee"},
+                "address": ADDRESS,
+                "email": "ana.lee@example.com",
+                "payment_methods": {
+                    "credit_card_1": {
+                        "source": "credit_card",
+                        "id": "credit_card_1",
+                        "brand": "visa",
+                        "last_four": "1",
+                    },
+                    "gift_card_1": {"source": "gift_card", "id": "gift_card_1", "balance": 10.0},
+                },
+                "orders": ["#W1", "#W2", "#W3"],
+            }
+        },
+        "orders": {
+            "#W1": order("#W1", "ana_lee_1", "pending", [("100", "1001", 30.0)], "gift_card_1"),
+            "#W2": order("#W2", "ana_lee_1", "delivered", [("100", "1001", 30.0)], "credit_card_1"),
+            "#W3": order("#W3", "ana_lee_1", "pending", [("100", "1001", 30.0)], "credit_card_1"),
+        },
+    }
+
+
+TASKS = [
+    {"user_id": "ana_lee_1", "instruction": "I am ana.lee@example.com, cancel #W1.", "actions": [
+        {"name": "cancel_pending_order", "arguments": {"order_id": "#W1", "reason": "no longer needed"}}]},
+    {"user_id": "ana_lee_1", "instruction": "I am ana.lee@example.com, return the lamp of #W2.", "actions": [
+        {"name": "return_delivered_order_items",
+         "arguments": {"order_id": "#W2", "item_ids": ["1001"], "payment_method_id": "credit_card_1"}}]},
+    {"user_id": "ana_lee_1", "instruction": "I am Ana Lee, zip 78701: make the lamp of #W3 blue.", "actions": [
+        {"name": "modify_pending_order_items", "arguments": {
+            "order_id": "#W3", "item_ids": ["1001"], "new_item_ids": ["1002"], "payment_method_id": "credit_card_1"}}]},
+    {"user_id": "ana_lee_1", "instruction": "I am ana.lee@example.com, just checking in.", "actions": []},
+    {"user_id": "ana_lee_1", "instruction": "Cancel my delivered #W2.", "actions": [
+        {"name": "cancel_pending_order", "arguments": {"order_id": "#W2", "reason": "no longer needed"}}]},
+]  # fmt: skip
+OFFERED = {
+    "find_user_id_by_email",
+    "find_user_id_by_name_zip",
+    "get_user_details",
+    "get_order_details",
+    "get_product_details",
+    "cancel_pending_order",
+    "return_delivered_order_items",
+    "modify_pending_order_items",
+}
+
+
+@pytest.fixture
+def env() -> RetailEnvironment:
+    return RetailEnvironment(_db())
+
+
+@pytest.fixture
+def golds(env: RetailEnvironment, tmp_path: Path) -> tuple[list[Any], list[dict[str, str]]]:
+    path = tmp_path / "tasks.jsonl"
+    path.write_text("\n".join([*(json.dumps(t) for t in TASKS), "{not json"]) + "\n")
+    tasks, unreadable = load_tasks(path)
+    golds, skipped = prepare(env, tasks, OFFERED)
+    return golds, unreadable + skipped
+
+
+class Scripted:
+    """A policy that answers from a script per task: the gold trajectory, nothing, or a given call list."""
+
+    label = "scripted"
+    batch_size = 2
+
+    def __init__(self, script: dict[str, list[dict[str, Any] | None]]):
+        self.script = script
+
+    def _task(self, talk: list[dict[str, Any]]) -> tuple[str, int]:
+        return talk[0]["content"], sum(1 for m in talk if m["role"] == "assistant")
+
+    def answer(
+        self, talks: list[list[dict[str, Any]]], temperature: float | None = None, seed: int = 0
+    ) -> list[Answer]:
+        out = []
+        for talk in talks:
+            request, n = self._task(talk)
+            calls = self.script.get(request, [])
+            call = calls[n] if n < len(calls) else None
+            text = '{"name":null}' if call is None else call_text(target_json(call["name"], call["arguments"]))
+            out.append(Answer(text, 10))
+        return out
+
+    def gold_logprobs(self, talks: list[list[dict[str, Any]]], targets: list[dict[str, Any]]) -> list[float]:
+        return [0.0 if self.answer([t])[0].text == call_text(target_json(g["name"], g["arguments"])) else -1.0
+                for t, g in zip(talks, targets)]  # fmt: skip
+
+
+def _gold_script(golds: list[Any]) -> Scripted:
+    return Scripted({g.task.instruction: [c for c, _, _ in g.path] for g in golds})
+
+
+def _run(env: RetailEnvironment, golds: list[Any], policy: Any, attempts: list[int] | None = None) -> list[Episode]:
+    eps, cut = closed_loop(
+        env, golds, policy, attempts or [-1], temperature=1.0, max_steps_factor=2, deadline=time.monotonic() + 60
+    )
+    assert not cut
+    return eps
+
+
+# -- the environment ----------------------------------------------------------------------------------------------
+def test_a_write_changes_the_state_and_a_refused_one_returns_the_benchmarks_error(env: RetailEnvironment) -> None:
+    untouched = env.state_hash()
+    step = env.step("cancel_pending_order", {"order_id": "#W1", "reason": "no longer needed"})
+    assert not step.error and env.data["orders"]["#W1"]["status"] == "cancelled"
+    assert env.data["users"]["ana_lee_1"]["payment_methods"]["gift_card_1"]["balance"] == 40.0  # refunded at once
+    assert env.state_hash() != untouched
+    after = env.state_hash()
+    for name, args, error in (
+        ("cancel_pending_order", {"order_id": "#W9", "reason": "no longer needed"}, "Error: order not found"),
+        ("cancel_pending_order", {"order_id": "#W2", "reason": "no longer needed"},
+         "Error: non-pending order cannot be cancelled"),
+        ("cancel_pending_order", {"order_id": "#W3", "reason": "bored"}, "Error: invalid reason"),
+        ("return_delivered_order_items", {"order_id": "#W2", "item_ids": ["1001"], "payment_method_id": "paypal_9"},
+         "Error: payment method not found"),
+        ("modify_pending_order_items", {"order_id": "#W3", "item_ids": ["1001"], "new_item_ids": ["1003"],
+                                        "payment_method_id": "credit_card_1"},
+         "Error: new item 1003 not found or available"),
+        ("get_user_details", {"user_id": "nobody"}, "Error: user not found"),
+        ("get_order_details", {}, "Error: missing a required argument: 'order_id'"),
+        ("launch_rocket", {}, "Unknown action launch_rocket"),
+    ):  # fmt: skip
+        step = env.step(name, args)
+        assert step.error and step.result == error, (name, step.result)
+    assert env.state_hash() == after  # a refused call changes nothing
+    env.reset()
+    assert env.state_hash() == untouched and env.data["orders"]["#W1"]["status"] == "pending"
+
+
+def test_equal_states_hash_equal_whatever_the_order_of_the_writes(env: RetailEnvironment) -> None:
+    a, b = env.fork(), env.fork()
+    cancel = ("cancel_pending_order", {"order_id": "#W3", "reason": "ordered by mistake"})
+    ret = (
+        "return_delivered_order_items",
+        {"order_id": "#W2", "item_ids": ["1001"], "payment_method_id": "gift_card_1"},
+    )
+    for name, args in (cancel, ret):
+        a.step(name, args)
+    for name, args in (ret, cancel):
+        b.step(name, args)
+    assert a.state_hash() == b.state_hash()
+    a.data["orders"] = dict(reversed(list(a.data["orders"].items())))  # key order is not state
+    assert a.state_hash() == b.state_hash()
+    b.step("modify_user_address", {"user_id": "ana_lee_1", **ADDRESS, "zip": "78702"})
+    assert a.state_hash() != b.state_hash()
+
+
+def test_a_gift_card_pays_the_difference_of_an_item_swap(env: RetailEnvironment) -> None:
+    step = env.step(
+        "modify_pending_order_items",
+        {"order_id": "#W1", "item_ids": ["1001"], "new_item_ids": ["1002"], "payment_method_id": "gift_card_1"},
+    )
+    assert not step.error
+    order = env.data["orders"]["#W1"]
+    assert order["status"] == "pending (item modified)" and order["items"][0]["item_id"] == "1002"
+    assert env.data["users"]["ana_lee_1"]["payment_methods"]["gift_card_1"]["balance"] == 4.5
+    assert json.loads(step.observation)["items"][0]["item_id"] == "1002"  # the brief the model is shown
+
+
+# -- the floors ---------------------------------------------------------------------------------------------------
+def test_a_task_whose_gold_fails_is_skipped_with_its_reason(golds: tuple[list[Any], list[dict[str, str]]]) -> None:
+    scored, skipped = golds
+    assert len(scored) == 4
+    reasons = {s["task_id"]: s["reason"] for s in skipped}
+    assert reasons["tasks:4"].startswith("gold action cancel_pending_order fails against the database")
+    assert "non-pending order cannot be cancelled" in reasons["tasks:4"]
+    assert reasons["tasks:5"].startswith("not JSON")
+
+
+def test_the_gold_replay_passes_every_task_and_an_empty_episode_only_those_that_change_nothing(
+    env: RetailEnvironment, golds: tuple[list[Any], list[dict[str, str]]]
+) -> None:
+    scored, _ = golds
+    assert [len(g.path) for g in scored] == [4, 4, 5, 2]  # identify, profile, read the order (and product), write
+    gold = _run(env, scored, _gold_script(scored))
+    assert [e.success for e in gold] == [True] * 4
+    assert all(e.left_gold_at is None and e.wrong_writes == 0 and e.end == "answered" for e in gold)
+    empty = _run(env, scored, Scripted({}))
+    assert [e.success for e in empty] == [not g.changes_state for g in scored] == [False, False, False, True]
+    fields = ["cancel_reason", "payment_history", "status"]
+    assert empty[0].state_diff == [
+        {"table": "orders", "key": "#W1", "fields": fields},
+        {"table": "users", "key": "ana_lee_1", "fields": ["payment_methods"]},
+    ]
+
+
+def test_a_wrong_write_is_counted_and_the_episode_fails(
+    env: RetailEnvironment, golds: tuple[list[Any], list[dict[str, str]]]
+) -> None:
+    scored, _ = golds
+    first = scored[0]
+    wrong = {"name": "cancel_pending_order", "arguments": {"order_id": "#W3", "reason": "no longer needed"}}
+    ep = _run(env, [first], Scripted({first.task.instruction: [wrong, *[c for c, _, _ in first.path]]}))[0]
+    assert ep.wrong_writes == 1 and ep.steps[0]["applied"] and not ep.success and ep.left_gold_at == 0
+
+
+def test_a_tool_that_raises_ends_the_episode_as_failed_with_its_error(
+    env: RetailEnvironment, golds: tuple[list[Any], list[dict[str, str]]]
+) -> None:
+    scored, _ = golds
+    args = {"order_id": "#W3", "item_ids": 5, "new_item_ids": [], "payment_method_id": "credit_card_1"}
+    bad = {"name": "modify_pending_order_items", "arguments": args}
+    ep = _run(env, [scored[3]], Scripted({scored[3].task.instruction: [bad]}))[0]
+    assert ep.end == "tool_error" and "modify_pending_order_items: TypeError" in (ep.error or "")
+    assert not ep.success  # even though the state is the (unchanged) gold one
+
+
+def test_a_run_past_its_time_budget_stops_with_what_it_finished(
+    env: RetailEnvironment, golds: tuple[list[Any], list[dict[str, str]]]
+) -> None:
+    scored, _ = golds
+    eps, cut = closed_loop(env, scored, Scripted({}), [-1], temperature=1.0, max_steps_factor=2, deadline=0.0)
+    assert cut and eps == []
+
+
+def test_max_steps_ends_a_loop_at_twice_the_gold_length(
+    env: RetailEnvironment, golds: tuple[list[Any], list[dict[str, str]]]
+) -> None:
+    scored, _ = golds
+    read = {"name": "get_order_details", "arguments": {"order_id": "#W1"}}
+    ep = _run(env, [scored[3]], Scripted({scored[3].task.instruction: [read] * 50}))[0]
+    assert ep.end == "max_steps" and len(ep.steps) == 4  # the gold path of a no-change task has 2 steps
+
+
+# -- pass^k -------------------------------------------------------------------------------------------------------
+def test_pass_hat_k_against_a_hand_worked_example() -> None:
+    # four tries, three succeed: pass^1 = 3/4; pass^2 = C(3,2)/C(4,2) = 3/6; pass^3 = 1/4; pass^4 = 0
+    assert [pass_hat_k(3, 4, k) for k in (1, 2, 3, 4)] == [0.75, 0.5, 0.25, 0.0]
+    assert pass_hat_k(4, 4, 4) == 1.0 and pass_hat_k(2, 3, 4) is None
+    # teacher-forced: a gold path of two steps with probabilities 0.5 and 0.8 -> 0.4 per try, 0.16 for two
+    assert teacher_forced_pass([0.5, 0.8], 1) == pytest.approx(0.4)
+    assert teacher_forced_pass([0.5, 0.8], 2) == pytest.approx(0.16)
+
+
+def test_summary_and_teacher_forced_rows(env: RetailEnvironment, golds: tuple[list[Any], list[dict[str, str]]]) -> None:
+    scored, _ = golds
+    policy = _gold_script(scored)
+    tf = teacher_forced(scored, policy, env.effects())
+    assert [r["all_steps_exact"] for r in tf] == [1, 1, 1, 1] and all(r["gold_path_probability"] == 1.0 for r in tf)
+    tries = _run(env, scored, policy, [0, 1, 2, 3])
+    row = summarize("gold", tf, _run(env, scored, policy), tries, 4)
+    assert row["closed_loop_pass^1"] == 1.0 and row["closed_loop_pass^4"] == 1.0
+    assert row["teacher_forced_write_exact"] == 1.0 and row["wrong_writes"] == 0
+
+
+# -- the gate's rule ----------------------------------------------------------------------------------------------
+def _report(env: RetailEnvironment, scored: list[Any], candidate: Any, reference: Any) -> dict[str, Any]:
+    many = scored * 30  # the same four tasks under other ids: enough for an interval within the margin
+    for n, g in enumerate(many):
+        many[n] = type(g)(type(g.task)(f"t{n}", g.task.instruction, g.task.actions, g.task.raw), g.state_hash,
+                          g.path, g.changes_state)  # fmt: skip
+    results = {
+        "tuned_candidate": summarize("tuned_candidate", None, _run(env, many, candidate), [], 4),
+        "base_few_shot": summarize("base_few_shot", None, _run(env, many, reference), [], 4),
+    }
+    return {
+        "conditions": results,
+        "comparisons": [compare_conditions(results, "tuned_candidate", "base_few_shot", 4)],
+    }
+
+
+def test_the_gate_refuses_a_candidate_worse_on_episodes_and_passes_an_equal_one(
+    env: RetailEnvironment, golds: tuple[list[Any], list[dict[str, str]]], flywheel_root: Path
+) -> None:
+    from pipelines.config import load_settings
+    from pipelines.registry.episode_gate import episode_veto
+
+    settings = load_settings()
+    scored, _ = golds
+    gold = _gold_script(scored)
+    assert episode_veto(_report(env, scored, gold, gold), settings) is None
+    worse = episode_veto(_report(env, scored, Scripted({}), gold), settings)
+    assert worse is not None and worse.startswith("refused: closed-loop success -0.750")
+    first = scored[0]
+    wrong = {"name": "cancel_pending_order", "arguments": {"order_id": "#W3", "reason": "no longer needed"}}
+    writer = Scripted({**gold.script, first.task.instruction: [wrong, *gold.script[first.task.instruction]]})
+    veto = episode_veto(_report(env, scored, writer, gold), settings)
+    assert veto is not None and veto.startswith("refused: wrong writes in episodes 30 vs 0")
+
+
+# -- the model path -----------------------------------------------------------------------------------------------
+def _tool(name: str, props: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": name.replace("_", " "),
+            "parameters": {"type": "object", "properties": props, "required": sorted(props)},
+        },
+    }
+
+
+def _tools() -> list[dict[str, Any]]:
+    s, ids = {"type": "string"}, {"type": "array", "items": {"type": "string"}}
+    return [
+        _tool("find_user_id_by_email", {"email": s}),
+        _tool("find_user_id_by_name_zip", {"first_name": s, "last_name": s, "zip": s}),
+        _tool("get_user_details", {"user_id": s}),
+        _tool("get_order_details", {"order_id": s}),
+        _tool("get_product_details", {"product_id": s}),
+        _tool("cancel_pending_order", {"order_id": s, "reason": {"type": "string", "enum": ["no longer needed",
+                                                                                             "ordered by mistake"]}}),
+        _tool("return_delivered_order_items", {"order_id": s, "item_ids": ids, "payment_method_id": s}),
+        _tool("modify_pending_order_items",
+              {"order_id": s, "item_ids": ids, "new_item_ids": ids, "payment_method_id": s}),
+    ]  # fmt: skip
+
+
+def test_the_gold_call_probability_is_the_same_alone_and_beside_a_longer_padded_row(flywheel_root: Path) -> None:
+    import torch
+
+    from pipelines.base_models import load_base
+    from pipelines.config import load_settings
+    from pipelines.toolcall.decode import target_logprobs
+
+    torch.manual_seed(0)
+    model, tokenizer = load_base("tiny-llama", load_settings())
+    short = [{"role": "user", "content": "cancel #W1"}]
+    long = [{"role": "user", "content": "please look up the order #W2 and the one after it " * 6}]
+    target = call_text(target_json("get_order_details", {"order_id": "#W1"}))
+    alone = target_logprobs(model, tokenizer, [short], [target])[0]
+    padded = target_logprobs(model, tokenizer, [long, short], [target, target], batch_size=2)[1]
+    assert alone < 0 and padded == pytest.approx(alone, abs=1e-3)  # the padding masked out
+
+
+@pytest.mark.slow
+def test_flywheel_eval_episodes_end_to_end_on_a_tiny_model(tmp_path: Path, flywheel_root: Path) -> None:
+    from helpers import run_flywheel
+
+    db, tools, tasks = tmp_path / "db.json", tmp_path / "tools.json", tmp_path / "tasks.jsonl"
+    db.write_text(json.dumps(_db()))
+    tools.write_text(json.dumps(_tools()))
+    tasks.write_text("\n".join(json.dumps(t) for t in TASKS[:2] + TASKS[4:]) + "\n")
+    done = run_flywheel(
+        "eval", "--episodes", str(tasks), "--db", str(db), "--tools", str(tools), "--base-model", "tiny-llama",
+        "--shot-tasks", str(tasks), "--name", "tiny", "--json",
+        env={"FLYWHEEL_ROOT": str(flywheel_root), "FLYWHEEL_EPISODES__K": "2"},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads(done.stdout)
+    assert report["tasks"] == 3 and report["scored"] == 2 and len(report["skipped"]) == 1
+    assert set(report["conditions"]) == {"base_zero_shot", "base_few_shot"}
+    row = report["conditions"]["base_zero_shot"]
+    assert row["tasks"] == 2 and row["closed_loop_pass^2"] is not None and row["teacher_forced_step_exact"] is not None
+    steps = report["teacher_forced"]["base_zero_shot"][0]["steps"]
+    assert all(0.0 <= s["gold_probability"] <= 1.0 for s in steps)
+    html = Path(report["html_uri"].removeprefix("file://")).read_text()
+    assert "Episodes: tiny" in html and "left the gold path" in html and "<img" in html
+    missing = run_flywheel("eval", "--episodes", str(tasks), "--tools", str(tools),
+                           env={"FLYWHEEL_ROOT": str(flywheel_root)})  # fmt: skip
+    assert missing.returncode != 0 and "error:" in missing.stderr and "--db" in missing.stderr
+    assert "Traceback" not in missing.stderr
