@@ -310,19 +310,18 @@ def test_summary_and_teacher_forced_rows(env: RetailEnvironment, golds: tuple[li
 
 
 # -- the gate's rule ----------------------------------------------------------------------------------------------
-def _report(env: RetailEnvironment, scored: list[Any], candidate: Any, reference: Any) -> dict[str, Any]:
+def _report(
+    env: RetailEnvironment, scored: list[Any], candidate: Any, reference: Any, ref: str = "base_few_shot"
+) -> dict[str, Any]:
     many = scored * 30  # the same four tasks under other ids: enough for an interval within the margin
     for n, g in enumerate(many):
         many[n] = type(g)(type(g.task)(f"t{n}", g.task.instruction, g.task.actions, g.task.raw), g.state_hash,
                           g.path, g.changes_state)  # fmt: skip
     results = {
         "tuned_candidate": summarize("tuned_candidate", None, _run(env, many, candidate), [], 4),
-        "base_few_shot": summarize("base_few_shot", None, _run(env, many, reference), [], 4),
+        ref: summarize(ref, None, _run(env, many, reference), [], 4),
     }
-    return {
-        "conditions": results,
-        "comparisons": [compare_conditions(results, "tuned_candidate", "base_few_shot", 4)],
-    }
+    return {"conditions": results, "comparisons": [compare_conditions(results, "tuned_candidate", ref, 4)]}
 
 
 def test_the_gate_refuses_a_candidate_worse_on_episodes_and_passes_an_equal_one(
@@ -342,6 +341,9 @@ def test_the_gate_refuses_a_candidate_worse_on_episodes_and_passes_an_equal_one(
     writer = Scripted({**gold.script, first.task.instruction: [wrong, *gold.script[first.task.instruction]]})
     veto = episode_veto(_report(env, scored, writer, gold), settings)
     assert veto is not None and veto.startswith("refused: wrong writes in episodes 30 vs 0")
+    # without a few-shot pool the zero-shot prompt is the reference (mutation: only the champion checked)
+    zero = episode_veto(_report(env, scored, Scripted({}), gold, "base_zero_shot"), settings)
+    assert zero is not None and "vs base_zero_shot" in zero
 
 
 # -- the model path -----------------------------------------------------------------------------------------------

@@ -87,10 +87,10 @@ class ModelPolicy:
         conversations = self.conversations(talks)
         tools = None
         if self.constrained:
-            if self.grounded:
+            if self.grounded:  # ids from the episode's own conversation, never a few-shot example's
                 from pipelines.toolcall.grounding import ground
 
-                tools = [ground(self.tools, c[1:], self.effects or {}) for c in conversations]
+                tools = [ground(self.tools, self._turns(t)[1:], self.effects or {}) for t in talks]
             else:
                 tools = [self.tools] * len(conversations)
         out = generate(

@@ -4,8 +4,8 @@ A task (a tau-bench task line: the customer's instruction and the gold write act
 
 - *teacher-forced*: every step of the gold trajectory (the environment's `gold_path`: identify the customer,
   read, then write) with the real results before it; each answer scored as one turn (`toolcall.score`), split
-  by read and write, and the probability the model gives the gold call at each step, so the chance that k
-  sampled tries all walk the gold path is exact per task (`teacher_forced_pass`);
+  by read and write, and the probability the model gives the gold call at each step, so the probability that k
+  tries sampled from the unconstrained model all walk exactly the gold path follows (`teacher_forced_pass`);
 - *closed loop*: the model acts from the customer's request until it answers in text (no call), hands over,
   or reaches `max_steps_factor` times the gold length; the episode succeeds when the final state's hash equals
   the gold replay's (any path to the gold state passes). pass^1 greedy, and pass^k from k sampled tries with
@@ -64,8 +64,13 @@ def load_tasks(path: Path) -> tuple[list[Task], list[dict[str, str]]]:
             skipped.append({"task_id": task_id, "reason": f"not JSON ({exc.msg})"})
             continue
         actions = raw.get("actions") if isinstance(raw, dict) else None
-        if not isinstance(actions, list) or not all(isinstance(a, dict) and "name" in a for a in actions):
-            skipped.append({"task_id": task_id, "reason": "no `actions` list of calls"})
+        if not isinstance(actions, list) or not all(
+            isinstance(a, dict) and isinstance(a.get("name"), str) and isinstance(a.get("arguments") or {}, dict)
+            for a in actions
+        ):
+            skipped.append(
+                {"task_id": task_id, "reason": "no `actions` list of calls (a name and an arguments object)"}
+            )
             continue
         kept = [
             {"name": a["name"], "arguments": a.get("arguments") or {}}

@@ -12,8 +12,6 @@ from typing import Any
 
 from pipelines.config import Settings
 
-REFERENCES = ("tuned_champion", "base_few_shot")
-
 
 def episode_veto(report: dict[str, Any], settings: Settings, candidate: str = "tuned_candidate") -> str | None:
     """The refusal line of the episode rule on an episode report (`evaluate.episode_run`), or None."""
@@ -21,11 +19,10 @@ def episode_veto(report: dict[str, Any], settings: Settings, candidate: str = "t
     comparisons = {c["reference"]: c for c in report.get("comparisons") or [] if c["condition"] == candidate}
     if candidate not in (report.get("conditions") or {}):
         return "refused: the episode rule has no episodes of the candidate"
-    references = [r for r in REFERENCES if r in comparisons] or ["base_zero_shot"]
+    prompt = "base_few_shot" if "base_few_shot" in comparisons else "base_zero_shot"  # the strongest prompt run
+    references = [r for r in ("tuned_champion", prompt) if r in comparisons]
     for ref in references:
-        c = comparisons.get(ref)
-        if c is None:
-            continue
+        c = comparisons[ref]
         ours, theirs = c["wrong_writes"]
         if ours > theirs + e.wrong_write_margin:
             return f"refused: wrong writes in episodes {ours} vs {theirs} for {ref} (n={c['n']} tasks)"
@@ -38,6 +35,6 @@ def episode_veto(report: dict[str, Any], settings: Settings, candidate: str = "t
                 f"[{success['low']:+.3f}, {success['high']:+.3f}], n={success['n']} tasks: inferiority beyond the "
                 f"margin {e.margin} is not ruled out"
             )
-    if not comparisons:
+    if not references:
         return "refused: the episode rule compared the candidate with no reference"
     return None

@@ -369,8 +369,10 @@ def promote(
         verdict = last_look(
             gate(candidate_row, champion_row, settings, rows.get(BASELINE)), settings.evaluation.examples
         )
-        if verdict.promoted and veto:  # another rule refused (the episode rule): recorded as the reason
-            verdict = Verdict(False, f"{veto}; the request-level gate: {verdict.reason}", "episodes", verdict.numbers)
+        if veto:  # another rule refused (the episode rule): recorded in the reason, whatever this gate decided
+            verdict = Verdict(
+                False, f"{veto}; the request-level gate: {verdict.reason}", verdict.compared_with, verdict.numbers
+            )
         decision = Decision(
             verdict.promoted,
             candidate,

@@ -106,7 +106,7 @@ class RetailEnvironment:
         """Run one call. A call the tool cannot take (an unknown tool, a missing or unexpected argument) gets
         the benchmark's error line, as tau-bench returns it; an exception inside the tool raises ToolFailed
         (the episode ends as failed, the error recorded)."""
-        tool = self._tools.get(name)
+        tool = self._tools.get(name) if isinstance(name, str) else None
         if tool is None:
             return Step(f"Unknown action {name}", f"Unknown action {name}", error=True)
         try:

@@ -60,6 +60,10 @@ def require_grammars(
             raise ToolsNotEnforceable(f"{what}: {exc}; {instead}") from None
 
 
+# sampling from the whole distribution: no cut the checkpoint's generation config would otherwise apply
+WHOLE = {"top_k": 0, "top_p": 1.0, "min_p": None, "typical_p": 1.0, "repetition_penalty": 1.0}
+
+
 def render_prompts(tokenizer: Any, conversations: list[list[dict[str, str]]]) -> list[str]:
     return [tokenizer.apply_chat_template(c, tokenize=False, add_generation_prompt=True) for c in conversations]
 
@@ -111,7 +115,7 @@ def generate(
             if batch_tools is not None
             else {}
         )
-        sampling = {"do_sample": True, "temperature": temperature, "top_k": 0} if temperature else {"do_sample": False}
+        sampling = {"do_sample": True, "temperature": temperature, **WHOLE} if temperature else {"do_sample": False}
         with torch.inference_mode():
             out = model.generate(
                 **enc,
@@ -185,11 +189,15 @@ def target_logprobs(
             mask[r, width - len(seq) :] = 1
         with torch.inference_mode():
             positions_of = (mask.cumsum(-1) - 1).clamp(min=0)  # as generate() numbers left-padded rows
-            logits = model(input_ids=ids, attention_mask=mask, position_ids=positions_of).logits.float()
-        logp = torch.log_softmax(logits / temperature, dim=-1)
+            device = getattr(model, "device", "cpu")
+            logits = model(
+                input_ids=ids.to(device), attention_mask=mask.to(device), position_ids=positions_of.to(device)
+            ).logits
+        last = max(len(t) for _, t in rows) + 1  # only the answers' positions: not [rows, width, vocabulary] in fp32
+        logp = torch.log_softmax(logits[:, -last:].float() / temperature, dim=-1).cpu()
         for r, (_, t) in enumerate(rows):
             n = len(t)
-            positions = torch.arange(width - n - 1, width - 1)
+            positions = torch.arange(last - n - 1, last - 1)
             picked = logp[r, positions, torch.tensor(t)]
             out.append(float(picked.sum()))
     return out
