@@ -301,8 +301,10 @@ def test_pass_hat_k_against_a_hand_worked_example() -> None:
 def test_summary_and_teacher_forced_rows(env: RetailEnvironment, golds: tuple[list[Any], list[dict[str, str]]]) -> None:
     scored, _ = golds
     policy = _gold_script(scored)
-    tf = teacher_forced(scored, policy, env.effects())
+    tf, cut = teacher_forced(scored, policy, env.effects(), tasks_per_batch=3)
+    assert not cut and [r["task_id"] for r in tf] == [g.task.task_id for g in scored]
     assert [r["all_steps_exact"] for r in tf] == [1, 1, 1, 1] and all(r["gold_path_probability"] == 1.0 for r in tf)
+    assert teacher_forced(scored, policy, env.effects(), deadline=0.0) == ([], True)  # past its budget: stops
     tries = _run(env, scored, policy, [0, 1, 2, 3])
     row = summarize("gold", tf, _run(env, scored, policy), tries, 4)
     assert row["closed_loop_pass^1"] == 1.0 and row["closed_loop_pass^4"] == 1.0
@@ -399,9 +401,11 @@ def test_flywheel_eval_episodes_end_to_end_on_a_tiny_model(tmp_path: Path, flywh
     db.write_text(json.dumps(_db()))
     tools.write_text(json.dumps(_tools()))
     tasks.write_text("\n".join(json.dumps(t) for t in TASKS[:2] + TASKS[4:]) + "\n")
+    shots = tmp_path / "shots.jsonl"
+    shots.write_text("\n".join(json.dumps(t) for t in TASKS[2:4]) + "\n")
     done = run_flywheel(
         "eval", "--episodes", str(tasks), "--db", str(db), "--tools", str(tools), "--base-model", "tiny-llama",
-        "--shot-tasks", str(tasks), "--name", "tiny", "--json",
+        "--shot-tasks", str(shots), "--name", "tiny", "--json", "--keep-successes",
         env={"FLYWHEEL_ROOT": str(flywheel_root), "FLYWHEEL_EPISODES__K": "2"},
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
@@ -414,7 +418,87 @@ def test_flywheel_eval_episodes_end_to_end_on_a_tiny_model(tmp_path: Path, flywh
     assert all(0.0 <= s["gold_probability"] <= 1.0 for s in steps)
     html = Path(report["html_uri"].removeprefix("file://")).read_text()
     assert "Episodes: tiny" in html and "left the gold path" in html and "<img" in html
+    assert report["kept"]["label_source"] == "verified"  # rejection sampling ran (whatever the tiny model won)
+    overlap = run_flywheel("eval", "--episodes", str(tasks), "--db", str(db), "--tools", str(tools),
+                           "--base-model", "tiny-llama", "--shot-tasks", str(tasks),
+                           env={"FLYWHEEL_ROOT": str(flywheel_root)})  # fmt: skip
+    assert overlap.returncode != 0 and "error:" in overlap.stderr and "also evaluated" in overlap.stderr
     missing = run_flywheel("eval", "--episodes", str(tasks), "--tools", str(tools),
                            env={"FLYWHEEL_ROOT": str(flywheel_root)})  # fmt: skip
     assert missing.returncode != 0 and "error:" in missing.stderr and "--db" in missing.stderr
     assert "Traceback" not in missing.stderr
+
+
+# -- training from episodes ---------------------------------------------------------------------------------------
+def _files(tmp_path: Path) -> tuple[Path, Path, Path]:
+    db, tools, tasks = tmp_path / "db.json", tmp_path / "tools.json", tmp_path / "tasks.jsonl"
+    db.write_text(json.dumps(_db()))
+    tools.write_text(json.dumps(_tools()))
+    tasks.write_text("\n".join(json.dumps(t) for t in TASKS) + "\n")
+    return db, tools, tasks
+
+
+def _sessions(file: Path) -> dict[str, list[dict[str, Any]]]:
+    """raw records -> session id -> [the step's call, the result of every earlier call]."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for line in file.read_text().splitlines():
+        r = json.loads(line)
+        call = r["response"]["choices"][0]["message"]["tool_calls"][0]["function"]
+        results = [m["content"] for m in r["request"]["messages"] if m["role"] == "tool"]
+        step = {"call": {"name": call["name"], "arguments": json.loads(call["arguments"])}, "results": results}
+        out.setdefault(r["session_id"], []).append({**step, "label_source": r["label_source"]})
+    return out
+
+
+def test_the_importer_trains_on_the_gold_replay_the_episodes_judge_against(
+    tmp_path: Path, env: RetailEnvironment, golds: tuple[list[Any], list[dict[str, str]]]
+) -> None:
+    """Training from episodes: each task's imported session is its gold replay, step for step, every result the
+    environment's answer as an episode shows it; a task whose gold the database refuses is skipped with its
+    reason, never trained on."""
+    from datetime import date
+
+    from pipelines.simulate.importers import retail_to_raw
+
+    db, tools, tasks = _files(tmp_path)
+    result = retail_to_raw(tools, tasks, tmp_path / "raw", date(2026, 10, 2), db_file=db)
+    assert result["tasks_skipped"] == 1 and "non-pending order cannot be cancelled" in result["skipped"][0]["reason"]
+    sessions = list(_sessions(Path(result["file"])).values())
+    scored, _ = golds
+    assert len(sessions) == len(scored)
+    for steps, gold in zip(sessions, scored):
+        assert [s["call"] for s in steps] == [c for c, _, _ in gold.path]
+        assert steps[-1]["results"] == [step.observation for _, step, _ in gold.path[:-1]]
+        assert {s["label_source"] for s in steps} == {"import"}
+
+
+def test_successful_episodes_become_verified_training_data_that_the_label_policy_holds_by_default(
+    tmp_path: Path, env: RetailEnvironment, golds: tuple[list[Any], list[dict[str, str]]]
+) -> None:
+    """Rejection sampling: a successful episode is written once per distinct trajectory (greedy and four tries
+    walking the same path: one session), a failed one never; `verified` trains only when the policy names it."""
+    from datetime import date
+
+    from pipelines.evaluate.episode_data import verified_to_raw
+    from pipelines.prep.labels import TRAINED_BY_DEFAULT, held_reason
+
+    scored, _ = golds
+    wrong = {"name": "cancel_pending_order", "arguments": {"order_id": "#W3", "reason": "no longer needed"}}
+    script = _gold_script(scored)
+    script.script[scored[0].task.instruction] = [wrong]  # task 0 fails in every try
+    episodes = _run(env, scored, script, [-1, 0, 1, 2, 3])
+    assert sum(e.success for e in episodes) == 15
+    for failed in (e for e in episodes if not e.success):  # its conversation kept too: still never written
+        failed.talk = [{"role": "user", "content": failed.task_id}, {"tool_calls": [wrong]}, {"content": "x"}]
+    raw = tmp_path / "raw"
+    kept = verified_to_raw(episodes, _tools(), env.effects(), (str(raw), "retail"), date(2026, 10, 2), "t")
+    assert (kept["episodes_succeeded"], kept["trajectories"]) == (15, 3)
+    sessions = list(_sessions(Path(kept["file"])).values())
+    assert [[s["call"] for s in steps] for steps in sessions] == [[c for c, _, _ in g.path] for g in scored[1:]]
+    assert {s["label_source"] for steps in sessions for s in steps} == {"verified"}
+    assert (raw / "_toolsets" / "retail.json").is_file()
+    assert (
+        held_reason("verified", "none", TRAINED_BY_DEFAULT)
+        == "label source verified does not train (quality.train_label_sources)"
+    )
+    assert held_reason("verified", "none", (*TRAINED_BY_DEFAULT, "verified")) is None

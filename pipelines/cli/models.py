@@ -57,6 +57,12 @@ def train_cmd(
     )
 
 
+KEEP_HELP = (
+    "--episodes: write the tuned conditions' successful episodes to the raw zone as training data "
+    "(label_source verified; the label policy decides whether they train)."
+)
+
+
 @app.command("eval")
 def eval_cmd(
     adapter: Annotated[
@@ -100,6 +106,7 @@ def eval_cmd(
     ] = None,
     tries: Annotated[bool, typer.Option(help="--episodes: k sampled tries per task for pass^k.")] = True,
     teacher_forced: Annotated[bool, typer.Option(help="--episodes: the teacher-forced steps.")] = True,
+    keep_successes: Annotated[bool, typer.Option(help=KEEP_HELP)] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Evaluate base zero-shot, base few-shot and tuned adapters side by side (JSON + HTML report); with
@@ -109,10 +116,8 @@ def eval_cmd(
 
     settings = cli_settings()
     if episodes is not None:
-        adapters, budgets = _adapters_to_evaluate(settings, adapter or [], version or [])
-        budget = settings.evaluation.max_new_tokens or max(budgets or [FALLBACK])
-        files, flags = (episodes, db, tools, shot_tasks), (baselines, tries, teacher_forced, as_json)
-        return _eval_episodes(settings, adapters, base_model, shots, name, files, flags, budget)
+        files, flags = (episodes, db, tools, shot_tasks), (baselines, tries, teacher_forced, keep_successes, as_json)
+        return _eval_episodes(settings, (adapter or [], version or []), base_model, shots, name, files, flags)
     if split not in ("train", "val", "test"):
         raise UserError(f"--split: expected train, val or test, got {split!r}")
     if constrained not in (None, "served", "off", "on", "both"):
@@ -142,22 +147,28 @@ def eval_cmd(
 
 def _eval_episodes(
     settings: Any,
-    adapters: list[Any],
+    chosen: tuple[list[str], list[str]],
     base_model: str,
     shots: int | None,
     name: str,
     files: tuple[Path, Path | None, Path | None, Path | None],
-    flags: tuple[bool, bool, bool, bool],
-    budget: int,
+    flags: tuple[bool, bool, bool, bool, bool],
 ) -> None:
-    """`flywheel eval --episodes`; `flags`: baselines, sampled tries, teacher-forced steps, JSON out."""
+    """`flywheel eval --episodes`; `chosen`: the adapter folders and versions; `flags`: baselines, sampled tries,
+    teacher-forced steps, keep successes, JSON."""
     from datetime import date
 
     from pipelines.evaluate.episode_run import EpisodeRun, gold_pool_from, policies_for, run_episodes, settings_db
     from pipelines.simulate.environments import load_environment
+    from pipelines.toolcall.budget import FALLBACK
 
     tasks, db, tools, shot_tasks = files
-    baselines, tries, teacher_forced, as_json = flags
+    baselines, tries, teacher_forced, keep, as_json = flags
+    adapters, budgets = _adapters_to_evaluate(settings, *chosen)
+    for a, ref in zip(adapters[len(chosen[0]) :], chosen[1]):
+        if ref == "champion":  # compared as the champion, as the gate compares it
+            a.label = "tuned_champion"
+    budget = settings.evaluation.max_new_tokens or max(budgets or [FALLBACK])
     e = settings.episodes
     db = settings_db(settings, db)
     tools = tools or (Path(e.tools) if e.tools else None)
@@ -167,12 +178,13 @@ def _eval_episodes(
         if path is not None and not path.is_file():
             raise UserError(f"{what}: no such file {path}")
     effects = load_environment(e.environment, db).effects()
-    pool = gold_pool_from(settings, shot_tasks or (Path(e.shot_tasks) if e.shot_tasks else None), db, tools)
+    pool = gold_pool_from(settings, shot_tasks or (Path(e.shot_tasks) if e.shot_tasks else None), db, tools, tasks)
     policies = policies_for(
         settings, base_model, adapters, tools, effects=effects, day=date.today().isoformat(), baselines=baselines,
         shots=settings.evaluation.shots if shots is None else shots, pool=pool, max_new_tokens=budget,
     )  # fmt: skip
-    run = EpisodeRun(tasks, db, tools, name, teacher_forced=teacher_forced, sample_tries=tries)
+    run = EpisodeRun(tasks, db, tools, name, teacher_forced=teacher_forced, sample_tries=tries,
+                     keep_successes=settings.zone("raw") if keep else None)  # fmt: skip
     report = run_episodes(settings, run, policies, console)
     if as_json:
         _emit(report, True, "")
@@ -196,6 +208,12 @@ def _eval_episodes(
         f"{report['scored']} of {report['tasks']} tasks scored, {len(report['skipped'])} skipped; "
         f"report: {report['html_uri']}"
     )
+    if report.get("kept"):
+        kept = report["kept"]
+        stdout_console().print(
+            f"kept {kept['trajectories']} successful trajectories ({kept['records']} steps, label_source verified): "
+            f"{kept['file'] or 'nothing to write'}"
+        )
 
 
 def _adapters_to_evaluate(settings: Any, folders: list[str], versions: list[str]) -> tuple[list[Any], list[int]]:

@@ -12,7 +12,7 @@ from pipelines.config.base import REPO_ROOT, _Section
 Decoding = Literal["served", "off", "on", "both"]
 Decoded = Literal["off", "on", "both"]  # a setting resolved: `served` as the way models are served
 ToolMetric = Literal["exact_match", "text_f1", "arg_f1"]
-LabelSource = Literal["teacher", "human", "import", "generated"]
+LabelSource = Literal["teacher", "human", "import", "generated", "verified"]
 
 
 # a resolved setting: decode under the grammar?
@@ -339,7 +339,9 @@ class QualitySettings(_Section):
     train_label_sources: list[LabelSource] = Field(
         default_factory=lambda: list[LabelSource](["teacher", "human", "import", "generated"]),
         description="label sources that train "
-        "(prep.labels); our own models' answers train only when a person rated them up; a down-rated one never",
+        "(prep.labels); our own models' answers train only when a person rated them up; a down-rated one never; "
+        "`verified` (our model's episodes the environment judged successful, `flywheel eval --episodes "
+        "--keep-successes`) trains only when named here",
     )
     late_label_days: int = Field(
         default=30,

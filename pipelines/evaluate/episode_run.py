@@ -8,6 +8,7 @@ answer budget the models were trained for. In process; the Triton path serves th
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import time
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from pipelines.config import Settings
+from pipelines.evaluate.episode_data import keep_successes, progress_line
 from pipelines.evaluate.episodes import (
     Answer,
     Gold,
@@ -41,8 +43,7 @@ class ModelPolicy:
     """A model answering episode turns as it is served: its prompt style, the grammar, its answer budget."""
 
     label: str
-    model: Any
-    tokenizer: Any
+    load: Any  # () -> (model, tokenizer): called when the policy first answers, dropped by `release`
     tools: str  # tools_json of the offered tools
     day: str
     style: str = "full"  # full (base models), short or names (tuned adapters)
@@ -54,6 +55,24 @@ class ModelPolicy:
     shots: int = 0
     pool: list[Example] | None = None
     temperature: float = 1.0  # of the gold-call probability (the sampled tries' temperature)
+    _loaded: Any = field(default=None, repr=False)
+
+    @property
+    def model(self) -> Any:
+        return self._weights()[0]
+
+    @property
+    def tokenizer(self) -> Any:
+        return self._weights()[1]
+
+    def _weights(self) -> tuple[Any, Any]:
+        if self._loaded is None:
+            self._loaded = self.load()
+        return self._loaded
+
+    def release(self) -> None:
+        """Drop the weights: one condition's model in memory at a time."""
+        self._loaded = None
 
     def _turns(self, messages: list[dict[str, Any]]) -> list[dict[str, str]]:
         if self.style == "full":
@@ -223,6 +242,7 @@ class EpisodeRun:
     closed_loop: bool = True
     sample_tries: bool = True
     few_shot_pool: Path | None = None  # tasks whose gold trajectories are the few-shot pool (not evaluated)
+    keep_successes: str | None = None  # a raw zone: the tuned conditions' successful episodes written there
 
 
 def run_episodes(
@@ -240,24 +260,30 @@ def run_episodes(
     golds, skipped = prepare(env, tasks, offered)
     results: dict[str, dict[str, Any]] = {}
     episodes: dict[str, list[dict[str, Any]]] = {}
-    cut = False
-    for policy in policies:
-        LOG.info("episodes %s: %s on %d tasks ...", run.name, policy.label, len(golds))
-        tf = teacher_forced(golds, policy, env.effects()) if run.teacher_forced else None
+    finished: dict[str, list[Any]] = {}
+    cut_any = False
+    for n, policy in enumerate(policies):
+        # each condition an equal share of the budget left: a cut never starves the conditions after it
+        mine = time.monotonic() + (deadline - time.monotonic()) / (len(policies) - n)
+        say = progress_line(console, run.name, policy.label)
+        say(f"{len(golds)} tasks")
+        tf, cut = None, False
         greedy: list[Any] = []
         tries: list[Any] = []
-        if run.closed_loop and not cut:
-            greedy, cut = closed_loop(
-                env, golds, policy, [-1], temperature=e.temperature, max_steps_factor=e.max_steps_factor,
-                deadline=deadline, batch=policy.batch_size,
-            )  # fmt: skip
-            if run.sample_tries and not cut:
-                tries, cut = closed_loop(
-                    env, golds, policy, list(range(e.k)), temperature=e.temperature,
-                    max_steps_factor=e.max_steps_factor, deadline=deadline, batch=policy.batch_size,
-                )  # fmt: skip
-        results[policy.label] = summarize(policy.label, tf, greedy, tries, e.k)
+        loop: dict[str, Any] = {"temperature": e.temperature, "max_steps_factor": e.max_steps_factor,
+                                "deadline": mine, "batch": policy.batch_size}  # fmt: skip
+        if run.closed_loop:
+            greedy, cut = closed_loop(env, golds, policy, [-1], progress=say, **loop)
+        if run.teacher_forced and not cut:
+            say("teacher-forced steps")
+            tf, cut = teacher_forced(golds, policy, env.effects(), deadline=mine)
+        if run.closed_loop and run.sample_tries and not cut:
+            tries, cut = closed_loop(env, golds, policy, list(range(e.k)), progress=say, **loop)
+        cut_any = cut_any or cut
+        policy.release()
+        results[policy.label] = {**summarize(policy.label, tf, greedy, tries, e.k), "cut_by_time_budget": cut}
         episodes[policy.label] = [ep.to_dict() for ep in greedy]
+        finished[policy.label] = greedy + tries
         if tf is not None:
             for row in tf:
                 row["steps"] = row["steps"][:12]
@@ -276,21 +302,36 @@ def run_episodes(
         "scored": len(golds),
         "skipped": unreadable + skipped,
         "gold_changes_state": sum(1 for g in golds if g.changes_state),
-        "cut_by_time_budget": cut,
+        "cut_by_time_budget": cut_any,
         "settings": {**e.model_dump(), "day": run.day},
         "conditions": {k: {kk: vv for kk, vv in v.items() if kk != "teacher_forced"} for k, v in results.items()},
         "teacher_forced": {k: v.get("teacher_forced") for k, v in results.items()},
         "comparisons": comparisons,
         "episodes": episodes,
         "seconds": round(time.perf_counter() - started, 1),
+        "kept": keep_successes(run, finished, tools, env, day=run.day) if run.keep_successes else None,
     }
-    if cut and console is not None:
+    if cut_any and console is not None:
         console.print(
             f"warning: episodes stopped at the time budget ({e.time_budget_s:.0f} s): the report holds what finished"
         )
     from pipelines.evaluate.episode_report import write_episode_report
 
     return write_episode_report(settings, report)
+
+
+def _as_served(settings: Settings, base_model: str, adapter: str | None) -> tuple[Any, Any]:
+    """The model as a CPU instance serves it (`triton.precision`: bf16, or auto at the episodes' batches of
+    several rows, computes in bf16; fp32 stays fp32); a GPU model as loaded."""
+    import torch
+
+    from pipelines.base_models import load_model
+
+    model, tokenizer = load_model(base_model, settings, adapter)
+    on_cpu = next(model.parameters()).device.type == "cpu"
+    if on_cpu and settings.triton.precision != "fp32" and model.dtype == torch.float32:
+        model = model.to(torch.bfloat16)
+    return model, tokenizer
 
 
 def policies_for(
@@ -308,7 +349,6 @@ def policies_for(
 ) -> list[ModelPolicy]:
     """The conditions as served: base zero-shot and few-shot (`pool`: other tasks' gold steps) on the base model,
     and each adapter (`evaluate.pipeline.Adapter`) in the prompt style it was trained with."""
-    from pipelines.base_models import load_model
 
     offered = tools_json(json.loads(tools_file.read_text(encoding="utf-8")))
     common: dict[str, Any] = {
@@ -320,15 +360,18 @@ def policies_for(
         "max_new_tokens": max_new_tokens,
         "temperature": settings.episodes.temperature,
     }
+
+    def loader(adapter: str | None = None) -> Any:
+        return functools.partial(_as_served, settings, base_model, adapter)
+
     out = []
+    base = loader()
     if baselines:
-        model, tokenizer = load_model(base_model, settings)
-        out.append(ModelPolicy("base_zero_shot", model, tokenizer, **common))
+        out.append(ModelPolicy("base_zero_shot", base, **common))
         if shots and pool:
-            out.append(ModelPolicy("base_few_shot", model, tokenizer, shots=shots, pool=pool, **common))
-    for a in adapters:
-        model, tokenizer = load_model(base_model, settings, a.path)
-        out.append(ModelPolicy(a.label, model, tokenizer, style=a.prompt_style, **common))
+            out.append(ModelPolicy("base_few_shot", base, shots=shots, pool=pool, **common))
+    for a in adapters:  # each loaded when its condition runs (`ModelPolicy.load`)
+        out.append(ModelPolicy(a.label, loader(a.path), style=a.prompt_style, **common))
     return out
 
 
@@ -342,13 +385,24 @@ def settings_db(settings: Settings, given: Path | None) -> Path:
     return path
 
 
-def gold_pool_from(settings: Settings, tasks_file: Path | None, db_file: Path, tools_file: Path) -> list[Example]:
-    """The few-shot pool: the gold trajectories of `tasks_file` (tasks never evaluated)."""
+def gold_pool_from(
+    settings: Settings, tasks_file: Path | None, db_file: Path, tools_file: Path, evaluated: Path
+) -> list[Example]:
+    """The few-shot pool: the gold trajectories of `tasks_file`, which must share no task (by its instruction)
+    with the `evaluated` tasks: a shot would hold the answer."""
     if tasks_file is None:
         return []
+    from pipelines.errors import DataProblem
+
     env = load_environment(settings.episodes.environment, db_file)
     tools = json.loads(tools_file.read_text(encoding="utf-8"))
     tasks, _ = load_tasks(tasks_file)
+    shared = {t.instruction for t in tasks} & {t.instruction for t in load_tasks(evaluated)[0]}
+    if shared:
+        raise DataProblem(
+            f"episodes: {len(shared)} few-shot task(s) of {tasks_file.name} are also evaluated in {evaluated.name} "
+            "(same instruction): a few-shot example would hold the answer; use tasks never evaluated"
+        )
     golds, _ = prepare(env, tasks, {t["function"]["name"] for t in tools})
     return gold_pool(golds, tools_json(tools))
 
@@ -366,10 +420,11 @@ def gate_episodes(
 
         raise DataProblem("episodes.tasks is set but episodes.tools is not: set the tools file the episodes offer")
     db, tools = settings_db(settings, None), Path(e.tools)
-    pool = gold_pool_from(settings, Path(e.shot_tasks) if e.shot_tasks else None, db, tools)
+    pool = gold_pool_from(settings, Path(e.shot_tasks) if e.shot_tasks else None, db, tools, Path(e.tasks))
     policies = policies_for(
         settings, base_model, adapters, tools, effects=load_environment(e.environment, db).effects(),
         day=date.today().isoformat(), shots=settings.evaluation.shots, pool=pool, max_new_tokens=max_new_tokens,
     )  # fmt: skip
+    policies.sort(key=lambda p: p.label != "tuned_candidate")  # a time budget cut starves a reference, not it
     run = EpisodeRun(Path(e.tasks), db, tools, f"{name}-episodes", teacher_forced=False, sample_tries=False)
     return run_episodes(settings, run, policies)

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from pipelines.simulate.environments import Environment, Step, ToolFailed
+from pipelines.simulate.environments import Environment, Step, ToolFailed, replay
 from pipelines.toolcall.calls import parse_call
 from pipelines.toolcall.score import _ids, score
 
@@ -82,30 +82,9 @@ def load_tasks(path: Path) -> tuple[list[Task], list[dict[str, str]]]:
 
 
 def replay_gold(env: Environment, task: Task, offered: set[str]) -> Gold | str:
-    """The gold state (the task's actions on a fresh copy) and the gold trajectory, or why the task cannot be
-    scored: a gold action the database refuses, or a trajectory that does not reach the gold state."""
-    env.reset()
-    for action in task.actions:
-        try:
-            step = env.step(action["name"], action["arguments"])
-        except ToolFailed as exc:
-            return f"gold action {action['name']} fails: {exc}"
-        if step.error:
-            return f"gold action {action['name']} fails against the database: {step.result[:200]}"
-    gold_hash = env.state_hash()
-    env.reset()
-    untouched = env.state_hash()
-    calls = env.gold_path(task.raw, task.actions, offered)
-    path = []
-    for call in calls:
-        try:
-            step = env.step(call["name"], call["arguments"])
-        except ToolFailed as exc:
-            return f"gold trajectory step {call['name']} fails: {exc}"
-        path.append((call, step, effect_of(env, call["name"])))
-    if env.state_hash() != gold_hash:
-        return "the gold trajectory does not reach the gold actions' state"
-    return Gold(task, gold_hash, path, gold_hash != untouched)
+    """The task's gold (`simulate.environments.replay`), or why the task cannot be scored."""
+    gold = replay(env, task.raw, task.actions, offered)
+    return gold if isinstance(gold, str) else Gold(task, gold.state_hash, gold.path, gold.changes_state)
 
 
 def effect_of(env: Environment, name: str) -> str:
@@ -190,13 +169,14 @@ class Episode:
     state_diff: list[dict[str, Any]] = field(default_factory=list)
     prompt_tokens: int = 0
     seconds: float = 0.0
+    talk: list[dict[str, Any]] | None = field(default=None, repr=False)  # a success's whole conversation
 
     @property
     def wrong_writes(self) -> int:
         return sum(1 for s in self.steps if s.get("wrong_write"))
 
     def to_dict(self) -> dict[str, Any]:
-        return {**self.__dict__, "wrong_writes": self.wrong_writes}
+        return {**{k: v for k, v in self.__dict__.items() if k != "talk"}, "wrong_writes": self.wrong_writes}
 
 
 def opening(system: str | None, task: Task) -> list[dict[str, Any]]:
@@ -268,7 +248,9 @@ def closed_loop(
             ep.seconds = round(elapsed / len(chunk), 3)
             ep.success = ep.end != "tool_error" and envs[i].state_hash() == gold.state_hash
             ep.left_gold_at = _left_gold(ep, gold)
-            if not ep.success:
+            if ep.success:
+                ep.talk = talks[i]  # rejection sampling's training data (`evaluate.episode_data`)
+            elif ep.attempt < 0:  # the report shows the greedy episodes' differences only
                 ep.state_diff = state_diff(envs[i].snapshot(), _gold_state(env, gold))
             done.append(ep)
             if progress is not None:
@@ -333,9 +315,21 @@ def _left_gold(ep: Episode, gold: Gold) -> int | None:
     return None if len(calls) == len(gold.path) else len(calls)
 
 
-def teacher_forced(golds: list[Gold], policy: Policy, effects: Mapping[str, str]) -> list[dict[str, Any]]:
+def teacher_forced(
+    golds: list[Gold], policy: Policy, effects: Mapping[str, str], deadline: float = math.inf, tasks_per_batch: int = 8
+) -> tuple[list[dict[str, Any]], bool]:
     """Each gold step answered with the gold history and real results before it: exact match, read or write,
-    wrong writes, and the probability of the gold call. One row per task."""
+    wrong writes, and the probability of the gold call. One row per task, `tasks_per_batch` tasks at a time;
+    returns the rows and whether the time budget (`deadline`, monotonic) cut the run."""
+    rows: list[dict[str, Any]] = []
+    for start in range(0, len(golds), tasks_per_batch):
+        if time.monotonic() > deadline:
+            return rows, True
+        rows += _teacher_forced(golds[start : start + tasks_per_batch], policy, effects)
+    return rows, False
+
+
+def _teacher_forced(golds: list[Gold], policy: Policy, effects: Mapping[str, str]) -> list[dict[str, Any]]:
     conversations, targets, where = [], [], []
     for t, gold in enumerate(golds):
         talk = opening(None, gold.task)

@@ -31,10 +31,11 @@ Channel = Literal["web", "mobile_app", "chat_widget", "voice", "api"]
 Feedback = Literal["up", "down", "none"]
 # who wrote a record's answer (its label): the teacher (the large model the agent used, or `gateway.teacher_url`),
 # our champion (its own answer, served), a person (a review's correction), an import of public data, or our
-# generator. Prep trains on the sources `quality.train_label_sources` names; the champion's own answers only
+# generator, or our own model's answers in an episode the environment judged successful (`verified`: rejection
+# sampling). Prep trains on the sources `quality.train_label_sources` names; the champion's own answers only
 # when a person confirmed them (rated up); a down-rated answer never trains and waits for review.
-LabelSource = Literal["teacher", "champion", "human", "import", "generated"]
-LABEL_SOURCES: tuple[str, ...] = ("teacher", "champion", "human", "import", "generated")
+LabelSource = Literal["teacher", "champion", "human", "import", "generated", "verified"]
+LABEL_SOURCES: tuple[str, ...] = ("teacher", "champion", "human", "import", "generated", "verified")
 
 # Plausibility bounds: values outside them are "impossible", not merely unusual.
 MAX_LATENCY_MS = 120_000.0
@@ -119,7 +120,7 @@ class AgentTurn(_Open):
     label_source: LabelSource | None = Field(
         default=None,
         description="Who wrote the answer (the label): teacher, "
-        "champion, human, import or generated; absent: inferred by prep",
+        "champion, human, import, generated or verified; absent: inferred by prep",
     )
 
 

@@ -1,14 +1,16 @@
 """Whose answer a record's label is, and whether it may train (the flywheel never learns from itself).
 
-Every record says who wrote its answer (`label_source`: teacher, champion, human, import, generated; a
-record from before the field is inferred: a gateway capture is ours, anything else the production agent's
-large model, the teacher). The policy (`quality.train_label_sources`, default teacher, human, import and
-generated) decides what trains:
+Every record says who wrote its answer (`label_source`: teacher, champion, human, import, generated,
+verified; a record from before the field is inferred: a gateway capture is ours, anything else the production
+agent's large model, the teacher). The policy (`quality.train_label_sources`, default teacher, human, import
+and generated) decides what trains:
 
 - a down-rated answer never trains, whoever wrote it: it waits in the review queue (`flywheel labels`),
   where a person's correction becomes a `human` label;
 - our own models' answers (`champion`: the champion, a candidate or the base route, as served) train only
   when a person confirmed them (rated up);
+- `verified`: our model's steps in an episode the environment judged successful (rejection sampling,
+  `flywheel eval --episodes --keep-successes`) train only when the policy names the source (not by default);
 - every other source trains when the policy names it.
 
 A record that does not train is `held` (with its reason) in the clean logs: nothing is lost, and the drift
@@ -23,8 +25,9 @@ from typing import Any
 from pipelines.logs.schema import LABEL_SOURCES
 
 TRAINED_BY_DEFAULT = ("teacher", "human", "import", "generated")
-# labels our own model did not write: the quality gate wants most of a window's examples from these
-TRUSTED_LABEL_SOURCES = tuple(source for source in LABEL_SOURCES if source != "champion")
+# labels our own model did not write: the quality gate wants most of a window's examples from these (a
+# `verified` episode is our model's own answer, judged by the environment: not a trusted label)
+TRUSTED_LABEL_SOURCES = tuple(source for source in LABEL_SOURCES if source not in ("champion", "verified"))
 
 
 def label_source(record: Mapping[str, Any]) -> str:

@@ -58,6 +58,44 @@ class Environment(Protocol):
     def tool_names(self) -> list[str]: ...
 
 
+@dataclass
+class Replay:
+    """A task's gold replayed: the state its actions leave (hash), and the trajectory a policy-following agent
+    walks to it, each call with the environment's answer and its effect."""
+
+    state_hash: str
+    path: list[tuple[dict[str, Any], Step, str]]  # (call, the environment's answer, read or write)
+    changes_state: bool
+
+
+def replay(env: Environment, task: dict[str, Any], actions: list[dict[str, Any]], offered: set[str]) -> Replay | str:
+    """The gold state (`actions` on a fresh copy) and the gold trajectory (`env.gold_path`) run on another, or
+    why the task has none: a gold action the database refuses, or a trajectory that does not reach that state.
+    The one replay both the episodes' gold and the importer's training trajectories come from."""
+    env.reset()
+    for action in actions:
+        try:
+            step = env.step(action["name"], action["arguments"])
+        except ToolFailed as exc:
+            return f"gold action {action['name']} fails: {exc}"
+        if step.error:
+            return f"gold action {action['name']} fails against the database: {step.result[:200]}"
+    gold_hash = env.state_hash()
+    env.reset()
+    untouched = env.state_hash()
+    effects = env.effects()
+    path = []
+    for call in env.gold_path(task, actions, offered):
+        try:
+            step = env.step(call["name"], call["arguments"])
+        except ToolFailed as exc:
+            return f"gold trajectory step {call['name']} fails: {exc}"
+        path.append((call, step, effects.get(call["name"], "write")))  # undeclared: a write (fail safe)
+    if env.state_hash() != gold_hash:
+        return "the gold trajectory does not reach the gold actions' state"
+    return Replay(gold_hash, path, gold_hash != untouched)
+
+
 class EnvironmentError_(DataProblem):  # noqa: N801 (not the builtin EnvironmentError)
     """The environment cannot be built: unknown name, unreadable database."""
 

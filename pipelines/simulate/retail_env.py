@@ -22,7 +22,7 @@ from typing import Any
 import orjson
 
 from pipelines.simulate.environments import Step, ToolFailed
-from pipelines.simulate.retail import order_brief, product_brief, user_brief
+from pipelines.simulate.retail import RETAIL_EFFECTS, order_brief, product_brief, user_brief
 
 REASONS = ("no longer needed", "ordered by mistake")
 TERMINAL = ("transfer_to_human_agents",)  # the episode ends when the agent hands over
@@ -82,17 +82,20 @@ class RetailEnvironment:
         return sorted(self._tools)
 
     def effects(self) -> dict[str, str]:
-        from pipelines.simulate.importers import RETAIL_EFFECTS
-
         return dict(RETAIL_EFFECTS)
 
     def gold_path(self, task: dict[str, Any], actions: list[dict[str, Any]], offered: set[str]) -> list[dict[str, Any]]:
-        """The calls a policy-following agent makes for `task` (`simulate.retail.trajectory`): identify the
+        """The calls a policy-following agent makes for `task` (`simulate.retail.gold_calls`): identify the
         customer, read the profile, each order acted on and each product whose variant changes, then write."""
-        from pipelines.simulate.retail import trajectory
+        from pipelines.simulate.retail import gold_calls
 
-        steps = trajectory({**task, "actions": actions}, orjson.loads(self._pristine), offered, set(), "")
-        return [{"name": c["name"], "arguments": c.get("arguments") or {}} for c, _, _ in steps]
+        return gold_calls({**task, "actions": actions}, self._db_view(), offered)
+
+    def _db_view(self) -> dict[str, Any]:
+        """The database as shipped, parsed once per environment (read only)."""
+        if getattr(self, "_view", None) is None:
+            self._view: dict[str, Any] | None = orjson.loads(self._pristine)
+        return self._view or {}
 
     def state_hash(self) -> str:
         """sha256 of the state as canonical JSON (keys sorted): equal states hash equal, whatever the order
