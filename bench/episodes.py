@@ -16,7 +16,7 @@ finished (`evaluate.episode_run.compare_conditions`). Writes bench/results/episo
 HTML report stays under the work folder.
 
 Usage: .venv/bin/python bench/episodes.py [--work /tmp/flywheel-episodes] [--data ../shared/data]
-       [--tuned-budget-s 2400] [--base-budget-s 1500] [--base-full] [--reuse]
+       [--tuned-budget-s 900] [--base-budget-s 600] [--base-full] [--reuse]
 --reuse evaluates the champion an earlier run of this script trained (its root under --work) again.
 Not part of `make test`.
 """
@@ -47,6 +47,7 @@ DAG_ENV = {  # the DAG trains and registers; the episodes below are the evidence
     "FLYWHEEL_EVALUATION__BASELINES": "false",
     "FLYWHEEL_PROMOTION__BASELINE": "none",
     "FLYWHEEL_AIRFLOW__RUN_TIMEOUT_S": "5400",
+    "FLYWHEEL_TRAIN__SWEEP": str(REPO / "bench" / "sweeps" / "episodes.yaml"),
 }
 
 
@@ -102,11 +103,13 @@ def champion(root: Path, files: dict[str, Path], data: Path, log: Path) -> str:
 
 
 def registered(root: Path, log: Path) -> str:
+    """The champion's version (what `--version champion` evaluates); one clear line when there is none."""
     listed = run(root, "registry", "list", "--json", log=log)
     versions = json.loads(listed[listed.index("{") :])["versions"] if "{" in listed else []
-    if not versions:
-        raise SystemExit(f"error: the DAG registered no version; see {log}")
-    return str(max(int(v["version"]) for v in versions))
+    champion = [v for v in versions if "champion" in (v.get("aliases") or [])]
+    if not champion:
+        raise SystemExit(f"error: no champion version ({len(versions)} registered); see {log}")
+    return str(champion[0]["version"])
 
 
 def episodes(
@@ -116,7 +119,7 @@ def episodes(
     args = ("eval", "--episodes", str(files["evaluated"]), "--db", str(db), "--tools", str(tools), "--name", name)
     env = {"FLYWHEEL_EPISODES__TIME_BUDGET_S": str(int(budget))}
     out = run(root, *args, *options, "--json", log=log, env=env, timeout_s=budget + 1800)
-    return json.loads(out[out.index("{") :])
+    return json.JSONDecoder().raw_decode(out[out.index("{") :])[0]
 
 
 def merged(tuned: dict, base: dict, k: int) -> dict[str, Any]:
@@ -139,8 +142,8 @@ def main() -> int:
     parser.add_argument("--work", type=Path, default=Path("/tmp/flywheel-episodes"))
     parser.add_argument("--data", type=Path, default=REPO.parent / "shared" / "data")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "episodes_retail.json")
-    parser.add_argument("--tuned-budget-s", type=float, default=2400.0)
-    parser.add_argument("--base-budget-s", type=float, default=1500.0)
+    parser.add_argument("--tuned-budget-s", type=float, default=900.0)
+    parser.add_argument("--base-budget-s", type=float, default=600.0)
     parser.add_argument("--base-full", action="store_true", help="the base prompts teacher-forced and with tries too")
     parser.add_argument("--reuse", action="store_true", help="evaluate the champion an earlier run trained")
     args = parser.parse_args()

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import platform
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 
@@ -87,6 +88,35 @@ def usd_per_million(requests_per_s: float, hardware: Hardware) -> float | None:
     if requests_per_s <= 0 or hardware.usd_per_hour <= 0:
         return None
     return hardware.usd_per_hour / 3600.0 / requests_per_s * 1e6
+
+
+BF16_FLAGS = ("avx512_bf16", "amx_bf16")  # /proc/cpuinfo flags of CPUs with bf16 matmul units
+
+
+def cpu_has_bf16(cpuinfo: str | None = None) -> bool:
+    """Whether this CPU computes bf16 matmuls in hardware (AVX-512 BF16 or AMX). Without them torch emulates
+    bf16 on CPU, many times slower than fp32, so a `bf16` setting computes in fp32 there. Unreadable: False."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return False
+    flags = {f for line in cpuinfo.splitlines() if line.startswith("flags") for f in line.split(":", 1)[-1].split()}
+    return any(f in flags for f in BF16_FLAGS)
+
+
+def bf16_usable(asked: str, what: str) -> bool:
+    """Whether a bf16 setting (`asked`) computes in bf16 on this CPU; without bf16 units, one warning and fp32."""
+    if cpu_has_bf16():
+        return True
+    import logging
+
+    logging.getLogger("flywheel").warning(
+        "%s: this CPU has no bf16 units (AVX-512 BF16 or AMX); %s in fp32 (emulated bf16 is many times slower)",
+        asked,
+        what,
+    )
+    return False
 
 
 def cpu_model() -> str:

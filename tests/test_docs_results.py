@@ -117,3 +117,40 @@ def test_the_real_results_render_and_every_file_is_on_a_page(tmp_path: Path) -> 
     assert "### real_data.json" in (tmp_path / "quality.md").read_text()
     links = re.findall(r"\]\((img/[^)]+)\)", pages)
     assert links and all((tmp_path / link).is_file() for link in links)
+
+
+EPISODES = {
+    "benchmark": "episodes",
+    "commit": {"sha": "89abcdef0123456789abcdef0123456789abcdef", "dirty": False},
+    "generated_at": "2026-01-03T05:00:00+00:00",
+    "version": "3",
+    "split": {"evaluated_tasks": 120, "train_tasks": 380},
+    "runs": {"tuned": {"scored": 116, "skipped": 4, "cut_by_time_budget": False},
+             "base": {"scored": 116, "skipped": 4, "cut_by_time_budget": True}},
+    "settings": {"episodes": {"k": 4}},
+    "conditions": {
+        "tuned_champion": {"condition": "tuned_champion", "tasks": 116, "closed_loop_pass^1": 0.25,
+                           "closed_loop_pass^4": 0.125, "wrong_writes": 3},
+        "base_zero_shot": {"condition": "base_zero_shot", "tasks": 40, "closed_loop_pass^1": 0.05, "wrong_writes": 9},
+    },
+    "comparisons": [{"condition": "tuned_champion", "reference": "base_zero_shot", "n": 40, "wrong_writes": [1, 9],
+                     "metrics": {"success": {"n": 40, "diff": 0.2, "low": 0.05, "high": 0.35,
+                                             "mcnemar": {"wins": 9, "losses": 1, "p": 0.02}},
+                                 "pass^4": {"n": 0, "diff": None, "low": None, "high": None}}}],
+}  # fmt: skip
+
+
+def test_the_episode_results_show_each_condition_the_cut_run_and_the_paired_interval(tmp_path: Path) -> None:
+    results, out = tmp_path / "results", tmp_path / "out"
+    write(results, "episodes_retail.json", EPISODES)
+    render(results, out)
+    quality = (out / "quality.md").read_text()
+    assert "Episodes against the retail environment" in quality and "`89abcde`" in quality
+    assert "Cut by its time budget: base run" in quality
+    rows = {r["condition"]: r for r in rows_of(quality, "closed loop pass^1")}
+    assert rows["tuned_champion"]["closed loop pass^4"] == "12.5 %" and rows["base_zero_shot"]["tasks"] == "40"
+    comparisons = rows_of(quality, "paired 95 % interval")
+    success = next(r for r in comparisons if r["metric"] == "success")
+    assert success["tasks"] == "40" and success["paired 95 % interval"] == "[+5 pp, +35 pp]"
+    assert not any(r["metric"] == "pass^4" for r in comparisons)  # nothing paired: no row made up
+    assert any(r["difference"] == "1 vs 9" for r in comparisons)

@@ -85,3 +85,60 @@ def verdict(v: dict[str, Any]) -> str:
         return ""
     checks = ", ".join(f"{k} {'yes' if ok else 'no'}" for k, ok in (v.get("checks") or {}).items())
     return f"Verdict: met {num(v.get('met'))} against `{v.get('against')}` ({v.get('rule')}); checks: {checks}."
+
+
+def episodes(result: Result) -> Body:
+    """bench/episodes.py: whole retail conversations per condition, and the champion paired with each base prompt."""
+    d = result.data
+    k = (d.get("settings") or {}).get("episodes", {}).get("k", 4)
+    what = (
+        "Whole tau-bench retail conversations against the live environment, on tasks never trained on: closed-loop "
+        f"success (pass^1 greedy, pass^{k} from {k} sampled tries), teacher-forced steps, wrong writes, prompt "
+        "tokens and seconds per episode; the champion paired per task with each base prompt."
+    )
+    split = d.get("split") or {}
+    runs = d.get("runs") or {}
+    cut = [name for name, r in runs.items() if r.get("cut_by_time_budget")]
+    head = (
+        f"Champion v{d.get('version')}; {num(split.get('evaluated_tasks'))} evaluated tasks "
+        f"({num(runs.get('tuned', {}).get('scored'))} scored, {num(runs.get('tuned', {}).get('skipped'))} skipped "
+        f"because the database refuses their gold), {num(split.get('train_tasks'))} training tasks. "
+        + (f"Cut by its time budget: {', '.join(cut)} run (a condition's `tasks` is how many it finished)." if cut
+           else "No run was cut by its time budget.")
+    )  # fmt: skip
+    spec: list[tuple[str, str, Fmt]] = [
+        ("condition", "condition", text),
+        ("tasks", "tasks", num),
+        ("closed loop pass^1", "closed_loop_pass^1", pct),
+        (f"closed loop pass^{k}", f"closed_loop_pass^{k}", pct),
+        ("teacher-forced steps exact", "teacher_forced_step_exact", pct),
+        ("reads exact", "teacher_forced_read_exact", pct),
+        ("writes exact", "teacher_forced_write_exact", pct),
+        ("gold path p (pass^1)", "teacher_forced_pass^1", num),
+        ("wrong writes", "wrong_writes", num),
+        ("wrong writes / episode", "wrong_writes_per_episode", num),
+        ("prompt tokens / episode", "prompt_tokens_per_episode", num),
+        ("s / episode", "seconds_per_episode", num),
+        ("cut", "cut_by_time_budget", num),
+    ]
+    rows = list((d.get("conditions") or {}).values())
+    blocks = [head, columns(rows, spec), episode_comparisons(d.get("comparisons") or [])]
+    if d.get("settings"):
+        blocks.append(details("settings", mapping(d["settings"])))
+    return Body(what, [b for b in blocks if b])
+
+
+def episode_comparisons(comps: list[dict[str, Any]]) -> str:
+    rows = []
+    for c in comps:
+        for metric, m in c["metrics"].items():
+            if m.get("n"):
+                rows.append([f"{c['condition']} - {c['reference']}", metric, m.get("n"), pp(m.get("diff")),
+                             pair([m.get("low"), m.get("high")], pp), mcnemar(m.get("mcnemar"))])  # fmt: skip
+        ours, theirs = c.get("wrong_writes") or [None, None]
+        rows.append([f"{c['condition']} - {c['reference']}", "wrong writes (episodes)", c.get("n"),
+                     f"{num(ours)} vs {num(theirs)}", "", ""])  # fmt: skip
+    if not rows:
+        return ""
+    headers = ["comparison", "metric", "tasks", "difference", "paired 95 % interval", "McNemar wins / losses (p)"]
+    return "Paired per task, on the tasks both finished:\n\n" + table(headers, rows)

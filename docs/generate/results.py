@@ -56,6 +56,7 @@ def not_nested(value: Any) -> bool:
 PAGES = {"benchmarks": "Benchmark results", "quality": "Quality results"}
 FAMILIES: dict[str, Family] = {
     "real_data": Family("Real-data evaluation", "quality", quality.real_data),
+    "episodes": Family("Episodes against the retail environment", "quality", quality.episodes),
     "gateway": Family("Gateway against Triton direct", "benchmarks", serving.gateway),
     "aiperf": Family("AIPerf through the gateway", "benchmarks", serving.aiperf),
     "serving_precision": Family("Serving in bf16 and fp32 on the CPU", "benchmarks", serving.serving_precision),

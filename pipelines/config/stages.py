@@ -374,8 +374,9 @@ class TrainSettings(_Section):
         default="bf16",
         description="the hf backend's compute on CPU: bf16 (the frozen base in bf16, matmuls under bf16 autocast on "
         "AVX-512 BF16 / AMX; the adapter's master weights and the optimizer state stay fp32) or fp32; a GPU trains "
-        "in bf16 either way. The default is the measured choice (bench/train.py --precision fp32,bf16; the "
-        "benchmarks page)",
+        "in bf16 either way; a CPU without bf16 units (AVX-512 BF16 or AMX) trains in fp32 whatever this says "
+        "(emulated bf16 is many times slower). The default is the measured choice on a CPU with AMX "
+        "(bench/train.py --precision fp32,bf16; the benchmarks page)",
     )
     runner: Literal["local", "kubernetes"] = Field(default="local", description="local process, or one pod per variant")
     nemo_python: str = Field(

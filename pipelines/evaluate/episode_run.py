@@ -321,15 +321,17 @@ def run_episodes(
 
 
 def _as_served(settings: Settings, base_model: str, adapter: str | None) -> tuple[Any, Any]:
-    """The model as a CPU instance serves it (`triton.precision`: bf16, or auto at the episodes' batches of
-    several rows, computes in bf16; fp32 stays fp32); a GPU model as loaded."""
+    """The model as a CPU instance serves it (`triton.precision` bf16 computes in bf16 on a CPU with bf16 units;
+    fp32, auto (whose small batches are fp32) or a CPU without them, in fp32); a GPU model as loaded."""
     import torch
 
     from pipelines.base_models import load_model
+    from pipelines.hardware import bf16_usable
 
     model, tokenizer = load_model(base_model, settings, adapter)
     on_cpu = next(model.parameters()).device.type == "cpu"
-    if on_cpu and settings.triton.precision != "fp32" and model.dtype == torch.float32:
+    bf16 = settings.triton.precision == "bf16"  # auto: fp32 below bf16_min_rows, so as fp32 here
+    if on_cpu and bf16 and model.dtype == torch.float32 and bf16_usable("triton.precision bf16", "episodes run"):
         model = model.to(torch.bfloat16)
     return model, tokenizer
 

@@ -23,6 +23,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from pipelines.hardware import bf16_usable
+
 
 class TrainConfig(BaseModel):
     """One variant's hyperparameters (a sweep is a list of these)."""
@@ -175,7 +177,8 @@ def train_lora(
     model, tokenizer = load_base(cfg.base_model)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
-    bf16 = cfg.precision == "bf16" and next(model.parameters()).device.type == "cpu"
+    on_cpu = next(model.parameters()).device.type == "cpu"
+    bf16 = cfg.precision == "bf16" and on_cpu and bf16_usable("train.precision bf16", "training")
     if bf16:  # the frozen base once in bf16 (no per-step cast); PEFT keeps the adapter it adds in fp32
         model = model.to(torch.bfloat16)
     model = _with_lora(model, cfg)

@@ -39,6 +39,18 @@ ROLES = {"system", "user", "assistant"}
 PRECISIONS = ("fp32", "bf16", "auto")
 
 
+def _cpu_has_bf16():
+    """This CPU computes bf16 matmuls in hardware (AVX-512 BF16 or AMX); without them torch emulates bf16, many
+    times slower than fp32. The backend imports nothing of the platform: `hardware.cpu_has_bf16` there is the
+    same check, tested in tests/test_hardware.py."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            flags = {w for line in f if line.startswith("flags") for w in line.split(":", 1)[-1].split()}
+    except OSError:
+        return False
+    return bool(flags & {"avx512_bf16", "amx_bf16"})
+
+
 def _send(sender, response, flags=0):
     """Send one response; False when the caller is gone (cancelled, disconnected): that must never stop
     the other requests of the batch from getting theirs."""
@@ -69,6 +81,12 @@ class TritonPythonModel:
         self.precision = "bf16" if on_gpu else params.get("precision", "fp32")
         if self.precision not in PRECISIONS:
             raise ValueError(f"precision: expected one of {', '.join(PRECISIONS)}, got {self.precision!r}")
+        if not on_gpu and self.precision != "fp32" and not _cpu_has_bf16():
+            print(
+                f"precision {self.precision}: this CPU has no bf16 units (AVX-512 BF16 or AMX); serving fp32",
+                flush=True,
+            )
+            self.precision = "fp32"
         self.bf16_min_rows = int(params.get("bf16_min_rows", "4"))
         dtype = torch.bfloat16 if self.precision == "bf16" else torch.float32
         self.tokenizer = AutoTokenizer.from_pretrained(base)

@@ -1,0 +1,32 @@
+"""Which CPUs compute bf16 in hardware: a `bf16` setting computes in fp32 on a CPU without AVX-512 BF16 or AMX
+(there torch emulates bf16, many times slower than fp32). The Triton backend holds its own copy of the check
+(it imports nothing from pipelines): both are run here on the same cpuinfo."""
+
+from __future__ import annotations
+
+import ast
+import io
+from pathlib import Path
+
+import pytest
+
+from pipelines.hardware import cpu_has_bf16
+
+ROOT = Path(__file__).resolve().parents[1]
+AMX = "processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512f avx512_bf16 amx_bf16 amx_tile\n"
+AVX2 = "processor\t: 0\nflags\t\t: fpu sse2 avx2 fma\nmodel name\t: AMD EPYC avx512_bf16-like name\n"
+
+
+def _backend_check(cpuinfo: str) -> bool:
+    """The Triton backend's `_cpu_has_bf16`, run with /proc/cpuinfo reading `cpuinfo`."""
+    tree = ast.parse((ROOT / "pipelines" / "triton_backend" / "model.py").read_text())
+    node = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "_cpu_has_bf16")
+    namespace: dict = {"open": lambda *a, **k: io.StringIO(cpuinfo)}
+    exec(compile(ast.Module([node], []), "model.py", "exec"), namespace)  # noqa: S102 (the repository's own code)
+    return namespace["_cpu_has_bf16"]()
+
+
+@pytest.mark.parametrize(("cpuinfo", "expected"), [(AMX, True), (AVX2, False), ("", False)])
+def test_bf16_only_where_the_cpu_has_bf16_units(cpuinfo: str, expected: bool) -> None:
+    assert cpu_has_bf16(cpuinfo) is expected
+    assert _backend_check(cpuinfo) is expected  # the serving copy decides the same
