@@ -418,7 +418,8 @@ def test_flywheel_eval_episodes_end_to_end_on_a_tiny_model(tmp_path: Path, flywh
     assert all(0.0 <= s["gold_probability"] <= 1.0 for s in steps)
     html = Path(report["html_uri"].removeprefix("file://")).read_text()
     assert "Episodes: tiny" in html and "left the gold path" in html and "<img" in html
-    assert report["kept"]["label_source"] == "verified"  # rejection sampling ran (whatever the tiny model won)
+    kept = report["kept"]  # rejection sampling ran: a file exactly when some trajectory was kept
+    assert kept["records"] >= kept["trajectories"] and (kept["file"] is None) == (kept["trajectories"] == 0)
     overlap = run_flywheel("eval", "--episodes", str(tasks), "--db", str(db), "--tools", str(tools),
                            "--base-model", "tiny-llama", "--shot-tasks", str(tasks),
                            env={"FLYWHEEL_ROOT": str(flywheel_root)})  # fmt: skip
@@ -486,19 +487,40 @@ def test_successful_episodes_become_verified_training_data_that_the_label_policy
     wrong = {"name": "cancel_pending_order", "arguments": {"order_id": "#W3", "reason": "no longer needed"}}
     script = _gold_script(scored)
     script.script[scored[0].task.instruction] = [wrong]  # task 0 fails in every try
+    refused = {"name": "get_order_details", "arguments": {"order_id": "#W99"}}  # task 1 passes after a refused call
+    script.script[scored[1].task.instruction] = [refused, *[c for c, _, _ in scored[1].path]]
     episodes = _run(env, scored, script, [-1, 0, 1, 2, 3])
     assert sum(e.success for e in episodes) == 15
     for failed in (e for e in episodes if not e.success):  # its conversation kept too: still never written
         failed.talk = [{"role": "user", "content": failed.task_id}, {"tool_calls": [wrong]}, {"content": "x"}]
     raw = tmp_path / "raw"
     kept = verified_to_raw(episodes, _tools(), env.effects(), (str(raw), "retail"), date(2026, 10, 2), "t")
-    assert (kept["episodes_succeeded"], kept["trajectories"]) == (15, 3)
+    assert (kept["episodes_succeeded"], kept["trajectories"]) == (15, 2)  # no refused call ever a target
     sessions = list(_sessions(Path(kept["file"])).values())
-    assert [[s["call"] for s in steps] for steps in sessions] == [[c for c, _, _ in g.path] for g in scored[1:]]
+    assert [[s["call"] for s in steps] for steps in sessions] == [[c for c, _, _ in g.path] for g in scored[2:]]
     assert {s["label_source"] for steps in sessions for s in steps} == {"verified"}
     assert (raw / "_toolsets" / "retail.json").is_file()
+    # through the runner: only tasks whose gold changes the state (a no-change task passes whatever is read)
+    from types import SimpleNamespace
+
+    from pipelines.evaluate.episode_data import keep_successes
+
+    run = SimpleNamespace(keep_successes=str(tmp_path / "raw2"), day="2026-10-02", name="t")
+    ran = keep_successes(run, {"tuned_x": episodes, "base_zero_shot": []}, _tools(), env, scored)
+    assert (ran["conditions"], ran["trajectories"], ran["model"]) == (["tuned_x"], 1, "tuned_x")
     assert (
         held_reason("verified", "none", TRAINED_BY_DEFAULT)
         == "label source verified does not train (quality.train_label_sources)"
     )
     assert held_reason("verified", "none", (*TRAINED_BY_DEFAULT, "verified")) is None
+
+
+def test_an_import_whose_every_gold_is_refused_is_one_error_line(tmp_path: Path) -> None:
+    from helpers import run_flywheel
+
+    db, tools, tasks = _files(tmp_path)
+    tasks.write_text(json.dumps(TASKS[4]) + "\n")  # cancel a delivered order: the database refuses it
+    done = run_flywheel("logs", "import-retail", str(tools), str(tasks), "--date", "2026-10-02", "--db", str(db),
+                        "--out", str(tmp_path / "raw"), env={"FLYWHEEL_ROOT": str(tmp_path / "fw")})  # fmt: skip
+    assert done.returncode != 0 and "error:" in done.stderr and "refuses every task" in done.stderr
+    assert "Traceback" not in done.stderr

@@ -101,8 +101,8 @@ def episodes(result: Result) -> Body:
     cut = [name for name, r in runs.items() if r.get("cut_by_time_budget")]
     head = (
         f"Champion v{d.get('version')}; {num(split.get('evaluated_tasks'))} evaluated tasks "
-        f"({num(runs.get('tuned', {}).get('scored'))} scored, {num(runs.get('tuned', {}).get('skipped'))} skipped "
-        f"because the database refuses their gold), {num(split.get('train_tasks'))} training tasks. "
+        f"({num(runs.get('tuned', {}).get('scored'))} scored, {num(runs.get('tuned', {}).get('skipped'))} skipped: "
+        f"unreadable, or a gold the database refuses), {num(split.get('train_tasks'))} training tasks. "
         + (f"Cut by its time budget: {', '.join(cut)} run (a condition's `tasks` is how many it finished)." if cut
            else "No run was cut by its time budget.")
     )  # fmt: skip

@@ -98,9 +98,9 @@ def logs_import_retail(
     db: Annotated[
         Path | None,
         typer.Option(
-            help="tau-bench's db.json: each touched order is looked up first "
-            "(get_order_details with its real result); default: db.json beside "
-            "the tools file when there is one"
+            help="tau-bench's db.json: each task is its gold replay against the "
+            "database (every result the tools' real answer; a task whose gold the database refuses is "
+            "skipped and counted); default: db.json beside the tools file when there is one"
         ),
     ] = None,
     as_json: JsonOpt = False,
@@ -115,6 +115,9 @@ def logs_import_retail(
     result = retail_to_raw(
         tools_file, tasks_file, out or Path(cli_settings().zone("raw")), _parse_date(day, "--date"), db_file=db
     )
+    if result["tasks"] and result["tasks_skipped"] == result["tasks"]:
+        first = result["skipped"][0]["reason"]
+        raise UserError(f"the database refuses every task's gold (first: {first}): is {db} these tools' database?")
     _emit(result, as_json, "retail import")
 
 

@@ -183,6 +183,15 @@ def _eval_episodes(
         settings, base_model, adapters, tools, effects=effects, day=date.today().isoformat(), baselines=baselines,
         shots=settings.evaluation.shots if shots is None else shots, pool=pool, max_new_tokens=budget,
     )  # fmt: skip
+    if keep and e.tasks and Path(e.tasks).is_file():  # the gate's own tasks never become training data
+        from pipelines.evaluate.episodes import load_tasks
+
+        gate = {t.instruction for t in load_tasks(Path(e.tasks))[0]}
+        if gate & {t.instruction for t in load_tasks(tasks)[0]}:
+            raise UserError(
+                "--keep-successes: these tasks share instructions with the gate's (episodes.tasks): its own tasks "
+                "would train the candidates it judges; keep successes of other tasks"
+            )
     run = EpisodeRun(tasks, db, tools, name, teacher_forced=teacher_forced, sample_tries=tries,
                      keep_successes=settings.zone("raw") if keep else None)  # fmt: skip
     report = run_episodes(settings, run, policies, console)

@@ -23,13 +23,14 @@ LOG = logging.getLogger("flywheel.episodes")
 
 
 def successful_trajectories(episodes: list[Episode], effects: dict[str, str]) -> list[tuple[str, str, list[Any]]]:
-    """[(task id, the customer's request, [(call, result, effect)])] of the successful episodes, each distinct
-    trajectory of a task once (the greedy one first). An episode without a call (a no-change task answered
-    in text at once) has no step to train on and is left out."""
+    """[(task id, the customer's request, [(call, result, effect)])] of the successful episodes with no refused
+    call and no wrong write, each distinct trajectory of a task once (the greedy one first). An episode without
+    a call has no step to train on and is left out."""
     seen: set[str] = set()
     out = []
     for ep in sorted(episodes, key=lambda e: (e.task_id, e.attempt)):
-        if not ep.success or not ep.talk:
+        clean = ep.wrong_writes == 0 and not any(s.get("error") for s in ep.steps)
+        if not ep.success or not ep.talk or not clean:  # a refused call or a wrong write never becomes a target
             continue
         steps = []
         for message, result in zip(ep.talk[1::2], ep.talk[2::2]):
@@ -53,7 +54,7 @@ def verified_to_raw(
     """The successful episodes' trajectories -> `raw/dt=DAY/episodes-<digest>.jsonl` (label_source `verified`),
     the tools registered as the environment's toolset; `where`: the raw zone and that toolset's name. Returns what
     was written."""
-    from pipelines.logs.toolsets import register_toolset
+    from pipelines.logs.toolsets import register_toolset, toolsets
     from pipelines.simulate.generator import partition_dir
     from pipelines.simulate.importers import SessionWriter, write_atomically
 
@@ -61,8 +62,9 @@ def verified_to_raw(
 
     found = successful_trajectories(episodes, effects)
     digest = hashlib.sha256(json.dumps([name, found], sort_keys=True, default=str).encode()).hexdigest()[:10]
-    register_toolset(raw_zone, toolset, tools, effects)
-    writer = SessionWriter(day, 0, tools, f"episodes_{digest}", "verified")
+    if toolset not in toolsets(raw_zone):  # an imported toolset of that name is kept as it was registered
+        register_toolset(raw_zone, toolset, tools, effects)
+    writer = SessionWriter(day, 0, tools, f"episodes_{digest}", "verified", model=f"flywheel:{name}")
     for n, (_, request, steps) in enumerate(found):
         writer.session(f"{n:05d}", request, steps)
     target = partition_dir(Path(raw_zone.removeprefix("file://")), day) / f"episodes-{digest}.jsonl"
@@ -98,13 +100,19 @@ def progress_line(console: Any, name: str, label: str) -> Any:
 EVERY = 8
 
 
-def keep_successes(run: Any, finished: dict[str, list[Any]], tools: list[Any], env: Any, day: str) -> Any:
+def keep_successes(run: Any, finished: dict[str, list[Any]], tools: list[Any], env: Any, golds: list[Any]) -> Any:
     """Rejection sampling: the tuned conditions' successful episodes (every condition's when no adapter ran)
-    into the raw zone `run.keep_successes`, labelled `verified` (`evaluate.episode_data`)."""
+    into the raw zone `run.keep_successes`, labelled `verified`. Only tasks whose gold changes the state count
+    (on the others an episode that writes nothing passes, whatever it did). A failure to write is recorded in
+    the report, never losing the run."""
+    from pipelines.errors import DataProblem
+
     tuned = [label for label in finished if label.startswith("tuned_")] or list(finished)
-    kept = [ep for label in tuned for ep in finished[label]]
+    changing = {g.task.task_id for g in golds if g.changes_state}
+    kept = [ep for label in tuned for ep in finished[label] if ep.task_id in changing]
     where = (str(run.keep_successes), env.name)
-    return {
-        "conditions": tuned,
-        **verified_to_raw(kept, tools, env.effects(), where, date.fromisoformat(day), run.name),
-    }
+    try:
+        written = verified_to_raw(kept, tools, env.effects(), where, date.fromisoformat(run.day), run.name)
+    except (OSError, ValueError, DataProblem) as exc:
+        return {"conditions": tuned, "error": f"the successful episodes were not written: {exc}"}
+    return {"conditions": tuned, "model": ",".join(tuned), **written}

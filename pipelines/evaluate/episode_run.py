@@ -309,7 +309,7 @@ def run_episodes(
         "comparisons": comparisons,
         "episodes": episodes,
         "seconds": round(time.perf_counter() - started, 1),
-        "kept": keep_successes(run, finished, tools, env, day=run.day) if run.keep_successes else None,
+        "kept": keep_successes(run, finished, tools, env, golds) if run.keep_successes else None,
     }
     if cut_any and console is not None:
         console.print(
@@ -345,6 +345,7 @@ def policies_for(
     effects: dict[str, str],
     day: str,
     baselines: bool = True,
+    zero_shot: bool = True,
     shots: int = 3,
     pool: list[Example] | None = None,
     max_new_tokens: int = 96,
@@ -369,7 +370,8 @@ def policies_for(
     out = []
     base = loader()
     if baselines:
-        out.append(ModelPolicy("base_zero_shot", base, **common))
+        if zero_shot or not (shots and pool):
+            out.append(ModelPolicy("base_zero_shot", base, **common))
         if shots and pool:
             out.append(ModelPolicy("base_few_shot", base, shots=shots, pool=pool, **common))
     for a in adapters:  # each loaded when its condition runs (`ModelPolicy.load`)
@@ -426,6 +428,7 @@ def gate_episodes(
     policies = policies_for(
         settings, base_model, adapters, tools, effects=load_environment(e.environment, db).effects(),
         day=date.today().isoformat(), shots=settings.evaluation.shots, pool=pool, max_new_tokens=max_new_tokens,
+        zero_shot=False,  # the rule reads base few-shot where there is a pool, zero-shot only without one
     )  # fmt: skip
     policies.sort(key=lambda p: p.label != "tuned_candidate")  # a time budget cut starves a reference, not it
     run = EpisodeRun(Path(e.tasks), db, tools, f"{name}-episodes", teacher_forced=False, sample_tries=False)

@@ -160,8 +160,10 @@ class SessionWriter:
     in the history, the step's call as the answer, `label_source` saying who wrote the calls. The importer's
     tasks and the episodes' verified trajectories (`evaluate.episode_data`) are written by this one builder."""
 
-    def __init__(self, day: date, seed: int, tools: list[dict[str, Any]], prefix: str, label_source: str):
-        self.day, self.tools, self.prefix, self.label_source = day, tools, prefix, label_source
+    def __init__(
+        self, day: date, seed: int, tools: list[dict[str, Any]], prefix: str, label_source: str, model: str = ""
+    ):
+        self.day, self.tools, self.prefix, self.label_source, self.model = day, tools, prefix, label_source, model
         self.gen = TrafficGenerator(GeneratorConfig(seed=seed, records=0, end_date=day))
         self.customers = cat.customers(5000)
         self.rng = random.Random(seed)
@@ -189,6 +191,8 @@ class SessionWriter:
             record["request"]["tools"] = self.tools
             record["record_id"] = f"{session_id}_{k}"
             record["label_source"], record["feedback"] = self.label_source, "none"
+            if self.model:  # who wrote the calls (default: the generator's teacher name, as the importer's tasks)
+                record["model"] = self.model
             self.pending.append(record)
             history += [assistant, {"role": "tool", "tool_call_id": call_id, "content": result}]
             self.effects[effect if effect in self.effects else "write"] += 1
