@@ -27,7 +27,6 @@ import argparse
 import json
 import os
 import random
-import subprocess
 import sys
 import time
 from datetime import UTC, datetime
@@ -38,7 +37,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
-from real_data import DAY, commit, held_out  # noqa: E402 (the bench folder's own module)
+from real_data import DAY, commit, flywheel, held_out  # noqa: E402 (the bench folder's own module)
 
 SHOTS = 40  # training-part tasks whose gold steps are the few-shot pool
 SHOT_SEED = 11
@@ -52,30 +51,8 @@ DAG_ENV = {  # the DAG trains and registers; the episodes below are the evidence
 
 
 def run(root: Path, *args: str, log: Path, env: dict[str, str] | None = None, timeout_s: float = 6300) -> str:
-    """One `flywheel` command on `root` as a user runs it; stderr to `log`; stdout returned."""
-    full = {**os.environ, **(env or {}), "FLYWHEEL_ROOT": str(root)}
-    started = time.perf_counter()
-    print(f"  $ flywheel {' '.join(args)}", flush=True)
-    with log.open("a") as out:
-        try:
-            done = subprocess.run(
-                [str(REPO / ".venv" / "bin" / "flywheel"), *args],
-                env=full,
-                stdout=subprocess.PIPE,
-                stderr=out,
-                timeout=timeout_s,
-                check=False,
-                text=True,
-            )
-        except subprocess.TimeoutExpired:
-            raise SystemExit(
-                f"error: flywheel {args[0]} ran past {timeout_s:.0f} s and was killed; see {log}"
-            ) from None
-        out.write(done.stdout)
-    print(f"    exit {done.returncode} in {time.perf_counter() - started:.0f} s", flush=True)
-    if done.returncode != 0:
-        raise SystemExit(f"error: flywheel {args[0]} failed; see {log}")
-    return done.stdout
+    """One `flywheel` command on `root` as a user runs it (`real_data.flywheel`); stdout returned."""
+    return flywheel(root, *args, log=log, timeout_s=timeout_s, extra=env)
 
 
 def split(data: Path, work: Path) -> dict[str, Path]:
@@ -151,6 +128,7 @@ def main() -> int:
         print(f"error: no retail_tools/db.json under {args.data}", file=sys.stderr)
         return 2
     started = time.perf_counter()
+    measured = commit()  # the code the run starts with (a commit made while it runs is not what it measured)
     root, log = args.work / "root", args.work / "run.log"
     args.work.mkdir(parents=True, exist_ok=True)
     files = split(args.data, args.work)
@@ -181,7 +159,7 @@ def main() -> int:
         "what": "tau-bench retail episodes against the live environment: closed-loop success (pass^1 greedy, "
         f"pass^{k} from {k} sampled tries), teacher-forced steps, wrong writes, prompt tokens and seconds per "
         "episode, on tasks never trained on",
-        "commit": commit(),
+        "commit": measured,
         "generated_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "machine": machine(),
         "version": version,

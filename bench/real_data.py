@@ -52,11 +52,13 @@ def held_out(key: str, share: float = 0.2) -> bool:
     return int(hashlib.sha256(key.encode()).hexdigest()[:8], 16) / 0xFFFFFFFF < share
 
 
-def flywheel(root: Path, *args: str, log: Path, timeout_s: float | None = None) -> str:
+def flywheel(
+    root: Path, *args: str, log: Path, timeout_s: float | None = None, extra: dict[str, str] | None = None
+) -> str:
     """Run one `flywheel` command on `root` as a user would; its output goes to `log`; stdout is returned.
     A `run` gets its DAG ceiling (`airflow.run_timeout_s`, at which the CLI stops the DAG itself) plus 15
-    minutes; any other command 90 minutes."""
-    env = {**os.environ, **CASE_ENV.get(root.parent.name, {}), "FLYWHEEL_ROOT": str(root)}
+    minutes; any other command 90 minutes. `extra`: more environment (settings) for this command."""
+    env = {**os.environ, **CASE_ENV.get(root.parent.name, {}), **(extra or {}), "FLYWHEEL_ROOT": str(root)}
     if timeout_s is None:
         timeout_s = float(env.get("FLYWHEEL_AIRFLOW__RUN_TIMEOUT_S", 3600)) + 900 if args[0] == "run" else 5400
     started = time.perf_counter()
