@@ -79,20 +79,26 @@ def auto_model(tmp_path_factory: pytest.TempPathFactory):
     spec = importlib.util.spec_from_file_location("probe_model", folder / "1" / "model.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    # the dispatch is this test's subject, on any CPU: the backend's own bf16 check (tests/test_hardware.py) is
+    # answered yes here, and `test_auto_precision_serves_fp32_on_a_cpu_without_bf16_units` answers it no
+    module._cpu_has_bf16 = lambda: True
     model = module.TritonPythonModel()
-    model_config = {"parameters": {k: {"string_value": json.loads(v)} for k, v in params.items()}}
-    model.initialize(
-        {
-            "model_config": json.dumps(model_config),
-            "model_repository": str(folder),
-            "model_version": "1",
-            "model_instance_kind": "CPU",
-            "model_instance_device_id": "0",
-            "model_name": "probe",
-        }
-    )
+    model.initialize(_initialize_args(folder, params))
+    model.probe = (module, folder, params)  # to load it again
     yield model
     sys.modules.pop("triton_python_backend_utils", None)
+
+
+def _initialize_args(folder, params: dict[str, str]) -> dict:
+    model_config = {"parameters": {k: {"string_value": json.loads(v)} for k, v in params.items()}}
+    return {
+        "model_config": json.dumps(model_config),
+        "model_repository": str(folder),
+        "model_version": "1",
+        "model_instance_kind": "CPU",
+        "model_instance_device_id": "0",
+        "model_name": "probe",
+    }
 
 
 def test_auto_precision_runs_a_batch_from_bf16_min_rows_on_bf16_and_a_smaller_one_on_fp32(auto_model) -> None:
@@ -118,6 +124,22 @@ def test_auto_precision_runs_a_batch_from_bf16_min_rows_on_bf16_and_a_smaller_on
     finally:
         auto_model._run = real
     assert ran == [(1, torch.float32), (2, torch.float32), (3, torch.bfloat16), (5, torch.bfloat16)]
+
+
+def test_auto_precision_serves_fp32_on_a_cpu_without_bf16_units(auto_model) -> None:
+    """Without bf16 units torch emulates bf16 many times slower than fp32: `auto` keeps no bf16 copy and every batch
+    runs fp32. Mutation tried: the fallback removed from `initialize`: it fails."""
+    import torch
+
+    module, folder, params = auto_model.probe
+    module._cpu_has_bf16 = lambda: False
+    try:
+        model = type(auto_model)()
+        model.initialize(_initialize_args(folder, params))
+    finally:
+        module._cpu_has_bf16 = lambda: True
+    assert model.precision == "fp32" and model.model_bf16 is None and model.model.dtype == torch.float32
+    assert model._model_for(8) is model.model
 
 
 def test_an_unknown_precision_is_the_model_loads_error(auto_model) -> None:
