@@ -288,6 +288,31 @@ def test_max_steps_ends_a_loop_at_twice_the_gold_length(
     assert ep.end == "max_steps" and len(ep.steps) == 4  # the gold path of a no-change task has 2 steps
 
 
+def test_a_redaction_token_is_filled_from_the_customers_turns_as_the_gateway_does_or_asked_for(
+    env: RetailEnvironment, golds: tuple[list[Any], list[dict[str, str]]]
+) -> None:
+    """A tuned model writes prep's `<EMAIL>` where its training targets had one; as served, the gateway fills it
+    from the customer's own turns or asks for it (`toolcall.pii`), and so does the episode. Mutation tried:
+    `_advance` and `_teacher_forced` scoring the model's raw text: both assertions on the filled call fail."""
+    scored, _ = golds
+    stated, unstated = scored[0], scored[2]  # "I am ana.lee@example.com, ..." and "I am Ana Lee, zip 78701 ..."
+    redacted = [
+        {**c, "arguments": {**c["arguments"], "email": "<EMAIL>"}} if "email" in c["arguments"] else c
+        for c, _, _ in stated.path
+    ]
+    assert redacted != [c for c, _, _ in stated.path]  # the gold identifies Ana by her email
+    by_email = {"name": "find_user_id_by_email", "arguments": {"email": "<EMAIL>"}}
+    script = Scripted({stated.task.instruction: redacted, unstated.task.instruction: [by_email]})
+    filled, asked = _run(env, [stated, unstated], script)
+    assert filled.success and filled.steps[0]["call"]["arguments"]["email"] == "ana.lee@example.com"
+    assert asked.end == "answered" and asked.steps == [
+        {"text": "I need the customer's email address to do that: the conversation does not state exactly one.",
+         "call": None}
+    ]  # fmt: skip
+    rows, _ = teacher_forced([stated], script, env.effects())
+    assert rows[0]["steps"][0]["exact_match"] == 1 and "ana.lee@example.com" in rows[0]["steps"][0]["output"]
+
+
 # -- pass^k -------------------------------------------------------------------------------------------------------
 def test_pass_hat_k_against_a_hand_worked_example() -> None:
     # four tries, three succeed: pass^1 = 3/4; pass^2 = C(3,2)/C(4,2) = 3/6; pass^3 = 1/4; pass^4 = 0

@@ -27,7 +27,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from pipelines.simulate.environments import Environment, Step, ToolFailed, replay
-from pipelines.toolcall.calls import parse_call
+from pipelines.toolcall.calls import call_text, parse_call, target_json
+from pipelines.toolcall.pii import ask_for, restore
 from pipelines.toolcall.score import _ids, score
 
 SKIPPED_ACTIONS = ("think",)  # a scratchpad, not a call on the shop
@@ -197,6 +198,21 @@ def _call_message(call: dict[str, Any], n: int) -> list[dict[str, Any]]:
     ]
 
 
+def as_passed_on(text: str, talk: list[dict[str, Any]]) -> str:
+    """The answer as the gateway passes it on (`toolcall.pii`, the same functions): a redaction token in a call's
+    arguments filled from the customer's own turns in `talk`, or, where they state no one value for it, the
+    gateway's text asking for it instead of the call. Any other answer comes back as it is."""
+    call = parse_call(text)
+    if not call or call.get("name") is None:
+        return text
+    arguments = json.dumps(call["arguments"], separators=(",", ":"), ensure_ascii=False)
+    stated = [m["content"] for m in talk if m.get("role") == "user" and isinstance(m.get("content"), str)]
+    restored, missing = restore(arguments, stated)
+    if restored is None:
+        return ask_for(missing)
+    return text if restored == arguments else call_text(target_json(call["name"], json.loads(restored)))
+
+
 def closed_loop(
     env: Environment,
     golds: list[Gold],
@@ -264,16 +280,17 @@ def _advance(
     """One answer applied to its episode: the call run on the environment and its result appended to the
     conversation `talks[i]`. Returns whether the episode goes on."""
     ep.prompt_tokens += ans.prompt_tokens
-    call = parse_call(ans.text)
+    text = as_passed_on(ans.text, talks[i])
+    call = parse_call(text)
     if not call or call.get("name") is None or not isinstance(call.get("arguments"), dict):
-        ep.steps.append({"text": ans.text, "call": None})
+        ep.steps.append({"text": text, "call": None})
         ep.end = "answered"
         return False
     effect = effect_of(env, call["name"])
     try:
         step = env.step(call["name"], call["arguments"])
     except ToolFailed as exc:
-        ep.steps.append({"text": ans.text, "call": call, "effect": effect})
+        ep.steps.append({"text": text, "call": call, "effect": effect})
         ep.end, ep.error = "tool_error", str(exc)
         return False
     ep.steps.append(
@@ -343,13 +360,14 @@ def _teacher_forced(golds: list[Gold], policy: Policy, effects: Mapping[str, str
     answers = policy.answer(conversations) if conversations else []
     logprobs = policy.gold_logprobs(conversations, targets) if conversations else []
     rows: list[dict[str, Any]] = [{"task_id": g.task.task_id, "steps": [], "prompt_tokens": 0} for g in golds]
-    for (t, n), ans, lp, target in zip(where, answers, logprobs, targets):
-        s = score(ans.text, target, effects)
+    for (t, n), ans, lp, target, talk in zip(where, answers, logprobs, targets, conversations):
+        output = as_passed_on(ans.text, talk)
+        s = score(output, target, effects)
         rows[t]["prompt_tokens"] += ans.prompt_tokens
         rows[t]["steps"].append(
             {
                 "expected": target,
-                "output": ans.text,
+                "output": output,
                 "effect": golds[t].path[n][2],
                 "exact_match": int(s.exact_match),
                 "wrong_write": s.wrong_write,

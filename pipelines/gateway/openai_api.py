@@ -265,7 +265,7 @@ def answer(
     (an unconstrained model's free text) -> that text as content, with finish reason `length` when the
     model stopped at its token limit (`cut`). A redaction token in the arguments is replaced by the value
     the conversation (`stated`: its user and tool texts) gives for it, or the call is not passed on
-    (`gateway.pii`): a redaction token never reaches the caller."""
+    (`toolcall.pii`): a redaction token never reaches the caller."""
     names = {s["function"]["name"] for s in specs}
     try:
         call = json.loads(text)
@@ -275,7 +275,7 @@ def answer(
         arguments = arguments_text(text) or json.dumps(
             call.get("arguments", {}), separators=(",", ":"), ensure_ascii=False
         )
-        from pipelines.gateway.pii import ask_for, restore
+        from pipelines.toolcall.pii import ask_for, restore
 
         restored, missing = restore(arguments, stated or [])
         if restored is None:

@@ -26,7 +26,7 @@ LOG = logging.getLogger("flywheel.gateway")
 
 
 def _held(arguments: str) -> str:
-    """The arguments that may go out now: up to a `<` that may start a redaction token (`gateway.pii`); the
+    """The arguments that may go out now: up to a `<` that may start a redaction token (`toolcall.pii`); the
     rest goes out with the finished body, redaction tokens filled in."""
     at = arguments.find("<")
     return arguments if at < 0 else arguments[:at]
