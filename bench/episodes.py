@@ -8,7 +8,8 @@ is the base few-shot pool (never evaluated). Then `flywheel eval --episodes`, as
 
   1. the champion: teacher-forced steps, greedy closed loop (pass^1) and k sampled tries (pass^k);
   2. the base prompts: greedy closed loop (pass^1), and teacher-forced and tries where `--base-full` is given
-     (their 3.5-4.7k-token prompts make each step about ten times the champion's on 2 cores).
+     (their prompts carry every tool's schema, so each of their steps costs many times the champion's;
+     the results file records the prompt tokens and seconds per episode).
 
 Each run has its own time budget (`episodes.time_budget_s`): a run it cuts records what finished and says so.
 The paired comparisons (per task, 95 %) of the champion against each base prompt are computed on the tasks both

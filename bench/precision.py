@@ -54,6 +54,11 @@ def _exact(settings: Any, base_model: str, adapter: str, held_out: list[Any], bu
 
 
 def compare_precisions(args: Any) -> None:
+    from pipelines.hardware import bf16_comparison_problem
+
+    problem = bf16_comparison_problem(args.precision.split(","))
+    if problem:
+        raise SystemExit(f"error: --precision {problem}")
     settings = load_settings(root=args.root)
     sweep = load_sweep(args.sweep or str(REPO_ROOT / "conf" / "sweeps" / "demo.yaml"))
     cfg, style = variant_points(sweep)[0]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import platform
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -129,3 +130,15 @@ def cpu_model() -> str:
         found = ""
     names = [line.split(":", 1)[1].strip() for line in found.splitlines() if line.startswith("Model name")]
     return names[0] if names else platform.machine()
+
+
+def bf16_comparison_problem(precisions: Sequence[str]) -> str | None:
+    """Why a side-by-side precision benchmark cannot run on this CPU, or None: without bf16 units every precision
+    computes in fp32 (`bf16_usable`), so the comparison would time fp32 under a bf16 name."""
+    asked = [p for p in precisions if p != "fp32"]
+    if not asked or cpu_has_bf16():
+        return None
+    return (
+        f"{','.join(asked)}: this CPU has no bf16 units (AVX-512 BF16 or AMX), so every precision would compute in "
+        "fp32 and the comparison would time fp32 under a bf16 name; run it on a CPU with them or on a GPU"
+    )

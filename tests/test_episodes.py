@@ -443,8 +443,9 @@ def test_flywheel_eval_episodes_end_to_end_on_a_tiny_model(tmp_path: Path, flywh
     assert all(0.0 <= s["gold_probability"] <= 1.0 for s in steps)
     html = Path(report["html_uri"].removeprefix("file://")).read_text()
     assert "Episodes: tiny" in html and "left the gold path" in html and "<img" in html
-    kept = report["kept"]  # rejection sampling ran: a file exactly when some trajectory was kept
-    assert kept["records"] >= kept["trajectories"] and (kept["file"] is None) == (kept["trajectories"] == 0)
+    # rejection sampling ran over every condition (no adapter ran); what a kept file holds: the test below
+    kept = report["kept"]
+    assert kept["conditions"] == ["base_zero_shot", "base_few_shot"] and kept["label_source"] == "verified"
     overlap = run_flywheel("eval", "--episodes", str(tasks), "--db", str(db), "--tools", str(tools),
                            "--base-model", "tiny-llama", "--shot-tasks", str(tasks),
                            env={"FLYWHEEL_ROOT": str(flywheel_root)})  # fmt: skip
@@ -472,7 +473,7 @@ def _sessions(file: Path) -> dict[str, list[dict[str, Any]]]:
         call = r["response"]["choices"][0]["message"]["tool_calls"][0]["function"]
         results = [m["content"] for m in r["request"]["messages"] if m["role"] == "tool"]
         step = {"call": {"name": call["name"], "arguments": json.loads(call["arguments"])}, "results": results}
-        out.setdefault(r["session_id"], []).append({**step, "label_source": r["label_source"]})
+        out.setdefault(r["session_id"], []).append({**step, "label_source": r["label_source"], "model": r["model"]})
     return out
 
 
@@ -519,11 +520,12 @@ def test_successful_episodes_become_verified_training_data_that_the_label_policy
     for failed in (e for e in episodes if not e.success):  # its conversation kept too: still never written
         failed.talk = [{"role": "user", "content": failed.task_id}, {"tool_calls": [wrong]}, {"content": "x"}]
     raw = tmp_path / "raw"
-    kept = verified_to_raw(episodes, _tools(), env.effects(), (str(raw), "retail"), date(2026, 10, 2), "t")
+    kept = verified_to_raw({"tuned_x": episodes}, _tools(), env.effects(), (str(raw), "retail"), date(2026, 10, 2), "t")
     assert (kept["episodes_succeeded"], kept["trajectories"]) == (15, 2)  # no refused call ever a target
     sessions = list(_sessions(Path(kept["file"])).values())
     assert [[s["call"] for s in steps] for steps in sessions] == [[c for c, _, _ in g.path] for g in scored[2:]]
     assert {s["label_source"] for steps in sessions for s in steps} == {"verified"}
+    assert {s["model"] for steps in sessions for s in steps} == {"flywheel:tuned_x"}  # the condition that wrote it
     assert (raw / "_toolsets" / "retail.json").is_file()
     # through the runner: only tasks whose gold changes the state (a no-change task passes whatever is read)
     from types import SimpleNamespace
@@ -532,7 +534,7 @@ def test_successful_episodes_become_verified_training_data_that_the_label_policy
 
     run = SimpleNamespace(keep_successes=str(tmp_path / "raw2"), day="2026-10-02", name="t")
     ran = keep_successes(run, {"tuned_x": episodes, "base_zero_shot": []}, _tools(), env, scored)
-    assert (ran["conditions"], ran["trajectories"], ran["model"]) == (["tuned_x"], 1, "tuned_x")
+    assert (ran["conditions"], ran["trajectories"], ran["models"]) == (["tuned_x"], 1, ["flywheel:tuned_x"])
     assert (
         held_reason("verified", "none", TRAINED_BY_DEFAULT)
         == "label source verified does not train (quality.train_label_sources)"
@@ -549,3 +551,39 @@ def test_an_import_whose_every_gold_is_refused_is_one_error_line(tmp_path: Path)
                         "--out", str(tmp_path / "raw"), env={"FLYWHEEL_ROOT": str(tmp_path / "fw")})  # fmt: skip
     assert done.returncode != 0 and "error:" in done.stderr and "refuses every task" in done.stderr
     assert "Traceback" not in done.stderr
+    left = [p for p in (tmp_path / "raw").rglob("*") if p.is_file()] if (tmp_path / "raw").exists() else []
+    assert left == []  # refused before anything is written: no empty file, no toolset registered
+
+
+def test_the_base_is_loaded_once_for_zero_shot_and_few_shot_and_an_adapter_loads_its_own() -> None:
+    """Mutation tried: `hand_over` only releasing (each base condition loading the base again): it fails."""
+    from pipelines.evaluate.episode_run import ModelPolicy, hand_over
+
+    loads: list[str] = []
+
+    def loader(name: str) -> Any:
+        return lambda: loads.append(name) or (name, "tokenizer")
+
+    base = loader("base")
+    zero, few = ModelPolicy("base_zero_shot", base, "[]", "d"), ModelPolicy("base_few_shot", base, "[]", "d")
+    tuned = ModelPolicy("tuned_x", loader("adapter"), "[]", "d")
+    for n, policy in enumerate((zero, few, tuned)):
+        assert policy.model in ("base", "adapter")
+        hand_over(policy, (zero, few, tuned, None)[n + 1])
+    assert loads == ["base", "adapter"] and zero._loaded is few._loaded is tuned._loaded is None
+
+
+def test_a_failure_to_write_the_kept_episodes_is_recorded_not_raised(
+    tmp_path: Path, env: RetailEnvironment, golds: tuple[list[Any], list[dict[str, str]]]
+) -> None:
+    from types import SimpleNamespace
+
+    from pipelines.evaluate.episode_data import keep_successes
+
+    scored, _ = golds
+    episodes = _run(env, scored, _gold_script(scored))
+    blocked = tmp_path / "a-file"
+    blocked.write_text("not a folder")
+    run = SimpleNamespace(keep_successes=str(blocked), day="2026-10-02", name="t")
+    kept = keep_successes(run, {"tuned_x": episodes}, _tools(), env, scored)
+    assert kept["conditions"] == ["tuned_x"] and "were not written" in kept["error"]

@@ -30,3 +30,14 @@ def _backend_check(cpuinfo: str) -> bool:
 def test_bf16_only_where_the_cpu_has_bf16_units(cpuinfo: str, expected: bool) -> None:
     assert cpu_has_bf16(cpuinfo) is expected
     assert _backend_check(cpuinfo) is expected  # the serving copy decides the same
+
+
+def test_a_precision_comparison_without_bf16_units_is_refused_and_fp32_alone_is_not(monkeypatch) -> None:
+    """Mutation tried: `bf16_comparison_problem` always None (the comparison would time fp32 as bf16): it fails."""
+    from pipelines import hardware
+
+    monkeypatch.setattr(hardware, "cpu_has_bf16", lambda cpuinfo=None: False)
+    assert "no bf16 units" in (hardware.bf16_comparison_problem(["fp32", "bf16", "auto"]) or "")
+    assert hardware.bf16_comparison_problem(["fp32"]) is None
+    monkeypatch.setattr(hardware, "cpu_has_bf16", lambda cpuinfo=None: True)
+    assert hardware.bf16_comparison_problem(["fp32", "bf16"]) is None

@@ -197,8 +197,13 @@ def _eval_episodes(
     report = run_episodes(settings, run, policies, console)
     if as_json:
         _emit(report, True, "")
-        return
-    k = e.k
+    else:
+        _episodes_table(report, e.k)
+    if (report.get("kept") or {}).get("error"):  # the report is written; the kept episodes are not
+        raise UserError(f"--keep-successes: {report['kept']['error']}")
+
+
+def _episodes_table(report: dict[str, Any], k: int) -> None:
     table = Table(
         "condition", "closed loop pass^1", f"pass^{k}", "teacher-forced steps", "wrong writes", "tokens/episode"
     )
@@ -217,7 +222,7 @@ def _eval_episodes(
         f"{report['scored']} of {report['tasks']} tasks scored, {len(report['skipped'])} skipped; "
         f"report: {report['html_uri']}"
     )
-    if report.get("kept"):
+    if report.get("kept") and not report["kept"].get("error"):
         kept = report["kept"]
         stdout_console().print(
             f"kept {kept['trajectories']} successful trajectories ({kept['records']} steps, label_source verified): "

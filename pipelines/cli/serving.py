@@ -161,6 +161,20 @@ def rollback_cmd(as_json: JsonOpt = False) -> None:
     _emit(serving.rollback(cli_settings()), as_json, "rolled back")
 
 
+def _refuse_precisions_without_bf16(settings: Any, precisions: list[str]) -> None:
+    """A local Triton serves on this CPU unless there is a GPU: without bf16 units there, every precision would
+    compute in fp32, and the comparison would time fp32 under a bf16 name (one `error:` line instead)."""
+    if not precisions or settings.profile != "local":
+        return
+    import torch
+
+    from pipelines.hardware import bf16_comparison_problem
+
+    problem = None if torch.cuda.is_available() else bf16_comparison_problem(precisions)
+    if problem:
+        raise UserError(f"--precisions {problem}")
+
+
 @app.command("bench")
 def bench_cmd(
     requests: Annotated[int | None, typer.Option(min=1, help="Test requests per model and level.")] = None,
@@ -200,6 +214,7 @@ def bench_cmd(
     except ValidationError as exc:
         first = exc.errors()[0]
         raise UserError(f"bench.{first['loc'][0]}: {first['msg'].removeprefix('Value error, ')}") from None
+    _refuse_precisions_without_bf16(settings, cfg.precisions)
     if aiperf:
         from pipelines.bench.aiperf import COLUMNS, AiperfFailed, run_aiperf
 

@@ -13,69 +13,75 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+from collections.abc import Mapping
 from datetime import date
-from pathlib import Path
 from typing import Any
 
 from pipelines.evaluate.episodes import Episode
+from pipelines.logs.tools import effect_of
 
 LOG = logging.getLogger("flywheel.episodes")
 
 
-def successful_trajectories(episodes: list[Episode], effects: dict[str, str]) -> list[tuple[str, str, list[Any]]]:
-    """[(task id, the customer's request, [(call, result, effect)])] of the successful episodes with no refused
-    call and no wrong write, each distinct trajectory of a task once (the greedy one first). An episode without
-    a call has no step to train on and is left out."""
+def successful_trajectories(
+    by_condition: Mapping[str, list[Episode]], effects: Mapping[str, str]
+) -> list[tuple[str, str, list[Any], str]]:
+    """[(task id, the customer's request, [(call, result, effect)], the condition that walked it)] of the
+    successful episodes with no refused call and no wrong write, each distinct trajectory of a task once (the
+    first condition's, its greedy episode first). An episode without a call has no step to train on."""
     seen: set[str] = set()
     out = []
-    for ep in sorted(episodes, key=lambda e: (e.task_id, e.attempt)):
-        clean = ep.wrong_writes == 0 and not any(s.get("error") for s in ep.steps)
-        if not ep.success or not ep.talk or not clean:  # a refused call or a wrong write never becomes a target
-            continue
-        steps = []
-        for message, result in zip(ep.talk[1::2], ep.talk[2::2]):
-            call = message["tool_calls"][0]
-            steps.append((call, str(result["content"]), effects.get(call["name"], "write")))
-        key = json.dumps([ep.task_id, [c for c, _, _ in steps]], sort_keys=True)
-        if steps and key not in seen:
-            seen.add(key)
-            out.append((ep.task_id, str(ep.talk[0]["content"]), steps))
+    for label, episodes in by_condition.items():
+        for ep in sorted(episodes, key=lambda e: (e.task_id, e.attempt)):
+            clean = ep.wrong_writes == 0 and not any(s.get("error") for s in ep.steps)
+            if not ep.success or not ep.talk or not clean:  # a refused call or a wrong write never becomes a target
+                continue
+            steps = []
+            for message, result in zip(ep.talk[1::2], ep.talk[2::2]):
+                call = message["tool_calls"][0]
+                steps.append((call, str(result["content"]), effect_of(call["name"], effects)))
+            key = json.dumps([ep.task_id, [c for c, _, _ in steps]], sort_keys=True)
+            if steps and key not in seen:
+                seen.add(key)
+                out.append((ep.task_id, str(ep.talk[0]["content"]), steps, label))
     return out
 
 
 def verified_to_raw(
-    episodes: list[Episode],
+    by_condition: Mapping[str, list[Episode]],
     tools: list[dict[str, Any]],
-    effects: dict[str, str],
+    effects: Mapping[str, str],
     where: tuple[str, str],
     day: date,
     name: str,
 ) -> dict[str, Any]:
-    """The successful episodes' trajectories -> `raw/dt=DAY/episodes-<digest>.jsonl` (label_source `verified`),
-    the tools registered as the environment's toolset; `where`: the raw zone and that toolset's name. Returns what
-    was written."""
+    """The successful episodes' trajectories (per condition) -> `raw/dt=DAY/episodes-<digest>.jsonl` in the raw
+    zone, local or on object storage (label_source `verified`, each record's `model` the condition that wrote
+    it: `flywheel:<condition>`), the tools registered as the environment's toolset; `where`: the raw zone and
+    that toolset's name. Returns what was written."""
+    from pipelines import storage
     from pipelines.logs.toolsets import register_toolset, toolsets
-    from pipelines.simulate.generator import partition_dir
-    from pipelines.simulate.importers import SessionWriter, write_atomically
+    from pipelines.simulate.importers import SessionWriter
 
     raw_zone, toolset = where
 
-    found = successful_trajectories(episodes, effects)
+    found = successful_trajectories(by_condition, effects)
     digest = hashlib.sha256(json.dumps([name, found], sort_keys=True, default=str).encode()).hexdigest()[:10]
     if toolset not in toolsets(raw_zone):  # an imported toolset of that name is kept as it was registered
-        register_toolset(raw_zone, toolset, tools, effects)
-    writer = SessionWriter(day, 0, tools, f"episodes_{digest}", "verified", model=f"flywheel:{name}")
-    for n, (_, request, steps) in enumerate(found):
-        writer.session(f"{n:05d}", request, steps)
-    target = partition_dir(Path(raw_zone.removeprefix("file://")), day) / f"episodes-{digest}.jsonl"
+        register_toolset(raw_zone, toolset, tools, dict(effects))
+    writer = SessionWriter(day, 0, tools, f"episodes_{digest}", "verified")
+    for n, (_, request, steps, label) in enumerate(found):
+        writer.session(f"{n:05d}", request, steps, model=f"flywheel:{label}")
+    target = f"{raw_zone.rstrip('/')}/dt={day.isoformat()}/episodes-{digest}.jsonl"
     if found:
-        write_atomically(target, writer.data())
+        storage.write_bytes(target, writer.data())
     return {
-        "episodes_succeeded": sum(1 for e in episodes if e.success),
+        "episodes_succeeded": sum(1 for episodes in by_condition.values() for e in episodes if e.success),
         "trajectories": len(found),
         "records": writer.records,
-        "file": str(target) if found else None,
+        "file": target if found else None,
         "label_source": "verified",
+        "models": sorted({f"flywheel:{label}" for *_, label in found}),
     }
 
 
@@ -109,10 +115,10 @@ def keep_successes(run: Any, finished: dict[str, list[Any]], tools: list[Any], e
 
     tuned = [label for label in finished if label.startswith("tuned_")] or list(finished)
     changing = {g.task.task_id for g in golds if g.changes_state}
-    kept = [ep for label in tuned for ep in finished[label] if ep.task_id in changing]
+    kept = {label: [ep for ep in finished[label] if ep.task_id in changing] for label in tuned}
     where = (str(run.keep_successes), env.name)
     try:
         written = verified_to_raw(kept, tools, env.effects(), where, date.fromisoformat(run.day), run.name)
     except (OSError, ValueError, DataProblem) as exc:
         return {"conditions": tuned, "error": f"the successful episodes were not written: {exc}"}
-    return {"conditions": tuned, "model": ",".join(tuned), **written}
+    return {"conditions": tuned, **written}

@@ -280,7 +280,7 @@ def run_episodes(
         if run.closed_loop and run.sample_tries and not cut:
             tries, cut = closed_loop(env, golds, policy, list(range(e.k)), progress=say, **loop)
         cut_any = cut_any or cut
-        policy.release()
+        hand_over(policy, policies[n + 1] if n + 1 < len(policies) else None)
         results[policy.label] = {**summarize(policy.label, tf, greedy, tries, e.k), "cut_by_time_budget": cut}
         episodes[policy.label] = [ep.to_dict() for ep in greedy]
         finished[policy.label] = greedy + tries
@@ -318,6 +318,14 @@ def run_episodes(
     from pipelines.evaluate.episode_report import write_episode_report
 
     return write_episode_report(settings, report)
+
+
+def hand_over(done: ModelPolicy, after: ModelPolicy | None) -> None:
+    """Release a finished condition's weights; the next one with the same loader (the base model, zero-shot
+    then few-shot) takes them as they are instead of loading them again inside its own time share."""
+    if after is not None and after.load is done.load and after._loaded is None:
+        after._loaded = done._loaded
+    done.release()
 
 
 def _as_served(settings: Settings, base_model: str, adapter: str | None) -> tuple[Any, Any]:

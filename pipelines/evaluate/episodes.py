@@ -26,9 +26,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from pipelines.logs.tools import effect_of as tool_effect
 from pipelines.simulate.environments import Environment, Step, ToolFailed, replay
 from pipelines.toolcall.calls import call_text, parse_call, target_json
-from pipelines.toolcall.pii import ask_for, restore
+from pipelines.toolcall.pii import pass_on
 from pipelines.toolcall.score import _ids, score
 
 SKIPPED_ACTIONS = ("think",)  # a scratchpad, not a call on the shop
@@ -89,7 +90,7 @@ def replay_gold(env: Environment, task: Task, offered: set[str]) -> Gold | str:
 
 
 def effect_of(env: Environment, name: str) -> str:
-    return env.effects().get(name, "write")  # undeclared: a write (fail safe)
+    return str(tool_effect(name, env.effects()))  # undeclared: a write (fail safe)
 
 
 # -- scoring ----------------------------------------------------------------------------------------------------
@@ -199,18 +200,19 @@ def _call_message(call: dict[str, Any], n: int) -> list[dict[str, Any]]:
 
 
 def as_passed_on(text: str, talk: list[dict[str, Any]]) -> str:
-    """The answer as the gateway passes it on (`toolcall.pii`, the same functions): a redaction token in a call's
-    arguments filled from the customer's own turns in `talk`, or, where they state no one value for it, the
-    gateway's text asking for it instead of the call. Any other answer comes back as it is."""
+    """A redaction token in a call's arguments as the gateway handles it (`toolcall.pii.pass_on`, the one
+    decision): filled from the customer's own turns in `talk`, or, where they state no one value for it, the
+    gateway's text asking for it instead of the call. Any other answer comes back as it is (the gateway's
+    schema check after decoding is not repeated: the environment refuses a call that breaks its tool)."""
     call = parse_call(text)
     if not call or call.get("name") is None:
         return text
     arguments = json.dumps(call["arguments"], separators=(",", ":"), ensure_ascii=False)
     stated = [m["content"] for m in talk if m.get("role") == "user" and isinstance(m.get("content"), str)]
-    restored, missing = restore(arguments, stated)
-    if restored is None:
-        return ask_for(missing)
-    return text if restored == arguments else call_text(target_json(call["name"], json.loads(restored)))
+    passed, is_call = pass_on(arguments, stated)
+    if not is_call:
+        return passed
+    return text if passed == arguments else call_text(target_json(call["name"], json.loads(passed)))
 
 
 def closed_loop(

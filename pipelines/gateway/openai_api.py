@@ -264,7 +264,7 @@ def answer(
     them, the id from `response_id`); `{"name": null}` (no tool fits) -> empty content; anything else
     (an unconstrained model's free text) -> that text as content, with finish reason `length` when the
     model stopped at its token limit (`cut`). A redaction token in the arguments is replaced by the value
-    the conversation (`stated`: its user and tool texts) gives for it, or the call is not passed on
+    the conversation (`stated`: the customer's own turns, `stated_texts`) gives for it, or the call is not passed on
     (`toolcall.pii`): a redaction token never reaches the caller."""
     names = {s["function"]["name"] for s in specs}
     try:
@@ -275,12 +275,11 @@ def answer(
         arguments = arguments_text(text) or json.dumps(
             call.get("arguments", {}), separators=(",", ":"), ensure_ascii=False
         )
-        from pipelines.toolcall.pii import ask_for, restore
+        from pipelines.toolcall.pii import pass_on
 
-        restored, missing = restore(arguments, stated or [])
-        if restored is None:
-            return {"message": {"role": "assistant", "content": ask_for(missing)}, "finish_reason": "stop"}
-        arguments = restored
+        arguments, passed = pass_on(arguments, stated or [])
+        if not passed:  # a redaction token the conversation does not fill: the caller is asked for the value
+            return {"message": {"role": "assistant", "content": arguments}, "finish_reason": "stop"}
         from pipelines.toolcall.calls import schema_breach
 
         # a tool the grammar enforces only in part (a keyword it lacks, e.g. uniqueItems): its whole schema is

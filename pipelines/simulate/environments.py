@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from pipelines.errors import DataProblem
+from pipelines.logs.tools import effect_of
 
 
 @dataclass(frozen=True)
@@ -90,7 +91,7 @@ def replay(env: Environment, task: dict[str, Any], actions: list[dict[str, Any]]
             step = env.step(call["name"], call["arguments"])
         except ToolFailed as exc:
             return f"gold trajectory step {call['name']} fails: {exc}"
-        path.append((call, step, effects.get(call["name"], "write")))  # undeclared: a write (fail safe)
+        path.append((call, step, str(effect_of(call["name"], effects))))
     if env.state_hash() != gold_hash:
         return "the gold trajectory does not reach the gold actions' state"
     return Replay(gold_hash, path, gold_hash != untouched)

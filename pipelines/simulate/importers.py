@@ -16,6 +16,9 @@ from typing import Any
 
 import orjson
 
+from pipelines import storage
+from pipelines.errors import DataProblem
+from pipelines.logs.tools import effect_of
 from pipelines.simulate import catalogue as cat
 from pipelines.simulate.generator import GeneratorConfig, TrafficGenerator, _iso, _system_prompt, partition_dir
 from pipelines.simulate.retail import RETAIL_EFFECTS
@@ -70,7 +73,7 @@ def webshop_to_raw(pairs_file: Path, raw_root: Path, day: date, seed: int = 0) -
             lines.append(orjson.dumps(record))
             n += 1
     target = partition_dir(raw_root, day) / f"webshop-{ident}.jsonl"
-    write_atomically(target, b"\n".join(lines) + (b"\n" if lines else b""))
+    storage.write_bytes(str(target), b"\n".join(lines) + (b"\n" if lines else b""))
     return {"instructions": len(pairs), "records": n, "file": str(target), "import_id": ident}
 
 
@@ -103,15 +106,20 @@ def retail_to_raw(
             raise FileNotFoundError(f"no such file: {f}")
     ident = import_id(tools_file, tasks_file, *([db_file] if db_file else []), seed=seed)
     tools = json.loads(tools_file.read_text(encoding="utf-8"))
-    _, undeclared = register_toolset(str(raw_root), RETAIL_TOOLSET, tools, RETAIL_EFFECTS)
     offered = {t.get("function", {}).get("name") for t in tools}
     tasks = [json.loads(line) for line in tasks_file.read_text(encoding="utf-8").splitlines() if line.strip()]
     sessions, skipped = _retail_sessions(tasks, offered, db_file)
+    if tasks and not sessions:  # before anything is written: nothing registered, no empty file left behind
+        raise DataProblem(
+            f"the database refuses every task's gold (first: {skipped[0]['reason']}): "
+            f"is {db_file} these tools' database?"
+        )
+    _, undeclared = register_toolset(str(raw_root), RETAIL_TOOLSET, tools, RETAIL_EFFECTS)
     writer = SessionWriter(day, seed, tools, f"retail_{ident}", "import")  # the benchmark's expected calls
     for s, task, steps in sessions:
         writer.session(f"{s:05d}", task["instruction"], steps)
     target = partition_dir(raw_root, day) / f"retail-{ident}.jsonl"
-    write_atomically(target, writer.data())
+    storage.write_bytes(str(target), writer.data())
     n = writer.records
     return {
         "tasks": len(tasks),
@@ -145,7 +153,7 @@ def _retail_sessions(
             if a.get("name") not in SKIPPED_RETAIL_ACTIONS
         ]
         if env is None:
-            sessions.append((s, task, [(a, UNRECORDED, RETAIL_EFFECTS.get(a["name"], "write")) for a in actions]))
+            sessions.append((s, task, [(a, UNRECORDED, str(effect_of(a["name"], RETAIL_EFFECTS))) for a in actions]))
             continue
         gold = replay(env, task, actions, offered)
         if isinstance(gold, str):
@@ -175,7 +183,11 @@ class SessionWriter:
         self.records, self.unrecorded = 0, 0
         self.effects = {"read": 0, "write": 0}
 
-    def session(self, key: str, instruction: str, steps: list[tuple[dict[str, Any], str, str]]) -> None:
+    def session(
+        self, key: str, instruction: str, steps: list[tuple[dict[str, Any], str, str]], model: str | None = None
+    ) -> None:
+        """One session; `model`: who wrote its calls, when not the writer's `model`."""
+        model = self.model if model is None else model
         customer = self.customers[self.rng.randrange(len(self.customers))]
         session_id = f"{self.prefix}_{key}"
         history: list[dict] = [self.system, {"role": "user", "content": " ".join(instruction.split())}]
@@ -191,8 +203,8 @@ class SessionWriter:
             record["request"]["tools"] = self.tools
             record["record_id"] = f"{session_id}_{k}"
             record["label_source"], record["feedback"] = self.label_source, "none"
-            if self.model:  # who wrote the calls (default: the generator's teacher name, as the importer's tasks)
-                record["model"] = self.model
+            if model:  # who wrote the calls (default: the generator's teacher name, as the importer's tasks)
+                record["model"] = model
             self.pending.append(record)
             history += [assistant, {"role": "tool", "tool_call_id": call_id, "content": result}]
             self.effects[effect if effect in self.effects else "write"] += 1
@@ -208,13 +220,3 @@ class SessionWriter:
             record["timestamp"] = _iso(start + 86_399.0 * n / total)
             lines.append(orjson.dumps(record))
         return b"\n".join(lines) + (b"\n" if lines else b"")
-
-
-def write_atomically(target: Path, data: bytes) -> None:
-    """Whole or not at all: a crashed import leaves no half file the next run would read."""
-    import os
-
-    target.parent.mkdir(parents=True, exist_ok=True)
-    partial = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    partial.write_bytes(data)
-    os.replace(partial, target)

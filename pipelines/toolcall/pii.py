@@ -82,3 +82,13 @@ def ask_for(kinds: list[str]) -> str:
     """The message a caller gets instead of a call that would carry a redaction token."""
     what = " and ".join(WORDS[k] for k in kinds)
     return f"I need the customer's {what} to do that: the conversation does not state exactly one."
+
+
+def pass_on(arguments: str, stated: Iterable[str]) -> tuple[str, bool]:
+    """What the caller gets for a call with these arguments: (the arguments with every redaction token filled
+    from `stated`, True), or (the text asking for the values, False) where it cannot be passed on. The gateway
+    and the episodes (`evaluate.episodes.as_passed_on`) both decide with this."""
+    restored, missing = restore(arguments, stated)
+    if restored is None:
+        return ask_for(missing), False
+    return restored, True
