@@ -40,6 +40,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("prep",),  # raw -> curated, and the curated data read back (prep.dataset)
     ("quality", "features"),
     ("train",),
+    ("tune",),  # after SFT: preference pairs from the collected signals, DPO on top of the SFT adapter
     ("evaluate",),
     ("registry",),
     ("triton_backend",),  # runs inside Triton's Python backend (imports nothing from pipelines)
@@ -235,7 +236,7 @@ ENTRY_POINTS = (
 )
 # What serves traffic never imports what trains: the catalogue, statistics and redaction it needs live low.
 SERVING = ("serve", "gateway", "livegate", "admission", "triton_backend")
-TRAINING_SIDE = ("train", "evaluate", "quality")
+TRAINING_SIDE = ("train", "tune", "evaluate", "quality")
 
 
 def long_functions(source: str, limit: int = MAX_FUNCTION_LINES) -> list[tuple[str, int]]:

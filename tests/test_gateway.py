@@ -385,6 +385,32 @@ def test_the_loop_trains_on_the_teacher_and_on_people_never_on_the_champion_alon
     assert set(live["label_source"]) == {"teacher", "human", "champion"}
     assert set(live[live["label_source"] == "champion"]["record_id"]) == {confirmed}  # the one a person rated up
     assert not {corrected, rejected} & {r["record_id"] for r in queue(settings)}
+    # the same signals as preference pairs (issue 51): the person's call over the champion's original answer,
+    # and the teacher's call over the shadow candidate's wherever they disagreed; never a chosen side of ours
+    listed = run_flywheel("labels", "pairs", "--show", "100", "--json", env={"FLYWHEEL_ROOT": str(settings.root)})
+    assert listed.returncode == 0, listed.stderr[-2000:]
+    pairs = {p["record_id"]: p for p in json.loads(listed.stdout)["shown"]}
+    correction = pairs[f"{corrected}-review"]
+    assert correction["source"] == "correction" and json.loads(correction["chosen_json"]) == fix
+    assert json.loads(correction["rejected_json"])["name"] == "track" and json.loads(correction["rejected_json"]) != fix
+    shadows = [p for p in pairs.values() if p["source"] == "shadow"]
+    assert {p["record_id"] for p in shadows} <= set(taught)
+    assert all(p["chosen_label_source"] == "teacher" for p in shadows)
+    assert {p["chosen_label_source"] for p in pairs.values()} <= {"teacher", "human"}
+    # DPO on the champion's adapter from these pairs: too few for the default is one line; with a floor of one,
+    # an adapter stock peft can load
+    env = {"FLYWHEEL_ROOT": str(settings.root)}
+    few = run_flywheel("tune", "dpo", "--min-pairs", "1000", env=env)
+    assert few.returncode == 0 and "dpo: skipped:" in few.stderr + few.stdout and "at least 1000" in few.stderr
+    tuned = run_flywheel("tune", "dpo", "--min-pairs", "1", "--steps", "2", "--json", env=env)
+    assert tuned.returncode == 0, tuned.stderr[-2000:]
+    result = json.loads(tuned.stdout)
+    from pipelines.registry.models import alias_version
+
+    assert (
+        result["steps"] == 2 and result["pairs"] >= 1 and result["from_version"] == alias_version(settings, "champion")
+    )
+    assert (Path(result["adapter_dir"]) / "adapter_config.json").is_file()
 
 
 def test_captured_turns_pass_the_schema_check_and_survive_a_kill_under_load(gateway) -> None:

@@ -18,6 +18,7 @@ from pipelines.cli import admin, data, logs, models, serving, stack
 from pipelines.cli.common import INVOCATION, Invocation, UserError, cli_settings
 from pipelines.cli.gateway import gateway_app
 from pipelines.cli.projects import project_app, select
+from pipelines.cli.tune import tune_app
 from pipelines.config import ConfigError
 from pipelines.errors import keep_traceback, one_line
 from pipelines.security import mask_uri_passwords
@@ -36,6 +37,7 @@ app.add_typer(admin.config_app, name="config")
 app.add_typer(logs.tools_app, name="tools")
 app.add_typer(data.features_app, name="features")
 app.add_typer(data.labels_app, name="labels")
+app.add_typer(tune_app, name="tune")
 app.add_typer(models.registry_app, name="registry")
 app.add_typer(serving.serve_app, name="serve")
 app.add_typer(stack.drift_app, name="drift")

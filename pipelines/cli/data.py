@@ -231,7 +231,9 @@ def _fail(failure: dict | None, where: str) -> None:
     raise typer.Exit(2 if failure and failure["data_problem"] else 1)
 
 
-labels_app = typer.Typer(help="Labels you can trust: the review queue of down-rated answers.", no_args_is_help=True)
+labels_app = typer.Typer(
+    help="Labels you can trust: the review queue of down-rated answers, and the preference pairs.", no_args_is_help=True
+)
 
 
 @labels_app.command("review")
@@ -286,3 +288,29 @@ def labels_reject(
     from pipelines.prep.reviews import decide
 
     _emit(decide(cli_settings(), record_id, False, None, reviewer), as_json, "review")
+
+
+@labels_app.command("pairs")
+def labels_pairs(
+    show: Annotated[int, typer.Option(min=0, help="List this many pairs after the counts")] = 0,
+    as_json: JsonOpt = False,
+) -> None:
+    """The preference pairs the platform has collected, by source and split: corrections (the person's call over
+    the original answer) and shadow disagreements (the teacher's call over the candidate's), with what was
+    dropped or quarantined and why."""
+    from pipelines.tune.pairs import collect_pairs, pair_summary
+
+    pairs, dropped, quarantined = collect_pairs(cli_settings())
+    summary = pair_summary(pairs, dropped, quarantined)
+    if as_json:
+        _emit({**summary, "shown": pairs.head(show).to_dict("records")}, True, "")
+        return
+    print(f"{summary['pairs']} preference pair(s)")
+    for source, splits in summary["by_source"].items():
+        counts = ", ".join(f"{split} {n}" for split, n in sorted(splits.items())) or "none"
+        print(f"  {source:<10} {counts}")
+    for title, counts in (("dropped", summary["dropped"]), ("quarantined", summary["quarantined"])):
+        for reason, n in counts.items():
+            print(f"  {title}: {n}  {reason}")
+    for row in pairs.head(show).to_dict("records"):
+        print(f"{row['pair_id']}  [{row['split']}]  chosen {row['chosen_json']}  over  {row['rejected_json']}")

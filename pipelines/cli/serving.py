@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -161,7 +162,7 @@ def rollback_cmd(as_json: JsonOpt = False) -> None:
     _emit(serving.rollback(cli_settings()), as_json, "rolled back")
 
 
-def _refuse_precisions_without_bf16(settings: Any, precisions: list[str]) -> None:
+def _refuse_precisions_without_bf16(settings: Any, precisions: Sequence[str]) -> None:
     """A local Triton serves on this CPU unless there is a GPU: without bf16 units there, every precision would
     compute in fp32, and the comparison would time fp32 under a bf16 name (one `error:` line instead)."""
     if not precisions or settings.profile != "local":

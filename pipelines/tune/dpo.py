@@ -1,0 +1,148 @@
+"""DPO on top of an SFT adapter (issue 51, item 1), with TRL's `DPOTrainer`.
+
+The SFT adapter is trained further (the same LoRA, so the result serves, registers and is gated like any
+version), and the reference is that SFT model frozen: the base with the SFT adapter merged in, loaded once and
+never updated. A pair's prompt is the SFT prompt exactly (`toolcall.prompt.chat_turns` in the adapter's prompt
+style, rendered by the tokenizer's chat template), and its chosen and rejected sides are call texts as the model
+is trained to write them (`toolcall.calls.call_text`), each ended by TRL with the end-of-turn token.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from pipelines.errors import DataProblem
+from pipelines.toolcall.calls import call_text
+from pipelines.toolcall.prompt import chat_turns, system_for
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+
+class DpoConfig(BaseModel):
+    """DPO's hyperparameters (`flywheel tune dpo` options)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    beta: float = Field(default=0.1, gt=0, description="strength of the pull towards the SFT reference (DPO's beta)")
+    learning_rate: float = Field(default=5e-5, gt=0, le=1)
+    max_steps: int = Field(default=40, ge=1)
+    batch_size: int = Field(default=4, ge=1)
+    max_length: int = Field(default=1024, ge=32, description="prompt and answer tokens; a longer prompt keeps its end")
+    min_pairs: int = Field(default=16, ge=1, description="fewer training pairs than this: DPO is skipped, saying so")
+    seed: int = 0
+
+
+@dataclass
+class DpoResult:
+    adapter_dir: str
+    pairs: int
+    steps: int
+    seconds: float
+    tokens: int
+    losses: list[float] = field(default_factory=list)
+    reward_margins: list[float] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def preference_rows(pairs: pd.DataFrame, style: Any) -> list[tuple[list[dict[str, str]], str, str]]:
+    """Each pair as (the SFT prompt's turns, the chosen call text, the rejected call text)."""
+    return [
+        (chat_turns(system_for(row, style), row["messages_json"]), call_text(row["chosen_json"]),
+         call_text(row["rejected_json"]))
+        for row in pairs.to_dict("records")
+    ]  # fmt: skip
+
+
+def too_few(pairs: int, cfg: DpoConfig) -> str | None:
+    """The line that says DPO is skipped for want of pairs, or None."""
+    if pairs >= cfg.min_pairs:
+        return None
+    return f"dpo: skipped: {pairs} training pair(s), it needs at least {cfg.min_pairs} (--min-pairs)"
+
+
+def train_dpo(
+    rows: list[tuple[list[dict[str, str]], str, str]],
+    cfg: DpoConfig,
+    sft_adapter: Path,
+    out_dir: Path,
+    load_base: Callable[[], tuple[Any, Any]],
+    progress: Callable[[str], None] | None = None,
+) -> DpoResult:
+    """DPO from the SFT adapter in `sft_adapter` -> `out_dir/adapter` (same LoRA, trained further); `progress`
+    gets a line per logged step (never stdout: a command's JSON result is all it prints there)."""
+    import torch
+    from datasets import Dataset
+    from peft import PeftModel
+    from transformers import PrinterCallback, TrainerCallback
+    from trl import DPOConfig, DPOTrainer
+
+    class _Lines(TrainerCallback):
+        def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **_: Any) -> None:
+            if progress is not None and logs and "loss" in logs:
+                margin = logs.get("rewards/margins")
+                progress(f"dpo: step {state.global_step}/{state.max_steps} loss {float(logs['loss']):.4f}"
+                         + (f" reward margin {float(margin):.4f}" if margin is not None else ""))  # fmt: skip
+
+    if not rows:
+        raise DataProblem("dpo: no preference pairs to train on")
+    started = time.perf_counter()
+    torch.manual_seed(cfg.seed)
+    base, tokenizer = load_base()
+    policy = PeftModel.from_pretrained(base, str(sft_adapter), is_trainable=True)
+    reference_base, _ = load_base()
+    reference = PeftModel.from_pretrained(reference_base, str(sft_adapter)).merge_and_unload().eval()
+    for p in reference.parameters():
+        p.requires_grad_(False)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    data = Dataset.from_list(
+        [
+            {
+                "prompt": tokenizer.apply_chat_template(turns, tokenize=False, add_generation_prompt=True),
+                "chosen": chosen,  # TRL ends each side with the end-of-turn token, as SFT's targets end
+                "rejected": rejected,
+            }
+            for turns, chosen, rejected in rows
+        ]
+    )
+    args = DPOConfig(
+        output_dir=str(out_dir / "trl"),
+        beta=cfg.beta,
+        learning_rate=cfg.learning_rate,
+        max_steps=cfg.max_steps,
+        per_device_train_batch_size=cfg.batch_size,
+        max_length=cfg.max_length,
+        seed=cfg.seed,
+        use_cpu=not torch.cuda.is_available(),
+        report_to="none",
+        save_strategy="no",
+        logging_steps=1,
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+    )
+    trainer = DPOTrainer(model=policy, ref_model=reference, args=args, train_dataset=data, processing_class=tokenizer)
+    trainer.remove_callback(PrinterCallback)  # it prints every log to stdout
+    trainer.add_callback(_Lines())
+    trainer.train()
+    logged = [entry for entry in trainer.state.log_history if "loss" in entry]
+    final = out_dir / "adapter"
+    policy.save_pretrained(str(final))
+    tokenizer.save_pretrained(final)
+    return DpoResult(
+        adapter_dir=str(final),
+        pairs=len(rows),
+        steps=int(trainer.state.global_step),
+        seconds=round(time.perf_counter() - started, 2),
+        tokens=int(float(next((e["num_tokens"] for e in reversed(logged) if "num_tokens" in e), 0))),
+        losses=[float(e["loss"]) for e in logged],
+        reward_margins=[float(e["rewards/margins"]) for e in logged if "rewards/margins" in e],
+    )

@@ -1,0 +1,194 @@
+"""Preference pairs from signals the platform already collects (issue 51, item 1): the table DPO trains on.
+
+Two sources today, both joined to what prep curated, so a pair has had the same quarantine, PII redaction, dedupe
+and split by session as an SFT example (its prompt and chosen side *are* that example, and its prompt renders in
+any prompt style as the example's does):
+
+- `correction`: a down-rated answer a person corrected (`flywheel labels accept`). Chosen: the person's call (the
+  `human` example `<id>-review` prep curated); rejected: the original answer (prep's clean log of `<id>`, held
+  from SFT as rated down).
+- `shadow`: a shadow comparison where the candidate disagreed with the teacher (`<serving>/gateway/agreement/`,
+  mode `shadow`, not exact). Chosen: the teacher's call (the `teacher` example prep curated from the capture);
+  rejected: the candidate's answer as the comparison recorded it (redacted, like the example).
+
+The label policy holds: a chosen side our own model wrote (label source `champion` or `verified`) never trains,
+and a pair whose sides are equal or whose chosen call names a tool the prompt did not offer is dropped, each
+counted by reason. A rejected side that cannot be parsed or names a tool the prompt did not offer is quarantined
+with its reason. A pair is kept once per (prompt, chosen, rejected).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from pipelines.toolcall.calls import NO_TOOL, target_json
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from pipelines.config import Settings
+
+SOURCES = ("correction", "shadow")
+OUR_MODEL = ("champion", "verified")  # label sources our own model wrote: never a chosen side
+REVIEW_SUFFIX = "-review"  # prep.reviews: a correction's record id is the original's with this suffix
+PAIR_COLUMNS = [
+    "pair_id",
+    "source",
+    "record_id",
+    "session_id",
+    "split",
+    "event_timestamp",
+    "context",
+    "system_prompt",
+    "messages_json",
+    "tools_json",
+    "chosen_json",
+    "rejected_json",
+    "chosen_label_source",
+]
+
+
+def _canonical(call: Any) -> str | None:
+    """A call ({name, arguments} or {name: null}) as the training target's JSON; None when it is no call."""
+    if isinstance(call, str):
+        try:
+            call = json.loads(call)
+        except json.JSONDecodeError:
+            return None
+    if not isinstance(call, dict) or "name" not in call:
+        return None
+    name, arguments = call["name"], call.get("arguments") or {}
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments)
+        except json.JSONDecodeError:
+            return None
+    if name is not None and (not isinstance(name, str) or not isinstance(arguments, dict)):
+        return None
+    return target_json(name if name is not None else NO_TOOL, arguments)
+
+
+def _offered(tools_json: str) -> set[str]:
+    return {t["name"] for t in json.loads(tools_json or "[]")}
+
+
+def build_pairs(
+    examples: pd.DataFrame, originals: Mapping[str, dict[str, Any]], comparisons: Iterable[dict[str, Any]]
+) -> tuple[pd.DataFrame, dict[str, int], list[dict[str, Any]]]:
+    """(the pairs, one row per pair in `PAIR_COLUMNS`; the dropped pairs counted by reason; the quarantined ones
+    with their reason). `examples`: prep's curated examples, every split; `originals`: record id -> prep's clean
+    log row (`tool`, `arguments_json`, `label_source`); `comparisons`: the gateway's comparison records."""
+    import pandas as pd
+
+    by_id = {row["record_id"]: row for row in examples.to_dict("records")}
+    dropped: Counter[str] = Counter()
+    quarantined: list[dict[str, Any]] = []
+    candidates: list[tuple[str, dict[str, Any], Any]] = []  # (source, the chosen example, the rejected side)
+    for record_id, row in by_id.items():
+        if record_id.endswith(REVIEW_SUFFIX):
+            original = originals.get(record_id.removesuffix(REVIEW_SUFFIX))
+            if original is None:
+                dropped["correction: original answer not in the clean logs"] += 1
+                continue
+            tool = original.get("tool")
+            answered = {"name": tool or None, "arguments": original.get("arguments_json") or "{}"}  # parsed below
+            candidates.append(("correction", row, answered))
+    for comparison in comparisons:
+        if comparison.get("mode") != "shadow" or comparison.get("skipped") or comparison.get("error"):
+            continue
+        if (comparison.get("agreement") or {}).get("exact"):
+            continue  # they agreed: no preference
+        row = by_id.get(str(comparison.get("record_id")))
+        if row is None:
+            dropped["shadow: the teacher's answer is not a curated example"] += 1
+            continue
+        candidates.append(("shadow", row, comparison.get("answer")))
+    pairs, seen = [], set()
+    for source, row, rejected_side in candidates:
+        offered = _offered(row["tools_json"])
+        chosen, rejected = _canonical(row["target_json"]), _canonical(rejected_side)
+        if row.get("label_source") in OUR_MODEL:
+            dropped[f"{source}: chosen side written by our own model ({row['label_source']})"] += 1
+            continue
+        if chosen is None or (json.loads(chosen)["name"] not in offered | {None}):
+            dropped[f"{source}: the chosen call is not one of the offered tools"] += 1
+            continue
+        if rejected is None:
+            quarantined.append({"source": source, "record_id": row["record_id"], "reason": "unparseable_side"})
+            continue
+        if json.loads(rejected)["name"] not in offered | {None}:
+            quarantined.append({"source": source, "record_id": row["record_id"], "reason": "unknown_tool"})
+            continue
+        if chosen == rejected:
+            dropped[f"{source}: equal sides"] += 1
+            continue
+        key = (row["system_prompt"], row["messages_json"], chosen, rejected)
+        if key in seen:
+            dropped[f"{source}: duplicate"] += 1
+            continue
+        seen.add(key)
+        pairs.append(
+            {
+                "pair_id": f"{source}:{row['record_id']}",
+                "source": source,
+                "record_id": row["record_id"],
+                "session_id": row["session_id"],
+                "split": row["split"],
+                "event_timestamp": row.get("event_timestamp"),
+                "context": row.get("context"),
+                "system_prompt": row["system_prompt"],
+                "messages_json": row["messages_json"],
+                "tools_json": row["tools_json"],
+                "chosen_json": chosen,
+                "rejected_json": rejected,
+                "chosen_label_source": row.get("label_source"),
+            }
+        )
+    frame = pd.DataFrame(pairs, columns=PAIR_COLUMNS).sort_values("pair_id", ignore_index=True)
+    return frame, dict(sorted(dropped.items())), quarantined
+
+
+def collect_pairs(settings: Settings) -> tuple[pd.DataFrame, dict[str, int], list[dict[str, Any]]]:
+    """`build_pairs` over this project's zones: every split of the current training set's curated examples,
+    prep's clean logs and the gateway's comparison records."""
+    import pandas as pd
+
+    from pipelines.prep.dataset import SPLITS, DatasetMissing, load_split
+    from pipelines.prep.pipeline import zone_paths
+    from pipelines.storage import glob, read_bytes
+
+    parts = []
+    for split in SPLITS:
+        try:
+            part = load_split(settings, split)
+        except DatasetMissing:
+            continue
+        parts.append(part.assign(split=split))
+    examples = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=["record_id"])
+    originals: dict[str, dict[str, Any]] = {}
+    for f in glob(f"{zone_paths(settings)['clean_logs']}/dt=*/*.parquet"):
+        cols = ["record_id", "tool", "arguments_json", "label_source"]
+        for row in pd.read_parquet(f, columns=cols).to_dict("records"):
+            originals[row["record_id"]] = row
+    comparisons = []
+    for f in sorted(glob(f"{settings.zone('serving')}/gateway/agreement/dt=*/*.jsonl")):
+        for line in read_bytes(f).decode("utf-8", errors="replace").splitlines():
+            try:
+                comparisons.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue  # a torn last line of a file still being written: its record is read next time
+    return build_pairs(examples, originals, comparisons)
+
+
+def pair_summary(pairs: pd.DataFrame, dropped: dict[str, int], quarantined: list[dict[str, Any]]) -> dict[str, Any]:
+    """Counts a person reads: pairs by source and split, dropped by reason, quarantined by reason."""
+    by = {s: {k: int(v) for k, v in pairs[pairs["source"] == s]["split"].value_counts().items()} for s in SOURCES}
+    return {
+        "pairs": len(pairs),
+        "by_source": by,
+        "dropped": dropped,
+        "quarantined": dict(Counter(q["reason"] for q in quarantined)),
+    }

@@ -1,0 +1,147 @@
+"""Tuning after SFT (issue 51): the preference pairs' policy and DPO on a tiny model."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pytest
+
+from pipelines.tune.dpo import DpoConfig, preference_rows, too_few, train_dpo
+from pipelines.tune.pairs import build_pairs, pair_summary
+
+TOOLS = json.dumps([{"name": n, "description": "", "parameters": {"type": "object"}} for n in ("get_order", "track")])
+
+
+def _example(record_id: str, target: dict[str, Any], label_source: str, request: str = "where is #W1?") -> dict:
+    return {
+        "record_id": record_id,
+        "session_id": f"s-{record_id}",
+        "split": "train",
+        "system_prompt": "You are the agent.",
+        "messages_json": json.dumps([{"role": "user", "content": request}]),
+        "tools_json": TOOLS,
+        "target_json": json.dumps(target),
+        "label_source": label_source,
+    }
+
+
+ORDER = {"name": "get_order", "arguments": {"order_id": "#W1"}}
+TRACK = {"name": "track", "arguments": {"order_id": "#W1"}}
+
+
+def _shadow(record_id: str, answer: Any, exact: bool = False, mode: str = "shadow") -> dict[str, Any]:
+    return {"record_id": record_id, "mode": mode, "arm": "candidate", "answer": answer, "agreement": {"exact": exact}}
+
+
+def test_pairs_keep_the_label_policy_and_count_what_they_drop() -> None:
+    """Mutations tried: the own-model rule removed (a `champion` chosen side trains): the first assertion fails;
+    equal sides kept, the offered-tools check on the chosen side removed, the dedupe removed: each fails."""
+    examples = pd.DataFrame(
+        [
+            _example("c1-review", ORDER, "human"),  # a person corrected c1's track into get_order
+            _example("t1", ORDER, "teacher", "order #W1?"),  # the teacher's answer the candidate disagreed with
+            _example("own", ORDER, "champion", "mine"),  # a champion answer rated up: not a chosen side
+            _example("t-same", ORDER, "teacher", "same"),  # the candidate said the same: no preference
+            _example("t-off", {"name": "cancel", "arguments": {}}, "teacher", "off"),  # not an offered tool
+            _example("t-bad", ORDER, "teacher", "bad"),
+            _example("t-unknown", ORDER, "teacher", "unknown"),
+            _example("t-agreed", ORDER, "teacher", "agreed"),
+            _example("dup-review", ORDER, "human"),  # the same prompt and sides as c1's correction
+        ]
+    )
+    originals = {
+        "c1": {"record_id": "c1", "tool": "track", "arguments_json": '{"order_id":"#W1"}', "label_source": "teacher"},
+        "dup": {"record_id": "dup", "tool": "track", "arguments_json": '{"order_id":"#W1"}', "label_source": "x"},
+    }
+    comparisons = [
+        _shadow("t1", TRACK),
+        _shadow("own", TRACK),
+        _shadow("t-same", ORDER),
+        _shadow("t-off", TRACK),
+        _shadow("t-bad", "{not json"),
+        _shadow("t-unknown", {"name": "refund_everything", "arguments": {}}),
+        _shadow("t-agreed", TRACK, exact=True),
+        _shadow("t1", TRACK, mode="canary"),  # not a shadow comparison: not read here
+        _shadow("missing", TRACK),
+    ]
+    pairs, dropped, quarantined = build_pairs(examples, originals, comparisons)
+    assert "own" not in set(pairs["record_id"])  # our own model never writes a chosen side
+    assert dropped == {
+        "correction: duplicate": 1,
+        "shadow: chosen side written by our own model (champion)": 1,
+        "shadow: equal sides": 1,
+        "shadow: the chosen call is not one of the offered tools": 1,
+        "shadow: the teacher's answer is not a curated example": 1,
+    }
+    assert sorted((q["record_id"], q["reason"]) for q in quarantined) == [
+        ("t-bad", "unparseable_side"),
+        ("t-unknown", "unknown_tool"),
+    ]
+    rows = {r["pair_id"]: r for r in pairs.to_dict("records")}
+    assert set(rows) == {"correction:c1-review", "shadow:t1"}
+    for row in rows.values():
+        assert json.loads(row["chosen_json"]) == ORDER and json.loads(row["rejected_json"]) == TRACK
+    summary = pair_summary(pairs, dropped, quarantined)
+    assert summary["by_source"] == {"correction": {"train": 1}, "shadow": {"train": 1}} and summary["pairs"] == 2
+
+
+def test_a_correction_whose_original_is_gone_is_dropped_and_said() -> None:
+    pairs, dropped, _ = build_pairs(pd.DataFrame([_example("x-review", ORDER, "human")]), {}, [])
+    assert pairs.empty and dropped == {"correction: original answer not in the clean logs": 1}
+
+
+def test_too_few_pairs_skip_dpo_with_one_line_saying_how_many() -> None:
+    assert too_few(3, DpoConfig(min_pairs=16)) == (
+        "dpo: skipped: 3 training pair(s), it needs at least 16 (--min-pairs)"
+    )
+    assert too_few(16, DpoConfig(min_pairs=16)) is None
+
+
+@pytest.mark.slow
+def test_dpo_moves_the_sft_adapter_towards_the_chosen_call_and_stock_peft_loads_it(tmp_path: Path) -> None:
+    """DPO from an SFT adapter on the tiny model: the chosen call's log-probability rises against the rejected
+    one's, relative to the SFT model. Mutation tried: the SFT adapter loaded frozen (is_trainable=False): no
+    parameter trains and the margin does not move: it fails."""
+    from peft import LoraConfig, PeftModel, get_peft_model
+
+    from pipelines.base_models import load_base
+    from pipelines.config import load_settings
+    from pipelines.toolcall.decode import target_logprobs
+
+    settings = load_settings(root=str(tmp_path / "fw"))
+
+    def base() -> Any:
+        return load_base("tiny-llama", settings)
+
+    model, tokenizer = base()
+    lora = LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
+    sft = tmp_path / "sft"
+    get_peft_model(model, lora).save_pretrained(str(sft))
+    pairs = pd.DataFrame(
+        [
+            {
+                **_example(f"r{i}", ORDER, "teacher"),
+                "chosen_json": json.dumps(ORDER),
+                "rejected_json": json.dumps(TRACK),
+            }
+            for i in range(8)
+        ]
+    )
+    rows = preference_rows(pairs, "full")
+    turns, chosen, rejected = rows[0]
+
+    def margin(adapter: Path) -> float:
+        m, t = base()
+        m = PeftModel.from_pretrained(m, str(adapter)).merge_and_unload().eval()
+        good, bad = target_logprobs(m, t, [turns, turns], [chosen, rejected])
+        return good - bad
+
+    cfg = DpoConfig(max_steps=12, batch_size=4, learning_rate=5e-3, min_pairs=1, beta=0.5)
+    result = train_dpo(rows, cfg, sft, tmp_path / "dpo", base)
+    assert result.steps == 12 and result.pairs == 8 and len(result.losses) == 12 and result.tokens > 0
+    assert (Path(result.adapter_dir) / "adapter_config.json").is_file()
+    assert margin(Path(result.adapter_dir)) > margin(sft) + 0.5
+    assert result.losses[-1] < result.losses[0]
