@@ -9,17 +9,21 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from pipelines.tune.dpo import DpoConfig, preference_rows, too_few, train_dpo
+from pipelines.tune.dpo import DpoConfig, fitting, preference_rows, too_few, train_dpo
 from pipelines.tune.pairs import build_pairs, pair_summary
 
 TOOLS = json.dumps([{"name": n, "description": "", "parameters": {"type": "object"}} for n in ("get_order", "track")])
 
 
-def _example(record_id: str, target: dict[str, Any], label_source: str, request: str = "where is #W1?") -> dict:
+def _example(
+    record_id: str, target: dict[str, Any], label_source: str, request: str = "where is #W1?", split: str = "train"
+) -> dict:
     return {
         "record_id": record_id,
         "session_id": f"s-{record_id}",
-        "split": "train",
+        "split": split,
+        "event_timestamp": pd.Timestamp("2026-11-20T10:00:00Z"),
+        "context": None,
         "system_prompt": "You are the agent.",
         "messages_json": json.dumps([{"role": "user", "content": request}]),
         "tools_json": TOOLS,
@@ -38,12 +42,17 @@ def _shadow(record_id: str, answer: Any, exact: bool = False, mode: str = "shado
 
 def test_pairs_keep_the_label_policy_and_count_what_they_drop() -> None:
     """Mutations tried: the own-model rule removed (a `champion` chosen side trains): the first assertion fails;
-    equal sides kept, the offered-tools check on the chosen side removed, the dedupe removed: each fails."""
+    `OUR_MODEL` without `verified`, equal sides kept, the offered-tools check on the chosen side removed, the
+    dedupe removed, a shadow answer with no call kept: each fails."""
     examples = pd.DataFrame(
         [
             _example("c1-review", ORDER, "human"),  # a person corrected c1's track into get_order
             _example("t1", ORDER, "teacher", "order #W1?"),  # the teacher's answer the candidate disagreed with
             _example("own", ORDER, "champion", "mine"),  # a champion answer rated up: not a chosen side
+            _example("ver", ORDER, "verified", "episode"),  # a successful episode of ours: not a chosen side either
+            _example("t-val", ORDER, "teacher", "held out", split="val"),  # its session is in the val split
+            _example("t-none", ORDER, "teacher", "no call"),
+            _example("t-unparsed", ORDER, "teacher", "unparsed"),
             _example("t-same", ORDER, "teacher", "same"),  # the candidate said the same: no preference
             _example("t-off", {"name": "cancel", "arguments": {}}, "teacher", "off"),  # not an offered tool
             _example("t-bad", ORDER, "teacher", "bad"),
@@ -59,6 +68,10 @@ def test_pairs_keep_the_label_policy_and_count_what_they_drop() -> None:
     comparisons = [
         _shadow("t1", TRACK),
         _shadow("own", TRACK),
+        _shadow("ver", TRACK),
+        _shadow("t-val", TRACK),
+        _shadow("t-none", {"name": None}),  # an abstention or a text answer: the record cannot tell them apart
+        _shadow("t-unparsed", {"name": "track", "arguments": {"<unparsed>": "{order"}}),
         _shadow("t-same", ORDER),
         _shadow("t-off", TRACK),
         _shadow("t-bad", "{not json"),
@@ -68,10 +81,12 @@ def test_pairs_keep_the_label_policy_and_count_what_they_drop() -> None:
         _shadow("missing", TRACK),
     ]
     pairs, dropped, quarantined = build_pairs(examples, originals, comparisons)
-    assert "own" not in set(pairs["record_id"])  # our own model never writes a chosen side
+    assert not {"own", "ver"} & set(pairs["record_id"])  # our own model never writes a chosen side
     assert dropped == {
         "correction: duplicate": 1,
         "shadow: chosen side written by our own model (champion)": 1,
+        "shadow: chosen side written by our own model (verified)": 1,
+        "shadow: the candidate made no call (an abstention or text, not told apart)": 1,
         "shadow: equal sides": 1,
         "shadow: the chosen call is not one of the offered tools": 1,
         "shadow: the teacher's answer is not a curated example": 1,
@@ -79,13 +94,16 @@ def test_pairs_keep_the_label_policy_and_count_what_they_drop() -> None:
     assert sorted((q["record_id"], q["reason"]) for q in quarantined) == [
         ("t-bad", "unparseable_side"),
         ("t-unknown", "unknown_tool"),
+        ("t-unparsed", "unparseable_side"),
     ]
     rows = {r["pair_id"]: r for r in pairs.to_dict("records")}
-    assert set(rows) == {"correction:c1-review", "shadow:t1"}
+    assert set(rows) == {"correction:c1-review", "shadow:t1", "shadow:t-val"}
+    assert rows["shadow:t-val"]["split"] == "val"  # a pair's split is its session's
     for row in rows.values():
         assert json.loads(row["chosen_json"]) == ORDER and json.loads(row["rejected_json"]) == TRACK
     summary = pair_summary(pairs, dropped, quarantined)
-    assert summary["by_source"] == {"correction": {"train": 1}, "shadow": {"train": 1}} and summary["pairs"] == 2
+    assert summary["by_source"] == {"correction": {"train": 1}, "shadow": {"train": 1, "val": 1}}
+    assert summary["pairs"] == 3
 
 
 def test_a_correction_whose_original_is_gone_is_dropped_and_said() -> None:
@@ -130,8 +148,10 @@ def test_dpo_moves_the_sft_adapter_towards_the_chosen_call_and_stock_peft_loads_
             for i in range(8)
         ]
     )
-    rows = preference_rows(pairs, "full")
+    rows = preference_rows(pairs, "short")  # the tuned versions' default style
     turns, chosen, rejected = rows[0]
+    _, tokenizer = base()
+    assert fitting(rows, tokenizer, DpoConfig(max_length=40))[1] == 8  # too long for 40 tokens: left out, counted
 
     def margin(adapter: Path) -> float:
         m, t = base()
@@ -142,6 +162,7 @@ def test_dpo_moves_the_sft_adapter_towards_the_chosen_call_and_stock_peft_loads_
     cfg = DpoConfig(max_steps=12, batch_size=4, learning_rate=5e-3, min_pairs=1, beta=0.5)
     result = train_dpo(rows, cfg, sft, tmp_path / "dpo", base)
     assert result.steps == 12 and result.pairs == 8 and len(result.losses) == 12 and result.tokens > 0
+    assert result.too_long == 0
     assert (Path(result.adapter_dir) / "adapter_config.json").is_file()
     assert margin(Path(result.adapter_dir)) > margin(sft) + 0.5
     assert result.losses[-1] < result.losses[0]

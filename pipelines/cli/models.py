@@ -235,13 +235,18 @@ def _adapters_to_evaluate(settings: Any, folders: list[str], versions: list[str]
     from pipelines.evaluate.pipeline import Adapter
     from pipelines.registry.models import adapter_path, alias_version, answer_budget, prompt_style
     from pipelines.toolcall.budget import FALLBACK
+    from pipelines.toolcall.examples import PROMPT_STYLE_FILE
 
     adapters, budgets = [], []
     for item in folders:
         label, _, path = item.rpartition("=")
         if not Path(path, "adapter_config.json").is_file():
             raise UserError(f"--adapter: no adapter_config.json in {path}")
-        adapters.append(Adapter(label or f"tuned_{Path(path).parent.name}", path))
+        style = Path(path, PROMPT_STYLE_FILE)  # written beside an adapter that knows its style (flywheel tune dpo)
+        written = style.read_text().strip() if style.is_file() else "short"
+        if written not in ("full", "short", "names"):
+            raise UserError(f"--adapter: {style} names no prompt style: {written!r}")
+        adapters.append(Adapter(label or f"tuned_{Path(path).parent.name}", path, cast("Any", written)))
     for ref in versions:
         number = ref if ref.isdigit() else alias_version(settings, ref)
         if number is None:

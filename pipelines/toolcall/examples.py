@@ -19,7 +19,9 @@ from pipelines.toolcall.prompt import PromptStyle, chat_turns, system_for
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["Example", "PromptStyle", "to_examples", "training_pairs"]
+__all__ = ["PROMPT_STYLE_FILE", "Example", "PromptStyle", "to_examples", "training_pairs"]
+
+PROMPT_STYLE_FILE = "flywheel_prompt_style"  # in an adapter folder: the prompt style it was trained with
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,11 @@
 """DPO on top of an SFT adapter (issue 51, item 1), with TRL's `DPOTrainer`.
 
-The SFT adapter is trained further (the same LoRA, so the result serves, registers and is gated like any
-version), and the reference is that SFT model frozen: the base with the SFT adapter merged in, loaded once and
-never updated. A pair's prompt is the SFT prompt exactly (`toolcall.prompt.chat_turns` in the adapter's prompt
-style, rendered by the tokenizer's chat template), and its chosen and rejected sides are call texts as the model
-is trained to write them (`toolcall.calls.call_text`), each ended by TRL with the end-of-turn token.
+The SFT adapter is trained further (the same LoRA: rank and target modules, so the result loads, serves and
+evaluates like any adapter), and the reference is that SFT model frozen: the base with the SFT adapter merged
+in, loaded once and never updated. A pair's prompt is the SFT prompt exactly (`toolcall.prompt.chat_turns` in
+the adapter's prompt style, rendered by the tokenizer's chat template), and its chosen and rejected sides are
+call texts as the model is trained to write them (`toolcall.calls.call_text`), each ended by TRL with the
+end-of-turn token. A pair longer than `max_length` is left out and counted (TRL would cut its answers).
 """
 
 from __future__ import annotations
@@ -34,7 +35,9 @@ class DpoConfig(BaseModel):
     learning_rate: float = Field(default=5e-5, gt=0, le=1)
     max_steps: int = Field(default=40, ge=1)
     batch_size: int = Field(default=4, ge=1)
-    max_length: int = Field(default=1024, ge=32, description="prompt and answer tokens; a longer prompt keeps its end")
+    max_length: int = Field(
+        default=2048, ge=32, description="prompt and answer tokens; a longer pair is left out and counted"
+    )
     min_pairs: int = Field(default=16, ge=1, description="fewer training pairs than this: DPO is skipped, saying so")
     seed: int = 0
 
@@ -48,6 +51,7 @@ class DpoResult:
     tokens: int
     losses: list[float] = field(default_factory=list)
     reward_margins: list[float] = field(default_factory=list)
+    too_long: int = 0  # pairs longer than max_length, left out (TRL would cut their answers or drop them)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -67,6 +71,31 @@ def too_few(pairs: int, cfg: DpoConfig) -> str | None:
     if pairs >= cfg.min_pairs:
         return None
     return f"dpo: skipped: {pairs} training pair(s), it needs at least {cfg.min_pairs} (--min-pairs)"
+
+
+def fitting(
+    rows: list[tuple[list[dict[str, str]], str, str]], tokenizer: Any, cfg: DpoConfig
+) -> tuple[list[dict[str, str]], int]:
+    """The pairs as TRL's prompt / chosen / rejected texts, those whose prompt and longer side fit `max_length`
+    (TRL would cut a longer one's answers or drop it), and how many did not fit. The prompt is SFT's text; TRL
+    tokenizes it with special tokens, so a beginning-of-text token the chat template already wrote is left to
+    TRL to add once, as SFT has it once."""
+    bos = tokenizer.bos_token or ""
+    adds_bos = bool(bos) and tokenizer("x").input_ids[:1] == [tokenizer.bos_token_id]
+    out, too_long = [], 0
+    for turns, chosen, rejected in rows:
+        prompt = tokenizer.apply_chat_template(turns, tokenize=False, add_generation_prompt=True)
+        if adds_bos and prompt.startswith(bos):
+            prompt = prompt[len(bos) :]
+        size = len(tokenizer(prompt).input_ids) + max(
+            len(tokenizer(side + (tokenizer.eos_token or ""), add_special_tokens=False).input_ids)
+            for side in (chosen, rejected)
+        )
+        if size > cfg.max_length:
+            too_long += 1
+            continue
+        out.append({"prompt": prompt, "chosen": chosen, "rejected": rejected})  # TRL ends each with end-of-turn
+    return out, too_long
 
 
 def train_dpo(
@@ -92,11 +121,12 @@ def train_dpo(
                 progress(f"dpo: step {state.global_step}/{state.max_steps} loss {float(logs['loss']):.4f}"
                          + (f" reward margin {float(margin):.4f}" if margin is not None else ""))  # fmt: skip
 
-    if not rows:
-        raise DataProblem("dpo: no preference pairs to train on")
     started = time.perf_counter()
     torch.manual_seed(cfg.seed)
     base, tokenizer = load_base()
+    texts, too_long = fitting(rows, tokenizer, cfg)
+    if not texts:
+        raise DataProblem(f"dpo: no preference pair fits max_length {cfg.max_length} ({too_long} longer)")
     policy = PeftModel.from_pretrained(base, str(sft_adapter), is_trainable=True)
     reference_base, _ = load_base()
     reference = PeftModel.from_pretrained(reference_base, str(sft_adapter)).merge_and_unload().eval()
@@ -104,16 +134,7 @@ def train_dpo(
         p.requires_grad_(False)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
-    data = Dataset.from_list(
-        [
-            {
-                "prompt": tokenizer.apply_chat_template(turns, tokenize=False, add_generation_prompt=True),
-                "chosen": chosen,  # TRL ends each side with the end-of-turn token, as SFT's targets end
-                "rejected": rejected,
-            }
-            for turns, chosen, rejected in rows
-        ]
-    )
+    data = Dataset.from_list(texts)
     args = DPOConfig(
         output_dir=str(out_dir / "trl"),
         beta=cfg.beta,
@@ -139,7 +160,8 @@ def train_dpo(
     tokenizer.save_pretrained(final)
     return DpoResult(
         adapter_dir=str(final),
-        pairs=len(rows),
+        pairs=len(texts),
+        too_long=too_long,
         steps=int(trainer.state.global_step),
         seconds=round(time.perf_counter() - started, 2),
         tokens=int(float(next((e["num_tokens"] for e in reversed(logged) if "num_tokens" in e), 0))),

@@ -9,7 +9,8 @@ any prompt style as the example's does):
   from SFT as rated down).
 - `shadow`: a shadow comparison where the candidate disagreed with the teacher (`<serving>/gateway/agreement/`,
   mode `shadow`, not exact). Chosen: the teacher's call (the `teacher` example prep curated from the capture);
-  rejected: the candidate's answer as the comparison recorded it (redacted, like the example).
+  rejected: the candidate's call as the comparison recorded it (redacted, like the example). A candidate answer
+  with no call is left out: the record does not tell an abstention from a text answer.
 
 The label policy holds: a chosen side our own model wrote (label source `champion` or `verified`) never trains,
 and a pair whose sides are equal or whose chosen call names a tool the prompt did not offer is dropped, each
@@ -105,7 +106,13 @@ def build_pairs(
         if row is None:
             dropped["shadow: the teacher's answer is not a curated example"] += 1
             continue
-        candidates.append(("shadow", row, comparison.get("answer")))
+        answer = comparison.get("answer")
+        if isinstance(answer, dict) and answer.get("name") is None:  # the record cannot tell an abstention from
+            dropped["shadow: the candidate made no call (an abstention or text, not told apart)"] += 1  # a text
+            continue
+        if isinstance(answer, dict) and "<unparsed>" in (answer.get("arguments") or {}):
+            answer = "unparsed"  # the gateway kept arguments it could not parse as they were: quarantined below
+        candidates.append(("shadow", row, answer))
     pairs, seen = [], set()
     for source, row, rejected_side in candidates:
         offered = _offered(row["tools_json"])
