@@ -156,6 +156,11 @@ def build(project: str, training_runs: int):
         def train(p: dict, win: dict) -> dict:
             return run_task("train", project, {**p, "window": win})  # the training set of this run's window
 
+        # the project's tuning after SFT (off: the sweep's adapter goes on); a retry returns the finished run
+        @task(retries=2, execution_timeout=TRAIN_TIMEOUT)
+        def tune(trained: dict) -> dict:
+            return run_task("tune", project, trained)
+
         @task
         def evaluate(trained: dict) -> dict:
             return run_task("evaluate", project, trained)
@@ -191,8 +196,9 @@ def build(project: str, training_runs: int):
         pods = KubernetesPodOperator.partial(task_id="train_variant", **TRAIN_POD_ARGS).expand(
             pod_template_dict=train_pods(go, p, win)
         )
-        trained = train(p, win)
-        pods >> trained
+        swept = train(p, win)
+        pods >> swept
+        trained = tune(swept)
         evaluated = evaluate(trained)
         promoted = promote(register(trained, evaluated), evaluated, p)
         benchmark(smoke_test(deploy(should_deploy(promoted, p), promoted)))

@@ -81,6 +81,14 @@ def _evaluated(result: dict[str, Any]) -> str:
     )
 
 
+def _tuned(tune: dict[str, Any]) -> str:
+    if tune.get("method") in (None, "off"):
+        return "tuning off: the SFT adapter goes on"
+    if tune.get("skipped"):
+        return str(tune["skipped"])
+    return f"{tune['method']}: {tune.get('steps')} steps on {tune.get('prompts') or tune.get('pairs')} examples"
+
+
 SUMMARIES: dict[str, Any] = {  # each task's key figure, one line (what `make demo` prints as the task ends)
     "ingest": lambda r: (
         f"{r.get('records', len(r.get('files') or []))} "
@@ -96,6 +104,7 @@ SUMMARIES: dict[str, Any] = {  # each task's key figure, one line (what `make de
         f"best variant: validation exact match {_fmt((r.get('metrics') or {}).get('val_exact_match'))}, "
         f"final training loss {_fmt((r.get('metrics') or {}).get('final_loss'), '.4f')}"
     ),
+    "tune": lambda r: _tuned(r.get("tune") or {}),
     "evaluate": _evaluated,
     "register": lambda r: f"registered as version {r.get('version')}",
     "promote": lambda r: f"{'promoted' if r.get('promoted') else 'not promoted'}: {r.get('reason', '')}",

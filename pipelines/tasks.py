@@ -225,6 +225,20 @@ def train(settings: Settings, params: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def tune(settings: Settings, trained: dict[str, Any]) -> dict[str, Any]:
+    """The tune stage after the sweep: the project's method (`flywheel project tune`, else `tune.method`) trains
+    the sweep's best adapter further; off or skipped, the SFT adapter goes on."""
+    import sys
+
+    from pipelines.projects.registry import tune_method
+    from pipelines.tune.stage import tune_stage
+
+    def say(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
+    return tune_stage(settings, trained, tune_method(settings), progress=say)
+
+
 def evaluate(settings: Settings, trained: dict[str, Any]) -> dict[str, Any]:
     """Base zero-shot, base few-shot, the sweep's best adapter and the current champion, side by side."""
     from pipelines.evaluate.pipeline import Adapter, EvalConfig
@@ -235,6 +249,8 @@ def evaluate(settings: Settings, trained: dict[str, Any]) -> dict[str, Any]:
 
     sweep = read_json(trained["sweep_uri"])
     adapters = [Adapter("tuned_candidate", trained["adapter_dir"], sweep["prompt_style"])]
+    if trained.get("sft_adapter_dir"):  # a tune method trained the candidate: the SFT adapter it started from too
+        adapters.append(Adapter("tuned_sft", trained["sft_adapter_dir"], sweep["prompt_style"]))
     budgets = [sweep.get("answer_budget")]
     champion = alias_version(settings, CHAMPION)
     if champion is not None:
@@ -266,6 +282,7 @@ def evaluate(settings: Settings, trained: dict[str, Any]) -> dict[str, Any]:
     while rounds[-1]["decision"] == "undecided" and n < ceiling and report.examples >= n:
         n = min(2 * n, ceiling)
         only = ["tuned_candidate", "tuned_champion" if champion is not None else "base_few_shot"]
+        only += ["tuned_sft"] if trained.get("sft_adapter_dir") else []  # what the tune method added, kept in view
         served = "on" if settings.triton.constrained else "off"
         report = run_eval(
             settings,
@@ -282,7 +299,8 @@ def evaluate(settings: Settings, trained: dict[str, Any]) -> dict[str, Any]:
     from pipelines.evaluate.episode_run import gate_episodes  # the episode rule, where episodes.tasks is set
     from pipelines.registry.episode_gate import episode_veto
 
-    ran = gate_episodes(settings, adapters, sweep["base_model"], max_new_tokens, sweep["sweep_id"])
+    gated = [a for a in adapters if a.label != "tuned_sft"]  # the rule compares the candidate and its references
+    ran = gate_episodes(settings, gated, sweep["base_model"], max_new_tokens, sweep["sweep_id"])
     episodes = ran and {"json_uri": ran["json_uri"], "html_uri": ran["html_uri"], "veto": episode_veto(ran, settings)}
     return {
         "episodes": episodes,
@@ -335,7 +353,7 @@ def register(settings: Settings, trained: dict[str, Any], evaluated: dict[str, A
     from pipelines.registry.models import register as register_version
     from pipelines.storage import read_json
 
-    return register_version(settings, read_json(trained["sweep_uri"]), evaluated)
+    return register_version(settings, read_json(trained["sweep_uri"]), evaluated, trained.get("tune"))
 
 
 def promote(

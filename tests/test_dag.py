@@ -178,6 +178,12 @@ def test_dag_trains_evaluates_registers_promotes_deploys_and_benchmarks_and_a_re
                 "FLYWHEEL_PROMOTION__BASELINE": "none",
                 # plumbing: an untrained model's random writes are no verdict either
                 "FLYWHEEL_PROMOTION__MAX_EXTRA_WRONG_WRITES": "1000",
+                # the tune stage with GRPO on: one step of two sampled answers for one of four prompts
+                "FLYWHEEL_TUNE__METHOD": "grpo",
+                "FLYWHEEL_TUNE__GRPO__MAX_STEPS": "1",
+                "FLYWHEEL_TUNE__GRPO__GROUP_SIZE": "2",
+                "FLYWHEEL_TUNE__GRPO__PROMPTS_PER_STEP": "1",
+                "FLYWHEEL_TUNE__GRPO__MAX_PROMPTS": "4",
             },
             records_per_day=1200,
             train=True,
@@ -190,6 +196,25 @@ def test_dag_trains_evaluates_registers_promotes_deploys_and_benchmarks_and_a_re
 
         found = mlflow_client(settings).search_model_versions(f"name='{settings.mlflow.registered_model}'")
         assert sorted(str(v.version) for v in found) == ["1"]  # the sweep's best, registered once
+        # tuned by GRPO in a child run of the sweep's, registered with what it trained on and its cost
+        tags = found[0].tags
+        assert tags["flywheel.tune_method"] == "grpo" and tags["flywheel.tune_examples"] == "4"
+        assert found[0].run_id == tags["flywheel.tune_run_id"]
+        tune_run = mlflow_client(settings).get_run(tags["flywheel.tune_run_id"])
+        assert tune_run.data.tags["mlflow.parentRunId"] == tags["flywheel.sweep_run_id"]
+        assert tune_run.data.tags["flywheel.kind"] == "tune" and tune_run.data.metrics["tune_tokens"] > 0
+        assert "## Tuning after SFT" in found[0].description and "method: grpo" in found[0].description
+        from pipelines.registry.models import adapter_path
+
+        tuned = tmp_path / "runs" / "tune" / f"{tags['flywheel.sweep_id']}-grpo" / "adapter"
+        registered = Path(adapter_path(settings, "1")) / "adapter_model.safetensors"
+        assert registered.read_bytes() == (tuned / "adapter_model.safetensors").read_bytes()  # the tuned adapter
+        from datetime import date
+
+        from pipelines.projects.showback import by_method, training
+
+        spent = by_method(training(settings, date.today()))  # showback: the cost per method
+        assert spent["grpo"]["runs"] == 1 and spent["grpo"]["tokens"] > 0 and spent["sft"]["runs"] >= 1
         manifest = json.loads((tmp_path / "curated" / "manifest.json").read_text())
         assert manifest["counts"]["input"] == 1200 + len(captured) + imported  # captured and imported turns too
         partly = {"list_products_by_tags": "partly (checked after decoding: uniqueItems)"}
@@ -216,7 +241,11 @@ def test_dag_trains_evaluates_registers_promotes_deploys_and_benchmarks_and_a_re
             "base_zero_shot_constrained",
             "base_few_shot_constrained",
             "tuned_candidate_constrained",
+            "tuned_sft_constrained",  # the SFT adapter GRPO started from, beside it
         ]
+        compared = json.loads(evaluated.read_text())["comparisons"]
+        assert any(c["condition"] == "tuned_candidate_constrained" and c["reference"] == "tuned_sft_constrained"
+                   for c in compared)  # fmt: skip
         assert (evaluated.parent / "report.html").is_file()
         live = deploy.live_model(settings)
         assert live is not None and live.version == "1" and server.status(settings).healthy

@@ -404,6 +404,27 @@ def test_the_loop_trains_on_the_teacher_and_on_people_never_on_the_champion_alon
     # DPO on the champion's adapter from these pairs: too few for the floor is one line; with a floor of one,
     # an adapter stock peft can load, and `flywheel eval --adapter` reads the prompt style it was trained with
     env = {"FLYWHEEL_ROOT": str(settings.root)}
+    # GRPO on the champion's adapter: one step, groups of two, sampled as served; then the NeMo RL export
+    grpo = run_flywheel(
+        "tune", "grpo", "--steps", "1", "--group-size", "2", "--max-prompts", "4", "--max-new-tokens", "24", "--json",
+        env=env,
+    )  # fmt: skip
+    assert grpo.returncode == 0, grpo.stderr[-2000:]
+    rewarded = json.loads(grpo.stdout)
+    assert rewarded["steps"] == 1 and rewarded["prompts"] + rewarded["too_long"] == 4 and rewarded["constrained"]
+    assert "grpo: step 1/1" in grpo.stderr and (Path(rewarded["adapter_dir"]) / "flywheel_prompt_style").is_file()
+    exported = run_flywheel(
+        "tune", "export", "--method", "grpo", "--gpus", "2", "--max-prompts", "4", "--json", env=env
+    )
+    assert exported.returncode == 0, exported.stderr[-2000:]
+    plan = json.loads(exported.stdout)
+    lines = (Path(plan["folder"]) / "grpo_prompts.jsonl").read_text().splitlines()
+    assert len(lines) == plan["records"] == 4 and json.loads(lines[0])["task_name"] == "flywheel_toolcall"
+    assert {"environment.json", "grpo_config.yaml", "plan.json", "pod.yaml"} <= {
+        p.name for p in Path(plan["folder"]).iterdir()
+    }
+    refused = run_flywheel("tune", "export", "--method", "kto", env=env)
+    assert refused.returncode != 0 and "error: --method: expected dpo or grpo" in refused.stderr
     few = run_flywheel("tune", "dpo", "--min-pairs", "1000", env=env)
     assert few.returncode == 0 and "dpo: skipped:" in few.stderr + few.stdout and "at least 1000" in few.stderr
     tuned = run_flywheel("tune", "dpo", "--min-pairs", "1", "--steps", "2", "--json", env=env)

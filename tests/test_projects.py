@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 from pipelines.config import load_settings
 
@@ -57,6 +58,13 @@ def test_a_project_has_its_own_zones_and_names_and_shares_the_servers(tmp_path: 
 
 
 def test_project_commands_and_every_boundary_are_one_error_line(flywheel_root: Path, capsys) -> None:
+    """Mutation tried: `tune_method` returning `tune.method` always (the project's choice ignored): fails."""
+    from pipelines.config import TuneSettings
+    from pipelines.projects import settings_for
+
+    def settings_of(name: str) -> Any:
+        return settings_for(load_settings(), name)
+
     code, out, err = _flywheel(capsys, "project", "create", "search", "--owner", "alice", "--rpm", "5", "--json")
     assert code == 0, err
     created = json.loads(out)
@@ -87,6 +95,18 @@ def test_project_commands_and_every_boundary_are_one_error_line(flywheel_root: P
     _one_error(*_flywheel(capsys, "project", "key", "create", "default")[::2], "the gateway's own")
     assert _flywheel(capsys, "project", "key", "revoke", "search", shown["id"])[0] == 0
     assert registry.key_index(load_settings()) == {}
+
+    # a project's tune method wins over the platform's tune.method; `platform` hands the choice back
+    assert registry.tune_method(settings_of("search")) == "off"
+    code, out, err = _flywheel(capsys, "project", "tune", "search", "--method", "grpo", "--json")
+    assert code == 0 and json.loads(out) == {"project": "search", "tune_method": "grpo"}, err
+    assert (
+        registry.tune_method(settings_of("search")) == "grpo" and registry.tune_method(settings_of("disputes")) == "off"
+    )
+    _one_error(*_flywheel(capsys, "project", "tune", "search", "--method", "kto")[::2], "--method: expected one of")
+    _one_error(*_flywheel(capsys, "project", "tune", "nope", "--method", "dpo")[::2], "unknown project")
+    assert _flywheel(capsys, "project", "tune", "search", "--method", "platform")[0] == 0
+    assert registry.tune_method(settings_of("search").model_copy(update={"tune": TuneSettings(method="dpo")})) == "dpo"
 
     # the project's own commands see its zones: a run names its DAG, a show names its champion
     code, out, _ = _flywheel(capsys, "--project", "search", "config", "show", "--json")

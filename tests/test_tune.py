@@ -118,26 +118,34 @@ def test_too_few_pairs_skip_dpo_with_one_line_saying_how_many() -> None:
     assert too_few(16, DpoConfig(min_pairs=16)) is None
 
 
-@pytest.mark.slow
-def test_dpo_moves_the_sft_adapter_towards_the_chosen_call_and_stock_peft_loads_it(tmp_path: Path) -> None:
-    """DPO from an SFT adapter on the tiny model: the chosen call's log-probability rises against the rejected
-    one's, relative to the SFT model. Mutation tried: the SFT adapter loaded frozen (is_trainable=False): no
-    parameter trains and the margin does not move: it fails."""
-    from peft import LoraConfig, PeftModel, get_peft_model
+def tiny_sft(tmp_path: Path) -> tuple[Any, Path]:
+    """The tiny model's loader and a fresh (zero) LoRA adapter on it in `tmp_path/sft`: an SFT adapter to tune."""
+    from peft import LoraConfig, get_peft_model
 
     from pipelines.base_models import load_base
     from pipelines.config import load_settings
-    from pipelines.toolcall.decode import target_logprobs
 
     settings = load_settings(root=str(tmp_path / "fw"))
 
     def base() -> Any:
         return load_base("tiny-llama", settings)
 
-    model, tokenizer = base()
+    model, _ = base()
     lora = LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
-    sft = tmp_path / "sft"
-    get_peft_model(model, lora).save_pretrained(str(sft))
+    get_peft_model(model, lora).save_pretrained(str(tmp_path / "sft"))
+    return base, tmp_path / "sft"
+
+
+@pytest.mark.slow
+def test_dpo_moves_the_sft_adapter_towards_the_chosen_call_and_stock_peft_loads_it(tmp_path: Path) -> None:
+    """DPO from an SFT adapter on the tiny model: the chosen call's log-probability rises against the rejected
+    one's, relative to the SFT model. Mutation tried: the SFT adapter loaded frozen (is_trainable=False): no
+    parameter trains and the margin does not move: it fails."""
+    from peft import PeftModel
+
+    from pipelines.toolcall.decode import target_logprobs
+
+    base, sft = tiny_sft(tmp_path)
     pairs = pd.DataFrame(
         [
             {

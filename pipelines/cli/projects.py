@@ -253,6 +253,30 @@ def quota_cmd(
     emit({"project": name, "quotas": project.quotas.model_dump()}, as_json, f"project {name} quotas")
 
 
+@project_app.command("tune")
+def tune_cmd(
+    name: NameArg,
+    method: Annotated[
+        str,
+        typer.Option(
+            "--method", help="off, dpo or grpo: the tune stage after this project's SFT sweeps; platform: tune.method"
+        ),
+    ],
+    as_json: JsonOpt = False,
+) -> None:
+    """Choose a project's tuning after SFT (the DAG's tune task); `--method platform` follows `tune.method`."""
+    from pipelines.config.tune import TUNE_METHODS
+    from pipelines.projects import registry
+
+    if method not in (*TUNE_METHODS, "platform"):
+        raise UserError(f"--method: expected one of {', '.join((*TUNE_METHODS, 'platform'))}, got {method!r}")
+    try:
+        project = registry.set_tune_method(_platform(), name, None if method == "platform" else method)  # type: ignore[arg-type]
+    except _errors() as exc:
+        raise UserError(str(exc)) from None
+    emit({"project": name, "tune_method": project.tune_method or "platform"}, as_json, f"project {name} tuning")
+
+
 @project_app.command("usage")
 def usage_cmd(
     name: NameArg,

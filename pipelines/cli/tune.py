@@ -12,8 +12,50 @@ from pipelines.cli.common import JsonOpt, UserError, cli_settings, console
 from pipelines.cli.common import emit as _emit
 
 tune_app = typer.Typer(
-    help="Tuning after SFT: DPO from the preference pairs (`flywheel labels pairs`).", no_args_is_help=True
+    help="Tuning after SFT: DPO from the preference pairs (`flywheel labels pairs`), GRPO with the scorer's reward.",
+    no_args_is_help=True,
 )
+
+
+def _version(settings: Any, version: str, method: str) -> tuple[str, str]:
+    """The version number and its base model, or one error line."""
+    from pipelines.clients.mlflow import client as mlflow_client
+    from pipelines.registry.models import alias_version
+
+    number = version if version.isdigit() else alias_version(settings, version)
+    if number is None:
+        raise UserError(f"--version: no version or alias {version!r} in {settings.mlflow.registered_model}")
+    import mlflow
+
+    try:
+        tags = mlflow_client(settings).get_model_version(settings.mlflow.registered_model, number).tags
+    except mlflow.exceptions.MlflowException:
+        raise UserError(f"--version: no version {number} in {settings.mlflow.registered_model}") from None
+    base_model = tags.get("flywheel.base_model")
+    if not base_model:
+        raise UserError(
+            f"--version: v{number} records no base model (tag flywheel.base_model): {method} cannot load it"
+        )
+    return number, base_model
+
+
+def _config(cls: Any, defaults: Any, overrides: dict[str, Any]) -> Any:
+    """The method's settings (`tune.<method>`) with the options given, or one error line naming the option."""
+    from pydantic import ValidationError
+
+    try:
+        return cls(**{**defaults.model_dump(), **{k: v for k, v in overrides.items() if v is not None}})
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise UserError(f"--{str(first['loc'][0]).replace('_', '-')}: {first['msg']}") from None
+
+
+def _local_runs(settings: Any, out: Path | None, method: str, number: str) -> Path:
+    from pipelines.storage import is_local
+
+    if out is None and not is_local(settings.zone("runs")):
+        raise UserError(f"--out: the runs zone is not on this machine; name a local folder for the {method} run")
+    return out or Path(settings.zone("runs").removeprefix("file://")) / "tune" / f"{method}-v{number}"
 
 
 @tune_app.command("dpo")
@@ -30,32 +72,18 @@ def tune_dpo(
 ) -> None:
     """DPO on top of a registered version's SFT adapter, that adapter frozen as the reference, on the training
     split of the preference pairs; the result tells the `flywheel eval` command that compares it with that version."""
-    from pydantic import ValidationError
-
     from pipelines.base_models import load_base
-    from pipelines.clients.mlflow import client as mlflow_client
-    from pipelines.registry.models import adapter_path, alias_version, prompt_style
-    from pipelines.storage import is_local, write_bytes, write_json
+    from pipelines.registry.models import adapter_path, prompt_style
+    from pipelines.storage import write_bytes, write_json
     from pipelines.toolcall.examples import PROMPT_STYLE_FILE
     from pipelines.tune.dpo import DpoConfig, preference_rows, too_few, train_dpo
     from pipelines.tune.pairs import collect_pairs, pair_summary
 
     settings = cli_settings()
-    number = version if version.isdigit() else alias_version(settings, version)
-    if number is None:
-        raise UserError(f"--version: no version or alias {version!r} in {settings.mlflow.registered_model}")
     overrides: dict[str, Any] = {"max_steps": steps, "beta": beta, "min_pairs": min_pairs, "max_length": max_length}
-    try:
-        cfg = DpoConfig(**{k: v for k, v in overrides.items() if v is not None})
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        raise UserError(f"--{str(first['loc'][0]).replace('_', '-')}: {first['msg']}") from None
-    if out is None and not is_local(settings.zone("runs")):
-        raise UserError("--out: the runs zone is not on this machine; name a local folder for the DPO run")
-    tags = mlflow_client(settings).get_model_version(settings.mlflow.registered_model, number).tags
-    base_model = tags.get("flywheel.base_model")
-    if not base_model:
-        raise UserError(f"--version: v{number} records no base model (tag flywheel.base_model): DPO cannot load it")
+    cfg = _config(DpoConfig, settings.tune.dpo, overrides)
+    number, base_model = _version(settings, version, "DPO")
+    folder = _local_runs(settings, out, "dpo", number)
     pairs, dropped, quarantined = collect_pairs(settings)
     train = pairs[pairs["split"] == "train"]
     summary = pair_summary(pairs, dropped, quarantined)
@@ -69,7 +97,6 @@ def tune_dpo(
         return
     style = prompt_style(settings, number)
     rows = preference_rows(train, style)
-    folder = out or Path(settings.zone("runs").removeprefix("file://")) / "tune" / f"dpo-v{number}"
     folder.mkdir(parents=True, exist_ok=True)  # what this run trained on, kept beside its adapter
     buffer = io.BytesIO()
     pairs.assign(trained=pairs["split"] == "train").to_parquet(buffer, index=False)  # every split; `trained` says
@@ -93,3 +120,86 @@ def tune_dpo(
         f"--adapter dpo={result.adapter_dir}",
     }
     _emit(report, as_json, "dpo")
+
+
+@tune_app.command("grpo")
+def tune_grpo(
+    version: Annotated[str, typer.Option(help="The registered version (number or alias) GRPO starts")] = "champion",
+    out: Annotated[Path | None, typer.Option(help="Folder for the GRPO run; default <runs>/tune/grpo-v<N>")] = None,
+    steps: Annotated[int | None, typer.Option(min=1, help="Optimizer steps (tune.grpo.max_steps)")] = None,
+    group_size: Annotated[int | None, typer.Option(min=2, help="Sampled answers per prompt")] = None,
+    kl_beta: Annotated[float | None, typer.Option(min=0, help="KL coefficient against the SFT adapter")] = None,
+    max_prompts: Annotated[int | None, typer.Option(min=1, help="Prompts drawn from the SFT train split")] = None,
+    max_new_tokens: Annotated[int | None, typer.Option(min=4, help="Answer budget; default as served")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """GRPO on top of a registered version's SFT adapter: answers sampled for the SFT training prompts under the
+    served grammar, rewarded by the evaluation's scorer (a wrong write costs more than any gain), the SFT adapter
+    the KL reference; the result tells the `flywheel eval` command that compares it with that version."""
+    from pipelines.base_models import load_base
+    from pipelines.config.tune import GrpoSettings
+    from pipelines.tune.stage import run_grpo
+
+    settings = cli_settings()
+    overrides: dict[str, Any] = {
+        "max_steps": steps, "group_size": group_size, "kl_beta": kl_beta, "max_prompts": max_prompts,
+        "max_new_tokens": max_new_tokens,
+    }  # fmt: skip
+    cfg = _config(GrpoSettings, settings.tune.grpo, overrides)
+    number, base_model = _version(settings, version, "GRPO")
+    folder = _local_runs(settings, out, "grpo", number)
+    from pipelines.registry.models import adapter_path, answer_budget, prompt_style, training_window
+
+    style = prompt_style(settings, number)
+    window = training_window(settings, number)
+    console.print(f"grpo: v{number} ({base_model}), {cfg.max_steps} steps, groups of {cfg.group_size} ...")
+    result = run_grpo(
+        settings, cfg, Path(adapter_path(settings, number)), folder, lambda: load_base(base_model, settings),
+        style=style, recorded_budget=answer_budget(settings, number), window=window,
+        progress=lambda line: console.print(line, markup=False, highlight=False),
+    )  # fmt: skip
+    report: dict[str, Any] = {
+        **result,
+        "from_version": number,
+        "base_model": base_model,
+        "evaluate_with": f"flywheel eval --base-model {base_model} --version {number} "
+        f"--adapter grpo={result['adapter_dir']}",
+    }
+    _emit(report, as_json, "grpo")
+
+
+@tune_app.command("export")
+def tune_export(
+    method: Annotated[str, typer.Option(help="dpo or grpo: the records NeMo RL trains on")],
+    version: Annotated[str, typer.Option(help="The registered version (number or alias) it starts from")] = "champion",
+    out: Annotated[
+        str | None, typer.Option(help="Folder or s3:// prefix; default <runs>/tune/export/<method>-v<N>")
+    ] = None,
+    gpus: Annotated[int, typer.Option(min=1, max=8, help="GPUs of the pod plan (one node)")] = 8,
+    max_prompts: Annotated[int | None, typer.Option(min=1, help="GRPO: prompts drawn (tune.grpo.max_prompts)")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """The tune stage's records in NVIDIA NeMo RL's formats (DPO: prompt / chosen_response / rejected_response;
+    GRPO: prompts with the scorer's reward as the environment), its config overrides and the pod that runs them
+    on the GPU pool (`pod.yaml`: `kubectl apply -f`)."""
+    import yaml
+
+    from pipelines.cluster.training import nemo_rl_pod
+    from pipelines.registry.models import answer_budget, prompt_style, training_window
+    from pipelines.storage import write_bytes
+    from pipelines.tune.nemo_rl import export
+
+    if method not in ("dpo", "grpo"):
+        raise UserError(f"--method: expected dpo or grpo, got {method!r}")
+    settings = cli_settings()
+    number, base_model = _version(settings, version, method.upper())
+    folder = out or f"{settings.zone('runs').rstrip('/')}/tune/export/{method}-v{number}"
+    sft = f"models:/{settings.mlflow.registered_model}/{number}"
+    plan = export(
+        settings, method, folder, base_model=base_model, style=prompt_style(settings, number), sft_adapter=sft,
+        recorded_budget=answer_budget(settings, number), max_prompts=max_prompts,
+        window=training_window(settings, number),
+    )  # fmt: skip
+    pod = nemo_rl_pod(settings, method=method, export_uri=folder, run_name=f"v{number}", gpus=gpus)
+    write_bytes(f"{folder.rstrip('/')}/pod.yaml", yaml.safe_dump(pod, sort_keys=False).encode())
+    _emit({**plan, "folder": folder, "pod": f"{folder.rstrip('/')}/pod.yaml"}, as_json, f"tune export ({method})")

@@ -31,6 +31,18 @@ SECRETS = "flywheel-secrets"
 GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Equal", "value": "true", "effect": "NoSchedule"}
 
 
+def gpu_pod_spec(k: Any) -> dict[str, Any]:
+    """What every training pod's spec shares: run once, as the `training` service account, on the GPU pool, as
+    non-root (`k`: the kubernetes settings)."""
+    return {
+        "restartPolicy": "Never",
+        "serviceAccountName": "training",
+        "nodeSelector": dict(k.gpu_node_selector),
+        "tolerations": [dict(GPU_TOLERATION)],
+        "securityContext": {"runAsNonRoot": True, "runAsUser": 1000, "fsGroup": 1000},
+    }
+
+
 def pod_name(sweep_id: str, index: int) -> str:
     """A DNS-1123 name, stable per variant (the operator adds a suffix per try)."""
     name = re.sub(r"[^a-z0-9-]", "-", f"train-{sweep_id}-{index:02d}".lower())
@@ -76,11 +88,7 @@ def variant_pod(
             },
         },
         "spec": {
-            "restartPolicy": "Never",
-            "serviceAccountName": "training",
-            "nodeSelector": dict(k.gpu_node_selector),
-            "tolerations": [dict(GPU_TOLERATION)],
-            "securityContext": {"runAsNonRoot": True, "runAsUser": 1000, "fsGroup": 1000},
+            **gpu_pod_spec(k),
             "containers": [
                 {
                     "name": "base",  # the name KubernetesPodOperator streams logs from
@@ -102,6 +110,70 @@ def variant_pod(
             ],
             "volumes": [
                 {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "64Gi"}},
+                {"name": "work", "emptyDir": {}},
+            ],
+        },
+    }
+
+
+NEMO_RL_SCRIPTS = {"dpo": "examples/run_dpo.py", "grpo": "examples/run_grpo.py"}
+
+
+# the init container copies the export (a runs-zone folder: S3 on a cluster) into the pod, with the training image's
+# fsspec and the `training` service account's access; NeMo RL's container needs no access of its own
+FETCH = (
+    "import sys, fsspec; fs, path = fsspec.core.url_to_fs(sys.argv[1]); "
+    "fs.get(path.rstrip('/') + '/', '/export/', recursive=True)"
+)
+
+
+def nemo_rl_pod(settings: Settings, *, method: str, export_uri: str, run_name: str, gpus: int) -> dict[str, Any]:
+    """The pod that runs a `flywheel tune export` folder's method with NeMo RL on the GPU pool: the export copied
+    in by an init container, NeMo RL's container reading its overrides as the config, no secret in the spec."""
+    if method not in NEMO_RL_SCRIPTS:
+        raise ValueError(f"method: expected one of {sorted(NEMO_RL_SCRIPTS)}, got {method!r}")
+    k = settings.kubernetes
+    name = re.sub(r"[^a-z0-9-]", "-", f"tune-{method}-{run_name}".lower())[:63].rstrip("-")
+    command = ["uv", "run", NEMO_RL_SCRIPTS[method], "--config", f"/export/{method}_config.yaml",
+               f"cluster.gpus_per_node={gpus}", f"checkpointing.checkpoint_dir=/work/{run_name}"]  # fmt: skip
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": k.namespace,
+            "labels": {"app.kubernetes.io/part-of": "commerce-flywheel", "flywheel.io/tune": method},
+        },
+        "spec": {
+            **gpu_pod_spec(k),
+            "initContainers": [
+                {
+                    "name": "fetch-export",
+                    "image": k.training_image,
+                    "command": ["python", "-c", FETCH, export_uri],
+                    "envFrom": [{"configMapRef": {"name": SETTINGS_CONFIG_MAP}}],
+                    "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
+                    "volumeMounts": [{"name": "export", "mountPath": "/export"}],
+                }
+            ],
+            "containers": [
+                {
+                    "name": "base",
+                    "image": k.nemo_rl_image,
+                    "command": command,  # reads only the export: no settings or secrets of the platform
+                    "resources": {"limits": {"nvidia.com/gpu": str(gpus)}, "requests": {"nvidia.com/gpu": str(gpus)}},
+                    "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
+                    "volumeMounts": [
+                        {"name": "shm", "mountPath": "/dev/shm"},  # noqa: S108 (the pod's memory-backed volume)
+                        {"name": "export", "mountPath": "/export", "readOnly": True},
+                        {"name": "work", "mountPath": "/work"},
+                    ],
+                    "workingDir": "/opt/nemo-rl",
+                }
+            ],
+            "volumes": [
+                {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "64Gi"}},
+                {"name": "export", "emptyDir": {}},
                 {"name": "work", "emptyDir": {}},
             ],
         },

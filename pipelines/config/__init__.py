@@ -46,6 +46,7 @@ from pipelines.config.systems import (  # noqa: F401 (the public surface)
     SparkSettings,
     TritonSettings,
 )
+from pipelines.config.tune import TuneSettings  # noqa: F401 (the public surface)
 
 DEFAULT_PROJECT = "default"
 # a project name is a safe identifier: it becomes a folder, an S3 prefix, a Feast project, a Triton model prefix
@@ -115,6 +116,7 @@ class Settings(BaseSettings):
     drift: DriftSettings = Field(default_factory=DriftSettings)
     promotion: PromotionSettings = Field(default_factory=PromotionSettings)
     quality: QualitySettings = Field(default_factory=QualitySettings)
+    tune: TuneSettings = Field(default_factory=TuneSettings)
     _unscoped: dict[str, dict[str, Any]] = PrivateAttr(default_factory=dict)  # the names before a project's
 
     def unscoped_dump(self) -> dict[str, Any]:

@@ -332,6 +332,10 @@ class KubernetesSettings(_Section):
         description="the node labels training pods and Triton are scheduled onto (the GPU node group)",
     )
     nemo_image: str = Field(default="nvcr.io/nvidia/nemo-automodel:25.11", description="base of the training image")
+    nemo_rl_image: str = Field(
+        default="nvcr.io/nvidia/nemo-rl:v0.6.0",
+        description="NVIDIA NeMo RL's container: the tune stage's DPO and GRPO on GPUs (`flywheel tune export`)",
+    )
     training_image: str = Field(
         default="flywheel-training:latest",
         description="docker/training.Dockerfile, pushed to the registry from terraform output `training_image`",

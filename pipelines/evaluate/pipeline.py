@@ -162,7 +162,8 @@ def comparisons(
     results: list[ConditionResult], judged_on: Mapping[str, str], min_tool_examples: int = 5
 ) -> list[dict[str, Any]]:
     """Each tuned condition against base few-shot (the strongest prompt) and the candidate against the
-    champion, decoded the same way: every paired difference with its 95 % interval (evaluate.paired)."""
+    champion (and against `tuned_sft`, the SFT adapter a tune method trained further), decoded the same way:
+    every paired difference with its 95 % interval (evaluate.paired)."""
     from pipelines.stats import compare
 
     by = {r.condition: r for r in results}
@@ -172,8 +173,8 @@ def comparisons(
             continue
         suffix = CONSTRAINED if r.condition.endswith(CONSTRAINED) else ""
         refs = [f"base_few_shot{suffix}"]
-        if r.condition.removesuffix(suffix) == "tuned_candidate":
-            refs.append(f"tuned_champion{suffix}")
+        if r.condition.removesuffix(suffix) == "tuned_candidate":  # and the SFT adapter a tune method started from
+            refs += [f"tuned_champion{suffix}", f"tuned_sft{suffix}"]
         for ref in refs:
             if ref in by and by[ref].per_request and r.per_request:
                 out.append(

@@ -18,6 +18,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from pipelines.config import DEFAULT_PROJECT, PROJECT_PATTERN, Settings, load_settings
+from pipelines.config.tune import TuneMethod
 
 Role = Literal["viewer", "editor", "owner"]
 ROLES: tuple[str, ...] = ("viewer", "editor", "owner")
@@ -58,6 +59,8 @@ class Project(BaseModel):
     members: dict[str, Role] = Field(default_factory=dict)
     keys: list[ApiKey] = Field(default_factory=list)
     quotas: Quotas = Field(default_factory=Quotas)
+    # the project's tuning after SFT (`flywheel project tune`); None: the platform's `tune.method`
+    tune_method: TuneMethod | None = None
 
     def active_keys(self) -> list[ApiKey]:
         return [k for k in self.keys if k.revoked_at is None]
@@ -71,6 +74,7 @@ class Project(BaseModel):
             "members": self.members,
             "keys": [{"id": k.id, "created_at": k.created_at, "revoked_at": k.revoked_at} for k in self.keys],
             "quotas": self.quotas.model_dump(),
+            "tune_method": self.tune_method,
         }
 
 
@@ -213,6 +217,25 @@ def set_quotas(settings: Settings, name: str, **values: int | None) -> Project:
         return project
 
     return _change(settings, put)
+
+
+def set_tune_method(settings: Settings, name: str, method: TuneMethod | None) -> Project:
+    """Choose the project's tuning after SFT (None: follow the platform's `tune.method`)."""
+
+    def put(projects: dict[str, Project]) -> Project:
+        project = _existing(projects, name)
+        project.tune_method = method
+        return project
+
+    return _change(settings, put)
+
+
+def tune_method(settings: Settings) -> TuneMethod:
+    """The method the tune stage runs for `settings.project`: the project's own choice, else `tune.method`."""
+    if settings.root is None:
+        return settings.tune.method
+    project = load(settings).get(settings.project)
+    return project.tune_method if project is not None and project.tune_method else settings.tune.method
 
 
 def key_digest(key: str) -> str:

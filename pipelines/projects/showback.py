@@ -56,7 +56,8 @@ def training(settings: Settings, since: date) -> list[dict[str, Any]]:
         tag = run.data.tags.get("flywheel.hardware")
         if tag is None or run.info.end_time is None:
             continue  # a sweep's parent run (its variants are counted) or one still running
-        seconds = max(0.0, (run.info.end_time - run.info.start_time) / 1000)
+        # a tune run is opened once its training ended: the seconds it measured are its cost
+        seconds = run.data.metrics.get("tune_seconds") or max(0.0, (run.info.end_time - run.info.start_time) / 1000)
         row = _row_for(tag, settings.bench.hardware)
         devices = int(tag.split("x", 1)[0]) if tag[:1].isdigit() and "x" in tag else 1
         out.append(
@@ -64,6 +65,8 @@ def training(settings: Settings, since: date) -> list[dict[str, Any]]:
                 "run_id": run.info.run_id,
                 "run": run.info.run_name,
                 "started": datetime.fromtimestamp(run.info.start_time / 1000, UTC).isoformat(timespec="seconds"),
+                "method": run.data.tags.get("flywheel.tune_method", "sft"),  # sft: a sweep's variant
+                "tokens": int(run.data.metrics.get("tune_tokens") or 0) or None,
                 "hardware": tag,
                 "priced_as": row.name,
                 "device_seconds": round(seconds * devices, 1),
@@ -71,6 +74,19 @@ def training(settings: Settings, since: date) -> list[dict[str, Any]]:
             }
         )
     return sorted(out, key=lambda r: r["started"])
+
+
+def by_method(runs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Training cost per method (sft: the sweeps' variants; dpo, grpo: the tune runs)."""
+    out: dict[str, dict[str, Any]] = {}
+    for r in runs:
+        row = out.setdefault(r["method"], {"runs": 0, "device_seconds": 0.0, "usd": 0.0, "tokens": None})
+        row["runs"] += 1
+        row["device_seconds"] = round(row["device_seconds"] + r["device_seconds"], 1)
+        row["usd"] = round(row["usd"] + r["usd"], 6)
+        if r["tokens"] is not None:  # measured by the tune runs; a sweep's variants do not record it
+            row["tokens"] = (row["tokens"] or 0) + r["tokens"]
+    return out
 
 
 def serving(settings: Settings, since: date) -> list[dict[str, Any]]:
@@ -185,6 +201,7 @@ def summarize(settings: Settings, since: date) -> dict[str, Any]:
             "runs": len(runs),
             "device_seconds": round(sum(r["device_seconds"] for r in runs), 1),
             "usd": round(sum(r["usd"] for r in runs), 6),
+            "by_method": by_method(runs),
             "by_run": runs,
         },
         "serving": {
@@ -237,6 +254,8 @@ def report(settings: Settings, since: date) -> dict[str, Any]:
         ax.set_title(f"{settings.project}: gateway tokens per day")
         fig.autofmt_xdate()
         sections.append(("Serving per day", figure_html(fig, "tokens per day") + table_html(days)))
+    methods = [{"method": m, **row} for m, row in data["training"]["by_method"].items()]
+    sections.append(("Training by method", table_html(methods)))
     sections.append(("Training runs", table_html(data["training"]["by_run"])))
     sections.append(
         ("Storage by zone", table_html([{"zone": z, "bytes": b} for z, b in data["storage"]["by_zone"].items()]))

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from pipelines.config import REPO_ROOT, Settings
 from pipelines.errors import NotRetryable
+from pipelines.registry.card import TUNE_TAG, model_card, tune_tags, tuned_method
 from pipelines.registry.gate import BASELINE, Verdict, gate, last_look
 from pipelines.toolcall.budget import FALLBACK, recorded
 from pipelines.toolcall.budget import TAG as BUDGET_TAG
@@ -63,55 +64,16 @@ def code_version() -> str:
         return "unknown"
 
 
-def _model_card(
-    name: str,
+def register(
+    settings: Settings,
     sweep: dict[str, Any],
-    variant: dict[str, Any],
-    evaluation: dict[str, Any] | None,
-    label_sources: dict[str, int] | None = None,
-) -> str:
-    lines = [
-        f"# {name}",
-        "",
-        f"LoRA adapter for the commerce agent's tool-calling step, on base model `{sweep['base_model']}` "
-        f"(not included: the base is loaded by name).",
-        "",
-        f"- sweep: `{sweep['sweep_id']}` ({sweep['backend']} backend), variant {variant['index']}",
-        f"- prompt style: {sweep['prompt_style']}; training set digest: `{sweep['dataset_digest']}`",
-        (
-            f"- answer budget: {sweep.get('answer_budget') or 'not recorded'} tokens (the longest training call "
-            "plus a margin: what evaluation and serving let it write)"
-        ),
-        f"- hyperparameters: {json.dumps(variant['params'], sort_keys=True)}",
-        f"- validation: {json.dumps({k: round(v, 4) for k, v in variant['metrics'].items()}, sort_keys=True)}",
-    ]
-    if label_sources:  # who wrote the answers it learned from (prep.labels)
-        total = sum(label_sources.values())
-        lines.append(
-            "- labels (the training window's examples by who wrote the answer): "
-            + ", ".join(f"{source} {n} ({n / total:.0%})" for source, n in sorted(label_sources.items()))
-        )
-    if evaluation:
-        lines += [
-            "",
-            "## Evaluation (test split)",
-            "",
-            "| condition | exact match | name acc. | arg F1 | prompt tokens | latency p50 ms |",
-            "|---|---|---|---|---|---|",
-        ]
-        for row in evaluation["table"]:
-            cells = [
-                row.get(k) for k in ("exact_match", "name_accuracy", "arg_f1", "prompt_tokens_mean", "latency_ms_p50")
-            ]
-            lines.append(f"| {row['condition']} | " + " | ".join("" if c is None else f"{c:.3f}" for c in cells) + " |")
-    lines += ["", 'Load: `mlflow.pyfunc.load_model("models:/' + name + '@champion")`.']
-    return "\n".join(lines)
+    evaluation: dict[str, Any] | None = None,
+    tune: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Register the sweep's best variant as an adapter-only pyfunc model version with alias `candidate`; with a
+    `tune` result that trained (`tune.stage.summary`), that tuned adapter and its run in the variant's place.
 
-
-def register(settings: Settings, sweep: dict[str, Any], evaluation: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Register the sweep's best variant as an adapter-only pyfunc model version with alias `candidate`.
-
-    Idempotent: a version already registered from this sweep's best run is returned as is."""
+    Idempotent: a version already registered from this sweep and tune method is returned as is."""
     from mlflow.data.http_dataset_source import HTTPDatasetSource
     from mlflow.data.meta_dataset import MetaDataset
 
@@ -125,6 +87,9 @@ def register(settings: Settings, sweep: dict[str, Any], evaluation: dict[str, An
     if sweep.get("best") is None:
         raise RegistryError(f"sweep {sweep['sweep_id']}: no variant completed; nothing to register")
     variant = sweep["variants"][sweep["best"]]
+    method = tuned_method(tune)
+    if method != "off":  # the tuned adapter is the candidate; its run (a child of the sweep's) carries it
+        variant = {**variant, "adapter_dir": tune["adapter_dir"], "run_id": tune["run_id"]}  # type: ignore[index]
     name = settings.mlflow.registered_model
     client = mlflow_client(settings)
     try:
@@ -132,7 +97,7 @@ def register(settings: Settings, sweep: dict[str, Any], evaluation: dict[str, An
     except mlflow.exceptions.MlflowException:
         client.create_registered_model(name, description="LoRA adapters for the commerce agent's tool-calling step")
     for version in client.search_model_versions(f"name='{name}'"):
-        if version.tags.get("flywheel.sweep_id") == sweep["sweep_id"]:
+        if version.tags.get("flywheel.sweep_id") == sweep["sweep_id"] and (version.tags.get(TUNE_TAG, "off") == method):
             client.set_registered_model_alias(name, CANDIDATE, version.version)
             return {"name": name, "version": str(version.version), "run_id": version.run_id, "existing": True}
 
@@ -141,7 +106,7 @@ def register(settings: Settings, sweep: dict[str, Any], evaluation: dict[str, An
     window = f"{window['start']}_{window['end']}" if isinstance(window, dict) else str(window)
     tool_schema_version = hashlib.sha256(tools_json(TOOLS).encode()).hexdigest()[:12]
     meta = _model_meta(sweep, tool_schema_version)
-    card = _model_card(name, sweep, variant, evaluation, lineage.get("label_sources"))
+    card = model_card(name, sweep, variant, evaluation, lineage.get("label_sources"), tune)
     with tempfile.TemporaryDirectory() as tmp:
         meta_file = Path(tmp) / "flywheel.json"
         meta_file.write_text(json.dumps(meta, indent=2))
@@ -164,7 +129,7 @@ def register(settings: Settings, sweep: dict[str, Any], evaluation: dict[str, An
             )
             mlflow.log_input(dataset, context="training")
             source = f"{run.info.artifact_uri}/registered_model"
-    tags = _version_tags(sweep, meta, window, evaluation)
+    tags = {**_version_tags(sweep, meta, window, evaluation), **tune_tags(tune)}
     version = client.create_model_version(name, source=source, run_id=variant["run_id"], tags=tags, description=card)
     _wait_ready(client, name, version.version)
     client.set_registered_model_alias(name, CANDIDATE, version.version)
@@ -240,6 +205,14 @@ def answer_budget(settings: Settings, version: str) -> int | None:
     from pipelines.clients.mlflow import client as mlflow_client
 
     return recorded(mlflow_client(settings).get_model_version(settings.mlflow.registered_model, version).tags)
+
+
+def training_window(settings: Settings, version: str) -> str | None:
+    """The window a registered version trained on (its tag; None: the current manifest's)."""
+    from pipelines.clients.mlflow import client as mlflow_client
+
+    tags = mlflow_client(settings).get_model_version(settings.mlflow.registered_model, version).tags
+    return tags.get("flywheel.training_window") or None
 
 
 def adapter_path(settings: Settings, version: str) -> str:

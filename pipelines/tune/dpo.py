@@ -16,8 +16,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ConfigDict, Field
-
+from pipelines.config.tune import DpoSettings
 from pipelines.errors import DataProblem
 from pipelines.toolcall.calls import call_text
 from pipelines.toolcall.prompt import chat_turns, system_for
@@ -26,20 +25,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
 
-class DpoConfig(BaseModel):
-    """DPO's hyperparameters (`flywheel tune dpo` options)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    beta: float = Field(default=0.1, gt=0, description="strength of the pull towards the SFT reference (DPO's beta)")
-    learning_rate: float = Field(default=5e-5, gt=0, le=1)
-    max_steps: int = Field(default=40, ge=1)
-    batch_size: int = Field(default=4, ge=1)
-    max_length: int = Field(
-        default=2048, ge=32, description="prompt and answer tokens; a longer pair is left out and counted"
-    )
-    min_pairs: int = Field(default=16, ge=1, description="fewer training pairs than this: DPO is skipped, saying so")
-    seed: int = 0
+DpoConfig = DpoSettings  # one definition: the `tune.dpo` settings are the trainer's hyperparameters
 
 
 @dataclass
@@ -66,11 +52,11 @@ def preference_rows(pairs: pd.DataFrame, style: Any) -> list[tuple[list[dict[str
     ]  # fmt: skip
 
 
-def too_few(pairs: int, cfg: DpoConfig) -> str | None:
-    """The line that says DPO is skipped for want of pairs, or None."""
+def too_few(pairs: int, cfg: DpoConfig, option: str = "--min-pairs") -> str | None:
+    """The line that says DPO is skipped for want of pairs (naming the `option` that sets the floor), or None."""
     if pairs >= cfg.min_pairs:
         return None
-    return f"dpo: skipped: {pairs} training pair(s), it needs at least {cfg.min_pairs} (--min-pairs)"
+    return f"dpo: skipped: {pairs} training pair(s), it needs at least {cfg.min_pairs} ({option})"
 
 
 def fitting(
@@ -96,6 +82,17 @@ def fitting(
             continue
         out.append({"prompt": prompt, "chosen": chosen, "rejected": rejected})  # TRL ends each with end-of-turn
     return out, too_long
+
+
+def quiet_args(seed: int) -> dict[str, Any]:
+    """The trainer arguments DPO and GRPO share: seeded, on the GPU when there is one, every step logged to the
+    progress callback and nothing else (no reporting, no checkpoints, no progress bar, no loader workers)."""
+    import torch
+
+    return {
+        "seed": seed, "use_cpu": not torch.cuda.is_available(), "report_to": "none", "save_strategy": "no",
+        "logging_steps": 1, "disable_tqdm": True, "dataloader_num_workers": 0,
+    }  # fmt: skip
 
 
 def train_dpo(
@@ -142,13 +139,7 @@ def train_dpo(
         max_steps=cfg.max_steps,
         per_device_train_batch_size=cfg.batch_size,
         max_length=cfg.max_length,
-        seed=cfg.seed,
-        use_cpu=not torch.cuda.is_available(),
-        report_to="none",
-        save_strategy="no",
-        logging_steps=1,
-        disable_tqdm=True,
-        dataloader_num_workers=0,
+        **quiet_args(cfg.seed),
     )
     trainer = DPOTrainer(model=policy, ref_model=reference, args=args, train_dataset=data, processing_class=tokenizer)
     trainer.remove_callback(PrinterCallback)  # it prints every log to stdout
