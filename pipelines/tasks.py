@@ -362,7 +362,8 @@ def promote(
     """The promotion gate on the evaluation's numbers for exactly the version `register` returned:
     against the champion evaluated on the same requests, or with none, the base few-shot row. The
     result's `reason` is one line; not promoted leaves `champion` (and so serving) as it is."""
-    from pipelines.registry.models import evaluation_rows
+    from pipelines.registry.gate import SFT, sft_veto
+    from pipelines.registry.models import evaluation_rows, served_rows
     from pipelines.registry.models import promote as gate_and_promote
 
     rows = evaluation_rows(evaluated)
@@ -371,6 +372,9 @@ def promote(
             rows[condition]["version"] = str(evaluated["champion_version"])
     reason = (params or {}).get("reason")
     veto = (evaluated.get("episodes") or {}).get("veto")  # the episode rule's refusal (registry.episode_gate)
+    served, _ = served_rows(settings, rows)
+    tuned = sft_veto(served["tuned_candidate"], served.get(SFT), settings)  # a tune method's result vs its SFT
+    veto = "; ".join(v for v in (veto, tuned) if v) or None
     decision = gate_and_promote(settings, rows, str(registered["version"]), f"[{reason}] " if reason else "", veto=veto)
     return decision.to_dict()
 

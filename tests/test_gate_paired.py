@@ -212,3 +212,24 @@ def test_the_dag_evaluates_more_requests_while_the_gate_is_undecided(settings, m
         "sample size: 24 requests (undecided) -&gt; 48 requests (undecided) -&gt; 96 requests (promoted)"
         in rendered[-1]
     )
+
+
+def test_a_tuned_candidate_must_hold_against_its_own_sft_adapter(settings) -> None:
+    """The SFT rule: a tune method's candidate worse than the SFT adapter it started from is refused, even when
+    it would beat the champion; the same answers on 96 requests hold; more wrong writes veto; nothing tuned or
+    the rule off: no veto. Mutations tried: the interval check removed (a worse candidate passes): the first
+    assertion fails; `sft_rule` ignored: the last but one fails."""
+    from pipelines.registry.gate import sft_veto
+
+    worse = row(flip(BASE, [i for i, x in enumerate(BASE) if x][:15], 0))  # 15 right answers lost to tuning
+    refused = sft_veto(worse, row(BASE), settings)
+    assert refused is not None and refused.startswith("refused: the tuned candidate is not shown non-inferior")
+    assert "n=96" in refused
+    assert sft_veto(row(BASE), row(BASE), settings) is None  # quality held on 96 paired requests
+    assert sft_veto(row(BASE[:8]), row(BASE[:8]), settings) is not None  # 8 requests cannot show it holds
+    ww = sft_veto(row(BASE, wrong_writes=2), row(BASE), settings)
+    assert ww is not None and ww.startswith("refused: wrong writes 2 of 96 vs 0 of 96") and "tuned_sft" in ww
+    assert sft_veto(worse, None, settings) is None
+    off = settings.model_copy(update={"promotion": settings.promotion.model_copy(update={"sft_rule": False})})
+    assert sft_veto(worse, row(BASE), off) is None
+    assert sft_veto({**row(BASE), "per_request": []}, row(BASE), settings) is not None  # unpaired: refused

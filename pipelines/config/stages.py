@@ -278,6 +278,12 @@ class PromotionSettings(_Section):
         "tool's metric (`tool_metrics`; exact match by default) averaged over the examples",
     )
     min_arg_f1_gain: float = Field(default=0.0, ge=-1, le=1, description="point rule only")
+    sft_rule: bool = Field(
+        default=True,
+        description="a candidate a tune method trained must also be non-inferior (the paired task score, "
+        "non_inferiority_margin) to the SFT adapter it started from (`tuned_sft`), with no more wrong writes; "
+        "off: only reported",
+    )
     max_extra_wrong_writes: int = Field(
         default=0,
         ge=0,

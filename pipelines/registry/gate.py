@@ -367,3 +367,34 @@ def paired_gate(
         label,
         numbers,
     )
+
+
+SFT = "tuned_sft"  # the SFT adapter a tune method trained further (evaluated beside the candidate)
+
+
+def sft_veto(candidate: dict[str, Any], sft: dict[str, Any] | None, settings: Settings) -> str | None:
+    """The refusal line when a tuned candidate does worse than its own SFT adapter on the same requests: more
+    wrong writes (beyond `max_extra_wrong_writes`), or a paired task score whose interval reaches below
+    -non_inferiority_margin (not shown to hold); None when it holds, when nothing was tuned (`sft` None), or
+    with `promotion.sft_rule` off."""
+    from pipelines.stats import compare
+
+    p = settings.promotion
+    if sft is None or not p.sft_rule:
+        return None
+    veto = wrong_write_veto(candidate, sft, p.max_extra_wrong_writes)
+    if veto is not None:
+        return f"{veto} against its SFT adapter ({SFT})"
+    if not (candidate.get("per_request") and sft.get("per_request")):
+        return f"refused: the tuned candidate's requests cannot be paired with its SFT adapter's ({SFT})"
+    _, judged_on, _ = per_tool_numbers(candidate, sft, settings)
+    task = compare(
+        candidate["per_request"], sft["per_request"], judged_on, resamples=p.bootstrap_resamples, level=p.confidence
+    )["metrics"]["task"]
+    if task["low"] is None or task["low"] <= -p.non_inferiority_margin:
+        return (
+            f"refused: the tuned candidate is not shown non-inferior to its SFT adapter ({SFT}, margin "
+            f"{p.non_inferiority_margin:.2f}): task score {task['diff']}, {p.confidence:.0%} CI "
+            f"[{task['low']}, {task['high']}], n={task['n']}"
+        )
+    return None
