@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -11,14 +10,16 @@ import typer
 from pipelines.cli.common import JsonOpt, UserError, cli_settings, console
 from pipelines.cli.common import emit as _emit
 
+WINDOW_TAG = "flywheel.training_window"  # registry.models: the window a version trained on
+
 tune_app = typer.Typer(
     help="Tuning after SFT: DPO from the preference pairs (`flywheel labels pairs`), GRPO with the scorer's reward.",
     no_args_is_help=True,
 )
 
 
-def _version(settings: Any, version: str, method: str) -> tuple[str, str]:
-    """The version number and its base model, or one error line."""
+def _version(settings: Any, version: str, method: str) -> tuple[str, str, dict[str, str]]:
+    """The version number, its base model and its tags, or one error line."""
     from pipelines.clients.mlflow import client as mlflow_client
     from pipelines.registry.models import alias_version
 
@@ -36,7 +37,22 @@ def _version(settings: Any, version: str, method: str) -> tuple[str, str]:
         raise UserError(
             f"--version: v{number} records no base model (tag flywheel.base_model): {method} cannot load it"
         )
-    return number, base_model
+    return number, base_model, tags
+
+
+def _say(line: str) -> None:
+    console.print(line, markup=False, highlight=False)  # stderr: stdout carries only the result
+
+
+def _tuned_report(result: dict[str, Any], number: str, base_model: str, method: str) -> dict[str, Any]:
+    """A tune command's result with the version it started from and the `flywheel eval` line comparing them."""
+    return {
+        **result,
+        "from_version": number,
+        "base_model": base_model,
+        "evaluate_with": f"flywheel eval --base-model {base_model} --version {number} "
+        f"--adapter {method}={result['adapter_dir']}",
+    }
 
 
 def _config(cls: Any, defaults: Any, overrides: dict[str, Any]) -> Any:
@@ -74,52 +90,27 @@ def tune_dpo(
     split of the preference pairs; the result tells the `flywheel eval` command that compares it with that version."""
     from pipelines.base_models import load_base
     from pipelines.registry.models import adapter_path, prompt_style
-    from pipelines.storage import write_bytes, write_json
-    from pipelines.toolcall.examples import PROMPT_STYLE_FILE
-    from pipelines.tune.dpo import DpoConfig, preference_rows, too_few, train_dpo
-    from pipelines.tune.pairs import collect_pairs, pair_summary
+    from pipelines.tune.dpo import DpoConfig
+    from pipelines.tune.stage import run_dpo
 
     settings = cli_settings()
     overrides: dict[str, Any] = {"max_steps": steps, "beta": beta, "min_pairs": min_pairs, "max_length": max_length}
     cfg = _config(DpoConfig, settings.tune.dpo, overrides)
-    number, base_model = _version(settings, version, "DPO")
+    number, base_model, _ = _version(settings, version, "DPO")
     folder = _local_runs(settings, out, "dpo", number)
-    pairs, dropped, quarantined = collect_pairs(settings)
-    train = pairs[pairs["split"] == "train"]
-    summary = pair_summary(pairs, dropped, quarantined)
-    skipped = too_few(len(train), cfg)
-    if skipped:  # one line, and the counts that explain it
-        if as_json:
-            _emit({"skipped": skipped, **summary}, True, "")
-        else:
-            console.print(skipped, markup=False)
-            _emit(summary, False, "preference pairs")
-        return
     style = prompt_style(settings, number)
-    rows = preference_rows(train, style)
-    folder.mkdir(parents=True, exist_ok=True)  # what this run trained on, kept beside its adapter
-    buffer = io.BytesIO()
-    pairs.assign(trained=pairs["split"] == "train").to_parquet(buffer, index=False)  # every split; `trained` says
-    write_bytes(str(folder / "pairs.parquet"), buffer.getvalue())
-    write_json(str(folder / "pairs_summary.json"), {**summary, "quarantined_pairs": quarantined})
-    console.print(f"dpo: {len(rows)} training pairs on v{number} ({base_model}), {cfg.max_steps} steps ...")
-    result = train_dpo(
-        rows, cfg, Path(adapter_path(settings, number)), folder, lambda: load_base(base_model, settings),
-        progress=lambda line: console.print(line, markup=False, highlight=False),
+    result = run_dpo(
+        settings, cfg, Path(adapter_path(settings, number)), folder, lambda: load_base(base_model, settings),
+        style=style, floor_option="--min-pairs", progress=_say,
     )  # fmt: skip
-    write_bytes(str(Path(result.adapter_dir) / PROMPT_STYLE_FILE), style.encode())  # `flywheel eval --adapter`
-    report: dict[str, Any] = {
-        **result.to_dict(),
-        "from_version": number,
-        "base_model": base_model,
-        "settings": cfg.model_dump(),
-        "pairs_summary": summary,
-        "pairs_file": str(folder / "pairs.parquet"),
-        "prompt_style": style,
-        "evaluate_with": f"flywheel eval --base-model {base_model} --version {number} "
-        f"--adapter dpo={result.adapter_dir}",
-    }
-    _emit(report, as_json, "dpo")
+    if result.get("skipped"):  # one line, and the counts that explain it
+        if as_json:
+            _emit({"skipped": result["skipped"], **result["pairs_summary"]}, True, "")
+        else:
+            console.print(result["skipped"], markup=False)
+            _emit(result["pairs_summary"], False, "preference pairs")
+        return
+    _emit(_tuned_report(result, number, base_model, "dpo"), as_json, "dpo")
 
 
 @tune_app.command("grpo")
@@ -146,26 +137,19 @@ def tune_grpo(
         "max_new_tokens": max_new_tokens,
     }  # fmt: skip
     cfg = _config(GrpoSettings, settings.tune.grpo, overrides)
-    number, base_model = _version(settings, version, "GRPO")
+    number, base_model, tags = _version(settings, version, "GRPO")
     folder = _local_runs(settings, out, "grpo", number)
-    from pipelines.registry.models import adapter_path, answer_budget, prompt_style, training_window
+    from pipelines.registry.models import adapter_path, answer_budget, prompt_style
 
     style = prompt_style(settings, number)
-    window = training_window(settings, number)
+    window = tags.get(WINDOW_TAG) or None  # the window the version trained on
     console.print(f"grpo: v{number} ({base_model}), {cfg.max_steps} steps, groups of {cfg.group_size} ...")
     result = run_grpo(
         settings, cfg, Path(adapter_path(settings, number)), folder, lambda: load_base(base_model, settings),
         style=style, recorded_budget=answer_budget(settings, number), window=window,
-        progress=lambda line: console.print(line, markup=False, highlight=False),
+        progress=_say,
     )  # fmt: skip
-    report: dict[str, Any] = {
-        **result,
-        "from_version": number,
-        "base_model": base_model,
-        "evaluate_with": f"flywheel eval --base-model {base_model} --version {number} "
-        f"--adapter grpo={result['adapter_dir']}",
-    }
-    _emit(report, as_json, "grpo")
+    _emit(_tuned_report(result, number, base_model, "grpo"), as_json, "grpo")
 
 
 @tune_app.command("export")
@@ -185,20 +169,20 @@ def tune_export(
     import yaml
 
     from pipelines.cluster.training import nemo_rl_pod
-    from pipelines.registry.models import answer_budget, prompt_style, training_window
+    from pipelines.registry.models import answer_budget, prompt_style
     from pipelines.storage import write_bytes
     from pipelines.tune.nemo_rl import export
 
     if method not in ("dpo", "grpo"):
         raise UserError(f"--method: expected dpo or grpo, got {method!r}")
     settings = cli_settings()
-    number, base_model = _version(settings, version, method.upper())
+    number, base_model, tags = _version(settings, version, method.upper())
     folder = out or f"{settings.zone('runs').rstrip('/')}/tune/export/{method}-v{number}"
     sft = f"models:/{settings.mlflow.registered_model}/{number}"
     plan = export(
         settings, method, folder, base_model=base_model, style=prompt_style(settings, number), sft_adapter=sft,
         recorded_budget=answer_budget(settings, number), max_prompts=max_prompts,
-        window=training_window(settings, number),
+        window=tags.get(WINDOW_TAG) or None,
     )  # fmt: skip
     pod = nemo_rl_pod(settings, method=method, export_uri=folder, run_name=f"v{number}", gpus=gpus)
     write_bytes(f"{folder.rstrip('/')}/pod.yaml", yaml.safe_dump(pod, sort_keys=False).encode())

@@ -207,14 +207,6 @@ def answer_budget(settings: Settings, version: str) -> int | None:
     return recorded(mlflow_client(settings).get_model_version(settings.mlflow.registered_model, version).tags)
 
 
-def training_window(settings: Settings, version: str) -> str | None:
-    """The window a registered version trained on (its tag; None: the current manifest's)."""
-    from pipelines.clients.mlflow import client as mlflow_client
-
-    tags = mlflow_client(settings).get_model_version(settings.mlflow.registered_model, version).tags
-    return tags.get("flywheel.training_window") or None
-
-
 def adapter_path(settings: Settings, version: str) -> str:
     """The version's adapter folder, downloaded from the artifact store (cached by MLflow per call)."""
     import mlflow

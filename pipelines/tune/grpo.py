@@ -11,7 +11,6 @@ A prompt longer than `max_prompt_tokens` is left out and counted.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
@@ -22,7 +21,7 @@ from pipelines.config.tune import GrpoSettings
 from pipelines.errors import DataProblem
 from pipelines.toolcall.examples import Example
 from pipelines.tune.dpo import quiet_args
-from pipelines.tune.reward import RewardError, from_score
+from pipelines.tune.reward import from_score, scored
 
 
 @dataclass
@@ -75,7 +74,6 @@ def answer_text(completion: Any) -> str:
 def reward_function(effects: Mapping[str, str] | None) -> Callable[..., list[float | None]]:
     """TRL's reward function: `tune.reward` of each sampled answer against its prompt's expected call. It logs
     the step's share of wrong writes and exact calls beside TRL's reward metrics."""
-    from pipelines.toolcall.score import score
 
     def toolcall_reward(
         prompts: list[Any], completions: list[Any], record_id: list[str], expected: list[str], **kw: Any
@@ -84,10 +82,7 @@ def reward_function(effects: Mapping[str, str] | None) -> Callable[..., list[flo
         out: list[float | None] = []
         wrong = exact = valid = 0
         for text, gold, rid in zip(texts, expected, record_id, strict=True):
-            try:
-                s = score(text, json.loads(gold), effects)
-            except Exception as exc:  # the scorer or the expected call failed: never a silent zero
-                raise RewardError(f"grpo: the reward failed on prompt {rid}: {type(exc).__name__}: {exc}") from exc
+            s = scored(text, gold, effects, rid)  # a failure raises RewardError naming the prompt: never a zero
             wrong += s.wrong_write is not None
             exact += s.exact_match
             valid += s.json_valid

@@ -118,7 +118,6 @@ def export(
     import yaml
 
     from pipelines.errors import DataProblem
-    from pipelines.logs.toolsets import tool_effects
     from pipelines.storage import write_bytes, write_json
 
     base = folder.rstrip("/")
@@ -131,21 +130,15 @@ def export(
         records = dpo_records(preference_rows(pairs[pairs["split"] == "train"], style))
         overrides = dpo_overrides(model_name(base_model), data_path, settings.tune.dpo)
     else:
-        from pipelines.prep.dataset import load_split
-        from pipelines.toolcall.examples import grounded_tools, to_examples
-        from pipelines.tune.stage import answer_budget
+        from pipelines.tune.stage import answer_budget, grpo_prompts
 
         cfg = (
             settings.tune.grpo
             if max_prompts is None
             else settings.tune.grpo.model_copy(update={"max_prompts": max_prompts})
         )
-        frame = load_split(
-            settings, "train", limit=cfg.max_prompts, seed=cfg.seed, sampling="stratified", window=window
-        )
-        examples = to_examples(frame, style)
-        effects = tool_effects(settings.zone("raw"))
-        records = grpo_records(examples, grounded_tools(examples, effects, settings.triton.grounded_ids))
+        _, examples, tools, effects = grpo_prompts(settings, cfg, style, window)
+        records = grpo_records(examples, tools)
         budget = answer_budget(settings, cfg, recorded_budget)
         overrides = grpo_overrides(model_name(base_model), data_path, cfg, budget)
     if not records:

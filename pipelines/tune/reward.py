@@ -15,6 +15,7 @@ A scorer that raises is never a silent zero: `RewardError` names the prompt's re
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -42,12 +43,19 @@ def from_score(s: ExampleScore) -> float:
     return JSON + NAME * s.name_match + ARGS * (s.arg_f1 or 0.0) + EXACT * s.exact_match
 
 
-def reward(text: str, expected: dict[str, Any], effects: Mapping[str, str] | None, record_id: str) -> float:
-    """The reward of answer `text` to the prompt `record_id` whose expected call is `expected`."""
+def scored(
+    text: str, expected: dict[str, Any] | str, effects: Mapping[str, str] | None, record_id: str
+) -> ExampleScore:
+    """The scorer's verdict on answer `text` to the prompt `record_id` (`expected`: the call, or its JSON)."""
     try:
-        return from_score(score(text, expected, effects))
+        return score(text, json.loads(expected) if isinstance(expected, str) else expected, effects)
     except Exception as exc:  # any scorer failure stops the run, naming the prompt
         raise RewardError(f"grpo: the reward failed on prompt {record_id}: {type(exc).__name__}: {exc}") from exc
+
+
+def reward(text: str, expected: dict[str, Any] | str, effects: Mapping[str, str] | None, record_id: str) -> float:
+    """The reward of answer `text` to the prompt `record_id` whose expected call is `expected`."""
+    return from_score(scored(text, expected, effects, record_id))
 
 
 def rewards(

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pipelines.config.tune import GrpoSettings, TuneMethod
+from pipelines.config.tune import DpoSettings, GrpoSettings, TuneMethod
 from pipelines.errors import DataProblem
 from pipelines.toolcall.examples import PROMPT_STYLE_FILE
 from pipelines.tune.reward import RewardError
@@ -37,6 +37,22 @@ def answer_budget(settings: Settings, cfg: GrpoSettings, recorded: int | None) -
     return cfg.max_new_tokens or settings.triton.max_new_tokens or recorded or FALLBACK
 
 
+def grpo_prompts(
+    settings: Settings, cfg: GrpoSettings, style: Any, window: str | None
+) -> tuple[Any, list[Any], list[str], dict[str, str]]:
+    """GRPO's prompts: the SFT train split of `window` (up to `max_prompts`, stratified by tool and source,
+    seeded) as examples in `style`, each example's grammar tools (write ids grounded as served), the tools'
+    effects."""
+    from pipelines.logs.toolsets import tool_effects
+    from pipelines.prep.dataset import load_split
+    from pipelines.toolcall.examples import grounded_tools, to_examples
+
+    frame = load_split(settings, "train", limit=cfg.max_prompts, seed=cfg.seed, sampling="stratified", window=window)
+    examples = to_examples(frame, style)
+    effects = tool_effects(settings.zone("raw"))
+    return frame, examples, grounded_tools(examples, effects, settings.triton.grounded_ids), effects
+
+
 def run_grpo(
     settings: Settings,
     cfg: GrpoSettings,
@@ -51,17 +67,13 @@ def run_grpo(
 ) -> dict[str, Any]:
     """GRPO from `sft_adapter` into `folder` on the SFT train split's prompts (stratified by tool and source,
     seeded), decoded as served; returns the result with what it trained on (also `folder/result.json`)."""
-    from pipelines.logs.toolsets import tool_effects
-    from pipelines.prep.dataset import load_split
+    from collections import Counter
+
     from pipelines.storage import write_bytes, write_json
     from pipelines.toolcall.decode import require_grammars
-    from pipelines.toolcall.examples import grounded_tools, to_examples
     from pipelines.tune.grpo import train_grpo
 
-    frame = load_split(settings, "train", limit=cfg.max_prompts, seed=cfg.seed, sampling="stratified", window=window)
-    examples = to_examples(frame, style)
-    effects = tool_effects(settings.zone("raw"))
-    tools = grounded_tools(examples, effects, settings.triton.grounded_ids)
+    frame, examples, tools, effects = grpo_prompts(settings, cfg, style, window)
     constrained = settings.triton.constrained if cfg.constrained is None else cfg.constrained
     if constrained:
         require_grammars(set(tools), "grpo: sampling under the grammar", "set tune.grpo.constrained: false")
@@ -75,9 +87,7 @@ def run_grpo(
         max_new_tokens=budget, constrained=constrained, effects=effects, progress=progress,
     )  # fmt: skip
     write_bytes(str(Path(result.adapter_dir) / PROMPT_STYLE_FILE), str(style).encode())  # `flywheel eval --adapter`
-    by_tool: dict[str, int] = {}
-    for e in examples:
-        by_tool[e.tool] = by_tool.get(e.tool, 0) + 1
+    by_tool = dict(Counter(e.tool for e in examples))
     report = {
         **result.to_dict(),
         "method": "grpo",
@@ -92,26 +102,29 @@ def run_grpo(
 
 
 def run_dpo(
-    settings: Settings, sft_adapter: Path, folder: Path, load_base: Callable[[], tuple[Any, Any]], *,
-    style: Any, progress: Progress | None = None,
+    settings: Settings, cfg: DpoSettings, sft_adapter: Path, folder: Path, load_base: Callable[[], tuple[Any, Any]],
+    *, style: Any, floor_option: str = "tune.dpo.min_pairs", progress: Progress | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """DPO from `sft_adapter` into `folder` on the preference pairs' training split; too few pairs: a result with
-    only the `skipped` line and the counts."""
+    only the `skipped` line (naming `floor_option`) and the counts. The pairs it read (every split, `trained`
+    marking the training split) and their counts are kept beside the adapter."""
     from pipelines.storage import write_bytes, write_json
     from pipelines.tune.dpo import preference_rows, too_few, train_dpo
     from pipelines.tune.pairs import collect_pairs, pair_summary
 
-    cfg = settings.tune.dpo
     pairs, dropped, quarantined = collect_pairs(settings)
     train = pairs[pairs["split"] == "train"]
     summary = pair_summary(pairs, dropped, quarantined)
-    skipped = too_few(len(train), cfg, "tune.dpo.min_pairs")
+    skipped = too_few(len(train), cfg, floor_option)
     if skipped:
         return {"method": "dpo", "skipped": skipped, "pairs_summary": summary}
     folder.mkdir(parents=True, exist_ok=True)
     buffer = io.BytesIO()
     pairs.assign(trained=pairs["split"] == "train").to_parquet(buffer, index=False)
     write_bytes(str(folder / "pairs.parquet"), buffer.getvalue())
+    write_json(str(folder / "pairs_summary.json"), {**summary, "quarantined_pairs": quarantined})
+    if progress is not None:
+        progress(f"dpo: {len(train)} training pairs, {cfg.max_steps} steps ...")
     result = train_dpo(preference_rows(train, style), cfg, sft_adapter, folder, load_base, progress=progress)
     write_bytes(str(Path(result.adapter_dir) / PROMPT_STYLE_FILE), str(style).encode())
     report = {
@@ -207,7 +220,7 @@ def tune_stage(
                     recorded_budget=sweep.get("answer_budget"), window=sweep.get("window"), progress=progress,
                 )  # fmt: skip
             else:
-                report = run_dpo(settings, sft, folder, base, style=style, progress=progress)
+                report = run_dpo(settings, settings.tune.dpo, sft, folder, base, style=style, progress=progress)
         except RewardError:
             raise  # a reward that fails is never skipped: the task fails, naming the prompt
         except DataProblem as exc:  # nothing this method can train on: the SFT adapter goes on, saying why
