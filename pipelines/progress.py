@@ -89,6 +89,22 @@ def _tuned(tune: dict[str, Any]) -> str:
     return f"{tune['method']}: {tune.get('steps')} steps on {tune.get('prompts') or tune.get('pairs')} examples"
 
 
+def _signals(result: dict[str, Any]) -> str:
+    """The signals tuning could learn from, as the quality report counts them (nothing when absent)."""
+    sig = result.get("signals") or {}
+    if not sig:
+        return ""
+    if sig.get("error"):
+        return f"; signals not counted: {sig['error']}"
+    ratings = sig.get("ratings") or {}
+    by_source = (sig.get("preference_pairs") or {}).get("by_source") or {}
+    training_pairs = sum(int(splits.get("train", 0)) for splits in by_source.values())
+    return (
+        f"; {ratings.get('up', 0)} rated up, {ratings.get('down', 0)} down, {sig.get('rewarded_prompts', 0)} "
+        f"training prompts to reward, {training_pairs} training preference pairs"
+    )
+
+
 SUMMARIES: dict[str, Any] = {  # each task's key figure, one line (what `make demo` prints as the task ends)
     "ingest": lambda r: (
         f"{r.get('records', len(r.get('files') or []))} "
@@ -98,7 +114,7 @@ SUMMARIES: dict[str, Any] = {  # each task's key figure, one line (what `make de
         f"{r.get('clean', 0):,} examples kept of {r.get('input_records', 0):,} records "
         f"({r.get('quarantined', 0):,} quarantined, {r.get('duplicates', 0):,} duplicates)"
     ),
-    "validate": lambda r: "quality gates passed" if r.get("success") else "quality gates failed",
+    "validate": lambda r: ("quality gates passed" if r.get("success") else "quality gates failed") + _signals(r),
     "features": lambda r: "features materialized for the window",
     "train": lambda r: (
         f"best variant: validation exact match {_fmt((r.get('metrics') or {}).get('val_exact_match'))}, "

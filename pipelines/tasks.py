@@ -141,7 +141,10 @@ def validate(settings: Settings, window: dict[str, str], params: dict[str, Any] 
     from pipelines.quality.gates import run_gates
 
     report = run_gates(settings, _window(window), context_window=base_context_window(settings, params))
-    return {"success": report.success, "data_docs": report.data_docs, "result": report.result_uri}
+    return {
+        "success": report.success, "data_docs": report.data_docs, "result": report.result_uri,
+        "signals": report.signals,
+    }  # fmt: skip
 
 
 def features(settings: Settings, window: dict[str, str]) -> dict[str, Any]:

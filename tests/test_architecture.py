@@ -37,10 +37,10 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("simulate",),  # traffic that is not the agent's: the generator, tau-bench replay, importers
     ("toolcall",),  # the tool-call contract: prompt styles, call text, grammar, decoding, scoring
     ("base_models",),  # the base-model catalogue: load, prepare, context window
-    ("prep",),  # raw -> curated, and the curated data read back (prep.dataset)
+    ("prep",),  # raw -> curated, the curated data read back (prep.dataset), the preference pairs (prep.pairs)
     ("quality", "features"),
     ("train",),
-    ("tune",),  # after SFT: preference pairs from the collected signals, DPO on top of the SFT adapter
+    ("tune",),  # after SFT: DPO on the preference pairs (prep.pairs), GRPO on the scorer's reward
     ("evaluate",),
     ("registry",),
     ("triton_backend",),  # runs inside Triton's Python backend (imports nothing from pipelines)

@@ -213,3 +213,20 @@ def test_a_pods_bad_input_is_one_clear_line(tmp_path: Path, module: str, args: l
     )
     lines = done.stderr.strip().splitlines()
     assert done.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], done
+
+
+def test_eval_compares_version_champion_as_the_champion(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """`flywheel eval --version champion` is the condition `tuned_champion` (what the evaluation compares an
+    `--adapter` with), a version by number `tuned_vN`, an `--adapter dpo=...` `tuned_dpo`, a candidate
+    (mutations: the label by number for both versions; the adapter's label as given)."""
+    from pipelines.cli import models as cli_models
+    from pipelines.registry import models as registry
+
+    monkeypatch.setattr(registry, "alias_version", lambda settings, ref: "7" if ref == "champion" else None)
+    monkeypatch.setattr(registry, "adapter_path", lambda settings, number: f"/adapters/v{number}")
+    monkeypatch.setattr(registry, "prompt_style", lambda settings, number: "short")
+    monkeypatch.setattr(registry, "answer_budget", lambda settings, number: 48)
+    (tmp_path / "adapter_config.json").write_text("{}")
+    adapters, budgets = cli_models._adapters_to_evaluate(None, [f"dpo={tmp_path}"], ["champion", "7"])
+    assert [a.label for a in adapters] == ["tuned_dpo", "tuned_champion", "tuned_v7"] and budgets == [48, 48]
+    assert adapters[1].path == adapters[2].path == "/adapters/v7" and adapters[0].path == str(tmp_path)

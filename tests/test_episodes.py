@@ -587,3 +587,25 @@ def test_a_failure_to_write_the_kept_episodes_is_recorded_not_raised(
     run = SimpleNamespace(keep_successes=str(blocked), day="2026-10-02", name="t")
     kept = keep_successes(run, {"tuned_x": episodes}, _tools(), env, scored)
     assert kept["conditions"] == ["tuned_x"] and "were not written" in kept["error"]
+
+
+def test_successes_are_never_kept_from_the_gates_own_tasks(tmp_path: Path) -> None:
+    """run_episodes refuses to keep successes of tasks sharing an instruction with `episodes.tasks`, before any
+    policy runs (mutation: the check only in the CLI, or the overlap test inverted)."""
+    from pipelines.config import load_settings
+    from pipelines.errors import DataProblem
+    from pipelines.evaluate.episode_run import EpisodeRun, run_episodes
+
+    db, tools, tasks = _files(tmp_path)
+    gate = tmp_path / "gate.jsonl"
+    gate.write_text(json.dumps(TASKS[1]) + "\n")
+    settings = load_settings(root=str(tmp_path / "root"), episodes={"tasks": str(gate), "tools": str(tools)})
+    run = EpisodeRun(tasks, db, tools, "kept", keep_successes=str(tmp_path / "raw"))
+    with pytest.raises(DataProblem, match="1 of these tasks share instructions with the gate's"):
+        run_episodes(settings, run, [])
+    other = tmp_path / "other.jsonl"
+    other.write_text(json.dumps(TASKS[0]) + "\n")
+    from pipelines.evaluate.episode_data import refuse_gate_tasks
+    from pipelines.evaluate.episodes import load_tasks
+
+    refuse_gate_tasks(settings, load_tasks(other)[0])  # no shared instruction: nothing refused

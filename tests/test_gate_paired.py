@@ -233,3 +233,22 @@ def test_a_tuned_candidate_must_hold_against_its_own_sft_adapter(settings) -> No
     off = settings.model_copy(update={"promotion": settings.promotion.model_copy(update={"sft_rule": False})})
     assert sft_veto(worse, row(BASE), off) is None
     assert sft_veto({**row(BASE), "per_request": []}, row(BASE), settings) is not None  # unpaired: refused
+
+
+def test_each_candidate_is_paired_against_the_references_beside_it() -> None:
+    """`comparisons`: every tuned condition against base few-shot; a candidate (`tuned_dpo` from `flywheel eval
+    --version 3 --adapter dpo=...`, the DAG's `tuned_candidate`) also against the champion, `tuned_sft` and
+    `tuned_v3`; a reference against nothing else (mutation: only `tuned_candidate` paired with the references)."""
+    from pipelines.evaluate.pipeline import comparisons, is_tuned_reference
+    from pipelines.evaluate.results import ConditionResult
+
+    def result(condition: str) -> ConditionResult:
+        return ConditionResult(condition, "m", "short", 0, {}, {}, {}, {}, per_request=requests(BASE[:30]))
+
+    names = ["base_few_shot", "tuned_v3", "tuned_dpo", "tuned_champion", "tuned_sft", "tuned_candidate"]
+    pairs = {(c["condition"], c["reference"]) for c in comparisons([result(n) for n in names], {})}
+    refs = {"base_few_shot", "tuned_champion", "tuned_sft", "tuned_v3"}
+    assert pairs == {(cand, ref) for cand in ("tuned_dpo", "tuned_candidate") for ref in refs} | {
+        (ref, "base_few_shot") for ref in ("tuned_v3", "tuned_champion", "tuned_sft")
+    }
+    assert is_tuned_reference("tuned_v12_constrained") and not is_tuned_reference("tuned_variant-01")

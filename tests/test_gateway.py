@@ -413,6 +413,18 @@ def test_the_loop_trains_on_the_teacher_and_on_people_never_on_the_champion_alon
     rewarded = json.loads(grpo.stdout)
     assert rewarded["steps"] == 1 and rewarded["prompts"] + rewarded["too_long"] == 4 and rewarded["constrained"]
     assert "grpo: step 1/1" in grpo.stderr and (Path(rewarded["adapter_dir"]) / "flywheel_prompt_style").is_file()
+    # the command's run is in MLflow under the version's training run, and showback prices it as grpo
+    from pipelines.clients import mlflow as mlflow_client
+    from pipelines.projects.showback import training
+
+    client = mlflow_client.client(settings)
+    run = client.get_run(rewarded["run_id"])
+    version = client.get_model_version(settings.mlflow.registered_model, rewarded["from_version"])
+    assert run.data.tags["flywheel.tune_method"] == "grpo" and run.data.tags["mlflow.parentRunId"] == version.run_id
+    assert run.data.metrics["tune_steps"] == 1 and run.data.metrics["tune_seconds"] > 0
+    assert run.info.status == "FINISHED" and rewarded["from_version"] == run.data.tags["flywheel.tune_from_version"]
+    priced = [r for r in training(settings, datetime.now(UTC).date()) if r["run_id"] == rewarded["run_id"]]
+    assert len(priced) == 1 and priced[0]["method"] == "grpo" and priced[0]["tokens"] > 0
     exported = run_flywheel(
         "tune", "export", "--method", "grpo", "--gpus", "2", "--max-prompts", "4", "--json", env=env
     )
@@ -441,6 +453,8 @@ def test_the_loop_trains_on_the_teacher_and_on_people_never_on_the_champion_alon
     )
     assert (Path(result["adapter_dir"]) / "adapter_config.json").is_file()
     assert (Path(result["adapter_dir"]) / "flywheel_prompt_style").read_text() == result["prompt_style"]
+    dpo_run = client.get_run(result["run_id"])
+    assert dpo_run.data.tags["flywheel.tune_method"] == "dpo" and dpo_run.info.status == "FINISHED"
 
 
 def test_captured_turns_pass_the_schema_check_and_survive_a_kill_under_load(gateway) -> None:

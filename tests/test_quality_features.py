@@ -56,6 +56,33 @@ def test_gates_pass_on_a_clean_window_and_write_docs_and_json(window_root) -> No
     assert json.loads(Path(report.result_uri).read_text())["success"] is True
 
 
+def test_the_report_counts_the_signals_tuning_learns_from(window_root) -> None:
+    """The quality report's `signals`: the window's kept turns by rating, its training split (GRPO's prompts)
+    and the preference pairs (none here: nobody corrected and no shadow ran), the same in its JSON."""
+    root, report = window_root["root"], window_root["report"]
+    days = WINDOW.isoformat_days()
+    logs = pd.read_parquet(root / "curated" / "clean_logs")
+    logs = logs[logs["dt"].astype(str).isin(days)]
+    rated = logs["feedback"].where(logs["feedback"].isin(["up", "down"]), "none").value_counts()
+    assert report.signals["ratings"] == {k: int(rated.get(k, 0)) for k in ("up", "down", "none")}
+    assert report.signals["ratings"]["up"] > 0 and report.signals["ratings"]["down"] > 0
+    train = pd.read_parquet(root / "curated" / "examples" / "split=train")
+    assert report.signals["rewarded_prompts"] == int(train["dt"].astype(str).isin(days).sum()) > 0
+    # no training set yet (the features stage writes it): no pairs, and the scope says whose they would be
+    assert report.signals["preference_pairs"]["pairs"] == 0
+    assert report.signals["preference_pairs"]["scope"] == "the current training set"
+    assert json.loads(Path(report.result_uri).read_text())["signals"] == report.signals
+
+
+def test_a_signal_that_cannot_be_counted_is_recorded_not_a_failed_gate(tmp_path: Path) -> None:
+    """`signals` informs the report: a failure to count (here, no frame to count in) is its `error`, the gate's
+    verdict stays the suites' (mutation: signals() without its try)."""
+    from pipelines.quality.gates import signals
+
+    counted = signals(None, load_settings(root=str(tmp_path)), WINDOW, None)  # type: ignore[arg-type]
+    assert set(counted) == {"error"} and counted["error"]
+
+
 def test_leaked_pii_fails_the_gate_quarantines_the_batch_and_never_shows_the_value(tmp_path: Path, spark) -> None:
     settings = load_settings(root=str(tmp_path))
     write_window(tmp_path / "raw", records=1500, days=1, seed=5)

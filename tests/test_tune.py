@@ -9,8 +9,8 @@ from typing import Any
 import pandas as pd
 import pytest
 
+from pipelines.prep.pairs import build_pairs, pair_summary
 from pipelines.tune.dpo import DpoConfig, fitting, preference_rows, too_few, train_dpo
-from pipelines.tune.pairs import build_pairs, pair_summary
 
 TOOLS = json.dumps([{"name": n, "description": "", "parameters": {"type": "object"}} for n in ("get_order", "track")])
 

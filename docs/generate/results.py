@@ -73,6 +73,7 @@ FAMILIES: dict[str, Family] = {
     "train_precision": Family("Training in bf16 and fp32 on the CPU", "benchmarks", training.train_precision),
     "drift_check": Family("The drift check, cold and incremental", "benchmarks", training.drift_check),
     "pods": Family("Training pods", "benchmarks", training.pods),
+    "nemo_bf16": Family("NeMo AutoModel's bf16 steps on the CPU, by op", "benchmarks", training.nemo_bf16),
     "generic": Family("Other results", "benchmarks", generic),
 }
 

@@ -73,20 +73,40 @@ def pods(result: Result) -> Body:
 
 def prep(result: Result) -> Body:
     d = result.data
-    what = (
-        "Feature preparation on Spark against DuckDB by record count (seconds and records/s; Spark's own start "
-        f"{num(d.get('spark_start_s'))} s), and a Great Expectations check over the prepared rows."
+    what = d.get("what") or (
+        "Feature preparation on Spark against DuckDB by record count (seconds and records/s), and a Great "
+        "Expectations check over the prepared rows."
     )
+    what += f" Spark's own start ({num(d.get('spark_start_s'))} s) is not counted."
     runs = [r for r in d["runs"] if "records" in r]
     spec = [
         ("n (records)", "records", num),
+        ("raw MiB", "raw_mib", num),
         ("Spark s", "spark_s", num),
         ("DuckDB s", "duckdb_s", num),
         ("Spark records/s", "spark_records_per_s", num),
         ("DuckDB records/s", "duckdb_records_per_s", num),
         ("Spark / DuckDB throughput", "ratio_spark_over_duckdb", num),
+        ("Spark peak PSS MiB (JVM)", "spark_peak_jvm_pss_mib", num),
+        ("Spark peak PSS MiB (all)", "spark_peak_pss_mib", num),
+        ("DuckDB peak PSS MiB", "duckdb_peak_pss_mib", num),
+        ("Spark peak RSS MiB (JVM)", "spark_peak_jvm_rss_mib", num),
+        ("Spark peak RSS MiB (all)", "spark_peak_rss_mib", num),
+        ("DuckDB peak RSS MiB", "duckdb_peak_rss_mib", num),
+        ("same kept rows", "same_kept_rows", num),
+        ("Spark failed after s", "spark_failed_after_s", num),
+        ("Spark's error", "spark_error", text),
     ]
+    spec = [c for c in spec if any(c[1] in r for r in runs)]  # what this file recorded (older ones: less)
     blocks = [columns(runs, spec), f"One run per size: {NO_INTERVAL}."]
+    if d.get("caveats"):
+        blocks.append("What this run did not do like for like:\n\n" + "\n".join(f"- {c}" for c in d["caveats"]))
+    growth = d.get("growth")
+    if growth:
+        blocks.append(
+            f"From {num(growth['from'])} to {num(growth['to'])} records ({num(growth['records_ratio'])}x): Spark's "
+            f"time grew {num(growth['spark_time_ratio'])}x, DuckDB's {num(growth['duckdb_time_ratio'])}x."
+        )
     ge = [r for r in d["runs"] if "ge_rows" in r]
     if ge:
         blocks.append(
@@ -95,11 +115,12 @@ def prep(result: Result) -> Body:
                 [("n (rows checked)", "ge_rows", num), ("seconds", "ge_seconds", num), ("passed", "ge_success", num)],
             )
         )
-    if len(runs) >= 2:
-        xs = [r["records"] for r in runs]
+    timed = [r for r in runs if "spark_records_per_s" in r]
+    if len(timed) >= 2:
+        xs = [r["records"] for r in timed]
         series = [
-            Series("Spark", xs, [r["spark_records_per_s"] for r in runs]),
-            Series("DuckDB", xs, [r["duckdb_records_per_s"] for r in runs]),
+            Series("Spark", xs, [r["spark_records_per_s"] for r in timed]),
+            Series("DuckDB", xs, [r["duckdb_records_per_s"] for r in timed]),
         ]
         axes = Axes("records", "records/s", log=10)
         blocks.append(line(result, "throughput", "Records/s against records", series, axes, "n = one run a point"))
@@ -173,3 +194,40 @@ def drift_check(result: Result) -> Body:
         "total s",
     ]
     return Body(d.get("what", "The drift check."), [table(headers, rows), f"One run each: {NO_INTERVAL}."])
+
+
+def nemo_bf16(result: Result) -> Body:
+    """bench/nemo_bf16.py: NeMo AutoModel's CPU steps in fp32 and under FSDP2Config's default bf16 policy."""
+    d = result.data
+    arms = d.get("arms") or {}
+    kinds = sorted({k for a in arms.values() for k in (a.get("self_ms_per_step_by_kind") or {})})
+    header = ["arm", "median step s (profiled)", "n (profiled steps)", *(f"{k} ms/step" for k in kinds)]
+    rows = []
+    for name, a in arms.items():
+        if "error" in a:
+            rows.append([name, f"failed: {a['error']}", "n/a", *("n/a" for _ in kinds)])
+            continue
+        by_kind = a.get("self_ms_per_step_by_kind") or {}
+        rows.append([name, num(a.get("median_profiled_step_s")), num(a.get("profiled_steps")),
+                     *(num(by_kind.get(k)) for k in kinds)])  # fmt: skip
+    blocks = [table(header, rows), f"One run per arm, {NO_INTERVAL}: self CPU time per profiled step by kind of op."]
+    growth = d.get("growth") or {}
+    if growth:
+        ops = growth.get("ops_that_grew_most_ms_per_step") or []
+        ratio, added = growth.get("step_ratio_bf16_over_fp32"), growth.get("added_ms_per_step_total")
+        blocks.append(
+            f"bf16 against fp32: step time ratio {num(ratio)}; the ops whose self time grew most (ms per step; all "
+            f"ops together: {num(added)}):"
+        )
+        blocks.append(
+            columns(
+                ops,
+                [
+                    ("op", "op", text),
+                    ("fp32", "fp32_ms", num),
+                    ("bf16", "bf16_ms", num),
+                    ("added", "added_ms", num),
+                ],
+            )  # fmt: skip
+        )
+    return Body(d.get("what", "NeMo AutoModel's training step by precision."), blocks)

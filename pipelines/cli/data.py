@@ -56,6 +56,7 @@ def validate_cmd(end_date: EndOpt = None, window_days: DaysOpt = 1, as_json: Jso
             "data_docs": report.data_docs,
             "result": report.result_uri,
             "quarantined_to": report.quarantined_to,
+            "signals": report.signals,
         },
         as_json,
         "quality gates",
@@ -298,7 +299,7 @@ def labels_pairs(
     """The preference pairs the platform has collected, by source and split: corrections (the person's call over
     the original answer) and shadow disagreements (the teacher's call over the candidate's), with what was
     dropped or quarantined and why."""
-    from pipelines.tune.pairs import collect_pairs, pair_summary
+    from pipelines.prep.pairs import collect_pairs, pair_summary
 
     pairs, dropped, quarantined = collect_pairs(cli_settings())
     summary = pair_summary(pairs, dropped, quarantined)

@@ -165,9 +165,6 @@ def _eval_episodes(
     tasks, db, tools, shot_tasks = files
     baselines, tries, teacher_forced, keep, as_json = flags
     adapters, budgets = _adapters_to_evaluate(settings, *chosen)
-    for a, ref in zip(adapters[len(chosen[0]) :], chosen[1]):
-        if ref == "champion":  # compared as the champion, as the gate compares it
-            a.label = "tuned_champion"
     budget = settings.evaluation.max_new_tokens or max(budgets or [FALLBACK])
     e = settings.episodes
     db = settings_db(settings, db)
@@ -177,21 +174,21 @@ def _eval_episodes(
     for what, path in (("--episodes", tasks), ("--db", db), ("--tools", tools), ("--shot-tasks", shot_tasks)):
         if path is not None and not path.is_file():
             raise UserError(f"{what}: no such file {path}")
+    if keep:  # before any model is loaded: the gate's own tasks never become training data
+        from pipelines.errors import DataProblem
+        from pipelines.evaluate.episode_data import refuse_gate_tasks
+        from pipelines.evaluate.episodes import load_tasks
+
+        try:
+            refuse_gate_tasks(settings, load_tasks(tasks)[0])
+        except DataProblem as exc:
+            raise UserError(f"--keep-successes: {str(exc).removeprefix('keep successes: ')}") from None
     effects = load_environment(e.environment, db).effects()
     pool = gold_pool_from(settings, shot_tasks or (Path(e.shot_tasks) if e.shot_tasks else None), db, tools, tasks)
     policies = policies_for(
         settings, base_model, adapters, tools, effects=effects, day=date.today().isoformat(), baselines=baselines,
         shots=settings.evaluation.shots if shots is None else shots, pool=pool, max_new_tokens=budget,
     )  # fmt: skip
-    if keep and e.tasks and Path(e.tasks).is_file():  # the gate's own tasks never become training data
-        from pipelines.evaluate.episodes import load_tasks
-
-        gate = {t.instruction for t in load_tasks(Path(e.tasks))[0]}
-        if gate & {t.instruction for t in load_tasks(tasks)[0]}:
-            raise UserError(
-                "--keep-successes: these tasks share instructions with the gate's (episodes.tasks): its own tasks "
-                "would train the candidates it judges; keep successes of other tasks"
-            )
     run = EpisodeRun(tasks, db, tools, name, teacher_forced=teacher_forced, sample_tries=tries,
                      keep_successes=settings.zone("raw") if keep else None)  # fmt: skip
     report = run_episodes(settings, run, policies, console)
@@ -246,12 +243,15 @@ def _adapters_to_evaluate(settings: Any, folders: list[str], versions: list[str]
         written = style.read_text().strip() if style.is_file() else "short"
         if written not in ("full", "short", "names"):
             raise UserError(f"--adapter: {style} names no prompt style: {written!r}")
-        adapters.append(Adapter(label or f"tuned_{Path(path).parent.name}", path, cast("Any", written)))
+        label = label or Path(path).parent.name  # a tuned condition, so the evaluation compares it
+        adapters.append(Adapter(label if label.startswith("tuned_") else f"tuned_{label}", path, cast("Any", written)))
     for ref in versions:
         number = ref if ref.isdigit() else alias_version(settings, ref)
         if number is None:
             raise UserError(f"--version: no version or alias {ref!r} in {settings.mlflow.registered_model}")
-        adapters.append(Adapter(f"tuned_v{number}", adapter_path(settings, number), prompt_style(settings, number)))
+        # `--version champion` is compared as the champion, as the gate compares it
+        label = "tuned_champion" if ref == "champion" else f"tuned_v{number}"
+        adapters.append(Adapter(label, adapter_path(settings, number), prompt_style(settings, number)))
         budgets.append(answer_budget(settings, number) or FALLBACK)
     return adapters, budgets
 

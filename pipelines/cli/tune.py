@@ -19,7 +19,8 @@ tune_app = typer.Typer(
 
 
 def _version(settings: Any, version: str, method: str) -> tuple[str, str, dict[str, str]]:
-    """The version number, its base model and its tags, or one error line."""
+    """The version number, its base model and its tags (`run_id` added: the run that trained it), or one error
+    line."""
     from pipelines.clients.mlflow import client as mlflow_client
     from pipelines.registry.models import alias_version
 
@@ -29,7 +30,8 @@ def _version(settings: Any, version: str, method: str) -> tuple[str, str, dict[s
     import mlflow
 
     try:
-        tags = mlflow_client(settings).get_model_version(settings.mlflow.registered_model, number).tags
+        found = mlflow_client(settings).get_model_version(settings.mlflow.registered_model, number)
+        tags = {**found.tags, "run_id": found.run_id or ""}
     except mlflow.exceptions.MlflowException:
         raise UserError(f"--version: no version {number} in {settings.mlflow.registered_model}") from None
     base_model = tags.get("flywheel.base_model")
@@ -44,10 +46,19 @@ def _say(line: str) -> None:
     console.print(line, markup=False, highlight=False)  # stderr: stdout carries only the result
 
 
-def _tuned_report(result: dict[str, Any], number: str, base_model: str, method: str) -> dict[str, Any]:
-    """A tune command's result with the version it started from and the `flywheel eval` line comparing them."""
+def _tuned_report(
+    settings: Any, result: dict[str, Any], number: str, base_model: str, method: str, style: Any, parent: str
+) -> dict[str, Any]:
+    """A tune command's result, logged as an MLflow run under the version's training run (`parent`), with the
+    version it started from and the `flywheel eval` line comparing them."""
+    from pipelines.tune.stage import log_command_run
+
+    run_id = log_command_run(
+        settings, result, version=number, base_model=base_model, style=str(style), parent_run_id=parent or None
+    )
     return {
         **result,
+        "run_id": run_id,
         "from_version": number,
         "base_model": base_model,
         "evaluate_with": f"flywheel eval --base-model {base_model} --version {number} "
@@ -96,7 +107,7 @@ def tune_dpo(
     settings = cli_settings()
     overrides: dict[str, Any] = {"max_steps": steps, "beta": beta, "min_pairs": min_pairs, "max_length": max_length}
     cfg = _config(DpoConfig, settings.tune.dpo, overrides)
-    number, base_model, _ = _version(settings, version, "DPO")
+    number, base_model, tags = _version(settings, version, "DPO")
     folder = _local_runs(settings, out, "dpo", number)
     style = prompt_style(settings, number)
     result = run_dpo(
@@ -110,7 +121,7 @@ def tune_dpo(
             console.print(result["skipped"], markup=False)
             _emit(result["pairs_summary"], False, "preference pairs")
         return
-    _emit(_tuned_report(result, number, base_model, "dpo"), as_json, "dpo")
+    _emit(_tuned_report(settings, result, number, base_model, "dpo", style, tags["run_id"]), as_json, "dpo")
 
 
 @tune_app.command("grpo")
@@ -149,7 +160,7 @@ def tune_grpo(
         style=style, recorded_budget=answer_budget(settings, number), window=window,
         progress=_say,
     )  # fmt: skip
-    _emit(_tuned_report(result, number, base_model, "grpo"), as_json, "grpo")
+    _emit(_tuned_report(settings, result, number, base_model, "grpo", style, tags["run_id"]), as_json, "grpo")
 
 
 @tune_app.command("export")

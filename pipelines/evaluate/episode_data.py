@@ -15,9 +15,10 @@ import json
 import logging
 from collections.abc import Mapping
 from datetime import date
+from pathlib import Path
 from typing import Any
 
-from pipelines.evaluate.episodes import Episode
+from pipelines.evaluate.episodes import Episode, load_tasks
 from pipelines.logs.tools import effect_of
 
 LOG = logging.getLogger("flywheel.episodes")
@@ -122,3 +123,19 @@ def keep_successes(run: Any, finished: dict[str, list[Any]], tools: list[Any], e
     except (OSError, ValueError, DataProblem) as exc:
         return {"conditions": tuned, "error": f"the successful episodes were not written: {exc}"}
     return {"conditions": tuned, **written}
+
+
+def refuse_gate_tasks(settings: Any, tasks: list[Any]) -> None:
+    """Successes kept as training data never come from the gate's own tasks (`episodes.tasks`): they would train
+    the candidates the gate judges on them. A task sharing an instruction with one of them: DataProblem."""
+    from pipelines.errors import DataProblem
+
+    gate_file = settings.episodes.tasks
+    if not gate_file or not Path(gate_file).is_file():
+        return
+    shared = {t.instruction for t in load_tasks(Path(gate_file))[0]} & {t.instruction for t in tasks}
+    if shared:
+        raise DataProblem(
+            f"keep successes: {len(shared)} of these tasks share instructions with the gate's (episodes.tasks): "
+            "its own tasks would train the candidates it judges; keep successes of other tasks"
+        )

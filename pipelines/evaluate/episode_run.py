@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from pipelines.config import Settings
-from pipelines.evaluate.episode_data import keep_successes, progress_line
+from pipelines.evaluate.episode_data import keep_successes, progress_line, refuse_gate_tasks
 from pipelines.evaluate.episodes import (
     Answer,
     Gold,
@@ -257,6 +257,8 @@ def run_episodes(
     tools = json.loads(run.tools_file.read_text(encoding="utf-8"))
     offered = {t["function"]["name"] for t in tools}
     tasks, unreadable = load_tasks(run.tasks_file)
+    if run.keep_successes:
+        refuse_gate_tasks(settings, tasks)
     golds, skipped = prepare(env, tasks, offered)
     results: dict[str, dict[str, Any]] = {}
     episodes: dict[str, list[dict[str, Any]]] = {}

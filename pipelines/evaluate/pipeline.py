@@ -158,12 +158,20 @@ def score_condition(
     )
 
 
+def is_tuned_reference(condition: str) -> bool:
+    """A tuned condition a candidate is compared with: the champion, the SFT adapter a tune method started from
+    (`tuned_sft`) or a registered version by number (`tuned_v<N>`, `flywheel eval --version N`)."""
+    name = condition.removesuffix(CONSTRAINED)
+    return name in ("tuned_champion", "tuned_sft") or (name.startswith("tuned_v") and name[7:].isdigit())
+
+
 def comparisons(
     results: list[ConditionResult], judged_on: Mapping[str, str], min_tool_examples: int = 5
 ) -> list[dict[str, Any]]:
-    """Each tuned condition against base few-shot (the strongest prompt) and the candidate against the
-    champion (and against `tuned_sft`, the SFT adapter a tune method trained further), decoded the same way:
-    every paired difference with its 95 % interval (evaluate.paired)."""
+    """Each tuned condition against base few-shot (the strongest prompt), and each candidate (a tuned condition
+    that is not a reference: `is_tuned_reference`) against the champion, `tuned_sft` (the SFT adapter a tune
+    method trained further) and any registered version evaluated beside it, decoded the same way: every paired
+    difference with its 95 % interval (evaluate.paired)."""
     from pipelines.stats import compare
 
     by = {r.condition: r for r in results}
@@ -173,8 +181,11 @@ def comparisons(
             continue
         suffix = CONSTRAINED if r.condition.endswith(CONSTRAINED) else ""
         refs = [f"base_few_shot{suffix}"]
-        if r.condition.removesuffix(suffix) == "tuned_candidate":  # and the SFT adapter a tune method started from
-            refs += [f"tuned_champion{suffix}", f"tuned_sft{suffix}"]
+        if not is_tuned_reference(r.condition.removesuffix(suffix)):  # a candidate: against what it would replace
+            refs += sorted(
+                (c for c in by if c.endswith(suffix) and is_tuned_reference(c.removesuffix(suffix))),
+                key=lambda c: (c != f"tuned_champion{suffix}", c != f"tuned_sft{suffix}", c),
+            )
         for ref in refs:
             if ref in by and by[ref].per_request and r.per_request:
                 out.append(

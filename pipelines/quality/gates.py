@@ -19,7 +19,7 @@ from datetime import time as dtime
 from typing import TYPE_CHECKING, Any
 
 from pipelines.config import Settings
-from pipelines.errors import DataProblem
+from pipelines.errors import DataProblem, one_line
 from pipelines.logs.tools import TOOL_NAMES, WORKLOADS
 from pipelines.logs.toolsets import extra_tool_names
 from pipelines.prep.labels import TRUSTED_LABEL_SOURCES
@@ -67,6 +67,8 @@ class QualityReport:
     grammar_limits: dict[str, str] = field(default_factory=dict)  # its tools the grammar does not fully constrain
     # the approx_tokens ceiling and where it came from (the setting, or context window - answer budget)
     prompt_ceiling: dict[str, Any] = field(default_factory=dict)
+    # what tuning after SFT can learn from (`signals`): the window's ratings, the rewarded prompts, the pairs
+    signals: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -138,6 +140,39 @@ def curated_frames(spark: SparkSession, settings: Settings, window: DateWindow) 
     tool_counts = examples.groupBy("tool").agg(F.count("*").alias("examples"))
     session_splits = examples.groupBy("session_id").agg(F.countDistinct("split").alias("splits"))
     return {"examples": examples, "tool_counts": tool_counts, "session_splits": session_splits}
+
+
+def signals(spark: SparkSession, settings: Settings, window: DateWindow, examples: DataFrame) -> dict[str, Any]:
+    """The signals tuning after SFT learns from, counted for the report: the window's kept turns by rating
+    (`ratings`: up, down, none), the window's training-split examples (`rewarded_prompts`: GRPO draws its prompts,
+    up to `tune.grpo.max_prompts`, from the SFT training split) and the preference pairs DPO would train on now
+    (`preference_pairs`: `prep.pairs.pair_summary` over the current training set, the last features run's, so
+    before this window joins it: by source and split, dropped and quarantined by reason). A failure to count is
+    recorded as `error`, never a failed gate: the suites decide."""
+    try:
+        return _signals(spark, settings, window, examples)
+    except Exception as exc:  # noqa: BLE001 (any: the counts inform the report, they never stop the gate)
+        return {"error": one_line(exc)}
+
+
+def _signals(spark: SparkSession, settings: Settings, window: DateWindow, examples: DataFrame) -> dict[str, Any]:
+    from pyspark.sql import functions as F
+
+    from pipelines.prep.pairs import collect_pairs, pair_summary
+
+    days = window.isoformat_days()
+    clean_logs = zone_paths(settings)["clean_logs"]
+    ratings = {"up": 0, "down": 0, "none": 0}
+    if window_partitions(clean_logs, days):
+        logs = spark.read.parquet(clean_logs).filter(F.col("dt").cast("string").isin(days))
+        for row in logs.groupBy("feedback").count().collect():
+            key = row["feedback"] if row["feedback"] in ("up", "down") else "none"
+            ratings[key] += int(row["count"])
+    return {
+        "ratings": ratings,
+        "rewarded_prompts": examples.filter(F.col("split") == "train").count(),
+        "preference_pairs": {"scope": "the current training set", **pair_summary(*collect_pairs(settings))},
+    }
 
 
 def _suites(settings: Settings, window: DateWindow, max_approx_tokens: int) -> dict[str, list[Any]]:
@@ -280,6 +315,7 @@ def run_gates(
             settings.zone("raw"), [r["tool"] for r in frames["curated_tool_counts"].select("tool").collect()]
         ),
         prompt_ceiling=ceiling,
+        signals=signals(spark, settings, window, frames["curated_examples"]),
     )
     if not success:
         report.quarantined_to = quarantine_batch(settings, window, report)

@@ -123,8 +123,8 @@ def export(
     base = folder.rstrip("/")
     data_path = f"/export/{FILES[method]}"  # where the pod's init container puts it
     if method == "dpo":
+        from pipelines.prep.pairs import collect_pairs
         from pipelines.tune.dpo import preference_rows
-        from pipelines.tune.pairs import collect_pairs
 
         pairs, _, _ = collect_pairs(settings)
         records = dpo_records(preference_rows(pairs[pairs["split"] == "train"], style))

@@ -2,7 +2,7 @@
 before it is evaluated, registered and gated like any candidate.
 
 - `off`: the SFT adapter goes on as it is.
-- `dpo`: the preference pairs' training split (`tune.pairs`); fewer than `tune.dpo.min_pairs`: skipped with one
+- `dpo`: the preference pairs' training split (`prep.pairs`); fewer than `tune.dpo.min_pairs`: skipped with one
   line saying how many it has and needs, and the SFT adapter goes on.
 - `grpo`: the SFT training prompts, answers sampled under the served grammar and rewarded by the scorer.
 
@@ -108,9 +108,9 @@ def run_dpo(
     """DPO from `sft_adapter` into `folder` on the preference pairs' training split; too few pairs: a result with
     only the `skipped` line (naming `floor_option`) and the counts. The pairs it read (every split, `trained`
     marking the training split) and their counts are kept beside the adapter."""
+    from pipelines.prep.pairs import collect_pairs, pair_summary
     from pipelines.storage import write_bytes, write_json
     from pipelines.tune.dpo import preference_rows, too_few, train_dpo
-    from pipelines.tune.pairs import collect_pairs, pair_summary
 
     pairs, dropped, quarantined = collect_pairs(settings)
     train = pairs[pairs["split"] == "train"]
@@ -159,6 +159,31 @@ def _log_run(run_id: str, report: dict[str, Any], sweep: dict[str, Any]) -> None
             }
         )
         mlflow.log_dict(report, "tune/result.json")
+
+
+def log_command_run(
+    settings: Settings, report: dict[str, Any], *, version: str, base_model: str, style: str, parent_run_id: str | None
+) -> str:
+    """A `flywheel tune` command's run: an MLflow run under the version's own training run, logged as the DAG's
+    tune run is (params, per-step curves, seconds and tokens, the device), so showback prices it too."""
+    from mlflow import MlflowClient
+    from pipelines.clients.mlflow import use_tracking
+
+    tags = {
+        "flywheel.kind": TUNE_KIND, "flywheel.tune_method": report["method"], "flywheel.tune_from_version": version,
+        **({"mlflow.parentRunId": parent_run_id} if parent_run_id else {}),
+    }  # fmt: skip
+    experiment_id = use_tracking(settings)  # points the client below at the project's tracking store
+    client = MlflowClient()
+    run_id = client.create_run(
+        experiment_id, tags=tags, run_name=f"tune {report['method']} from v{version}"
+    ).info.run_id
+    try:
+        _log_run(run_id, report, {"base_model": base_model, "prompt_style": style})
+    except BaseException:
+        client.set_terminated(run_id, "FAILED")  # never a run left RUNNING
+        raise
+    return run_id
 
 
 def _one_device(torch: Any) -> str:
