@@ -77,7 +77,7 @@ def prep(result: Result) -> Body:
         "Feature preparation on Spark against DuckDB by record count (seconds and records/s), and a Great "
         "Expectations check over the prepared rows."
     )
-    what += f" Spark's own start ({num(d.get('spark_start_s'))} s) is not counted."
+    what = what.rstrip(".") + f". Spark's own start ({num(d.get('spark_start_s'))} s) is not counted."
     runs = [r for r in d["runs"] if "records" in r]
     spec = [
         ("n (records)", "records", num),

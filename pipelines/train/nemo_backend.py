@@ -155,9 +155,10 @@ def _distributed_spec(gpus: int, tensor_parallel_size: int) -> dict[str, Any]:
         "tp_size": tensor_parallel_size if on_gpu else 1,
         "pp_size": 1,
         "cp_size": 1,
-        # FSDP2Config's default policy computes in bf16 and casts the frozen base to bf16, even
-        # on one rank: on CPU that ran slower steps here (bench/train.py compares the two) and
-        # a bf16 adapter. On CPU the model computes in its own fp32; the GPU keeps bf16.
+        # FSDP2Config's default policy computes in bf16: on one rank (no sharding) NeMo casts the
+        # whole model to bf16 at setup, the LoRA adapter and so its optimizer state included.
+        # bench/nemo_bf16.py profiles that policy against fp32 on CPU. On CPU the model computes
+        # in its own fp32, so the adapter trains in fp32; the GPU keeps bf16.
         **(
             {}
             if on_gpu
