@@ -1,6 +1,6 @@
 """Which op makes NeMo AutoModel's bf16 training steps slower on this CPU (issue 52).
 
-The `nemo` backend trains in fp32 on CPU because FSDP2's default mixed precision ran slower steps here. On one
+The `nemo` backend trains in fp32 on CPU (an earlier note said FSDP2's default mixed precision ran slower). On one
 rank NeMo does not shard: its default policy (`param_dtype` bf16) casts the frozen base and the LoRA adapter to
 bf16 once at setup, so every step computes in bf16. This bench runs the same recipe, data and seed both ways and
 profiles the steps after the first `--skip` with torch.profiler (inside the NeMo environment,

@@ -183,7 +183,7 @@ def comparisons(
         refs = [f"base_few_shot{suffix}"]
         if not is_tuned_reference(r.condition.removesuffix(suffix)):  # a candidate: against what it would replace
             refs += sorted(
-                (c for c in by if c.endswith(suffix) and is_tuned_reference(c.removesuffix(suffix))),
+                (c for c in by if c.endswith(CONSTRAINED) == bool(suffix) and is_tuned_reference(c)),
                 key=lambda c: (c != f"tuned_champion{suffix}", c != f"tuned_sft{suffix}", c),
             )
         for ref in refs:
