@@ -267,7 +267,10 @@ def _args() -> argparse.Namespace:
     parser.add_argument("--duckdb-memory-limit", default="8GB", help="DuckDB's memory_limit (it spills past it)")
     parser.add_argument("--stage-timeout", type=float, default=4 * 3600, help="seconds for DuckDB's workers")
     parser.add_argument("--json", type=Path)
-    return parser.parse_args()
+    args = parser.parse_args()
+    if args.gates_size is not None and args.gates_size not in args.sizes:
+        parser.error(f"--gates-size {args.gates_size} is not one of --sizes {args.sizes}: the gates would never run")
+    return args
 
 
 def main() -> None:

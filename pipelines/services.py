@@ -19,6 +19,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 LOG = logging.getLogger("flywheel.services")
 
@@ -66,12 +67,15 @@ def _pid_file(root: str, name: str) -> Path:
 
 
 def _started_at(pid: int) -> float | None:
+    """When the process started, in seconds since boot (None: gone or a zombie). Never the wall clock: an NTP
+    step or a VM's clock catching up moves every process's wall-clock start time (psutil's `create_time` is
+    boot time + ticks), and a pid file checked against it would be dropped as if its pid had been reused."""
     import psutil
 
     try:
         process = psutil.Process(pid)
         if process.status() != psutil.STATUS_ZOMBIE:
-            return process.create_time()
+            return _since_boot(process)
     except psutil.ZombieProcess:
         pass
     except (psutil.NoSuchProcess, psutil.AccessDenied):
@@ -81,11 +85,27 @@ def _started_at(pid: int) -> float | None:
     return None
 
 
+def _since_boot(process: Any) -> float:
+    """Linux: `starttime` of /proc/<pid>/stat (clock ticks since boot, fixed for the process's life); elsewhere
+    psutil's start time less its boot time."""
+    import psutil
+
+    try:
+        stat = Path(f"/proc/{process.pid}/stat").read_bytes()
+        return int(stat[stat.rindex(b")") + 2 :].split()[19]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return float(process.create_time() - psutil.boot_time())
+
+
 def _write_pid(root: str, name: str, pid: int) -> None:
-    """`<pid> <start time>` written atomically: the start time tells our process from a reused pid."""
+    """`<pid> <start> boot` written atomically: the start (seconds since boot) tells our process from a reused
+    pid."""
     from pipelines.storage import write_text
 
-    write_text(str(_pid_file(root, name)), f"{pid} {_started_at(pid) or 0:.2f}\n")
+    write_text(str(_pid_file(root, name)), f"{pid} {_started_at(pid) or 0:.2f} {SINCE_BOOT}\n")
+
+
+SINCE_BOOT = "boot"
 
 
 def read_pid(root: str, name: str) -> int | None:
@@ -102,10 +122,21 @@ def read_pid(root: str, name: str) -> int | None:
     if started is None and not group_alive(pid):
         path.unlink(missing_ok=True)
         return None
+    if started is not None and SINCE_BOOT not in fields[2:]:  # a file an older version wrote: a wall-clock time
+        started = _wall_start(pid)
     if recorded is not None and started is not None and abs(started - recorded) > 1.0:
         path.unlink(missing_ok=True)  # the pid was reused by a process that is not ours
         return None
     return pid
+
+
+def _wall_start(pid: int) -> float | None:
+    import psutil
+
+    try:
+        return float(psutil.Process(pid).create_time())
+    except psutil.Error:
+        return None
 
 
 def group_alive(pgid: int) -> bool:

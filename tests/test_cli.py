@@ -230,3 +230,29 @@ def test_eval_compares_version_champion_as_the_champion(monkeypatch: pytest.Monk
     adapters, budgets = cli_models._adapters_to_evaluate(None, [f"dpo={tmp_path}"], ["champion", "7"])
     assert [a.label for a in adapters] == ["tuned_dpo", "tuned_champion", "tuned_v7"] and budgets == [48, 48]
     assert adapters[1].path == adapters[2].path == "/adapters/v7" and adapters[0].path == str(tmp_path)
+    # a folder labelled as a registered version, or two adapters under one label, is refused (mutations: either
+    # check removed): the second would overwrite the first's condition in the report
+    for folders, versions, needle in (
+        ([f"champion={tmp_path}"], [], "names a registered version"),
+        ([f"v7={tmp_path}"], [], "names a registered version"),
+        ([f"dpo={tmp_path}", f"tuned_dpo={tmp_path}"], [], "both be evaluated as tuned_dpo"),
+        ([], ["7", "7"], "both be evaluated as tuned_v7"),
+    ):
+        with pytest.raises(cli_models.UserError, match=needle):
+            cli_models._adapters_to_evaluate(None, folders, versions)
+
+
+def test_a_tune_result_is_kept_when_its_mlflow_run_cannot_be_logged(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The adapter is trained and written before its run is logged: a tracking failure is a warning and a field of
+    the result, never the result lost (mutation: the call outside its try)."""
+    from pipelines.cli import tune as cli_tune
+    from pipelines.tune import stage
+
+    def down(*args: object, **kwargs: object) -> str:
+        raise ConnectionError("tracking server down")
+
+    monkeypatch.setattr(stage, "log_command_run", down)
+    result = {"method": "dpo", "adapter_dir": "/runs/tune/dpo-v3/adapter", "steps": 2}
+    report = cli_tune._tuned_report(None, result, "3", "tiny", "dpo", "short", "")
+    assert report["run_id"] is None and report["tracking_error"] == "ConnectionError: tracking server down"
+    assert report["adapter_dir"] == result["adapter_dir"] and report["steps"] == 2 and report["from_version"] == "3"

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from pipelines.evaluate.episode_run import compare_conditions, prepare, summarize
+from pipelines.evaluate.episode_run import compare_conditions, episode_pairs, prepare, summarize
 from pipelines.evaluate.episodes import (
     Answer,
     Episode,
@@ -314,6 +314,18 @@ def test_a_redaction_token_is_filled_from_the_customers_turns_as_the_gateway_doe
 
 
 # -- pass^k -------------------------------------------------------------------------------------------------------
+def test_an_episode_candidate_is_paired_with_every_tuned_reference_beside_it_as_the_evaluation_pairs() -> None:
+    """A tuned candidate is compared with the champion, the SFT adapter it was tuned from and a registered
+    version; a reference only with the base prompts (the evaluation's `is_tuned_reference` rule)."""
+    labels = ["base_zero_shot", "base_few_shot", "tuned_champion", "tuned_sft", "tuned_v3", "tuned_candidate"]
+    pairs = episode_pairs(labels)
+    assert [ref for cand, ref in pairs if cand == "tuned_candidate"] == [
+        "tuned_champion", "tuned_sft", "tuned_v3", "base_few_shot", "base_zero_shot"
+    ]  # fmt: skip
+    assert [ref for cand, ref in pairs if cand == "tuned_sft"] == ["base_few_shot", "base_zero_shot"]
+    assert episode_pairs(["base_few_shot", "tuned_candidate"]) == [("tuned_candidate", "base_few_shot")]
+
+
 def test_pass_hat_k_against_a_hand_worked_example() -> None:
     # four tries, three succeed: pass^1 = 3/4; pass^2 = C(3,2)/C(4,2) = 3/6; pass^3 = 1/4; pass^4 = 0
     assert [pass_hat_k(3, 4, k) for k in (1, 2, 3, 4)] == [0.75, 0.5, 0.25, 0.0]
@@ -609,3 +621,7 @@ def test_successes_are_never_kept_from_the_gates_own_tasks(tmp_path: Path) -> No
     from pipelines.evaluate.episodes import load_tasks
 
     refuse_gate_tasks(settings, load_tasks(other)[0])  # no shared instruction: nothing refused
+    # a gate task file that cannot be read refuses too (fails closed; mutation: return when it is missing)
+    missing = load_settings(root=str(tmp_path / "root"), episodes={"tasks": str(tmp_path / "gone.jsonl")})
+    with pytest.raises(DataProblem, match="cannot be read"):
+        refuse_gate_tasks(missing, load_tasks(other)[0])

@@ -8,6 +8,7 @@ import threading
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 from ports import free_port
 
@@ -68,6 +69,30 @@ def test_a_stale_pid_file_never_signals_a_process_that_is_not_ours(tmp_path: Pat
     finally:
         other.kill()
         other.wait(timeout=10)
+
+
+def test_a_pid_file_of_ours_is_still_trusted_after_the_wall_clock_steps(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An NTP step or a VM's clock catching up moves every process's wall-clock start time (psutil's boot time
+    moves): the pid file records the start since boot, so the service is still ours and still running. Before,
+    the check dropped the live Triton's and gateway's pid files mid-run (mutation: the start taken from psutil's
+    `create_time` again)."""
+    import psutil._pslinux as pslinux
+
+    root = str(tmp_path)
+    ours = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    try:
+        services._write_pid(root, "triton", ours.pid)
+        stepped = pslinux.boot_time() + 3600.0
+        monkeypatch.setattr(pslinux, "boot_time", lambda: stepped)  # the clock stepped an hour forward
+        assert services.read_pid(root, "triton") == ours.pid and services.status(root, "triton").running
+        # a file an older version wrote holds the wall-clock start: still read as it was written
+        (services.run_dir(root) / "old.pid").write_text(f"{ours.pid} {psutil.Process(ours.pid).create_time():.2f}\n")
+        assert services.read_pid(root, "old") == ours.pid
+    finally:
+        ours.kill()
+        ours.wait(timeout=10)
 
 
 def _web(tmp_path: Path) -> tuple[str, int, services.ServiceSpec]:

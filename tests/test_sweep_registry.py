@@ -251,6 +251,13 @@ def test_register_promote_gate_both_ways_rollback_and_load_by_alias(settings, fi
             {"condition": "tuned_champion", **_row(0.5, 0.5, 100)},
         ]
     }
+    # the DAG's promote with the SFT rule on (the default): a tuned candidate that beats the champion but makes
+    # more wrong writes than the SFT adapter it was tuned from is refused (mutation: the rule left out of promote)
+    tuned = {"table": [*better["table"], {"condition": "tuned_sft", **_row(0.7, 0.8, 100), "wrong_writes": 0}]}
+    tuned["table"][0] = {**tuned["table"][0], "wrong_writes": 3, "examples": 40}
+    decision = tasks.promote(settings, second, tuned, {})
+    assert not decision["promoted"] and "against its SFT adapter (tuned_sft)" in decision["reason"], decision
+    assert alias_version(settings, CHAMPION) == first["version"]
     decision = tasks.promote(settings, second, better, {"reason": "drift: holiday"})
     assert decision["promoted"] and alias_version(settings, CHAMPION) == second["version"]
     assert history(settings)[-1]["reason"].startswith("[drift: holiday]")

@@ -111,6 +111,44 @@ def test_a_correction_whose_original_is_gone_is_dropped_and_said() -> None:
     assert pairs.empty and dropped == {"correction: original answer not in the clean logs": 1}
 
 
+def test_pairs_read_only_the_originals_of_corrections_from_the_clean_logs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`collect_pairs` reads of the clean-log history only the rows a correction needs, and no file at all when
+    the training set holds none (mutation: every row read; an unreadable day would then fail the count)."""
+    from pipelines.config import load_settings
+    from pipelines.prep import dataset
+    from pipelines.prep.pairs import collect_pairs
+    from pipelines.prep.pipeline import zone_paths
+
+    settings = load_settings(root=str(tmp_path))
+    logs = Path(zone_paths(settings)["clean_logs"])
+    (logs / "dt=2026-11-20").mkdir(parents=True)
+    rows = [{"record_id": r, "tool": "track", "arguments_json": '{"order_id": "#W1"}', "label_source": "champion"}
+            for r in ("c1", "other")]  # fmt: skip
+    pd.DataFrame(rows).to_parquet(logs / "dt=2026-11-20" / "part-0.parquet")
+    (logs / "dt=2026-11-21").mkdir()
+    (logs / "dt=2026-11-21" / "part-0.parquet").write_bytes(b"not parquet")  # a day nothing needs
+    monkeypatch.setattr(dataset, "load_split", lambda settings, split: pd.DataFrame([_example("t1", ORDER, "teacher")]))
+    pairs, _, _ = collect_pairs(settings)  # no correction: the clean logs are not read
+    assert pairs.empty
+    (logs / "dt=2026-11-21" / "part-0.parquet").unlink()
+    read: list[int] = []  # rows each read returned
+    original = pd.read_parquet
+
+    def counted(*args: Any, **kwargs: Any) -> pd.DataFrame:
+        frame = original(*args, **kwargs)
+        read.append(len(frame))
+        return frame
+
+    monkeypatch.setattr(pd, "read_parquet", counted)
+    corrected = pd.DataFrame([_example("c1-review", ORDER, "human")])
+    monkeypatch.setattr(dataset, "load_split", lambda settings, split: corrected)
+    pairs, _, _ = collect_pairs(settings)
+    assert list(pairs["record_id"]) == ["c1-review"] and json.loads(pairs.iloc[0]["rejected_json"]) == TRACK
+    assert read == [1]  # c1's row alone, not the day's others
+
+
 def test_too_few_pairs_skip_dpo_with_one_line_saying_how_many() -> None:
     assert too_few(3, DpoConfig(min_pairs=16)) == (
         "dpo: skipped: 3 training pair(s), it needs at least 16 (--min-pairs)"

@@ -244,7 +244,10 @@ def _adapters_to_evaluate(settings: Any, folders: list[str], versions: list[str]
         if written not in ("full", "short", "names"):
             raise UserError(f"--adapter: {style} names no prompt style: {written!r}")
         label = label or Path(path).parent.name  # a tuned condition, so the evaluation compares it
-        adapters.append(Adapter(label if label.startswith("tuned_") else f"tuned_{label}", path, cast("Any", written)))
+        name = label if label.startswith("tuned_") else f"tuned_{label}"
+        if name == "tuned_champion" or (name.startswith("tuned_v") and name[7:].isdigit()):
+            raise UserError(f"--adapter {item}: the label {label!r} names a registered version; use --version")
+        adapters.append(Adapter(name, path, cast("Any", written)))
     for ref in versions:
         number = ref if ref.isdigit() else alias_version(settings, ref)
         if number is None:
@@ -253,6 +256,9 @@ def _adapters_to_evaluate(settings: Any, folders: list[str], versions: list[str]
         label = "tuned_champion" if ref == "champion" else f"tuned_v{number}"
         adapters.append(Adapter(label, adapter_path(settings, number), prompt_style(settings, number)))
         budgets.append(answer_budget(settings, number) or FALLBACK)
+    labels = [a.label for a in adapters]
+    if twice := sorted({x for x in labels if labels.count(x) > 1}):
+        raise UserError(f"--adapter/--version: two adapters would both be evaluated as {', '.join(twice)}")
     return adapters, budgets
 
 

@@ -53,12 +53,22 @@ def _tuned_report(
     version it started from and the `flywheel eval` line comparing them."""
     from pipelines.tune.stage import log_command_run
 
-    run_id = log_command_run(
-        settings, result, version=number, base_model=base_model, style=str(style), parent_run_id=parent or None
-    )
+    tracking_error = None
+    try:
+        run_id = log_command_run(
+            settings, result, version=number, base_model=base_model, style=str(style), parent_run_id=parent or None
+        )
+    except Exception as exc:  # noqa: BLE001 (the adapter is trained and written: its result is still printed)
+        run_id, tracking_error = None, f"{type(exc).__name__}: {exc}"
+        console.print(
+            f"warning: {method}: the adapter is in {result['adapter_dir']}, but its MLflow run could not be logged "
+            f"({tracking_error}); showback will not price it",
+            markup=False, highlight=False,
+        )  # fmt: skip
     return {
         **result,
         "run_id": run_id,
+        **({"tracking_error": tracking_error} if tracking_error else {}),
         "from_version": number,
         "base_model": base_model,
         "evaluate_with": f"flywheel eval --base-model {base_model} --version {number} "

@@ -131,9 +131,15 @@ def refuse_gate_tasks(settings: Any, tasks: list[Any]) -> None:
     from pipelines.errors import DataProblem
 
     gate_file = settings.episodes.tasks
-    if not gate_file or not Path(gate_file).is_file():
+    if not gate_file:
         return
-    shared = {t.instruction for t in load_tasks(Path(gate_file))[0]} & {t.instruction for t in tasks}
+    if not Path(gate_file).is_file():  # fail closed: the check cannot run, so nothing is kept
+        raise DataProblem(
+            f"keep successes: the gate's tasks (episodes.tasks = {gate_file}) cannot be read, so kept successes "
+            "cannot be checked against them; fix the setting or clear it"
+        )
+    gate = {t.instruction for t in load_tasks(Path(gate_file))[0]}
+    shared = [t for t in tasks if t.instruction in gate]
     if shared:
         raise DataProblem(
             f"keep successes: {len(shared)} of these tasks share instructions with the gate's (episodes.tasks): "

@@ -30,6 +30,7 @@ from pipelines.evaluate.episodes import (
     teacher_forced,
     teacher_forced_pass,
 )
+from pipelines.evaluate.pipeline import is_tuned_reference
 from pipelines.simulate.environments import Environment, load_environment
 from pipelines.toolcall.calls import call_text, target_json
 from pipelines.toolcall.examples import Example
@@ -245,6 +246,17 @@ class EpisodeRun:
     keep_successes: str | None = None  # a raw zone: the tuned conditions' successful episodes written there
 
 
+def episode_pairs(labels: list[str]) -> list[tuple[str, str]]:
+    """Which conditions an episode run compares: a candidate against every tuned reference beside it (the
+    champion, `tuned_sft`, `tuned_vN`: the evaluation's own rule, `is_tuned_reference`), then each tuned
+    condition against the base prompts."""
+    pairs = []
+    for cand in (lab for lab in labels if lab.startswith("tuned_")):
+        refs = [] if is_tuned_reference(cand) else sorted(lab for lab in labels if is_tuned_reference(lab))
+        pairs += [(cand, ref) for ref in (*refs, "base_few_shot", "base_zero_shot") if ref in labels and ref != cand]
+    return pairs
+
+
 def run_episodes(
     settings: Settings, run: EpisodeRun, policies: list[ModelPolicy], console: Any = None
 ) -> dict[str, Any]:
@@ -290,12 +302,8 @@ def run_episodes(
             for row in tf:
                 row["steps"] = row["steps"][:12]
             results[policy.label]["teacher_forced"] = tf
-    comparisons = []
-    labels = [p.label for p in policies]
-    for cand in (lab for lab in labels if lab.startswith("tuned_")):
-        for ref in ("tuned_champion", "base_few_shot", "base_zero_shot"):
-            if ref in results and ref != cand:
-                comparisons.append(compare_conditions(results, cand, ref, e.k))
+    ran = [p.label for p in policies if p.label in results]
+    comparisons = [compare_conditions(results, cand, ref, e.k) for cand, ref in episode_pairs(ran)]
     report = {
         "name": run.name,
         "tasks_file": run.tasks_file.name,

@@ -175,10 +175,14 @@ def collect_pairs(settings: Settings) -> tuple[pd.DataFrame, dict[str, int], lis
             continue
         parts.append(part.assign(split=split))
     examples = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=["record_id"])
+    # only the originals of accepted corrections are read, however long the clean-log history grows
+    wanted = sorted(
+        {r.removesuffix(REVIEW_SUFFIX) for r in examples["record_id"].astype(str) if r.endswith(REVIEW_SUFFIX)}
+    )
     originals: dict[str, dict[str, Any]] = {}
-    for f in glob(f"{zone_paths(settings)['clean_logs']}/dt=*/*.parquet"):
+    for f in glob(f"{zone_paths(settings)['clean_logs']}/dt=*/*.parquet") if wanted else []:
         cols = ["record_id", "tool", "arguments_json", "label_source"]
-        for row in pd.read_parquet(f, columns=cols).to_dict("records"):
+        for row in pd.read_parquet(f, columns=cols, filters=[("record_id", "in", wanted)]).to_dict("records"):
             originals[row["record_id"]] = row
     comparisons = []
     for f in sorted(glob(f"{settings.zone('serving')}/gateway/agreement/dt=*/*.jsonl")):
