@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 
-from pipelines.evaluate.episode_run import compare_conditions, episode_pairs, prepare, summarize
+from pipelines.evaluate.episode_data import episode_pairs
+from pipelines.evaluate.episode_run import compare_conditions, prepare, summarize
 from pipelines.evaluate.episodes import (
     Answer,
     Episode,

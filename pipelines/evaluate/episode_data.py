@@ -145,3 +145,16 @@ def refuse_gate_tasks(settings: Any, tasks: list[Any]) -> None:
             f"keep successes: {len(shared)} of these tasks share instructions with the gate's (episodes.tasks): "
             "its own tasks would train the candidates it judges; keep successes of other tasks"
         )
+
+
+def episode_pairs(labels: list[str]) -> list[tuple[str, str]]:
+    """Which conditions an episode run compares: a candidate against every tuned reference beside it (the
+    champion, `tuned_sft`, `tuned_vN`: the evaluation's own rule, `is_tuned_reference`), then each tuned
+    condition against the base prompts."""
+    from pipelines.evaluate.pipeline import is_tuned_reference
+
+    pairs = []
+    for cand in (lab for lab in labels if lab.startswith("tuned_")):
+        refs = [] if is_tuned_reference(cand) else sorted(lab for lab in labels if is_tuned_reference(lab))
+        pairs += [(cand, ref) for ref in (*refs, "base_few_shot", "base_zero_shot") if ref in labels and ref != cand]
+    return pairs

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from pipelines.config import Settings
-from pipelines.evaluate.episode_data import keep_successes, progress_line, refuse_gate_tasks
+from pipelines.evaluate.episode_data import episode_pairs, keep_successes, progress_line, refuse_gate_tasks
 from pipelines.evaluate.episodes import (
     Answer,
     Gold,
@@ -30,7 +30,6 @@ from pipelines.evaluate.episodes import (
     teacher_forced,
     teacher_forced_pass,
 )
-from pipelines.evaluate.pipeline import is_tuned_reference
 from pipelines.simulate.environments import Environment, load_environment
 from pipelines.toolcall.calls import call_text, target_json
 from pipelines.toolcall.examples import Example
@@ -244,17 +243,6 @@ class EpisodeRun:
     sample_tries: bool = True
     few_shot_pool: Path | None = None  # tasks whose gold trajectories are the few-shot pool (not evaluated)
     keep_successes: str | None = None  # a raw zone: the tuned conditions' successful episodes written there
-
-
-def episode_pairs(labels: list[str]) -> list[tuple[str, str]]:
-    """Which conditions an episode run compares: a candidate against every tuned reference beside it (the
-    champion, `tuned_sft`, `tuned_vN`: the evaluation's own rule, `is_tuned_reference`), then each tuned
-    condition against the base prompts."""
-    pairs = []
-    for cand in (lab for lab in labels if lab.startswith("tuned_")):
-        refs = [] if is_tuned_reference(cand) else sorted(lab for lab in labels if is_tuned_reference(lab))
-        pairs += [(cand, ref) for ref in (*refs, "base_few_shot", "base_zero_shot") if ref in labels and ref != cand]
-    return pairs
 
 
 def run_episodes(
