@@ -66,6 +66,9 @@ def _pid_file(root: str, name: str) -> Path:
     return run_dir(root) / f"{name}.pid"
 
 
+SINCE_BOOT = "boot"  # the pid file's tag: its start is in seconds since boot
+
+
 def _started_at(pid: int) -> float | None:
     """When the process started, in seconds since boot (None: gone or a zombie). Never the wall clock: an NTP
     step or a VM's clock catching up moves every process's wall-clock start time (psutil's `create_time` is
@@ -103,9 +106,6 @@ def _write_pid(root: str, name: str, pid: int) -> None:
     from pipelines.storage import write_text
 
     write_text(str(_pid_file(root, name)), f"{pid} {_started_at(pid) or 0:.2f} {SINCE_BOOT}\n")
-
-
-SINCE_BOOT = "boot"
 
 
 def read_pid(root: str, name: str) -> int | None:

@@ -229,7 +229,7 @@ def _episodes_table(report: dict[str, Any], k: int) -> None:
 
 def _adapters_to_evaluate(settings: Any, folders: list[str], versions: list[str]) -> tuple[list[Any], list[int]]:
     """`--adapter` folders and `--version` refs as the evaluation's adapters, with the versions' answer budgets."""
-    from pipelines.evaluate.pipeline import Adapter
+    from pipelines.evaluate.pipeline import CONSTRAINED, Adapter, is_tuned_reference
     from pipelines.registry.models import adapter_path, alias_version, answer_budget, prompt_style
     from pipelines.toolcall.budget import FALLBACK
     from pipelines.toolcall.examples import PROMPT_STYLE_FILE
@@ -245,7 +245,7 @@ def _adapters_to_evaluate(settings: Any, folders: list[str], versions: list[str]
             raise UserError(f"--adapter: {style} names no prompt style: {written!r}")
         label = label or Path(path).parent.name  # a tuned condition, so the evaluation compares it
         name = label if label.startswith("tuned_") else f"tuned_{label}"
-        if name == "tuned_champion" or (name.startswith("tuned_v") and name[7:].isdigit()):
+        if is_tuned_reference(name) and name.removesuffix(CONSTRAINED) != "tuned_sft":  # the registry's names
             raise UserError(f"--adapter {item}: the label {label!r} names a registered version; use --version")
         adapters.append(Adapter(name, path, cast("Any", written)))
     for ref in versions:

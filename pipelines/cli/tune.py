@@ -51,6 +51,7 @@ def _tuned_report(
 ) -> dict[str, Any]:
     """A tune command's result, logged as an MLflow run under the version's training run (`parent`), with the
     version it started from and the `flywheel eval` line comparing them."""
+    from pipelines.errors import one_line
     from pipelines.tune.stage import log_command_run
 
     tracking_error = None
@@ -59,7 +60,7 @@ def _tuned_report(
             settings, result, version=number, base_model=base_model, style=str(style), parent_run_id=parent or None
         )
     except Exception as exc:  # noqa: BLE001 (the adapter is trained and written: its result is still printed)
-        run_id, tracking_error = None, f"{type(exc).__name__}: {exc}"
+        run_id, tracking_error = None, one_line(exc)  # one line, URI passwords masked
         console.print(
             f"warning: {method}: the adapter is in {result['adapter_dir']}, but its MLflow run could not be logged "
             f"({tracking_error}); showback will not price it",
