@@ -86,7 +86,8 @@ def _tuned(tune: dict[str, Any]) -> str:
         return "tuning off: the SFT adapter goes on"
     if tune.get("skipped"):
         return str(tune["skipped"])
-    return f"{tune['method']}: {tune.get('steps')} steps on {tune.get('prompts') or tune.get('pairs')} examples"
+    examples = tune.get("prompts") or tune.get("pairs") or tune.get("rows")
+    return f"{tune['method']}: {tune.get('steps')} steps on {examples} examples"
 
 
 def _signals(result: dict[str, Any]) -> str:
@@ -99,9 +100,11 @@ def _signals(result: dict[str, Any]) -> str:
     ratings = sig.get("ratings") or {}
     by_source = (sig.get("preference_pairs") or {}).get("by_source") or {}
     training_pairs = sum(int(splits.get("train", 0)) for splits in by_source.values())
+    thumbs = sig.get("thumbs") or {}
     return (
         f"; {ratings.get('up', 0)} rated up, {ratings.get('down', 0)} down, {sig.get('rewarded_prompts', 0)} "
-        f"training prompts to reward, {training_pairs} training preference pairs"
+        f"training prompts to reward, {training_pairs} training preference pairs, "
+        f"{thumbs.get('train_desirable', 0)}+{thumbs.get('train_undesirable', 0)} training thumbs (up+down)"
     )
 
 

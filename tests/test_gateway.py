@@ -439,6 +439,9 @@ def test_the_loop_trains_on_the_teacher_and_on_people_never_on_the_champion_alon
     assert refused.returncode != 0 and "error: --method: expected dpo or grpo" in refused.stderr
     few = run_flywheel("tune", "dpo", "--min-pairs", "1000", env=env)
     assert few.returncode == 0 and "dpo: skipped:" in few.stderr + few.stdout and "at least 1000" in few.stderr
+    thumbs = run_flywheel("tune", "kto", "--min-rows", "1000", "--json", env=env)  # the gateway's thumbs, too few
+    assert thumbs.returncode == 0 and json.loads(thumbs.stdout)["skipped"].startswith("kto: skipped:"), thumbs.stderr
+    assert "at least 1000 in all (--min-rows)" in json.loads(thumbs.stdout)["skipped"]
     tuned = run_flywheel("tune", "dpo", "--min-pairs", "1", "--steps", "2", "--json", env=env)
     assert tuned.returncode == 0, tuned.stderr[-2000:]
     result = json.loads(tuned.stdout)

@@ -197,3 +197,47 @@ def test_invalid_generator_config_is_rejected() -> None:
         GeneratorConfig(bad_share=1.5)
     with pytest.raises(ValueError, match="days"):
         GeneratorConfig(days=0)
+
+
+def _call(r: dict) -> tuple[str, dict] | None:
+    calls = r["response"]["choices"][0]["message"].get("tool_calls")
+    if not calls:
+        return None
+    return calls[0]["function"]["name"], orjson.loads(calls[0]["function"]["arguments"])
+
+
+def test_an_injected_slip_is_systematic_rated_as_told_and_its_truth_kept_apart(baseline: list[dict]) -> None:
+    """A slip (issue 51's acceptance): the slip's share of get_order turns, asked in its own phrasings, logged as
+    track_shipment with the same order id; only those rated down (never up), the other answers only rated up;
+    `truth` writes the same phrasings with the right call. Mutations tried: the wrong tool not applied; the
+    ratings left as the plain generator's (random downs): each fails."""
+    from pipelines.simulate.generator import Slip
+    from pipelines.simulate.generator.config import SLIP_PHRASES
+
+    def run(truth: bool) -> list[dict]:
+        cfg = GeneratorConfig(seed=21, records=5000, end_date=END, bad_share=0, slip=Slip(share=0.3, truth=truth))
+        return [orjson.loads(line) for _, line in _records(cfg)]
+
+    logged, truth = run(False), run(True)
+    slipped = [r for r in logged if r.get("scenario") == "slip"]
+    asked = [r for r in logged if _call(r) and _call(r)[0] == "get_order"] + slipped
+    assert 0.2 < len(slipped) / len(asked) < 0.4
+    phrasings = {p.split("{")[0].split()[-2] for p in SLIP_PHRASES["get_order"]}  # "my" (typos spare 2 letters)
+    for r in slipped:
+        name, args = _call(r)
+        assert name == "track_shipment" and set(args) == {"order_id"} and args["order_id"] in _text(r).upper()
+        assert phrasings == {"my"} and " my " in _text(r) and r["feedback"] in ("down", "none")
+    assert not any(_text(r).startswith(("where's my order", "any news on my order")) for r in baseline)
+    down = sum(r["feedback"] == "down" for r in slipped) / len(slipped)
+    assert 0.1 < down < 0.3
+    rest = [r for r in logged if r.get("scenario") != "slip"]
+    assert {r["feedback"] for r in rest} == {"up", "none"} and 0.15 < _share(
+        rest, lambda r: r["feedback"] == "up"
+    ) < 0.25
+    right = [r for r in truth if r.get("scenario") == "slip"]
+    assert right and all(_call(r)[0] == "get_order" for r in right)
+    with pytest.raises(ValueError, match="takes no order_id"):
+        Slip(intent="get_order", wrong="list_invoices")
+    with pytest.raises(ValueError, match="INTENT:WRONG"):
+        Slip.parse("get_order")
+    assert Slip.parse("get_order:track_shipment:0.5", truth=True) == Slip(share=0.5, truth=True)

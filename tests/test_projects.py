@@ -103,7 +103,7 @@ def test_project_commands_and_every_boundary_are_one_error_line(flywheel_root: P
     assert (
         registry.tune_method(settings_of("search")) == "grpo" and registry.tune_method(settings_of("disputes")) == "off"
     )
-    _one_error(*_flywheel(capsys, "project", "tune", "search", "--method", "kto")[::2], "--method: expected one of")
+    _one_error(*_flywheel(capsys, "project", "tune", "search", "--method", "ppo")[::2], "--method: expected one of")
     _one_error(*_flywheel(capsys, "project", "tune", "nope", "--method", "dpo")[::2], "unknown project")
     assert _flywheel(capsys, "project", "tune", "search", "--method", "platform")[0] == 0
     assert registry.tune_method(settings_of("search").model_copy(update={"tune": TuneSettings(method="dpo")})) == "dpo"

@@ -138,6 +138,42 @@ def test_a_window_mostly_labelled_by_our_own_model_fails_the_trusted_label_gate(
     assert report.quarantined_to and not list((tmp_path / "curated" / "examples").rglob("*.parquet"))
 
 
+def test_the_rated_answers_reach_kto_with_their_prompts_split_as_their_sessions(window_root) -> None:
+    """Prep's `rated` table and the features step's rated set (issue 51, KTO): every kept turn people rated, up or
+    down (trained or held), is a thumb with the training prompt and context its SFT example has, in its session's
+    split. Mutations tried: `rated_rows` split on its own (`assign_splits` over the rated rows alone): a thumb's
+    split differs from its session's examples and it fails; the rated rows left out of the context join: the
+    prompts differ and it fails."""
+    from pipelines.prep.thumbs import collect_thumbs, thumb_summary
+
+    root, settings = window_root["root"], window_root["settings"]
+    logs = pd.read_parquet(root / "curated" / "clean_logs")
+    rated = logs[logs["feedback"].isin(["up", "down"])]
+    thumbs, dropped, quarantined = collect_thumbs(settings)
+    assert quarantined == [] and (rated["feedback"] == "down").sum() > 0
+    assert len(thumbs) + sum(dropped.values()) == len(rated)
+    assert set(thumbs["record_id"]) <= set(rated["record_id"])
+    held = set(rated.loc[rated["held"].notna(), "record_id"])
+    assert held & set(thumbs["record_id"]), "down-rated (held) answers are thumbs too"
+    assert set(thumbs.loc[~thumbs["desirable"], "record_id"]) == set(
+        rated.loc[rated["feedback"] == "down", "record_id"]
+    )
+    sft_parts = [
+        pd.read_parquet(p).assign(split=p.parent.parent.name.removeprefix("split="))
+        for p in (root / "curated" / "sft").rglob("*.parquet")
+    ]
+    sft = pd.concat(sft_parts, ignore_index=True)
+    session_split = dict(zip(sft["session_id"], sft["split"]))
+    placed = thumbs[thumbs["session_id"].isin(session_split)]
+    assert len(placed) > 0 and (placed["split"] == placed["session_id"].map(session_split)).all()
+    same = thumbs.merge(sft[["record_id", "system_prompt", "context"]], on="record_id", suffixes=("", "_sft"))
+    assert len(same) > 0 and (same["system_prompt"] == same["system_prompt_sft"]).all()
+    assert (same["context"] != "").any()
+    summary = thumb_summary(thumbs, dropped, quarantined)
+    assert summary["train_undesirable"] > 0 and summary["train_desirable"] > 0
+    assert window_root["report"].signals["thumbs"]["thumbs"] == 0  # counted before the features step built it
+
+
 def test_training_set_carries_point_in_time_context(window_root) -> None:
     root = window_root["root"]
     sft = pd.read_parquet(root / "curated" / "sft")

@@ -307,11 +307,40 @@ def labels_pairs(
         _emit({**summary, "shown": pairs.head(show).to_dict("records")}, True, "")
         return
     print(f"{summary['pairs']} preference pair(s)")
+    _print_counts(summary)
+    for row in pairs.head(show).to_dict("records"):
+        print(f"{row['pair_id']}  [{row['split']}]  chosen {row['chosen_json']}  over  {row['rejected_json']}")
+
+
+@labels_app.command("thumbs")
+def labels_thumbs(
+    show: Annotated[int, typer.Option(min=0, help="List this many rated answers after the counts")] = 0,
+    as_json: JsonOpt = False,
+) -> None:
+    """The unpaired thumbs KTO trains on, by source and split: answers rated up and corrections (desirable),
+    answers rated down (undesirable), with what was dropped or quarantined and why."""
+    from pipelines.prep.thumbs import collect_thumbs, thumb_summary
+
+    thumbs, dropped, quarantined = collect_thumbs(cli_settings())
+    summary = thumb_summary(thumbs, dropped, quarantined)
+    if as_json:
+        _emit({**summary, "shown": thumbs.head(show).to_dict("records")}, True, "")
+        return
+    print(
+        f"{summary['thumbs']} rated answer(s); training split: {summary['train_desirable']} desirable, "
+        f"{summary['train_undesirable']} undesirable"
+    )
+    _print_counts(summary)
+    for row in thumbs.head(show).to_dict("records"):
+        kind = "desirable" if row["desirable"] else "undesirable"
+        print(f"{row['thumb_id']}  [{row['split']}]  {kind}  {row['completion_json']}")
+
+
+def _print_counts(summary: dict[str, Any]) -> None:
+    """A signal table's counts by source and split, then what was dropped and quarantined, with why."""
     for source, splits in summary["by_source"].items():
         counts = ", ".join(f"{split} {n}" for split, n in sorted(splits.items())) or "none"
         print(f"  {source:<10} {counts}")
     for title, counts in (("dropped", summary["dropped"]), ("quarantined", summary["quarantined"])):
         for reason, n in counts.items():
             print(f"  {title}: {n}  {reason}")
-    for row in pairs.head(show).to_dict("records"):
-        print(f"{row['pair_id']}  [{row['split']}]  chosen {row['chosen_json']}  over  {row['rejected_json']}")

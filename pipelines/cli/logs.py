@@ -29,15 +29,32 @@ def logs_generate(
     drift_magnitude: Annotated[float, typer.Option(min=0.0, max=1.0, help="Strength of the drift, 0..1.")] = 0.6,
     bad_share: Annotated[float, typer.Option(min=0.0, max=1.0, help="Share of bad records (all kinds).")] = 0.05,
     gzip_output: Annotated[bool, typer.Option("--gzip", help="Write .jsonl.gz instead of .jsonl.")] = False,
+    slip: Annotated[
+        str | None,
+        typer.Option(
+            help="Inject a teacher's mistake, INTENT:WRONG[:SHARE] (e.g. get_order:track_shipment:0.3): that share "
+            "of the intent's turns, asked in the slip's phrasings, logged as WRONG; 20 % of them rated down, 20 % of "
+            "the other answers rated up."
+        ),
+    ] = None,
+    slip_truth: Annotated[
+        bool, typer.Option(help="With --slip: the slip's phrasings with the right calls (a held-out set).")
+    ] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Write realistic synthetic commerce-agent traffic into date partitions of the raw zone."""
-    from pipelines.simulate.generator import Drift, GeneratorConfig, write_raw_logs
+    from pipelines.simulate.generator import Drift, GeneratorConfig, Slip, write_raw_logs
 
     try:
         drift_kind = Drift(drift)
     except ValueError:
         raise UserError(f"--drift: expected one of {', '.join(d.value for d in Drift)}, got {drift!r}") from None
+    if slip_truth and slip is None:
+        raise UserError("--slip-truth: only with --slip")
+    try:
+        injected = Slip.parse(slip, truth=slip_truth) if slip is not None else None
+    except ValueError as exc:
+        raise UserError(f"--slip: {exc}") from None
     config = GeneratorConfig(
         seed=seed,
         records=records,
@@ -46,6 +63,7 @@ def logs_generate(
         bad_share=bad_share,
         drift=drift_kind,
         drift_magnitude=drift_magnitude,
+        slip=injected,
     )
     raw_root = out or Path(cli_settings().zone("raw"))
     with _progress() as progress:

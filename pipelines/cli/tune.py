@@ -13,7 +13,8 @@ from pipelines.cli.common import emit as _emit
 WINDOW_TAG = "flywheel.training_window"  # registry.models: the window a version trained on
 
 tune_app = typer.Typer(
-    help="Tuning after SFT: DPO from the preference pairs (`flywheel labels pairs`), GRPO with the scorer's reward.",
+    help="Tuning after SFT: DPO from the preference pairs (`flywheel labels pairs`), KTO from the thumbs "
+    "(`flywheel labels thumbs`), GRPO with the scorer's reward.",
     no_args_is_help=True,
 )
 
@@ -125,14 +126,59 @@ def tune_dpo(
         settings, cfg, Path(adapter_path(settings, number)), folder, lambda: load_base(base_model, settings),
         style=style, floor_option="--min-pairs", progress=_say,
     )  # fmt: skip
-    if result.get("skipped"):  # one line, and the counts that explain it
+    _emit_tuned(settings, result, number, base_model, style, tags["run_id"], as_json)
+
+
+def _emit_tuned(
+    settings: Any, result: dict[str, Any], number: str, base_model: str, style: Any, parent: str, as_json: bool
+) -> None:
+    """A DPO or KTO command's output: the tuned report, or the one line saying why it skipped with the counts
+    that explain it."""
+    method = result["method"]
+    if result.get("skipped"):
+        counts = result["pairs_summary" if method == "dpo" else "thumbs_summary"]
         if as_json:
-            _emit({"skipped": result["skipped"], **result["pairs_summary"]}, True, "")
+            _emit({"skipped": result["skipped"], **counts}, True, "")
         else:
             console.print(result["skipped"], markup=False)
-            _emit(result["pairs_summary"], False, "preference pairs")
+            _emit(counts, False, "preference pairs" if method == "dpo" else "rated answers")
         return
-    _emit(_tuned_report(settings, result, number, base_model, "dpo", style, tags["run_id"]), as_json, "dpo")
+    _emit(_tuned_report(settings, result, number, base_model, method, style, parent), as_json, method)
+
+
+@tune_app.command("kto")
+def tune_kto(
+    version: Annotated[str, typer.Option(help="The registered version (number or alias) KTO starts from")] = "champion",
+    out: Annotated[Path | None, typer.Option(help="Folder for the KTO run; default <runs>/tune/kto-v<N>")] = None,
+    steps: Annotated[int | None, typer.Option(min=1, help="Optimizer steps (tune.kto.max_steps)")] = None,
+    beta: Annotated[float | None, typer.Option(help="Pull towards the SFT reference (tune.kto.beta)")] = None,
+    min_rows: Annotated[
+        int | None, typer.Option(min=1, help="Fewer rated training answers (or no thumbs down): skipped, saying so")
+    ] = None,
+    max_length: Annotated[
+        int | None, typer.Option(min=32, help="Prompt and answer tokens; a longer row is left out and counted")
+    ] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """KTO on top of a registered version's SFT adapter, that adapter frozen as the reference, on the training
+    split of the rated answers (thumbs up and corrections desirable, thumbs down undesirable; the rarer side
+    weighted up); the result tells the `flywheel eval` command that compares it with that version."""
+    from pipelines.base_models import load_base
+    from pipelines.config.tune import KtoSettings
+    from pipelines.registry.models import adapter_path, prompt_style
+    from pipelines.tune.stage import run_kto
+
+    settings = cli_settings()
+    overrides: dict[str, Any] = {"max_steps": steps, "beta": beta, "min_rows": min_rows, "max_length": max_length}
+    cfg = _config(KtoSettings, settings.tune.kto, overrides)
+    number, base_model, tags = _version(settings, version, "KTO")
+    folder = _local_runs(settings, out, "kto", number)
+    style = prompt_style(settings, number)
+    result = run_kto(
+        settings, cfg, Path(adapter_path(settings, number)), folder, lambda: load_base(base_model, settings),
+        style=style, floor_option="--min-rows", progress=_say,
+    )  # fmt: skip
+    _emit_tuned(settings, result, number, base_model, style, tags["run_id"], as_json)
 
 
 @tune_app.command("grpo")
@@ -196,7 +242,8 @@ def tune_export(
     from pipelines.tune.nemo_rl import export
 
     if method not in ("dpo", "grpo"):
-        raise UserError(f"--method: expected dpo or grpo, got {method!r}")
+        why = " (NeMo RL has no KTO: `flywheel tune kto` trains it here)" if method == "kto" else ""
+        raise UserError(f"--method: expected dpo or grpo, got {method!r}{why}")
     settings = cli_settings()
     number, base_model, tags = _version(settings, version, method.upper())
     folder = out or f"{settings.zone('runs').rstrip('/')}/tune/export/{method}-v{number}"

@@ -8,8 +8,8 @@ from pydantic import Field
 
 from pipelines.config.base import _Section
 
-TuneMethod = Literal["off", "dpo", "grpo"]
-TUNE_METHODS: tuple[TuneMethod, ...] = ("off", "dpo", "grpo")
+TuneMethod = Literal["off", "dpo", "kto", "grpo"]
+TUNE_METHODS: tuple[TuneMethod, ...] = ("off", "dpo", "kto", "grpo")
 
 
 class DpoSettings(_Section):
@@ -23,6 +23,29 @@ class DpoSettings(_Section):
         default=2048, ge=32, description="prompt and answer tokens; a longer pair is left out and counted"
     )
     min_pairs: int = Field(default=16, ge=1, description="fewer training pairs than this: DPO is skipped, saying so")
+    seed: int = Field(default=0, description="the trainer's seed")
+
+
+class KtoSettings(_Section):
+    """KTO's hyperparameters (`tune.kto`, `flywheel tune kto` options): unpaired thumbs (`flywheel labels thumbs`)."""
+
+    beta: float = Field(default=0.1, gt=0, description="strength of the pull towards the SFT reference (KTO's beta)")
+    learning_rate: float = Field(default=5e-5, gt=0, le=1, description="the adapter's learning rate")
+    max_steps: int = Field(default=40, ge=1, description="optimizer steps")
+    batch_size: int = Field(
+        default=4, ge=2, description="rated answers per optimizer step (at least 2: KTO's KL term mixes a batch)"
+    )
+    max_length: int = Field(
+        default=2048, ge=32, description="prompt and answer tokens; a longer row is left out and counted"
+    )
+    min_rows: int = Field(
+        default=16, ge=1, description="fewer rated training answers than this (or no undesirable one): skipped"
+    )
+    desirable_weight: float | None = Field(
+        default=None, gt=0, description="loss weight of a desirable answer; None (with undesirable_weight None): "
+        "the rarer side weighted up so both weigh the same"
+    )  # fmt: skip
+    undesirable_weight: float | None = Field(default=None, gt=0, description="loss weight of an undesirable answer")
     seed: int = Field(default=0, description="the trainer's seed")
 
 
@@ -59,8 +82,10 @@ class TuneSettings(_Section):
 
     method: TuneMethod = Field(
         default="off",
-        description="off (SFT only), dpo (preference pairs: `flywheel labels pairs`) or grpo (the scorer's reward "
-        "on the training prompts). Off until a method's benefit is measured on real data (the quality page)",
+        description="off (SFT only), dpo (preference pairs: `flywheel labels pairs`), kto (unpaired thumbs: "
+        "`flywheel labels thumbs`) or grpo (the scorer's reward on the training prompts). Off until a method's "
+        "benefit is measured on real data (the quality page)",
     )
     dpo: DpoSettings = Field(default_factory=DpoSettings)
+    kto: KtoSettings = Field(default_factory=KtoSettings)
     grpo: GrpoSettings = Field(default_factory=GrpoSettings)

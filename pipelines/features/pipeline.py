@@ -54,6 +54,11 @@ def dataset_uri(settings: Settings) -> str:
     return f"{settings.zone('curated')}/sft"
 
 
+def rated_uri(settings: Settings) -> str:
+    """The rated rows with their training prompts (KTO's table, `prep.thumbs`), beside the SFT set."""
+    return f"{settings.zone('curated')}/sft_rated"
+
+
 def has_offline_data(table_uri: str) -> bool:
     """Whether a feature table holds any Parquet file (Feast's file source fails on a folder without one)."""
     return bool(glob(f"{table_uri}/dt=*/*.parquet"))
@@ -99,41 +104,62 @@ def materialize_window(settings: Settings, window: DateWindow) -> list[str]:
     return views
 
 
-def build_training_set(settings: Settings, window: DateWindow) -> tuple[dict[str, int], int]:
-    """Examples of `window` + customer context (point-in-time) -> curated/sft/split=*/dt=*/."""
+def _window_frame(uri: str, window: DateWindow) -> Any:
+    """A curated table's rows of `window` (split and dt from the partition folders), or None without any."""
     import pandas as pd
-    import pyarrow as pa
     import pyarrow.parquet as pq
 
-    examples_uri = zone_paths(settings)["examples"]
-    files = [f for part in window_partitions(examples_uri, window.isoformat_days()) for f in glob(f"{part}/*.parquet")]
-    if not files:
-        raise PrepError(f"no curated examples for {window}: run prep (and its quality gate) first")
+    files = [f for part in window_partitions(uri, window.isoformat_days()) for f in glob(f"{part}/*.parquet")]
     frames = []
     for f in files:
         part = pq.read_table(f).to_pandas()
         part["split"] = f.split("split=", 1)[1].split("/", 1)[0]
         part["dt"] = f.split("dt=", 1)[1].split("/", 1)[0]
         frames.append(part)
-    examples = pd.concat(frames, ignore_index=True)
-    examples["event_timestamp"] = pd.to_datetime(examples["event_timestamp"], utc=True)
-    contexts = point_in_time_contexts(settings, examples[["record_id", "customer_id", "event_timestamp"]])
-    examples["context"] = examples["record_id"].map(contexts).fillna("")
-    examples["system_prompt"] = [
-        system_prompt(tools, ts.date().isoformat(), ctx or None)
-        for tools, ts, ctx in zip(examples["tools_json"], examples["event_timestamp"], examples["context"])
-    ]
-    examples["approx_tokens"] = (
-        examples["system_prompt"].str.len() + examples["messages_json"].str.len() + examples["target_json"].str.len()
-    ) // 4
-    out = dataset_uri(settings)
+    return pd.concat(frames, ignore_index=True) if frames else None
+
+
+def _write_set(frame: Any, out: str, window: DateWindow) -> None:
+    """`frame` as the window's partitions of the set at `out` (split/dt; the window's old partitions removed)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
     for part in window_partitions(out, window.isoformat_days()):
         remove(part)
-    for (split, dt), group in examples.groupby(["split", "dt"]):
+    if frame is None:
+        return
+    for (split, dt), group in frame.groupby(["split", "dt"]):
         table = pa.Table.from_pandas(group.drop(columns=["split", "dt"]).sort_values("record_id"), preserve_index=False)
         target = f"{out}/split={split}/dt={dt}"
         makedirs(target)
         pq.write_table(table, f"{target}/part-0.parquet", coerce_timestamps="us", allow_truncated_timestamps=True)
+
+
+def build_training_set(settings: Settings, window: DateWindow) -> tuple[dict[str, int], int]:
+    """Examples of `window` + customer context (point-in-time) -> curated/sft/split=*/dt=*/, and the rated rows
+    (prep's `rated` table: what KTO learns from) with the same context -> curated/sft_rated/split=*/dt=*/."""
+    import pandas as pd
+
+    examples = _window_frame(zone_paths(settings)["examples"], window)
+    if examples is None:
+        raise PrepError(f"no curated examples for {window}: run prep (and its quality gate) first")
+    rated = _window_frame(zone_paths(settings)["rated"], window)
+    frames = [examples] if rated is None else [examples, rated]
+    for frame in frames:
+        frame["event_timestamp"] = pd.to_datetime(frame["event_timestamp"], utc=True)
+    both = pd.concat([f[["record_id", "customer_id", "event_timestamp"]] for f in frames], ignore_index=True)
+    contexts = point_in_time_contexts(settings, both.drop_duplicates("record_id"))
+    for frame in frames:
+        frame["context"] = frame["record_id"].map(contexts).fillna("")
+        frame["system_prompt"] = [
+            system_prompt(tools, ts.date().isoformat(), ctx or None)
+            for tools, ts, ctx in zip(frame["tools_json"], frame["event_timestamp"], frame["context"])
+        ]
+        frame["approx_tokens"] = (
+            frame["system_prompt"].str.len() + frame["messages_json"].str.len() + frame["target_json"].str.len()
+        ) // 4
+    _write_set(examples, dataset_uri(settings), window)
+    _write_set(rated, rated_uri(settings), window)
     by_split = examples.groupby("split").size().to_dict()
     return {k: int(v) for k, v in sorted(by_split.items())}, int((examples["context"] != "").sum())
 
@@ -176,6 +202,9 @@ def _record_in_manifest(settings: Settings, window: DateWindow, by_split: dict[s
     h = hashlib.sha256()
     for f in files:
         h.update(read_bytes(f))
+    rated = sorted(
+        f for part in window_partitions(rated_uri(settings), window.isoformat_days()) for f in glob(f"{part}/*.parquet")
+    )
     manifest["training_set"] = {
         "uri": dataset_uri(settings),
         "examples_by_split": by_split,
@@ -183,6 +212,7 @@ def _record_in_manifest(settings: Settings, window: DateWindow, by_split: dict[s
         "files": files,
         "digest": h.hexdigest(),
         "feature_refs": feast_client.customer_feature_refs(settings),
+        "rated_files": rated,  # the window's rated rows with their prompts (KTO: `prep.thumbs`)
     }
     write_json(uri, manifest)
     _advance_current(settings, manifest)

@@ -158,14 +158,11 @@ def build_pairs(
     return frame, dict(sorted(dropped.items())), quarantined
 
 
-def collect_pairs(settings: Settings) -> tuple[pd.DataFrame, dict[str, int], list[dict[str, Any]]]:
-    """`build_pairs` over this project's zones: every split of the current training set's curated examples,
-    prep's clean logs and the gateway's comparison records."""
+def curated_examples(settings: Settings) -> pd.DataFrame:
+    """Every split of the current training set's curated examples (a `split` column), empty without any."""
     import pandas as pd
 
     from pipelines.prep.dataset import SPLITS, DatasetMissing, load_split
-    from pipelines.prep.pipeline import zone_paths
-    from pipelines.storage import glob, read_bytes
 
     parts = []
     for split in SPLITS:
@@ -174,7 +171,18 @@ def collect_pairs(settings: Settings) -> tuple[pd.DataFrame, dict[str, int], lis
         except DatasetMissing:
             continue
         parts.append(part.assign(split=split))
-    examples = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=["record_id"])
+    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=["record_id"])
+
+
+def collect_pairs(settings: Settings) -> tuple[pd.DataFrame, dict[str, int], list[dict[str, Any]]]:
+    """`build_pairs` over this project's zones: every split of the current training set's curated examples,
+    prep's clean logs and the gateway's comparison records."""
+    import pandas as pd
+
+    from pipelines.prep.pipeline import zone_paths
+    from pipelines.storage import glob, read_bytes
+
+    examples = curated_examples(settings)
     # only the originals of accepted corrections are read, however long the clean-log history grows
     wanted = sorted(
         {r.removesuffix(REVIEW_SUFFIX) for r in examples["record_id"].astype(str) if r.endswith(REVIEW_SUFFIX)}

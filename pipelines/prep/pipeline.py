@@ -32,7 +32,7 @@ from pipelines.storage import exists, glob, move, remove, window_partitions, wri
 from pipelines.toolcall.grammar import constraint
 from pipelines.window import DateWindow
 
-OUTPUT_TABLES = ("examples", "clean_logs", "quarantine")
+OUTPUT_TABLES = ("examples", "clean_logs", "quarantine", "rated")
 VAL_SHARE = 0.1
 TEST_SHARE = 0.1
 
@@ -73,6 +73,7 @@ def zone_paths(settings: Settings) -> dict[str, str]:
     return {
         "examples": f"{curated}/examples",
         "clean_logs": f"{curated}/clean_logs",
+        "rated": f"{curated}/rated",
         "quarantine": f"{quarantine}/records",
         "manifests": f"{curated}/manifests",
         "staging": f"{curated}/_staging",
@@ -234,6 +235,7 @@ class _Frames:
     kept: Any
     duplicates: Any
     examples: Any
+    rated: Any  # the kept rows people rated (up or down), examples-shaped, each in its session's split
 
     @classmethod
     def cut(cls, prepared: Any) -> _Frames:
@@ -244,7 +246,8 @@ class _Frames:
         duplicates = marked.filter("duplicate_of IS NOT NULL")
         # clean records whose label does not train (prep.labels) stay in the clean logs, `held` with the reason
         examples = nodes.assign_splits(kept.filter("held IS NULL"), VAL_SHARE, TEST_SHARE, salt="flywheel").persist()
-        return cls(prepared, clean, marked, kept, duplicates, examples)
+        rated = nodes.rated_rows(kept, examples, VAL_SHARE, TEST_SHARE, salt="flywheel")
+        return cls(prepared, clean, marked, kept, duplicates, examples, rated)
 
     def release(self) -> None:
         """Unpersist the cached frames."""
@@ -258,6 +261,7 @@ def _write_tables(frames: _Frames, out: dict[str, str], run_id: str) -> None:
         out["examples"]
     )
     frames.kept.select(*nodes.CLEAN_LOG_COLUMNS).write.mode("overwrite").partitionBy("dt").parquet(out["clean_logs"])
+    frames.rated.select(*nodes.RATED_COLUMNS).write.mode("overwrite").partitionBy("split", "dt").parquet(out["rated"])
     nodes.quarantine_rows(frames.prepared, frames.duplicates, run_id).write.mode("overwrite").partitionBy("dt").parquet(
         out["quarantine"]
     )

@@ -147,7 +147,8 @@ def signals(spark: SparkSession, settings: Settings, window: DateWindow, example
     (`ratings`: up, down, none), the window's training-split examples (`rewarded_prompts`: GRPO draws its prompts,
     up to `tune.grpo.max_prompts`, from the SFT training split) and the preference pairs DPO would train on now
     (`preference_pairs`: `prep.pairs.pair_summary` over the current training set, the last features run's, so
-    before this window joins it: by source and split, dropped and quarantined by reason). A failure to count is
+    before this window joins it: by source and split, dropped and quarantined by reason) and the rated answers KTO
+    would train on now (`thumbs`: `prep.thumbs.thumb_summary`, the same scope). A failure to count is
     recorded as `error`, never a failed gate: the suites decide."""
     try:
         return _signals(spark, settings, window, examples)
@@ -159,6 +160,7 @@ def _signals(spark: SparkSession, settings: Settings, window: DateWindow, exampl
     from pyspark.sql import functions as F
 
     from pipelines.prep.pairs import collect_pairs, pair_summary
+    from pipelines.prep.thumbs import collect_thumbs, thumb_summary
 
     days = window.isoformat_days()
     clean_logs = zone_paths(settings)["clean_logs"]
@@ -172,6 +174,7 @@ def _signals(spark: SparkSession, settings: Settings, window: DateWindow, exampl
         "ratings": ratings,
         "rewarded_prompts": examples.filter(F.col("split") == "train").count(),
         "preference_pairs": {"scope": "the current training set", **pair_summary(*collect_pairs(settings))},
+        "thumbs": {"scope": "the current training set", **thumb_summary(*collect_thumbs(settings))},
     }
 
 
@@ -370,7 +373,7 @@ def quarantine_batch(settings: Settings, window: DateWindow, report: QualityRepo
     """Move the window's curated partitions to quarantine/failed_batches/<window>/ (raw stays as it is)."""
     target = f"{settings.zone('quarantine')}/failed_batches/{window.label}-{datetime.now(UTC):%Y%m%dT%H%M%S}"
     paths = zone_paths(settings)
-    for name in ("examples", "clean_logs"):
+    for name in ("examples", "clean_logs", "rated"):
         for part in window_partitions(paths[name], window.isoformat_days()):
             relative = part.split(f"/{name}/", 1)[1]
             move(part, f"{target}/{name}/{relative}")

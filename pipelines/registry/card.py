@@ -23,7 +23,7 @@ def tune_tags(tune: dict[str, Any] | None) -> dict[str, str]:
     return {
         TUNE_TAG: method,
         "flywheel.tune_run_id": str(tune["run_id"]),
-        "flywheel.tune_examples": str(tune.get("prompts") or tune.get("pairs") or 0),
+        "flywheel.tune_examples": str(tune.get("prompts") or tune.get("pairs") or tune.get("rows") or 0),
         "flywheel.tune_seconds": str(tune.get("seconds", "")),
         "flywheel.tune_tokens": str(tune.get("tokens", "")),
     }
@@ -35,10 +35,11 @@ def tune_lines(tune: dict[str, Any] | None) -> list[str]:
         return []
     if tune.get("skipped"):
         return ["", "## Tuning after SFT", "", f"- {tune['method']}: {tune['skipped']}"]
-    grpo = tune["method"] == "grpo"
-    counts = json.dumps(tune.get("prompts_by_tool" if grpo else "pairs_by_source") or {}, sort_keys=True)
-    what = f"{tune.get('prompts', 0)} rewarded prompts" if grpo else f"{tune.get('pairs', 0)} preference pairs"
-    what += f" ({counts})"
+    what = {
+        "grpo": f"{tune.get('prompts', 0)} rewarded prompts ({_counts(tune, 'prompts_by_tool')})",
+        "kto": f"{tune.get('rows', 0)} rated answers, {tune.get('desirable', 0)} desirable and "
+        f"{tune.get('undesirable', 0)} undesirable ({_counts(tune, 'thumbs_by_source')})",
+    }.get(tune["method"], f"{tune.get('pairs', 0)} preference pairs ({_counts(tune, 'pairs_by_source')})")
     lines = [
         "",
         "## Tuning after SFT",
@@ -50,6 +51,10 @@ def tune_lines(tune: dict[str, Any] | None) -> list[str]:
     if "reward_first" in tune:
         lines.append(f"- mean sampled reward: first step {tune['reward_first']:.3f}, last {tune['reward_last']:.3f}")
     return lines
+
+
+def _counts(tune: dict[str, Any], key: str) -> str:
+    return json.dumps(tune.get(key) or {}, sort_keys=True)
 
 
 def model_card(

@@ -59,24 +59,30 @@ def too_few(pairs: int, cfg: DpoConfig, option: str = "--min-pairs") -> str | No
     return f"dpo: skipped: {pairs} training pair(s), it needs at least {cfg.min_pairs} ({option})"
 
 
+def prompt_text(tokenizer: Any, turns: list[dict[str, str]]) -> str:
+    """The SFT prompt's text for a TRL trainer that tokenizes it with special tokens: a beginning-of-text token
+    the chat template already wrote is left to the tokenizer to add once, as SFT has it once."""
+    bos = tokenizer.bos_token or ""
+    prompt = tokenizer.apply_chat_template(turns, tokenize=False, add_generation_prompt=True)
+    if bos and prompt.startswith(bos) and tokenizer("x").input_ids[:1] == [tokenizer.bos_token_id]:
+        prompt = prompt[len(bos) :]
+    return prompt
+
+
+def answer_tokens(tokenizer: Any, answer: str) -> int:
+    """The tokens of an answer as TRL trains it: ended with the end-of-turn (eos) token."""
+    return len(tokenizer(answer + (tokenizer.eos_token or ""), add_special_tokens=False).input_ids)
+
+
 def fitting(
     rows: list[tuple[list[dict[str, str]], str, str]], tokenizer: Any, cfg: DpoConfig
 ) -> tuple[list[dict[str, str]], int]:
     """The pairs as TRL's prompt / chosen / rejected texts, those whose prompt and longer side fit `max_length`
-    (TRL would cut a longer one's answers or drop it), and how many did not fit. The prompt is SFT's text; TRL
-    tokenizes it with special tokens, so a beginning-of-text token the chat template already wrote is left to
-    TRL to add once, as SFT has it once."""
-    bos = tokenizer.bos_token or ""
-    adds_bos = bool(bos) and tokenizer("x").input_ids[:1] == [tokenizer.bos_token_id]
+    (TRL would cut a longer one's answers or drop it), and how many did not fit (`prompt_text`)."""
     out, too_long = [], 0
     for turns, chosen, rejected in rows:
-        prompt = tokenizer.apply_chat_template(turns, tokenize=False, add_generation_prompt=True)
-        if adds_bos and prompt.startswith(bos):
-            prompt = prompt[len(bos) :]
-        size = len(tokenizer(prompt).input_ids) + max(
-            len(tokenizer(side + (tokenizer.eos_token or ""), add_special_tokens=False).input_ids)
-            for side in (chosen, rejected)
-        )
+        prompt = prompt_text(tokenizer, turns)
+        size = len(tokenizer(prompt).input_ids) + max(answer_tokens(tokenizer, side) for side in (chosen, rejected))
         if size > cfg.max_length:
             too_long += 1
             continue
@@ -95,6 +101,47 @@ def quiet_args(seed: int) -> dict[str, Any]:
     }  # fmt: skip
 
 
+def policy_and_reference(base: Any, load_base: Callable[[], tuple[Any, Any]], sft_adapter: Path) -> tuple[Any, Any]:
+    """The SFT adapter on `base`, trainable (the policy), and the SFT model frozen (the reference: a second base
+    with the adapter merged in, never updated)."""
+    from peft import PeftModel
+
+    policy = PeftModel.from_pretrained(base, str(sft_adapter), is_trainable=True)
+    reference_base, _ = load_base()
+    reference = PeftModel.from_pretrained(reference_base, str(sft_adapter)).merge_and_unload().eval()
+    for p in reference.parameters():
+        p.requires_grad_(False)
+    return policy, reference
+
+
+def train_and_save(
+    trainer: Any, policy: Any, tokenizer: Any, out_dir: Path, line: Callable[[Any, dict[str, Any]], None] | None
+) -> tuple[list[dict[str, Any]], Path]:
+    """Train with `line(state, logs)` called for each logged step (it sends a progress line, never to stdout: a
+    command's JSON result is all it prints there), then save the trained adapter in `out_dir/adapter`; the
+    logged steps and that folder."""
+    from transformers import PrinterCallback, TrainerCallback
+
+    class _Lines(TrainerCallback):
+        def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **_: Any) -> None:
+            if line is not None and logs and "loss" in logs:
+                line(state, logs)
+
+    trainer.remove_callback(PrinterCallback)  # it prints every log to stdout
+    trainer.add_callback(_Lines())
+    trainer.train()
+    logged = [entry for entry in trainer.state.log_history if "loss" in entry]
+    final = out_dir / "adapter"
+    policy.save_pretrained(str(final), selected_adapters=["default"])  # not a frozen "ref" copy TRL may keep
+    tokenizer.save_pretrained(final)
+    return logged, final
+
+
+def trained_tokens(logged: list[dict[str, Any]]) -> int:
+    """The tokens a TRL run trained on (its last logged `num_tokens`)."""
+    return int(float(next((e["num_tokens"] for e in reversed(logged) if "num_tokens" in e), 0)))
+
+
 def train_dpo(
     rows: list[tuple[list[dict[str, str]], str, str]],
     cfg: DpoConfig,
@@ -104,19 +151,16 @@ def train_dpo(
     progress: Callable[[str], None] | None = None,
 ) -> DpoResult:
     """DPO from the SFT adapter in `sft_adapter` -> `out_dir/adapter` (same LoRA, trained further); `progress`
-    gets a line per logged step (never stdout: a command's JSON result is all it prints there)."""
+    gets a line per logged step."""
     import torch
     from datasets import Dataset
-    from peft import PeftModel
-    from transformers import PrinterCallback, TrainerCallback
     from trl import DPOConfig, DPOTrainer
 
-    class _Lines(TrainerCallback):
-        def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **_: Any) -> None:
-            if progress is not None and logs and "loss" in logs:
-                margin = logs.get("rewards/margins")
-                progress(f"dpo: step {state.global_step}/{state.max_steps} loss {float(logs['loss']):.4f}"
-                         + (f" reward margin {float(margin):.4f}" if margin is not None else ""))  # fmt: skip
+    def line(state: Any, logs: dict[str, Any]) -> None:
+        if progress is not None:
+            margin = logs.get("rewards/margins")
+            progress(f"dpo: step {state.global_step}/{state.max_steps} loss {float(logs['loss']):.4f}"
+                     + (f" reward margin {float(margin):.4f}" if margin is not None else ""))  # fmt: skip
 
     started = time.perf_counter()
     torch.manual_seed(cfg.seed)
@@ -124,14 +168,9 @@ def train_dpo(
     texts, too_long = fitting(rows, tokenizer, cfg)
     if not texts:
         raise DataProblem(f"dpo: no preference pair fits max_length {cfg.max_length} ({too_long} longer)")
-    policy = PeftModel.from_pretrained(base, str(sft_adapter), is_trainable=True)
-    reference_base, _ = load_base()
-    reference = PeftModel.from_pretrained(reference_base, str(sft_adapter)).merge_and_unload().eval()
-    for p in reference.parameters():
-        p.requires_grad_(False)
+    policy, reference = policy_and_reference(base, load_base, sft_adapter)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
-    data = Dataset.from_list(texts)
     args = DPOConfig(
         output_dir=str(out_dir / "trl"),
         beta=cfg.beta,
@@ -141,21 +180,16 @@ def train_dpo(
         max_length=cfg.max_length,
         **quiet_args(cfg.seed),
     )
+    data = Dataset.from_list(texts)
     trainer = DPOTrainer(model=policy, ref_model=reference, args=args, train_dataset=data, processing_class=tokenizer)
-    trainer.remove_callback(PrinterCallback)  # it prints every log to stdout
-    trainer.add_callback(_Lines())
-    trainer.train()
-    logged = [entry for entry in trainer.state.log_history if "loss" in entry]
-    final = out_dir / "adapter"
-    policy.save_pretrained(str(final))
-    tokenizer.save_pretrained(final)
+    logged, final = train_and_save(trainer, policy, tokenizer, out_dir, line)
     return DpoResult(
         adapter_dir=str(final),
         pairs=len(texts),
         too_long=too_long,
         steps=int(trainer.state.global_step),
         seconds=round(time.perf_counter() - started, 2),
-        tokens=int(float(next((e["num_tokens"] for e in reversed(logged) if "num_tokens" in e), 0))),
+        tokens=trained_tokens(logged),
         losses=[float(e["loss"]) for e in logged],
         reward_margins=[float(e["rewards/margins"]) for e in logged if "rewards/margins" in e],
     )

@@ -20,7 +20,7 @@ from typing import Any
 from pipelines.config.tune import GrpoSettings
 from pipelines.errors import DataProblem
 from pipelines.toolcall.examples import Example
-from pipelines.tune.dpo import quiet_args
+from pipelines.tune.dpo import quiet_args, train_and_save, trained_tokens
 from pipelines.tune.reward import from_score, scored
 
 
@@ -165,14 +165,12 @@ def train_grpo(
     import torch
     from datasets import Dataset
     from peft import PeftModel
-    from transformers import PrinterCallback, TrainerCallback
     from trl import GRPOTrainer
 
-    class _Lines(TrainerCallback):
-        def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **_: Any) -> None:
-            if progress is not None and logs and "loss" in logs:
-                progress(f"grpo: step {state.global_step}/{state.max_steps} loss {float(logs['loss']):.4f} "
-                         f"reward {float(logs.get('reward', float('nan'))):.3f}")  # fmt: skip
+    def line(state: Any, logs: dict[str, Any]) -> None:
+        if progress is not None:
+            progress(f"grpo: step {state.global_step}/{state.max_steps} loss {float(logs['loss']):.4f} "
+                     f"reward {float(logs.get('reward', float('nan'))):.3f}")  # fmt: skip
 
     started = time.perf_counter()
     torch.manual_seed(cfg.seed)
@@ -195,19 +193,13 @@ def train_grpo(
         train_dataset=Dataset.from_list(rows),
         processing_class=tokenizer,
     )
-    trainer.remove_callback(PrinterCallback)  # it prints every log to stdout
-    trainer.add_callback(_Lines())
-    trainer.train()
-    logged = [entry for entry in trainer.state.log_history if "loss" in entry]
-    final = out_dir / "adapter"
-    policy.save_pretrained(str(final), selected_adapters=["default"])  # not TRL's frozen "ref" copy
-    tokenizer.save_pretrained(final)
+    logged, final = train_and_save(trainer, policy, tokenizer, out_dir, line)  # not TRL's frozen "ref" copy
     return GrpoResult(
         adapter_dir=str(final),
         prompts=len(rows),
         steps=int(trainer.state.global_step),
         seconds=round(time.perf_counter() - started, 2),
-        tokens=int(float(next((e["num_tokens"] for e in reversed(logged) if "num_tokens" in e), 0))),
+        tokens=trained_tokens(logged),
         losses=[float(e["loss"]) for e in logged],
         rewards=[float(e["reward"]) for e in logged if "reward" in e],
         wrong_writes=[float(e["toolcall/wrong_write_rate"]) for e in logged if "toolcall/wrong_write_rate" in e],

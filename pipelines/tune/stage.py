@@ -4,6 +4,8 @@ before it is evaluated, registered and gated like any candidate.
 - `off`: the SFT adapter goes on as it is.
 - `dpo`: the preference pairs' training split (`prep.pairs`); fewer than `tune.dpo.min_pairs`: skipped with one
   line saying how many it has and needs, and the SFT adapter goes on.
+- `kto`: the rated answers' training split (`prep.thumbs`: thumbs up and corrections desirable, thumbs down
+  undesirable); fewer than `tune.kto.min_rows`, or no thumbs down: skipped the same way.
 - `grpo`: the SFT training prompts, answers sampled under the served grammar and rewarded by the scorer.
 
 The run is an MLflow child run of the sweep's parent run (tags `flywheel.kind` tune, `flywheel.tune_method`), its
@@ -18,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pipelines.config.tune import DpoSettings, GrpoSettings, TuneMethod
+from pipelines.config.tune import DpoSettings, GrpoSettings, KtoSettings, TuneMethod
 from pipelines.errors import DataProblem
 from pipelines.toolcall.examples import PROMPT_STYLE_FILE
 from pipelines.tune.reward import RewardError
@@ -118,11 +120,7 @@ def run_dpo(
     skipped = too_few(len(train), cfg, floor_option)
     if skipped:
         return {"method": "dpo", "skipped": skipped, "pairs_summary": summary}
-    folder.mkdir(parents=True, exist_ok=True)
-    buffer = io.BytesIO()
-    pairs.assign(trained=pairs["split"] == "train").to_parquet(buffer, index=False)
-    write_bytes(str(folder / "pairs.parquet"), buffer.getvalue())
-    write_json(str(folder / "pairs_summary.json"), {**summary, "quarantined_pairs": quarantined})
+    _keep(folder, "pairs", pairs, {**summary, "quarantined_pairs": quarantined})
     if progress is not None:
         progress(f"dpo: {len(train)} training pairs, {cfg.max_steps} steps ...")
     result = train_dpo(preference_rows(train, style), cfg, sft_adapter, folder, load_base, progress=progress)
@@ -130,6 +128,50 @@ def run_dpo(
     report = {
         **result.to_dict(), "method": "dpo", "settings": cfg.model_dump(), "prompt_style": str(style),
         "pairs_summary": summary, "pairs_file": str(folder / "pairs.parquet"),
+    }  # fmt: skip
+    write_json(str(folder / "result.json"), report)
+    return report
+
+
+def _keep(folder: Path, name: str, rows: Any, summary: dict[str, Any]) -> None:
+    """What a preference run read, beside its adapter: `<name>.parquet` (every split, `trained` marking the
+    training split) and `<name>_summary.json` (its counts)."""
+    from pipelines.storage import write_bytes, write_json
+
+    folder.mkdir(parents=True, exist_ok=True)
+    buffer = io.BytesIO()
+    rows.assign(trained=rows["split"] == "train").to_parquet(buffer, index=False)
+    write_bytes(str(folder / f"{name}.parquet"), buffer.getvalue())
+    write_json(str(folder / f"{name}_summary.json"), summary)
+
+
+def run_kto(
+    settings: Settings, cfg: KtoSettings, sft_adapter: Path, folder: Path, load_base: Callable[[], tuple[Any, Any]],
+    *, style: Any, floor_option: str = "tune.kto.min_rows", progress: Progress | None = None,
+) -> dict[str, Any]:  # fmt: skip
+    """KTO from `sft_adapter` into `folder` on the rated answers' training split; too few (or no thumbs down): a
+    result with only the `skipped` line (naming `floor_option`) and the counts. The rows it read (every split,
+    `trained` marking the training split) and their counts are kept beside the adapter."""
+    from pipelines.prep.thumbs import collect_thumbs, thumb_summary
+    from pipelines.storage import write_bytes, write_json
+    from pipelines.tune.kto import too_few, train_kto
+
+    thumbs, dropped, quarantined = collect_thumbs(settings)
+    train = thumbs[thumbs["split"] == "train"]
+    summary = thumb_summary(thumbs, dropped, quarantined)
+    skipped = too_few(summary["train_desirable"], summary["train_undesirable"], cfg, floor_option)
+    if skipped:
+        return {"method": "kto", "skipped": skipped, "thumbs_summary": summary}
+    _keep(folder, "thumbs", thumbs, {**summary, "quarantined_thumbs": quarantined})
+    if progress is not None:
+        progress(f"kto: {len(train)} rated training answers, {cfg.max_steps} steps ...")
+    from pipelines.tune.kto import thumb_rows
+
+    result = train_kto(thumb_rows(train, style), cfg, sft_adapter, folder, load_base, progress=progress)
+    write_bytes(str(Path(result.adapter_dir) / PROMPT_STYLE_FILE), str(style).encode())
+    report = {
+        **result.to_dict(), "method": "kto", "settings": cfg.model_dump(), "prompt_style": str(style),
+        "thumbs_summary": summary, "thumbs_file": str(folder / "thumbs.parquet"),
     }  # fmt: skip
     write_json(str(folder / "result.json"), report)
     return report
@@ -155,7 +197,7 @@ def _log_run(run_id: str, report: dict[str, Any], sweep: dict[str, Any]) -> None
                 "tune_seconds": float(report["seconds"]),
                 "tune_tokens": float(report["tokens"]),
                 "tune_steps": float(report["steps"]),
-                "tune_examples": float(report.get("prompts") or report.get("pairs") or 0),
+                "tune_examples": float(report.get("prompts") or report.get("pairs") or report.get("rows") or 0),
             }
         )
         mlflow.log_dict(report, "tune/result.json")
@@ -195,10 +237,15 @@ def _one_device(torch: Any) -> str:
 
 def summary(report: dict[str, Any], run_id: str | None) -> dict[str, Any]:
     """What the registry, the model card and showback carry of a tune run."""
-    keys = ("method", "skipped", "prompts", "pairs", "steps", "seconds", "tokens", "too_long", "prompts_by_tool")
+    keys = (
+        "method", "skipped", "prompts", "pairs", "rows", "desirable", "undesirable", "steps", "seconds", "tokens",
+        "too_long", "prompts_by_tool",
+    )  # fmt: skip
     found = {k: report[k] for k in keys if k in report}
     if "pairs_summary" in report:
         found["pairs_by_source"] = (report["pairs_summary"] or {}).get("by_source")
+    if "thumbs_summary" in report:
+        found["thumbs_by_source"] = (report["thumbs_summary"] or {}).get("by_source")
     if report.get("rewards"):
         found["reward_first"], found["reward_last"] = report["rewards"][0], report["rewards"][-1]
     return {**found, **({"run_id": run_id, "adapter_dir": report["adapter_dir"]} if run_id else {})}
@@ -244,6 +291,8 @@ def tune_stage(
                     settings, settings.tune.grpo, sft, folder, base, style=style,
                     recorded_budget=sweep.get("answer_budget"), window=sweep.get("window"), progress=progress,
                 )  # fmt: skip
+            elif method == "kto":
+                report = run_kto(settings, settings.tune.kto, sft, folder, base, style=style, progress=progress)
             else:
                 report = run_dpo(settings, settings.tune.dpo, sft, folder, base, style=style, progress=progress)
         except RewardError:

@@ -18,6 +18,7 @@ from pipelines.simulate.generator.config import (  # noqa: F401 (the public surf
     GenerationSummary,
     GeneratorConfig,
     Kind,
+    Slip,
 )
 from pipelines.simulate.generator.helpers import _iso, _system_prompt  # noqa: F401
 from pipelines.simulate.generator.traffic import TrafficGenerator  # noqa: F401

@@ -82,6 +82,65 @@ TOOL_MIX_BOOST = {
 HOLIDAY_CATEGORIES = ("toys", "jewelry", "electronics", "home", "beauty")
 
 
+# The phrasings a slip's requests take, per intent that can carry one (`Slip`): a family of its own, so the
+# teacher's mistake is systematic (tied to how people ask) rather than noise a model averages away.
+SLIP_PHRASES: dict[str, tuple[str, ...]] = {
+    "get_order": (
+        "where's my order {order_id}?",
+        "wheres my order {order_id}",
+        "any news on my order {order_id}?",
+        "what about my order {order_id}",
+    ),
+}
+
+
+@dataclass(frozen=True)
+class Slip:
+    """A teacher's systematic mistake, injected so that what the flywheel learns from outcomes can be measured
+    against a known truth (issue 51's acceptance, `bench/slip.py`).
+
+    In `share` of the turns of `intent`, the user asks in one of the slip's own phrasings (`SLIP_PHRASES`) and
+    the teacher logs `wrong` with the same arguments instead of `intent`. People rate `down` of those slipped
+    answers down and `up` of every other answer up (nothing else is rated). With `truth`, the slipped turns keep
+    the right call: a held-out evaluation set in the same phrasings whose answers are known to be right. Only a
+    turn whose agent node also offers `wrong` slips. Every slipped turn carries `"scenario": "slip"` (a field
+    prep ignores), so a benchmark can find them."""
+
+    intent: str = "get_order"
+    wrong: str = "track_shipment"
+    share: float = 0.3
+    down: float = 0.2
+    up: float = 0.2
+    truth: bool = False
+
+    def __post_init__(self) -> None:
+        from pipelines.logs.tools import TOOLS_BY_NAME
+
+        if self.intent not in SLIP_PHRASES:
+            raise ValueError(f"a slip's intent must be one of {', '.join(SLIP_PHRASES)}, got {self.intent!r}")
+        params = {name: t["function"]["parameters"]["properties"] for name, t in TOOLS_BY_NAME.items()}
+        if self.wrong not in params or self.wrong == self.intent:
+            raise ValueError(f"a slip's wrong tool must be another catalogue tool, got {self.wrong!r}")
+        missing = set(params[self.intent]) - set(params[self.wrong])
+        if missing:
+            raise ValueError(f"{self.wrong} takes no {', '.join(sorted(missing))}: it cannot stand for {self.intent}")
+        for name in ("share", "down", "up"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"a slip's {name} must be within [0, 1]")
+
+    @classmethod
+    def parse(cls, text: str, *, truth: bool = False) -> Slip:
+        """`INTENT:WRONG[:SHARE]` (the `--slip` option), e.g. `get_order:track_shipment:0.3`."""
+        parts = text.split(":")
+        if len(parts) not in (2, 3):
+            raise ValueError(f"expected INTENT:WRONG[:SHARE], got {text!r}")
+        try:
+            share = float(parts[2]) if len(parts) == 3 else cls.share
+        except ValueError:
+            raise ValueError(f"the share must be a number, got {parts[2]!r}") from None
+        return cls(intent=parts[0], wrong=parts[1], share=share, truth=truth)
+
+
 @dataclass(frozen=True)
 class GeneratorConfig:
     seed: int = 0
@@ -92,6 +151,7 @@ class GeneratorConfig:
     drift: Drift = Drift.NONE
     drift_magnitude: float = 0.6
     customers: int = 5000
+    slip: Slip | None = None  # a teacher's injected mistake (issue 51's acceptance); None: the teacher is right
 
     def __post_init__(self) -> None:
         if self.records < 0:
@@ -122,6 +182,7 @@ class GenerationSummary:
     files: list[str]
     seconds: float
     records_per_s: float
+    slipped: int = 0  # turns in a slip's phrasings (`Slip`): answered wrongly by the teacher unless `truth`
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

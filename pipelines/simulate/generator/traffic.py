@@ -21,6 +21,7 @@ from pipelines.simulate import catalogue as cat
 from pipelines.simulate.generator.config import (
     BAD_KINDS,
     BASE_TOOL_MIX,
+    SLIP_PHRASES,
     TEACHER_MODEL,
     TOOL_MIX_BOOST,
     Drift,
@@ -68,6 +69,7 @@ class TrafficGenerator(Intents, Corruption):
         }
         self.intents[NO_TOOL] = self._i_abstain
         self.counter = 0
+        self.slipped = 0  # turns in the slip's phrasings (config.Slip)
 
     # ---- the stream ----------------------------------------------------------------------
     def lines(self) -> Iterator[tuple[date, bytes, Kind]]:
@@ -120,6 +122,7 @@ class TrafficGenerator(Intents, Corruption):
         for k in range(turns):
             name = first if k == 0 else (offered[int(rng.random() * len(offered))] if rng.random() > 0.05 else NO_TOOL)
             turn = self.intents[name](rng, customer, day)
+            slipped = self._slip(rng, turn, offered)
             text = _maybe_typo(rng, turn.text)
             if rng.random() < 0.12:
                 text = f"{text} {self._pii_sentence(rng, customer)}"
@@ -140,7 +143,7 @@ class TrafficGenerator(Intents, Corruption):
                 }
                 finish = "tool_calls"
             messages = [system, *history, user]
-            records.append(self.record(session_id, k, customer, workload, messages, assistant, finish))
+            records.append(self.record(session_id, k, customer, workload, messages, assistant, finish, slipped))
             history = [*history, user, assistant]
             if turn.args is not None:
                 history.append({"role": "tool", "tool_call_id": call_id, "content": orjson.dumps(turn.result).decode()})
@@ -155,6 +158,7 @@ class TrafficGenerator(Intents, Corruption):
         messages: list[dict[str, Any]],
         assistant: dict[str, Any],
         finish: str,
+        slipped: bool = False,
     ) -> dict[str, Any]:
         rng = self.rng
         text_chars = sum(len(m["content"] or "") + 16 for m in messages)
@@ -168,7 +172,14 @@ class TrafficGenerator(Intents, Corruption):
         down = 0.10 if finish == "stop" else 0.04
         f = rng.random()
         self.counter += 1
-        return {
+        slip = self.cfg.slip
+        if slip is None:
+            feedback = "down" if f < down else "up" if f < down + 0.18 else "none"
+        elif slipped and not slip.truth:  # the slip's rule: people catch a share of the mistakes, like a share of
+            feedback = "down" if f < slip.down else "none"  # the rest, and rate nothing else
+        else:
+            feedback = "up" if f < slip.up else "none"
+        record = {
             "record_id": f"rec_{self.cfg.seed}_{self.counter:09d}",
             "timestamp": "",
             "session_id": session_id,
@@ -188,8 +199,27 @@ class TrafficGenerator(Intents, Corruption):
             "country": customer.country,
             "currency": customer.currency,
             "channel": customer.channel,
-            "feedback": "down" if f < down else "up" if f < down + 0.18 else "none",
+            "feedback": feedback,
             "label_source": "generated",
         }
+        if slipped:
+            record["scenario"] = "slip"
+        return record
+
+    def _slip(self, rng: random.Random, turn: _Turn, offered: tuple[str, ...]) -> bool:
+        """Whether `turn` is one of the slip's (`config.Slip`): asked in a slip phrasing and, unless the slip
+        writes the truth, answered with the wrong tool and the same arguments. No slip configured: no draw (the
+        stream stays as it was)."""
+        slip = self.cfg.slip
+        if slip is None or turn.name != slip.intent or turn.args is None or slip.wrong not in offered:
+            return False
+        if rng.random() >= slip.share:
+            return False
+        phrases = SLIP_PHRASES[slip.intent]
+        turn.text = phrases[int(rng.random() * len(phrases))].format(**turn.args)
+        if not slip.truth:
+            turn.name = slip.wrong
+        self.slipped += 1
+        return True
 
     # ---- bad records ---------------------------------------------------------------------

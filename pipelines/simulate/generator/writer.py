@@ -104,6 +104,7 @@ def write_raw_logs(
         files=sorted(files),
         seconds=round(elapsed, 3),
         records_per_s=round(sum(kinds.values()) / elapsed, 1) if elapsed > 0 else 0.0,
+        slipped=gen.slipped,
     )
 
 
