@@ -5,9 +5,11 @@ fields, with Spark's tool catalogue, late ratings and label policy) and the same
 request + tool call, a training row kept before a held one, then the earliest; session splits stratified by
 tool), on the same cores, and write the same three tables with Spark's columns (examples by split and day, clean
 logs, quarantine with the duplicates' reason). Spark: `run_prep` itself (local[*] threads; it also counts the
-raw lines, digests the outputs, writes the manifest and swaps the window in). DuckDB: one worker process per core
-runs `prepare_line` over byte ranges of the raw files, streamed to Parquet in batches (bounded memory at any
-size), then DuckDB's own threads run the set logic on a database file under `--duckdb-memory-limit`.
+raw lines, digests the outputs, writes the manifest and swaps the window in, and writes a fourth table, the rated
+turns KTO learns from, which DuckDB does not: the results recorded before it were measured without it). DuckDB:
+one worker process per core runs `prepare_line` over byte ranges of the raw files, streamed to Parquet in
+batches (bounded memory at any size), then DuckDB's own threads run the set logic on a database file under
+`--duckdb-memory-limit`.
 
 Checked after each size (outside the timings): the counts agree, and the kept record ids are the same rows in
 both. The splits follow the same rule with each engine's own hash (Spark's xxhash64, DuckDB's hash), so their

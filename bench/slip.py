@@ -16,16 +16,18 @@ All five answer the same held-out requests, generated with another seed and the 
 every request in the slip's phrasings plus a seeded sample of the rest, decoded as served (under the grammar), in
 one `flywheel eval`. Reported per arm: the slip intent's name accuracy, every other tool's exact match, wrong
 writes; paired against sft with 95 % intervals (`pipelines.stats.interval`, McNemar), and the acceptance verdict
-(a method fixes the slip: >= 0.8 name accuracy on it and >= 0.3 above sft; every other tool non-inferior to
-imitation's SFT at margin 0.02, pooled and per tool). The cost of each method (seconds, tokens) comes from its
+(a method fixes the slip: >= 0.8 name accuracy on it and >= 0.3 above sft, point estimates as the issue states
+them, the intervals beside them; every other tool non-inferior to imitation's SFT at margin 0.02, pooled and per
+tool; no more wrong writes than imitation). The cost of each method (seconds, tokens) comes from its
 run. Writes bench/results/tune_slip.json (commit, settings, seeds, n) and keeps the evaluation's HTML report
 under the work folder.
 
 Usage: .venv/bin/python bench/slip.py [--work /tmp/flywheel-slip] [--records 9000] [--days 6]
-       [--eval-only | --resume]
+       [--eval-only | --resume | --verdict-only]
 --eval-only evaluates and reports again from an earlier run's roots and tuned adapters; --resume goes on from the
-last step an earlier run finished (its state in the work folder). Not part of `make test`:
-about an hour on the 2-core machine.
+last step an earlier run finished (its state in the work folder); --verdict-only recomputes the verdict from
+the last evaluation's report without evaluating again. Not part of `make test` (the results file records how long
+it ran).
 """
 
 from __future__ import annotations
@@ -60,7 +62,7 @@ DAG_ENV = {  # the DAG trains and registers the SFT arm; the held-out evaluation
 }
 # The tune methods' settings for this run (chosen before it ran, recorded in the results): the same optimizer
 # budget for DPO and KTO, learning rates a tenth of SFT's for a LoRA on this model, GRPO at its defaults but for
-# the learning rate.
+# the learning rate and a shorter run (each of its steps samples and scores two groups of answers).
 TUNE_ENV = {
     "dpo": {"FLYWHEEL_TUNE__DPO__LEARNING_RATE": "2e-4", "FLYWHEEL_TUNE__DPO__MAX_STEPS": "60",
             "FLYWHEEL_TUNE__DPO__MIN_PAIRS": "8"},
@@ -179,8 +181,13 @@ def verdict(report: dict[str, Any], slips: dict[str, bool]) -> dict[str, Any]:
     each tuned arm paired against sft (and imitation) with 95 % intervals; whether the acceptance holds."""
     from pipelines.stats import interval, mcnemar
 
-    rows = {r["condition"].removesuffix("_constrained").removeprefix("tuned_"): r for r in report["conditions"]}
-    rows["sft"] = rows.pop(next(k for k in rows if k.startswith("v")))  # `--version N`: the policy's SFT
+    conditions = report["conditions"]
+    served = [c for c in conditions if c["condition"].endswith("_constrained")] or conditions  # as served only
+    rows = {r["condition"].removesuffix("_constrained").removeprefix("tuned_"): r for r in served}
+    versions = [k for k in rows if k.startswith("v") and k[1:].isdigit()]
+    if len(versions) != 1 or "imitation" not in rows:
+        raise SystemExit(f"error: the evaluation has no single SFT version and imitation arm: {sorted(rows)}")
+    rows["sft"] = rows.pop(versions[0])  # `--version N`: the policy's SFT
     order = sorted(rows["sft"]["per_request"], key=lambda r: r["record_id"])
     ids = [r["record_id"] for r in order]
     slip_ids = [i for i in ids if slips.get(i)]
@@ -194,7 +201,6 @@ def verdict(report: dict[str, Any], slips: dict[str, bool]) -> dict[str, Any]:
         arms[arm] = {
             "slip_name_accuracy": _mean([by[i]["name_match"] for i in slip_ids]),
             "slip_exact_match": _mean([by[i]["exact_match"] for i in slip_ids]),
-            "slip_answered_wrong_tool": _mean([1 if by[i]["name_match"] == 0 else 0 for i in slip_ids]),
             "other_exact_match": _mean([by[i]["exact_match"] for i in other_ids]),
             "other_by_tool": {t: _mean([by[i]["exact_match"] for i in other_ids if by[i]["tool"] == t]) for t in tools},
             "wrong_writes": sum(1 for i in ids if by[i]["wrong_write"]),
@@ -226,11 +232,11 @@ def verdict(report: dict[str, Any], slips: dict[str, bool]) -> dict[str, Any]:
             continue
         vs_sft = next((c for c in comparisons if c["arm"] == arm and c["reference"] == "sft"), None)
         vs_imitation = next(c for c in comparisons if c["arm"] == arm and c["reference"] == "imitation")
-        fixed = arms[arm]["slip_name_accuracy"] >= FIX_FLOOR and (
-            vs_sft is not None and vs_sft["slip_name_accuracy"]["diff"] >= FIX_GAIN
+        fixed = _at_least(arms[arm]["slip_name_accuracy"], FIX_FLOOR) and (
+            vs_sft is not None and _at_least(vs_sft["slip_name_accuracy"]["diff"], FIX_GAIN)
         )
-        pooled = vs_imitation["other_exact_match"]["low"] > -MARGIN
-        tools_held = {t: c["low"] is not None and c["low"] > -MARGIN for t, c in vs_imitation["other_by_tool"].items()}
+        pooled = _above(vs_imitation["other_exact_match"]["low"], -MARGIN)
+        tools_held = {t: _above(c["low"], -MARGIN) for t, c in vs_imitation["other_by_tool"].items()}
         writes = arms[arm]["wrong_writes"] <= arms["imitation"]["wrong_writes"]
         accepted[arm] = {
             "slip_fixed": fixed,
@@ -238,9 +244,26 @@ def verdict(report: dict[str, Any], slips: dict[str, bool]) -> dict[str, Any]:
             "others_non_inferior_every_tool": all(tools_held.values()),
             "tools_not_shown_non_inferior": sorted(t for t, ok in tools_held.items() if not ok),
             "no_more_wrong_writes": writes,
-            "passes": fixed and pooled and all(tools_held.values()) and writes,
+            "passes": fixed and pooled and all(tools_held.values()) and writes,  # the rule as the issue states it
+            "passes_pooled": fixed and pooled and writes,  # per tool, n is rarely enough to show 0.02
         }
     return {"arms": arms, "comparisons": comparisons, "acceptance": accepted}
+
+
+def _slip_ratings() -> dict[str, float]:
+    """The shares of the slip's answers people rate down, and of the other answers up (the generator's `Slip`)."""
+    from pipelines.simulate.generator import Slip
+
+    slip = Slip.parse(SLIP)
+    return {"slipped_rated_down": slip.down, "others_rated_up": slip.up}
+
+
+def _at_least(value: float | None, bound: float) -> bool:
+    return value is not None and value >= bound  # nothing measured: not shown
+
+
+def _above(value: float | None, bound: float) -> bool:
+    return value is not None and value > bound
 
 
 def _mean(values: list[Any]) -> float | None:
@@ -261,7 +284,12 @@ def main() -> int:
     parser.add_argument("--others", type=int, default=300, help="held-out requests not in the slip's phrasings")
     parser.add_argument("--eval-only", action="store_true", help="evaluate and report again from an earlier run")
     parser.add_argument("--resume", action="store_true", help="go on from the last step an earlier run finished")
+    parser.add_argument(
+        "--verdict-only", action="store_true", help="recompute the verdict from the last evaluation's report"
+    )
     args = parser.parse_args()
+    if args.verdict_only:
+        return verdict_only(args)
     started = time.perf_counter()
     measured = commit()
     today = datetime.now(UTC).date().isoformat()
@@ -306,6 +334,10 @@ def main() -> int:
             )
         saved["tuned"] = {m: saved[f"tuned_{m}"] for m in METHODS}
         state.write_text(json.dumps(saved))  # fmt: skip
+    if "tuned" not in saved:
+        print(f"error: --eval-only: the run under {work} has not finished its training steps (use --resume)",
+              file=sys.stderr)  # fmt: skip
+        return 2
     version = saved["version"]
     adapters = {"imitation": registered_adapter(imitation, saved["imitation_version"], work / "adapters" / "imitation")}
     for method, result in saved["tuned"].items():
@@ -330,6 +362,7 @@ def main() -> int:
         "argv": sys.argv,
         "settings": {
             "slip": SLIP,
+            "slip_ratings": _slip_ratings(),
             "records": args.records,
             "days": args.days,
             "correct": args.correct,
@@ -377,17 +410,38 @@ def main() -> int:
         **found,
         "seconds": round(time.perf_counter() - started),
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    partial = args.out.with_name(f".{args.out.name}.{os.getpid()}.tmp")
+    write_results(args.out, result)
+    return 0
+
+
+def verdict_only(args: argparse.Namespace) -> int:
+    """The verdict computed again from the last run's evaluation report (the platform's own report file) and
+    held-out set, into the results file it wrote: the measured figures keep that run's commit and date."""
+    report = json.loads((args.work / "policy" / "reports" / "evaluation" / "slip" / "report.json").read_text())
+    slips = {}
+    for line in (args.work / "heldout.jsonl").read_text().splitlines():
+        if line.strip():
+            record = json.loads(line)
+            slips[record["record_id"]] = record.get("scenario") == "slip"
+    result = json.loads(args.out.read_text())
+    result.update(verdict(report, slips))
+    result["verdict_recomputed"] = {"commit": commit(), "at": datetime.now(UTC).isoformat(timespec="seconds")}
+    write_results(args.out, result)
+    return 0
+
+
+def write_results(out: Path, result: dict[str, Any]) -> None:
+    """The results file, written atomically, and the arms' figures and verdicts printed."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    partial = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     partial.write_text(json.dumps(result, indent=1) + "\n")
-    os.replace(partial, args.out)
-    for arm, row in found["arms"].items():
+    os.replace(partial, out)
+    for arm, row in result["arms"].items():
         print(f"{arm:<10} slip name {row['slip_name_accuracy']}  others exact {row['other_exact_match']}  "
               f"wrong writes {row['wrong_writes']}")  # fmt: skip
-    for arm, row in found["acceptance"].items():
+    for arm, row in result["acceptance"].items():
         print(f"{arm:<10} {row}")
-    print(f"wrote {args.out}")
-    return 0
+    print(f"wrote {out}")
 
 
 def machine() -> str:

@@ -104,7 +104,8 @@ def _signals(result: dict[str, Any]) -> str:
     return (
         f"; {ratings.get('up', 0)} rated up, {ratings.get('down', 0)} down, {sig.get('rewarded_prompts', 0)} "
         f"training prompts to reward, {training_pairs} training preference pairs, "
-        f"{thumbs.get('train_desirable', 0)}+{thumbs.get('train_undesirable', 0)} training thumbs (up+down)"
+        f"{thumbs.get('train_desirable', 0)} desirable and {thumbs.get('train_undesirable', 0)} undesirable training "
+        "thumbs"
     )
 
 

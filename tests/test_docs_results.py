@@ -154,3 +154,34 @@ def test_the_episode_results_show_each_condition_the_cut_run_and_the_paired_inte
     assert success["tasks"] == "40" and success["paired 95 % interval"] == "[+5 pp, +35 pp]"
     assert not any(r["metric"] == "pass^4" for r in comparisons)  # nothing paired: no row made up
     assert any(r["difference"] == "1 vs 9" for r in comparisons)
+
+
+TUNE_RETAIL = {
+    "benchmark": "tune_retail",
+    "commit": {"sha": "fedcba9876543210fedcba9876543210fedcba98", "dirty": False},
+    "generated_at": "2026-12-07T09:00:00+00:00",
+    "version": "1",
+    "split": {"evaluated_tasks": 120, "train_tasks": 400, "requests": 120},
+    "settings": {"not_run": {"kto": "no thumbs"}},
+    "pairs": {"pairs": 57},
+    "rows": {"tuned_v1_constrained": {"exact_match": 0.5, "wrong_writes": 2},
+             "tuned_grpo_constrained": {"exact_match": 0.55, "wrong_writes": 1}},
+    "comparisons": [{"condition": "tuned_grpo_constrained", "reference": "tuned_v1_constrained", "n": 120,
+                     "wrong_writes": [1, 2], "metrics": {"exact_match": {"n": 120, "diff": 0.05, "low": -0.01,
+                                                                         "high": 0.11}}}],
+    "cost": {"grpo": {"seconds": 900, "tokens": 50000, "steps": 20, "prompts": 256}},
+}  # fmt: skip
+
+
+def test_the_retail_tuning_results_show_each_arm_its_paired_interval_and_what_did_not_run(tmp_path: Path) -> None:
+    results, out = tmp_path / "results", tmp_path / "out"
+    write(results, "tune_retail.json", TUNE_RETAIL)
+    render(results, out)
+    quality = (out / "quality.md").read_text()
+    assert "Tuning after SFT on tau-bench retail" in quality and "`fedcba9`" in quality
+    rows = {r["condition"]: r for r in rows_of(quality, "argument F1")}
+    assert rows["tuned_grpo_constrained"]["exact match"] == "55 %"
+    paired = rows_of(quality, "paired 95 % interval")
+    assert any(r["metric"] == "exact_match" and r["paired 95 % interval"] == "[-1 pp, +11 pp]" for r in paired)
+    assert any(r["metric"] == "wrong writes" and r["difference"] == "1 vs 2" for r in paired)
+    assert "Not run: kto: no thumbs." in quality and "shadow run and any other source: 57" in quality

@@ -401,9 +401,23 @@ def test_the_loop_trains_on_the_teacher_and_on_people_never_on_the_champion_alon
     assert set(taught) & {p["record_id"] for p in shadows} or any(k.startswith("shadow:") for k in listing["dropped"])
     assert all(p["chosen_label_source"] == "teacher" for p in shadows)
     assert {p["chosen_label_source"] for p in pairs.values()} <= {"teacher", "human"}
+    # the same ratings as KTO's thumbs (issue 51, item 2): the answer a person rated up and the correction
+    # desirable, the two rated down undesirable, the unrated ones of ours never
+    env = {"FLYWHEEL_ROOT": str(settings.root)}
+    listed = run_flywheel("labels", "thumbs", "--show", "100000", "--json", env=env)
+    assert listed.returncode == 0, listed.stderr[-2000:]
+    thumbs = {t["record_id"]: t for t in json.loads(listed.stdout)["shown"]}
+    assert thumbs[confirmed]["desirable"] and thumbs[confirmed]["source"] == "up"
+    assert thumbs[f"{corrected}-review"]["desirable"] and thumbs[f"{corrected}-review"]["source"] == "correction"
+    assert not thumbs[corrected]["desirable"] and not thumbs[rejected]["desirable"]
+    assert not set(unrated) & set(thumbs) and not set(taught) & set(thumbs)
+    kto = run_flywheel("tune", "kto", "--min-rows", "1", "--steps", "2", "--json", env=env)
+    assert kto.returncode == 0, kto.stderr[-2000:]
+    trained = json.loads(kto.stdout)  # the day's generated traffic (a fixed seed) has thumbs down in training
+    assert trained["steps"] == 2 and trained["undesirable"] >= 1 and trained["run_id"], trained.get("skipped")
+    assert (Path(trained["adapter_dir"]) / "adapter_config.json").is_file() and "kto: step 2/2" in kto.stderr
     # DPO on the champion's adapter from these pairs: too few for the floor is one line; with a floor of one,
     # an adapter stock peft can load, and `flywheel eval --adapter` reads the prompt style it was trained with
-    env = {"FLYWHEEL_ROOT": str(settings.root)}
     # GRPO on the champion's adapter: one step, groups of two, sampled as served; then the NeMo RL export
     grpo = run_flywheel(
         "tune", "grpo", "--steps", "1", "--group-size", "2", "--max-prompts", "4", "--max-new-tokens", "24", "--json",

@@ -222,11 +222,11 @@ def test_an_injected_slip_is_systematic_rated_as_told_and_its_truth_kept_apart(b
     slipped = [r for r in logged if r.get("scenario") == "slip"]
     asked = [r for r in logged if _call(r) and _call(r)[0] == "get_order"] + slipped
     assert 0.2 < len(slipped) / len(asked) < 0.4
-    phrasings = {p.split("{")[0].split()[-2] for p in SLIP_PHRASES["get_order"]}  # "my" (typos spare 2 letters)
+    assert all(" my order {order_id}" in p for p in SLIP_PHRASES["get_order"])  # "my" survives a typo (2 letters)
     for r in slipped:
         name, args = _call(r)
         assert name == "track_shipment" and set(args) == {"order_id"} and args["order_id"] in _text(r).upper()
-        assert phrasings == {"my"} and " my " in _text(r) and r["feedback"] in ("down", "none")
+        assert " my " in _text(r) and r["feedback"] in ("down", "none")
     assert not any(_text(r).startswith(("where's my order", "any news on my order")) for r in baseline)
     down = sum(r["feedback"] == "down" for r in slipped) / len(slipped)
     assert 0.1 < down < 0.3

@@ -244,6 +244,12 @@ def test_the_flywheel_never_trains_on_its_own_unconfirmed_or_down_rated_answers(
     for (role, (source, rating)), r in zip(roles.items(), firsts):
         r["label_source"], r["feedback"] = source, rating
         ids[role] = r["record_id"]
+    # the same request and answer as an unrated teacher turn, twice more in other sessions: rated down, then up.
+    # The dedupe keeps the teacher's turn for SFT; both ratings still reach KTO's table, where they contradict.
+    twin = firsts[len(roles)]
+    copies = [{**twin, "record_id": f"{twin['record_id']}-{r}", "session_id": f"twin-{r}", "feedback": r}
+              for r in ("down", "up")]  # fmt: skip
+    records += copies
     folder = partition_dir(tmp_path / "raw", day)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "day.jsonl").write_bytes(b"\n".join(orjson.dumps(r) for r in records) + b"\n")
@@ -262,6 +268,22 @@ def test_the_flywheel_never_trains_on_its_own_unconfirmed_or_down_rated_answers(
     assert manifest["label_sources"]["teacher"] == 1 and manifest["label_sources"]["champion"] == 1
     logs = pd.read_parquet(tmp_path / "curated" / "clean_logs")
     assert ids["unconfirmed"] in set(logs["record_id"]), "held, not lost"
+    # every rating reaches KTO's table, a deduplicated turn's too (mutation: `rated_rows` of the kept rows alone:
+    # the copies are missing); two identical answers rated both ways are dropped as a contradiction
+    from pipelines.prep.thumbs import build_thumbs
+
+    rated = pd.read_parquet(tmp_path / "curated" / "rated")
+    by_id = rated.set_index("record_id")
+    assert {ids["confirmed"], ids["champion_down"], ids["generated_down"], *(c["record_id"] for c in copies)} <= set(
+        by_id.index
+    ) and ids["unconfirmed"] not in by_id.index
+    assert (by_id.loc[[c["record_id"] for c in copies], "duplicate_of"] == twin["record_id"]).all()
+    thumbs, dropped, _ = build_thumbs(rated, pd.DataFrame(columns=["record_id"]))
+    assert not {c["record_id"] for c in copies} & set(thumbs["record_id"])
+    assert dropped == {
+        "down: the same answer rated both up and down": 1,
+        "up: the same answer rated both up and down": 1,
+    }
 
     waiting = {r["record_id"] for r in queue(settings)}
     assert waiting == {ids["champion_down"], ids["generated_down"]}

@@ -102,7 +102,7 @@ def test_pairs_keep_the_label_policy_and_count_what_they_drop() -> None:
     for row in rows.values():
         assert json.loads(row["chosen_json"]) == ORDER and json.loads(row["rejected_json"]) == TRACK
     summary = pair_summary(pairs, dropped, quarantined)
-    assert summary["by_source"] == {"correction": {"train": 1}, "shadow": {"train": 1, "val": 1}}
+    assert summary["by_source"] == {"correction": {"train": 1}, "shadow": {"train": 1, "val": 1}, "evaluation": {}}
     assert summary["pairs"] == 3
 
 
@@ -212,3 +212,38 @@ def test_dpo_moves_the_sft_adapter_towards_the_chosen_call_and_stock_peft_loads_
     assert (Path(result.adapter_dir) / "adapter_config.json").is_file()
     assert margin(Path(result.adapter_dir)) > margin(sft) + 0.5
     assert result.losses[-1] < result.losses[0]
+
+
+def test_an_offline_shadow_run_pairs_the_gold_over_our_models_wrong_answers() -> None:
+    """`flywheel eval` of one of our models on the training set's split is an offline shadow run: where its answer
+    was not the example's call, the example's (gold) call over the model's answer. Mutations tried: the right
+    answers kept (an equal-sides pair is counted where none should be: the dropped counts differ); the base
+    conditions read (the base model's answer becomes a pair): each fails."""
+    examples = pd.DataFrame(
+        [_example("g1", ORDER, "import"), _example("g2", ORDER, "import", "b"), _example("own", ORDER, "champion")]
+    )
+
+    def answer(record_id: str, output: str, exact: int = 0) -> dict[str, Any]:
+        return {"record_id": record_id, "exact_match": exact, "output": output}
+
+    report = {
+        "conditions": [
+            {"condition": "tuned_v1_constrained", "per_request": [
+                answer("g1", json.dumps(TRACK)),  # wrong: a pair
+                answer("g2", json.dumps(ORDER), exact=1),  # right: no pair
+                answer("own", json.dumps(TRACK)),  # our own model's label: never a chosen side
+                answer("gone", json.dumps(TRACK)),  # not a curated example
+                answer("g2", "I cannot help with that"),  # no call: left out
+            ]},
+            {"condition": "base_zero_shot", "per_request": [answer("g2", json.dumps(TRACK))]},  # not ours
+        ]
+    }  # fmt: skip
+    pairs, dropped, quarantined = build_pairs(examples, {}, [], [report])
+    assert list(pairs["record_id"]) == ["g1"] and quarantined == []
+    assert json.loads(pairs.iloc[0]["chosen_json"]) == ORDER and json.loads(pairs.iloc[0]["rejected_json"]) == TRACK
+    assert pairs.iloc[0]["source"] == "evaluation"
+    assert dropped == {
+        "evaluation: chosen side written by our own model (champion)": 1,
+        "evaluation: the model made no call": 1,
+        "evaluation: the request is not a curated example": 1,
+    }

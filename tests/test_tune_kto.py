@@ -23,7 +23,7 @@ def _rated(record_id: str, target: Any, feedback: str, label_source: str = "teac
 def test_thumbs_take_only_what_a_person_rated_or_corrected_and_count_what_they_drop() -> None:
     """Mutations tried: any feedback taken (an unrated champion answer enters as desirable): the first assertion
     fails; a down rating made desirable; the offered-tools check removed; the contradiction rule removed; the
-    dedupe removed: each fails."""
+    dedupe removed; the project's label sources ignored: each fails."""
     rated = pd.DataFrame(
         [
             _rated("up1", ORDER, "up", request="order #W1?"),
@@ -36,8 +36,10 @@ def test_thumbs_take_only_what_a_person_rated_or_corrected_and_count_what_they_d
             _rated("both-up", TRACK, "up", request="both"),  # two identical turns rated both ways
             _rated("both-down", TRACK, "down", request="both"),
             _rated("dup", ORDER, "up", request="order #W1?"),  # the same prompt and answer as up1
+            {**_rated("imp", ORDER, "up", "import", request="imported"),  # a source this project does not train
+             "held": "label source import does not train (quality.train_label_sources)"},
         ]
-    )
+    )  # fmt: skip
     examples = pd.DataFrame([_example("down1-review", ORDER, "human"), _example("t1", ORDER, "teacher", "x")])
     thumbs, dropped, quarantined = build_thumbs(rated, examples)
     rows = {r["thumb_id"]: r for r in thumbs.to_dict("records")}
@@ -49,6 +51,7 @@ def test_thumbs_take_only_what_a_person_rated_or_corrected_and_count_what_they_d
     assert dropped == {
         "down: the same answer rated both up and down": 1,
         "up: duplicate": 1,
+        "up: its label source does not train (quality.train_label_sources)": 1,
         "up: the same answer rated both up and down": 1,
     }
     assert sorted((q["record_id"], q["reason"]) for q in quarantined) == [
@@ -75,6 +78,8 @@ def test_the_rarer_side_is_weighted_up_unless_the_settings_fix_the_weights() -> 
     assert balanced_weights(30, 10, KtoSettings()) == (1.0, 3.0)  # weight x count equal on both sides
     assert balanced_weights(5, 20, KtoSettings()) == (4.0, 1.0)
     assert balanced_weights(5, 20, KtoSettings(desirable_weight=1.0, undesirable_weight=1.0)) == (1.0, 1.0)
+    with pytest.raises(ValueError, match="set both desirable_weight and undesirable_weight, or neither"):
+        KtoSettings(desirable_weight=2.0)  # one weight alone would be ignored: refused instead
 
 
 @pytest.mark.slow
@@ -114,3 +119,52 @@ def test_kto_moves_the_sft_adapter_away_from_the_down_rated_call(tmp_path: Path)
     assert (result.desirable_weight, result.undesirable_weight) == (1.0, 1.0)
     assert (Path(result.adapter_dir) / "adapter_config.json").is_file()
     assert margin(Path(result.adapter_dir)) > margin(sft) + 0.5
+
+
+def test_the_tune_stage_skips_kto_with_one_line_when_there_are_no_thumbs(tmp_path: Path) -> None:
+    """The DAG's tune task with `kto` and nothing rated: one line saying how many answers it has and needs, and the
+    SFT adapter goes on. Mutation tried: the stage's kto branch removed (it runs DPO): the line names dpo, fails."""
+    from pipelines.config import load_settings
+    from pipelines.tune.stage import tune_stage
+
+    sweep = tmp_path / "sweep.json"
+    sweep.write_text(json.dumps({"sweep_id": "s1", "base_model": "tiny-llama", "prompt_style": "names"}))
+    trained = {"sweep_uri": str(sweep), "adapter_dir": "/sft", "best_run_id": "r1"}
+    lines: list[str] = []
+    got = tune_stage(load_settings(root=str(tmp_path / "fw")), trained, "kto", progress=lines.append)
+    assert got["adapter_dir"] == "/sft" and got["best_run_id"] == "r1" and "sft_adapter_dir" not in got
+    assert got["tune"]["skipped"].startswith("kto: skipped: 0 desirable and 0 undesirable training answer(s)")
+    assert "(tune.kto.min_rows)" in got["tune"]["skipped"] and lines == [got["tune"]["skipped"]]
+
+
+def test_a_kto_version_names_what_trained_it_on_its_card_and_tags() -> None:
+    """The model card's tuning section and the registry tags of a KTO-tuned version (mutation: the kto entry of
+    `tune_lines` removed: the card calls it preference pairs and fails)."""
+    from pipelines.registry.card import tune_lines, tune_tags
+
+    by_source = {"down": {"train": 10}, "up": {"train": 30}}
+    tune = {"method": "kto", "run_id": "r9", "rows": 40, "desirable": 30, "undesirable": 10, "steps": 12,
+            "seconds": 8.5, "tokens": 900, "thumbs_by_source": by_source}  # fmt: skip
+    card = "\n".join(tune_lines(tune))
+    assert "40 rated answers, 30 desirable and 10 undesirable" in card and '"down": {"train": 10}' in card
+    assert tune_tags(tune)["flywheel.tune_examples"] == "40" and tune_tags(tune)["flywheel.tune_method"] == "kto"
+
+
+def test_a_bf16_tune_run_freezes_the_base_in_bf16_and_keeps_the_adapter_in_fp32(tmp_path: Path) -> None:
+    """`bf16` (the tune stage's choice on a CPU with bf16 units, as SFT's): the policy's frozen base and the
+    reference are cast to bf16 once, the trainable LoRA weights stay fp32; TRL autocasts, and recomputes no
+    activations on the CPU. Mutation tried: `frozen_in` ignoring `bf16`: the base stays fp32 and it fails."""
+    import torch
+
+    from pipelines.tune.dpo import policy_and_reference, quiet_args
+
+    base, sft = tiny_sft(tmp_path)
+    model, _ = base()
+    policy, reference = policy_and_reference(model, base, sft, bf16=True)
+    trainable = {p.dtype for p in policy.parameters() if p.requires_grad}
+    frozen = {p.dtype for p in policy.parameters() if not p.requires_grad}
+    assert trainable == {torch.float32} and frozen == {torch.bfloat16}
+    assert {p.dtype for p in reference.parameters()} == {torch.bfloat16}
+    args = quiet_args(0, bf16=True)
+    assert args["bf16"] is True and args["gradient_checkpointing"] is torch.cuda.is_available()
+    assert quiet_args(0, bf16=False)["bf16"] is False  # never TRL's default bf16 on a CPU that would emulate it

@@ -142,3 +142,137 @@ def episode_comparisons(comps: list[dict[str, Any]]) -> str:
         return ""
     headers = ["comparison", "metric", "tasks", "difference", "paired 95 % interval", "McNemar wins / losses (p)"]
     return "Paired per task, on the tasks both finished:\n\n" + table(headers, rows)
+
+
+def tune_slip(result: Result) -> Body:
+    """bench/slip.py: an injected teacher slip, SFT by imitation and under the label policy, and each tune method
+    on top of it, on held-out requests whose truth is known; paired against SFT and imitation."""
+    d = result.data
+    settings = d.get("settings") or {}
+    shares = settings.get("slip_ratings") or {}
+    what = (
+        f"Tuning from outcomes on an injected teacher slip ({settings.get('slip')}: the teacher logs the wrong tool "
+        "in that share of the intent's turns, asked in the slip's own phrasings; people rate "
+        f"{pct(shares.get('slipped_rated_down'))} of those down and {pct(shares.get('others_rated_up'))} of the other "
+        f"answers up; a reviewer corrects {pct(settings.get('correct'))} of the down-rated ones). Each arm answers the "
+        "same held-out requests with known right calls, decoded as served: the slip intent's tool-name accuracy, every "
+        "other tool's exact match, wrong writes, and the acceptance rule (the slip fixed: name accuracy >= "
+        f"{num(settings.get('fix_floor'))} and >= {num(settings.get('fix_gain'))} above SFT; every other tool "
+        f"non-inferior to imitation at margin {num(settings.get('margin'))}; no more wrong writes)."
+    )
+    arms = d.get("arms") or {}
+    n = next(iter(arms.values()), {}).get("n", {}) if arms else {}
+    signals = d.get("signals") or {}
+    head = (
+        f"SFT v{(d.get('versions') or {}).get('sft')}; held-out requests: {num(n.get('slip'))} in the slip's "
+        f"phrasings, {num(n.get('other'))} others; down-rated slips queued for review {num(signals.get('queued'))}, "
+        f"corrected {num(signals.get('corrected'))}."
+    )
+    spec: list[tuple[str, str, Fmt]] = [
+        ("arm", "arm", text),
+        ("slip: tool name", "slip_name_accuracy", pct),
+        ("slip: exact", "slip_exact_match", pct),
+        ("other tools: exact", "other_exact_match", pct),
+        ("wrong writes", "wrong_writes", num),
+    ]
+    rows = [{"arm": arm, **row} for arm, row in arms.items()]
+    comps = []
+    for c in d.get("comparisons") or []:
+        for label, key, fmt in (("slip: tool name", "slip_name_accuracy", pp), ("other tools: exact",
+                                "other_exact_match", pp)):  # fmt: skip
+            m = c.get(key) or {}
+            comps.append([f"{c['arm']} - {c['reference']}", label, m.get("n"), fmt(m.get("diff")),
+                          pair([m.get("low"), m.get("high")], fmt), mcnemar(m if "wins" in m else None)])  # fmt: skip
+    headers = ["comparison", "metric", "n", "difference", "paired 95 % interval", "McNemar wins / losses (p)"]
+    acceptance = [
+        [arm, _yes(a.get("slip_fixed")), _yes(a.get("others_non_inferior_pooled")),
+         _yes(a.get("others_non_inferior_every_tool")), ", ".join(a.get("tools_not_shown_non_inferior") or []),
+         _yes(a.get("no_more_wrong_writes")), _yes(a.get("passes")), _yes(a.get("passes_pooled"))]
+        for arm, a in (d.get("acceptance") or {}).items()
+    ]  # fmt: skip
+    cost = [
+        [m, c.get("skipped") or "", num(c.get("seconds")), num(c.get("tokens")), num(c.get("steps")),
+         num(c.get("pairs") or c.get("rows") or c.get("prompts"))]
+        for m, c in (d.get("cost") or {}).items()
+    ]  # fmt: skip
+    blocks = [
+        head,
+        columns(rows, spec),
+        "Paired on the same held-out requests:\n\n" + table(headers, comps) if comps else "",
+        "Acceptance:\n\n"
+        + table(
+            [
+                "arm",
+                "slip fixed",
+                "others held (pooled)",
+                "others held (every tool)",
+                "tools not shown held",
+                "no more wrong writes",
+                "passes (every tool)",
+                "passes (pooled)",
+            ],
+            acceptance,
+        ),  # fmt: skip
+        "Cost of each method (its own run):\n\n"
+        + table(["method", "skipped", "seconds", "tokens trained", "steps", "rows / pairs / prompts"], cost),
+        details("other tools' exact match by tool", mapping({a: r.get("other_by_tool") for a, r in arms.items()})),
+    ]
+    if settings:
+        blocks.append(details("settings", mapping(settings)))
+    return Body(what, [b for b in blocks if b])
+
+
+def _yes(value: Any) -> str:
+    return "n/a" if value is None else "yes" if value else "no"
+
+
+def tune_retail(result: Result) -> Body:
+    """bench/tune_retail.py: the SFT version and the same adapter tuned after SFT on tau-bench retail requests
+    never trained on, paired per request."""
+    d = result.data
+    split = d.get("split") or {}
+    what = (
+        "Tuning after SFT on real data: tau-bench retail, the SFT version against the same adapter tuned further, on "
+        "the steps of tasks never trained on, decoded as served; paired per request, wrong writes counted."
+    )
+    head = (
+        f"SFT v{d.get('version')}; {num(split.get('requests'))} held-out requests from "
+        f"{num(split.get('evaluated_tasks'))} tasks; {num(split.get('train_tasks'))} training tasks."
+    )
+    spec: list[tuple[str, str, Fmt]] = [
+        ("condition", "condition", text),
+        ("exact match", "exact_match", pct),
+        ("tool name", "name_accuracy", pct),
+        ("argument F1", "arg_f1", num),
+        ("valid JSON", "json_valid", pct),
+        ("wrong writes", "wrong_writes", num),
+        ("prompt tokens", "prompt_tokens", num),
+    ]
+    rows = [{"condition": name, **row} for name, row in (d.get("rows") or {}).items()]
+    comps = []
+    for c in d.get("comparisons") or []:
+        for metric, m in c["metrics"].items():
+            fmt = pp if metric in SHARES else signed
+            comps.append([f"{c['condition']} - {c['reference']}", metric, m.get("n"), fmt(m.get("diff")),
+                          pair([m.get("low"), m.get("high")], fmt), mcnemar(m.get("mcnemar"))])  # fmt: skip
+        ours, theirs = c.get("wrong_writes") or [None, None]
+        comps.append([f"{c['condition']} - {c['reference']}", "wrong writes", c.get("n"),
+                      f"{num(ours)} vs {num(theirs)}", "", ""])  # fmt: skip
+    headers = ["comparison", "metric", "n", "difference", "paired 95 % interval", "McNemar wins / losses (p)"]
+    cost = [[m, num(c.get("seconds")), num(c.get("tokens")), num(c.get("steps")), num(c.get("prompts"))]
+            for m, c in (d.get("cost") or {}).items()]  # fmt: skip
+    not_run = (d.get("settings") or {}).get("not_run") or {}
+    pairs = d.get("pairs") or {}
+    if pairs:
+        head += f" Preference pairs from the offline shadow run and any other source: {num(pairs.get('pairs'))}."
+    blocks = [
+        head,
+        columns(rows, spec),
+        "Paired on the same requests:\n\n" + table(headers, comps) if comps else "",
+        "Cost of each method (its own run):\n\n"
+        + table(["method", "seconds", "tokens trained", "steps", "prompts"], cost),
+        "Not run: " + "; ".join(f"{m}: {why}" for m, why in not_run.items()) + "." if not_run else "",
+    ]
+    if d.get("settings"):
+        blocks.append(details("settings", mapping(d["settings"])))
+    return Body(what, [b for b in blocks if b])

@@ -57,6 +57,8 @@ PAGES = {"benchmarks": "Benchmark results", "quality": "Quality results"}
 FAMILIES: dict[str, Family] = {
     "real_data": Family("Real-data evaluation", "quality", quality.real_data),
     "episodes": Family("Episodes against the retail environment", "quality", quality.episodes),
+    "tune_slip": Family("Tuning from outcomes: an injected teacher slip", "quality", quality.tune_slip),
+    "tune_retail": Family("Tuning after SFT on tau-bench retail", "quality", quality.tune_retail),
     "gateway": Family("Gateway against Triton direct", "benchmarks", serving.gateway),
     "aiperf": Family("AIPerf through the gateway", "benchmarks", serving.aiperf),
     "serving_precision": Family("Serving in bf16 and fp32 on the CPU", "benchmarks", serving.serving_precision),
@@ -71,6 +73,7 @@ FAMILIES: dict[str, Family] = {
     "prep": Family("Data preparation", "benchmarks", training.prep),
     "train": Family("Training backends", "benchmarks", training.train),
     "train_precision": Family("Training in bf16 and fp32 on the CPU", "benchmarks", training.train_precision),
+    "tune_precision": Family("Tuning after SFT in bf16 and fp32 on the CPU", "benchmarks", training.train_precision),
     "drift_check": Family("The drift check, cold and incremental", "benchmarks", training.drift_check),
     "pods": Family("Training pods", "benchmarks", training.pods),
     "nemo_bf16": Family("NeMo AutoModel's bf16 steps on the CPU, by op", "benchmarks", training.nemo_bf16),

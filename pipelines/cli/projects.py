@@ -259,7 +259,8 @@ def tune_cmd(
     method: Annotated[
         str,
         typer.Option(
-            "--method", help="off, dpo or grpo: the tune stage after this project's SFT sweeps; platform: tune.method"
+            "--method",
+            help="off, dpo, kto or grpo: the tune stage after this project's SFT sweeps; platform: tune.method",
         ),
     ],
     as_json: JsonOpt = False,

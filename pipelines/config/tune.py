@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from pipelines.config.base import _Section
 
@@ -47,6 +47,12 @@ class KtoSettings(_Section):
     )  # fmt: skip
     undesirable_weight: float | None = Field(default=None, gt=0, description="loss weight of an undesirable answer")
     seed: int = Field(default=0, description="the trainer's seed")
+
+    @model_validator(mode="after")
+    def _both_weights_or_neither(self) -> KtoSettings:
+        if (self.desirable_weight is None) != (self.undesirable_weight is None):
+            raise ValueError("set both desirable_weight and undesirable_weight, or neither (the rarer side up)")
+        return self
 
 
 class GrpoSettings(_Section):

@@ -140,8 +140,9 @@ def score_condition(
             "arg_f1": s.arg_f1,
             "text_f1": s.text_f1,
             "wrong_write": s.wrong_write,
+            "output": t,  # the answer as decoded (an offline shadow run's rejected side: `prep.pairs`)
         }
-        for e, s in zip(examples, scores)
+        for e, t, s in zip(examples, texts, scores)
     ]
     return ConditionResult(
         name,

@@ -197,25 +197,29 @@ def _record_in_manifest(settings: Settings, window: DateWindow, by_split: dict[s
     manifests = zone_paths(settings)["manifests"]
     uri = f"{manifests}/{window.label}.json"
     manifest = read_json(uri)
-    parts = window_partitions(dataset_uri(settings), window.isoformat_days())
-    files = sorted(f for part in parts for f in glob(f"{part}/*.parquet"))
-    h = hashlib.sha256()
-    for f in files:
-        h.update(read_bytes(f))
-    rated = sorted(
-        f for part in window_partitions(rated_uri(settings), window.isoformat_days()) for f in glob(f"{part}/*.parquet")
+    files, rated = (
+        sorted(f for part in window_partitions(table, window.isoformat_days()) for f in glob(f"{part}/*.parquet"))
+        for table in (dataset_uri(settings), rated_uri(settings))
     )
     manifest["training_set"] = {
         "uri": dataset_uri(settings),
         "examples_by_split": by_split,
         "with_customer_context": with_context,
         "files": files,
-        "digest": h.hexdigest(),
+        "digest": _digest(files),
         "feature_refs": feast_client.customer_feature_refs(settings),
         "rated_files": rated,  # the window's rated rows with their prompts (KTO: `prep.thumbs`)
+        "rated_digest": _digest(rated),
     }
     write_json(uri, manifest)
     _advance_current(settings, manifest)
+
+
+def _digest(files: list[str]) -> str:
+    h = hashlib.sha256()
+    for f in files:
+        h.update(read_bytes(f))
+    return h.hexdigest()
 
 
 def _advance_current(settings: Settings, manifest: dict[str, Any]) -> None:

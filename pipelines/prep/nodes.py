@@ -312,11 +312,13 @@ def assign_splits(kept: DataFrame, val_share: float, test_share: float, salt: st
     return kept.join(sessions.select("session_id", "split"), "session_id")
 
 
-def rated_rows(kept: DataFrame, examples: DataFrame, val_share: float, test_share: float, salt: str) -> DataFrame:
-    """The kept rows people rated (up or down, whether they train or are held), each in the split its session
-    has among the examples; a session with no example (every turn held) is split by the same rule among such
-    sessions. What KTO learns from (`prep.thumbs`): redacted, deduplicated and split by session as SFT is."""
-    rated = kept.filter("feedback IN ('up', 'down')")
+def rated_rows(marked: DataFrame, examples: DataFrame, val_share: float, test_share: float, salt: str) -> DataFrame:
+    """The clean rows people rated (up or down, whether they train, are held or were dropped as a duplicate: the
+    dedupe keeps one answer for SFT, and every rating of it is still a signal), each in the split its session has
+    among the examples; a session with no example (every turn held) is split by the same rule among such
+    sessions. What KTO learns from (`prep.thumbs`, which resolves repeated and contradicting ratings): redacted
+    and split by session as SFT is."""
+    rated = marked.filter("feedback IN ('up', 'down')")
     splits = examples.select("session_id", "split").distinct()
     placed = rated.join(splits, "session_id")
     alone = assign_splits(rated.join(splits, "session_id", "left_anti"), val_share, test_share, salt)
@@ -343,7 +345,7 @@ EXAMPLE_COLUMNS = [
     "split",
     "dt",
 ]
-RATED_COLUMNS = [*EXAMPLE_COLUMNS[:-2], "feedback", "held", "split", "dt"]  # partitioned as the examples
+RATED_COLUMNS = [*EXAMPLE_COLUMNS[:-2], "feedback", "held", "duplicate_of", "split", "dt"]  # as the examples
 CLEAN_LOG_COLUMNS = [
     "record_id",
     "session_id",

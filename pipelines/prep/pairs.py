@@ -1,6 +1,6 @@
 """Preference pairs from signals the platform already collects (issue 51, item 1): the table DPO trains on.
 
-Two sources today, both joined to what prep curated, so a pair has had the same quarantine, PII redaction, dedupe
+Three sources, each joined to what prep curated, so a pair has had the same quarantine, PII redaction, dedupe
 and split by session as an SFT example (its prompt and chosen side *are* that example, and its prompt renders in
 any prompt style as the example's does):
 
@@ -11,6 +11,11 @@ any prompt style as the example's does):
   mode `shadow`, not exact). Chosen: the teacher's call (the `teacher` example prep curated from the capture);
   rejected: the candidate's call as the comparison recorded it (redacted, like the example). A candidate answer
   with no call is left out: the record does not tell an abstention from a text answer.
+
+- `evaluation`: an offline shadow run: `flywheel eval` of one of our models on a split of the training set, where
+  its answer was not the example's call. Chosen: the example's call (the teacher's, a person's or an import's
+  gold); rejected: the model's answer as the report recorded it. An answer with no call is left out, as for
+  `shadow`; reports of other data (`--logs`) are not read.
 
 The label policy holds: a chosen side our own model wrote (label source `champion` or `verified`) never trains,
 and a pair whose sides are equal or whose chosen call names a tool the prompt did not offer is dropped, each
@@ -32,7 +37,7 @@ if TYPE_CHECKING:
 
     from pipelines.config import Settings
 
-SOURCES = ("correction", "shadow")
+SOURCES = ("correction", "shadow", "evaluation")
 OUR_MODEL = ("champion", "verified")  # label sources our own model wrote: never a chosen side
 REVIEW_SUFFIX = "-review"  # prep.reviews: a correction's record id is the original's with this suffix
 PAIR_COLUMNS = [
@@ -77,11 +82,16 @@ def _offered(tools_json: str) -> set[str]:
 
 
 def build_pairs(
-    examples: pd.DataFrame, originals: Mapping[str, dict[str, Any]], comparisons: Iterable[dict[str, Any]]
+    examples: pd.DataFrame,
+    originals: Mapping[str, dict[str, Any]],
+    comparisons: Iterable[dict[str, Any]],
+    evaluations: Iterable[dict[str, Any]] = (),
 ) -> tuple[pd.DataFrame, dict[str, int], list[dict[str, Any]]]:
     """(the pairs, one row per pair in `PAIR_COLUMNS`; the dropped pairs counted by reason; the quarantined ones
     with their reason). `examples`: prep's curated examples, every split; `originals`: record id -> prep's clean
-    log row (`tool`, `arguments_json`, `label_source`); `comparisons`: the gateway's comparison records."""
+    log row (`tool`, `arguments_json`, `label_source`); `comparisons`: the gateway's comparison records;
+    `evaluations`: evaluation reports of the training set's splits (`conditions`, each with `per_request`
+    answers)."""
     import pandas as pd
 
     by_id = {row["record_id"]: row for row in examples.to_dict("records")}
@@ -113,6 +123,7 @@ def build_pairs(
         if isinstance(answer, dict) and "<unparsed>" in (answer.get("arguments") or {}):
             answer = "unparsed"  # the gateway kept arguments it could not parse as they were: quarantined below
         candidates.append(("shadow", row, answer))
+    candidates += _evaluation_candidates(by_id, evaluations, dropped)
     pairs, seen = [], set()
     for source, row, rejected_side in candidates:
         offered = _offered(row["tools_json"])
@@ -139,7 +150,7 @@ def build_pairs(
         seen.add(key)
         pairs.append(
             {
-                "pair_id": f"{source}:{row['record_id']}",
+                "pair_id": f"{source}:{row['record_id']}" + (f":{len(seen)}" if source == "evaluation" else ""),
                 "source": source,
                 "record_id": row["record_id"],
                 "session_id": row["session_id"],
@@ -156,6 +167,49 @@ def build_pairs(
         )
     frame = pd.DataFrame(pairs, columns=PAIR_COLUMNS).sort_values("pair_id", ignore_index=True)
     return frame, dict(sorted(dropped.items())), quarantined
+
+
+def _evaluation_candidates(
+    by_id: Mapping[str, dict[str, Any]], evaluations: Iterable[dict[str, Any]], dropped: Counter[str]
+) -> list[tuple[str, dict[str, Any], Any]]:
+    """(source, the chosen example, the rejected answer) for every answer of one of our models (a `tuned_`
+    condition) that was not its example's call, in evaluation reports of the training set's splits."""
+    from pipelines.toolcall.calls import parse_call
+
+    found: list[tuple[str, dict[str, Any], Any]] = []
+    for report in evaluations:
+        for condition in report.get("conditions") or []:
+            if not str(condition.get("condition", "")).startswith("tuned_"):
+                continue
+            for answer in condition.get("per_request") or []:
+                if answer.get("exact_match") or "output" not in answer:
+                    continue
+                row = by_id.get(str(answer.get("record_id")))
+                if row is None:
+                    dropped["evaluation: the request is not a curated example"] += 1
+                    continue
+                call = parse_call(str(answer["output"] or ""))
+                if call is None:
+                    dropped["evaluation: the model made no call"] += 1
+                    continue
+                found.append(("evaluation", row, call))
+    return found
+
+
+def evaluation_reports(settings: Settings) -> list[dict[str, Any]]:
+    """The project's evaluation reports of the training set's splits (an offline shadow run is one: `flywheel
+    eval --split train`); reports of other data (`--logs`) are left out."""
+    from pipelines.storage import glob, read_json
+
+    reports = []
+    for uri in sorted(glob(f"{settings.zone('reports')}/evaluation/*/report.json")):
+        try:
+            report = read_json(uri)
+        except (OSError, ValueError):
+            continue  # a report being written: read next time
+        if not (report.get("settings") or {}).get("logs"):
+            reports.append(report)
+    return reports
 
 
 def curated_examples(settings: Settings) -> pd.DataFrame:
@@ -199,7 +253,7 @@ def collect_pairs(settings: Settings) -> tuple[pd.DataFrame, dict[str, int], lis
                 comparisons.append(json.loads(line))
             except json.JSONDecodeError:
                 continue  # a torn last line of a file still being written: its record is read next time
-    return build_pairs(examples, originals, comparisons)
+    return build_pairs(examples, originals, comparisons, evaluation_reports(settings))
 
 
 def pair_summary(pairs: pd.DataFrame, dropped: dict[str, int], quarantined: list[dict[str, Any]]) -> dict[str, Any]:

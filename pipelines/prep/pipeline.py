@@ -4,6 +4,8 @@ Every raw line ends in exactly one place (clean example, held (a clean record wh
 train: `prep.labels`, kept in the clean logs with the reason), quarantine with a reason, or removed as a
 duplicate of a kept record, which is also listed in quarantine with reason `duplicate`);
 `input = clean + held + quarantined + duplicates` is checked on every run and written to the manifest.
+The `rated` table copies the clean records people rated (trained, held or deduplicated) in their sessions' splits,
+for KTO (`prep.thumbs`): a view of clean records, not another place a line ends in.
 A raw `.gz` file that cannot be decompressed whole is not read at all: it is listed in the manifest's
 `unreadable_files` with the reason (and named in the message), and left in the raw zone as it is.
 """
@@ -246,7 +248,7 @@ class _Frames:
         duplicates = marked.filter("duplicate_of IS NOT NULL")
         # clean records whose label does not train (prep.labels) stay in the clean logs, `held` with the reason
         examples = nodes.assign_splits(kept.filter("held IS NULL"), VAL_SHARE, TEST_SHARE, salt="flywheel").persist()
-        rated = nodes.rated_rows(kept, examples, VAL_SHARE, TEST_SHARE, salt="flywheel")
+        rated = nodes.rated_rows(marked, examples, VAL_SHARE, TEST_SHARE, salt="flywheel")
         return cls(prepared, clean, marked, kept, duplicates, examples, rated)
 
     def release(self) -> None:
@@ -256,7 +258,7 @@ class _Frames:
 
 
 def _write_tables(frames: _Frames, out: dict[str, str], run_id: str) -> None:
-    """Write the examples, clean logs and quarantine tables to the staging folders `out`."""
+    """Write the examples, clean logs, quarantine and rated tables to the staging folders `out`."""
     frames.examples.select(*nodes.EXAMPLE_COLUMNS).write.mode("overwrite").partitionBy("split", "dt").parquet(
         out["examples"]
     )

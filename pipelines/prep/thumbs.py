@@ -6,11 +6,13 @@
   example `<id>-review` prep curated.
 
 The rated answers come from the features step's rated set (prep's `rated` table with the training prompts: the
-same quarantine, PII redaction, dedupe and split by session as an SFT example, and the same customer context), the
-corrections from the SFT set itself. The label policy holds: only a person's rating or correction makes an answer
-desirable (an answer of our own model that nobody rated never enters). An answer that cannot be parsed as a call
-or names a tool its prompt did not offer is quarantined with its reason; two identical answers to one prompt rated
-both up and down are dropped (counted); a (prompt, answer, label) is kept once.
+same quarantine, PII redaction and split by session as an SFT example, and the same customer context; every
+rating, a deduplicated turn's too), the corrections from the SFT set itself. The label policy holds: only a
+person's rating or correction makes an answer desirable (an answer of our own model that nobody rated never
+enters), and an answer rated up whose label source the project does not train (`quality.train_label_sources`) is
+left out, as SFT leaves it out. An answer that cannot be parsed as a call or names a tool its prompt did not offer
+is quarantined with its reason; two identical answers to one prompt rated both up and down are dropped (counted);
+a (prompt, answer, label) is kept once.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ if TYPE_CHECKING:
     from pipelines.config import Settings
 
 SOURCES = ("up", "down", "correction")
+LABEL_SOURCE_HELD = "label source"  # prep.labels.held_reason: a source the project does not train
 THUMB_COLUMNS = [
     "thumb_id",
     "source",
@@ -53,13 +56,15 @@ def build_thumbs(
     import pandas as pd
 
     candidates: list[tuple[str, dict[str, Any]]] = []
+    dropped: Counter[str] = Counter()
     for row in rated.to_dict("records"):
-        if row.get("feedback") in ("up", "down"):
+        if row.get("feedback") == "up" and str(row.get("held") or "").startswith(LABEL_SOURCE_HELD):
+            dropped["up: its label source does not train (quality.train_label_sources)"] += 1
+        elif row.get("feedback") in ("up", "down"):
             candidates.append((str(row["feedback"]), row))
     for row in examples.to_dict("records"):
         if str(row["record_id"]).endswith(REVIEW_SUFFIX):
             candidates.append(("correction", row))
-    dropped: Counter[str] = Counter()
     quarantined: list[dict[str, Any]] = []
     kept: dict[tuple[str, str, str], dict[str, Any]] = {}
     labels: dict[tuple[str, str, str], set[bool]] = {}

@@ -20,7 +20,7 @@ from typing import Any
 from pipelines.config.tune import GrpoSettings
 from pipelines.errors import DataProblem
 from pipelines.toolcall.examples import Example
-from pipelines.tune.dpo import quiet_args, train_and_save, trained_tokens
+from pipelines.tune.dpo import frozen_in, quiet_args, train_and_save, trained_tokens
 from pipelines.tune.reward import from_score, scored
 
 
@@ -124,7 +124,7 @@ def constrain(policy: Any, tokenizer: Any, rows: list[dict[str, Any]]) -> None:
     policy.generate = generate
 
 
-def trl_config(cfg: GrpoSettings, out_dir: Path, max_new_tokens: int) -> Any:
+def trl_config(cfg: GrpoSettings, out_dir: Path, max_new_tokens: int, bf16: bool = False) -> Any:
     """TRL's GRPOConfig for `cfg`: one generation batch per step (`prompts_per_step` groups of `group_size`),
     sampled from the whole distribution at `temperature` within the answer budget, logged every step."""
     from trl import GRPOConfig
@@ -142,7 +142,7 @@ def trl_config(cfg: GrpoSettings, out_dir: Path, max_new_tokens: int) -> Any:
         top_p=1.0,
         top_k=0,
         generation_kwargs={"min_p": None, "typical_p": 1.0, "repetition_penalty": 1.0},  # the whole distribution
-        **quiet_args(cfg.seed),
+        **quiet_args(cfg.seed, bf16),
     )
 
 
@@ -158,6 +158,7 @@ def train_grpo(
     constrained: bool,
     effects: Mapping[str, str] | None = None,
     progress: Callable[[str], None] | None = None,
+    bf16: bool = False,
 ) -> GrpoResult:
     """GRPO from the SFT adapter in `sft_adapter` -> `out_dir/adapter` (same LoRA, trained further) on the
     examples whose prompt fits (`prompt_rows`; `tools`: each example's grammar tools); `progress` gets a line per
@@ -182,10 +183,10 @@ def train_grpo(
         raise DataProblem(
             f"grpo: no training prompt fits max_prompt_tokens {cfg.max_prompt_tokens} ({too_long} longer)"
         )
-    policy = PeftModel.from_pretrained(base, str(sft_adapter), is_trainable=True)
+    policy = PeftModel.from_pretrained(frozen_in(base, bf16), str(sft_adapter), is_trainable=True)
     if constrained:
         constrain(policy, tokenizer, rows)
-    args = trl_config(cfg, out_dir, max_new_tokens)
+    args = trl_config(cfg, out_dir, max_new_tokens, bf16)
     trainer = GRPOTrainer(
         model=policy,
         reward_funcs=reward_function(effects),

@@ -26,6 +26,7 @@ from pipelines.tune.dpo import (
     policy_and_reference,
     prompt_text,
     quiet_args,
+    reused,
     train_and_save,
     trained_tokens,
 )
@@ -106,9 +107,11 @@ def train_kto(
     out_dir: Path,
     load_base: Callable[[], tuple[Any, Any]],
     progress: Callable[[str], None] | None = None,
+    *,
+    bf16: bool = False,
 ) -> KtoResult:
     """KTO from the SFT adapter in `sft_adapter` -> `out_dir/adapter` (same LoRA, trained further); `progress`
-    gets a line per logged step."""
+    gets a line per logged step; `bf16`: compute in bf16 (`dpo.quiet_args`, `dpo.frozen_in`)."""
     import torch
     from datasets import Dataset
     from trl import KTOConfig, KTOTrainer
@@ -131,7 +134,7 @@ def train_kto(
             f"({too_long} longer): it needs an undesirable one"
         )
     weights = balanced_weights(desirable, undesirable, cfg)
-    policy, reference = policy_and_reference(base, load_base, sft_adapter)
+    policy, reference = policy_and_reference(base, load_base, sft_adapter, bf16)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     args = KTOConfig(
@@ -141,11 +144,14 @@ def train_kto(
         max_steps=cfg.max_steps,
         per_device_train_batch_size=cfg.batch_size,
         max_length=cfg.max_length,
+        precompute_ref_log_probs=reused(cfg, len(texts)),
         desirable_weight=weights[0],
         undesirable_weight=weights[1],
-        **quiet_args(cfg.seed),
+        **quiet_args(cfg.seed, bf16),
     )
-    data = Dataset.from_list(texts)
+    # KTO reads its rows in order (each row's KL completion is its neighbour's in a fixed-order batch): shuffled,
+    # seeded, so a batch mixes desirable and undesirable answers rather than taking each source in turn
+    data = Dataset.from_list(texts).shuffle(seed=cfg.seed)
     trainer = KTOTrainer(model=policy, ref_model=reference, args=args, train_dataset=data, processing_class=tokenizer)
     logged, final = train_and_save(trainer, policy, tokenizer, out_dir, line)
     return KtoResult(

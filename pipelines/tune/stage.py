@@ -32,6 +32,18 @@ Progress = Callable[[str], None]
 TUNE_KIND = "tune"
 
 
+def tune_bf16(settings: Settings) -> bool:
+    """Whether the tune methods compute in bf16: on a GPU always (as TRL does), on the CPU as SFT does
+    (`train.precision`, where the CPU has bf16 units: `hardware.bf16_usable`)."""
+    import torch
+
+    from pipelines.hardware import bf16_usable
+
+    if torch.cuda.is_available():
+        return True
+    return settings.train.precision == "bf16" and bf16_usable("train.precision bf16", "tuning")
+
+
 def answer_budget(settings: Settings, cfg: GrpoSettings, recorded: int | None) -> int:
     """GRPO's answer budget: its own setting, else as served (`triton.max_new_tokens`, else the version's)."""
     from pipelines.toolcall.budget import FALLBACK
@@ -86,7 +98,7 @@ def run_grpo(
     write_bytes(str(folder / "prompts.parquet"), buffer.getvalue())  # what this run trained on
     result = train_grpo(
         examples, tools, cfg, sft_adapter, folder, load_base,
-        max_new_tokens=budget, constrained=constrained, effects=effects, progress=progress,
+        max_new_tokens=budget, constrained=constrained, effects=effects, progress=progress, bf16=tune_bf16(settings),
     )  # fmt: skip
     write_bytes(str(Path(result.adapter_dir) / PROMPT_STYLE_FILE), str(style).encode())  # `flywheel eval --adapter`
     by_tool = dict(Counter(e.tool for e in examples))
@@ -123,7 +135,9 @@ def run_dpo(
     _keep(folder, "pairs", pairs, {**summary, "quarantined_pairs": quarantined})
     if progress is not None:
         progress(f"dpo: {len(train)} training pairs, {cfg.max_steps} steps ...")
-    result = train_dpo(preference_rows(train, style), cfg, sft_adapter, folder, load_base, progress=progress)
+    result = train_dpo(
+        preference_rows(train, style), cfg, sft_adapter, folder, load_base, progress=progress, bf16=tune_bf16(settings)
+    )
     write_bytes(str(Path(result.adapter_dir) / PROMPT_STYLE_FILE), str(style).encode())
     report = {
         **result.to_dict(), "method": "dpo", "settings": cfg.model_dump(), "prompt_style": str(style),
@@ -154,7 +168,7 @@ def run_kto(
     `trained` marking the training split) and their counts are kept beside the adapter."""
     from pipelines.prep.thumbs import collect_thumbs, thumb_summary
     from pipelines.storage import write_bytes, write_json
-    from pipelines.tune.kto import too_few, train_kto
+    from pipelines.tune.kto import thumb_rows, too_few, train_kto
 
     thumbs, dropped, quarantined = collect_thumbs(settings)
     train = thumbs[thumbs["split"] == "train"]
@@ -165,9 +179,9 @@ def run_kto(
     _keep(folder, "thumbs", thumbs, {**summary, "quarantined_thumbs": quarantined})
     if progress is not None:
         progress(f"kto: {len(train)} rated training answers, {cfg.max_steps} steps ...")
-    from pipelines.tune.kto import thumb_rows
-
-    result = train_kto(thumb_rows(train, style), cfg, sft_adapter, folder, load_base, progress=progress)
+    result = train_kto(
+        thumb_rows(train, style), cfg, sft_adapter, folder, load_base, progress=progress, bf16=tune_bf16(settings)
+    )
     write_bytes(str(Path(result.adapter_dir) / PROMPT_STYLE_FILE), str(style).encode())
     report = {
         **result.to_dict(), "method": "kto", "settings": cfg.model_dump(), "prompt_style": str(style),
@@ -273,7 +287,7 @@ def tune_stage(
     if not is_local(settings.zone("runs")):  # the SFT adapter goes on; the cluster path is `flywheel tune export`
         why = (
             "the runs zone is not on this machine: tuning in the DAG runs where the sweep's adapter is; "
-            "on a cluster, `flywheel tune export` plans it for NeMo RL"
+            "on a cluster, `flywheel tune export` plans DPO or GRPO for NeMo RL (KTO trains where the runs zone is)"
         )
         return _skipped(trained, method, why, progress)
     sweep = read_json(trained["sweep_uri"])

@@ -1,0 +1,83 @@
+"""bench/slip.py's verdict (issue 51's acceptance) and its rendering on the quality page, on a made-up evaluation
+whose answer is known."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+from typing import Any
+
+from test_docs_results import rows_of, write
+
+from docs.generate.results import render
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _bench() -> Any:
+    spec = importlib.util.spec_from_file_location("bench_slip", ROOT / "bench" / "slip.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+TOOLS = ("search_products", "get_product", "list_invoices", "get_dispute")
+
+
+def _condition(name: str, slip_right: int, other_wrong: int, wrong_writes: int = 0) -> dict[str, Any]:
+    """20 slip requests (the first `slip_right` named right) and 400 others over four tools (the first
+    `other_wrong` wrong, the first `wrong_writes` of them a wrong write)."""
+    rows = [{"record_id": f"s{i:03d}", "tool": "get_order", "name_match": int(i < slip_right),
+             "exact_match": int(i < slip_right), "wrong_write": None} for i in range(20)]  # fmt: skip
+    rows += [{"record_id": f"o{i:03d}", "tool": TOOLS[i % 4], "name_match": 1, "exact_match": int(i >= other_wrong),
+              "wrong_write": "wrong_tool" if i < wrong_writes else None} for i in range(400)]  # fmt: skip
+    return {"condition": f"tuned_{name}_constrained", "per_request": rows}
+
+
+def test_the_slip_verdict_pairs_each_arm_and_applies_the_acceptance_rule(tmp_path: Path) -> None:
+    """Mutations tried: the non-inferiority bound read from `high` (kto, 10 points worse elsewhere, passes) and
+    wrong writes not compared (grpo passes): each fails."""
+    bench = _bench()
+    report = {
+        "conditions": [
+            _condition("v1", 2, 0),  # the policy's SFT: 2 of 20 slips right
+            _condition("imitation", 0, 0),
+            _condition("dpo", 19, 0),  # fixes the slip, the others exactly as imitation's
+            _condition("kto", 19, 40),  # fixes the slip, 10 points worse elsewhere
+            _condition("grpo", 19, 0, wrong_writes=0),
+        ]
+    }
+    report["conditions"][4]["per_request"][25]["wrong_write"] = "wrong_tool"  # grpo: one wrong write more
+    slips = {f"s{i:03d}": True for i in range(20)} | {f"o{i:03d}": False for i in range(400)}
+    found = bench.verdict(report, slips)
+    arms = found["arms"]
+    assert arms["sft"]["slip_name_accuracy"] == 0.1 and arms["dpo"]["slip_name_accuracy"] == 0.95
+    assert arms["kto"]["other_exact_match"] == 0.9 and arms["sft"]["n"] == {"slip": 20, "other": 400}
+    dpo_vs_sft = next(c for c in found["comparisons"] if c["arm"] == "dpo" and c["reference"] == "sft")
+    assert dpo_vs_sft["slip_name_accuracy"]["diff"] == 0.85 and dpo_vs_sft["slip_name_accuracy"]["wins"] == 17
+    accepted = found["acceptance"]
+    assert accepted["dpo"]["slip_fixed"] and accepted["dpo"]["others_non_inferior_pooled"]
+    assert accepted["dpo"]["passes_pooled"] and not accepted["dpo"]["passes"]  # 100 per tool cannot show 0.02
+    assert accepted["dpo"]["tools_not_shown_non_inferior"] == sorted(TOOLS)
+    assert accepted["kto"]["slip_fixed"] and not accepted["kto"]["others_non_inferior_pooled"]
+    assert not accepted["grpo"]["no_more_wrong_writes"] and not accepted["grpo"]["passes_pooled"]
+    assert not accepted["sft"]["slip_fixed"]
+
+    results, out = tmp_path / "results", tmp_path / "out"
+    data = {"benchmark": "tune_slip", "commit": {"sha": "0123456789abcdef0123456789abcdef01234567", "dirty": False},
+            "generated_at": "2026-12-07T12:00:00+00:00", "settings": {"slip": "get_order:track_shipment:0.3",
+            "fix_floor": 0.8, "fix_gain": 0.3, "margin": 0.02}, "versions": {"sft": "1"},
+            "signals": {"queued": 40, "corrected": 19},
+            "cost": {"dpo": {"seconds": 80.5, "tokens": 12000, "steps": 60, "pairs": 18}}, **found}  # fmt: skip
+    write(results, "tune_slip.json", json.loads(json.dumps(data)))
+    render(results, out)
+    quality = (out / "quality.md").read_text()
+    assert "Tuning from outcomes: an injected teacher slip" in quality and "`0123456`" in quality
+    rows = {r["arm"]: r for r in rows_of(quality, "slip: tool name")}
+    assert rows["dpo"]["slip: tool name"] == "95 %" and rows["kto"]["other tools: exact"] == "90 %"
+    verdicts = {r["arm"]: r for r in rows_of(quality, "passes (pooled)")}
+    assert verdicts["dpo"]["passes (pooled)"] == "yes" and verdicts["kto"]["passes (pooled)"] == "no"
+    paired = rows_of(quality, "paired 95 % interval")
+    assert any(r["comparison"] == "dpo - sft" and r["difference"] == "+85 pp" for r in paired)
