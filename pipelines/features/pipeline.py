@@ -262,14 +262,26 @@ def online_contexts(customer_ids: list[str], settings: Settings, store: Any = No
     return {c: format_context(r) for c, r in zip(wanted, rows)}
 
 
+def _snapshot_customers(settings: Settings) -> set[str]:
+    """The customers the offline customer table has any snapshot of (its customer ids alone are read)."""
+    import pyarrow.parquet as pq
+
+    files = glob(f"{feature_paths(settings)['customer']}/dt=*/*.parquet")
+    return {c for f in files for c in pq.read_table(f, columns=["customer_id"]).column(0).to_pylist() if c}
+
+
 def point_in_time_contexts(settings: Settings, requests: Any) -> dict[str, str]:
     """Each request's customer context line as of its own time (`requests`: record_id, customer_id,
     event_timestamp): Feast's point-in-time join over the snapshots taken before it, the line training puts in a
     prompt and the line the online store served then (a later day's requests never show). Empty without any
-    customer history, and for a caller the gateway logged as `anonymous` (served without context)."""
+    customer history (a customer with no snapshot at all, and a caller the gateway logged as `anonymous`, served
+    without context, have none)."""
     if not has_offline_data(feature_paths(settings)["customer"]):
         return {}
-    known = requests[requests["customer_id"].fillna(ANONYMOUS) != ANONYMOUS]
+    # a customer with no snapshot row at all has no context to join, and Feast's file store cannot sort a join that
+    # holds one (its created timestamp null: "Divisions calculation failed"): asked only for customers it has
+    customers = _snapshot_customers(settings) - {ANONYMOUS}
+    known = requests[requests["customer_id"].isin(customers)]
     if known.empty:
         return {}
     joined = feast_client.historical_customer_features(settings, known)
