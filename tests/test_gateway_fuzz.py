@@ -139,6 +139,13 @@ def test_found_by_fuzzing_stays_fixed(body: bytes, gateway: Any) -> None:  # noq
         # found by the schema fuzzer in CI: a call in the history with empty arguments (500 on the empty JSON)
         b'{"messages": [{"role": "user", "content": null, "tool_calls": [{"function": {"arguments": "", "name": '
         b'"0"}, "id": "0"}]}], "model": "KIND_GPU", "tool_choice": "none"}',
+        # found by the schema fuzzer in CI: an integer beyond 64 bits in a tool's parameters (llguidance's
+        # ValueError while compiling the grammar)
+        b'{"messages": [{"role": "user"}], "model": "KIND_GPU", "n": 1, "stream": true, "tool_choice": "none", '
+        b'"tools": [{"function": {"name": "0", "description": "", "parameters": {"": -9223372036854775809}}}]}',
+        b'{"messages": [{"role": "user", "content": "hi"}], "model": "champion", "tools": [{"type": "function", '
+        b'"function": {"name": "f", "parameters": {"type": "object", "properties": {"a": {"type": "integer", '
+        b'"maximum": 1180591620717411303424}}}}}]}',
     ],
 )
 def test_found_by_fuzzing_is_answered_without_a_server_error(body: bytes, gateway: Any) -> None:  # noqa: F811

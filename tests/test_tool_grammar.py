@@ -118,6 +118,9 @@ def test_a_keyword_the_grammar_lacks_is_left_out_of_that_tool_only_and_reported(
         grammar_for(bad)
     with pytest.raises(GrammarError, match="not JSON"):
         grammar_for("[{")
+    huge = json.dumps([{"name": "n", "parameters": {"type": "object", "properties": {"a": {"maximum": 2**70}}}}])
+    with pytest.raises(GrammarError, match="tool n: .*not JSON serializable"):  # llguidance's ValueError, named
+        grammar_for(huge)
 
 
 def test_constrained_decoding_of_a_tiny_model_always_parses_and_validates(tiny) -> None:

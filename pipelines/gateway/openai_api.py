@@ -140,18 +140,30 @@ def model_error(model: str, message: str) -> ApiError:
     return ApiError(503, f"{model}: {message}", kind="server_error", code="model_unavailable")
 
 
+_INT64 = range(-(2**63), 2**63)
+
+
+def _int64(text: str) -> int:
+    """A JSON integer, or a ValueError past the signed 64-bit range (orjson, which writes the capture, and
+    llguidance, which compiles the grammar, hold no wider integer)."""
+    value = int(text)
+    if value not in _INT64:
+        raise ValueError(f"the integer {text[:30]}{'...' if len(text) > 30 else ''} is past the 64-bit range")
+    return value
+
+
 def decode_body(body: bytes) -> Any:
     """A request body as JSON, or a 400 saying why not: not UTF-8, not JSON, nested past what any request needs
-    (`[[[[...`), a number past Python's integer limit (4,300 digits), or text that is not Unicode (a lone
-    surrogate such as the first half of a cut emoji, which nothing downstream could encode). The one decoder of
-    every body the gateway reads."""
+    (`[[[[...`), an integer past 64 bits (what the capture's JSON writer and the grammar compiler hold), or text
+    that is not Unicode (a lone surrogate such as the first half of a cut emoji, which nothing downstream could
+    encode). The one decoder of every body the gateway reads."""
     try:
-        data = json.loads(body)
+        data = json.loads(body, parse_int=_int64)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ApiError(400, f"We could not parse the JSON body of your request ({exc})") from None
     except RecursionError:
         raise ApiError(400, "We could not parse the JSON body of your request (nested too deeply)") from None
-    except ValueError as exc:  # int() past sys.get_int_max_str_digits()
+    except ValueError as exc:  # int() past sys.get_int_max_str_digits(), or past 64 bits (`_int64`)
         raise ApiError(400, f"We could not parse the JSON body of your request ({exc})") from None
     try:
         json.dumps(data, ensure_ascii=False).encode("utf-8")

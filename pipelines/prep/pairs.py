@@ -97,32 +97,7 @@ def build_pairs(
     by_id = {row["record_id"]: row for row in examples.to_dict("records")}
     dropped: Counter[str] = Counter()
     quarantined: list[dict[str, Any]] = []
-    candidates: list[tuple[str, dict[str, Any], Any]] = []  # (source, the chosen example, the rejected side)
-    for record_id, row in by_id.items():
-        if record_id.endswith(REVIEW_SUFFIX):
-            original = originals.get(record_id.removesuffix(REVIEW_SUFFIX))
-            if original is None:
-                dropped["correction: original answer not in the clean logs"] += 1
-                continue
-            tool = original.get("tool")
-            answered = {"name": tool or None, "arguments": original.get("arguments_json") or "{}"}  # parsed below
-            candidates.append(("correction", row, answered))
-    for comparison in comparisons:
-        if comparison.get("mode") != "shadow" or comparison.get("skipped") or comparison.get("error"):
-            continue
-        if (comparison.get("agreement") or {}).get("exact"):
-            continue  # they agreed: no preference
-        row = by_id.get(str(comparison.get("record_id")))
-        if row is None:
-            dropped["shadow: the teacher's answer is not a curated example"] += 1
-            continue
-        answer = comparison.get("answer")
-        if isinstance(answer, dict) and answer.get("name") is None:  # the record cannot tell an abstention from
-            dropped["shadow: the candidate made no call (an abstention or text, not told apart)"] += 1  # a text
-            continue
-        if isinstance(answer, dict) and "<unparsed>" in (answer.get("arguments") or {}):
-            answer = "unparsed"  # the gateway kept arguments it could not parse as they were: quarantined below
-        candidates.append(("shadow", row, answer))
+    candidates = _correction_candidates(by_id, originals, dropped) + _shadow_candidates(by_id, comparisons, dropped)
     candidates += _evaluation_candidates(by_id, evaluations, dropped)
     pairs, seen = [], set()
     for source, row, rejected_side in candidates:
@@ -167,6 +142,49 @@ def build_pairs(
         )
     frame = pd.DataFrame(pairs, columns=PAIR_COLUMNS).sort_values("pair_id", ignore_index=True)
     return frame, dict(sorted(dropped.items())), quarantined
+
+
+def _correction_candidates(
+    by_id: Mapping[str, dict[str, Any]], originals: Mapping[str, dict[str, Any]], dropped: Counter[str]
+) -> list[tuple[str, dict[str, Any], Any]]:
+    """(source, the chosen example, the rejected side) of each reviewer's correction: the corrected example
+    chosen over the answer the logs held."""
+    out: list[tuple[str, dict[str, Any], Any]] = []
+    for record_id, row in by_id.items():
+        if record_id.endswith(REVIEW_SUFFIX):
+            original = originals.get(record_id.removesuffix(REVIEW_SUFFIX))
+            if original is None:
+                dropped["correction: original answer not in the clean logs"] += 1
+                continue
+            tool = original.get("tool")
+            answered = {"name": tool or None, "arguments": original.get("arguments_json") or "{}"}  # parsed later
+            out.append(("correction", row, answered))
+    return out
+
+
+def _shadow_candidates(
+    by_id: Mapping[str, dict[str, Any]], comparisons: Iterable[dict[str, Any]], dropped: Counter[str]
+) -> list[tuple[str, dict[str, Any], Any]]:
+    """(source, the chosen example, the rejected side) of each shadow comparison where the candidate and the
+    teacher disagreed: the teacher's curated example chosen over the candidate's answer."""
+    out: list[tuple[str, dict[str, Any], Any]] = []
+    for comparison in comparisons:
+        if comparison.get("mode") != "shadow" or comparison.get("skipped") or comparison.get("error"):
+            continue
+        if (comparison.get("agreement") or {}).get("exact"):
+            continue  # they agreed: no preference
+        row = by_id.get(str(comparison.get("record_id")))
+        if row is None:
+            dropped["shadow: the teacher's answer is not a curated example"] += 1
+            continue
+        answer = comparison.get("answer")
+        if isinstance(answer, dict) and answer.get("name") is None:  # the record cannot tell an abstention from
+            dropped["shadow: the candidate made no call (an abstention or text, not told apart)"] += 1  # a text
+            continue
+        if isinstance(answer, dict) and "<unparsed>" in (answer.get("arguments") or {}):
+            answer = "unparsed"  # the gateway kept arguments it could not parse as they were: quarantined later
+        out.append(("shadow", row, answer))
+    return out
 
 
 def _evaluation_candidates(

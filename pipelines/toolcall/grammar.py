@@ -25,9 +25,8 @@ if TYPE_CHECKING:
 # call has exactly one admitted serialization (and no model can pad an answer with blanks)
 _OPTIONS: JsonCompileOptions = {"whitespace_flexible": False, "item_separator": ",", "key_separator": ":"}
 
-# prep's PII redaction tokens (pipelines/redact.py; a test keeps the two lists equal): a redacted
-# argument in the logs is `<EMAIL>`, which a pattern such as an email's would otherwise reject, so a
-# pattern- or format-constrained string also admits them (the model learned them from redacted logs)
+# prep's PII redaction tokens (pipelines/redact.py; a test keeps the two lists equal): a redacted argument in the logs
+# is `<EMAIL>`, which an email's pattern would reject, so a constrained string also admits them (learned from logs)
 REDACTION_TOKENS = ("<EMAIL>", "<CARD>", "<PHONE>", "<ADDRESS>")
 MAX_TOOLS_BYTES = 65_536  # a request's offered tools; more is refused before anything is compiled
 
@@ -38,10 +37,8 @@ def answer_length(tokens: list[int], end_ids: set[int] | int) -> tuple[int, bool
     whatever the pad token is), and whether it had one. An answer without an end token ran the whole
     budget: it is cut, and its text may be an unfinished call."""
     ends = {end_ids} if isinstance(end_ids, int) else set(end_ids)
-    for i, token in enumerate(tokens):
-        if token in ends:
-            return i, True
-    return len(tokens), False
+    first = next((i for i, token in enumerate(tokens) if token in ends), None)
+    return (len(tokens), False) if first is None else (first, True)
 
 
 class GrammarError(ValueError):
@@ -309,7 +306,10 @@ def enforceable(parameters_json: str) -> tuple[dict[str, Any], tuple[str, ...]]:
     params = json.loads(parameters_json)
     dropped: list[str] = []
     for _ in range(8):
-        error = LLMatcher.validate_grammar(LLMatcher.grammar_from_json_schema(_closed(params), defaults=_OPTIONS))
+        try:  # a value llguidance cannot hold (an integer past 64 bits) is a ValueError: no grammar
+            error = LLMatcher.validate_grammar(LLMatcher.grammar_from_json_schema(_closed(params), defaults=_OPTIONS))
+        except ValueError as exc:
+            raise GrammarError(" ".join(str(exc).split())) from None
         if not error:
             return params, tuple(sorted(dropped))
         found = _UNIMPLEMENTED.search(error)
