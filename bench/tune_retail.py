@@ -19,7 +19,7 @@ Writes bench/results/tune_retail.json (commit, settings, seeds, n) and keeps the
 the work folder. Not part of `make test` (the results file records how long it ran).
 
 Usage: .venv/bin/python bench/tune_retail.py [--work /tmp/flywheel-tune-retail] [--data ../shared/data]
-       [--examples 120] [--shadow 400] [--resume]
+       [--examples 120] [--shadow 300] [--resume]
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ DAG_ENV = {  # the DAG trains and registers the SFT version; the held-out evalua
 }
 # GRPO's settings for this run, chosen before it ran (recorded in the results): the slip benchmark's learning
 # rate, fewer steps (retail's answers are long: each step samples two groups of four under the grammar).
-GRPO_ENV = {"FLYWHEEL_TUNE__GRPO__LEARNING_RATE": "5e-5", "FLYWHEEL_TUNE__GRPO__MAX_STEPS": "20"}
+GRPO_ENV = {"FLYWHEEL_TUNE__GRPO__LEARNING_RATE": "5e-5", "FLYWHEEL_TUNE__GRPO__MAX_STEPS": "15"}
 DPO_ENV = {"FLYWHEEL_TUNE__DPO__LEARNING_RATE": "2e-4", "FLYWHEEL_TUNE__DPO__MAX_STEPS": "60"}  # the slip bench's
 METRICS = ("exact_match", "name_accuracy", "arg_f1", "json_valid", "wrong_writes")
 
@@ -96,7 +96,7 @@ def main() -> int:
     parser.add_argument("--data", type=Path, default=REPO.parent / "shared" / "data")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "tune_retail.json")
     parser.add_argument("--examples", type=int, default=120, help="held-out requests (a seeded sample by tool)")
-    parser.add_argument("--shadow", type=int, default=400, help="training requests of the offline shadow run")
+    parser.add_argument("--shadow", type=int, default=300, help="training requests of the offline shadow run")
     parser.add_argument("--resume", action="store_true", help="go on from the last step an earlier run finished")
     args = parser.parse_args()
     if not (args.data / "retail_tools" / "db.json").is_file():
