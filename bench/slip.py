@@ -301,8 +301,8 @@ def main() -> int:
             shutil.rmtree(work)
         work.mkdir(parents=True)
         log.write_text("")
-        state.write_text(json.dumps({"today": today}))
-    saved = json.loads(state.read_text())
+        save_state(state, {"today": today})
+    saved = load_state(state)
     today = saved["today"]
 
     def step(key: str, what: str, do: Any) -> None:
@@ -311,7 +311,7 @@ def main() -> int:
             return
         print(what, flush=True)
         saved[key] = do()
-        state.write_text(json.dumps(saved))
+        save_state(state, saved)
 
     if not args.eval_only:
         step(
@@ -333,7 +333,7 @@ def main() -> int:
                 lambda method=method: tune(policy, log, method, saved["version"]),
             )
         saved["tuned"] = {m: saved[f"tuned_{m}"] for m in METHODS}
-        state.write_text(json.dumps(saved))  # fmt: skip
+        save_state(state, saved)
     if "tuned" not in saved:
         print(f"error: --eval-only: the run under {work} has not finished its training steps (use --resume)",
               file=sys.stderr)  # fmt: skip
@@ -417,7 +417,10 @@ def main() -> int:
 def verdict_only(args: argparse.Namespace) -> int:
     """The verdict computed again from the last run's evaluation report (the platform's own report file) and
     held-out set, into the results file it wrote: the measured figures keep that run's commit and date."""
-    report = json.loads((args.work / "policy" / "reports" / "evaluation" / "slip" / "report.json").read_text())
+    try:
+        report = json.loads((args.work / "policy" / "reports" / "evaluation" / "slip" / "report.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise SystemExit(f"error: --verdict-only: no evaluation report under {args.work} ({exc})") from None
     slips = {}
     for line in (args.work / "heldout.jsonl").read_text().splitlines():
         if line.strip():
@@ -428,6 +431,21 @@ def verdict_only(args: argparse.Namespace) -> int:
     result["verdict_recomputed"] = {"commit": commit(), "at": datetime.now(UTC).isoformat(timespec="seconds")}
     write_results(args.out, result)
     return 0
+
+
+def save_state(state: Path, saved: dict[str, Any]) -> None:
+    """A run's state (the steps it finished), written atomically: a crash mid-write leaves the last one."""
+    partial = state.with_name(f".{state.name}.{os.getpid()}.tmp")
+    partial.write_text(json.dumps(saved))
+    os.replace(partial, state)
+
+
+def load_state(state: Path) -> dict[str, Any]:
+    """The state an earlier run left, or one `error:` line (exit 1) when there is none to go on from."""
+    try:
+        return dict(json.loads(state.read_text()))
+    except (OSError, ValueError) as exc:
+        raise SystemExit(f"error: no earlier run to go on from in {state.parent} ({exc.__class__.__name__})") from None
 
 
 def write_results(out: Path, result: dict[str, Any]) -> None:

@@ -40,7 +40,7 @@ sys.path.insert(0, str(REPO / "bench"))
 
 from episodes import split  # noqa: E402 (the bench folder's own modules)
 from real_data import DAY, commit, flywheel  # noqa: E402
-from slip import as_json, machine  # noqa: E402
+from slip import as_json, load_state, machine, save_state  # noqa: E402
 
 DAG_ENV = {  # the DAG trains and registers the SFT version; the held-out evaluation below is the evidence
     "FLYWHEEL_EVALUATION__EXAMPLES": "24",
@@ -110,8 +110,8 @@ def main() -> int:
             shutil.rmtree(work)
         work.mkdir(parents=True)
         log.write_text("")
-        state.write_text(json.dumps({"commit": commit()}))
-    saved = json.loads(state.read_text())
+        save_state(state, {"commit": commit()})
+    saved = load_state(state)
     files = split(args.data, work)
     tools = args.data / "retail_tools" / "tools_openai_schema.json"
     if "version" not in saved:
@@ -123,12 +123,12 @@ def main() -> int:
         if not versions:
             raise SystemExit(f"error: the DAG registered no version under {root}; see {log}")
         saved["version"] = str(max(int(v["version"]) for v in versions))
-        state.write_text(json.dumps(saved))
+        save_state(state, saved)
     if "grpo" not in saved:
         print(f"grpo: flywheel tune grpo --version {saved['version']} ...", flush=True)
         saved["grpo"] = as_json(run(root, "tune", "grpo", "--version", saved["version"], "--json", log=log,
                                     env=GRPO_ENV))  # fmt: skip
-        state.write_text(json.dumps(saved))
+        save_state(state, saved)
     if "dpo" not in saved:
         print(f"dpo: an offline shadow run of v{saved['version']} on {args.shadow} training requests ...", flush=True)
         run(root, "eval", "--split", "train", "--version", saved["version"], "--examples", str(args.shadow),
@@ -136,7 +136,7 @@ def main() -> int:
         saved["pairs"] = as_json(run(root, "labels", "pairs", "--json", log=log))
         saved["dpo"] = as_json(run(root, "tune", "dpo", "--version", saved["version"], "--json", log=log,
                                    env=DPO_ENV))  # fmt: skip
-        state.write_text(json.dumps(saved))
+        save_state(state, saved)
     adapters = []
     for method in ("grpo", "dpo"):
         if saved[method].get("skipped") or not saved[method].get("adapter_dir"):

@@ -26,13 +26,15 @@ def _bench() -> Any:
 TOOLS = ("search_products", "get_product", "list_invoices", "get_dispute")
 
 
-def _condition(name: str, slip_right: int, other_wrong: int, wrong_writes: int = 0) -> dict[str, Any]:
-    """20 slip requests (the first `slip_right` named right) and 400 others over four tools (the first
+def _condition(
+    name: str, slip_right: int, other_wrong: int, wrong_writes: int = 0, others: int = 400
+) -> dict[str, Any]:
+    """20 slip requests (the first `slip_right` named right) and `others` over four tools (the first
     `other_wrong` wrong, the first `wrong_writes` of them a wrong write)."""
     rows = [{"record_id": f"s{i:03d}", "tool": "get_order", "name_match": int(i < slip_right),
              "exact_match": int(i < slip_right), "wrong_write": None} for i in range(20)]  # fmt: skip
     rows += [{"record_id": f"o{i:03d}", "tool": TOOLS[i % 4], "name_match": 1, "exact_match": int(i >= other_wrong),
-              "wrong_write": "wrong_tool" if i < wrong_writes else None} for i in range(400)]  # fmt: skip
+              "wrong_write": "wrong_tool" if i < wrong_writes else None} for i in range(others)]  # fmt: skip
     return {"condition": f"tuned_{name}_constrained", "per_request": rows}
 
 
@@ -81,3 +83,18 @@ def test_the_slip_verdict_pairs_each_arm_and_applies_the_acceptance_rule(tmp_pat
     assert verdicts["dpo"]["passes (pooled)"] == "yes" and verdicts["kto"]["passes (pooled)"] == "no"
     paired = rows_of(quality, "paired 95 % interval")
     assert any(r["comparison"] == "dpo - sft" and r["difference"] == "+85 pp" for r in paired)
+
+
+def test_an_arm_that_fixes_the_slip_and_holds_every_tool_passes_the_rule_as_the_issue_states_it() -> None:
+    """200 requests per tool, each answered as imitation answered it: non-inferior per tool at the 0.02 margin.
+    (Mutations: `passes` or `others_non_inferior_every_tool` always false, the per-tool bound read from `diff`
+    with a strict margin of 0: each fails.)"""
+    bench = _bench()
+    report = {"conditions": [_condition("v1", 2, 0, others=800), _condition("imitation", 0, 0, others=800),
+                             _condition("dpo", 19, 0, others=800), _condition("kto", 19, 8, others=800)]}  # fmt: skip
+    slips = {f"s{i:03d}": True for i in range(20)} | {f"o{i:03d}": False for i in range(800)}
+    accepted = bench.verdict(report, slips)["acceptance"]
+    assert accepted["dpo"]["others_non_inferior_every_tool"] and accepted["dpo"]["passes"]
+    assert accepted["dpo"]["tools_not_shown_non_inferior"] == []
+    # kto: 8 wrong answers, all on the first tools' first requests: 2 per tool is 1 point worse, not shown within 0.02
+    assert accepted["kto"]["passes_pooled"] and not accepted["kto"]["passes"]

@@ -169,7 +169,8 @@ TUNE_RETAIL = {
     "comparisons": [{"condition": "tuned_grpo_constrained", "reference": "tuned_v1_constrained", "n": 120,
                      "wrong_writes": [1, 2], "metrics": {"exact_match": {"n": 120, "diff": 0.05, "low": -0.01,
                                                                          "high": 0.11}}}],
-    "cost": {"grpo": {"seconds": 900, "tokens": 50000, "steps": 20, "prompts": 256}},
+    "cost": {"grpo": {"seconds": 900, "tokens": 50000, "steps": 20, "prompts": 256},
+             "dpo": {"seconds": 300, "tokens": 40000, "steps": 60, "pairs": 57}},
 }  # fmt: skip
 
 
@@ -185,3 +186,7 @@ def test_the_retail_tuning_results_show_each_arm_its_paired_interval_and_what_di
     assert any(r["metric"] == "exact_match" and r["paired 95 % interval"] == "[-1 pp, +11 pp]" for r in paired)
     assert any(r["metric"] == "wrong writes" and r["difference"] == "1 vs 2" for r in paired)
     assert "Not run: kto: no thumbs." in quality and "shadow run and any other source: 57" in quality
+    cost = {r["method"]: r for r in rows_of(quality, "tokens trained")}
+    assert (
+        cost["grpo"]["prompts (GRPO) or pairs (DPO)"] == "256" and cost["dpo"]["prompts (GRPO) or pairs (DPO)"] == "57"
+    )

@@ -112,6 +112,15 @@ def test_the_body_decoder_answers_any_bytes_with_a_request_or_a_400(raw: bytes) 
         assert exc.status == 400 and set(exc.body()["error"]) == {"message", "type", "param", "code"}
 
 
+def test_the_body_decoder_holds_64_bit_integers_and_refuses_wider_ones_with_a_400() -> None:
+    """(Mutation: `decode_body` without `parse_int=_int64`: 2**63 decodes.)"""
+    assert api.decode_body(b'{"a": [9223372036854775807, -9223372036854775808]}') == {"a": [2**63 - 1, -(2**63)]}
+    for wide in (b"9223372036854775808", b"-9223372036854775809"):
+        with pytest.raises(ApiError) as refused:
+            api.decode_body(b'{"a": ' + wide + b"}")
+        assert refused.value.status == 400 and "past the 64-bit range" in refused.value.body()["error"]["message"]
+
+
 @pytest.mark.parametrize(
     "body",
     [
@@ -122,6 +131,15 @@ def test_the_body_decoder_answers_any_bytes_with_a_request_or_a_400(raw: bytes) 
         b"[" * 1500 + b"]" * 1500,
         b'{"model": "champion", "messages": [{"role": "user", "content": "hi \\ud83d"}], "tools": []}',
         b'{"model": "champion", "messages": [{"role": "user", "content": [{"type": "image_url"}]}]}',
+        # found by the schema fuzzer in CI: an integer past 64 bits in a tool's parameters (llguidance's ValueError
+        # compiling the grammar) or anywhere in the body (the capture's orjson writer), each a 500 before
+        b'{"messages": [{"role": "user"}], "model": "KIND_GPU", "n": 1, "stream": true, "tool_choice": "none", '
+        b'"tools": [{"function": {"name": "0", "description": "", "parameters": {"": -9223372036854775809}}}]}',
+        b'{"messages": [{"role": "user", "content": "hi"}], "model": "champion", "tools": [{"type": "function", '
+        b'"function": {"name": "f", "parameters": {"type": "object", "properties": {"a": {"type": "integer", '
+        b'"maximum": 1180591620717411303424}}}}}]}',
+        b'{"model": "champion", "messages": [{"role": "user", "content": "hi"}], "tool_choice": "none", '
+        b'"metadata": {"n": 1180591620717411303424}}',
     ],
 )
 def test_found_by_fuzzing_stays_fixed(body: bytes, gateway: Any) -> None:  # noqa: F811 (the fixture)
@@ -139,13 +157,6 @@ def test_found_by_fuzzing_stays_fixed(body: bytes, gateway: Any) -> None:  # noq
         # found by the schema fuzzer in CI: a call in the history with empty arguments (500 on the empty JSON)
         b'{"messages": [{"role": "user", "content": null, "tool_calls": [{"function": {"arguments": "", "name": '
         b'"0"}, "id": "0"}]}], "model": "KIND_GPU", "tool_choice": "none"}',
-        # found by the schema fuzzer in CI: an integer beyond 64 bits in a tool's parameters (llguidance's
-        # ValueError while compiling the grammar)
-        b'{"messages": [{"role": "user"}], "model": "KIND_GPU", "n": 1, "stream": true, "tool_choice": "none", '
-        b'"tools": [{"function": {"name": "0", "description": "", "parameters": {"": -9223372036854775809}}}]}',
-        b'{"messages": [{"role": "user", "content": "hi"}], "model": "champion", "tools": [{"type": "function", '
-        b'"function": {"name": "f", "parameters": {"type": "object", "properties": {"a": {"type": "integer", '
-        b'"maximum": 1180591620717411303424}}}}}]}',
     ],
 )
 def test_found_by_fuzzing_is_answered_without_a_server_error(body: bytes, gateway: Any) -> None:  # noqa: F811

@@ -387,3 +387,19 @@ def test_a_late_ratings_copy_counts_for_its_own_window_only_and_never_for_drift(
     assert names(raw_files_for(settings, week)) == ["gateway-1.jsonl", f"{LATE_PREFIX}{week.label}.jsonl"]
     assert names(raw_files_for(settings, one)) == ["gateway-1.jsonl", f"{LATE_PREFIX}{one.label}.jsonl"]
     assert names(raw_files_for(settings, one, late_copies=False)) == ["gateway-1.jsonl"]
+
+
+def test_a_rated_duplicate_takes_the_split_of_the_example_it_duplicates(spark) -> None:
+    """A rated copy in a training session whose twin is held out for test goes to test: KTO never trains on
+    what the test split scores. (Mutation: the copy placed by its own session's split: it lands in train.)"""
+    from pipelines.prep import nodes
+
+    examples = spark.createDataFrame(
+        [("x", "s1", "test"), ("y", "s2", "train")], "record_id string, session_id string, split string"
+    )
+    marked = spark.createDataFrame(
+        [("x2", "s2", "down", "x", 1, "get_order"), ("y", "s2", "up", None, 0, "get_order")],
+        "record_id string, session_id string, feedback string, duplicate_of string, turn_index int, tool string",
+    ).selectExpr("*", "current_timestamp() AS event_timestamp")
+    rated = nodes.rated_rows(marked, examples, 0.1, 0.1, salt="t").toPandas().set_index("record_id")
+    assert rated.loc["x2", "split"] == "test" and rated.loc["y", "split"] == "train"

@@ -234,6 +234,7 @@ def test_an_offline_shadow_run_pairs_the_gold_over_our_models_wrong_answers() ->
                 answer("own", json.dumps(TRACK)),  # our own model's label: never a chosen side
                 answer("gone", json.dumps(TRACK)),  # not a curated example
                 answer("g2", "I cannot help with that"),  # no call: left out
+                {"record_id": "g2", "exact_match": 0},  # a report from before answers were kept: counted
             ]},
             {"condition": "base_zero_shot", "per_request": [answer("g2", json.dumps(TRACK))]},  # not ours
         ]
@@ -242,8 +243,11 @@ def test_an_offline_shadow_run_pairs_the_gold_over_our_models_wrong_answers() ->
     assert list(pairs["record_id"]) == ["g1"] and quarantined == []
     assert json.loads(pairs.iloc[0]["chosen_json"]) == ORDER and json.loads(pairs.iloc[0]["rejected_json"]) == TRACK
     assert pairs.iloc[0]["source"] == "evaluation"
+    with_shadow = build_pairs(examples, {}, [_shadow("g2", TRACK)], [report])[0].set_index("source")  # a pair more
+    assert with_shadow.loc["evaluation", "pair_id"] == pairs.iloc[0]["pair_id"], "an id whatever else the table holds"
     assert dropped == {
         "evaluation: chosen side written by our own model (champion)": 1,
         "evaluation: the model made no call": 1,
+        "evaluation: the report kept no answer (written before answers were kept)": 1,
         "evaluation: the request is not a curated example": 1,
     }

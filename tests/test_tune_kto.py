@@ -22,8 +22,9 @@ def _rated(record_id: str, target: Any, feedback: str, label_source: str = "teac
 
 def test_thumbs_take_only_what_a_person_rated_or_corrected_and_count_what_they_drop() -> None:
     """Mutations tried: any feedback taken (an unrated champion answer enters as desirable): the first assertion
-    fails; a down rating made desirable; the offered-tools check removed; the contradiction rule removed; the
-    dedupe removed; the project's label sources ignored: each fails."""
+    fails; a down rating made desirable; the offered-tools check removed; the contradiction rule removed, or keyed
+    on the whole prompt (which names the customer and day: the two contradicting ratings below come from different
+    customers); the dedupe removed; the project's label sources ignored: each fails."""
     rated = pd.DataFrame(
         [
             _rated("up1", ORDER, "up", request="order #W1?"),
@@ -34,7 +35,7 @@ def test_thumbs_take_only_what_a_person_rated_or_corrected_and_count_what_they_d
             _rated("bad", "{not json", "down", request="bad"),
             _rated("off", {"name": "cancel", "arguments": {}}, "up", request="off"),
             _rated("both-up", TRACK, "up", request="both"),  # two identical turns rated both ways
-            _rated("both-down", TRACK, "down", request="both"),
+            {**_rated("both-down", TRACK, "down", request="both"), "system_prompt": "Another customer, day."},
             _rated("dup", ORDER, "up", request="order #W1?"),  # the same prompt and answer as up1
             {**_rated("imp", ORDER, "up", "import", request="imported"),  # a source this project does not train
              "held": "label source import does not train (quality.train_label_sources)"},

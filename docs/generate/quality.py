@@ -259,7 +259,8 @@ def tune_retail(result: Result) -> Body:
         comps.append([f"{c['condition']} - {c['reference']}", "wrong writes", c.get("n"),
                       f"{num(ours)} vs {num(theirs)}", "", ""])  # fmt: skip
     headers = ["comparison", "metric", "n", "difference", "paired 95 % interval", "McNemar wins / losses (p)"]
-    cost = [[m, num(c.get("seconds")), num(c.get("tokens")), num(c.get("steps")), num(c.get("prompts"))]
+    cost = [[m, num(c.get("seconds")), num(c.get("tokens")), num(c.get("steps")),
+             num(c.get("prompts") if c.get("prompts") is not None else c.get("pairs"))]
             for m, c in (d.get("cost") or {}).items()]  # fmt: skip
     not_run = (d.get("settings") or {}).get("not_run") or {}
     pairs = d.get("pairs") or {}
@@ -270,7 +271,7 @@ def tune_retail(result: Result) -> Body:
         columns(rows, spec),
         "Paired on the same requests:\n\n" + table(headers, comps) if comps else "",
         "Cost of each method (its own run):\n\n"
-        + table(["method", "seconds", "tokens trained", "steps", "prompts"], cost),
+        + table(["method", "seconds", "tokens trained", "steps", "prompts (GRPO) or pairs (DPO)"], cost),
         "Not run: " + "; ".join(f"{m}: {why}" for m, why in not_run.items()) + "." if not_run else "",
     ]
     if d.get("settings"):

@@ -316,13 +316,22 @@ def rated_rows(marked: DataFrame, examples: DataFrame, val_share: float, test_sh
     """The clean rows people rated (up or down, whether they train, are held or were dropped as a duplicate: the
     dedupe keeps one answer for SFT, and every rating of it is still a signal), each in the split its session has
     among the examples; a session with no example (every turn held) is split by the same rule among such
-    sessions. What KTO learns from (`prep.thumbs`, which resolves repeated and contradicting ratings): redacted
-    and split by session as SFT is."""
+    sessions. A duplicate takes the split of the example it duplicates, so a rated copy never trains on what
+    the test split scores. What KTO learns from (`prep.thumbs`, which resolves repeated and contradicting
+    ratings): redacted and split by session as SFT is."""
+    from pyspark.sql import functions as F
+
     rated = marked.filter("feedback IN ('up', 'down')")
     splits = examples.select("session_id", "split").distinct()
     placed = rated.join(splits, "session_id")
     alone = assign_splits(rated.join(splits, "session_id", "left_anti"), val_share, test_share, salt)
-    return placed.unionByName(alone)
+    twins = examples.select(F.col("record_id").alias("duplicate_of"), F.col("split").alias("_twin"))
+    return (
+        placed.unionByName(alone)
+        .join(twins, "duplicate_of", "left")
+        .withColumn("split", F.coalesce("_twin", "split"))
+        .drop("_twin")
+    )
 
 
 EXAMPLE_COLUMNS = [

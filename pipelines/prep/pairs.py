@@ -25,6 +25,7 @@ with its reason. A pair is kept once per (prompt, chosen, rejected).
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections import Counter
 from collections.abc import Iterable, Mapping
@@ -125,7 +126,7 @@ def build_pairs(
         seen.add(key)
         pairs.append(
             {
-                "pair_id": f"{source}:{row['record_id']}" + (f":{len(seen)}" if source == "evaluation" else ""),
+                "pair_id": f"{source}:{row['record_id']}" + (f":{_digest(rejected)}" if source == "evaluation" else ""),
                 "source": source,
                 "record_id": row["record_id"],
                 "session_id": row["session_id"],
@@ -142,6 +143,11 @@ def build_pairs(
         )
     frame = pd.DataFrame(pairs, columns=PAIR_COLUMNS).sort_values("pair_id", ignore_index=True)
     return frame, dict(sorted(dropped.items())), quarantined
+
+
+def _digest(rejected: str) -> str:
+    """A short, stable name of a rejected answer: an evaluation pair's id whatever else the table holds."""
+    return hashlib.sha256(rejected.encode()).hexdigest()[:12]
 
 
 def _correction_candidates(
@@ -200,7 +206,10 @@ def _evaluation_candidates(
             if not str(condition.get("condition", "")).startswith("tuned_"):
                 continue
             for answer in condition.get("per_request") or []:
-                if answer.get("exact_match") or "output" not in answer:
+                if answer.get("exact_match"):
+                    continue
+                if "output" not in answer:
+                    dropped["evaluation: the report kept no answer (written before answers were kept)"] += 1
                     continue
                 row = by_id.get(str(answer.get("record_id")))
                 if row is None:
@@ -223,8 +232,11 @@ def evaluation_reports(settings: Settings) -> list[dict[str, Any]]:
     for uri in sorted(glob(f"{settings.zone('reports')}/evaluation/*/report.json")):
         try:
             report = read_json(uri)
-        except (OSError, ValueError):
-            continue  # a report being written: read next time
+        except (OSError, ValueError) as exc:  # reports are written atomically: an unreadable one is damaged
+            import logging
+
+            logging.getLogger("flywheel").warning("labels pairs: %s left out, unreadable: %s", uri, exc)
+            continue
         if not (report.get("settings") or {}).get("logs"):
             reports.append(report)
     return reports

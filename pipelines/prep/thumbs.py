@@ -67,7 +67,7 @@ def build_thumbs(
             candidates.append(("correction", row))
     quarantined: list[dict[str, Any]] = []
     kept: dict[tuple[str, str, str], dict[str, Any]] = {}
-    labels: dict[tuple[str, str, str], set[bool]] = {}
+    labels: dict[tuple[str, str], set[bool]] = {}  # (the conversation, the answer): any customer, any day
     for source, row in candidates:
         completion = _canonical(row.get("target_json"))
         if completion is None:
@@ -78,7 +78,7 @@ def build_thumbs(
             continue
         desirable = source != "down"
         answer = (row["system_prompt"], row["messages_json"], completion)
-        labels.setdefault(answer, set()).add(desirable)
+        labels.setdefault((row["messages_json"], completion), set()).add(desirable)  # any customer, any day
         key = (*answer[:2], f"{completion}|{desirable}")
         if key in kept:
             dropped[f"{source}: duplicate"] += 1
@@ -100,7 +100,7 @@ def build_thumbs(
         }
     thumbs = []
     for key, row in kept.items():
-        if len(labels[(key[0], key[1], row["completion_json"])]) > 1:
+        if len(labels[(key[1], row["completion_json"])]) > 1:
             dropped[f"{row['source']}: the same answer rated both up and down"] += 1
             continue
         thumbs.append(row)

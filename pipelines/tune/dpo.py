@@ -95,7 +95,7 @@ def quiet_args(seed: int, bf16: bool) -> dict[str, Any]:
     the progress callback and nothing else (no reporting, no checkpoints, no progress bar, no loader workers);
     bf16 autocast as `bf16` says (TRL would turn it on even on a CPU without bf16 units, where it is emulated many
     times slower than fp32), and activations recomputed in the backward pass only on a GPU (TRL's default: it
-    saves memory a CPU run does not need and costs a fifth of the step)."""
+    saves memory a CPU run does not need, at the price of a second forward pass)."""
     import torch
 
     gpu = torch.cuda.is_available()
@@ -192,8 +192,11 @@ def train_dpo(
     torch.manual_seed(cfg.seed)
     base, tokenizer = load_base()
     texts, too_long = fitting(rows, tokenizer, cfg)
-    if not texts:
-        raise DataProblem(f"dpo: no preference pair fits max_length {cfg.max_length} ({too_long} longer)")
+    if not texts or too_few(len(texts), cfg):  # the floor holds for the pairs that train, not those collected
+        raise DataProblem(
+            f"dpo: {len(texts)} preference pair(s) fit max_length {cfg.max_length} ({too_long} longer), it needs at "
+            f"least {max(cfg.min_pairs, 1)}"
+        )
     policy, reference = policy_and_reference(base, load_base, sft_adapter, bf16)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token

@@ -128,10 +128,10 @@ def train_kto(
     texts, too_long = fitting(rows, tokenizer, cfg)
     desirable = sum(1 for t in texts if t["label"])
     undesirable = len(texts) - desirable
-    if not texts or not undesirable:
+    if not texts or too_few(desirable, undesirable, cfg):  # the floor holds for the rows that train
         raise DataProblem(
             f"kto: {desirable} desirable and {undesirable} undesirable answer(s) fit max_length {cfg.max_length} "
-            f"({too_long} longer): it needs an undesirable one"
+            f"({too_long} longer): it needs {cfg.min_rows} in all and an undesirable one"
         )
     weights = balanced_weights(desirable, undesirable, cfg)
     policy, reference = policy_and_reference(base, load_base, sft_adapter, bf16)

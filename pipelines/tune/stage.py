@@ -33,14 +33,15 @@ TUNE_KIND = "tune"
 
 
 def tune_bf16(settings: Settings) -> bool:
-    """Whether the tune methods compute in bf16: on a GPU always (as TRL does), on the CPU as SFT does
-    (`train.precision`, where the CPU has bf16 units: `hardware.bf16_usable`)."""
+    """Whether the tune methods compute in bf16: on a GPU where it has bf16 (as SFT trains there, whatever
+    `train.precision` says), on the CPU as SFT does (`train.precision`, where the CPU has bf16 units:
+    `hardware.bf16_usable`)."""
     import torch
 
     from pipelines.hardware import bf16_usable
 
     if torch.cuda.is_available():
-        return True
+        return bool(torch.cuda.is_bf16_supported())
     return settings.train.precision == "bf16" and bf16_usable("train.precision bf16", "tuning")
 
 
