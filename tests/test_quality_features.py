@@ -141,9 +141,10 @@ def test_a_window_mostly_labelled_by_our_own_model_fails_the_trusted_label_gate(
 def test_the_rated_answers_reach_kto_with_their_prompts_split_as_their_sessions(window_root) -> None:
     """Prep's `rated` table and the features step's rated set (issue 51, KTO): every kept turn people rated, up or
     down (trained or held), is a thumb with the training prompt and context its SFT example has, in its session's
-    split. Mutations tried: `rated_rows` split on its own (`assign_splits` over the rated rows alone): a thumb's
-    split differs from its session's examples and it fails; the rated rows left out of the context join: the
-    prompts differ and it fails."""
+    split (a rated duplicate in its twin's split, so no test request trains KTO). Mutations tried: `rated_rows` split
+    on its own (`assign_splits` over the rated rows alone): a thumb's split differs from its session's examples and
+    it fails; the rated rows left out of the context join: the prompts differ and it fails; a duplicate given its own
+    session's split: the copied rows differ from their twins and it fails."""
     from pipelines.prep.thumbs import collect_thumbs, thumb_summary
 
     root, settings = window_root["root"], window_root["settings"]
@@ -165,8 +166,12 @@ def test_the_rated_answers_reach_kto_with_their_prompts_split_as_their_sessions(
     ]
     sft = pd.concat(sft_parts, ignore_index=True)
     session_split = dict(zip(sft["session_id"], sft["split"]))
-    placed = thumbs[thumbs["session_id"].isin(session_split)]
-    assert len(placed) > 0 and (placed["split"] == placed["session_id"].map(session_split)).all()
+    twin_of = dict(zip(table["record_id"], table["duplicate_of"]))
+    twin_split = thumbs["record_id"].map(twin_of).map(dict(zip(sft["record_id"], sft["split"])))
+    kept = thumbs[twin_split.isna() & thumbs["session_id"].isin(session_split)]
+    assert len(kept) > 0 and (kept["split"] == kept["session_id"].map(session_split)).all()
+    copied = thumbs[twin_split.notna()]  # a rated duplicate goes where the example it duplicates went
+    assert len(copied) > 0 and (copied["split"] == twin_split[twin_split.notna()]).all()
     same = thumbs.merge(sft[["record_id", "system_prompt", "context"]], on="record_id", suffixes=("", "_sft"))
     assert len(same) > 0 and (same["system_prompt"] == same["system_prompt_sft"]).all()
     assert (same["context"] != "").any()
