@@ -41,8 +41,7 @@ if TYPE_CHECKING:
 SOURCES = ("correction", "shadow", "evaluation")
 OUR_MODEL = ("champion", "verified")  # label sources our own model wrote: never a chosen side
 REVIEW_SUFFIX = "-review"  # prep.reviews: a correction's record id is the original's with this suffix
-PAIR_COLUMNS = [
-    "pair_id",
+PROMPT_COLUMNS = [  # what a pair and a thumb carry of the turn: its prompt as SFT trains it, and its session's split
     "source",
     "record_id",
     "session_id",
@@ -52,6 +51,10 @@ PAIR_COLUMNS = [
     "system_prompt",
     "messages_json",
     "tools_json",
+]
+PAIR_COLUMNS = [
+    "pair_id",
+    *PROMPT_COLUMNS,
     "chosen_json",
     "rejected_json",
     "chosen_label_source",

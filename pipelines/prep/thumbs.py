@@ -21,7 +21,7 @@ import json
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
-from pipelines.prep.pairs import REVIEW_SUFFIX, _canonical, _offered
+from pipelines.prep.pairs import PROMPT_COLUMNS, REVIEW_SUFFIX, _canonical, _offered
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -32,15 +32,7 @@ SOURCES = ("up", "down", "correction")
 LABEL_SOURCE_HELD = "label source"  # prep.labels.held_reason: a source the project does not train
 THUMB_COLUMNS = [
     "thumb_id",
-    "source",
-    "record_id",
-    "session_id",
-    "split",
-    "event_timestamp",
-    "context",
-    "system_prompt",
-    "messages_json",
-    "tools_json",
+    *PROMPT_COLUMNS,
     "completion_json",
     "desirable",
     "label_source",

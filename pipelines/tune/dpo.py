@@ -105,6 +105,16 @@ def quiet_args(seed: int, bf16: bool) -> dict[str, Any]:
     }  # fmt: skip
 
 
+def preference_args(cfg: Any, out_dir: Path, rows: int, bf16: bool) -> dict[str, Any]:
+    """The arguments DPO's and KTO's TRL configs share: `cfg`'s hyperparameters (`tune.dpo` or `tune.kto`), the
+    run's folder, the reference pass computed once when the `rows` are reused, and `quiet_args`."""
+    return {
+        "output_dir": str(out_dir / "trl"), "beta": cfg.beta, "learning_rate": cfg.learning_rate,
+        "max_steps": cfg.max_steps, "per_device_train_batch_size": cfg.batch_size, "max_length": cfg.max_length,
+        "precompute_ref_log_probs": reused(cfg, rows), **quiet_args(cfg.seed, bf16),
+    }  # fmt: skip
+
+
 def reused(cfg: Any, rows: int) -> bool:
     """Whether the run sees its rows more than once (`max_steps` x `batch_size` > rows): then the frozen
     reference's log-probabilities are computed once before training (TRL's `precompute_ref_log_probs`: the same
@@ -200,16 +210,7 @@ def train_dpo(
     policy, reference = policy_and_reference(base, load_base, sft_adapter, bf16)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
-    args = DPOConfig(
-        output_dir=str(out_dir / "trl"),
-        beta=cfg.beta,
-        learning_rate=cfg.learning_rate,
-        max_steps=cfg.max_steps,
-        per_device_train_batch_size=cfg.batch_size,
-        max_length=cfg.max_length,
-        precompute_ref_log_probs=reused(cfg, len(texts)),
-        **quiet_args(cfg.seed, bf16),
-    )
+    args = DPOConfig(**preference_args(cfg, out_dir, len(texts), bf16))
     data = Dataset.from_list(texts)
     trainer = DPOTrainer(model=policy, ref_model=reference, args=args, train_dataset=data, processing_class=tokenizer)
     logged, final = train_and_save(trainer, policy, tokenizer, out_dir, line)

@@ -24,9 +24,8 @@ from pipelines.toolcall.prompt import chat_turns, system_for
 from pipelines.tune.dpo import (
     answer_tokens,
     policy_and_reference,
+    preference_args,
     prompt_text,
-    quiet_args,
-    reused,
     train_and_save,
     trained_tokens,
 )
@@ -138,16 +137,7 @@ def train_kto(
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     args = KTOConfig(
-        output_dir=str(out_dir / "trl"),
-        beta=cfg.beta,
-        learning_rate=cfg.learning_rate,
-        max_steps=cfg.max_steps,
-        per_device_train_batch_size=cfg.batch_size,
-        max_length=cfg.max_length,
-        precompute_ref_log_probs=reused(cfg, len(texts)),
-        desirable_weight=weights[0],
-        undesirable_weight=weights[1],
-        **quiet_args(cfg.seed, bf16),
+        **preference_args(cfg, out_dir, len(texts), bf16), desirable_weight=weights[0], undesirable_weight=weights[1]
     )
     # KTO reads its rows in order (each row's KL completion is its neighbour's in a fixed-order batch): shuffled,
     # seeded, so a batch mixes desirable and undesirable answers rather than taking each source in turn

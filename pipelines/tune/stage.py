@@ -124,7 +124,6 @@ def run_dpo(
     only the `skipped` line (naming `floor_option`) and the counts. The pairs it read (every split, `trained`
     marking the training split) and their counts are kept beside the adapter."""
     from pipelines.prep.pairs import collect_pairs, pair_summary
-    from pipelines.storage import write_bytes, write_json
     from pipelines.tune.dpo import preference_rows, too_few, train_dpo
 
     pairs, dropped, quarantined = collect_pairs(settings)
@@ -139,13 +138,7 @@ def run_dpo(
     result = train_dpo(
         preference_rows(train, style), cfg, sft_adapter, folder, load_base, progress=progress, bf16=tune_bf16(settings)
     )
-    write_bytes(str(Path(result.adapter_dir) / PROMPT_STYLE_FILE), str(style).encode())
-    report = {
-        **result.to_dict(), "method": "dpo", "settings": cfg.model_dump(), "prompt_style": str(style),
-        "pairs_summary": summary, "pairs_file": str(folder / "pairs.parquet"),
-    }  # fmt: skip
-    write_json(str(folder / "result.json"), report)
-    return report
+    return _finish(folder, result, "dpo", cfg, style, "pairs", summary)
 
 
 def _keep(folder: Path, name: str, rows: Any, summary: dict[str, Any]) -> None:
@@ -160,6 +153,23 @@ def _keep(folder: Path, name: str, rows: Any, summary: dict[str, Any]) -> None:
     write_json(str(folder / f"{name}_summary.json"), summary)
 
 
+def _finish(
+    folder: Path, result: Any, method: str, cfg: Any, style: Any, name: str, summary: dict[str, Any]
+) -> dict[str, Any]:
+    """A preference run's report (`folder/result.json`): the trainer's result, the method's settings and prompt
+    style, and the counts of the `name` rows it read; the prompt style also beside the adapter, so it serves and
+    evaluates as its SFT version does."""
+    from pipelines.storage import write_bytes, write_json
+
+    write_bytes(str(Path(result.adapter_dir) / PROMPT_STYLE_FILE), str(style).encode())
+    report = {
+        **result.to_dict(), "method": method, "settings": cfg.model_dump(), "prompt_style": str(style),
+        f"{name}_summary": summary, f"{name}_file": str(folder / f"{name}.parquet"),
+    }  # fmt: skip
+    write_json(str(folder / "result.json"), report)
+    return report
+
+
 def run_kto(
     settings: Settings, cfg: KtoSettings, sft_adapter: Path, folder: Path, load_base: Callable[[], tuple[Any, Any]],
     *, style: Any, floor_option: str = "tune.kto.min_rows", progress: Progress | None = None,
@@ -168,7 +178,6 @@ def run_kto(
     result with only the `skipped` line (naming `floor_option`) and the counts. The rows it read (every split,
     `trained` marking the training split) and their counts are kept beside the adapter."""
     from pipelines.prep.thumbs import collect_thumbs, thumb_summary
-    from pipelines.storage import write_bytes, write_json
     from pipelines.tune.kto import thumb_rows, too_few, train_kto
 
     thumbs, dropped, quarantined = collect_thumbs(settings)
@@ -183,13 +192,7 @@ def run_kto(
     result = train_kto(
         thumb_rows(train, style), cfg, sft_adapter, folder, load_base, progress=progress, bf16=tune_bf16(settings)
     )
-    write_bytes(str(Path(result.adapter_dir) / PROMPT_STYLE_FILE), str(style).encode())
-    report = {
-        **result.to_dict(), "method": "kto", "settings": cfg.model_dump(), "prompt_style": str(style),
-        "thumbs_summary": summary, "thumbs_file": str(folder / "thumbs.parquet"),
-    }  # fmt: skip
-    write_json(str(folder / "result.json"), report)
-    return report
+    return _finish(folder, result, "kto", cfg, style, "thumbs", summary)
 
 
 def _log_run(run_id: str, report: dict[str, Any], sweep: dict[str, Any]) -> None:
