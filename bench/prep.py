@@ -277,7 +277,7 @@ def _args() -> argparse.Namespace:
 
 def main() -> None:
     args = _args()
-    gates_size = args.gates_size or args.sizes[-1]
+    gates_size = args.gates_size or max(args.sizes)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     from pipelines.clients.spark import get_spark
     from pipelines.hardware import cpu_model

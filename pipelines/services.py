@@ -100,12 +100,23 @@ def _since_boot(process: Any) -> float:
         return float(process.create_time() - psutil.boot_time())
 
 
+def _boot_id() -> str:
+    """This boot's id (Linux: /proc/sys/kernel/random/boot_id), "" where there is none: after a reboot seconds
+    since boot start again, so a pid file of the last boot is told apart by it."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
+
+
 def _write_pid(root: str, name: str, pid: int) -> None:
-    """`<pid> <start> boot` written atomically: the start (seconds since boot) tells our process from a reused
-    pid."""
+    """`<pid> <start> boot <boot id>` written atomically: the start (seconds since boot) and the boot tell our
+    process from a reused pid."""
     from pipelines.storage import write_text
 
-    write_text(str(_pid_file(root, name)), f"{pid} {_started_at(pid) or 0:.2f} {SINCE_BOOT}\n")
+    write_text(
+        str(_pid_file(root, name)), f"{pid} {_started_at(pid) or 0:.2f} {SINCE_BOOT} {_boot_id()}".strip() + "\n"
+    )
 
 
 def read_pid(root: str, name: str) -> int | None:
@@ -117,6 +128,10 @@ def read_pid(root: str, name: str) -> int | None:
         pid = int(fields[0])
         recorded = float(fields[1]) if len(fields) > 1 and float(fields[1]) > 0 else None
     except (FileNotFoundError, ValueError, IndexError):
+        return None
+    booted = fields[3] if len(fields) > 3 and fields[2] == SINCE_BOOT else ""
+    if booted and booted != _boot_id():  # written before a reboot: whatever has that pid now is not ours
+        path.unlink(missing_ok=True)
         return None
     started = _started_at(pid)
     if started is None and not group_alive(pid):

@@ -622,7 +622,11 @@ def test_successes_are_never_kept_from_the_gates_own_tasks(tmp_path: Path) -> No
     from pipelines.evaluate.episodes import load_tasks
 
     refuse_gate_tasks(settings, load_tasks(other)[0])  # no shared instruction: nothing refused
-    # a gate task file that cannot be read refuses too (fails closed; mutation: return when it is missing)
-    missing = load_settings(root=str(tmp_path / "root"), episodes={"tasks": str(tmp_path / "gone.jsonl")})
-    with pytest.raises(DataProblem, match="cannot be read"):
-        refuse_gate_tasks(missing, load_tasks(other)[0])
+    # a gate task file that cannot be read, or holds no task, refuses too (fails closed; mutations: return when it
+    # is missing; no check of an empty gate set)
+    (tmp_path / "junk.jsonl").write_text("not a task\n")
+    (tmp_path / "folder.jsonl").mkdir()
+    for name in ("gone.jsonl", "junk.jsonl", "folder.jsonl"):
+        unreadable = load_settings(root=str(tmp_path / "root"), episodes={"tasks": str(tmp_path / name)})
+        with pytest.raises(DataProblem, match="cannot be read"):
+            refuse_gate_tasks(unreadable, load_tasks(other)[0])

@@ -95,6 +95,28 @@ def test_a_pid_file_of_ours_is_still_trusted_after_the_wall_clock_steps(
         ours.wait(timeout=10)
 
 
+def test_a_pid_file_from_another_boot_or_with_another_start_is_dropped(tmp_path: Path) -> None:
+    """After a reboot seconds since boot start again, so a live process can hold the pid and the start a pid file
+    of the last boot recorded: the boot id tells them apart (mutation: the boot id not compared); a `boot`-tagged
+    file whose start is not the process's is dropped too (mutation: the start check skipped for `boot` files)."""
+    root = str(tmp_path)
+    other = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    try:
+        services._write_pid(root, "gateway", other.pid)
+        pid, start, tag, boot = (services.run_dir(root) / "gateway.pid").read_text().split()
+        assert tag == services.SINCE_BOOT and boot == services._boot_id() != ""
+        assert services.read_pid(root, "gateway") == other.pid  # this boot, this start: ours
+        pid_file = services.run_dir(root) / "gateway.pid"
+        pid_file.write_text(f"{pid} {start} {tag} 00000000-0000-0000-0000-000000000000\n")  # the last boot's
+        assert services.read_pid(root, "gateway") is None and not pid_file.exists()
+        pid_file.write_text(f"{pid} {float(start) + 30:.2f} {tag} {boot}\n")  # this boot, a later start
+        assert services.read_pid(root, "gateway") is None and not pid_file.exists()
+        assert other.poll() is None
+    finally:
+        other.kill()
+        other.wait(timeout=10)
+
+
 def _web(tmp_path: Path) -> tuple[str, int, services.ServiceSpec]:
     """A stand-in for a platform service (MLflow, Airflow, the gateway): a server whose group has a second process
     (`sleep`) that outlives its leader (a web server). Every real service SIGKILLed and started again by

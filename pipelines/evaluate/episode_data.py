@@ -133,12 +133,16 @@ def refuse_gate_tasks(settings: Any, tasks: list[Any]) -> None:
     gate_file = settings.episodes.tasks
     if not gate_file:
         return
-    if not Path(gate_file).is_file():  # fail closed: the check cannot run, so nothing is kept
-        raise DataProblem(
-            f"keep successes: the gate's tasks (episodes.tasks = {gate_file}) cannot be read, so kept successes "
-            "cannot be checked against them; fix the setting or clear it"
-        )
-    gate = {t.instruction for t in load_tasks(Path(gate_file))[0]}
+    unreadable = DataProblem(  # fail closed: the check cannot run, so nothing is kept
+        f"keep successes: the gate's tasks (episodes.tasks = {gate_file}) cannot be read, so kept successes "
+        "cannot be checked against them; fix the setting or clear it"
+    )
+    try:
+        gate = {t.instruction for t in load_tasks(Path(gate_file))[0]}
+    except (OSError, UnicodeDecodeError) as exc:  # missing, a folder, not readable, not text
+        raise unreadable from exc
+    if not gate:  # a file with no task in it checks nothing
+        raise unreadable
     shared = [t for t in tasks if t.instruction in gate]
     if shared:
         raise DataProblem(
