@@ -290,6 +290,7 @@ def main() -> int:
     args = parser.parse_args()
     if args.verdict_only:
         return verdict_only(args)
+    lock = hold(args.work)  # noqa: F841 (held until the process ends)
     started = time.perf_counter()
     measured = commit()
     today = datetime.now(UTC).date().isoformat()
@@ -302,7 +303,7 @@ def main() -> int:
         work.mkdir(parents=True)
         log.write_text("")
         save_state(state, {"today": today})
-    saved = load_state(state)
+    saved = load_state(state, ("today",))
     today = saved["today"]
 
     def step(key: str, what: str, do: Any) -> None:
@@ -433,19 +434,42 @@ def verdict_only(args: argparse.Namespace) -> int:
     return 0
 
 
+def hold(work: Path) -> Any:
+    """The work folder's lock (a file beside it, so a fresh run's `rmtree` keeps it), held until this process
+    ends: a second run on the same folder stops at once with one `error:` line instead of deleting the first's."""
+    from filelock import FileLock, Timeout
+
+    work.parent.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(str(work.parent / f".{work.name}.lock"))
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        raise SystemExit(f"error: another run is using {work}: wait for it, or give another --work") from None
+    return lock
+
+
 def save_state(state: Path, saved: dict[str, Any]) -> None:
-    """A run's state (the steps it finished), written atomically: a crash mid-write leaves the last one."""
+    """A run's state (the steps it finished), written atomically and synced: a crash mid-write leaves the last
+    one."""
     partial = state.with_name(f".{state.name}.{os.getpid()}.tmp")
-    partial.write_text(json.dumps(saved))
+    with partial.open("w") as out:
+        out.write(json.dumps(saved))
+        out.flush()
+        os.fsync(out.fileno())
     os.replace(partial, state)
 
 
-def load_state(state: Path) -> dict[str, Any]:
-    """The state an earlier run left, or one `error:` line (exit 1) when there is none to go on from."""
+def load_state(state: Path, required: tuple[str, ...]) -> dict[str, Any]:
+    """The state an earlier run left (holding the `required` keys), or one `error:` line (exit 1) when there is
+    none to go on from."""
     try:
-        return dict(json.loads(state.read_text()))
+        saved = json.loads(state.read_text())
     except (OSError, ValueError) as exc:
         raise SystemExit(f"error: no earlier run to go on from in {state.parent} ({exc.__class__.__name__})") from None
+    if not isinstance(saved, dict) or not set(required) <= set(saved):
+        raise SystemExit(f"error: {state} is not a state this script wrote (it needs {', '.join(required)}): run "
+                         "again without --resume to start over")  # fmt: skip
+    return saved
 
 
 def write_results(out: Path, result: dict[str, Any]) -> None:

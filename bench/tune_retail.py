@@ -40,7 +40,7 @@ sys.path.insert(0, str(REPO / "bench"))
 
 from episodes import split  # noqa: E402 (the bench folder's own modules)
 from real_data import DAY, commit, flywheel  # noqa: E402
-from slip import as_json, load_state, machine, save_state  # noqa: E402
+from slip import as_json, hold, load_state, machine, save_state  # noqa: E402
 
 DAG_ENV = {  # the DAG trains and registers the SFT version; the held-out evaluation below is the evidence
     "FLYWHEEL_EVALUATION__EXAMPLES": "24",
@@ -102,6 +102,7 @@ def main() -> int:
     if not (args.data / "retail_tools" / "db.json").is_file():
         print(f"error: no retail_tools/db.json under {args.data}", file=sys.stderr)
         return 2
+    lock = hold(args.work)  # noqa: F841 (held until the process ends)
     started = time.perf_counter()
     work, log = args.work, args.work / "run.log"
     root, state = work / "root", work / "state.json"
@@ -111,7 +112,7 @@ def main() -> int:
         work.mkdir(parents=True)
         log.write_text("")
         save_state(state, {"commit": commit()})
-    saved = load_state(state)
+    saved = load_state(state, ("commit",))
     files = split(args.data, work)
     tools = args.data / "retail_tools" / "tools_openai_schema.json"
     if "version" not in saved:

@@ -129,8 +129,8 @@ def read_pid(root: str, name: str) -> int | None:
         recorded = float(fields[1]) if len(fields) > 1 and float(fields[1]) > 0 else None
     except (FileNotFoundError, ValueError, IndexError):
         return None
-    booted = fields[3] if len(fields) > 3 and fields[2] == SINCE_BOOT else ""
-    if booted and booted != _boot_id():  # written before a reboot: whatever has that pid now is not ours
+    booted, current = (fields[3] if len(fields) > 3 and fields[2] == SINCE_BOOT else ""), _boot_id()
+    if booted and current and booted != current:  # written before a reboot: whatever has that pid now is not ours
         path.unlink(missing_ok=True)
         return None
     started = _started_at(pid)

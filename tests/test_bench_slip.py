@@ -98,3 +98,30 @@ def test_an_arm_that_fixes_the_slip_and_holds_every_tool_passes_the_rule_as_the_
     assert accepted["dpo"]["tools_not_shown_non_inferior"] == []
     # kto: 8 wrong answers, all on the first tools' first requests: 2 per tool is 1 point worse, not shown within 0.02
     assert accepted["kto"]["passes_pooled"] and not accepted["kto"]["passes"]
+
+
+def test_a_bench_run_holds_its_work_folder_and_reads_only_a_state_it_wrote(tmp_path: Path) -> None:
+    """`--resume` on a state that is missing, not JSON, not an object or without its keys stops with one `error:`
+    line (mutations: the type check removed: `null` gives a TypeError; the keys not checked: a KeyError later);
+    a second run on a folder another holds stops at once (mutation: `hold` not taking the lock)."""
+    import pytest
+
+    bench = _bench()
+    state = tmp_path / "work" / "state.json"
+    state.parent.mkdir()
+    bench.save_state(state, {"today": "2026-12-07", "sft": {"version": "1"}})
+    assert bench.load_state(state, ("today",)) == {"today": "2026-12-07", "sft": {"version": "1"}}
+    assert [p.name for p in state.parent.iterdir()] == ["state.json"]  # no partial file left
+    for text in (None, "{", "null", "5", "[]", '{"sft": {}}'):
+        if text is None:
+            state.unlink()
+        else:
+            state.write_text(text)
+        with pytest.raises(SystemExit) as stopped:
+            bench.load_state(state, ("today",))
+        assert str(stopped.value).startswith("error: ") and "\n" not in str(stopped.value)
+    first = bench.hold(tmp_path / "work")
+    with pytest.raises(SystemExit, match="error: another run is using"):
+        bench.hold(tmp_path / "work")
+    first.release()
+    bench.hold(tmp_path / "work").release()  # free again once the first run ends

@@ -622,11 +622,15 @@ def test_successes_are_never_kept_from_the_gates_own_tasks(tmp_path: Path) -> No
     from pipelines.evaluate.episodes import load_tasks
 
     refuse_gate_tasks(settings, load_tasks(other)[0])  # no shared instruction: nothing refused
-    # a gate task file that cannot be read, or holds no task, refuses too (fails closed; mutations: return when it
-    # is missing; no check of an empty gate set)
+    # a gate task file that cannot be read, or holds no task with an instruction, refuses too (fails closed;
+    # mutations: return when it is missing; no check of an empty gate set; a blank instruction counted)
     (tmp_path / "junk.jsonl").write_text("not a task\n")
+    (tmp_path / "blank.jsonl").write_text(json.dumps({**TASKS[1], "instruction": ""}) + "\n")
+    (tmp_path / "binary.jsonl").write_bytes(b"\xff\xfe\x00task")
     (tmp_path / "folder.jsonl").mkdir()
-    for name in ("gone.jsonl", "junk.jsonl", "folder.jsonl"):
+    for name, why in [("gone.jsonl", "cannot be read"), ("folder.jsonl", "cannot be read"),
+                      ("binary.jsonl", "cannot be read"), ("junk.jsonl", "hold no task"),
+                      ("blank.jsonl", "hold no task")]:  # fmt: skip
         unreadable = load_settings(root=str(tmp_path / "root"), episodes={"tasks": str(tmp_path / name)})
-        with pytest.raises(DataProblem, match="cannot be read"):
+        with pytest.raises(DataProblem, match=why):
             refuse_gate_tasks(unreadable, load_tasks(other)[0])

@@ -113,12 +113,18 @@ def test_the_body_decoder_answers_any_bytes_with_a_request_or_a_400(raw: bytes) 
 
 
 def test_the_body_decoder_holds_64_bit_integers_and_refuses_wider_ones_with_a_400() -> None:
-    """(Mutation: `decode_body` without `parse_int=_int64`: 2**63 decodes.)"""
+    """And `NaN` / `Infinity`, which are not JSON (the capture wrote them as null). (Mutations: `decode_body`
+    without `parse_int=_int64`: 2**63 decodes; without `parse_constant`: NaN decodes.)"""
     assert api.decode_body(b'{"a": [9223372036854775807, -9223372036854775808]}') == {"a": [2**63 - 1, -(2**63)]}
     for wide in (b"9223372036854775808", b"-9223372036854775809"):
         with pytest.raises(ApiError) as refused:
             api.decode_body(b'{"a": ' + wide + b"}")
         assert refused.value.status == 400 and "past the 64-bit range" in refused.value.body()["error"]["message"]
+    for constant in (b"NaN", b"Infinity", b"-Infinity"):
+        with pytest.raises(ApiError) as refused:
+            api.decode_body(b'{"temperature": ' + constant + b"}")
+        error = refused.value.body()["error"]
+        assert refused.value.status == 400 and "is not a JSON value" in error["message"] and error["type"]
 
 
 @pytest.mark.parametrize(

@@ -391,15 +391,22 @@ def test_a_late_ratings_copy_counts_for_its_own_window_only_and_never_for_drift(
 
 def test_a_rated_duplicate_takes_the_split_of_the_example_it_duplicates(spark) -> None:
     """A rated copy in a training session whose twin is held out for test goes to test: KTO never trains on
-    what the test split scores. (Mutation: the copy placed by its own session's split: it lands in train.)"""
+    what the test split scores; a copy whose twin is no example (held) keeps its session's split. (Mutations: the
+    copy placed by its own session's split: it lands in train; the twin join an inner join: the held twin's copy is
+    lost.)"""
     from pipelines.prep import nodes
 
     examples = spark.createDataFrame(
         [("x", "s1", "test"), ("y", "s2", "train")], "record_id string, session_id string, split string"
     )
     marked = spark.createDataFrame(
-        [("x2", "s2", "down", "x", 1, "get_order"), ("y", "s2", "up", None, 0, "get_order")],
+        [
+            ("x2", "s2", "down", "x", 1, "get_order"),
+            ("y", "s2", "up", None, 0, "get_order"),
+            ("h2", "s2", "down", "h", 2, "get_order"),
+        ],  # fmt: skip
         "record_id string, session_id string, feedback string, duplicate_of string, turn_index int, tool string",
     ).selectExpr("*", "current_timestamp() AS event_timestamp")
     rated = nodes.rated_rows(marked, examples, 0.1, 0.1, salt="t").toPandas().set_index("record_id")
     assert rated.loc["x2", "split"] == "test" and rated.loc["y", "split"] == "train"
+    assert rated.loc["h2", "split"] == "train" and len(rated) == 3

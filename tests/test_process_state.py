@@ -95,7 +95,9 @@ def test_a_pid_file_of_ours_is_still_trusted_after_the_wall_clock_steps(
         ours.wait(timeout=10)
 
 
-def test_a_pid_file_from_another_boot_or_with_another_start_is_dropped(tmp_path: Path) -> None:
+def test_a_pid_file_from_another_boot_or_with_another_start_is_dropped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """After a reboot seconds since boot start again, so a live process can hold the pid and the start a pid file
     of the last boot recorded: the boot id tells them apart (mutation: the boot id not compared); a `boot`-tagged
     file whose start is not the process's is dropped too (mutation: the start check skipped for `boot` files)."""
@@ -112,6 +114,11 @@ def test_a_pid_file_from_another_boot_or_with_another_start_is_dropped(tmp_path:
         pid_file.write_text(f"{pid} {float(start) + 30:.2f} {tag} {boot}\n")  # this boot, a later start
         assert services.read_pid(root, "gateway") is None and not pid_file.exists()
         assert other.poll() is None
+        pid_file.write_text(f"{pid} {start} {tag}\n")  # the format before the boot was recorded: still ours
+        assert services.read_pid(root, "gateway") == other.pid
+        pid_file.write_text(f"{pid} {start} {tag} {boot}\n")  # this boot's id cannot be read now: not dropped
+        monkeypatch.setattr(services, "_boot_id", lambda: "")  # (mutation: an unreadable id taken as another boot)
+        assert services.read_pid(root, "gateway") == other.pid and pid_file.exists()
     finally:
         other.kill()
         other.wait(timeout=10)

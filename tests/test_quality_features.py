@@ -172,6 +172,7 @@ def test_the_rated_answers_reach_kto_with_their_prompts_split_as_their_sessions(
     assert len(kept) > 0 and (kept["split"] == kept["session_id"].map(session_split)).all()
     copied = thumbs[twin_split.notna()]  # a rated duplicate goes where the example it duplicates went
     assert len(copied) > 0 and (copied["split"] == twin_split[twin_split.notna()]).all()
+    assert (copied["session_id"].map(session_split) != copied["split"]).any(), "a copy whose session split differs"
     same = thumbs.merge(sft[["record_id", "system_prompt", "context"]], on="record_id", suffixes=("", "_sft"))
     assert len(same) > 0 and (same["system_prompt"] == same["system_prompt_sft"]).all()
     assert (same["context"] != "").any()

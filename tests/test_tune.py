@@ -244,6 +244,7 @@ def test_an_offline_shadow_run_pairs_the_gold_over_our_models_wrong_answers() ->
     assert json.loads(pairs.iloc[0]["chosen_json"]) == ORDER and json.loads(pairs.iloc[0]["rejected_json"]) == TRACK
     assert pairs.iloc[0]["source"] == "evaluation"
     with_shadow = build_pairs(examples, {}, [_shadow("g2", TRACK)], [report])[0].set_index("source")  # a pair more
+    assert len(with_shadow) == 2
     assert with_shadow.loc["evaluation", "pair_id"] == pairs.iloc[0]["pair_id"], "an id whatever else the table holds"
     assert dropped == {
         "evaluation: chosen side written by our own model (champion)": 1,

@@ -133,16 +133,19 @@ def refuse_gate_tasks(settings: Any, tasks: list[Any]) -> None:
     gate_file = settings.episodes.tasks
     if not gate_file:
         return
-    unreadable = DataProblem(  # fail closed: the check cannot run, so nothing is kept
-        f"keep successes: the gate's tasks (episodes.tasks = {gate_file}) cannot be read, so kept successes "
-        "cannot be checked against them; fix the setting or clear it"
-    )
+
+    def refused(why: str) -> DataProblem:  # fail closed: the check cannot run, so nothing is kept
+        return DataProblem(
+            f"keep successes: the gate's tasks (episodes.tasks = {gate_file}) {why}, so kept successes cannot be "
+            "checked against them; fix the setting or clear it"
+        )
+
     try:
         gate = {t.instruction for t in load_tasks(Path(gate_file))[0]}
-    except (OSError, UnicodeDecodeError) as exc:  # missing, a folder, not readable, not text
-        raise unreadable from exc
-    if not gate:  # a file with no task in it checks nothing
-        raise unreadable
+    except (OSError, ValueError) as exc:  # missing, a folder, not readable, not text (UnicodeDecodeError)
+        raise refused("cannot be read") from exc
+    if not gate - {""}:  # no task, or none with an instruction: the check would compare nothing
+        raise refused("hold no task with an instruction")
     shared = [t for t in tasks if t.instruction in gate]
     if shared:
         raise DataProblem(

@@ -144,26 +144,31 @@ _INT64 = range(-(2**63), 2**63)
 
 
 def _int64(text: str) -> int:
-    """A JSON integer, or a ValueError past the signed 64-bit range (orjson, which writes the capture, and
-    llguidance, which compiles the grammar, hold no wider integer)."""
+    """A JSON integer, or a ValueError past the signed 64-bit range (what both orjson, which writes the capture,
+    and llguidance, which compiles the grammar, hold)."""
     value = int(text)
     if value not in _INT64:
         raise ValueError(f"the integer {text[:30]}{'...' if len(text) > 30 else ''} is past the 64-bit range")
     return value
 
 
+def _not_json(name: str) -> Any:
+    """Python's decoder reads `NaN` and `Infinity`, which JSON has not (the capture's writer would store null)."""
+    raise ValueError(f"{name} is not a JSON value")
+
+
 def decode_body(body: bytes) -> Any:
     """A request body as JSON, or a 400 saying why not: not UTF-8, not JSON, nested past what any request needs
-    (`[[[[...`), an integer past 64 bits (what the capture's JSON writer and the grammar compiler hold), or text
-    that is not Unicode (a lone surrogate such as the first half of a cut emoji, which nothing downstream could
-    encode). The one decoder of every body the gateway reads."""
+    (`[[[[...`), an integer past 64 bits (what the capture's JSON writer and the grammar compiler hold), `NaN` or
+    `Infinity` (not JSON), or text that is not Unicode (a lone surrogate such as the first half of a cut emoji,
+    which nothing downstream could encode). The one decoder of every body the gateway reads."""
     try:
-        data = json.loads(body, parse_int=_int64)
+        data = json.loads(body, parse_int=_int64, parse_constant=_not_json)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ApiError(400, f"We could not parse the JSON body of your request ({exc})") from None
     except RecursionError:
         raise ApiError(400, "We could not parse the JSON body of your request (nested too deeply)") from None
-    except ValueError as exc:  # int() past sys.get_int_max_str_digits(), or past 64 bits (`_int64`)
+    except ValueError as exc:  # int() past sys.get_int_max_str_digits(), past 64 bits (`_int64`), NaN (`_not_json`)
         raise ApiError(400, f"We could not parse the JSON body of your request ({exc})") from None
     try:
         json.dumps(data, ensure_ascii=False).encode("utf-8")

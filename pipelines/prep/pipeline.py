@@ -237,7 +237,7 @@ class _Frames:
     kept: Any
     duplicates: Any
     examples: Any
-    rated: Any  # the kept rows people rated (up or down), examples-shaped, each in its session's split
+    rated: Any  # the clean rows people rated (up or down), examples-shaped: a session's split, a copy its twin's
 
     @classmethod
     def cut(cls, prepared: Any) -> _Frames:
