@@ -130,11 +130,13 @@ def main() -> int:
         saved["grpo"] = as_json(run(root, "tune", "grpo", "--version", saved["version"], "--json", log=log,
                                     env=GRPO_ENV))  # fmt: skip
         save_state(state, saved)
-    if "dpo" not in saved:
+    if "pairs" not in saved:  # its own step: the shadow run is the longest of the bench's steps on a CPU
         print(f"dpo: an offline shadow run of v{saved['version']} on {args.shadow} training requests ...", flush=True)
         run(root, "eval", "--split", "train", "--version", saved["version"], "--examples", str(args.shadow),
             "--no-baselines", "--name", "shadow", log=log, timeout_s=10800)  # fmt: skip
         saved["pairs"] = as_json(run(root, "labels", "pairs", "--json", log=log))
+        save_state(state, saved)
+    if "dpo" not in saved:
         saved["dpo"] = as_json(run(root, "tune", "dpo", "--version", saved["version"], "--json", log=log,
                                    env=DPO_ENV))  # fmt: skip
         save_state(state, saved)
