@@ -190,3 +190,11 @@ def test_the_retail_tuning_results_show_each_arm_its_paired_interval_and_what_di
     assert (
         cost["grpo"]["prompts (GRPO) or pairs (DPO)"] == "256" and cost["dpo"]["prompts (GRPO) or pairs (DPO)"] == "57"
     )
+
+
+def test_a_p_value_recorded_as_zero_is_shown_below_the_rounding_not_as_zero() -> None:
+    """`stats.mcnemar` rounds p to six decimals: a 0 is shown as below 5e-07 (mutation: `num(p)` again: "p = 0")."""
+    from docs.generate.quality import mcnemar
+
+    assert mcnemar({"wins": 122, "losses": 0, "p": 0.0}) == "122 / 0 (p < 5e-07)"
+    assert mcnemar({"wins": 9, "losses": 1, "p": 0.02}) == "9 / 1 (p = 0.02)" and mcnemar(None) == ""

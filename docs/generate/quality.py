@@ -77,7 +77,11 @@ def comparisons(comps: list[dict[str, Any]]) -> str:
 
 
 def mcnemar(m: dict[str, Any] | None) -> str:
-    return "" if not m else f"{m['wins']} / {m['losses']} (p = {num(m['p'])})"
+    """Wins / losses and the p-value; `stats.mcnemar` rounds p to six decimals, so a recorded 0 is below 5e-07."""
+    if not m:
+        return ""
+    p = "p < 5e-07" if m["p"] == 0 else f"p = {num(m['p'])}"
+    return f"{m['wins']} / {m['losses']} ({p})"
 
 
 def verdict(v: dict[str, Any]) -> str:
