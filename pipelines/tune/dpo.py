@@ -148,6 +148,19 @@ def policy_and_reference(
     return policy, reference
 
 
+def step_lines(method: str, progress: Callable[[str], None] | None) -> Callable[[Any, dict[str, Any]], None]:
+    """`train_and_save`'s callback for a preference method: a progress line per logged step with its loss and,
+    where TRL logs it, the reward margin."""
+
+    def line(state: Any, logs: dict[str, Any]) -> None:
+        if progress is not None:
+            margin = logs.get("rewards/margins")
+            progress(f"{method}: step {state.global_step}/{state.max_steps} loss {float(logs['loss']):.4f}"
+                     + (f" reward margin {float(margin):.4f}" if margin is not None else ""))  # fmt: skip
+
+    return line
+
+
 def train_and_save(
     trainer: Any, policy: Any, tokenizer: Any, out_dir: Path, line: Callable[[Any, dict[str, Any]], None] | None
 ) -> tuple[list[dict[str, Any]], Path]:
@@ -192,12 +205,7 @@ def train_dpo(
     from datasets import Dataset
     from trl import DPOConfig, DPOTrainer
 
-    def line(state: Any, logs: dict[str, Any]) -> None:
-        if progress is not None:
-            margin = logs.get("rewards/margins")
-            progress(f"dpo: step {state.global_step}/{state.max_steps} loss {float(logs['loss']):.4f}"
-                     + (f" reward margin {float(margin):.4f}" if margin is not None else ""))  # fmt: skip
-
+    line = step_lines("dpo", progress)
     started = time.perf_counter()
     torch.manual_seed(cfg.seed)
     base, tokenizer = load_base()

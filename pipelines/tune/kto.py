@@ -26,6 +26,7 @@ from pipelines.tune.dpo import (
     policy_and_reference,
     preference_args,
     prompt_text,
+    step_lines,
     train_and_save,
     trained_tokens,
 )
@@ -115,12 +116,7 @@ def train_kto(
     from datasets import Dataset
     from trl import KTOConfig, KTOTrainer
 
-    def line(state: Any, logs: dict[str, Any]) -> None:
-        if progress is not None:
-            margin = logs.get("rewards/margins")
-            progress(f"kto: step {state.global_step}/{state.max_steps} loss {float(logs['loss']):.4f}"
-                     + (f" reward margin {float(margin):.4f}" if margin is not None else ""))  # fmt: skip
-
+    line = step_lines("kto", progress)
     started = time.perf_counter()
     torch.manual_seed(cfg.seed)
     base, tokenizer = load_base()
