@@ -435,28 +435,28 @@ def verdict_only(args: argparse.Namespace) -> int:
 
 
 def hold(work: Path) -> Any:
-    """The work folder's lock (a file beside it, so a fresh run's `rmtree` keeps it), held until this process
-    ends: a second run on the same folder stops at once with one `error:` line instead of deleting the first's."""
-    from filelock import FileLock, Timeout
+    """The work folder's lock (`storage.locked`: a file beside the folder, so a fresh run's `rmtree` keeps it),
+    held until this process ends: a second run on the same folder stops at once with one `error:` line instead of
+    deleting the first's."""
+    from contextlib import ExitStack
+
+    from pipelines.storage import Busy, locked
 
     work.parent.mkdir(parents=True, exist_ok=True)
-    lock = FileLock(str(work.parent / f".{work.name}.lock"))
+    held = ExitStack()
     try:
-        lock.acquire(timeout=0)
-    except Timeout:
+        held.enter_context(locked(str(work), 0, f"the work folder {work}"))
+    except Busy:
         raise SystemExit(f"error: another run is using {work}: wait for it, or give another --work") from None
-    return lock
+    return held
 
 
 def save_state(state: Path, saved: dict[str, Any]) -> None:
-    """A run's state (the steps it finished), written atomically and synced: a crash mid-write leaves the last
-    one."""
-    partial = state.with_name(f".{state.name}.{os.getpid()}.tmp")
-    with partial.open("w") as out:
-        out.write(json.dumps(saved))
-        out.flush()
-        os.fsync(out.fileno())
-    os.replace(partial, state)
+    """A run's state (the steps it finished), written atomically and synced (`storage.write_json`): a crash
+    mid-write leaves the last one."""
+    from pipelines.storage import write_json
+
+    write_json(str(state), saved)
 
 
 def load_state(state: Path, required: tuple[str, ...]) -> dict[str, Any]:
@@ -473,11 +473,11 @@ def load_state(state: Path, required: tuple[str, ...]) -> dict[str, Any]:
 
 
 def write_results(out: Path, result: dict[str, Any]) -> None:
-    """The results file, written atomically, and the arms' figures and verdicts printed."""
+    """The results file, written atomically (`storage.write_text`), and the arms' figures and verdicts printed."""
+    from pipelines.storage import write_text
+
     out.parent.mkdir(parents=True, exist_ok=True)
-    partial = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-    partial.write_text(json.dumps(result, indent=1) + "\n")
-    os.replace(partial, out)
+    write_text(str(out), json.dumps(result, indent=1) + "\n")
     for arm, row in result["arms"].items():
         print(f"{arm:<10} slip name {row['slip_name_accuracy']}  others exact {row['other_exact_match']}  "
               f"wrong writes {row['wrong_writes']}")  # fmt: skip

@@ -123,5 +123,5 @@ def test_a_bench_run_holds_its_work_folder_and_reads_only_a_state_it_wrote(tmp_p
     first = bench.hold(tmp_path / "work")
     with pytest.raises(SystemExit, match="error: another run is using"):
         bench.hold(tmp_path / "work")
-    first.release()
-    bench.hold(tmp_path / "work").release()  # free again once the first run ends
+    first.close()
+    bench.hold(tmp_path / "work").close()  # free again once the first run ends
