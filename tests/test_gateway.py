@@ -257,6 +257,32 @@ def test_a_canary_splits_live_traffic_by_its_share(gateway) -> None:
     by = [captured[i]["model"] for i in ids]
     assert set(by) == {f"tool_router_v{gateway['v1']}", f"tool_router_v{gateway['v2']}"}
     assert 40 <= by.count(f"tool_router_v{gateway['v2']}") <= 60, by.count(f"tool_router_v{gateway['v2']}")
+    # the teacher answered a copy of each request the candidate served: that copy is captured as the teacher's
+    # own label (`<id>-teacher`, the served turn's session), the chosen side of a canary pair (`prep.pairs`).
+    # Mutation tried: `_capture_teacher_copy` not called, and this fails.
+    from pipelines.livegate.comparisons import read_comparisons
+
+    served = {i for i in ids if captured[i]["model"] == f"tool_router_v{gateway['v2']}"}
+    compared = _wait(
+        lambda: (
+            found
+            if len(found := {r["record_id"]: r for r in read_comparisons(settings) if r["record_id"] in served})
+            == len(served)
+            else None
+        ),
+        120,
+        "a comparison of every request the canary served",
+    )
+    answered = {i for i, r in compared.items() if not r["skipped"]}  # a full comparison queue skips some (counted)
+    assert answered, compared
+    copies = _captured(settings)
+    assert {i for i in ids if f"{i}-teacher" in copies} == answered
+    for i in answered:
+        copy = copies[f"{i}-teacher"]
+        assert (copy["label_source"], copy["model"]) == ("teacher", f"teacher:{TEACHER_MODEL}")
+        assert copy["session_id"] == captured[i]["session_id"] and copy["request"] == captured[i]["request"]
+        verdict = check_line(orjson.dumps(copy))  # a record of the log schema, as any capture (the test's tools
+        assert verdict.ok or verdict.reason.value == "unknown_tool"  # are not in our catalogue)
     routes.set_route(settings, "champion", "serve")
     time.sleep(1.2)
 
@@ -300,7 +326,8 @@ def test_the_loop_trains_on_the_teacher_and_on_people_never_on_the_champion_alon
     runs twice (prep, the quality gate, the features stage: the DAG's own tasks over the day the gateway
     captured). The training set holds the teacher's answers and the champion's answers a person confirmed,
     never its unconfirmed or down-rated ones; a down-rated turn waits in the review queue; after a reviewer
-    accepts a correction, the second pass trains on the correction (a `human` label), not on the original."""
+    accepts a correction and the teacher relabels another down-rated answer (`flywheel labels relabel`), the second
+    pass trains on the correction (a `human` label) and the relabel (a `teacher` label), not on the originals."""
     from datetime import datetime
 
     from helpers import run_flywheel
@@ -340,7 +367,7 @@ def test_the_loop_trains_on_the_teacher_and_on_people_never_on_the_champion_alon
     taught = [ask(a) for a in asks[5:]]  # the teacher answers the caller (the candidate a copy, off the path)
     routes.set_route(settings, "champion", "serve", reason="loop test")
     time.sleep(1.2)
-    for record_id, rating in zip(served, ("up", "down", "down")):  # a person rates three of the champion's answers
+    for record_id, rating in zip(served, ("up", "down", "down", "down")):  # a person rates four of the champion's
         done = httpx.post(
             f"{gateway['url']}/feedback",
             json={"id": record_id, "rating": rating},
@@ -351,37 +378,57 @@ def test_the_loop_trains_on_the_teacher_and_on_people_never_on_the_champion_alon
     captured = _captured(settings)
     assert {captured[i]["label_source"] for i in served} == {"champion"}, "every answer is a label: none was cut"
     assert {captured[i]["label_source"] for i in taught} == {"teacher"}
-    confirmed, corrected, rejected, unrated = served[0], served[1], served[2], served[3:]
+    confirmed, corrected, rejected, relabelled, unrated = served[0], served[1], served[2], served[3], served[4:]
+    relabel = {"name": "track", "arguments": {"carrier": "fedex", "days": 9}}  # the teacher's answer on relabelling
 
     floor, settings.quality.min_examples_per_tool = settings.quality.min_examples_per_tool, 0  # a handful of live
     try:  # turns of the parcels toolset, not five a tool
         first = _loop_pass(settings, window)
         ids = set(first["record_id"])
         assert set(taught) | {confirmed} <= ids
-        assert not {corrected, rejected, *unrated} & ids, "an unconfirmed or down-rated answer of ours trained"
+        assert not {corrected, rejected, relabelled, *unrated} & ids, "an unconfirmed or down-rated answer trained"
         waiting = {r["record_id"] for r in queue(settings)}
-        assert {corrected, rejected} <= waiting and not set(taught) & waiting
+        assert {corrected, rejected, relabelled} <= waiting and not set(taught) & waiting
 
         env = {"FLYWHEEL_ROOT": str(settings.root)}
         fix = {"name": "track", "arguments": {"carrier": "ups", "days": 4}}
         accepted = run_flywheel("labels", "accept", corrected, "--call", json.dumps(fix), env=env)
         assert accepted.returncode == 0, accepted.stdout + accepted.stderr
         assert run_flywheel("labels", "reject", rejected, env=env).returncode == 0
+        # the teacher answers the rest of the queue that our model answered (mutation tried: the relabel accepted
+        # as a `human` label, and the relabel pair's source assertion below fails)
+        teacher.answers[asks[3]] = relabel
+        wrong = {"FLYWHEEL_GATEWAY__TEACHER_URL": teacher.url, "FLYWHEEL_GATEWAY__TEACHER_API_KEY": "not-the-key"}
+        refused = run_flywheel("labels", "relabel", env={**env, **wrong})  # the teacher refuses: one line, nothing
+        assert refused.returncode != 0 and refused.stderr.strip().splitlines()[-1].startswith("error: the teacher")
+        assert "HTTP 401" in refused.stderr and relabelled in {r["record_id"] for r in queue(settings)}  # decided
+        asked = len(teacher.received)
+        key = {"FLYWHEEL_GATEWAY__TEACHER_URL": teacher.url, "FLYWHEEL_GATEWAY__TEACHER_API_KEY": teacher.key}
+        relabelled_run = run_flywheel("labels", "relabel", "--limit", "1000", "--json", env={**env, **key})
+        assert relabelled_run.returncode == 0, relabelled_run.stdout + relabelled_run.stderr
+        done = json.loads(relabelled_run.stdout)
+        assert relabelled in {d["record_id"] for d in done["decisions"]}, done
+        assert all(d["label_source"] == "teacher" for d in done["decisions"])
+        sent = teacher.received[asked:]
+        assert len(sent) == done["asked"] and not any({"user", "metadata"} & set(b) for b in sent)
+        assert key["FLYWHEEL_GATEWAY__TEACHER_API_KEY"] not in relabelled_run.stdout + relabelled_run.stderr
 
         second = _loop_pass(settings, window)
     finally:
         settings.quality.min_examples_per_tool = floor
     ids = set(second["record_id"])
-    assert set(taught) | {confirmed, f"{corrected}-review"} <= ids
-    assert not {corrected, rejected, *unrated} & ids
+    assert set(taught) | {confirmed, f"{corrected}-review", f"{relabelled}-review"} <= ids
+    assert not {corrected, rejected, relabelled, *unrated} & ids
     for record_id, text in zip(taught, asks[5:]):  # the teacher's call is what trains, not a copy of ours
         row = second[second["record_id"] == record_id].iloc[0]
         assert json.loads(row["target_json"]) == teacher.answers[text] and row["label_source"] == "teacher"
     fixed = second[second["record_id"] == f"{corrected}-review"].iloc[0]
     assert fixed["label_source"] == "human" and json.loads(fixed["target_json"]) == fix
+    taught_again = second[second["record_id"] == f"{relabelled}-review"].iloc[0]
+    assert taught_again["label_source"] == "teacher" and json.loads(taught_again["target_json"]) == relabel
     # every turn the gateway captured that trains is the teacher's, a person's, or the champion's rated up
     live = second[second["record_id"].str.startswith("chatcmpl-")]
-    assert len(live) >= len(taught) + 2
+    assert len(live) >= len(taught) + 3
     assert set(live["label_source"]) == {"teacher", "human", "champion"}
     assert set(live[live["label_source"] == "champion"]["record_id"]) == {confirmed}  # the one a person rated up
     assert not {corrected, rejected} & {r["record_id"] for r in queue(settings)}
@@ -394,6 +441,9 @@ def test_the_loop_trains_on_the_teacher_and_on_people_never_on_the_champion_alon
     correction = pairs[f"{corrected}-review"]
     assert correction["source"] == "correction" and json.loads(correction["chosen_json"]) == fix
     assert json.loads(correction["rejected_json"])["name"] == "track" and json.loads(correction["rejected_json"]) != fix
+    relabelled_pair = pairs[f"{relabelled}-review"]  # the teacher's call over our model's down-rated answer
+    assert relabelled_pair["source"] == "relabel" and json.loads(relabelled_pair["chosen_json"]) == relabel
+    assert relabelled_pair["chosen_label_source"] == "teacher"
     shadows = [p for p in pairs.values() if p["source"] == "shadow"]
     # (this module's earlier tests shadowed too: their disagreements are pairs of the same window)
     # the shadow comparisons were read: a taught turn is a pair, or its candidate answer was left out and counted
@@ -410,6 +460,7 @@ def test_the_loop_trains_on_the_teacher_and_on_people_never_on_the_champion_alon
     assert thumbs[confirmed]["desirable"] and thumbs[confirmed]["source"] == "up"
     assert thumbs[f"{corrected}-review"]["desirable"] and thumbs[f"{corrected}-review"]["source"] == "correction"
     assert not thumbs[corrected]["desirable"] and not thumbs[rejected]["desirable"]
+    assert thumbs[f"{relabelled}-review"]["desirable"] and not thumbs[relabelled]["desirable"]
     assert not set(unrated) & set(thumbs) and not set(taught) & set(thumbs)
     kto = run_flywheel("tune", "kto", "--min-rows", "1", "--steps", "2", "--json", env=env)
     assert kto.returncode == 0, kto.stderr[-2000:]

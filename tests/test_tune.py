@@ -43,7 +43,8 @@ def _shadow(record_id: str, answer: Any, exact: bool = False, mode: str = "shado
 def test_pairs_keep_the_label_policy_and_count_what_they_drop() -> None:
     """Mutations tried: the own-model rule removed (a `champion` chosen side trains): the first assertion fails;
     `OUR_MODEL` without `verified`, equal sides kept, the offered-tools check on the chosen side removed, the
-    dedupe removed, a shadow answer with no call kept: each fails."""
+    dedupe removed, a shadow answer with no call kept, canary comparisons not read, a canary's champion-answered
+    request read, a teacher's relabel counted as a person's correction: each fails."""
     examples = pd.DataFrame(
         [
             _example("c1-review", ORDER, "human"),  # a person corrected c1's track into get_order
@@ -59,11 +60,14 @@ def test_pairs_keep_the_label_policy_and_count_what_they_drop() -> None:
             _example("t-unknown", ORDER, "teacher", "unknown"),
             _example("t-agreed", ORDER, "teacher", "agreed"),
             _example("dup-review", ORDER, "human"),  # the same prompt and sides as c1's correction
+            _example("r1-review", ORDER, "teacher", "relabel"),  # the teacher answered r1, rated down, again
+            _example("k1-teacher", ORDER, "teacher", "canary"),  # the teacher's copy of a request the canary served
         ]
     )
     originals = {
         "c1": {"record_id": "c1", "tool": "track", "arguments_json": '{"order_id":"#W1"}', "label_source": "teacher"},
         "dup": {"record_id": "dup", "tool": "track", "arguments_json": '{"order_id":"#W1"}', "label_source": "x"},
+        "r1": {"record_id": "r1", "tool": "track", "arguments_json": '{"order_id":"#W1"}', "label_source": "champion"},
     }
     comparisons = [
         _shadow("t1", TRACK),
@@ -77,7 +81,9 @@ def test_pairs_keep_the_label_policy_and_count_what_they_drop() -> None:
         _shadow("t-bad", "{not json"),
         _shadow("t-unknown", {"name": "refund_everything", "arguments": {}}),
         _shadow("t-agreed", TRACK, exact=True),
-        _shadow("t1", TRACK, mode="canary"),  # not a shadow comparison: not read here
+        _shadow("t1", TRACK, mode="canary"),  # a canary comparison: its chosen side is t1's teacher copy (none)
+        _shadow("k1", TRACK, mode="canary"),  # the candidate served k1 and disagreed with the teacher's copy
+        {**_shadow("k1", TRACK, mode="canary"), "arm": "champion"},  # the champion answered: nothing compared
         _shadow("missing", TRACK),
     ]
     pairs, dropped, quarantined = build_pairs(examples, originals, comparisons)
@@ -90,6 +96,7 @@ def test_pairs_keep_the_label_policy_and_count_what_they_drop() -> None:
         "shadow: equal sides": 1,
         "shadow: the chosen call is not one of the offered tools": 1,
         "shadow: the teacher's answer is not a curated example": 1,
+        "canary: the teacher's answer is not a curated example": 1,
     }
     assert sorted((q["record_id"], q["reason"]) for q in quarantined) == [
         ("t-bad", "unparseable_side"),
@@ -97,13 +104,19 @@ def test_pairs_keep_the_label_policy_and_count_what_they_drop() -> None:
         ("t-unparsed", "unparseable_side"),
     ]
     rows = {r["pair_id"]: r for r in pairs.to_dict("records")}
-    assert set(rows) == {"correction:c1-review", "shadow:t1", "shadow:t-val"}
+    assert set(rows) == {"correction:c1-review", "shadow:t1", "shadow:t-val", "relabel:r1-review", "canary:k1-teacher"}
     assert rows["shadow:t-val"]["split"] == "val"  # a pair's split is its session's
     for row in rows.values():
         assert json.loads(row["chosen_json"]) == ORDER and json.loads(row["rejected_json"]) == TRACK
     summary = pair_summary(pairs, dropped, quarantined)
-    assert summary["by_source"] == {"correction": {"train": 1}, "shadow": {"train": 1, "val": 1}, "evaluation": {}}
-    assert summary["pairs"] == 3
+    assert summary["by_source"] == {
+        "correction": {"train": 1},
+        "relabel": {"train": 1},
+        "shadow": {"train": 1, "val": 1},
+        "canary": {"train": 1},
+        "evaluation": {},
+    }
+    assert summary["pairs"] == 5
 
 
 def test_a_correction_whose_original_is_gone_is_dropped_and_said() -> None:

@@ -291,14 +291,39 @@ def labels_reject(
     _emit(decide(cli_settings(), record_id, False, None, reviewer), as_json, "review")
 
 
+@labels_app.command("relabel")
+def labels_relabel(
+    limit: Annotated[int, typer.Option(min=1, help="Ask the teacher about at most this many queued turns")] = 50,
+    as_json: JsonOpt = False,
+) -> None:
+    """The teacher (gateway.teacher_url) answers the queued turns our own model answered: each call it makes that
+    the turn allows becomes a `teacher` label (the chosen side of a `relabel` preference pair); the rest stay in
+    the queue for a person, counted by reason."""
+    from pipelines.clients.teacher import TeacherClient, TeacherError
+    from pipelines.prep.reviews import relabel
+
+    settings = cli_settings()
+    try:
+        result = relabel(settings, TeacherClient.from_settings(settings), limit)
+    except TeacherError as exc:
+        raise UserError(str(exc)) from None
+    if as_json:
+        _emit(result, True, "")
+        return
+    print(f"the teacher relabelled {result['relabelled']} of {result['asked']} queued turn(s) our model answered")
+    for reason, n in result["left_for_a_person"].items():
+        print(f"  left for a person: {n}  {reason}")
+
+
 @labels_app.command("pairs")
 def labels_pairs(
     show: Annotated[int, typer.Option(min=0, help="List this many pairs after the counts")] = 0,
     as_json: JsonOpt = False,
 ) -> None:
     """The preference pairs the platform has collected, by source and split: corrections (the person's call over
-    the original answer) and shadow disagreements (the teacher's call over the candidate's), with what was
-    dropped or quarantined and why."""
+    the original answer), teacher relabels (the teacher's call over our model's down-rated answer), shadow and
+    canary disagreements (the teacher's call over the candidate's) and offline shadow runs (the gold over our
+    model's wrong answer), with what was dropped or quarantined and why."""
     from pipelines.prep.pairs import collect_pairs, pair_summary
 
     pairs, dropped, quarantined = collect_pairs(cli_settings())

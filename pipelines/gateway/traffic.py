@@ -252,60 +252,23 @@ class Traffic:
                     code="teacher_unavailable",
                 )
             return self.local("base", parsed, served)
-        import httpx
+        from pipelines.clients.teacher import TeacherClient, TeacherError
 
-        from pipelines.security import redact_uri
-
-        # only what the teacher needs: never the customer id or metadata to a third party
-        payload = {
-            "model": g.teacher_model,
-            "messages": served.messages,
-            "tools": served.specs,
-            "stream": False,
-            **({"tool_choice": parsed.tool_choice} if parsed.tool_choice is not None else {}),
-        }
-        headers = {"Authorization": f"Bearer {g.teacher_api_key.get_secret_value()}"} if g.teacher_api_key else {}
-        where = redact_uri(g.teacher_url)
-        try:
-            response = httpx.post(
-                f"{g.teacher_url.rstrip('/')}/chat/completions",
-                json=payload,
-                headers=headers,
-                timeout=g.request_timeout_s,
+        try:  # only what the teacher needs (the client sends nothing else): never the customer id or metadata
+            reply = TeacherClient.from_settings(self.settings).complete(
+                served.messages, served.specs, parsed.tool_choice
             )
-        except (httpx.HTTPError, UnicodeError, ValueError) as exc:  # down, or a request it could not be sent
-            raise api.ApiError(
-                503,
-                f"the teacher at {where} did not answer ({type(exc).__name__})",
-                kind="server_error",
-                code="teacher_unavailable",
-            ) from None
-        if response.status_code != 200:
-            raise api.ApiError(
-                502,
-                f"the teacher at {where} answered HTTP {response.status_code}",
-                kind="server_error",
-                code="teacher_error",
-            )
-        try:
-            upstream = response.json()
-            usage = upstream.get("usage") or {}
-            choice = upstream["choices"][0]
-            choice["message"]["role"]
-            choice.setdefault("finish_reason", "tool_calls" if choice["message"].get("tool_calls") else "stop")
-        except (ValueError, KeyError, IndexError, TypeError, AttributeError):
-            raise api.ApiError(
-                502, f"the teacher at {where} sent no chat completion", kind="server_error", code="teacher_error"
-            ) from None
+        except TeacherError as exc:
+            raise api.ApiError(exc.status, str(exc), kind="server_error", code=exc.code) from None
         body = api.completion(
             served,
             parsed.model,
-            {"message": choice["message"], "finish_reason": choice["finish_reason"]},
-            int(usage.get("prompt_tokens") or 0),
-            int(usage.get("completion_tokens") or 0),
-            upstream.get("model"),
+            {"message": reply.message, "finish_reason": reply.finish_reason},
+            reply.prompt_tokens,
+            reply.completion_tokens,
+            reply.model,
         )
-        return body, f"teacher:{upstream.get('model') or g.teacher_model}"
+        return body, f"teacher:{reply.model}"
 
     # comparing --------------------------------------------------------------------------------
     def _off_path(
@@ -330,15 +293,17 @@ class Traffic:
             try:
                 t0 = api.now_ms()
                 try:
-                    other, _ = (
+                    other, by = (
                         self.local(route["candidate"], parsed, served)
                         if candidate_answers
                         else self.teacher(parsed, served)
                     )
                     error = None
                 except api.ApiError as exc:
-                    other, error = None, exc.message
+                    other, by, error = None, None, exc.message
                 took = api.now_ms() - t0
+                if not candidate_answers and other is not None:
+                    self._capture_teacher_copy(parsed, served, other, took, by)
                 first = rt.call_of(body["choices"][0]["message"])
                 second = rt.call_of(other["choices"][0]["message"]) if other else None
                 reference, answer = (first, second) if candidate_answers else (second, first)
@@ -362,6 +327,20 @@ class Traffic:
                 self._pending.release()
 
         self._pool.submit(compare)
+
+    def _capture_teacher_copy(
+        self, parsed: api.ChatCompletionRequest, served: api.Served, body: dict[str, Any], took: float, by: str | None
+    ) -> None:
+        """A canary's teacher copy, captured as the teacher's own record (`<id>-teacher`, the served turn's
+        session): a label prep trains on like any teacher answer, and the chosen side of a canary pair when the
+        candidate disagreed (`prep.pairs`). Only a label (a call or an explicit "no tool") is kept."""
+        from pipelines.logs.schema import TEACHER_COPY_SUFFIX
+
+        if self.capture is None or not api.is_label(body):
+            return
+        record = capture_record(parsed, served, body, latency_ms=took, defaults=self.defaults, served_by=by)
+        copy_id = f"{served.response_id}{TEACHER_COPY_SUFFIX}"
+        self.capture.write({**record, "record_id": copy_id, "response": {**record["response"], "id": copy_id}})
 
     def _effects(self) -> dict[str, str]:
         """Tool -> read/write (catalogue and registered toolsets), re-read at most once a minute: the same

@@ -40,6 +40,9 @@ LABEL_SOURCES: tuple[str, ...] = ("teacher", "champion", "human", "import", "gen
 # Plausibility bounds: values outside them are "impossible", not merely unusual.
 MAX_LATENCY_MS = 120_000.0
 MAX_TOKENS = 131_072
+# a canary's teacher copy (the teacher's answer to a request the candidate served) is captured as a record of its
+# own, `<response id>` + this suffix, in the served turn's session: the chosen side of a canary pair
+TEACHER_COPY_SUFFIX = "-teacher"
 ANONYMOUS = "anonymous"  # the customer id the gateway logs for a caller that sent no `user` (served without context)
 
 

@@ -1,16 +1,22 @@
 """Preference pairs from signals the platform already collects (issue 51, item 1): the table DPO trains on.
 
-Three sources, each joined to what prep curated, so a pair has had the same quarantine, PII redaction, dedupe
+Five sources, each joined to what prep curated, so a pair has had the same quarantine, PII redaction, dedupe
 and split by session as an SFT example (its prompt and chosen side *are* that example, and its prompt renders in
 any prompt style as the example's does):
 
 - `correction`: a down-rated answer a person corrected (`flywheel labels accept`). Chosen: the person's call (the
   `human` example `<id>-review` prep curated); rejected: the original answer (prep's clean log of `<id>`, held
   from SFT as rated down).
+- `relabel`: a down-rated answer of our own model the teacher answered again (`flywheel labels relabel`).
+  Chosen: the teacher's call (the `teacher` example `<id>-review` prep curated, written as a reviewer's
+  correction is); rejected: the original answer, as for `correction`.
 - `shadow`: a shadow comparison where the candidate disagreed with the teacher (`<serving>/gateway/agreement/`,
   mode `shadow`, not exact). Chosen: the teacher's call (the `teacher` example prep curated from the capture);
   rejected: the candidate's call as the comparison recorded it (redacted, like the example). A candidate answer
   with no call is left out: the record does not tell an abstention from a text answer.
+- `canary`: a canary comparison where the teacher, answering a copy of a request the candidate served,
+  disagreed. Chosen: the teacher's copy (the gateway captures it as `<id>-teacher`, a `teacher` example prep
+  curated in the served turn's session); rejected: the candidate's call as the comparison recorded it.
 
 - `evaluation`: an offline shadow run: `flywheel eval` of one of our models on a split of the training set, where
   its answer was not the example's call. Chosen: the example's call (the teacher's, a person's or an import's
@@ -31,6 +37,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from pipelines.logs.schema import TEACHER_COPY_SUFFIX
 from pipelines.toolcall.calls import NO_TOOL, target_json
 
 if TYPE_CHECKING:
@@ -38,7 +45,7 @@ if TYPE_CHECKING:
 
     from pipelines.config import Settings
 
-SOURCES = ("correction", "shadow", "evaluation")
+SOURCES = ("correction", "relabel", "shadow", "canary", "evaluation")
 OUR_MODEL = ("champion", "verified")  # label sources our own model wrote: never a chosen side
 REVIEW_SUFFIX = "-review"  # prep.reviews: a correction's record id is the original's with this suffix
 PROMPT_COLUMNS = [  # what a pair and a thumb carry of the turn: its prompt as SFT trains it, and its session's split
@@ -167,32 +174,37 @@ def _correction_candidates(
                 continue
             tool = original.get("tool")
             answered = {"name": tool or None, "arguments": original.get("arguments_json") or "{}"}  # parsed later
-            out.append(("correction", row, answered))
+            out.append(("relabel" if row.get("label_source") == "teacher" else "correction", row, answered))
     return out
 
 
 def _shadow_candidates(
     by_id: Mapping[str, dict[str, Any]], comparisons: Iterable[dict[str, Any]], dropped: Counter[str]
 ) -> list[tuple[str, dict[str, Any], Any]]:
-    """(source, the chosen example, the rejected side) of each shadow comparison where the candidate and the
-    teacher disagreed: the teacher's curated example chosen over the candidate's answer."""
+    """(source, the chosen example, the rejected side) of each shadow or canary comparison where the candidate
+    and the teacher disagreed: the teacher's curated example (shadow: the served turn; canary: its teacher
+    copy) chosen over the candidate's answer."""
     out: list[tuple[str, dict[str, Any], Any]] = []
     for comparison in comparisons:
-        if comparison.get("mode") != "shadow" or comparison.get("skipped") or comparison.get("error"):
+        mode = comparison.get("mode")
+        if mode not in ("shadow", "canary") or comparison.get("arm") not in (None, "candidate"):
+            continue  # a canary request the champion answered compared nothing
+        if comparison.get("skipped") or comparison.get("error"):
             continue
         if (comparison.get("agreement") or {}).get("exact"):
             continue  # they agreed: no preference
-        row = by_id.get(str(comparison.get("record_id")))
+        teacher_id = str(comparison.get("record_id")) + (TEACHER_COPY_SUFFIX if mode == "canary" else "")
+        row = by_id.get(teacher_id)
         if row is None:
-            dropped["shadow: the teacher's answer is not a curated example"] += 1
+            dropped[f"{mode}: the teacher's answer is not a curated example"] += 1
             continue
         answer = comparison.get("answer")
         if isinstance(answer, dict) and answer.get("name") is None:  # the record cannot tell an abstention from
-            dropped["shadow: the candidate made no call (an abstention or text, not told apart)"] += 1  # a text
+            dropped[f"{mode}: the candidate made no call (an abstention or text, not told apart)"] += 1  # a text
             continue
         if isinstance(answer, dict) and "<unparsed>" in (answer.get("arguments") or {}):
             answer = "unparsed"  # the gateway kept arguments it could not parse as they were: quarantined later
-        out.append(("shadow", row, answer))
+        out.append((str(mode), row, answer))
     return out
 
 

@@ -18,6 +18,7 @@ from typing import Any
 
 import orjson
 
+from pipelines.clients.teacher import TeacherClient
 from pipelines.config import Settings
 from pipelines.errors import DataProblem
 from pipelines.storage import exists, glob, read_bytes, read_json, write_bytes, write_json
@@ -97,18 +98,29 @@ def _raw_record(settings: Settings, record_id: str, dt: str) -> dict[str, Any]:
 
 
 def decide(
-    settings: Settings, record_id: str, accept: bool, call: dict[str, Any] | None = None, reviewer: str = "reviewer"
+    settings: Settings,
+    record_id: str,
+    accept: bool,
+    call: dict[str, Any] | None = None,
+    reviewer: str = "reviewer",
+    label_source: str = "human",
 ) -> dict[str, Any]:
     """Accept (with the corrected `call`) or reject one queued turn; returns what was written. One reviewer at
-    a time per record (a lock): an accept and a reject of the same record never both land."""
+    a time per record (a lock): an accept and a reject of the same record never both land. `label_source`: who
+    wrote the corrected call (`human`; `teacher` when `relabel` asked the teacher)."""
     from pipelines.locks import shared_lock
 
     with shared_lock(_decision_uri(settings, record_id), 60, f"the review of {record_id}", settings.state_lock_uri):
-        return _decide(settings, record_id, accept, call, reviewer)
+        return _decide(settings, record_id, accept, call, reviewer, label_source)
 
 
 def _decide(
-    settings: Settings, record_id: str, accept: bool, call: dict[str, Any] | None, reviewer: str
+    settings: Settings,
+    record_id: str,
+    accept: bool,
+    call: dict[str, Any] | None,
+    reviewer: str,
+    label_source: str = "human",
 ) -> dict[str, Any]:
     from datetime import datetime
 
@@ -157,7 +169,7 @@ def _decide(
         corrected = {
             **record,
             "record_id": fixed_id,
-            "label_source": "human",
+            "label_source": label_source,
             "feedback": "none",
             "response": {
                 **record["response"],
@@ -169,10 +181,63 @@ def _decide(
         today = datetime.now(UTC).date().isoformat()
         target = f"{settings.zone('raw').rstrip('/')}/dt={today}/reviews-{_digest(record_id)}.jsonl"
         write_bytes(target, orjson.dumps(corrected) + b"\n")
-        decision.update(corrected_record=fixed_id, file=target)
+        decision.update(corrected_record=fixed_id, file=target, label_source=label_source)
     write_json(_decision_uri(settings, record_id), decision)
     return decision
 
 
 def decisions(settings: Settings) -> list[dict[str, Any]]:
     return [read_json(u) for u in sorted(glob(f"{settings.zone('raw').rstrip('/')}/{REVIEWS_DIR}/*.json"))]
+
+
+def relabel(settings: Settings, client: TeacherClient, limit: int) -> dict[str, Any]:
+    """The teacher answers again up to `limit` queued turns our own model answered (label source `champion`),
+    oldest first: its call, if one of the turn's tools and valid for its schema, is accepted as a `teacher`
+    label (`<id>-review`, as a person's correction is written), and the pair builder makes it the chosen side
+    over the down-rated answer (source `relabel`). A turn the teacher answers with no call, with a call that
+    fails the checks, or with the very answer that was rated down stays in the queue for a person, counted by
+    reason. The teacher's failure stops the run (`TeacherError`: one line); what was decided before it stays
+    decided."""
+    from collections import Counter
+
+    waiting = [r for r in queue(settings) if r["label_source"] == "champion"][:limit]
+    relabelled: list[dict[str, Any]] = []
+    left: Counter[str] = Counter()
+    for entry in waiting:
+        try:
+            record = _raw_record(settings, entry["record_id"], entry["dt"])
+        except ReviewError:
+            left["its raw record is gone (retention)"] += 1
+            continue
+        answer = client.complete(record["request"]["messages"], record["request"].get("tools"))
+        call = _first_call(answer.message)
+        if call is None or not call["name"]:
+            left["the teacher made no call" if call is None else "the teacher's call names no tool"] += 1
+            continue
+        if call == _first_call(record["response"]["choices"][0]["message"]):  # the raw answer, before redaction
+            left["the teacher gave the answer that was rated down"] += 1
+            continue
+        try:
+            decision = decide(settings, entry["record_id"], True, call, f"teacher:{answer.model}", "teacher")
+        except ReviewError as exc:  # not an offered tool, or its arguments break the schema: a person decides
+            left[f"the teacher's call was refused: {str(exc).split(' (')[0].split(':')[0]}"] += 1
+            continue
+        relabelled.append(decision)
+    return {
+        "asked": len(waiting),
+        "relabelled": len(relabelled),
+        "left_for_a_person": dict(sorted(left.items())),
+        "decisions": relabelled,
+    }
+
+
+def _first_call(message: dict[str, Any]) -> dict[str, Any] | None:
+    """An assistant message's first tool call as {name, arguments}; None without one, or when it cannot be
+    parsed."""
+    from pipelines.toolcall.calls import parse_call
+
+    calls = message.get("tool_calls") or []
+    if not calls or not isinstance(calls[0], dict):
+        return None
+    function = calls[0].get("function") or {}
+    return parse_call(json.dumps({"name": function.get("name"), "arguments": function.get("arguments") or "{}"}))
