@@ -467,6 +467,11 @@ def test_flywheel_eval_episodes_end_to_end_on_a_tiny_model(tmp_path: Path, flywh
                            env={"FLYWHEEL_ROOT": str(flywheel_root)})  # fmt: skip
     assert missing.returncode != 0 and "error:" in missing.stderr and "--db" in missing.stderr
     assert "Traceback" not in missing.stderr
+    files = ("--episodes", str(tasks), "--db", str(db), "--tools", str(tools), "--base-model", "tiny-llama")
+    for via, said in (("triton", "error: episodes through Triton: the server does not answer"),
+                      ("elsewhere", "error: --via: expected process or triton")):  # fmt: skip
+        refused = run_flywheel("eval", *files, "--via", via, env={"FLYWHEEL_ROOT": str(flywheel_root)})
+        assert refused.returncode == 2 and refused.stderr.strip().splitlines()[-1].startswith(said), refused.stderr
 
 
 # -- training from episodes ---------------------------------------------------------------------------------------

@@ -249,6 +249,61 @@ def test_benchmark_compares_base_few_shot_with_the_tuned_model(registered) -> No
     assert tag["p50_ms_c1"] == tuned["p50_ms"]
 
 
+def test_episodes_through_triton_are_answered_by_the_served_model(registered, tmp_path: Path) -> None:
+    """`flywheel eval --episodes --via triton` (issue 53): the champion's condition is answered by its Triton model,
+    greedy (no sampled tries, no gold-call probabilities: the report says so), and a condition Triton does not serve
+    is refused in one line before any episode runs. Mutation tried: `TritonPolicy.answer` answering in process
+    (`ModelPolicy.answer`): the served model's inference count does not move and the test fails."""
+    from test_episodes import TASKS, _db, _tools
+
+    from pipelines.bench.episodes import TritonUnavailable, through_triton
+    from pipelines.evaluate.episode_run import EpisodeRun, policies_for, run_episodes
+    from pipelines.evaluate.pipeline import Adapter
+    from pipelines.registry.models import adapter_path, prompt_style
+    from pipelines.serve import deploy
+    from pipelines.serve.client import TritonClient
+    from pipelines.simulate.retail_env import RetailEnvironment
+
+    settings, v1 = registered["settings"], registered["v1"]
+    if deploy.live_model(settings) is None:
+        deploy.deploy(settings, "champion")
+    live = deploy.live_model(settings)
+    assert live is not None and live.version == v1
+    db, tools, tasks = tmp_path / "db.json", tmp_path / "tools.json", tmp_path / "tasks.jsonl"
+    db.write_text(json.dumps(_db()))
+    tools.write_text(json.dumps(_tools()))
+    tasks.write_text("\n".join(json.dumps(t) for t in TASKS[:2]) + "\n")
+    adapters = [Adapter("tuned_champion", adapter_path(settings, v1), prompt_style(settings, v1))]
+    effects = RetailEnvironment(_db()).effects()
+    common = {"effects": effects, "day": "2026-11-20", "baselines": False, "max_new_tokens": 12}
+    policies = policies_for(settings, "tiny-llama", adapters, tools, **common)
+    served = through_triton(settings, policies, {"tuned_champion": str(v1)})
+    assert [p.served for p in served] == [f"triton {live.name}"]
+
+    def inferences() -> int:
+        client = TritonClient(settings)
+        try:
+            stats = client._control().get_inference_statistics(live.name, **client._deadline)
+        finally:
+            client.close()
+        rows = stats["model_stats"] if isinstance(stats, dict) else stats.model_stats
+        first = rows[0]
+        return int(first["inference_count"] if isinstance(first, dict) else first.inference_count)
+
+    before = inferences()
+    report = run_episodes(settings, EpisodeRun(tasks, db, tools, "via-triton"), served)
+    assert inferences() > before  # the episodes' answers came from the served model
+    row = report["conditions"]["tuned_champion"]
+    assert row["served"] == f"triton {live.name}" and row["sampled"] is False
+    assert row["tasks"] == 2 and row["closed_loop_pass^1"] is not None and row["teacher_forced_step_exact"] is not None
+    assert row[f"closed_loop_pass^{settings.episodes.k}"] is None and row["teacher_forced_pass^1"] is None
+    assert all(s["gold_probability"] is None for s in report["teacher_forced"]["tuned_champion"][0]["steps"])
+    with pytest.raises(TritonUnavailable, match="not loaded"):  # a version no Triton model serves
+        through_triton(settings, policies, {"tuned_champion": "999"})
+    with pytest.raises(TritonUnavailable, match="adapter folder"):  # an --adapter folder: no Triton model
+        through_triton(settings, policies, {})
+
+
 def test_the_latency_change_interval_pairs_the_requests() -> None:
     """Both models answer the same requests: request i's two latencies are resampled together, so a tuned model
     20 % faster on every request has an interval of -20 % at both ends however much the requests differ (an

@@ -63,6 +63,12 @@ KEEP_HELP = (
 )
 
 
+VIA_HELP = (
+    "--episodes: process (the models in this process) or triton (the loaded Triton models answer, as served; "
+    "greedy only: no sampled tries or gold-call probabilities)."
+)
+
+
 @app.command("eval")
 def eval_cmd(
     adapter: Annotated[
@@ -107,6 +113,7 @@ def eval_cmd(
     tries: Annotated[bool, typer.Option(help="--episodes: k sampled tries per task for pass^k.")] = True,
     teacher_forced: Annotated[bool, typer.Option(help="--episodes: the teacher-forced steps.")] = True,
     keep_successes: Annotated[bool, typer.Option(help=KEEP_HELP)] = False,
+    via: Annotated[str, typer.Option(help=VIA_HELP)] = "process",
     as_json: JsonOpt = False,
 ) -> None:
     """Evaluate base zero-shot, base few-shot and tuned adapters side by side (JSON + HTML report); with
@@ -116,8 +123,10 @@ def eval_cmd(
 
     settings = cli_settings()
     if episodes is not None:
+        if via not in ("process", "triton"):
+            raise UserError(f"--via: expected process or triton, got {via!r}")
         files, flags = (episodes, db, tools, shot_tasks), (baselines, tries, teacher_forced, keep_successes, as_json)
-        return _eval_episodes(settings, (adapter or [], version or []), base_model, shots, name, files, flags)
+        return _eval_episodes(settings, (adapter or [], version or []), base_model, shots, name, files, flags, via)
     if split not in ("train", "val", "test"):
         raise UserError(f"--split: expected train, val or test, got {split!r}")
     if constrained not in (None, "served", "off", "on", "both"):
@@ -153,9 +162,10 @@ def _eval_episodes(
     name: str,
     files: tuple[Path, Path | None, Path | None, Path | None],
     flags: tuple[bool, bool, bool, bool, bool],
+    via: str = "process",
 ) -> None:
     """`flywheel eval --episodes`; `chosen`: the adapter folders and versions; `flags`: baselines, sampled tries,
-    teacher-forced steps, keep successes, JSON."""
+    teacher-forced steps, keep successes, JSON; `via`: process, or triton (`bench.episodes`)."""
     from datetime import date
 
     from pipelines.evaluate.episode_run import EpisodeRun, gold_pool_from, policies_for, run_episodes, settings_db
@@ -189,6 +199,10 @@ def _eval_episodes(
         settings, base_model, adapters, tools, effects=effects, day=date.today().isoformat(), baselines=baselines,
         shots=settings.evaluation.shots if shots is None else shots, pool=pool, max_new_tokens=budget,
     )  # fmt: skip
+    if via == "triton":
+        from pipelines.bench.episodes import through_triton
+
+        policies = through_triton(settings, policies, _served_versions(settings, chosen[1]))
     run = EpisodeRun(tasks, db, tools, name, teacher_forced=teacher_forced, sample_tries=tries,
                      keep_successes=settings.zone("raw") if keep else None)  # fmt: skip
     report = run_episodes(settings, run, policies, console)
@@ -225,6 +239,18 @@ def _episodes_table(report: dict[str, Any], k: int) -> None:
             f"kept {kept['trajectories']} successful trajectories ({kept['records']} steps, label_source verified): "
             f"{kept['file'] or 'nothing to write'}"
         )
+
+
+def _served_versions(settings: Any, refs: list[str]) -> dict[str, str | None]:
+    """Condition label -> the registry version Triton serves it from (None: the base model), as
+    `_adapters_to_evaluate` labels the conditions."""
+    from pipelines.registry.models import alias_version
+
+    out: dict[str, str | None] = {"base_zero_shot": None, "base_few_shot": None}
+    for ref in refs:
+        number = ref if ref.isdigit() else alias_version(settings, ref)
+        out["tuned_champion" if ref == "champion" else f"tuned_v{number}"] = None if number is None else str(number)
+    return out
 
 
 def _adapters_to_evaluate(settings: Any, folders: list[str], versions: list[str]) -> tuple[list[Any], list[int]]:

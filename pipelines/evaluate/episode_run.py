@@ -12,10 +12,11 @@ import functools
 import json
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import date
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from pipelines.config import Settings
 from pipelines.evaluate.episode_data import episode_pairs, keep_successes, progress_line, refuse_gate_tasks
@@ -56,6 +57,11 @@ class ModelPolicy:
     pool: list[Example] | None = None
     temperature: float = 1.0  # of the gold-call probability (the sampled tries' temperature)
     _loaded: Any = field(default=None, repr=False)
+    samples: ClassVar[bool] = True  # answers at a temperature (the sampled tries); `bench.episodes` does not
+
+    @property
+    def served(self) -> str:
+        return "in process"
 
     @property
     def model(self) -> Any:
@@ -98,34 +104,29 @@ class ModelPolicy:
             self._vectors = embed([retrieval_key(p) for p in self.pool or []])
         return self._vectors
 
+    def offered(self, talks: list[list[dict[str, Any]]]) -> list[str] | None:
+        """The tools each answer is decoded under: grounded in the episode's own conversation (never a few-shot
+        example's), the offered tools as they are, or None when decoding is free."""
+        if not self.constrained:
+            return None
+        if not self.grounded:
+            return [self.tools] * len(talks)
+        from pipelines.toolcall.grounding import ground
+
+        return [ground(self.tools, self._turns(t)[1:], self.effects or {}) for t in talks]
+
     def answer(
         self, talks: list[list[dict[str, Any]]], temperature: float | None = None, seed: int = 0
     ) -> list[Answer]:
         from pipelines.toolcall.decode import generate
 
-        conversations = self.conversations(talks)
-        tools = None
-        if self.constrained:
-            if self.grounded:  # ids from the episode's own conversation, never a few-shot example's
-                from pipelines.toolcall.grounding import ground
-
-                tools = [ground(self.tools, self._turns(t)[1:], self.effects or {}) for t in talks]
-            else:
-                tools = [self.tools] * len(conversations)
-        out = generate(
-            self.model,
-            self.tokenizer,
-            conversations,
-            max_new_tokens=self.max_new_tokens,
-            batch_size=self.batch_size,
-            latency_samples=0,
-            tools=tools,
-            temperature=temperature,
-            seed=seed,
-        )
+        conversations, tools = self.conversations(talks), self.offered(talks)
+        out = generate(self.model, self.tokenizer, conversations, max_new_tokens=self.max_new_tokens,
+                       batch_size=self.batch_size, latency_samples=0, tools=tools, temperature=temperature,
+                       seed=seed)  # fmt: skip
         return [Answer(t, n) for t, n in zip(out.texts, out.prompt_tokens)]
 
-    def gold_logprobs(self, talks: list[list[dict[str, Any]]], targets: list[dict[str, Any]]) -> list[float]:
+    def gold_logprobs(self, talks: list[list[dict[str, Any]]], targets: list[dict[str, Any]]) -> Sequence[float | None]:
         from pipelines.toolcall.decode import target_logprobs
 
         texts = [call_text(target_json(t["name"], t.get("arguments"))) for t in targets]
@@ -182,7 +183,8 @@ def summarize(
     for row in tf_rows or []:
         entry = per_task.setdefault(row["task_id"], {})
         entry["tf_all_steps_exact"] = row["all_steps_exact"]
-        entry[f"tf_pass^{k}"] = teacher_forced_pass([s["gold_probability"] for s in row["steps"]], k)
+        known = row["gold_path_probability"] is not None  # None: answered by a model that gives no probabilities
+        entry[f"tf_pass^{k}"] = teacher_forced_pass([s["gold_probability"] for s in row["steps"]], k) if known else None
         entry["tf_pass^1"] = row["gold_path_probability"]
     steps = [s for row in tf_rows or [] for s in row["steps"]]
 
@@ -279,11 +281,12 @@ def run_episodes(
         if run.teacher_forced and not cut:
             say("teacher-forced steps")
             tf, cut = teacher_forced(golds, policy, env.effects(), deadline=mine)
-        if run.closed_loop and run.sample_tries and not cut:
+        if run.closed_loop and run.sample_tries and policy.samples and not cut:
             tries, cut = closed_loop(env, golds, policy, list(range(e.k)), progress=say, **loop)
         cut_any = cut_any or cut
         hand_over(policy, policies[n + 1] if n + 1 < len(policies) else None)
-        results[policy.label] = {**summarize(policy.label, tf, greedy, tries, e.k), "cut_by_time_budget": cut}
+        results[policy.label] = {**summarize(policy.label, tf, greedy, tries, e.k), "cut_by_time_budget": cut,
+                                 "served": policy.served, "sampled": bool(tries)}  # fmt: skip
         episodes[policy.label] = [ep.to_dict() for ep in greedy]
         finished[policy.label] = greedy + tries
         if tf is not None:

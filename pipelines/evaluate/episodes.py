@@ -156,7 +156,7 @@ class Policy(Protocol):
 
     def gold_logprobs(
         self, conversations: list[list[dict[str, Any]]], targets: list[dict[str, Any]]
-    ) -> list[float]: ...
+    ) -> Sequence[float | None]: ...  # None each: the policy cannot compute them (a served model's answers)
 
 
 @dataclass
@@ -373,12 +373,13 @@ def _teacher_forced(golds: list[Gold], policy: Policy, effects: Mapping[str, str
                 "effect": golds[t].path[n][2],
                 "exact_match": int(s.exact_match),
                 "wrong_write": s.wrong_write,
-                "gold_probability": math.exp(lp),
+                "gold_probability": None if lp is None else math.exp(lp),  # None: the policy cannot tell it
             }
         )
     for row in rows:
         steps = row["steps"]
         row["all_steps_exact"] = int(all(s["exact_match"] for s in steps))
-        row["gold_path_probability"] = math.prod(s["gold_probability"] for s in steps)
+        known = [s["gold_probability"] for s in steps if s["gold_probability"] is not None]
+        row["gold_path_probability"] = math.prod(known) if len(known) == len(steps) else None
         row["wrong_writes"] = sum(1 for s in steps if s["wrong_write"])
     return rows
