@@ -3,6 +3,7 @@ holiday drift), with its report, cooldown and the stored reference summary."""
 
 from __future__ import annotations
 
+import json
 import math
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
@@ -458,3 +459,22 @@ def test_a_check_parses_only_the_files_that_arrived_or_changed(tmp_path: Path, m
     hour.unlink()  # removed: its parse goes with it
     gone = monitor.parse_window(settings, window)
     assert gone[2] == first[2] and len(kept()) == before - 1
+
+
+def test_a_canarys_teacher_copies_are_not_counted_as_traffic(tmp_path: Path) -> None:
+    """A canary's teacher copy (`<id>-teacher`) is a second answer to a request already counted: the monitor leaves
+    it out (mutation tried: the suffix check removed, and the copies are counted twice)."""
+    from pipelines.drift.monitor import _parse_lines
+    from pipelines.logs.schema import TEACHER_COPY_SUFFIX
+    from pipelines.logs.tools import TOOLS_BY_NAME
+    from pipelines.simulate.generator import GeneratorConfig, write_raw_logs
+
+    write_raw_logs(GeneratorConfig(seed=3, records=50, end_date=date(2026, 11, 12), bad_share=0.0), tmp_path)
+    lines = [line for f in sorted(tmp_path.rglob("*.jsonl")) for line in f.read_text().splitlines() if line.strip()]
+    copies = []
+    for line in lines[:10]:
+        record = json.loads(line)
+        copies.append(json.dumps({**record, "record_id": record["record_id"] + TEACHER_COPY_SUFFIX}))
+    rows, _, _ = _parse_lines(lines, "raw.jsonl", dict(TOOLS_BY_NAME))
+    with_copies, _, _ = _parse_lines(lines + copies, "raw.jsonl", dict(TOOLS_BY_NAME))
+    assert rows and len(with_copies) == len(rows)

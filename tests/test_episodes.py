@@ -434,6 +434,7 @@ def test_the_gold_call_probability_is_the_same_alone_and_beside_a_longer_padded_
 @pytest.mark.slow
 def test_flywheel_eval_episodes_end_to_end_on_a_tiny_model(tmp_path: Path, flywheel_root: Path) -> None:
     from helpers import run_flywheel
+    from ports import free_port
 
     db, tools, tasks = tmp_path / "db.json", tmp_path / "tools.json", tmp_path / "tasks.jsonl"
     db.write_text(json.dumps(_db()))
@@ -469,8 +470,9 @@ def test_flywheel_eval_episodes_end_to_end_on_a_tiny_model(tmp_path: Path, flywh
     assert "Traceback" not in missing.stderr
     files = ("--episodes", str(tasks), "--db", str(db), "--tools", str(tools), "--base-model", "tiny-llama")
     for via, said in (("triton", "error: episodes through Triton: the server does not answer"),
-                      ("elsewhere", "error: --via: expected process or triton")):  # fmt: skip
-        refused = run_flywheel("eval", *files, "--via", via, env={"FLYWHEEL_ROOT": str(flywheel_root)})
+                      ("elsewhere", "error: --via: process, or triton with --episodes")):  # fmt: skip
+        nobody = {"FLYWHEEL_TRITON__HTTP_PORT": str(free_port()), "FLYWHEEL_TRITON__GRPC_PORT": str(free_port())}
+        refused = run_flywheel("eval", *files, "--via", via, env={"FLYWHEEL_ROOT": str(flywheel_root), **nobody})
         assert refused.returncode == 2 and refused.stderr.strip().splitlines()[-1].startswith(said), refused.stderr
 
 
@@ -639,3 +641,42 @@ def test_successes_are_never_kept_from_the_gates_own_tasks(tmp_path: Path) -> No
         unreadable = load_settings(root=str(tmp_path / "root"), episodes={"tasks": str(tmp_path / name)})
         with pytest.raises(DataProblem, match=why):
             refuse_gate_tasks(unreadable, load_tasks(other)[0])
+
+
+def test_a_condition_whose_model_fails_stops_and_the_report_keeps_what_finished(tmp_path: Path) -> None:
+    """A served model's error (`PolicyFailed`) stops its condition only: its greedy episodes, the other conditions
+    and the report are kept, and the report says why (mutation tried: the `except PolicyFailed` removed, and the
+    run raises with no report)."""
+    from pipelines.config import load_settings
+    from pipelines.evaluate.episode_run import EpisodeRun, run_episodes
+    from pipelines.evaluate.episodes import PolicyFailed
+
+    class Served(Scripted):
+        samples, served, load, _loaded = False, "a stand-in served model", None, None
+
+        def __init__(self, label: str, script: dict[str, list[dict[str, Any] | None]], fails: bool) -> None:
+            super().__init__(script)
+            self.label, self.fails = label, fails
+
+        def release(self) -> None:
+            pass
+
+        def gold_logprobs(self, talks: list[list[dict[str, Any]]], targets: list[dict[str, Any]]) -> list[float]:
+            if self.fails:
+                raise PolicyFailed("tool_router_v9 answered with an error: deadline exceeded")
+            return super().gold_logprobs(talks, targets)
+
+    db, tools, tasks = _files(tmp_path)
+    env = RetailEnvironment(_db())
+    tasks_file = tmp_path / "some.jsonl"
+    tasks_file.write_text("\n".join(json.dumps(t) for t in TASKS[:2]) + "\n")
+    golds, _ = prepare(env, load_tasks(tasks_file)[0], OFFERED)
+    script = _gold_script(golds).script
+    settings = load_settings(root=str(tmp_path / "root"))
+    policies = [Served("tuned_a", script, fails=True), Served("tuned_b", script, fails=False)]
+    report = run_episodes(settings, EpisodeRun(tasks_file, db, tools, "failing"), policies)
+    assert report["failed"] == {"tuned_a": "tool_router_v9 answered with an error: deadline exceeded"}
+    a, b = report["conditions"]["tuned_a"], report["conditions"]["tuned_b"]
+    assert a["closed_loop_pass^1"] == 1.0 and a["teacher_forced_step_exact"] is None and a["error"]  # greedy kept
+    assert b["error"] is None and b["teacher_forced_step_exact"] == 1.0
+    assert Path(report["html_uri"].removeprefix("file://")).is_file()

@@ -248,8 +248,14 @@ def test_a_canary_splits_live_traffic_by_its_share(gateway) -> None:
     time.sleep(1.2)
     from concurrent.futures import ThreadPoolExecutor
 
-    def ask(_: int) -> str:
-        return client.chat.completions.create(model="champion", messages=ASK, tools=PING, tool_choice="required").id
+    agree = [ASK[0], {"role": "user", "content": "ping the router"}]  # the teacher answers as the candidate must
+    gateway["teacher"].answers["ping the router"] = {"name": "ping", "arguments": {}}
+
+    def ask(n: int) -> str:
+        messages = ASK if n % 2 else agree
+        return client.chat.completions.create(
+            model="champion", messages=messages, tools=PING, tool_choice="required"
+        ).id
 
     with ThreadPoolExecutor(4) as pool:  # four callers at once, as agents are
         ids = list(pool.map(ask, range(100)))
@@ -257,9 +263,9 @@ def test_a_canary_splits_live_traffic_by_its_share(gateway) -> None:
     by = [captured[i]["model"] for i in ids]
     assert set(by) == {f"tool_router_v{gateway['v1']}", f"tool_router_v{gateway['v2']}"}
     assert 40 <= by.count(f"tool_router_v{gateway['v2']}") <= 60, by.count(f"tool_router_v{gateway['v2']}")
-    # the teacher answered a copy of each request the candidate served: that copy is captured as the teacher's
-    # own label (`<id>-teacher`, the served turn's session), the chosen side of a canary pair (`prep.pairs`).
-    # Mutation tried: `_capture_teacher_copy` not called, and this fails.
+    # the teacher answered a copy of each request the candidate served: where it disagreed, that copy is captured
+    # as the teacher's own label (`<id>-teacher`, the served turn's session), the chosen side of a canary pair
+    # (`prep.pairs`). Mutations tried: `_capture_teacher_copy` not called; a copy kept where they agreed: each fails.
     from pipelines.livegate.comparisons import read_comparisons
 
     served = {i for i in ids if captured[i]["model"] == f"tool_router_v{gateway['v2']}"}
@@ -275,6 +281,9 @@ def test_a_canary_splits_live_traffic_by_its_share(gateway) -> None:
     )
     answered = {i for i, r in compared.items() if not r["skipped"]}  # a full comparison queue skips some (counted)
     assert answered, compared
+    agreed = {i for i in answered if compared[i]["agreement"]["exact"]}
+    answered -= agreed  # a copy of the answer the caller got is not kept: a rating of it names the served turn
+    assert agreed and answered, compared
     copies = _captured(settings)
     assert {i for i in ids if f"{i}-teacher" in copies} == answered
     for i in answered:

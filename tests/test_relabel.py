@@ -28,13 +28,17 @@ class ScriptedTeacher:
     in the gateway test named above): it answers each request's last user message with the call it is given, or
     with text when given None, and keeps what it was asked."""
 
-    def __init__(self, answers: dict[str, dict[str, Any] | None]) -> None:
+    model = TEACHER_MODEL
+
+    def __init__(self, answers: dict[str, dict[str, Any] | int | None]) -> None:
         self.answers, self.asked = answers, []
 
     def complete(self, messages: list[dict[str, Any]], tools: Any, tool_choice: Any = None) -> TeacherAnswer:
         text = messages[-1]["content"]
         self.asked.append(text)
         call = self.answers[text]
+        if isinstance(call, int):  # the teacher answers this request with that HTTP status
+            raise TeacherError(f"the teacher answered HTTP {call}", 502, "teacher_error", call)
         message: dict[str, Any] = {"role": "assistant", "content": "I cannot help with that"}
         if call is not None:
             function = {"name": call["name"], "arguments": json.dumps(call["arguments"])}
@@ -80,7 +84,7 @@ def _queue(settings: Any, turns: list[tuple[str, str, dict[str, Any], str]]) -> 
 def test_the_teacher_relabels_only_our_models_answers_and_leaves_the_doubtful_to_a_person(tmp_path: Path) -> None:
     """Mutations tried: the label-source filter removed (the teacher's own down-rated answer is asked); the
     same-answer check removed (the down-rated answer would train as the teacher's); the accepted label written
-    as `human`: each fails here."""
+    as `human`; the markers not read (the same turns asked on every run): each fails here."""
     from pipelines.config import load_settings
     from pipelines.prep.reviews import queue, relabel
 
@@ -94,6 +98,8 @@ def test_the_teacher_relabels_only_our_models_answers_and_leaves_the_doubtful_to
             ("q3", "hello", ORDER, "champion"),  # the teacher answers with text
             ("q4", "order x", ORDER, "champion"),  # the teacher's call breaks the schema
             ("q5", "teacher's own", ORDER, "teacher"),  # not our model's answer: a person decides
+            ("q6", "a very long one", ORDER, "champion"),  # the teacher refuses this request (HTTP 400)
+            ("q7", "when it is down", ORDER, "champion"),  # the teacher fails (HTTP 503): the run stops
         ],
     )  # fmt: skip
     teacher = ScriptedTeacher(
@@ -102,19 +108,31 @@ def test_the_teacher_relabels_only_our_models_answers_and_leaves_the_doubtful_to
             "order ORD-999999 please": OTHER,
             "hello": None,
             "order x": {"name": "get_order", "arguments": {"order_id": "x"}},
+            "a very long one": 400,
+            "when it is down": 503,
         }
     )
     result = relabel(settings, teacher, limit=2)  # the oldest two of ours
     assert (result["asked"], result["relabelled"]) == (2, 1) and len(teacher.asked) == 2
-    result = relabel(settings, teacher, limit=10)
+    with pytest.raises(TeacherError, match="HTTP 503"):  # not this request's fault: the run stops at once
+        relabel(settings, teacher, limit=10)
     assert "teacher's own" not in teacher.asked
-    assert result["asked"] == 3 and result["relabelled"] == 0
-    assert result["left_for_a_person"] == {
-        "the teacher gave the answer that was rated down": 1,
-        "the teacher made no call": 1,
-        "the teacher's call was refused: the corrected get_order call breaks its schema": 1,
-    }
-    assert {r["record_id"] for r in queue(settings)} == {"q2", "q3", "q4", "q5"}  # q1 decided
+    assert teacher.asked[2:] == ["hello", "order x", "a very long one", "when it is down"]
+    teacher.answers["when it is down"] = None
+    result = relabel(settings, teacher, limit=10)  # what the teacher could not relabel is not asked again
+    assert teacher.asked[6:] == ["when it is down"]
+    assert (result["asked"], result["relabelled"]) == (1, 0)
+    assert result["left_for_a_person"] == {"the teacher made no call": 1}
+    assert relabel(settings, teacher, limit=10)["asked"] == 0
+    tried = [json.loads(p.read_text())["reason"] for p in Path(settings.zone("raw"), "_reviews", "_relabel").glob("*")]
+    assert sorted(tried) == [
+        "the teacher gave the answer that was rated down",
+        "the teacher made no call",
+        "the teacher made no call",
+        "the teacher refused the request (HTTP 400)",
+        "the teacher's call breaks its tool's schema",
+    ]
+    assert {r["record_id"] for r in queue(settings)} == {"q2", "q3", "q4", "q5", "q6", "q7"}  # q1 decided
     written = [json.loads(line) for f in Path(settings.zone("raw")).rglob("reviews-*.jsonl") for line in f.open()]
     assert len(written) == 1 and written[0]["record_id"] == "q1-review" and written[0]["label_source"] == "teacher"
     call = written[0]["response"]["choices"][0]["message"]["tool_calls"][0]["function"]
@@ -140,3 +158,16 @@ def test_the_teachers_client_names_each_failure_in_one_line_without_its_key() ->
     with pytest.raises(TeacherError) as down:
         TeacherClient(f"http://user:secret@127.0.0.1:{free_port()}/v1", "big", None, 5).complete([], None)
     assert down.value.status == 503 and down.value.code == "teacher_unavailable" and "secret" not in str(down.value)
+
+
+def test_relabelling_is_refused_where_teacher_labels_do_not_train(tmp_path: Path) -> None:
+    """A relabel would take the turn from a person's queue and train nothing: one line, nothing asked."""
+    from pipelines.config import load_settings
+    from pipelines.prep.reviews import ReviewError, queue, relabel
+
+    settings = load_settings(root=str(tmp_path), quality={"train_label_sources": ["human", "import"]})
+    _queue(settings, [("q1", "where is ORD-123456?", OTHER, "champion")])
+    teacher = ScriptedTeacher({"where is ORD-123456?": ORDER})
+    with pytest.raises(ReviewError, match="teacher labels do not train"):
+        relabel(settings, teacher, limit=10)
+    assert teacher.asked == [] and [r["record_id"] for r in queue(settings)] == ["q1"]

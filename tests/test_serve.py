@@ -272,7 +272,8 @@ def test_episodes_through_triton_are_answered_by_the_served_model(registered, tm
     db, tools, tasks = tmp_path / "db.json", tmp_path / "tools.json", tmp_path / "tasks.jsonl"
     db.write_text(json.dumps(_db()))
     tools.write_text(json.dumps(_tools()))
-    tasks.write_text("\n".join(json.dumps(t) for t in TASKS[:2]) + "\n")
+    nothing = {"user_id": "ana_lee_1", "instruction": "Just saying hi.", "actions": []}  # a gold of no steps
+    tasks.write_text("\n".join(json.dumps(t) for t in [*TASKS[:2], nothing]) + "\n")
     adapters = [Adapter("tuned_champion", adapter_path(settings, v1), prompt_style(settings, v1))]
     effects = RetailEnvironment(_db()).effects()
     common = {"effects": effects, "day": "2026-11-20", "baselines": False, "max_new_tokens": 12}
@@ -295,8 +296,10 @@ def test_episodes_through_triton_are_answered_by_the_served_model(registered, tm
     assert inferences() > before  # the episodes' answers came from the served model
     row = report["conditions"]["tuned_champion"]
     assert row["served"] == f"triton {live.name}" and row["sampled"] is False
-    assert row["tasks"] == 2 and row["closed_loop_pass^1"] is not None and row["teacher_forced_step_exact"] is not None
+    assert row["tasks"] == 3 and row["closed_loop_pass^1"] is not None and row["teacher_forced_step_exact"] is not None
+    # no probability, not even the 1.0 of a gold with no steps (mutation tried: the empty product kept: fails)
     assert row[f"closed_loop_pass^{settings.episodes.k}"] is None and row["teacher_forced_pass^1"] is None
+    assert all(t.get("tf_pass^1") is None for t in row["per_task"].values())
     assert all(s["gold_probability"] is None for s in report["teacher_forced"]["tuned_champion"][0]["steps"])
     with pytest.raises(TritonUnavailable, match="not loaded"):  # a version no Triton model serves
         through_triton(settings, policies, {"tuned_champion": "999"})

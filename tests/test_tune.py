@@ -44,7 +44,8 @@ def test_pairs_keep_the_label_policy_and_count_what_they_drop() -> None:
     """Mutations tried: the own-model rule removed (a `champion` chosen side trains): the first assertion fails;
     `OUR_MODEL` without `verified`, equal sides kept, the offered-tools check on the chosen side removed, the
     dedupe removed, a shadow answer with no call kept, canary comparisons not read, a canary's champion-answered
-    request read, a teacher's relabel counted as a person's correction: each fails."""
+    request read, a canary answer a person rated up rejected, a teacher's relabel counted as a person's
+    correction: each fails."""
     examples = pd.DataFrame(
         [
             _example("c1-review", ORDER, "human"),  # a person corrected c1's track into get_order
@@ -62,12 +63,14 @@ def test_pairs_keep_the_label_policy_and_count_what_they_drop() -> None:
             _example("dup-review", ORDER, "human"),  # the same prompt and sides as c1's correction
             _example("r1-review", ORDER, "teacher", "relabel"),  # the teacher answered r1, rated down, again
             _example("k1-teacher", ORDER, "teacher", "canary"),  # the teacher's copy of a request the canary served
+            _example("k2-teacher", ORDER, "teacher", "rated up"),  # the caller rated the canary's answer up
         ]
     )
     originals = {
         "c1": {"record_id": "c1", "tool": "track", "arguments_json": '{"order_id":"#W1"}', "label_source": "teacher"},
         "dup": {"record_id": "dup", "tool": "track", "arguments_json": '{"order_id":"#W1"}', "label_source": "x"},
         "r1": {"record_id": "r1", "tool": "track", "arguments_json": '{"order_id":"#W1"}', "label_source": "champion"},
+        "k2": {"record_id": "k2", "tool": "track", "label_source": "champion", "feedback": "up"},
     }
     comparisons = [
         _shadow("t1", TRACK),
@@ -83,6 +86,7 @@ def test_pairs_keep_the_label_policy_and_count_what_they_drop() -> None:
         _shadow("t-agreed", TRACK, exact=True),
         _shadow("t1", TRACK, mode="canary"),  # a canary comparison: its chosen side is t1's teacher copy (none)
         _shadow("k1", TRACK, mode="canary"),  # the candidate served k1 and disagreed with the teacher's copy
+        _shadow("k2", TRACK, mode="canary"),
         {**_shadow("k1", TRACK, mode="canary"), "arm": "champion"},  # the champion answered: nothing compared
         _shadow("missing", TRACK),
     ]
@@ -97,6 +101,7 @@ def test_pairs_keep_the_label_policy_and_count_what_they_drop() -> None:
         "shadow: the chosen call is not one of the offered tools": 1,
         "shadow: the teacher's answer is not a curated example": 1,
         "canary: the teacher's answer is not a curated example": 1,
+        "canary: a person rated the candidate's answer up": 1,
     }
     assert sorted((q["record_id"], q["reason"]) for q in quarantined) == [
         ("t-bad", "unparseable_side"),
@@ -137,8 +142,8 @@ def test_pairs_read_only_the_originals_of_corrections_from_the_clean_logs(
     settings = load_settings(root=str(tmp_path))
     logs = Path(zone_paths(settings)["clean_logs"])
     (logs / "dt=2026-11-20").mkdir(parents=True)
-    rows = [{"record_id": r, "tool": "track", "arguments_json": '{"order_id": "#W1"}', "label_source": "champion"}
-            for r in ("c1", "other")]  # fmt: skip
+    rows = [{"record_id": r, "tool": "track", "arguments_json": '{"order_id": "#W1"}', "label_source": "champion",
+             "feedback": "down"} for r in ("c1", "other")]  # fmt: skip
     pd.DataFrame(rows).to_parquet(logs / "dt=2026-11-20" / "part-0.parquet")
     (logs / "dt=2026-11-21").mkdir()
     (logs / "dt=2026-11-21" / "part-0.parquet").write_bytes(b"not parquet")  # a day nothing needs

@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 from pipelines.config import Settings
 from pipelines.errors import DataProblem
 from pipelines.evaluate.episode_run import ModelPolicy
-from pipelines.evaluate.episodes import Answer
+from pipelines.evaluate.episodes import Answer, PolicyFailed
 
 
 class TritonUnavailable(DataProblem):
@@ -31,7 +31,8 @@ class TritonPolicy(ModelPolicy):
 
     served_as: str = ""
     client: Any = None
-    samples: ClassVar[bool] = False
+    samples: ClassVar[bool] = False  # Triton's models decode greedily
+    probabilities: ClassVar[bool] = False  # and return no token probabilities
 
     @property
     def served(self) -> str:
@@ -46,8 +47,8 @@ class TritonPolicy(ModelPolicy):
             self.served_as, self.conversations(talks), concurrency=self.batch_size, tools=self.offered(talks)
         )
         failed = next((r.error for r in replies if r.error is not None), None)
-        if failed is not None:
-            raise TritonUnavailable(f"episodes through Triton: {self.served_as} answered with an error: {failed}")
+        if failed is not None:  # the condition stops here; the report keeps what finished and says why
+            raise PolicyFailed(f"{self.served_as} answered with an error: {failed}")
         return [Answer(r.text or "", r.prompt_tokens) for r in replies]
 
     def gold_logprobs(self, talks: list[list[dict[str, Any]]], targets: list[dict[str, Any]]) -> list[None]:

@@ -122,9 +122,8 @@ def eval_cmd(
     from pipelines.toolcall.budget import FALLBACK
 
     settings = cli_settings()
+    _check_via(via, episodes)
     if episodes is not None:
-        if via not in ("process", "triton"):
-            raise UserError(f"--via: expected process or triton, got {via!r}")
         files, flags = (episodes, db, tools, shot_tasks), (baselines, tries, teacher_forced, keep_successes, as_json)
         return _eval_episodes(settings, (adapter or [], version or []), base_model, shots, name, files, flags, via)
     if split not in ("train", "val", "test"):
@@ -205,13 +204,20 @@ def _eval_episodes(
         policies = through_triton(settings, policies, _served_versions(settings, chosen[1]))
     run = EpisodeRun(tasks, db, tools, name, teacher_forced=teacher_forced, sample_tries=tries,
                      keep_successes=settings.zone("raw") if keep else None)  # fmt: skip
-    report = run_episodes(settings, run, policies, console)
+    try:
+        report = run_episodes(settings, run, policies, console)
+    finally:
+        for client in {id(c): c for c in (getattr(p, "client", None) for p in policies) if c is not None}.values():
+            client.close()  # through Triton: the connections the conditions shared
     if as_json:
         _emit(report, True, "")
     else:
         _episodes_table(report, e.k)
     if (report.get("kept") or {}).get("error"):  # the report is written; the kept episodes are not
         raise UserError(f"--keep-successes: {report['kept']['error']}")
+    if report.get("failed"):  # the report holds what finished
+        label, why = next(iter(report["failed"].items()))
+        raise UserError(f"episodes: {label} stopped: {why} (the report keeps what finished: {report.get('html_uri')})")
 
 
 def _episodes_table(report: dict[str, Any], k: int) -> None:
@@ -239,6 +245,11 @@ def _episodes_table(report: dict[str, Any], k: int) -> None:
             f"kept {kept['trajectories']} successful trajectories ({kept['records']} steps, label_source verified): "
             f"{kept['file'] or 'nothing to write'}"
         )
+
+
+def _check_via(via: str, episodes: Path | None) -> None:
+    if via not in ("process", "triton") or (episodes is None and via != "process"):
+        raise UserError(f"--via: process, or triton with --episodes (requests are evaluated in process), got {via!r}")
 
 
 def _served_versions(settings: Any, refs: list[str]) -> dict[str, str | None]:

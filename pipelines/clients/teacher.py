@@ -20,9 +20,9 @@ class TeacherError(RuntimeError):
     """The teacher did not answer with a chat completion (a retry may succeed): `status` is the HTTP status a
     gateway answers with (503 down or not configured, 502 a bad answer), `code` OpenAI's error code."""
 
-    def __init__(self, message: str, status: int, code: str) -> None:
+    def __init__(self, message: str, status: int, code: str, upstream_status: int | None = None) -> None:
         super().__init__(message)
-        self.status, self.code = status, code
+        self.status, self.code, self.upstream_status = status, code, upstream_status
 
 
 @dataclass(frozen=True)
@@ -75,7 +75,12 @@ class TeacherClient:
                 f"the teacher at {where} did not answer ({type(exc).__name__})", 503, "teacher_unavailable"
             ) from None
         if response.status_code != 200:
-            raise TeacherError(f"the teacher at {where} answered HTTP {response.status_code}", 502, "teacher_error")
+            raise TeacherError(
+                f"the teacher at {where} answered HTTP {response.status_code}",
+                502,
+                "teacher_error",
+                response.status_code,
+            )
         try:
             upstream = response.json()
             usage = upstream.get("usage") or {}

@@ -50,6 +50,7 @@ def _parse_lines(
     lines: list[str], source: str, tools: dict[str, dict[str, Any]]
 ) -> tuple[list[dict[str, Any]], Counter[str], int]:
     """Clean rows, quarantine reasons and the non-blank line count of a chunk of raw lines."""
+    from pipelines.logs.schema import TEACHER_COPY_SUFFIX
     from pipelines.prep.nodes import CLEAN_LOG_COLUMNS, prepare_line
 
     columns = [c for c in CLEAN_LOG_COLUMNS if c != "dt"]
@@ -61,6 +62,8 @@ def _parse_lines(
             continue
         count += 1
         row = prepare_line(line, source, tools)
+        if row["status"] == "clean" and str(row.get("record_id") or "").endswith(TEACHER_COPY_SUFFIX):
+            continue  # a canary's teacher copy: a second answer to a request already counted, not traffic
         if row["status"] == "clean":
             rows.append({c: row.get(c) for c in columns})
         else:

@@ -18,8 +18,9 @@ from datetime import date
 from pathlib import Path
 from typing import Any
 
-from pipelines.evaluate.episodes import Episode, load_tasks
+from pipelines.evaluate.episodes import Episode, Gold, load_tasks
 from pipelines.logs.tools import effect_of
+from pipelines.toolcall.examples import Example
 
 LOG = logging.getLogger("flywheel.episodes")
 
@@ -165,3 +166,22 @@ def episode_pairs(labels: list[str]) -> list[tuple[str, str]]:
         refs = [] if is_tuned_reference(cand) else sorted(lab for lab in labels if is_tuned_reference(lab))
         pairs += [(cand, ref) for ref in (*refs, "base_few_shot", "base_zero_shot") if ref in labels and ref != cand]
     return pairs
+
+
+def gold_pool(golds: list[Gold], tools: str) -> list[Example]:
+    """Few-shot examples from other tasks' gold trajectories: every step with the real results before it."""
+    from pipelines.evaluate.episodes import _call_message, opening
+    from pipelines.toolcall.calls import call_text, target_json
+    from pipelines.toolcall.prompt import chat_turns, system_prompt
+
+    pool = []
+    for g in golds:
+        talk = opening(None, g.task)
+        for n, (call, step, _) in enumerate(g.path):
+            turns = chat_turns(system_prompt(tools, "2026-01-01"), json.dumps(talk))
+            target = call_text(target_json(call["name"], call.get("arguments")))
+            pool.append(Example(f"{g.task.task_id}:{n}", turns, target, call["name"], turns[-1]["content"], tools))
+            messages = _call_message(call, n + 1)
+            messages[1]["content"] = step.observation
+            talk = talk + messages
+    return pool

@@ -23,7 +23,7 @@ def _pass_plot(report: dict[str, Any]) -> str:
     metrics = ["closed_loop_pass^1", f"closed_loop_pass^{k}", "teacher_forced_pass^1", f"teacher_forced_pass^{k}"]
     width = 0.8 / max(1, len(conditions))
     for i, (name, row) in enumerate(conditions.items()):
-        values = [row.get(m) or 0.0 for m in metrics]
+        values = [float("nan") if row.get(m) is None else row[m] for m in metrics]  # not measured: no bar
         ax.bar([j + i * width for j in range(len(metrics))], values, width, label=name)
     ax.set_xticks([j + width * (len(conditions) - 1) / 2 for j in range(len(metrics))], metrics, fontsize=8)
     ax.set_ylim(0, 1)

@@ -19,10 +19,17 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from pipelines.config import Settings
-from pipelines.evaluate.episode_data import episode_pairs, keep_successes, progress_line, refuse_gate_tasks
+from pipelines.evaluate.episode_data import (
+    episode_pairs,
+    gold_pool,
+    keep_successes,
+    progress_line,
+    refuse_gate_tasks,
+)
 from pipelines.evaluate.episodes import (
     Answer,
     Gold,
+    PolicyFailed,
     Task,
     closed_loop,
     load_tasks,
@@ -133,23 +140,6 @@ class ModelPolicy:
         return target_logprobs(
             self.model, self.tokenizer, self.conversations(talks), texts, temperature=self.temperature
         )
-
-
-def gold_pool(golds: list[Gold], tools: str) -> list[Example]:
-    """Few-shot examples from other tasks' gold trajectories: every step with the real results before it."""
-    from pipelines.evaluate.episodes import _call_message, opening
-
-    pool = []
-    for g in golds:
-        talk = opening(None, g.task)
-        for n, (call, step, _) in enumerate(g.path):
-            turns = chat_turns(system_prompt(tools, "2026-01-01"), json.dumps(talk))
-            target = call_text(target_json(call["name"], call.get("arguments")))
-            pool.append(Example(f"{g.task.task_id}:{n}", turns, target, call["name"], turns[-1]["content"], tools))
-            messages = _call_message(call, n + 1)
-            messages[1]["content"] = step.observation
-            talk = talk + messages
-    return pool
 
 
 def prepare(env: Environment, tasks: list[Task], offered: set[str]) -> tuple[list[Gold], list[dict[str, str]]]:
@@ -265,7 +255,7 @@ def run_episodes(
     results: dict[str, dict[str, Any]] = {}
     episodes: dict[str, list[dict[str, Any]]] = {}
     finished: dict[str, list[Any]] = {}
-    cut_any = False
+    cut_any, failed = False, {}
     for n, policy in enumerate(policies):
         # each condition an equal share of the budget left: a cut never starves the conditions after it
         mine = time.monotonic() + (deadline - time.monotonic()) / (len(policies) - n)
@@ -276,17 +266,22 @@ def run_episodes(
         tries: list[Any] = []
         loop: dict[str, Any] = {"temperature": e.temperature, "max_steps_factor": e.max_steps_factor,
                                 "deadline": mine, "batch": policy.batch_size}  # fmt: skip
-        if run.closed_loop:
-            greedy, cut = closed_loop(env, golds, policy, [-1], progress=say, **loop)
-        if run.teacher_forced and not cut:
-            say("teacher-forced steps")
-            tf, cut = teacher_forced(golds, policy, env.effects(), deadline=mine)
-        if run.closed_loop and run.sample_tries and policy.samples and not cut:
-            tries, cut = closed_loop(env, golds, policy, list(range(e.k)), progress=say, **loop)
+        try:
+            if run.closed_loop:
+                greedy, cut = closed_loop(env, golds, policy, [-1], progress=say, **loop)
+            if run.teacher_forced and not cut:
+                say("teacher-forced steps")
+                tf, cut = teacher_forced(golds, policy, env.effects(), deadline=mine)
+            if run.closed_loop and run.sample_tries and policy.samples and not cut:
+                tries, cut = closed_loop(env, golds, policy, list(range(e.k)), progress=say, **loop)
+        except PolicyFailed as exc:  # the model could not answer (a served model's error): what finished is kept
+            failed[policy.label] = str(exc)
+            say(f"failed: {exc}")
         cut_any = cut_any or cut
         hand_over(policy, policies[n + 1] if n + 1 < len(policies) else None)
         results[policy.label] = {**summarize(policy.label, tf, greedy, tries, e.k), "cut_by_time_budget": cut,
-                                 "served": policy.served, "sampled": bool(tries)}  # fmt: skip
+                                 "served": policy.served, "sampled": bool(tries),
+                                 "error": failed.get(policy.label)}  # fmt: skip
         episodes[policy.label] = [ep.to_dict() for ep in greedy]
         finished[policy.label] = greedy + tries
         if tf is not None:
@@ -304,6 +299,7 @@ def run_episodes(
         "skipped": unreadable + skipped,
         "gold_changes_state": sum(1 for g in golds if g.changes_state),
         "cut_by_time_budget": cut_any,
+        "failed": failed,  # condition -> why it stopped (the rest of the report is what finished)
         "settings": {**e.model_dump(), "day": run.day},
         "conditions": {k: {kk: vv for kk, vv in v.items() if kk != "teacher_forced"} for k, v in results.items()},
         "teacher_forced": {k: v.get("teacher_forced") for k, v in results.items()},

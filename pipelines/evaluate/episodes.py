@@ -144,6 +144,10 @@ class Answer:
     prompt_tokens: int
 
 
+class PolicyFailed(RuntimeError):
+    """The policy could not answer (a served model's error): its condition stops there, the rest is kept."""
+
+
 class Policy(Protocol):
     """What acts in an episode: answers a batch of conversations (OpenAI messages) under the offered tools;
     `temperature` None is greedy, else sampled with `seed`."""
@@ -373,13 +377,13 @@ def _teacher_forced(golds: list[Gold], policy: Policy, effects: Mapping[str, str
                 "effect": golds[t].path[n][2],
                 "exact_match": int(s.exact_match),
                 "wrong_write": s.wrong_write,
-                "gold_probability": None if lp is None else math.exp(lp),  # None: the policy cannot tell it
+                "gold_probability": None if lp is None else math.exp(lp),  # None: a served model's answer
             }
         )
     for row in rows:
         steps = row["steps"]
         row["all_steps_exact"] = int(all(s["exact_match"] for s in steps))
-        known = [s["gold_probability"] for s in steps if s["gold_probability"] is not None]
-        row["gold_path_probability"] = math.prod(known) if len(known) == len(steps) else None
+        tells = getattr(policy, "probabilities", True)  # a served model gives none: not even an empty path's 1.0
+        row["gold_path_probability"] = math.prod(s["gold_probability"] for s in steps) if tells else None
         row["wrong_writes"] = sum(1 for s in steps if s["wrong_write"])
     return rows

@@ -303,7 +303,7 @@ class Traffic:
                     other, by, error = None, None, exc.message
                 took = api.now_ms() - t0
                 if not candidate_answers and other is not None:
-                    self._capture_teacher_copy(parsed, served, other, took, by)
+                    self._capture_teacher_copy(parsed, served, other, body, took, by)
                 first = rt.call_of(body["choices"][0]["message"])
                 second = rt.call_of(other["choices"][0]["message"]) if other else None
                 reference, answer = (first, second) if candidate_answers else (second, first)
@@ -329,18 +329,32 @@ class Traffic:
         self._pool.submit(compare)
 
     def _capture_teacher_copy(
-        self, parsed: api.ChatCompletionRequest, served: api.Served, body: dict[str, Any], took: float, by: str | None
+        self,
+        parsed: api.ChatCompletionRequest,
+        served: api.Served,
+        body: dict[str, Any],
+        served_body: dict[str, Any],
+        took: float,
+        by: str | None,
     ) -> None:
-        """A canary's teacher copy, captured as the teacher's own record (`<id>-teacher`, the served turn's
-        session): a label prep trains on like any teacher answer, and the chosen side of a canary pair when the
-        candidate disagreed (`prep.pairs`). Only a label (a call or an explicit "no tool") is kept."""
+        """A canary's teacher copy where the teacher disagreed with the candidate, captured as the teacher's own
+        record (`<id>-teacher`, the served turn's session): a label prep trains on like any teacher answer, and
+        the chosen side of a canary pair (`prep.pairs`). Only a label (a call or an explicit "no tool") that
+        differs from what the caller got is kept: a copy of the served answer would train it even where the
+        caller rated it down (ratings name the served turn). A failed write is logged, never raised: the
+        comparison is recorded after it."""
         from pipelines.logs.schema import TEACHER_COPY_SUFFIX
 
         if self.capture is None or not api.is_label(body):
             return
+        if rt.call_of(body["choices"][0]["message"]) == rt.call_of(served_body["choices"][0]["message"]):
+            return
         record = capture_record(parsed, served, body, latency_ms=took, defaults=self.defaults, served_by=by)
         copy_id = f"{served.response_id}{TEACHER_COPY_SUFFIX}"
-        self.capture.write({**record, "record_id": copy_id, "response": {**record["response"], "id": copy_id}})
+        try:
+            self.capture.write({**record, "record_id": copy_id, "response": {**record["response"], "id": copy_id}})
+        except Exception:  # noqa: BLE001 (off the request path: a closed writer at shutdown, a full disk)
+            LOG.exception("the canary's teacher copy %s was not captured", copy_id)
 
     def _effects(self) -> dict[str, str]:
         """Tool -> read/write (catalogue and registered toolsets), re-read at most once a minute: the same

@@ -108,7 +108,8 @@ def build_pairs(
     by_id = {row["record_id"]: row for row in examples.to_dict("records")}
     dropped: Counter[str] = Counter()
     quarantined: list[dict[str, Any]] = []
-    candidates = _correction_candidates(by_id, originals, dropped) + _shadow_candidates(by_id, comparisons, dropped)
+    candidates = _correction_candidates(by_id, originals, dropped)
+    candidates += _shadow_candidates(by_id, originals, comparisons, dropped)
     candidates += _evaluation_candidates(by_id, evaluations, dropped)
     pairs, seen = [], set()
     for source, row, rejected_side in candidates:
@@ -168,22 +169,27 @@ def _correction_candidates(
     out: list[tuple[str, dict[str, Any], Any]] = []
     for record_id, row in by_id.items():
         if record_id.endswith(REVIEW_SUFFIX):
+            source = "relabel" if row.get("label_source") == "teacher" else "correction"
             original = originals.get(record_id.removesuffix(REVIEW_SUFFIX))
             if original is None:
-                dropped["correction: original answer not in the clean logs"] += 1
+                dropped[f"{source}: original answer not in the clean logs"] += 1
                 continue
             tool = original.get("tool")
             answered = {"name": tool or None, "arguments": original.get("arguments_json") or "{}"}  # parsed later
-            out.append(("relabel" if row.get("label_source") == "teacher" else "correction", row, answered))
+            out.append((source, row, answered))
     return out
 
 
 def _shadow_candidates(
-    by_id: Mapping[str, dict[str, Any]], comparisons: Iterable[dict[str, Any]], dropped: Counter[str]
+    by_id: Mapping[str, dict[str, Any]],
+    originals: Mapping[str, dict[str, Any]],
+    comparisons: Iterable[dict[str, Any]],
+    dropped: Counter[str],
 ) -> list[tuple[str, dict[str, Any], Any]]:
     """(source, the chosen example, the rejected side) of each shadow or canary comparison where the candidate
     and the teacher disagreed: the teacher's curated example (shadow: the served turn; canary: its teacher
-    copy) chosen over the candidate's answer."""
+    copy) chosen over the candidate's answer. A canary answer the caller rated up (its clean log row in
+    `originals`) is no rejected side: a person confirmed it."""
     out: list[tuple[str, dict[str, Any], Any]] = []
     for comparison in comparisons:
         mode = comparison.get("mode")
@@ -193,6 +199,9 @@ def _shadow_candidates(
             continue
         if (comparison.get("agreement") or {}).get("exact"):
             continue  # they agreed: no preference
+        if mode == "canary" and (originals.get(str(comparison.get("record_id"))) or {}).get("feedback") == "up":
+            dropped["canary: a person rated the candidate's answer up"] += 1
+            continue
         teacher_id = str(comparison.get("record_id")) + (TEACHER_COPY_SUFFIX if mode == "canary" else "")
         row = by_id.get(teacher_id)
         if row is None:
@@ -282,15 +291,6 @@ def collect_pairs(settings: Settings) -> tuple[pd.DataFrame, dict[str, int], lis
     from pipelines.storage import glob, read_bytes
 
     examples = curated_examples(settings)
-    # only the originals of accepted corrections are read, however long the clean-log history grows
-    wanted = sorted(
-        {r.removesuffix(REVIEW_SUFFIX) for r in examples["record_id"].astype(str) if r.endswith(REVIEW_SUFFIX)}
-    )
-    originals: dict[str, dict[str, Any]] = {}
-    for f in glob(f"{zone_paths(settings)['clean_logs']}/dt=*/*.parquet") if wanted else []:
-        cols = ["record_id", "tool", "arguments_json", "label_source"]
-        for row in pd.read_parquet(f, columns=cols, filters=[("record_id", "in", wanted)]).to_dict("records"):
-            originals[row["record_id"]] = row
     comparisons = []
     for f in sorted(glob(f"{settings.zone('serving')}/gateway/agreement/dt=*/*.jsonl")):
         for line in read_bytes(f).decode("utf-8", errors="replace").splitlines():
@@ -298,6 +298,15 @@ def collect_pairs(settings: Settings) -> tuple[pd.DataFrame, dict[str, int], lis
                 comparisons.append(json.loads(line))
             except json.JSONDecodeError:
                 continue  # a torn last line of a file still being written: its record is read next time
+    # only the rows pairs need are read, however long the clean-log history grows: the originals of accepted
+    # corrections and relabels, and the served turns of canary disagreements (their rating)
+    wanted = {r.removesuffix(REVIEW_SUFFIX) for r in examples["record_id"].astype(str) if r.endswith(REVIEW_SUFFIX)}
+    wanted |= {str(c.get("record_id")) for c in comparisons if c.get("mode") == "canary" and c.get("agreement")}
+    originals: dict[str, dict[str, Any]] = {}
+    for f in glob(f"{zone_paths(settings)['clean_logs']}/dt=*/*.parquet") if wanted else []:
+        cols = ["record_id", "tool", "arguments_json", "label_source", "feedback"]
+        for row in pd.read_parquet(f, columns=cols, filters=[("record_id", "in", sorted(wanted))]).to_dict("records"):
+            originals[row["record_id"]] = row
     return build_pairs(examples, originals, comparisons, evaluation_reports(settings))
 
 

@@ -195,40 +195,81 @@ def relabel(settings: Settings, client: TeacherClient, limit: int) -> dict[str, 
     oldest first: its call, if one of the turn's tools and valid for its schema, is accepted as a `teacher`
     label (`<id>-review`, as a person's correction is written), and the pair builder makes it the chosen side
     over the down-rated answer (source `relabel`). A turn the teacher answers with no call, with a call that
-    fails the checks, or with the very answer that was rated down stays in the queue for a person, counted by
-    reason. The teacher's failure stops the run (`TeacherError`: one line); what was decided before it stays
-    decided."""
+    fails the checks, or with the very answer that was rated down, or whose request it refuses (HTTP 400, 413,
+    422), stays in the queue for a person, counted by reason, and is not asked again (a marker under
+    `_reviews/_relabel/`). Any other failure of the teacher stops the run (`TeacherError`: one line); what was
+    decided before it stays decided. Refused when `teacher` labels do not train (`quality.train_label_sources`):
+    a relabel would only take the turn from a person's queue."""
     from collections import Counter
 
-    waiting = [r for r in queue(settings) if r["label_source"] == "champion"][:limit]
+    if "teacher" not in settings.quality.train_label_sources:
+        raise ReviewError(
+            "relabel: teacher labels do not train here (quality.train_label_sources): a relabel would only take "
+            "the turns from a person's queue"
+        )
+    waiting = [
+        r
+        for r in queue(settings)
+        if r["label_source"] == "champion" and not exists(_tried_uri(settings, r["record_id"]))
+    ][:limit]
     relabelled: list[dict[str, Any]] = []
     left: Counter[str] = Counter()
     for entry in waiting:
-        try:
-            record = _raw_record(settings, entry["record_id"], entry["dt"])
-        except ReviewError:
-            left["its raw record is gone (retention)"] += 1
+        outcome = _relabel_one(settings, client, entry)
+        if isinstance(outcome, dict):
+            relabelled.append(outcome)
             continue
-        answer = client.complete(record["request"]["messages"], record["request"].get("tools"))
-        call = _first_call(answer.message)
-        if call is None or not call["name"]:
-            left["the teacher made no call" if call is None else "the teacher's call names no tool"] += 1
-            continue
-        if call == _first_call(record["response"]["choices"][0]["message"]):  # the raw answer, before redaction
-            left["the teacher gave the answer that was rated down"] += 1
-            continue
-        try:
-            decision = decide(settings, entry["record_id"], True, call, f"teacher:{answer.model}", "teacher")
-        except ReviewError as exc:  # not an offered tool, or its arguments break the schema: a person decides
-            left[f"the teacher's call was refused: {str(exc).split(' (')[0].split(':')[0]}"] += 1
-            continue
-        relabelled.append(decision)
+        left[outcome] += 1
+        if outcome != DECIDED_MEANWHILE:  # a person's to decide: not asked again
+            from datetime import datetime
+
+            tried = {"record_id": entry["record_id"], "reason": outcome, "teacher": client.model,
+                     "at": datetime.now(UTC).isoformat(timespec="seconds")}  # fmt: skip
+            write_json(_tried_uri(settings, entry["record_id"]), tried)
     return {
         "asked": len(waiting),
         "relabelled": len(relabelled),
         "left_for_a_person": dict(sorted(left.items())),
         "decisions": relabelled,
     }
+
+
+DECIDED_MEANWHILE = "a person decided it meanwhile"
+TEACHER_REFUSALS = (400, 413, 422)  # the teacher refused this one request (too long, filtered): the next may pass
+
+
+def _tried_uri(settings: Settings, record_id: str) -> str:
+    """The marker of a turn the teacher could not relabel (apart from the decisions: `decisions` lists those)."""
+    return f"{settings.zone('raw').rstrip('/')}/{REVIEWS_DIR}/_relabel/{_digest(record_id)}.json"
+
+
+def _relabel_one(settings: Settings, client: TeacherClient, entry: dict[str, Any]) -> dict[str, Any] | str:
+    """The decision written for one queued turn, or why it is left for a person."""
+    from pipelines.clients.teacher import TeacherError
+
+    try:
+        record = _raw_record(settings, entry["record_id"], entry["dt"])
+    except ReviewError:
+        return "its raw record is gone (retention)"
+    try:
+        answer = client.complete(record["request"]["messages"], record["request"].get("tools"))
+    except TeacherError as exc:
+        if exc.upstream_status in TEACHER_REFUSALS:
+            return f"the teacher refused the request (HTTP {exc.upstream_status})"
+        raise
+    call = _first_call(answer.message)
+    if call is None or not call["name"]:
+        return "the teacher made no call" if call is None else "the teacher's call names no tool"
+    if call == _first_call(record["response"]["choices"][0]["message"]):  # the raw answer, before redaction
+        return "the teacher gave the answer that was rated down"
+    try:
+        return decide(settings, entry["record_id"], True, call, f"teacher:{answer.model}", "teacher")
+    except ReviewError as exc:
+        if "already decided" in str(exc) or "not in the review queue" in str(exc):
+            return DECIDED_MEANWHILE
+        if "breaks its schema" in str(exc):
+            return "the teacher's call breaks its tool's schema"
+        return "the teacher's call is not one of the turn's tools"
 
 
 def _first_call(message: dict[str, Any]) -> dict[str, Any] | None:

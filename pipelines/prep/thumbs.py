@@ -3,16 +3,17 @@
 - `up`: an answer people rated up (desirable; our own model's answers too: a person confirmed them);
 - `down`: an answer people rated down (undesirable), whoever wrote it;
 - `correction`: a person's correction of a down-rated answer (`flywheel labels accept`; desirable), the `human`
-  example `<id>-review` prep curated.
+  example `<id>-review` prep curated; or the teacher's relabel of one of our model's down-rated answers
+  (`flywheel labels relabel`), the `teacher` example `<id>-review`.
 
 The rated answers come from the features step's rated set (prep's `rated` table with the training prompts: the
 same quarantine, PII redaction and split by session as an SFT example, and the same customer context; every
 rating, a deduplicated turn's too), the corrections from the SFT set itself. The label policy holds: only a
-person's rating or correction makes an answer desirable (an answer of our own model that nobody rated never
-enters), and an answer rated up whose label source the project does not train (`quality.train_label_sources`) is
-left out, as SFT leaves it out. An answer that cannot be parsed as a call or names a tool its prompt did not offer
-is quarantined with its reason; two identical answers to one prompt rated both up and down are dropped (counted);
-a (prompt, answer, label) is kept once.
+person's rating or correction (or the teacher's relabel of a down-rated answer) makes an answer desirable (an
+answer of our own model that nobody rated never enters), and an answer rated up whose label source the project
+does not train (`quality.train_label_sources`) is left out, as SFT leaves it out. An answer that cannot be
+parsed as a call or names a tool its prompt did not offer is quarantined with its reason; two identical answers
+to one prompt rated both up and down are dropped (counted); a (prompt, answer, label) is kept once.
 """
 
 from __future__ import annotations
