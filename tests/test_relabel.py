@@ -100,8 +100,21 @@ def test_the_teacher_relabels_only_our_models_answers_and_leaves_the_doubtful_to
             ("q5", "teacher's own", ORDER, "teacher"),  # not our model's answer: a person decides
             ("q6", "a very long one", ORDER, "champion"),  # the teacher refuses this request (HTTP 400)
             ("q7", "when it is down", ORDER, "champion"),  # the teacher fails (HTTP 503): the run stops
+            ("q8", "served in a canary", ORDER, "champion"),  # the teacher's canary copy of it is a label already
         ],
     )  # fmt: skip
+    from pipelines.prep.pipeline import zone_paths
+
+    copy = {
+        "record_id": "q8-teacher",
+        "held": None,
+        "event_timestamp": pd.Timestamp(f"{DAY}T10:00:09Z"),
+        "request_text": "served in a canary",
+        "tool": "get_order",
+        "arguments_json": "{}",
+        "label_source": "teacher",
+    }
+    pd.DataFrame([copy]).to_parquet(Path(zone_paths(settings)["clean_logs"], f"dt={DAY}", "part-1.parquet"))
     teacher = ScriptedTeacher(
         {
             "where is my order ORD-123456?": ORDER,
@@ -121,18 +134,22 @@ def test_the_teacher_relabels_only_our_models_answers_and_leaves_the_doubtful_to
     teacher.answers["when it is down"] = None
     result = relabel(settings, teacher, limit=10)  # what the teacher could not relabel is not asked again
     assert teacher.asked[6:] == ["when it is down"]
-    assert (result["asked"], result["relabelled"]) == (1, 0)
-    assert result["left_for_a_person"] == {"the teacher made no call": 1}
+    assert (result["asked"], result["relabelled"]) == (2, 0)
+    assert result["left_for_a_person"] == {
+        "the teacher answered it already (a canary's teacher copy)": 1,  # and was not asked
+        "the teacher made no call": 1,
+    }
     assert relabel(settings, teacher, limit=10)["asked"] == 0
     tried = [json.loads(p.read_text())["reason"] for p in Path(settings.zone("raw"), "_reviews", "_relabel").glob("*")]
     assert sorted(tried) == [
+        "the teacher answered it already (a canary's teacher copy)",
         "the teacher gave the answer that was rated down",
         "the teacher made no call",
         "the teacher made no call",
         "the teacher refused the request (HTTP 400)",
         "the teacher's call breaks its tool's schema",
     ]
-    assert {r["record_id"] for r in queue(settings)} == {"q2", "q3", "q4", "q5", "q6", "q7"}  # q1 decided
+    assert {r["record_id"] for r in queue(settings)} == {"q2", "q3", "q4", "q5", "q6", "q7", "q8"}  # q1 decided
     written = [json.loads(line) for f in Path(settings.zone("raw")).rglob("reviews-*.jsonl") for line in f.open()]
     assert len(written) == 1 and written[0]["record_id"] == "q1-review" and written[0]["label_source"] == "teacher"
     call = written[0]["response"]["choices"][0]["message"]["tool_calls"][0]["function"]

@@ -260,7 +260,8 @@ def _served_versions(settings: Any, refs: list[str]) -> dict[str, str | None]:
     out: dict[str, str | None] = {"base_zero_shot": None, "base_few_shot": None}
     for ref in refs:
         number = ref if ref.isdigit() else alias_version(settings, ref)
-        out["tuned_champion" if ref == "champion" else f"tuned_v{number}"] = None if number is None else str(number)
+        if number is not None:  # an unknown ref is refused by `_adapters_to_evaluate`, never served by the base
+            out["tuned_champion" if ref == "champion" else f"tuned_v{number}"] = str(number)
     return out
 
 

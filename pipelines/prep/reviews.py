@@ -21,6 +21,7 @@ import orjson
 from pipelines.clients.teacher import TeacherClient
 from pipelines.config import Settings
 from pipelines.errors import DataProblem
+from pipelines.logs.schema import TEACHER_COPY_SUFFIX
 from pipelines.storage import exists, glob, read_bytes, read_json, write_bytes, write_json
 
 REVIEWS_DIR = "_reviews"
@@ -57,6 +58,8 @@ def queue(settings: Settings) -> list[dict[str, Any]]:
     if "held" not in logs.columns:
         return []
     down = logs[logs["held"].fillna("").str.startswith(DOWN)].sort_values(["event_timestamp", "record_id"])
+    ids = logs["record_id"].astype(str)
+    copies = set(ids[ids.str.endswith(TEACHER_COPY_SUFFIX)])  # turns a canary's teacher answered too
     out = []
     for row in down.to_dict("records"):
         if exists(_decision_uri(settings, row["record_id"])):
@@ -70,6 +73,7 @@ def queue(settings: Settings) -> list[dict[str, Any]]:
                 "arguments": row["arguments_json"],
                 "label_source": row["label_source"],
                 "at": str(row["event_timestamp"]),
+                "teacher_copy": f"{row['record_id']}{TEACHER_COPY_SUFFIX}" in copies,
             }
         )
     return out
@@ -104,14 +108,16 @@ def decide(
     call: dict[str, Any] | None = None,
     reviewer: str = "reviewer",
     label_source: str = "human",
+    entry: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Accept (with the corrected `call`) or reject one queued turn; returns what was written. One reviewer at
     a time per record (a lock): an accept and a reject of the same record never both land. `label_source`: who
-    wrote the corrected call (`human`; `teacher` when `relabel` asked the teacher)."""
+    wrote the corrected call (`human`; `teacher` when `relabel` asked the teacher); `entry`: the turn's queue
+    entry when the caller read the queue already (`relabel`: one scan of the clean logs for the whole run)."""
     from pipelines.locks import shared_lock
 
     with shared_lock(_decision_uri(settings, record_id), 60, f"the review of {record_id}", settings.state_lock_uri):
-        return _decide(settings, record_id, accept, call, reviewer, label_source)
+        return _decide(settings, record_id, accept, call, reviewer, label_source, entry)
 
 
 def _decide(
@@ -121,16 +127,18 @@ def _decide(
     call: dict[str, Any] | None,
     reviewer: str,
     label_source: str = "human",
+    entry: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     from datetime import datetime
 
     from pipelines.logs.tools import argument_errors
     from pipelines.logs.toolsets import registered_catalogue
 
-    waiting = {r["record_id"]: r for r in queue(settings)}
+    if exists(_decision_uri(settings, record_id)):  # under the record's lock: an accept and a reject never both land
+        raise ReviewError(f"record {record_id} is already decided")
+    waiting = {entry["record_id"]: entry} if entry is not None else {r["record_id"]: r for r in queue(settings)}
     if record_id not in waiting:
-        decided = exists(_decision_uri(settings, record_id))
-        raise ReviewError(f"record {record_id} is {'already decided' if decided else 'not in the review queue'}")
+        raise ReviewError(f"record {record_id} is not in the review queue")
     entry = waiting[record_id]
     decision: dict[str, Any] = {
         "record_id": record_id,
@@ -247,6 +255,8 @@ def _relabel_one(settings: Settings, client: TeacherClient, entry: dict[str, Any
     """The decision written for one queued turn, or why it is left for a person."""
     from pipelines.clients.teacher import TeacherError
 
+    if entry.get("teacher_copy"):  # a canary's: the teacher answered it already, and its answer trains
+        return "the teacher answered it already (a canary's teacher copy)"
     try:
         record = _raw_record(settings, entry["record_id"], entry["dt"])
     except ReviewError:
@@ -263,9 +273,9 @@ def _relabel_one(settings: Settings, client: TeacherClient, entry: dict[str, Any
     if call == _first_call(record["response"]["choices"][0]["message"]):  # the raw answer, before redaction
         return "the teacher gave the answer that was rated down"
     try:
-        return decide(settings, entry["record_id"], True, call, f"teacher:{answer.model}", "teacher")
+        return decide(settings, entry["record_id"], True, call, f"teacher:{answer.model}", "teacher", entry)
     except ReviewError as exc:
-        if "already decided" in str(exc) or "not in the review queue" in str(exc):
+        if "already decided" in str(exc):
             return DECIDED_MEANWHILE
         if "breaks its schema" in str(exc):
             return "the teacher's call breaks its tool's schema"
