@@ -475,6 +475,11 @@ def test_a_canarys_teacher_copies_are_not_counted_as_traffic(tmp_path: Path) -> 
     for line in lines[:10]:
         record = json.loads(line)
         copies.append(json.dumps({**record, "record_id": record["record_id"] + TEACHER_COPY_SUFFIX}))
-    rows, _, _ = _parse_lines(lines, "raw.jsonl", dict(TOOLS_BY_NAME))
-    with_copies, _, _ = _parse_lines(lines + copies, "raw.jsonl", dict(TOOLS_BY_NAME))
-    assert rows and len(with_copies) == len(rows)
+    broken = json.loads(copies[0])  # a teacher's call prep would quarantine: not the served model's health either
+    broken["response"]["choices"][0]["message"] = {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c", "type": "function", "function": {"name": "no_such_tool", "arguments": "{}"}}]}  # fmt: skip
+    rows, reasons, _ = _parse_lines(lines, "raw.jsonl", dict(TOOLS_BY_NAME))
+    with_copies, with_reasons, _ = _parse_lines([*lines, *copies, json.dumps(broken)], "raw.jsonl", dict(TOOLS_BY_NAME))
+    assert rows and len(with_copies) == len(rows) and with_reasons == reasons
+    alone, quarantined, _ = _parse_lines([json.dumps({**broken, "record_id": "x"})], "raw.jsonl", dict(TOOLS_BY_NAME))
+    assert not alone and sum(quarantined.values()) == 1  # the same line as a served turn is quarantined, counted

@@ -188,3 +188,30 @@ def test_relabelling_is_refused_where_teacher_labels_do_not_train(tmp_path: Path
     with pytest.raises(ReviewError, match="teacher labels do not train"):
         relabel(settings, teacher, limit=10)
     assert teacher.asked == [] and [r["record_id"] for r in queue(settings)] == ["q1"]
+
+
+def test_a_teacher_that_refuses_everything_marks_nothing_and_a_turn_it_keeps_failing_goes_to_a_person(
+    tmp_path: Path,
+) -> None:
+    """Refusals from the start of a run with no answer are the teacher's fault: the run stops, nothing is marked
+    (mutation tried: refusals marked at once, and the turns are never asked again); a turn the teacher fails on
+    `MAX_FAILURES` times is left for a person, so one bad turn cannot block every run (mutation tried: failures
+    not counted)."""
+    from pipelines.config import load_settings
+    from pipelines.prep.reviews import MAX_FAILURES, relabel
+
+    settings = load_settings(root=str(tmp_path))
+    asks = [f"order ORD-00000{n} please" for n in range(4)]
+    _queue(settings, [(f"q{n}", a, OTHER, "champion") for n, a in enumerate(asks)])
+    teacher = ScriptedTeacher(dict.fromkeys(asks, 400))
+    with pytest.raises(TeacherError, match="refused the first 3 requests and answered none"):
+        relabel(settings, teacher, limit=10)
+    assert not list(Path(settings.zone("raw"), "_reviews").rglob("*.json"))  # nothing marked, nothing decided
+    teacher.answers.update({asks[0]: 503, asks[1]: ORDER, asks[2]: ORDER, asks[3]: ORDER})
+    for _ in range(MAX_FAILURES):  # q0 fails every run, the runs stop there
+        with pytest.raises(TeacherError, match="HTTP 503"):
+            relabel(settings, teacher, limit=10)
+    result = relabel(settings, teacher, limit=10)  # q0 is now a person's; the rest are reached
+    assert result["relabelled"] == 3 and "q0" not in {d["record_id"] for d in result["decisions"]}
+    marker = json.loads(next(Path(settings.zone("raw"), "_reviews", "_relabel").glob("*.json")).read_text())
+    assert marker["record_id"] == "q0" and marker["reason"] == f"the teacher failed on it {MAX_FAILURES} times"

@@ -270,3 +270,31 @@ def test_an_offline_shadow_run_pairs_the_gold_over_our_models_wrong_answers() ->
         "evaluation: the report kept no answer (written before answers were kept)": 1,
         "evaluation: the request is not a curated example": 1,
     }
+
+
+def test_collected_pairs_read_the_rating_of_each_canary_answer_from_the_clean_logs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`collect_pairs` reads the served turn of each canary disagreement from the clean logs, so an answer the
+    caller rated up is never a rejected side (mutation tried: the canary ids left out of the rows read, and the
+    pair is built)."""
+    from pipelines.config import load_settings
+    from pipelines.prep import dataset
+    from pipelines.prep.pairs import collect_pairs
+    from pipelines.prep.pipeline import zone_paths
+
+    settings = load_settings(root=str(tmp_path))
+    logs = Path(zone_paths(settings)["clean_logs"], "dt=2026-11-20")
+    logs.mkdir(parents=True)
+    rows = [{"record_id": r, "tool": "track", "arguments_json": "{}", "label_source": "champion", "feedback": f}
+            for r, f in (("k1", "up"), ("k2", "none"))]  # fmt: skip
+    pd.DataFrame(rows).to_parquet(logs / "part-0.parquet")
+    examples = [_example("k1-teacher", ORDER, "teacher", "a"), _example("k2-teacher", ORDER, "teacher", "b")]
+    monkeypatch.setattr(dataset, "load_split", lambda settings, split: pd.DataFrame(examples))
+    agreement = Path(settings.zone("serving"), "gateway", "agreement", "dt=2026-11-20")
+    agreement.mkdir(parents=True)
+    lines = [json.dumps(_shadow(k, TRACK, mode="canary")) for k in ("k1", "k2")]
+    (agreement / "a.jsonl").write_text("\n".join(lines) + "\n")
+    pairs, dropped, _ = collect_pairs(settings)
+    assert list(pairs["pair_id"]) == ["canary:k2-teacher"]
+    assert dropped == {"canary: a person rated the candidate's answer up": 1}

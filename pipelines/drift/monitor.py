@@ -62,8 +62,8 @@ def _parse_lines(
             continue
         count += 1
         row = prepare_line(line, source, tools)
-        if row["status"] == "clean" and str(row.get("record_id") or "").endswith(TEACHER_COPY_SUFFIX):
-            continue  # a canary's teacher copy: a second answer to a request already counted, not traffic
+        if str(row.get("record_id") or "").endswith(TEACHER_COPY_SUFFIX):
+            continue  # a canary's teacher copy (clean or not): a second answer to a request already counted
         if row["status"] == "clean":
             rows.append({c: row.get(c) for c in columns})
         else:

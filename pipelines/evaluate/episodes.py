@@ -384,6 +384,7 @@ def _teacher_forced(golds: list[Gold], policy: Policy, effects: Mapping[str, str
         steps = row["steps"]
         row["all_steps_exact"] = int(all(s["exact_match"] for s in steps))
         tells = getattr(policy, "probabilities", True)  # a served model gives none: not even an empty path's 1.0
-        row["gold_path_probability"] = math.prod(s["gold_probability"] for s in steps) if tells else None
+        known = [s["gold_probability"] for s in steps if s["gold_probability"] is not None]
+        row["gold_path_probability"] = math.prod(known) if tells and len(known) == len(steps) else None
         row["wrong_writes"] = sum(1 for s in steps if s["wrong_write"])
     return rows

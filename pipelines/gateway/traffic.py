@@ -347,7 +347,8 @@ class Traffic:
 
         if self.capture is None or not api.is_label(body):
             return
-        if rt.call_of(body["choices"][0]["message"]) == rt.call_of(served_body["choices"][0]["message"]):
+        teacher, answer = rt.call_of(body["choices"][0]["message"]), rt.call_of(served_body["choices"][0]["message"])
+        if rt.agreement(teacher, answer)["exact"]:  # the live gate's own comparison: the same call
             return
         record = capture_record(parsed, served, body, latency_ms=took, defaults=self.defaults, served_by=by)
         copy_id = f"{served.response_id}{TEACHER_COPY_SUFFIX}"

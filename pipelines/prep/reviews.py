@@ -136,6 +136,8 @@ def _decide(
 
     if exists(_decision_uri(settings, record_id)):  # under the record's lock: an accept and a reject never both land
         raise ReviewError(f"record {record_id} is already decided")
+    if entry is not None and not _still_down(settings, entry):  # rated again, or prepared anew, since the scan
+        entry = None
     waiting = {entry["record_id"]: entry} if entry is not None else {r["record_id"]: r for r in queue(settings)}
     if record_id not in waiting:
         raise ReviewError(f"record {record_id} is not in the review queue")
@@ -194,6 +196,19 @@ def _decide(
     return decision
 
 
+def _still_down(settings: Settings, entry: dict[str, Any]) -> bool:
+    """Whether a queued turn is still held as rated down in its day's clean logs."""
+    import pandas as pd
+
+    from pipelines.prep.pipeline import zone_paths
+
+    for f in glob(f"{zone_paths(settings)['clean_logs']}/dt={entry['dt']}/*.parquet"):
+        rows = pd.read_parquet(f, columns=["record_id", "held"], filters=[("record_id", "==", entry["record_id"])])
+        if len(rows):
+            return str(rows["held"].iloc[0] or "").startswith(DOWN)
+    return False
+
+
 def decisions(settings: Settings) -> list[dict[str, Any]]:
     return [read_json(u) for u in sorted(glob(f"{settings.zone('raw').rstrip('/')}/{REVIEWS_DIR}/*.json"))]
 
@@ -205,35 +220,55 @@ def relabel(settings: Settings, client: TeacherClient, limit: int) -> dict[str, 
     over the down-rated answer (source `relabel`). A turn the teacher answers with no call, with a call that
     fails the checks, or with the very answer that was rated down, or whose request it refuses (HTTP 400, 413,
     422), stays in the queue for a person, counted by reason, and is not asked again (a marker under
-    `_reviews/_relabel/`). Any other failure of the teacher stops the run (`TeacherError`: one line); what was
-    decided before it stays decided. Refused when `teacher` labels do not train (`quality.train_label_sources`):
-    a relabel would only take the turn from a person's queue."""
+    `_reviews/_relabel/`). A refusal is marked only once the teacher has answered another request of the run: a
+    teacher that refuses the first `REFUSALS_IN_A_ROW` and answers none is misconfigured, and the run stops with
+    nothing marked. Any other failure of the teacher stops the run (`TeacherError`: one line) and is counted
+    against the turn it was asked; a turn it failed on `MAX_FAILURES` times is left for a person. What was
+    decided before a stop stays decided. Refused when `teacher` labels do not train
+    (`quality.train_label_sources`): a relabel would only take the turn from a person's queue."""
     from collections import Counter
+
+    from pipelines.clients.teacher import TeacherError
 
     if "teacher" not in settings.quality.train_label_sources:
         raise ReviewError(
             "relabel: teacher labels do not train here (quality.train_label_sources): a relabel would only take "
             "the turns from a person's queue"
         )
-    waiting = [
-        r
-        for r in queue(settings)
-        if r["label_source"] == "champion" and not exists(_tried_uri(settings, r["record_id"]))
-    ][:limit]
+    ours = [r for r in queue(settings) if r["label_source"] == "champion"]
+    waiting = [r for r in ours if "reason" not in _tried(settings, r["record_id"])][:limit]
     relabelled: list[dict[str, Any]] = []
     left: Counter[str] = Counter()
+    refused: list[tuple[dict[str, Any], str]] = []
+    answered = False
     for entry in waiting:
-        outcome = _relabel_one(settings, client, entry)
+        try:
+            outcome = _relabel_one(settings, client, entry)
+        except TeacherError:
+            _mark(settings, client, entry, None)  # one more failure against this turn
+            for turn, why in refused if answered else []:
+                _mark(settings, client, turn, why)
+            raise
+        if isinstance(outcome, str) and outcome.startswith(REFUSED):
+            refused.append((entry, outcome))
+            left[outcome] += 1
+            if not answered and len(refused) >= REFUSALS_IN_A_ROW:
+                raise TeacherError(
+                    f"the teacher refused the first {len(refused)} requests and answered none: check its "
+                    "configuration (tool calls enabled?); nothing was marked",
+                    502,
+                    "teacher_error",
+                )
+            continue
+        answered = answered or outcome not in (RAW_GONE, CANARY_COPY)
         if isinstance(outcome, dict):
             relabelled.append(outcome)
             continue
         left[outcome] += 1
         if outcome != DECIDED_MEANWHILE:  # a person's to decide: not asked again
-            from datetime import datetime
-
-            tried = {"record_id": entry["record_id"], "reason": outcome, "teacher": client.model,
-                     "at": datetime.now(UTC).isoformat(timespec="seconds")}  # fmt: skip
-            write_json(_tried_uri(settings, entry["record_id"]), tried)
+            _mark(settings, client, entry, outcome)
+    for entry, outcome in refused if answered else []:
+        _mark(settings, client, entry, outcome)
     return {
         "asked": len(waiting),
         "relabelled": len(relabelled),
@@ -243,7 +278,12 @@ def relabel(settings: Settings, client: TeacherClient, limit: int) -> dict[str, 
 
 
 DECIDED_MEANWHILE = "a person decided it meanwhile"
+RAW_GONE = "its raw record is gone (retention)"
+CANARY_COPY = "the teacher answered it already (a canary's teacher copy)"
+REFUSED = "the teacher refused the request"
 TEACHER_REFUSALS = (400, 413, 422)  # the teacher refused this one request (too long, filtered): the next may pass
+REFUSALS_IN_A_ROW = 3  # refused from the start of a run and nothing answered: the teacher, not the turns
+MAX_FAILURES = 3  # a turn the teacher failed on this often (a timeout, a 5xx) is left for a person
 
 
 def _tried_uri(settings: Settings, record_id: str) -> str:
@@ -251,21 +291,44 @@ def _tried_uri(settings: Settings, record_id: str) -> str:
     return f"{settings.zone('raw').rstrip('/')}/{REVIEWS_DIR}/_relabel/{_digest(record_id)}.json"
 
 
+def _tried(settings: Settings, record_id: str) -> dict[str, Any]:
+    uri = _tried_uri(settings, record_id)
+    return read_json(uri) if exists(uri) else {}
+
+
+def _mark(settings: Settings, client: TeacherClient, entry: dict[str, Any], reason: str | None) -> None:
+    """Leave a turn for a person (`reason`), or count one more failure of the teacher on it (None): at
+    `MAX_FAILURES` it is left for a person too."""
+    from datetime import datetime
+
+    marker = _tried(settings, entry["record_id"])
+    if reason is None:
+        marker["failures"] = int(marker.get("failures") or 0) + 1
+        if marker["failures"] >= MAX_FAILURES:
+            reason = f"the teacher failed on it {marker['failures']} times"
+    marker.update(
+        record_id=entry["record_id"], teacher=client.model, at=datetime.now(UTC).isoformat(timespec="seconds")
+    )
+    if reason is not None:
+        marker["reason"] = reason
+    write_json(_tried_uri(settings, entry["record_id"]), marker)
+
+
 def _relabel_one(settings: Settings, client: TeacherClient, entry: dict[str, Any]) -> dict[str, Any] | str:
     """The decision written for one queued turn, or why it is left for a person."""
     from pipelines.clients.teacher import TeacherError
 
     if entry.get("teacher_copy"):  # a canary's: the teacher answered it already, and its answer trains
-        return "the teacher answered it already (a canary's teacher copy)"
+        return CANARY_COPY
     try:
         record = _raw_record(settings, entry["record_id"], entry["dt"])
     except ReviewError:
-        return "its raw record is gone (retention)"
+        return RAW_GONE
     try:
         answer = client.complete(record["request"]["messages"], record["request"].get("tools"))
     except TeacherError as exc:
         if exc.upstream_status in TEACHER_REFUSALS:
-            return f"the teacher refused the request (HTTP {exc.upstream_status})"
+            return f"{REFUSED} (HTTP {exc.upstream_status})"
         raise
     call = _first_call(answer.message)
     if call is None or not call["name"]:
