@@ -30,13 +30,15 @@ class ScriptedTeacher:
 
     model = TEACHER_MODEL
 
-    def __init__(self, answers: dict[str, dict[str, Any] | int | None]) -> None:
+    def __init__(self, answers: dict[str, dict[str, Any] | int | str | None]) -> None:
         self.answers, self.asked = answers, []
 
     def complete(self, messages: list[dict[str, Any]], tools: Any, tool_choice: Any = None) -> TeacherAnswer:
         text = messages[-1]["content"]
         self.asked.append(text)
         call = self.answers[text]
+        if call == "down":  # no connection
+            raise TeacherError("the teacher did not answer (ConnectError)", 503, "teacher_unavailable", None, False)
         if isinstance(call, int):  # the teacher answers this request with that HTTP status
             raise TeacherError(f"the teacher answered HTTP {call}", 502, "teacher_error", call)
         message: dict[str, Any] = {"role": "assistant", "content": "I cannot help with that"}
@@ -207,6 +209,11 @@ def test_a_teacher_that_refuses_everything_marks_nothing_and_a_turn_it_keeps_fai
     with pytest.raises(TeacherError, match="refused the first 3 requests and answered none"):
         relabel(settings, teacher, limit=10)
     assert not list(Path(settings.zone("raw"), "_reviews").rglob("*.json"))  # nothing marked, nothing decided
+    teacher.answers[asks[0]] = "down"
+    for _ in range(MAX_FAILURES):  # a teacher that is down counts against no turn (mutation: counted: fails)
+        with pytest.raises(TeacherError, match="did not answer"):
+            relabel(settings, teacher, limit=10)
+    assert not list(Path(settings.zone("raw"), "_reviews").rglob("*.json"))
     teacher.answers.update({asks[0]: 503, asks[1]: ORDER, asks[2]: ORDER, asks[3]: ORDER})
     for _ in range(MAX_FAILURES):  # q0 fails every run, the runs stop there
         with pytest.raises(TeacherError, match="HTTP 503"):

@@ -20,9 +20,12 @@ class TeacherError(RuntimeError):
     """The teacher did not answer with a chat completion (a retry may succeed): `status` is the HTTP status a
     gateway answers with (503 down or not configured, 502 a bad answer), `code` OpenAI's error code."""
 
-    def __init__(self, message: str, status: int, code: str, upstream_status: int | None = None) -> None:
+    def __init__(
+        self, message: str, status: int, code: str, upstream_status: int | None = None, reached: bool = True
+    ) -> None:
         super().__init__(message)
         self.status, self.code, self.upstream_status = status, code, upstream_status
+        self.reached = reached  # False: no connection (down, not configured), whatever the request was
 
 
 @dataclass(frozen=True)
@@ -46,7 +49,9 @@ class TeacherClient:
         """The configured teacher; `TeacherError` (503) when `gateway.teacher_url` is not set."""
         g = settings.gateway
         if not g.teacher_url:
-            raise TeacherError("no teacher is configured (gateway.teacher_url)", 503, "teacher_unavailable")
+            raise TeacherError(
+                "no teacher is configured (gateway.teacher_url)", 503, "teacher_unavailable", None, False
+            )
         key = g.teacher_api_key.get_secret_value() if g.teacher_api_key else None
         return cls(g.teacher_url, g.teacher_model, key, g.request_timeout_s)
 
@@ -71,8 +76,13 @@ class TeacherClient:
                 f"{self.url.rstrip('/')}/chat/completions", json=payload, headers=headers, timeout=self.timeout_s
             )
         except (httpx.HTTPError, UnicodeError, ValueError) as exc:  # down, or a request it could not be sent
+            reached = not isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout))  # e.g. a read timeout
             raise TeacherError(
-                f"the teacher at {where} did not answer ({type(exc).__name__})", 503, "teacher_unavailable"
+                f"the teacher at {where} did not answer ({type(exc).__name__})",
+                503,
+                "teacher_unavailable",
+                None,
+                reached,
             ) from None
         if response.status_code != 200:
             raise TeacherError(

@@ -244,8 +244,9 @@ def relabel(settings: Settings, client: TeacherClient, limit: int) -> dict[str, 
     for entry in waiting:
         try:
             outcome = _relabel_one(settings, client, entry)
-        except TeacherError:
-            _mark(settings, client, entry, None)  # one more failure against this turn
+        except TeacherError as exc:
+            if exc.reached:  # one more failure against this turn (not when the teacher is down for every turn)
+                _mark(settings, client, entry, None)
             for turn, why in refused if answered else []:
                 _mark(settings, client, turn, why)
             raise
