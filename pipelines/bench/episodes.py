@@ -62,12 +62,21 @@ def through_triton(settings: Settings, policies: list[ModelPolicy], versions: di
     """The same conditions answered by Triton: the base conditions by the base model, each version's by its own
     model (`versions`: condition label -> registry version, None for the base). A condition whose model is not
     loaded is refused with one line, before any episode runs; an adapter folder (no version) cannot be served."""
-    from dataclasses import fields
-
     from pipelines.serve.client import TritonClient
-    from pipelines.serve.repository import triton_name
 
     client = TritonClient(settings)
+    try:
+        return _served(settings, policies, versions, client)
+    except TritonUnavailable:
+        client.close()  # refused before any episode: nothing will use the connection
+        raise
+
+
+def _served(settings: Settings, policies: list[ModelPolicy], versions: dict[str, str | None], client: Any) -> list[Any]:
+    from dataclasses import fields
+
+    from pipelines.serve.repository import triton_name
+
     try:
         loaded = set(client.loaded())
     except Exception as exc:  # noqa: BLE001 (down, or not started: one line)

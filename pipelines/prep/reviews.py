@@ -21,7 +21,7 @@ import orjson
 from pipelines.clients.teacher import TeacherClient
 from pipelines.config import Settings
 from pipelines.errors import DataProblem
-from pipelines.logs.schema import TEACHER_COPY_SUFFIX
+from pipelines.logs.schema import TEACHER_COPY_SUFFIX, teacher_call
 from pipelines.storage import exists, glob, read_bytes, read_json, write_bytes, write_json
 
 REVIEWS_DIR = "_reviews"
@@ -29,7 +29,12 @@ DOWN = "rated down"
 
 
 class ReviewError(DataProblem):
-    """A review that cannot be applied (unknown record, a call its tools do not allow); one line."""
+    """A review that cannot be applied (unknown record, a call its tools do not allow); one line. `kind` names
+    the case for a caller that tells them apart (`relabel`): decided, unoffered_tool, schema, or other."""
+
+    def __init__(self, message: str, kind: str = "other") -> None:
+        super().__init__(message)
+        self.kind = kind
 
 
 def _digest(record_id: str) -> str:
@@ -135,10 +140,11 @@ def _decide(
     from pipelines.logs.toolsets import registered_catalogue
 
     if exists(_decision_uri(settings, record_id)):  # under the record's lock: an accept and a reject never both land
-        raise ReviewError(f"record {record_id} is already decided")
-    if entry is not None and not _still_down(settings, entry):  # rated again, or prepared anew, since the scan
-        entry = None
-    waiting = {entry["record_id"]: entry} if entry is not None else {r["record_id"]: r for r in queue(settings)}
+        raise ReviewError(f"record {record_id} is already decided", "decided")
+    if entry is not None:  # the caller's scan of the queue, checked against the turn's row as it is now
+        waiting = {record_id: entry} if _still_down(settings, entry) else {}
+    else:
+        waiting = {r["record_id"]: r for r in queue(settings)}
     if record_id not in waiting:
         raise ReviewError(f"record {record_id} is not in the review queue")
     entry = waiting[record_id]
@@ -156,10 +162,12 @@ def _decide(
         name, arguments = call.get("name"), call.get("arguments") or {}
         if name is not None:
             if name not in offered:
-                raise ReviewError(f"{name} is not one of the tools this turn offered ({', '.join(sorted(offered))})")
+                raise ReviewError(
+                    f"{name} is not one of the tools this turn offered ({', '.join(sorted(offered))})", "unoffered_tool"
+                )
             errors = argument_errors(name, arguments, registered_catalogue(settings.zone("raw")))
             if errors:
-                raise ReviewError(f"the corrected {name} call breaks its schema: {errors[0]}")
+                raise ReviewError(f"the corrected {name} call breaks its schema: {errors[0]}", "schema")
         fixed_id = f"{record_id}-review"
         message = (
             {
@@ -334,21 +342,21 @@ def _relabel_one(settings: Settings, client: TeacherClient, entry: dict[str, Any
     call = _first_call(answer.message)
     if call is None or not call["name"]:
         return "the teacher made no call" if call is None else "the teacher's call names no tool"
-    if call == _first_call(record["response"]["choices"][0]["message"]):  # the raw answer, before redaction
+    if call == teacher_call(record):  # the raw answer, before redaction
         return "the teacher gave the answer that was rated down"
     try:
         return decide(settings, entry["record_id"], True, call, f"teacher:{answer.model}", "teacher", entry)
     except ReviewError as exc:
-        if "already decided" in str(exc):
+        if exc.kind == "decided":
             return DECIDED_MEANWHILE
-        if "breaks its schema" in str(exc):
+        if exc.kind == "schema":
             return "the teacher's call breaks its tool's schema"
         return "the teacher's call is not one of the turn's tools"
 
 
 def _first_call(message: dict[str, Any]) -> dict[str, Any] | None:
-    """An assistant message's first tool call as {name, arguments}; None without one, or when it cannot be
-    parsed."""
+    """The teacher's answer's first tool call as {name, arguments}; None without one, or when it cannot be
+    parsed (an upstream's answer, not yet checked as a logged record is: `logs.schema.teacher_call`)."""
     from pipelines.toolcall.calls import parse_call
 
     calls = message.get("tool_calls") or []
