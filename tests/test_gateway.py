@@ -248,8 +248,10 @@ def test_a_canary_splits_live_traffic_by_its_share(gateway) -> None:
     time.sleep(1.2)
     from concurrent.futures import ThreadPoolExecutor
 
-    agree = [ASK[0], {"role": "user", "content": "ping the router"}]  # the teacher answers as the candidate must
-    gateway["teacher"].answers["ping the router"] = {"name": "ping", "arguments": {}}
+    agree = [ASK[0], {"role": "user", "content": "ping the router"}]  # the teacher answers as the candidate does
+    alone = client.chat.completions.create(model="candidate", messages=agree, tools=PING, tool_choice="required")
+    said = alone.choices[0].message.tool_calls[0].function  # greedy: what the canary's candidate answers too
+    gateway["teacher"].answers["ping the router"] = {"name": said.name, "arguments": json.loads(said.arguments)}
 
     def ask(n: int) -> str:
         messages = ASK if n % 2 else agree
