@@ -19,7 +19,7 @@ Writes bench/results/tune_retail.json (commit, settings, seeds, n) and keeps the
 the work folder. Not part of `make test` (the results file records how long it ran).
 
 Usage: .venv/bin/python bench/tune_retail.py [--work /tmp/flywheel-tune-retail] [--data ../shared/data]
-       [--examples 120] [--shadow 300] [--resume]
+       [--examples 120] [--shadow 300] [--resume] [--until dpo]
 """
 
 from __future__ import annotations
@@ -73,6 +73,12 @@ def heldout_steps(root: Path, files: dict[str, Path], data: Path, work: Path, lo
     return merged
 
 
+def stopped(step: str, state: Path) -> int:
+    """`--until STEP`: the steps up to STEP are saved in `state`; `--resume` goes on from there."""
+    print(f"stopped after {step} (--until): the state is in {state}; --resume goes on", flush=True)
+    return 0
+
+
 def summary(report: dict[str, Any]) -> dict[str, Any]:
     """Each condition's figures and the paired comparisons the evaluation computed."""
     rows = {
@@ -98,6 +104,7 @@ def main() -> int:
     parser.add_argument("--examples", type=int, default=120, help="held-out requests (a seeded sample by tool)")
     parser.add_argument("--shadow", type=int, default=300, help="training requests of the offline shadow run")
     parser.add_argument("--resume", action="store_true", help="go on from the last step an earlier run finished")
+    parser.add_argument("--until", choices=("sft", "grpo", "pairs", "dpo"), help="stop once this step is saved")
     args = parser.parse_args()
     if not (args.data / "retail_tools" / "db.json").is_file():
         print(f"error: no retail_tools/db.json under {args.data}", file=sys.stderr)
@@ -125,21 +132,29 @@ def main() -> int:
             raise SystemExit(f"error: the DAG registered no version under {root}; see {log}")
         saved["version"] = str(max(int(v["version"]) for v in versions))
         save_state(state, saved)
+    if args.until == "sft":
+        return stopped(args.until, state)
     if "grpo" not in saved:
         print(f"grpo: flywheel tune grpo --version {saved['version']} ...", flush=True)
         saved["grpo"] = as_json(run(root, "tune", "grpo", "--version", saved["version"], "--json", log=log,
                                     env=GRPO_ENV))  # fmt: skip
         save_state(state, saved)
+    if args.until == "grpo":
+        return stopped(args.until, state)
     if "pairs" not in saved:  # its own step: the shadow run is the longest of the bench's steps on a CPU
         print(f"dpo: an offline shadow run of v{saved['version']} on {args.shadow} training requests ...", flush=True)
         run(root, "eval", "--split", "train", "--version", saved["version"], "--examples", str(args.shadow),
             "--no-baselines", "--name", "shadow", log=log, timeout_s=10800)  # fmt: skip
         saved["pairs"] = as_json(run(root, "labels", "pairs", "--json", log=log))
         save_state(state, saved)
+    if args.until == "pairs":
+        return stopped(args.until, state)
     if "dpo" not in saved:
         saved["dpo"] = as_json(run(root, "tune", "dpo", "--version", saved["version"], "--json", log=log,
-                                   env=DPO_ENV))  # fmt: skip
+                                   env=DPO_ENV, timeout_s=10800))  # fmt: skip
         save_state(state, saved)
+    if args.until:  # each step before is saved: --resume goes on from here
+        return stopped(args.until, state)
     adapters = []
     for method in ("grpo", "dpo"):
         if saved[method].get("skipped") or not saved[method].get("adapter_dir"):

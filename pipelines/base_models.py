@@ -237,3 +237,31 @@ def load_model(base_model: str, settings: Settings, adapter: str | None = None) 
 
         model = PeftModel.from_pretrained(model, adapter).merge_and_unload()
     return model, tokenizer
+
+
+def served_precision(settings: Settings, what: str) -> Literal["fp32", "bf16"]:
+    """What a served instance computes one request in: a GPU bf16 (`load_base`); a CPU bf16 where
+    `triton.precision` is bf16 and it has bf16 units (`hardware.bf16_usable`), else fp32 (`auto` runs a batch
+    below `triton.bf16_min_rows`, a single request, in fp32). `what` names the caller in the no-bf16 warning."""
+    import torch
+
+    from pipelines.hardware import bf16_usable
+
+    if torch.cuda.is_available():
+        return "bf16"
+    if settings.triton.precision == "bf16" and bf16_usable("triton.precision bf16", what):
+        return "bf16"
+    return "fp32"
+
+
+def load_as_served(
+    base_model: str, settings: Settings, adapter: str | None = None, *, what: str = "decoding"
+) -> tuple[Any, Any]:
+    """`load_model` at the precision Triton serves it (`served_precision`): what evaluation, the sweep's
+    validation and the benchmark's in-process rows decode with, so their figures are the served model's."""
+    import torch
+
+    model, tokenizer = load_model(base_model, settings, adapter)
+    if served_precision(settings, what) == "bf16" and model.dtype == torch.float32:
+        model = model.to(torch.bfloat16)
+    return model, tokenizer

@@ -198,3 +198,33 @@ def test_a_p_value_recorded_as_zero_is_shown_below_the_rounding_not_as_zero() ->
 
     assert mcnemar({"wins": 122, "losses": 0, "p": 0.0}) == "122 / 0 (p < 5e-07)"
     assert mcnemar({"wins": 9, "losses": 1, "p": 0.02}) == "9 / 1 (p = 0.02)" and mcnemar(None) == ""
+
+
+DEMO = {
+    "benchmark": "demo",
+    "commit": {"sha": "0123456789abcdef0123456789abcdef01234567", "dirty": False},
+    "generated_at": "2026-01-04T06:00:00+00:00",
+    "machine": "test machine, 2 cores",
+    "settings": {"goal_s": 600},
+    "n": 1,
+    "returncode": 0,
+    "seconds": 701.5,
+    "goal_met": False,
+    "tasks": [{"task": "train", "seconds": 300.2, "summary": "best variant: two"},
+              {"task": "evaluate", "seconds": 150.0, "summary": "exact match 0.667"}],
+    "seconds_in_tasks": 450.2,
+    "seconds_outside_tasks": 251.3,
+}  # fmt: skip
+
+
+def test_the_demo_time_shows_the_goal_the_verdict_and_each_task(tmp_path: Path) -> None:
+    results, out = tmp_path / "results", tmp_path / "out"
+    write(results, "demo.json", DEMO)
+    render(results, out)
+    page = (out / "benchmarks.md").read_text()
+    assert "`make demo` after the install" in page and "`0123456`" in page
+    [head] = rows_of(page, "goal s")
+    assert (head["seconds"], head["goal s"], head["goal"], head["the run"]) == ("702", "600", "not met", "finished")
+    tasks = {r["DAG task"]: r for r in rows_of(page, "what it printed")}
+    assert tasks["train"]["seconds"] == "300" and tasks["train"]["what it printed"] == "best variant: two"
+    assert "One run: no interval recorded." in page

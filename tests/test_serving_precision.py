@@ -184,3 +184,25 @@ def test_the_precision_comparison_pairs_each_request_with_fp32s_at_the_same_conc
     assert moved["exact_match_diff"]["low"] < -0.15 and not moved["quality_held"]  # ... but paired, far from held
     assert moved["wrong_writes"] == {"bf16": 1, "fp32": 0} and moved["exact_match_diff"]["n"] == 96
     assert precision_comparison({"bf16": [_run(1, right, 1.0, 1.0)]}) == {}  # nothing to compare with
+
+
+@pytest.mark.parametrize(
+    ("precision", "units", "expected"),
+    [("bf16", True, "bfloat16"), ("fp32", True, "float32"), ("auto", True, "float32"), ("bf16", False, "float32")],
+)
+def test_evaluation_decodes_at_the_precision_a_single_request_is_served_at(
+    tmp_path, monkeypatch, precision: str, units: bool, expected: str
+) -> None:
+    """`load_as_served` (evaluation, the sweep's validation, the benchmark's direct rows, the episodes run): bf16 where
+    Triton serves one request in bf16 (`triton.precision` bf16 on a CPU with bf16 units), fp32 otherwise (auto serves a
+    single request on its fp32 copy; a CPU without bf16 units serves fp32 whatever the setting says)."""
+    import torch
+
+    from pipelines import hardware
+    from pipelines.base_models import load_as_served, served_precision
+
+    monkeypatch.setattr(hardware, "cpu_has_bf16", lambda: units)
+    settings = load_settings(root=str(tmp_path), triton={"precision": precision})
+    model, _ = load_as_served("tiny-llama", settings)
+    assert model.dtype == getattr(torch, expected)
+    assert served_precision(settings, "the test") == ("bf16" if expected == "bfloat16" else "fp32")

@@ -157,6 +157,10 @@ def test_evaluation_report_compares_conditions_on_the_same_requests(settings, fi
     # training call in the base model's tokens plus a margin), as the registered version will be served
     sweep = json.loads(Path(first_sweep["sweep_uri"]).read_text())
     assert report["settings"]["max_new_tokens"] == sweep["answer_budget"]
+    # decoded at the precision Triton serves (triton.precision bf16, the default, on a CPU with bf16 units)
+    from pipelines.base_models import served_precision
+
+    assert report["settings"]["precision"] == served_precision(settings, "the test") == "bf16"
     # measured on the training targets (not the prompts): within the budget of the split's longest target
     from mlflow import MlflowClient
     from pipelines.base_models import load_tokenizer

@@ -74,6 +74,7 @@ FAMILIES: dict[str, Family] = {
     "train": Family("Training backends", "benchmarks", training.train),
     "train_precision": Family("Training in bf16 and fp32 on the CPU", "benchmarks", training.train_precision),
     "tune_precision": Family("Tuning after SFT in bf16 and fp32 on the CPU", "benchmarks", training.train_precision),
+    "demo": Family("`make demo` after the install", "benchmarks", training.demo),
     "drift_check": Family("The drift check, cold and incremental", "benchmarks", training.drift_check),
     "pods": Family("Training pods", "benchmarks", training.pods),
     "nemo_bf16": Family("NeMo AutoModel's bf16 steps on the CPU, by op", "benchmarks", training.nemo_bf16),

@@ -231,3 +231,21 @@ def nemo_bf16(result: Result) -> Body:
             )  # fmt: skip
         )
     return Body(d.get("what", "NeMo AutoModel's training step by precision."), blocks)
+
+
+def demo(result: Result) -> Body:
+    """bench/demo.py: `flywheel demo` after the install, as a whole against its goal and by DAG task."""
+    d = result.data
+    goal = (d.get("settings") or {}).get("goal_s")
+    ran = "finished" if d.get("returncode") == 0 else f"failed (return code {d.get('returncode')})"
+    verdict = "met" if d.get("goal_met") else "not met"
+    head = table(
+        ["n (runs)", "seconds", "goal s", "goal", "the run", "seconds in DAG tasks", "outside them"],
+        [(num(d.get("n")), num(d.get("seconds")), num(goal), verdict, ran,
+          num(d.get("seconds_in_tasks")), num(d.get("seconds_outside_tasks")))],
+    )  # fmt: skip
+    rows = [(t["task"], num(t.get("seconds")), text(t.get("summary"))) for t in d.get("tasks") or []]
+    return Body(
+        d.get("what", "`flywheel demo` after the install."),
+        [head, table(["DAG task", "seconds", "what it printed"], rows), f"One run: {NO_INTERVAL}."],
+    )

@@ -320,12 +320,13 @@ def _direct(
     constrained: bool,
 ) -> dict[str, Any]:
     """The same requests through the same merged model in this process, batch 1, decoded as served
-    (constrained or not): Triton's overhead."""
-    from pipelines.base_models import load_model
+    (constrained or not, at the served precision): Triton's overhead."""
+    from pipelines.base_models import load_as_served
     from pipelines.registry.models import adapter_path
     from pipelines.toolcall.decode import generate
 
-    model, tokenizer = load_model(_base_model_of(settings, live), settings, adapter_path(settings, live.version))
+    adapter = adapter_path(settings, live.version)
+    model, tokenizer = load_as_served(_base_model_of(settings, live), settings, adapter, what="the direct rows")
     tools = [r["tools_json"] for r in rows] if constrained else [None] * len(rows)
     budget = repository.configured_limit(settings, live.name, "max_new_tokens")  # as Triton serves it
     generate(

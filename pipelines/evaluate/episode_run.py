@@ -326,19 +326,10 @@ def hand_over(done: ModelPolicy, after: ModelPolicy | None) -> None:
 
 
 def _as_served(settings: Settings, base_model: str, adapter: str | None) -> tuple[Any, Any]:
-    """The model as a CPU instance serves it (`triton.precision` bf16 computes in bf16 on a CPU with bf16 units;
-    fp32, auto (whose small batches are fp32) or a CPU without them, in fp32); a GPU model as loaded."""
-    import torch
+    """The model as an instance serves it (`base_models.load_as_served`)."""
+    from pipelines.base_models import load_as_served
 
-    from pipelines.base_models import load_model
-    from pipelines.hardware import bf16_usable
-
-    model, tokenizer = load_model(base_model, settings, adapter)
-    on_cpu = next(model.parameters()).device.type == "cpu"
-    bf16 = settings.triton.precision == "bf16"  # auto: fp32 below bf16_min_rows, so as fp32 here
-    if on_cpu and bf16 and model.dtype == torch.float32 and bf16_usable("triton.precision bf16", "episodes run"):
-        model = model.to(torch.bfloat16)
-    return model, tokenizer
+    return load_as_served(base_model, settings, adapter, what="episodes run")
 
 
 def policies_for(

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from pipelines.base_models import load_model
+from pipelines.base_models import load_as_served, served_precision
 from pipelines.config import DECODINGS, Settings
 from pipelines.evaluate.results import TABLE_METRICS, ConditionResult, EvalReport  # noqa: F401 (re-exported)
 from pipelines.logs.toolsets import registered_catalogue, tool_effects
@@ -236,7 +236,11 @@ def evaluate(
         len(frame),
         results,
         seconds=round(time.perf_counter() - started, 1),
-        settings={**cfg.model_dump(), "customer_context": context},
+        settings={
+            **cfg.model_dump(),
+            "customer_context": context,
+            "precision": served_precision(settings, "evaluation"),  # as served: `base_models.load_as_served`
+        },
         comparisons=comparisons(results, settings.promotion.tool_metrics, settings.promotion.min_tool_examples),
     )
     return write_report(settings, report)
@@ -260,7 +264,7 @@ class _Conditions:
         """Base zero-shot and (with `cfg.shots`) base few-shot with retrieved examples, on one base model."""
         cfg = self.cfg
         wanted = cfg.only is None or any(c.startswith("base_") for c in cfg.only)
-        model, tokenizer = load_model(cfg.base_model, self.settings) if wanted else (None, None)
+        model, tokenizer = load_as_served(cfg.base_model, self.settings, what="evaluation") if wanted else (None, None)
         self.run("base_zero_shot", cfg.base_model, "full", 0, model, tokenizer, full, [e.turns for e in full])
         if cfg.shots and (cfg.only is None or "base_few_shot" in cfg.only):
             pool = shot_pool(
@@ -282,7 +286,7 @@ class _Conditions:
         for adapter in adapters:
             if self.cfg.only is not None and adapter.label not in self.cfg.only:
                 continue
-            model, tokenizer = load_model(self.cfg.base_model, self.settings, adapter.path)
+            model, tokenizer = load_as_served(self.cfg.base_model, self.settings, adapter.path, what="evaluation")
             chosen = full if adapter.prompt_style == "full" else to_examples(frame, adapter.prompt_style)
             self.run(
                 adapter.label,

@@ -70,8 +70,9 @@ def validation_metrics(
     settings: Settings, base_model: str, adapter_dir: str, val: list[Any], budget: int
 ) -> dict[str, float]:
     """Generation on the validation split, decoded as models are served (`triton.constrained`: under the
-    offered tools' grammar) within the answer budget: the sweep's selection metric (no latency timing here)."""
-    from pipelines.base_models import load_model
+    offered tools' grammar; at the served precision) within the answer budget: the sweep's selection metric (no
+    latency timing here)."""
+    from pipelines.base_models import load_as_served
     from pipelines.logs.toolsets import tool_effects
     from pipelines.toolcall import score as m
     from pipelines.toolcall.decode import generate
@@ -81,7 +82,7 @@ def validation_metrics(
         effects = tool_effects(settings.zone("raw"))
     except Exception:  # noqa: BLE001 (a training pod's role reads curated only: the catalogue's effects, undeclared = write)
         effects = None
-    model, tokenizer = load_model(base_model, settings, adapter_dir)
+    model, tokenizer = load_as_served(base_model, settings, adapter_dir, what="the sweep's validation")
     out = generate(
         model,
         tokenizer,
