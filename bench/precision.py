@@ -1,6 +1,7 @@
 """`bench/train.py --precision fp32,bf16`: the hf backend's training on this CPU in each precision, side by side (same
 variant, seed, data and steps): tokens/s, the per-step loss curves, and each adapter's exact match on the same
-held-out requests (decoded as served), paired against fp32. Results JSON with commit, machine, settings, seeds."""
+held-out requests (under the grammar, both arms' adapters decoded in fp32: the training precision is what differs),
+paired against fp32. Results JSON with commit, machine, settings, seeds."""
 
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ def _examples(seed: int, records: int, style: str) -> list[Any]:
 
 
 def _exact(settings: Any, base_model: str, adapter: str, held_out: list[Any], budget: int) -> list[float]:
-    """Each held-out request's exact match (1/0), decoded as served (under the offered tools' grammar)."""
+    """Each held-out request's exact match (1/0), under the offered tools' grammar, in fp32 for both arms."""
     from pipelines.base_models import load_model
     from pipelines.toolcall import score as m
     from pipelines.toolcall.decode import generate

@@ -73,6 +73,12 @@ def heldout_steps(root: Path, files: dict[str, Path], data: Path, work: Path, lo
     return merged
 
 
+def step_commit(saved: dict[str, Any], step: str) -> None:
+    """The code a step ran with (a `--resume`d run can span commits); the steps before this was recorded ran at
+    the run's first commit (`commit`)."""
+    saved.setdefault("commits", {})[step] = commit()
+
+
 def stopped(step: str, state: Path) -> int:
     """`--until STEP`: the steps up to STEP are saved in `state`; `--resume` goes on from there."""
     print(f"stopped after {step} (--until): the state is in {state}; --resume goes on", flush=True)
@@ -131,6 +137,7 @@ def main() -> int:
         if not versions:
             raise SystemExit(f"error: the DAG registered no version under {root}; see {log}")
         saved["version"] = str(max(int(v["version"]) for v in versions))
+        step_commit(saved, "sft")
         save_state(state, saved)
     if args.until == "sft":
         return stopped(args.until, state)
@@ -138,6 +145,7 @@ def main() -> int:
         print(f"grpo: flywheel tune grpo --version {saved['version']} ...", flush=True)
         saved["grpo"] = as_json(run(root, "tune", "grpo", "--version", saved["version"], "--json", log=log,
                                     env=GRPO_ENV))  # fmt: skip
+        step_commit(saved, "grpo")
         save_state(state, saved)
     if args.until == "grpo":
         return stopped(args.until, state)
@@ -146,12 +154,14 @@ def main() -> int:
         run(root, "eval", "--split", "train", "--version", saved["version"], "--examples", str(args.shadow),
             "--no-baselines", "--name", "shadow", log=log, timeout_s=10800)  # fmt: skip
         saved["pairs"] = as_json(run(root, "labels", "pairs", "--json", log=log))
+        step_commit(saved, "pairs")
         save_state(state, saved)
     if args.until == "pairs":
         return stopped(args.until, state)
     if "dpo" not in saved:
         saved["dpo"] = as_json(run(root, "tune", "dpo", "--version", saved["version"], "--json", log=log,
                                    env=DPO_ENV, timeout_s=10800))  # fmt: skip
+        step_commit(saved, "dpo")
         save_state(state, saved)
     if args.until:  # each step before is saved: --resume goes on from here
         return stopped(args.until, state)
@@ -172,7 +182,8 @@ def main() -> int:
         "what": "tau-bench retail: the SFT version against the same adapter tuned by GRPO and by DPO (an offline "
         "shadow run's disagreements with the gold), on requests of tasks never trained on, decoded as served; "
         "paired per request",
-        "commit": saved["commit"],
+        "commit": commit(),  # the evaluation's; each step's own below
+        "commits_by_step": {"first": saved["commit"], **saved.get("commits", {})},
         "generated_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "machine": machine(),
         "argv": sys.argv,

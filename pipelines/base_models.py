@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib.util
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -239,29 +240,60 @@ def load_model(base_model: str, settings: Settings, adapter: str | None = None) 
     return model, tokenizer
 
 
-def served_precision(settings: Settings, what: str) -> Literal["fp32", "bf16"]:
-    """What a served instance computes one request in: a GPU bf16 (`load_base`); a CPU bf16 where
-    `triton.precision` is bf16 and it has bf16 units (`hardware.bf16_usable`), else fp32 (`auto` runs a batch
-    below `triton.bf16_min_rows`, a single request, in fp32). `what` names the caller in the no-bf16 warning."""
-    import torch
+def served_precision(
+    settings: Settings, what: str, *, precision: str | None = None, bf16_min_rows: int | None = None
+) -> Literal["fp32", "bf16"]:
+    """What a CPU instance computes one request in (`triton_backend/model.py`): bf16 where `precision` is bf16, or
+    auto with `bf16_min_rows` 1 on a merged model (a shared base serves auto as fp32), on a CPU with bf16 units;
+    else fp32. `precision` and `bf16_min_rows`: a deployed folder's own (`serve.repository.configured_param`), by
+    default the settings' (`triton.precision`, what a deployment writes). `what` names the caller in the warning a
+    CPU without bf16 units gives, once per process and caller."""
+    chosen = precision or settings.triton.precision
+    rows = settings.triton.bf16_min_rows if bf16_min_rows is None else bf16_min_rows
+    wants = chosen == "bf16" or (chosen == "auto" and rows <= 1 and not settings.triton.multi_lora)
+    return "bf16" if wants and _bf16_units(f"triton.precision {chosen}", what) else "fp32"
 
+
+def _bf16_units(asked: str, what: str) -> bool:
+    from pipelines.hardware import cpu_has_bf16
+
+    if cpu_has_bf16():
+        return True
+    _warn_once(asked, what)
+    return False
+
+
+@lru_cache(maxsize=32)
+def _warn_once(asked: str, what: str) -> None:
     from pipelines.hardware import bf16_usable
 
-    if torch.cuda.is_available():
-        return "bf16"
-    if settings.triton.precision == "bf16" and bf16_usable("triton.precision bf16", what):
-        return "bf16"
-    return "fp32"
+    bf16_usable(asked, what)  # False here: it logs the one warning
 
 
 def load_as_served(
-    base_model: str, settings: Settings, adapter: str | None = None, *, what: str = "decoding"
+    base_model: str, settings: Settings, adapter: str | None = None, *, what: str = "decoding", **folder: Any
 ) -> tuple[Any, Any]:
-    """`load_model` at the precision Triton serves it (`served_precision`): what evaluation, the sweep's
-    validation and the benchmark's in-process rows decode with, so their figures are the served model's."""
+    """The model as Triton serves it on a CPU: the base at the served precision (`served_precision`; `folder`: a
+    deployed folder's `precision` and `bf16_min_rows`), the adapter merged into it there, as `model.py` merges it.
+    On a machine with a GPU, `load_base`'s bf16 model on the GPU (a GPU instance serves bf16). What evaluation, the
+    sweep's validation, the benchmark's direct rows and the episodes run decode with; a shared base's unmerged
+    adapter (`triton.multi_lora`) is not reproduced: merged here. `precision_of(model)` says what it computes in."""
     import torch
 
-    model, tokenizer = load_model(base_model, settings, adapter)
-    if served_precision(settings, what) == "bf16" and model.dtype == torch.float32:
-        model = model.to(torch.bfloat16)
+    model, tokenizer = load_base(base_model, settings)
+    if model.dtype == torch.float32 and served_precision(settings, what, **folder) == "bf16":
+        model = model.to(torch.bfloat16)  # type: ignore[arg-type]  # transformers types `to` as unbound
+    if adapter:
+        from peft import PeftModel
+
+        model = PeftModel.from_pretrained(model, adapter).merge_and_unload()
     return model, tokenizer
+
+
+def precision_of(model: Any) -> str:
+    """What a loaded model computes in, as a report records it: `bf16` or `fp32`, and the device where not the CPU."""
+    import torch
+
+    name = {torch.bfloat16: "bf16", torch.float32: "fp32"}.get(model.dtype, str(model.dtype).removeprefix("torch."))
+    device = next(model.parameters()).device.type
+    return name if device == "cpu" else f"{name} on {device}"

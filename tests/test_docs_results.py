@@ -228,3 +228,11 @@ def test_the_demo_time_shows_the_goal_the_verdict_and_each_task(tmp_path: Path) 
     tasks = {r["DAG task"]: r for r in rows_of(page, "what it printed")}
     assert tasks["train"]["seconds"] == "300" and tasks["train"]["what it printed"] == "best variant: two"
     assert "One run: no interval recorded." in page
+    write(
+        results,
+        "demo.json",
+        {**DEMO, "returncode": -15, "timed_out": True, "settings": {"goal_s": 600, "timeout_s": 4500}},
+    )
+    render(results, out)
+    [head] = rows_of((out / "benchmarks.md").read_text(), "goal s")
+    assert head["the run"] == "timed out (stopped after 4,500 s)" and head["goal"] == "not met"

@@ -187,22 +187,39 @@ def test_the_precision_comparison_pairs_each_request_with_fp32s_at_the_same_conc
 
 
 @pytest.mark.parametrize(
-    ("precision", "units", "expected"),
-    [("bf16", True, "bfloat16"), ("fp32", True, "float32"), ("auto", True, "float32"), ("bf16", False, "float32")],
+    ("triton", "units", "expected"),
+    [
+        ({"precision": "bf16"}, True, "bf16"),
+        ({"precision": "fp32"}, True, "fp32"),
+        ({"precision": "auto"}, True, "fp32"),  # a single request runs on auto's fp32 copy
+        ({"precision": "auto", "bf16_min_rows": 1}, True, "bf16"),  # ... unless one row is enough for bf16
+        ({"precision": "auto", "bf16_min_rows": 1, "multi_lora": True}, True, "fp32"),  # a shared base: auto is fp32
+        ({"precision": "bf16"}, False, "fp32"),  # no bf16 units: fp32 whatever the setting says
+    ],
 )
-def test_evaluation_decodes_at_the_precision_a_single_request_is_served_at(
-    tmp_path, monkeypatch, precision: str, units: bool, expected: str
+def test_load_as_served_loads_at_the_precision_a_single_request_is_served_at(
+    tmp_path, monkeypatch, triton: dict, units: bool, expected: str
 ) -> None:
-    """`load_as_served` (evaluation, the sweep's validation, the benchmark's direct rows, the episodes run): bf16 where
-    Triton serves one request in bf16 (`triton.precision` bf16 on a CPU with bf16 units), fp32 otherwise (auto serves a
-    single request on its fp32 copy; a CPU without bf16 units serves fp32 whatever the setting says)."""
+    """`base_models.load_as_served`, what evaluation, the sweep's validation, the benchmark's direct rows and the
+    episodes run decode with: the precision the Triton model (`triton_backend/model.py`) serves one request at."""
     import torch
 
     from pipelines import hardware
-    from pipelines.base_models import load_as_served, served_precision
+    from pipelines.base_models import load_as_served, precision_of, served_precision
 
     monkeypatch.setattr(hardware, "cpu_has_bf16", lambda: units)
-    settings = load_settings(root=str(tmp_path), triton={"precision": precision})
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    settings = load_settings(root=str(tmp_path), triton=triton)
     model, _ = load_as_served("tiny-llama", settings)
-    assert model.dtype == getattr(torch, expected)
-    assert served_precision(settings, "the test") == ("bf16" if expected == "bfloat16" else "fp32")
+    assert precision_of(model) == served_precision(settings, "the test") == expected
+
+
+def test_every_decoder_that_claims_to_decode_as_served_loads_as_served() -> None:
+    """Evaluation, the sweep's validation, the benchmark's direct rows and the episodes run load through
+    `load_as_served` (a `load_model` there would decode fp32 while Triton serves bf16)."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1] / "pipelines"
+    for path in ("evaluate/pipeline.py", "evaluate/episode_run.py", "train/sweep_results.py", "bench/serving.py"):
+        text = (root / path).read_text()
+        assert "load_as_served(" in text and "load_model(" not in text, path

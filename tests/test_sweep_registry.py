@@ -133,9 +133,10 @@ def test_sweep_logs_parent_and_child_runs_and_a_retry_reuses_them(settings, firs
     assert len(client.search_runs([experiment])) == before
 
 
-def test_evaluation_report_compares_conditions_on_the_same_requests(settings, first_sweep, caplog) -> None:
-    from pipelines import tasks
+def test_evaluation_report_compares_conditions_on_the_same_requests(settings, first_sweep, caplog, monkeypatch) -> None:
+    from pipelines import hardware, tasks
 
+    monkeypatch.setattr(hardware, "cpu_has_bf16", lambda: True)  # triton.precision bf16 (the default) serves bf16
     with caplog.at_level("INFO", logger="flywheel.evaluate"):
         evaluated = tasks.evaluate(settings, first_sweep)
     # progress where no bar is drawn (an Airflow task log): a line as each condition starts and ends
@@ -157,10 +158,8 @@ def test_evaluation_report_compares_conditions_on_the_same_requests(settings, fi
     # training call in the base model's tokens plus a margin), as the registered version will be served
     sweep = json.loads(Path(first_sweep["sweep_uri"]).read_text())
     assert report["settings"]["max_new_tokens"] == sweep["answer_budget"]
-    # decoded at the precision Triton serves (triton.precision bf16, the default, on a CPU with bf16 units)
-    from pipelines.base_models import served_precision
-
-    assert report["settings"]["precision"] == served_precision(settings, "the test") == "bf16"
+    # each condition's model computed in the precision Triton serves (triton.precision bf16 on a CPU with bf16 units)
+    assert report["settings"]["precision"] == dict.fromkeys(rows, "bf16")
     # measured on the training targets (not the prompts): within the budget of the split's longest target
     from mlflow import MlflowClient
     from pipelines.base_models import load_tokenizer
@@ -177,6 +176,7 @@ def test_evaluation_report_compares_conditions_on_the_same_requests(settings, fi
     assert [c["constrained"] for c in report["conditions"]] == [False, True] * 3
     html = Path(evaluated["html_uri"]).read_text()
     assert "confusion matrix tuned_candidate" in html and html.count("data:image/png;base64") >= 5
+    assert "computed in bf16, as served" in html
 
 
 def _row(exact: float, f1: float, latency: float) -> dict:

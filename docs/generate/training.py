@@ -1,5 +1,6 @@
 """Training and data renderers: bench/train.py runs (the backends, packing), bench/pods.py (the cluster's
-training path without Kubernetes) and bench/prep.py (Spark against DuckDB)."""
+training path without Kubernetes), bench/prep.py (Spark against DuckDB), the drift check and bench/demo.py (the
+whole demo's time, by DAG task)."""
 
 from __future__ import annotations
 
@@ -238,6 +239,8 @@ def demo(result: Result) -> Body:
     d = result.data
     goal = (d.get("settings") or {}).get("goal_s")
     ran = "finished" if d.get("returncode") == 0 else f"failed (return code {d.get('returncode')})"
+    if d.get("timed_out"):
+        ran = f"timed out (stopped after {num((d.get('settings') or {}).get('timeout_s'))} s)"
     verdict = "met" if d.get("goal_met") else "not met"
     head = table(
         ["n (runs)", "seconds", "goal s", "goal", "the run", "seconds in DAG tasks", "outside them"],

@@ -321,12 +321,14 @@ def _direct(
 ) -> dict[str, Any]:
     """The same requests through the same merged model in this process, batch 1, decoded as served
     (constrained or not, at the served precision): Triton's overhead."""
-    from pipelines.base_models import load_as_served
+    from pipelines.base_models import load_as_served, precision_of
     from pipelines.registry.models import adapter_path
     from pipelines.toolcall.decode import generate
 
     adapter = adapter_path(settings, live.version)
-    model, tokenizer = load_as_served(_base_model_of(settings, live), settings, adapter, what="the direct rows")
+    model, tokenizer = load_as_served(
+        _base_model_of(settings, live), settings, adapter, what="the direct rows", **_served_at(settings, live.name)
+    )
     tools = [r["tools_json"] for r in rows] if constrained else [None] * len(rows)
     budget = repository.configured_limit(settings, live.name, "max_new_tokens")  # as Triton serves it
     generate(
@@ -351,13 +353,22 @@ def _direct(
         replies.append(
             Reply(out.texts[0], out.prompt_tokens[0], out.output_tokens[0], (time.perf_counter() - t0) * 1000)
         )
-    return summarize_run(
+    run = summarize_run(
         f"tuned v{live.version} in-process (no Triton){CONSTRAINED_LABEL if constrained else ''}",
         1,
         rows,
         replies,
         sum(r.latency_ms for r in replies) / 1000,
     )
+    return {**run, "precision": precision_of(model)}
+
+
+def _served_at(settings: Settings, name: str) -> dict[str, Any]:
+    """The precision and `bf16_min_rows` the live model's folder was built with (a folder built under other
+    settings keeps its own while it is live); model.py's defaults where the folder names none."""
+    precision = repository.configured_param(settings, name, "precision") or "fp32"
+    rows = repository.configured_param(settings, name, "bf16_min_rows")
+    return {"precision": precision, "bf16_min_rows": int(rows) if rows else 4}
 
 
 def write_report(settings: Settings, report: dict[str, Any]) -> dict[str, Any]:

@@ -251,7 +251,8 @@ class TritonSettings(_Section):
         "the merged model; a batch of at least bf16_min_rows requests runs in bf16; a shared base serves auto as "
         "fp32). A GPU instance serves bf16 either way. The default is the measured choice on a CPU with AMX "
         "(`bench/serve_precision.py`, i.e. `flywheel bench --precisions fp32,bf16,auto`; the benchmarks page has "
-        "the figures); a CPU without bf16 units (AVX-512 BF16 or AMX) serves fp32 whatever this says",
+        "the figures); a CPU without bf16 units (AVX-512 BF16 or AMX) serves fp32 whatever this says. Evaluation, the "
+        "sweep's validation and the episodes run decode at the precision this serves one request at",
     )
     bf16_min_rows: int = Field(
         default=4, ge=1, le=256, description="precision auto: the smallest batch that runs on the bf16 copy"

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from pipelines.base_models import load_as_served, served_precision
+from pipelines.base_models import load_as_served, precision_of
 from pipelines.config import DECODINGS, Settings
 from pipelines.evaluate.results import TABLE_METRICS, ConditionResult, EvalReport  # noqa: F401 (re-exported)
 from pipelines.logs.toolsets import registered_catalogue, tool_effects
@@ -226,7 +226,7 @@ def evaluate(
             "latency_samples": cfg.latency_samples,
             "progress": progress,
         }
-        runner = _Conditions(settings, cfg, name, effects, gen, console, DECODINGS[cfg.constrained], results)
+        runner = _Conditions(settings, cfg, name, effects, gen, console, DECODINGS[cfg.constrained], results, {})
         if cfg.baselines:
             runner.baselines(full)
         runner.tuned(adapters, frame, full)
@@ -239,7 +239,7 @@ def evaluate(
         settings={
             **cfg.model_dump(),
             "customer_context": context,
-            "precision": served_precision(settings, "evaluation"),  # as served: `base_models.load_as_served`
+            "precision": runner.precisions,  # each condition's model as served: `base_models.load_as_served`
         },
         comparisons=comparisons(results, settings.promotion.tool_metrics, settings.promotion.min_tool_examples),
     )
@@ -259,6 +259,7 @@ class _Conditions:
     console: Console | None
     modes: list[bool]  # DECODINGS[cfg.constrained]: for each row, whether it decodes under the grammar
     results: list[ConditionResult]
+    precisions: dict[str, str]  # condition -> what its model computed in (`base_models.precision_of`)
 
     def baselines(self, full: list[Example]) -> None:
         """Base zero-shot and (with `cfg.shots`) base few-shot with retrieved examples, on one base model."""
@@ -317,6 +318,7 @@ class _Conditions:
             return
         for constrained in self.modes:
             name = constrained_name(condition) if constrained else condition
+            self.precisions[name] = precision_of(model)
             began = time.perf_counter()  # a line per condition: the task log shows progress (no bar there)
             LOG.info("evaluation %s: %s on %d requests ...", self.report_name, name, len(chosen))
             out = generate(

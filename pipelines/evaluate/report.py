@@ -145,6 +145,7 @@ def render_html(report: EvalReport) -> str:
         sections,
         f"{report.examples} requests from {report.dataset}; greedy decoding; {report.seconds:.0f} s"
         + _grounding(report)
+        + _precision(report)
         + _sampling(report),
     )
 
@@ -154,6 +155,17 @@ def _sampling(report: EvalReport) -> str:
     if not rounds:
         return ""
     return "; sample size: " + " -> ".join(f"{r['examples']} requests ({r['decision']})" for r in rounds)
+
+
+def _precision(report: EvalReport) -> str:
+    """What the models computed in (as served: `base_models.load_as_served`), once where they all agree."""
+    used = report.settings.get("precision") or {}
+    if not used:
+        return ""
+    kinds = sorted(set(used.values()))
+    if len(kinds) == 1:
+        return f"; computed in {kinds[0]}, as served"
+    return "; computed as served: " + ", ".join(f"{c} {p}" for c, p in used.items())
 
 
 def _grounding(report: EvalReport) -> str:

@@ -292,13 +292,19 @@ def publish(settings: Settings, folder: Path, *, in_use: bool = False) -> tuple[
 
 def configured_limit(settings: Settings, name: str, key: str = "max_input_tokens") -> int:
     """The `max_input_tokens` (or `max_new_tokens`) a model's folder in the repository was built with."""
+    found = configured_param(settings, name, key)
+    return int(found) if found else {"max_input_tokens": 1024, "max_new_tokens": 96}[key]  # model.py's defaults
+
+
+def configured_param(settings: Settings, name: str, key: str) -> str | None:
+    """A parameter a model's folder in the repository was built with (its `config.pbtxt`); None where it has none."""
     import re
 
     from pipelines.storage import read_bytes
 
     config = read_bytes(f"{model_uri(settings, split_name(name)[0])}/config.pbtxt").decode("utf-8")
-    found = re.search(rf'key: "{key}" value: \{{ string_value: "(\d+)" \}}', config)
-    return int(found.group(1)) if found else {"max_input_tokens": 1024, "max_new_tokens": 96}[key]  # model.py's
+    found = re.search(rf'key: "{re.escape(key)}" value: \{{ string_value: "([^"]*)" \}}', config)
+    return found.group(1) if found else None
 
 
 def version_identity(settings: Settings, version: str) -> tuple[dict[str, str], str, str]:
