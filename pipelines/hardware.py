@@ -120,6 +120,26 @@ def bf16_usable(asked: str, what: str) -> bool:
     return False
 
 
+def release_freed_memory() -> bool:
+    """Hand the memory the C heap holds but no longer uses back to the system (glibc's `malloc_trim`); False where
+    there is no glibc. A training step on the CPU frees many mid-sized activation buffers of a different size each
+    step: glibc keeps them, so without this a long preference run's resident memory grows until the system kills
+    it (bench/tune_retail.py's DPO step did, at about twice the memory one step needs)."""
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name) if name else None
+        trim = libc.malloc_trim if libc is not None else None
+    except (OSError, AttributeError):  # not glibc (musl, macOS): nothing to trim
+        return False
+    if trim is None:
+        return False
+    trim(0)
+    return True
+
+
 def cpu_model() -> str:
     """The CPU's model name (`lscpu`), else the architecture: what a results file names as its machine."""
     import subprocess

@@ -193,12 +193,17 @@ def tiny_sft(tmp_path: Path) -> tuple[Any, Path]:
 
 
 @pytest.mark.slow
-def test_dpo_moves_the_sft_adapter_towards_the_chosen_call_and_stock_peft_loads_it(tmp_path: Path) -> None:
+def test_dpo_moves_the_sft_adapter_towards_the_chosen_call_and_stock_peft_loads_it(tmp_path: Path, monkeypatch) -> None:
     """DPO from an SFT adapter on the tiny model: the chosen call's log-probability rises against the rejected
-    one's, relative to the SFT model. Mutation tried: the SFT adapter loaded frozen (is_trainable=False): no
-    parameter trains and the margin does not move: it fails."""
+    one's, relative to the SFT model; after every step the freed heap goes back to the system (without it a long
+    run on real prompts grew until it was killed). Mutations tried: the SFT adapter loaded frozen
+    (is_trainable=False): no parameter trains and the margin does not move; the step-end trim removed: each fails."""
     from peft import PeftModel
 
+    from pipelines import hardware
+
+    trims: list[int] = []
+    monkeypatch.setattr(hardware, "release_freed_memory", lambda: trims.append(1) or True)
     from pipelines.toolcall.decode import target_logprobs
 
     base, sft = tiny_sft(tmp_path)
@@ -226,6 +231,7 @@ def test_dpo_moves_the_sft_adapter_towards_the_chosen_call_and_stock_peft_loads_
     cfg = DpoConfig(max_steps=12, batch_size=4, learning_rate=5e-3, min_pairs=1, beta=0.5)
     result = train_dpo(rows, cfg, sft, tmp_path / "dpo", base)
     assert result.steps == 12 and result.pairs == 8 and len(result.losses) == 12 and result.tokens > 0
+    assert len(trims) == 12
     assert result.too_long == 0
     assert (Path(result.adapter_dir) / "adapter_config.json").is_file()
     assert margin(Path(result.adapter_dir)) > margin(sft) + 0.5

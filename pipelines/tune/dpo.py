@@ -169,10 +169,15 @@ def train_and_save(
     logged steps and that folder."""
     from transformers import PrinterCallback, TrainerCallback
 
+    from pipelines import hardware
+
     class _Lines(TrainerCallback):
         def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **_: Any) -> None:
             if line is not None and logs and "loss" in logs:
                 line(state, logs)
+
+        def on_step_end(self, args: Any, state: Any, control: Any, **_: Any) -> None:
+            hardware.release_freed_memory()  # each step's freed buffers back to the system: no growth to an OOM
 
     trainer.remove_callback(PrinterCallback)  # it prints every log to stdout
     trainer.add_callback(_Lines())
