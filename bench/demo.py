@@ -38,6 +38,8 @@ sys.path.insert(0, str(REPO / "bench"))
 from real_data import commit  # noqa: E402 (the bench folder's own modules)
 from slip import hold, machine  # noqa: E402
 
+from pipelines.storage import write_text  # noqa: E402
+
 GOAL_S = 600  # issue 52: `make demo` at most ten minutes after the install on this machine
 DEMO_ARGS = {"records_per_day": 1500, "days": 7, "seed": 7}  # `flywheel demo`'s defaults, passed as options
 MARKER = ".bench-demo"  # a work folder this script made: the only kind it deletes
@@ -166,9 +168,7 @@ def main() -> int:
         "seconds_outside_tasks": round(seconds - in_tasks, 1),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    partial = args.out.with_name(f".{args.out.name}.{os.getpid()}.tmp")
-    partial.write_text(json.dumps(result, indent=1) + "\n")
-    os.replace(partial, args.out)
+    write_text(str(args.out), json.dumps(result, indent=1) + "\n")  # atomically
     verdict = "met" if result["goal_met"] else "not met"
     ran = "timed out" if timed_out else f"return code {code}"
     print(f"flywheel demo: {seconds:.0f} s ({ran}); the {GOAL_S} s goal {verdict}; wrote {args.out}")
