@@ -15,6 +15,7 @@ import os
 import platform
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -124,20 +125,26 @@ def release_freed_memory() -> bool:
     """Hand the memory the C heap holds but no longer uses back to the system (glibc's `malloc_trim`); False where
     there is no glibc. A training step on the CPU frees many mid-sized activation buffers of a different size each
     step: glibc keeps them, so without this a long preference run's resident memory grows until the system kills
-    it (bench/tune_retail.py's DPO step did, at about twice the memory one step needs)."""
-    import ctypes
-    import ctypes.util
-
-    name = ctypes.util.find_library("c")
-    try:
-        libc = ctypes.CDLL(name) if name else None
-        trim = libc.malloc_trim if libc is not None else None
-    except (OSError, AttributeError):  # not glibc (musl, macOS): nothing to trim
-        return False
+    it (bench/tune_retail.py's DPO step on tau-bench retail was)."""
+    trim = _malloc_trim()
     if trim is None:
         return False
     trim(0)
     return True
+
+
+@lru_cache(maxsize=1)
+def _malloc_trim() -> Any:
+    """glibc's `malloc_trim` from the running process, resolved once; None without it (musl, macOS, no ctypes)."""
+    try:
+        import ctypes
+
+        trim = ctypes.CDLL(None).malloc_trim
+    except (ImportError, OSError, AttributeError, TypeError):
+        return None
+    trim.argtypes = [ctypes.c_size_t]
+    trim.restype = ctypes.c_int
+    return trim
 
 
 def cpu_model() -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import io
+import platform
 from pathlib import Path
 
 import pytest
@@ -41,3 +42,25 @@ def test_a_precision_comparison_without_bf16_units_is_refused_and_fp32_alone_is_
     assert hardware.bf16_comparison_problem(["fp32"]) is None
     monkeypatch.setattr(hardware, "cpu_has_bf16", lambda cpuinfo=None: True)
     assert hardware.bf16_comparison_problem(["fp32", "bf16"]) is None
+
+
+def test_the_freed_heap_goes_back_where_there_is_glibc_and_nothing_breaks_where_there_is_none(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`release_freed_memory` (after each preference-training step): glibc's malloc_trim here; a C library without
+    it (musl, macOS) or no loadable library at all is a quiet False, never an error."""
+    import ctypes
+
+    from pipelines import hardware
+
+    hardware._malloc_trim.cache_clear()
+    assert hardware.release_freed_memory() is (platform.system() == "Linux" and platform.libc_ver()[0] == "glibc")
+
+    class NoTrim:
+        pass
+
+    for broken in (lambda _: NoTrim(), lambda _: (_ for _ in ()).throw(OSError("no libc"))):
+        hardware._malloc_trim.cache_clear()
+        monkeypatch.setattr(ctypes, "CDLL", broken)
+        assert hardware.release_freed_memory() is False
+    hardware._malloc_trim.cache_clear()

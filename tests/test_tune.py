@@ -193,7 +193,9 @@ def tiny_sft(tmp_path: Path) -> tuple[Any, Path]:
 
 
 @pytest.mark.slow
-def test_dpo_moves_the_sft_adapter_towards_the_chosen_call_and_stock_peft_loads_it(tmp_path: Path, monkeypatch) -> None:
+def test_dpo_moves_the_sft_adapter_towards_the_chosen_call_and_stock_peft_loads_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """DPO from an SFT adapter on the tiny model: the chosen call's log-probability rises against the rejected
     one's, relative to the SFT model; after every step the freed heap goes back to the system (without it a long
     run on real prompts grew until it was killed). Mutations tried: the SFT adapter loaded frozen
