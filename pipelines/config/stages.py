@@ -64,6 +64,12 @@ class EvaluationSettings(_Section):
         "longest training call plus a margin: `toolcall.budget`). Answers that stop "
         "at the budget are counted (`cut_at_max_new_tokens`) and reported",
     )
+    share_prefix: bool = Field(
+        default=True,
+        description="compute the opening all requests of a condition share (system prompt, offered tools' schemas) "
+        "once and decode every batch from its cache (evaluation and the sweep's validation): the same answers with "
+        "less prefill; off: every request prefilled whole. The single-request latency sample never shares it",
+    )
     judge_url: str | None = Field(default=None, description="OpenAI-compatible endpoint for an optional LLM-as-judge")
     judge_model: str | None = Field(
         default=None, description="the model name sent to the optional LLM-as-judge endpoint (judge_url)"

@@ -225,6 +225,7 @@ def evaluate(
             "batch_size": cfg.batch_size,
             "latency_samples": cfg.latency_samples,
             "progress": progress,
+            "share_prefix": settings.evaluation.share_prefix,
         }
         runner = _Conditions(settings, cfg, name, effects, gen, console, DECODINGS[cfg.constrained], results, {})
         if cfg.baselines:

@@ -90,6 +90,7 @@ def validation_metrics(
         latency_samples=0,
         max_new_tokens=settings.evaluation.max_new_tokens or budget,
         tools=grounded_tools(val, effects, settings.triton.grounded_ids) if settings.triton.constrained else None,
+        share_prefix=settings.evaluation.share_prefix,
     )
     summary = m.summarize([m.score(t, e.expected, effects) for t, e in zip(out.texts, val)])
     return {f"val_{k}": float(summary[k] or 0.0) for k in SELECT_METRICS + ("json_valid", "wrong_writes")}
