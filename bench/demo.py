@@ -134,7 +134,8 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "demo.json")
     parser.add_argument("--timeout-s", type=float, default=4500, help="airflow.run_timeout_s (3600) and a margin")
     args = parser.parse_args()
-    if not (REPO / ".venv" / "bin" / "flywheel").is_file() or not (REPO / ".venv-serve").is_dir():
+    stamps = (REPO / ".venv" / ".installed", REPO / ".venv-serve" / ".installed")  # what make touches when done
+    if not all(stamp.is_file() for stamp in stamps):
         print("error: run `make setup serve-env` first (the install is not timed)", file=sys.stderr)
         return 2
     measured = commit()  # the code that runs, read before it runs

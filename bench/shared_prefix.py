@@ -7,7 +7,9 @@ grammar as served.
 Paired per batch: the two passes of a batch run back to back, in alternating order. Reported per batch and as
 the geometric mean speedup (whole seconds over shared seconds) with a 95 % t-interval of the mean log ratio over
 the batches; the answers of the two passes compared one by one (identical, or not). Each timed pass includes its
-own prefill of the shared opening (evaluation computes it once per condition, so it gains at least this much).
+own prefill of the opening its batch shares; evaluation shares what a whole condition's requests share, recorded
+here too (`sample_shared_prefix_tokens`): a batch of turns from one task can share more than that. One untimed
+request is decoded first (the grammar's tokenizer and the kernels warmed).
 
 Usage: .venv/bin/python bench/shared_prefix.py [--requests 48] [--batch-size 8] [--data ../shared/data]
 Writes bench/results/shared_prefix.json (commit, settings, seeds, n, machine with its bf16 units).
@@ -31,6 +33,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
 from real_data import DAY, commit  # noqa: E402 (the bench folder's own modules)
+from slip import machine  # noqa: E402
 
 BASE = "smollm2-135m-instruct"
 
@@ -76,14 +79,6 @@ def interval(ratios: list[float]) -> dict[str, Any]:
     }
 
 
-def machine() -> str:
-    import os
-
-    from pipelines.hardware import cpu_has_bf16, cpu_model
-
-    return f"{cpu_model()}, {os.cpu_count()} cores, bf16 units: {'yes' if cpu_has_bf16() else 'no'}"
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=48)
@@ -93,12 +88,16 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "shared_prefix.json")
     args = parser.parse_args()
 
+    import torch
+    import transformers
+
     from pipelines.base_models import answer_budget_of, load_as_served, precision_of
     from pipelines.config import load_settings
     from pipelines.storage import write_text
-    from pipelines.toolcall.decode import generate
+    from pipelines.toolcall.decode import generate, render_prompts, shared_prefix_length
     from pipelines.toolcall.examples import grounded_tools
 
+    measured = commit()  # the code that runs, read before it runs
     began = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="flywheel-shared-prefix-") as work:
         settings = load_settings(root=work)
@@ -107,15 +106,19 @@ def main() -> int:
         model, tokenizer = load_as_served(BASE, settings, what="bench/shared_prefix.py")
         budget = answer_budget_of(settings, BASE, [e.target for e in chosen])
         tools = grounded_tools(chosen, effects, settings.triton.grounded_ids)
+        kwargs = {"max_new_tokens": budget, "batch_size": args.batch_size, "latency_samples": 0}
+        generate(model, tokenizer, [chosen[0].turns], tools=tools[:1], **kwargs)  # warm-up, untimed
+        prompts = render_prompts(tokenizer, [e.turns for e in chosen])
+        rows = [tokenizer(p, add_special_tokens=False).input_ids for p in prompts]
         batches = []
         for b, i in enumerate(range(0, len(chosen), args.batch_size)):
             part = chosen[i : i + args.batch_size]
-            kwargs = {"max_new_tokens": budget, "batch_size": args.batch_size, "latency_samples": 0}
-            runs = {}
+            runs, took = {}, {}
             for share in (True, False) if b % 2 == 0 else (False, True):
-                out = generate(model, tokenizer, [e.turns for e in part], tools=tools[i : i + len(part)],
-                               share_prefix=share, **kwargs)  # fmt: skip
-                runs[share] = out
+                t0 = time.perf_counter()
+                runs[share] = generate(model, tokenizer, [e.turns for e in part], tools=tools[i : i + len(part)],
+                                       share_prefix=share, **kwargs)  # fmt: skip
+                took[share] = time.perf_counter() - t0
             shared, whole = runs[True], runs[False]
             row = {
                 "batch": b,
@@ -124,9 +127,9 @@ def main() -> int:
                 "prompt_tokens_mean": round(sum(whole.prompt_tokens) / len(part), 1),
                 "shared_prefix_tokens": shared.shared_prefix_tokens,
                 "output_tokens": sum(whole.output_tokens),
-                "seconds_whole": whole.seconds,
-                "seconds_shared": shared.seconds,
-                "speedup": round(whole.seconds / shared.seconds, 3),
+                "seconds_whole": round(took[False], 3),
+                "seconds_shared": round(took[True], 3),
+                "speedup": round(took[False] / took[True], 3),
                 "identical_answers": sum(a == w for a, w in zip(shared.texts, whole.texts)),
             }
             batches.append(row)
@@ -135,7 +138,7 @@ def main() -> int:
         "benchmark": "shared_prefix",
         "what": "batched decoding of real retail requests (full prompt, under the grammar as served), the opening "
         "they share computed once against every request prefilled whole: seconds per batch, paired",
-        "commit": commit(),
+        "commit": measured,
         "generated_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "machine": machine(),
         "argv": sys.argv,
@@ -148,9 +151,13 @@ def main() -> int:
             "prompt_style": "full",
             "constrained": True,
             "data": "tau-bench retail tasks_dev.jsonl, gold replays",
+            "torch_threads": torch.get_num_threads(),
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
         },  # fmt: skip
         "seeds": {"request sample": args.seed},
         "n": len(chosen),
+        "sample_shared_prefix_tokens": shared_prefix_length(rows),
         "batches": batches,
         "speedup": interval([r["speedup"] for r in batches]),
         "identical_answers": sum(r["identical_answers"] for r in batches),

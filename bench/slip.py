@@ -487,9 +487,10 @@ def write_results(out: Path, result: dict[str, Any]) -> None:
 
 
 def machine() -> str:
-    from pipelines.hardware import cpu_model
+    """The CPU, its cores and whether it has bf16 units (without them a bf16 setting computes in fp32)."""
+    from pipelines.hardware import cpu_has_bf16, cpu_model
 
-    return f"{cpu_model()}, {os.cpu_count()} cores"
+    return f"{cpu_model()}, {os.cpu_count()} cores, bf16 units: {'yes' if cpu_has_bf16() else 'no'}"
 
 
 if __name__ == "__main__":

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import sys
 import time
@@ -219,10 +218,10 @@ def main() -> int:
         **summary(report),
         "seconds": round(time.perf_counter() - started),
     }
+    from pipelines.storage import write_text
+
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    partial = args.out.with_name(f".{args.out.name}.{os.getpid()}.tmp")
-    partial.write_text(json.dumps(result, indent=1) + "\n")
-    os.replace(partial, args.out)
+    write_text(str(args.out), json.dumps(result, indent=1) + "\n")  # atomic: a reader never sees half a file
     for name, row in result["rows"].items():
         print(name, row)
     for c in result["comparisons"]:

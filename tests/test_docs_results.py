@@ -236,3 +236,35 @@ def test_the_demo_time_shows_the_goal_the_verdict_and_each_task(tmp_path: Path) 
     render(results, out)
     [head] = rows_of((out / "benchmarks.md").read_text(), "goal s")
     assert head["the run"] == "timed out (stopped after 4,500 s)" and head["goal"] == "not met"
+
+
+SHARED = {
+    "benchmark": "shared_prefix",
+    "commit": {"sha": "89abcdef0123456789abcdef0123456789abcdef", "dirty": False},
+    "generated_at": "2026-01-05T06:00:00+00:00",
+    "machine": "test machine, 2 cores, bf16 units: no",
+    "n": 12,
+    "speedup": {"n": 2, "mean": 2.5, "low": 1.9, "high": 3.3, "level": 0.95},
+    "identical_answers": 11,
+    "seconds_whole": 200.0,
+    "seconds_shared": 80.0,
+    "batches": [{"batch": 0, "requests": 8, "first": "shared", "shared_prefix_tokens": 2913, "speedup": 2.6,
+                 "identical_answers": 8},
+                {"batch": 1, "requests": 4, "first": "whole", "shared_prefix_tokens": 2913, "speedup": 2.4,
+                 "identical_answers": 3}],
+}  # fmt: skip
+
+
+def test_the_shared_prefix_results_show_the_paired_interval_every_batch_and_the_answers_compared(
+    tmp_path: Path,
+) -> None:
+    results, out = tmp_path / "results", tmp_path / "out"
+    write(results, "shared_prefix.json", SHARED)
+    render(results, out)
+    page = (out / "benchmarks.md").read_text()
+    assert "Decoding requests that open alike" in page and "bf16 units: no" in page
+    [head] = rows_of(page, "speedup (whole / shared)")
+    assert (head["speedup (whole / shared)"], head["95 % interval"]) == ("2.5", "[1.9, 3.3]")
+    assert head["identical answers"] == "11 of 12" and head["batches"] == "2"
+    batches = rows_of(page, "first pass")
+    assert [b["first pass"] for b in batches] == ["shared", "whole"] and batches[1]["identical answers"] == "3"

@@ -135,6 +135,7 @@ def test_sweep_logs_parent_and_child_runs_and_a_retry_reuses_them(settings, firs
 
 def test_evaluation_report_compares_conditions_on_the_same_requests(settings, first_sweep, caplog, monkeypatch) -> None:
     from pipelines import hardware, tasks
+    from pipelines.toolcall.decode import MIN_SHARED_PREFIX
 
     monkeypatch.setattr(hardware, "cpu_has_bf16", lambda: True)  # triton.precision bf16 (the default) serves bf16
     with caplog.at_level("INFO", logger="flywheel.evaluate"):
@@ -152,6 +153,8 @@ def test_evaluation_report_compares_conditions_on_the_same_requests(settings, fi
     )
     for c in conditions:  # the same prompts, only the decoding differs
         assert rows[f"{c}_constrained"]["prompt_tokens_mean"] == rows[c]["prompt_tokens_mean"]
+    # evaluation.share_prefix (on): the full prompt's system turn and tool schemas were computed once per condition
+    assert rows["base_zero_shot"]["shared_prefix_tokens"] >= MIN_SHARED_PREFIX, rows["base_zero_shot"]
     report = json.loads(Path(evaluated["json_uri"]).read_text())
     assert report["examples"] == 6 and all(c["confusion"] for c in report["conditions"])
     # evaluation.max_new_tokens unset: every condition decodes within the sweep's answer budget (its longest

@@ -65,6 +65,7 @@ FAMILIES: dict[str, Family] = {
     "triton_threads": Family("Triton instances and threads", "benchmarks", serving.triton_threads),
     "threads_under_load": Family("Torch threads under load", "benchmarks", serving.threads_under_load),
     "grammar": Family("Constrained decoding", "benchmarks", serving.grammar),
+    "shared_prefix": Family("Decoding requests that open alike", "benchmarks", serving.shared_prefix),
     "overload": Family("Overload", "benchmarks", serving.overload),
     "multi_lora": Family("Multi-LoRA engine", "benchmarks", multi_lora.engine),
     "multi_lora_serving": Family("Multi-LoRA through Triton", "benchmarks", multi_lora.serving),

@@ -258,3 +258,32 @@ def _precision_of(label: str, served: Any) -> str:
     if " at " in label and "(benchmark copy)" in label:
         return label.split(" at ", 1)[1].split(" ", 1)[0]
     return f"{served} (live)"
+
+
+def shared_prefix(result: Result) -> Body:
+    """bench/shared_prefix.py: each batch decoded with the shared opening computed once and prefilled whole."""
+    d = result.data
+    s = d.get("speedup") or {}
+    head = table(
+        ["n (requests)", "batches", "speedup (whole / shared)", "95 % interval", "identical answers",
+         "seconds whole", "seconds shared"],
+        [(num(d.get("n")), num(s.get("n")), num(s.get("mean")), interval(s.get("low"), s.get("high")),
+          f"{num(d.get('identical_answers'))} of {num(d.get('n'))}", num(d.get("seconds_whole")),
+          num(d.get("seconds_shared")))],
+    )  # fmt: skip
+    spec = [
+        ("batch", "batch", num),
+        ("requests", "requests", num),
+        ("first pass", "first", text),
+        ("prompt tokens (mean)", "prompt_tokens_mean", num),
+        ("shared tokens", "shared_prefix_tokens", num),
+        ("output tokens", "output_tokens", num),
+        ("s whole", "seconds_whole", num),
+        ("s shared", "seconds_shared", num),
+        ("speedup", "speedup", num),
+        ("identical answers", "identical_answers", num),
+    ]
+    note = "The speedup is the geometric mean over batches; its interval is the paired 95 % t-interval of the log."
+    return Body(
+        d.get("what", "Batched decoding with a shared opening."), [head, columns(d.get("batches") or [], spec), note]
+    )

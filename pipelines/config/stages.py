@@ -67,8 +67,9 @@ class EvaluationSettings(_Section):
     share_prefix: bool = Field(
         default=True,
         description="compute the opening all requests of a condition share (system prompt, offered tools' schemas) "
-        "once and decode every batch from its cache (evaluation and the sweep's validation): the same answers with "
-        "less prefill; off: every request prefilled whole. The single-request latency sample never shares it",
+        "once and decode every batch from its cache (evaluation, the sweep's validation, the episodes run): the "
+        "answers of the whole prompts up to rounding, with less prefill; off: every request prefilled whole. The "
+        "single-request latency sample never shares it",
     )
     judge_url: str | None = Field(default=None, description="OpenAI-compatible endpoint for an optional LLM-as-judge")
     judge_model: str | None = Field(

@@ -63,6 +63,7 @@ class ModelPolicy:
     shots: int = 0
     pool: list[Example] | None = None
     temperature: float = 1.0  # of the gold-call probability (the sampled tries' temperature)
+    share_prefix: bool = False  # the turns' shared opening computed once per batch of turns (`evaluation.share_prefix`)
     _loaded: Any = field(default=None, repr=False)
     samples: ClassVar[bool] = True  # answers at a temperature (the sampled tries); `bench.episodes` does not
 
@@ -130,7 +131,7 @@ class ModelPolicy:
         conversations, tools = self.conversations(talks), self.offered(talks)
         out = generate(self.model, self.tokenizer, conversations, max_new_tokens=self.max_new_tokens,
                        batch_size=self.batch_size, latency_samples=0, tools=tools, temperature=temperature,
-                       seed=seed)  # fmt: skip
+                       seed=seed, share_prefix=self.share_prefix)  # fmt: skip
         return [Answer(t, n) for t, n in zip(out.texts, out.prompt_tokens)]
 
     def gold_logprobs(self, talks: list[list[dict[str, Any]]], targets: list[dict[str, Any]]) -> Sequence[float | None]:
@@ -358,6 +359,7 @@ def policies_for(
         "effects": effects,
         "max_new_tokens": max_new_tokens,
         "temperature": settings.episodes.temperature,
+        "share_prefix": settings.evaluation.share_prefix,
     }
 
     def loader(adapter: str | None = None) -> Any:

@@ -1,8 +1,9 @@
 """Greedy generation of tool calls, batched, with prompt-token counts and per-request latency.
 
-Requests of one call usually open alike (the system prompt and the offered tools' schemas: thousands of tokens for
-a retail agent's 17 tools). The batched pass computes that shared opening once (`SharedPrefix`) and decodes every
-batch from a copy of its cache; the single-request latency sample does not (it measures one request as served).
+Requests of one call usually open alike (the system prompt and, in the full prompt, every offered tool's schema).
+Where the caller asks (`share_prefix`), the batched pass computes that shared opening once (`SharedPrefix`) and
+decodes every batch from a copy of its cache; the single-request latency sample never does (it measures one
+request as served).
 """
 
 from __future__ import annotations
@@ -77,36 +78,51 @@ MIN_SHARED_PREFIX = 32  # tokens: a shorter shared opening is left to the batch'
 
 def shared_prefix_length(rows: list[list[int]]) -> int:
     """How many opening tokens every row shares, leaving each row at least one token of its own (the
-    generation starts from a row's own last token)."""
+    generation starts from a row's own last token). The common opening of all rows is that of the first and the
+    last in sorted order."""
     if len(rows) < 2:
         return 0
+    low, high = min(rows), max(rows)
     limit = min(len(r) for r in rows) - 1
-    first = rows[0]
-    for i in range(limit):
-        if any(r[i] != first[i] for r in rows[1:]):
-            return i
-    return max(limit, 0)
+    same = next((i for i, (a, b) in enumerate(zip(low, high)) if a != b), min(len(low), len(high)))
+    return max(min(same, limit), 0)
+
+
+def _plain_cache(model: Any, cache: Any) -> bool:
+    """Whether a prefilled cache can be copied per batch with padding after it: plain per-token key-value layers
+    (no sliding window, whose slots the padding would use up; no recurrent state the padding would enter) and no
+    cache `generate` would build itself."""
+    from transformers.cache_utils import DynamicCache, DynamicLayer
+
+    implementation = getattr(getattr(model, "generation_config", None), "cache_implementation", None)
+    layers = getattr(cache, "layers", None) or []
+    return type(cache) is DynamicCache and implementation is None and all(type(x) is DynamicLayer for x in layers)
 
 
 class SharedPrefix:
     """The opening every prompt of a call shares, prefilled once (batch 1): each batch then decodes from a copy of
     its key-value cache, and only the rows' own tokens are prefilled per batch. The rows are laid out as the shared
     tokens, then each row's own tokens left-padded: the padding sits between the two, masked, and `generate`
-    numbers positions from the mask, so every token keeps the position it has in the unshared prompt."""
+    numbers positions from the mask, so every token keeps the position it has in the unshared prompt. A model
+    whose cache is not plain (`_plain_cache`) or a short opening (under `minimum` tokens) shares nothing."""
 
     def __init__(self, model: Any, rows: list[list[int]], minimum: int = MIN_SHARED_PREFIX):
         import torch
 
         self.length = shared_prefix_length(rows)
         self.cache: Any = None
+        self.device = getattr(model, "device", "cpu")
         if self.length < minimum:
             self.length = 0
             return
-        device = self.device = getattr(model, "device", "cpu")
         self.tokens = rows[0][: self.length]
+        keep = {"logits_to_keep": 1} if model._supports_logits_to_keep() else {}  # not the vocabulary per token
         with torch.inference_mode():
-            out = model(input_ids=torch.tensor([self.tokens], device=device), use_cache=True)
-        self.cache = out.past_key_values
+            cache = model(input_ids=torch.tensor([self.tokens], device=self.device), use_cache=True, **keep)
+        if _plain_cache(model, cache.past_key_values):
+            self.cache = cache.past_key_values
+        else:
+            self.length = 0
 
     def inputs(self, rows: list[list[int]], pad: int) -> dict[str, Any]:
         """`generate`'s inputs for these rows (each starting with the shared tokens) from a fresh copy of the cache."""
@@ -121,13 +137,34 @@ class SharedPrefix:
         for i, o in enumerate(own):
             ids[i, width - len(o) :] = torch.tensor(o)
             mask[i, width - len(o) :] = 1
-        cache = copy.deepcopy(self.cache)
+        cache = copy.deepcopy(self.cache)  # repeated per batch: the prefilled one stays batch 1
         cache.batch_repeat_interleave(len(rows))
         return {"input_ids": ids.to(self.device), "attention_mask": mask.to(self.device), "past_key_values": cache}
+
+    def batch(self, tokenizer: Any, rows: list[list[int]], prompts: list[str]) -> Any:
+        """A batch's inputs: from the shared cache, or the prompts left-padded whole where nothing is shared."""
+        if self.length:
+            return self.inputs(rows, tokenizer.pad_token_id)
+        return tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False).to(self.device)
 
 
 def render_prompts(tokenizer: Any, conversations: list[list[dict[str, str]]]) -> list[str]:
     return [tokenizer.apply_chat_template(c, tokenize=False, add_generation_prompt=True) for c in conversations]
+
+
+def _prompts(
+    tokenizer: Any, conversations: list[list[dict[str, str]]], tools: list[str] | None
+) -> tuple[list[str], list[list[int]]]:
+    """The rendered prompts and their tokens (the tokenizer set to pad left); every tool set checked first."""
+    prompts = render_prompts(tokenizer, conversations)
+    if tools is not None:
+        if len(tools) != len(prompts):
+            raise ValueError(f"{len(tools)} tool sets for {len(prompts)} conversations")
+        require_grammars(set(tools))
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return prompts, [tokenizer(p, add_special_tokens=False).input_ids for p in prompts]
 
 
 def generate(
@@ -143,7 +180,7 @@ def generate(
     tools: list[str] | None = None,
     temperature: float | None = None,
     seed: int = 0,
-    share_prefix: bool = True,
+    share_prefix: bool = False,
 ) -> Generations:
     """Greedy decoding (deterministic) of every conversation's next assistant turn; with `temperature`,
     sampled from the whole distribution at that temperature (no top-k or top-p cut), seeded per batch from
@@ -157,29 +194,18 @@ def generate(
 
     from pipelines.toolcall.grammar import ToolCallConstraint, answer_length
 
-    prompts = render_prompts(tokenizer, conversations)
-    if tools is not None:
-        if len(tools) != len(prompts):
-            raise ValueError(f"{len(tools)} tool sets for {len(prompts)} conversations")
-        require_grammars(set(tools))
-    tokenizer.padding_side = "left"
-    if tokenizer.pad_token_id is None:
-        tokenizer.pad_token = tokenizer.eos_token
+    prompts, token_ids = _prompts(tokenizer, conversations, tools)
     model.eval()
     texts: list[str] = [""] * len(prompts)
-    token_ids = [tokenizer(p, add_special_tokens=False).input_ids for p in prompts]
     prompt_tokens = [len(ids) for ids in token_ids]
     output_tokens = [0] * len(prompts)
     ended = [False] * len(prompts)
     task = progress.add_task(label, total=len(prompts)) if progress else None
 
     def run(
-        batch: range, batch_tools: list[str] | None, shared: SharedPrefix | None = None
+        batch: range, batch_tools: list[str] | None, shared: SharedPrefix
     ) -> tuple[list[str], list[int], list[bool]]:
-        if shared is not None and shared.length:
-            enc = shared.inputs([token_ids[j] for j in batch], tokenizer.pad_token_id)
-        else:
-            enc = tokenizer([prompts[j] for j in batch], return_tensors="pt", padding=True, add_special_tokens=False)
+        enc = shared.batch(tokenizer, [token_ids[j] for j in batch], [prompts[j] for j in batch])
         extra = (
             {"logits_processor": LogitsProcessorList([ToolCallConstraint(tokenizer, batch_tools)])}
             if batch_tools is not None
@@ -204,7 +230,7 @@ def generate(
         )
 
     started = time.perf_counter()
-    shared = SharedPrefix(model, token_ids) if share_prefix else None
+    shared = SharedPrefix(model, token_ids if share_prefix else [])
     for i in range(0, len(prompts), batch_size):
         if temperature:
             torch.manual_seed(seed * 100_003 + i)
@@ -216,15 +242,14 @@ def generate(
         if progress is not None and task is not None:
             progress.advance(task, len(decoded))
     seconds = time.perf_counter() - started
+    alone = SharedPrefix(model, [])  # one request as served: nothing shared
     latency = []
     timed = sorted(random.Random(0).sample(range(len(prompts)), min(latency_samples, len(prompts))))
     for j in timed:  # a stated random sample (seed 0), not the first requests in record order
         t0 = time.perf_counter()
-        run(range(j, j + 1), [tools[j]] if tools is not None else None)
+        run(range(j, j + 1), [tools[j]] if tools is not None else None, alone)
         latency.append((time.perf_counter() - t0) * 1000)
-    return Generations(
-        texts, prompt_tokens, output_tokens, round(seconds, 2), latency, ended, shared.length if shared else 0
-    )
+    return Generations(texts, prompt_tokens, output_tokens, round(seconds, 2), latency, ended, shared.length)
 
 
 def target_logprobs(

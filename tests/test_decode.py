@@ -1,0 +1,88 @@
+"""Decoding (pipelines.toolcall.decode): the opening a call's requests share, computed once."""
+
+from __future__ import annotations
+
+import pytest
+from test_tool_grammar import BOUNDED
+
+from pipelines.base_models import load_base
+from pipelines.config import load_settings
+from pipelines.toolcall.decode import generate
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory):
+    return load_base("tiny-llama", load_settings(root=str(tmp_path_factory.mktemp("decode"))))
+
+
+def test_a_shared_opening_computed_once_decodes_what_each_whole_prompt_decodes(tiny) -> None:
+    """The batched pass prefills the opening every prompt shares once and decodes each batch from a copy of its
+    cache: the answers, token counts and cuts are the unshared pass's, free and under the grammar, in full
+    batches and a short last one, with rows of different lengths (padding between the opening and a row).
+    Sampled with the same seeds (an untrained model's greedy answers are all alike): a token drawn from a
+    distribution that saw other positions or other tokens would differ."""
+    from pipelines.toolcall.decode import MIN_SHARED_PREFIX, shared_prefix_length
+
+    model, tok = tiny
+    system = "You route requests to tools. " + " ".join(f"Tool {i} tracks parcel {i} by carrier." for i in range(12))
+    asks = ("where is my parcel", "refund ORD-1234 please, it never came", "hello", "track it with dhl", "days 4")
+    requests = [[{"role": "system", "content": system}, {"role": "user", "content": a}] for a in asks]
+    for tools in (None, [BOUNDED] * len(requests)):
+        kwargs = {"max_new_tokens": 24, "batch_size": 2, "latency_samples": 0, "tools": tools, "temperature": 1.0}
+        whole = generate(model, tok, requests, share_prefix=False, **kwargs)
+        shared = generate(model, tok, requests, share_prefix=True, **kwargs)
+        assert shared.shared_prefix_tokens >= MIN_SHARED_PREFIX and whole.shared_prefix_tokens == 0
+        assert shared.stats()["shared_prefix_tokens"] == shared.shared_prefix_tokens
+        assert len(set(whole.texts)) > 1  # the answers depend on each row's own tokens
+        assert (shared.texts, shared.output_tokens, shared.ended) == (whole.texts, whole.output_tokens, whole.ended)
+        assert shared.prompt_tokens == whole.prompt_tokens
+    # the next-token distributions themselves, step by step: those of the unshared batch
+    import torch
+
+    from pipelines.toolcall.decode import SharedPrefix, render_prompts
+
+    prompts = render_prompts(tok, requests)
+    rows = [tok(p, add_special_tokens=False).input_ids for p in prompts]
+    common = {"max_new_tokens": 4, "do_sample": False, "output_logits": True, "return_dict_in_generate": True}
+    with torch.inference_mode():
+        mine = model.generate(**SharedPrefix(model, rows).inputs(rows, tok.pad_token_id), **common)
+        plain = model.generate(**tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False), **common)
+    mine_logits, plain_logits = torch.stack(mine.logits), torch.stack(plain.logits)
+    torch.testing.assert_close(mine_logits, plain_logits, atol=1e-5, rtol=1e-4)
+    assert (plain_logits[0, 0] - plain_logits[0, 1]).abs().max() > 1e-3  # rows' own tokens move the distribution
+    # a short common opening is left to each batch's prefill; every row keeps a token of its own
+    short = generate(
+        model,
+        tok,
+        [[{"role": "user", "content": a}] for a in asks],
+        max_new_tokens=4,
+        latency_samples=0,
+        share_prefix=True,
+    )
+    assert short.shared_prefix_tokens == 0
+    assert shared_prefix_length([[1, 2, 3], [1, 2, 3]]) == 2
+    assert shared_prefix_length([[1, 2, 3, 4], [1, 2, 5]]) == 2
+    assert shared_prefix_length([[1, 2, 3]]) == 0
+
+
+def test_a_model_whose_cache_is_not_plain_shares_nothing_and_decodes_as_before(tiny) -> None:
+    """A sliding window counts cache slots (the padding after the shared opening would use them up) and a cache
+    `generate` builds itself cannot be handed in: such models prefill every request whole (mutation: the
+    `_plain_cache` check answering True)."""
+    from transformers import MistralConfig
+    from transformers.cache_utils import DynamicCache
+
+    from pipelines.toolcall.decode import SharedPrefix, _plain_cache
+
+    model, tok = tiny
+    window = MistralConfig(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+                           intermediate_size=128, sliding_window=16)  # fmt: skip
+    assert not _plain_cache(model, DynamicCache(config=window))
+    rows = [[1] * 40 + [2], [1] * 40 + [3, 4]]
+    assert SharedPrefix(model, rows).length == 40
+    before = model.generation_config.cache_implementation
+    model.generation_config.cache_implementation = "static"
+    try:
+        assert SharedPrefix(model, rows).length == 0
+    finally:
+        model.generation_config.cache_implementation = before
