@@ -2,7 +2,7 @@
 decoded twice, with the opening its requests share computed once and with every request prefilled whole, on real
 requests nobody here wrote: tau-bench retail's gold replays (`flywheel logs import-retail` of the dev tasks,
 against its db.json), in the full prompt (the system prompt with every retail tool's schema), under the tool-call
-grammar as served.
+grammar as served. The sample is sorted by prompt length and cut into batches, as `generate` batches it.
 
 Paired per batch: the two passes of a batch run back to back, in alternating order. Reported per batch and as
 the geometric mean speedup (whole seconds over shared seconds) with a 95 % t-interval of the mean log ratio over
@@ -110,6 +110,8 @@ def main() -> int:
         generate(model, tokenizer, [chosen[0].turns], tools=tools[:1], **kwargs)  # warm-up, untimed
         prompts = render_prompts(tokenizer, [e.turns for e in chosen])
         rows = [tokenizer(p, add_special_tokens=False).input_ids for p in prompts]
+        order = sorted(range(len(chosen)), key=lambda j: len(rows[j]))  # the batches of evaluation's sorted pass
+        chosen, tools = [chosen[j] for j in order], [tools[j] for j in order]
         batches = []
         for b, i in enumerate(range(0, len(chosen), args.batch_size)):
             part = chosen[i : i + args.batch_size]

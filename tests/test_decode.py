@@ -86,3 +86,21 @@ def test_a_model_whose_cache_is_not_plain_shares_nothing_and_decodes_as_before(t
         assert SharedPrefix(model, rows).length == 0
     finally:
         model.generation_config.cache_implementation = before
+
+
+def test_requests_are_batched_by_length_and_answered_in_the_callers_order(tiny) -> None:
+    """The batched pass sorts the requests by prompt length; each answer still lands at its own request: every
+    row may call only its own tool, so an answer put at another row names another row's tool (mutation: the
+    answers written back in the sorted order)."""
+    import json
+
+    model, tok = tiny
+    names = [f"tool_{i}" for i in range(6)]
+    tools = [json.dumps([{"name": n, "parameters": {"type": "object", "properties": {}}}]) for n in names]
+    lengths = (9, 1, 14, 3, 11, 6)  # not sorted: sorting moves every row
+    requests = [[{"role": "user", "content": " ".join(["word"] * k)}] for k in lengths]
+    out = generate(model, tok, requests, max_new_tokens=24, batch_size=2, latency_samples=0, tools=tools)
+    called = [json.loads(t)["name"] for t in out.texts]
+    assert all(c in (None, own) for c, own in zip(called, names)), called
+    assert sum(c is not None for c in called) >= 2, called  # the check is not vacuous: rows did call their tool
+    assert sorted(range(6), key=lambda j: out.prompt_tokens[j]) == sorted(range(6), key=lambda j: lengths[j])

@@ -1,9 +1,10 @@
 """Greedy generation of tool calls, batched, with prompt-token counts and per-request latency.
 
 Requests of one call usually open alike (the system prompt and, in the full prompt, every offered tool's schema).
-Where the caller asks (`share_prefix`), the batched pass computes that shared opening once (`SharedPrefix`) and
-decodes every batch from a copy of its cache; the single-request latency sample never does (it measures one
-request as served).
+The batched pass decodes the requests in order of prompt length (alike lengths in a batch: little padding) and
+answers in the caller's order. Where the caller asks (`share_prefix`), it computes that shared opening once
+(`SharedPrefix`) and decodes every batch from a copy of its cache; the single-request latency sample never does (it
+measures one request as served).
 """
 
 from __future__ import annotations
@@ -203,7 +204,7 @@ def generate(
     task = progress.add_task(label, total=len(prompts)) if progress else None
 
     def run(
-        batch: range, batch_tools: list[str] | None, shared: SharedPrefix
+        batch: list[int], batch_tools: list[str] | None, shared: SharedPrefix
     ) -> tuple[list[str], list[int], list[bool]]:
         enc = shared.batch(tokenizer, [token_ids[j] for j in batch], [prompts[j] for j in batch])
         extra = (
@@ -231,14 +232,14 @@ def generate(
 
     started = time.perf_counter()
     shared = SharedPrefix(model, token_ids if share_prefix else [])
-    for i in range(0, len(prompts), batch_size):
+    order = sorted(range(len(prompts)), key=lambda j: len(token_ids[j]))  # alike lengths batched: little padding
+    for i in range(0, len(order), batch_size):
         if temperature:
             torch.manual_seed(seed * 100_003 + i)
-        batch = range(i, min(i + batch_size, len(prompts)))
-        decoded, counts, done = run(batch, tools[i : i + batch_size] if tools is not None else None, shared)
-        texts[i : i + len(decoded)] = decoded
-        output_tokens[i : i + len(counts)] = counts
-        ended[i : i + len(done)] = done
+        batch = order[i : i + batch_size]
+        decoded, counts, done = run(batch, [tools[j] for j in batch] if tools is not None else None, shared)
+        for j, text, n, end in zip(batch, decoded, counts, done):
+            texts[j], output_tokens[j], ended[j] = text, n, end
         if progress is not None and task is not None:
             progress.advance(task, len(decoded))
     seconds = time.perf_counter() - started
@@ -247,7 +248,7 @@ def generate(
     timed = sorted(random.Random(0).sample(range(len(prompts)), min(latency_samples, len(prompts))))
     for j in timed:  # a stated random sample (seed 0), not the first requests in record order
         t0 = time.perf_counter()
-        run(range(j, j + 1), [tools[j]] if tools is not None else None, alone)
+        run([j], [tools[j]] if tools is not None else None, alone)
         latency.append((time.perf_counter() - t0) * 1000)
     return Generations(texts, prompt_tokens, output_tokens, round(seconds, 2), latency, ended, shared.length)
 
