@@ -95,12 +95,15 @@ def test_requests_are_batched_by_length_and_answered_in_the_callers_order(tiny) 
     import json
 
     model, tok = tiny
-    names = [f"tool_{i}" for i in range(6)]
+    names = ["a", "lookup_the_order_now", "x_y", "find_all_of_the_products_here", "zz", "cancel"]  # unequal lengths
     tools = [json.dumps([{"name": n, "parameters": {"type": "object", "properties": {}}}]) for n in names]
-    lengths = (9, 1, 14, 3, 11, 6)  # not sorted: sorting moves every row
+    lengths = (9, 1, 14, 3, 6, 11)  # sorted: 1, 3, 6, 9, 11, 14 (every row moves)
     requests = [[{"role": "user", "content": " ".join(["word"] * k)}] for k in lengths]
     out = generate(model, tok, requests, max_new_tokens=24, batch_size=2, latency_samples=0, tools=tools)
     called = [json.loads(t)["name"] for t in out.texts]
     assert all(c in (None, own) for c, own in zip(called, names)), called
     assert sum(c is not None for c in called) >= 2, called  # the check is not vacuous: rows did call their tool
-    assert sorted(range(6), key=lambda j: out.prompt_tokens[j]) == sorted(range(6), key=lambda j: lengths[j])
+    # each request's own answer, length and end: those of the request decoded alone
+    for request, offered, text, n, end in zip(requests, tools, out.texts, out.output_tokens, out.ended):
+        alone = generate(model, tok, [request], max_new_tokens=24, latency_samples=0, tools=[offered])
+        assert (alone.texts[0], alone.output_tokens[0], alone.ended[0]) == (text, n, end)

@@ -266,10 +266,10 @@ def shared_prefix(result: Result) -> Body:
     s = d.get("speedup") or {}
     head = table(
         ["n (requests)", "batches", "speedup (whole / shared)", "95 % interval", "identical answers",
-         "seconds whole", "seconds shared"],
+         "seconds whole", "seconds shared", "tokens the whole sample shares"],
         [(num(d.get("n")), num(s.get("n")), num(s.get("mean")), interval(s.get("low"), s.get("high")),
           f"{num(d.get('identical_answers'))} of {num(d.get('n'))}", num(d.get("seconds_whole")),
-          num(d.get("seconds_shared")))],
+          num(d.get("seconds_shared")), num(d.get("sample_shared_prefix_tokens")))],
     )  # fmt: skip
     spec = [
         ("batch", "batch", num),
@@ -283,7 +283,10 @@ def shared_prefix(result: Result) -> Body:
         ("speedup", "speedup", num),
         ("identical answers", "identical_answers", num),
     ]
-    note = "The speedup is the geometric mean over batches; its interval is the paired 95 % t-interval of the log."
+    note = (
+        "The speedup is the geometric mean over batches; its interval is the paired 95 % t-interval of the log. A "
+        "batch's shared tokens can exceed what the whole sample (an evaluation condition) shares."
+    )
     return Body(
         d.get("what", "Batched decoding with a shared opening."), [head, columns(d.get("batches") or [], spec), note]
     )

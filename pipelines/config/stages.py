@@ -66,8 +66,9 @@ class EvaluationSettings(_Section):
     )
     share_prefix: bool = Field(
         default=True,
-        description="compute the opening all requests of a condition share (system prompt, offered tools' schemas) "
-        "once and decode every batch from its cache (evaluation, the sweep's validation, the episodes run): the "
+        description="compute the opening all requests of a decoding call share (system prompt, offered tools' "
+        "schemas: an evaluation condition, the sweep's validation, an episodes step) once and decode every batch "
+        "from its cache: the "
         "answers of the whole prompts up to rounding, with less prefill; off: every request prefilled whole. The "
         "single-request latency sample never shares it",
     )

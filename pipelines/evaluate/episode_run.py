@@ -63,7 +63,7 @@ class ModelPolicy:
     shots: int = 0
     pool: list[Example] | None = None
     temperature: float = 1.0  # of the gold-call probability (the sampled tries' temperature)
-    share_prefix: bool = False  # the turns' shared opening computed once per batch of turns (`evaluation.share_prefix`)
+    share_prefix: bool = False  # the shared opening computed once per `answer` call (`evaluation.share_prefix`)
     _loaded: Any = field(default=None, repr=False)
     samples: ClassVar[bool] = True  # answers at a temperature (the sampled tries); `bench.episodes` does not
 
