@@ -107,3 +107,27 @@ def test_requests_are_batched_by_length_and_answered_in_the_callers_order(tiny) 
     for request, offered, text, n, end in zip(requests, tools, out.texts, out.output_tokens, out.ended):
         alone = generate(model, tok, [request], max_new_tokens=24, latency_samples=0, tools=[offered])
         assert (alone.texts[0], alone.output_tokens[0], alone.ended[0]) == (text, n, end)
+
+
+@pytest.mark.parametrize("share", [True, False])
+def test_the_sweeps_validation_decodes_as_evaluation_share_prefix_says(tmp_path, monkeypatch, share: bool) -> None:
+    """The sweep's validation passes `evaluation.share_prefix` to the decoder (mutation: the argument left out,
+    so the decoder's default, off, applies whatever the setting says)."""
+    from pipelines import base_models
+    from pipelines.toolcall import decode
+    from pipelines.toolcall.decode import Generations
+    from pipelines.toolcall.examples import Example
+    from pipelines.train.sweep_results import validation_metrics
+
+    seen: list[bool] = []
+
+    def decoder(model, tokenizer, conversations, **kwargs) -> Generations:
+        seen.append(kwargs.get("share_prefix", False))
+        return Generations(['{"name": null}'] * len(conversations), [1] * len(conversations), [1], 0.0, [])
+
+    monkeypatch.setattr(base_models, "load_as_served", lambda *args, **kwargs: (None, None))
+    monkeypatch.setattr(decode, "generate", decoder)
+    settings = load_settings(root=str(tmp_path), evaluation={"share_prefix": share})
+    val = [Example("r1", [{"role": "user", "content": "hi"}], '{"name": null}', "none", "hi", "[]")]
+    metrics = validation_metrics(settings, "tiny-llama", str(tmp_path / "adapter"), val, 16)
+    assert seen == [share] and metrics["val_exact_match"] == 1.0
