@@ -236,6 +236,17 @@ def test_the_demo_time_shows_the_goal_the_verdict_and_each_task(tmp_path: Path) 
     render(results, out)
     [head] = rows_of((out / "benchmarks.md").read_text(), "goal s")
     assert head["the run"] == "timed out (stopped after 4,500 s)" and head["goal"] == "not met"
+    assert "no bf16 units" not in (out / "benchmarks.md").read_text()
+    # whole seconds (the parts add up as read: not three significant figures each), and a machine without bf16
+    # units said to be one, its time not judging the goal
+    slow = {**DEMO, "machine": "test machine, 2 cores, bf16 units: no", "seconds": 1388.6,
+            "seconds_in_tasks": 1334.3, "seconds_outside_tasks": 54.3}  # fmt: skip
+    write(results, "demo.json", slow)
+    render(results, out)
+    page = (out / "benchmarks.md").read_text()
+    [head] = rows_of(page, "goal s")
+    assert (head["seconds"], head["seconds in DAG tasks"], head["outside them"]) == ("1,389", "1,334", "54")
+    assert "This machine has no bf16 units" in page and "does not judge the goal" in page
 
 
 SHARED = {
