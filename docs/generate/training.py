@@ -264,5 +264,5 @@ def demo(result: Result) -> Body:
 
 
 def _whole(x: Any) -> str:
-    """Seconds rounded to whole ones, thousands separated; n/a when absent."""
-    return f"{round(x):,}" if isinstance(x, int | float) and not isinstance(x, bool) else "n/a"
+    """Seconds rounded to whole ones (`num` of the rounded number: thousands separated, n/a when absent)."""
+    return num(round(x)) if isinstance(x, float) else num(x)
